@@ -1,0 +1,409 @@
+package ir
+
+import (
+	"errors"
+	"fmt"
+)
+
+// OpDef is one entry of the op table.
+type OpDef struct {
+	Name string
+	// TrainingOnly ops (Dropout, GumbelNoise) must not survive StripTraining;
+	// the verifier rejects them in an export graph.
+	TrainingOnly bool
+	// Random ops draw fresh randomness per executed step.
+	Random bool
+	// NumIn is the number of inputs (-1: checked by Infer).
+	NumIn int
+	// Infer returns output shapes and dtypes.
+	Infer func(in []*Value, a Attrs) ([]Shape, []DType, error)
+	// Doc states the exact semantics; kernels follow it.
+	Doc string
+}
+
+// Ops is the op table. Every forward op has a gradient rule in passes/autodiff.go
+// and a kernel in every backend.
+var Ops = map[string]*OpDef{}
+
+func reg(d *OpDef) { Ops[d.Name] = d }
+
+func same(i int) func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+	return func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+		return []Shape{in[i].Shape}, []DType{F32}, nil
+	}
+}
+
+func one(s Shape) ([]Shape, []DType, error) { return []Shape{s}, []DType{F32}, nil }
+
+// Broadcast returns the numpy broadcast of two shapes.
+func Broadcast(a, b Shape) (Shape, error) {
+	n := max(len(a), len(b))
+	out := make(Shape, n)
+	for i := 0; i < n; i++ {
+		da, db := 1, 1
+		if j := len(a) - n + i; j >= 0 {
+			da = a[j]
+		}
+		if j := len(b) - n + i; j >= 0 {
+			db = b[j]
+		}
+		switch {
+		case da == db:
+			out[i] = da
+		case da == 1:
+			out[i] = db
+		case db == 1:
+			out[i] = da
+		default:
+			return nil, fmt.Errorf("shapes %v and %v do not broadcast", a, b)
+		}
+	}
+	return out, nil
+}
+
+// CanSumTo reports whether x can be reduced to s by summing broadcast axes.
+func CanSumTo(x, s Shape) bool {
+	b, err := Broadcast(x, s)
+	return err == nil && b.Equal(x)
+}
+
+func binary(in []*Value, a Attrs) ([]Shape, []DType, error) {
+	s, err := Broadcast(in[0].Shape, in[1].Shape)
+	if err != nil {
+		return nil, nil, err
+	}
+	return one(s)
+}
+
+func unary(name, doc string) {
+	reg(&OpDef{Name: name, NumIn: 1, Infer: same(0), Doc: doc})
+}
+
+// gradUnary registers an op (dy, x-or-y) -> dx.
+func gradUnary(name, doc string) {
+	reg(&OpDef{Name: name, NumIn: 2, Infer: same(1), Doc: doc})
+}
+
+func normAxes(axes []int, rank int) ([]int, error) {
+	out := make([]int, len(axes))
+	for i, ax := range axes {
+		if ax < 0 {
+			ax += rank
+		}
+		if ax < 0 || ax >= rank {
+			return nil, fmt.Errorf("axis %d out of range for rank %d", axes[i], rank)
+		}
+		out[i] = ax
+	}
+	return out, nil
+}
+
+// ReduceShape is the result shape of reducing axes of s.
+func ReduceShape(s Shape, axes []int, keep bool) (Shape, error) {
+	ax, err := normAxes(axes, len(s))
+	if err != nil {
+		return nil, err
+	}
+	red := map[int]bool{}
+	for _, a := range ax {
+		red[a] = true
+	}
+	if len(axes) == 0 { // all axes
+		for i := range s {
+			red[i] = true
+		}
+	}
+	var out Shape
+	for i, d := range s {
+		if red[i] {
+			if keep {
+				out = append(out, 1)
+			}
+			continue
+		}
+		out = append(out, d)
+	}
+	if out == nil {
+		out = Shape{}
+	}
+	return out, nil
+}
+
+func init() {
+	// ---- data movement ----
+	reg(&OpDef{Name: "Gather", NumIn: 2, Doc: "Gather(W[V,D], ids[...] i32) -> [...,D]: rows of W. Ids outside [0,V) are an error.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if len(in[0].Shape) != 2 || in[1].DType != I32 {
+				return nil, nil, errors.New("want W[V,D] and i32 ids")
+			}
+			s := append(in[1].Shape.Clone(), in[0].Shape[1])
+			return one(s)
+		}})
+	reg(&OpDef{Name: "GatherGrad", NumIn: 2, Doc: "GatherGrad(dy[...,D], ids[...]; vocab V) -> dW[V,D]: scatter-add of dy rows into zeros.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			d := in[0].Shape[len(in[0].Shape)-1]
+			return one(Shape{a.Int("vocab", 0), d})
+		}})
+	reg(&OpDef{Name: "Slice", NumIn: 1, Doc: "Slice(x; axis, start, end) -> x with axis restricted to [start,end).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := in[0].Shape.Clone()
+			ax := a.Int("axis", 0)
+			if ax < 0 {
+				ax += len(s)
+			}
+			st, en := a.Int("start", 0), a.Int("end", 0)
+			if ax < 0 || ax >= len(s) || st < 0 || en > s[ax] || st >= en {
+				return nil, nil, fmt.Errorf("bad slice axis %d [%d,%d) of %v", ax, st, en, s)
+			}
+			s[ax] = en - st
+			return one(s)
+		}})
+	reg(&OpDef{Name: "SliceGrad", NumIn: 1, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(Shape(a.Ints("shape"))) }})
+	reg(&OpDef{Name: "Reshape", NumIn: 1, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := Shape(a.Ints("shape")).Clone()
+			if s.Numel() != in[0].Shape.Numel() {
+				return nil, nil, fmt.Errorf("reshape %v to %v", in[0].Shape, s)
+			}
+			return []Shape{s}, []DType{in[0].DType}, nil
+		}})
+	reg(&OpDef{Name: "Transpose", NumIn: 1, Doc: "Transpose(x; perm) -> y with y.shape[i] = x.shape[perm[i]].",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			p := a.Ints("perm")
+			if len(p) != len(in[0].Shape) {
+				return nil, nil, errors.New("perm rank mismatch")
+			}
+			s := make(Shape, len(p))
+			for i, j := range p {
+				s[i] = in[0].Shape[j]
+			}
+			return one(s)
+		}})
+	reg(&OpDef{Name: "BroadcastTo", NumIn: 1, Doc: "BroadcastTo(x; shape) -> x broadcast (numpy rules) to shape.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := Shape(a.Ints("shape"))
+			if !CanSumTo(s, in[0].Shape) {
+				return nil, nil, fmt.Errorf("cannot broadcast %v to %v", in[0].Shape, s)
+			}
+			return one(s.Clone())
+		}})
+	reg(&OpDef{Name: "SumTo", NumIn: 1, Doc: "SumTo(x; shape) -> sum of x over the axes that broadcasting shape to x.shape expanded.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := Shape(a.Ints("shape"))
+			if !CanSumTo(in[0].Shape, s) {
+				return nil, nil, fmt.Errorf("cannot sum %v to %v", in[0].Shape, s)
+			}
+			return one(s.Clone())
+		}})
+
+	// ---- linear algebra ----
+	reg(&OpDef{Name: "Linear", NumIn: -1, Doc: "Linear(x[...,K], W[N,K], b[N]?) -> x·Wᵀ + b, [...,N] (PyTorch nn.Linear layout).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if len(in) != 2 && len(in) != 3 {
+				return nil, nil, errors.New("want 2 or 3 inputs")
+			}
+			x, w := in[0].Shape, in[1].Shape
+			if len(w) != 2 || len(x) < 1 || x[len(x)-1] != w[1] {
+				return nil, nil, fmt.Errorf("x %v with W %v", x, w)
+			}
+			if len(in) == 3 && !(len(in[2].Shape) == 1 && in[2].Shape[0] == w[0]) {
+				return nil, nil, fmt.Errorf("bias %v for W %v", in[2].Shape, w)
+			}
+			s := x.Clone()
+			s[len(s)-1] = w[0]
+			return one(s)
+		}})
+	reg(&OpDef{Name: "LinearGradX", NumIn: 2, Doc: "LinearGradX(dy[...,N], W[N,K]) -> dy·W, [...,K].",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := in[0].Shape.Clone()
+			s[len(s)-1] = in[1].Shape[1]
+			return one(s)
+		}})
+	reg(&OpDef{Name: "LinearGradW", NumIn: 2, Doc: "LinearGradW(dy[...,N], x[...,K]) -> dyᵀ·x over all leading rows, [N,K].",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			return one(Shape{in[0].Shape[len(in[0].Shape)-1], in[1].Shape[len(in[1].Shape)-1]})
+		}})
+	reg(&OpDef{Name: "MatMul", NumIn: 2, Doc: "MatMul(a, b; transA, transB) batched over equal leading dims: op(a)[...,M,K]·op(b)[...,K,N] -> [...,M,N].",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			x, y := in[0].Shape, in[1].Shape
+			if len(x) < 2 || len(x) != len(y) {
+				return nil, nil, errors.New("want equal ranks >= 2")
+			}
+			r := len(x)
+			for i := 0; i < r-2; i++ {
+				if x[i] != y[i] {
+					return nil, nil, errors.New("batch dims differ")
+				}
+			}
+			m, k := x[r-2], x[r-1]
+			if a.Bool("transA", false) {
+				m, k = k, m
+			}
+			k2, n := y[r-2], y[r-1]
+			if a.Bool("transB", false) {
+				k2, n = n, k2
+			}
+			if k != k2 {
+				return nil, nil, fmt.Errorf("inner dims %d vs %d", k, k2)
+			}
+			s := x.Clone()
+			s[r-2], s[r-1] = m, n
+			return one(s)
+		}})
+
+	// ---- elementwise ----
+	for _, op := range []string{"Add", "Sub", "Mul", "Div"} {
+		reg(&OpDef{Name: op, NumIn: 2, Infer: binary, Doc: op + "(a, b) elementwise with numpy broadcasting."})
+	}
+	reg(&OpDef{Name: "Scale", NumIn: 1, Infer: same(0), Doc: "Scale(x; alpha, beta) -> alpha·x + beta."})
+	unary("Neg", "Neg(x) -> -x.")
+	unary("Exp", "Exp(x) -> exp(x).")
+	unary("Log", "Log(x) -> log(x).")
+	unary("Sigmoid", "Sigmoid(x) -> 1/(1+exp(-x)).")
+	unary("Tanh", "Tanh(x) -> tanh(x).")
+	unary("GELU", "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).")
+	unary("ReLU", "ReLU(x) -> max(x, 0).")
+	unary("StopGradient", "StopGradient(x) -> x; no gradient flows through (PyTorch .detach()).")
+	reg(&OpDef{Name: "Clamp", NumIn: 1, Infer: same(0), Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN."})
+	reg(&OpDef{Name: "NanToNum", NumIn: 1, Infer: same(0), Doc: "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced."})
+	gradUnary("SigmoidGrad", "SigmoidGrad(dy, y) -> dy·y·(1-y).")
+	gradUnary("TanhGrad", "TanhGrad(dy, y) -> dy·(1-y²).")
+	gradUnary("GELUGrad", "GELUGrad(dy, x) -> dy·(Φ(x) + x·φ(x)).")
+	gradUnary("ReLUGrad", "ReLUGrad(dy, x) -> dy where x > 0, else 0.")
+	gradUnary("ClampGrad", "ClampGrad(dy, x; lo, hi) -> dy where lo <= x <= hi, else 0 (PyTorch convention).")
+	gradUnary("NanToNumGrad", "NanToNumGrad(dy, x) -> dy where x is finite, else 0.")
+
+	// ---- reductions ----
+	for _, op := range []string{"ReduceSum", "ReduceMean"} {
+		reg(&OpDef{Name: op, NumIn: 1, Doc: op + "(x; axes, keepdims) over the listed axes (none listed: all).",
+			Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+				s, err := ReduceShape(in[0].Shape, a.Ints("axes"), a.Bool("keepdims", false))
+				if err != nil {
+					return nil, nil, err
+				}
+				return one(s)
+			}})
+	}
+
+	// ---- neural network ----
+	reg(&OpDef{Name: "Softmax", NumIn: 1, Infer: same(0), Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
+	reg(&OpDef{Name: "SoftmaxGrad", NumIn: 2, Infer: same(1), Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
+	reg(&OpDef{Name: "CausalMask", NumIn: 1, Doc: "CausalMask(x[...,T,T]; fill) -> x with entries j > i of the last two axes set to fill (default -Inf).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := in[0].Shape
+			if len(s) < 2 || s[len(s)-1] != s[len(s)-2] {
+				return nil, nil, errors.New("want [...,T,T]")
+			}
+			return one(s)
+		}})
+	reg(&OpDef{Name: "LayerNorm", NumIn: 3, Infer: same(0), Doc: "LayerNorm(x[...,D], g[D], b[D]; eps) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis."})
+	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Doc: "LayerNormGrad(dy, x, g; eps) -> (dx, dg, db).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
+		}})
+	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, Doc: "Dropout(x; p) -> (x·mask, mask) with mask = Bernoulli(1-p)/(1-p), fresh per step.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			return []Shape{in[0].Shape, in[0].Shape}, []DType{F32, F32}, nil
+		}})
+	reg(&OpDef{Name: "GumbelNoise", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
+		Doc: "GumbelNoise(x) -> x - log(-log(u)), u ~ U(0,1) clamped to [1e-6, 1-1e-6], fresh per step; gradient is identity."})
+	reg(&OpDef{Name: "TopKMask", NumIn: 1, Infer: same(0), Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})
+	reg(&OpDef{Name: "CrossEntropy", NumIn: 2, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			l, t := in[0].Shape, in[1].Shape
+			if len(l) != 2 || len(t) != 1 || t[0] != l[0] || in[1].DType != I32 {
+				return nil, nil, errors.New("want logits[N,V], targets[N] i32")
+			}
+			return []Shape{{}, {}}, []DType{F32, F32}, nil
+		}})
+	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(in[1].Shape) }})
+
+	// ---- the paper's ops ----
+	reg(&OpDef{Name: "GaussianMembership", NumIn: 3, Doc: "GaussianMembership(z[...,D], centers[R,D], log_sigma[R]) -> μ[...,R] = nan_to_num(softmax(clamp(-0.5·‖z-c_r‖²·clamp(exp(-2·log_sigma),1e-3,1e3), -30, 30)), 1/R).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			z, c, ls := in[0].Shape, in[1].Shape, in[2].Shape
+			if len(c) != 2 || len(ls) != 1 || ls[0] != c[0] || z[len(z)-1] != c[1] {
+				return nil, nil, errors.New("want z[...,D], centers[R,D], log_sigma[R]")
+			}
+			s := z.Clone()
+			s[len(s)-1] = c[0]
+			return one(s)
+		}})
+	reg(&OpDef{Name: "GaussianMembershipGrad", NumIn: 5, Doc: "GaussianMembershipGrad(dμ, z, centers, log_sigma, μ) -> (dz, dcenters, dlog_sigma); clamps pass gradient only inside their range.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			return []Shape{in[1].Shape, in[2].Shape, in[3].Shape}, []DType{F32, F32, F32}, nil
+		}})
+	reg(&OpDef{Name: "Sinkhorn", NumIn: 1, Doc: "Sinkhorn(X[R,K]; iters) -> X after iters rounds of row then column normalisation (each divides by sum + 1e-9).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if len(in[0].Shape) != 2 {
+				return nil, nil, errors.New("want [R,K]")
+			}
+			return one(in[0].Shape)
+		}})
+	reg(&OpDef{Name: "SinkhornGrad", NumIn: 2, Infer: same(1), Doc: "SinkhornGrad(dP, X; iters) -> dX through the unrolled iterations."})
+	reg(&OpDef{Name: "ZScore", NumIn: 1, Infer: same(0), Doc: "ZScore(x) -> (x - mean(x)) / (std(x) + 1e-6) over all elements, std unbiased (N-1) as torch.std."})
+	reg(&OpDef{Name: "ZScoreGrad", NumIn: 2, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
+}
+
+// Verify checks a graph's structural invariants: every node's op exists,
+// inputs are defined before use, recorded shapes match the shape rule, and
+// Const data sizes match. With export set, training-only ops and
+// training-only buffers are rejected.
+func Verify(g *Graph, export bool) error {
+	defined := map[*Value]bool{}
+	for _, v := range g.Values {
+		if v.Kind != Intermediate {
+			defined[v] = true
+			if v.Kind == Const && len(v.Data) != v.Shape.Numel() {
+				return fmt.Errorf("verify %s: const %s has %d values for %v", g.Name, v, len(v.Data), v.Shape)
+			}
+			if export && v.TrainingOnly {
+				return fmt.Errorf("verify %s: training-only buffer %s left in export graph", g.Name, v)
+			}
+		}
+	}
+	for _, n := range g.Nodes {
+		def, ok := Ops[n.Op]
+		if !ok {
+			return fmt.Errorf("verify %s: node %d: unknown op %q", g.Name, n.ID, n.Op)
+		}
+		if export && def.TrainingOnly {
+			return fmt.Errorf("verify %s: training-only op %s (node %d) left in export graph", g.Name, n.Op, n.ID)
+		}
+		if def.NumIn >= 0 && len(n.Inputs) != def.NumIn {
+			return fmt.Errorf("verify %s: %s node %d has %d inputs, want %d", g.Name, n.Op, n.ID, len(n.Inputs), def.NumIn)
+		}
+		for _, in := range n.Inputs {
+			if !defined[in] {
+				return fmt.Errorf("verify %s: %s node %d reads %s before it is defined", g.Name, n.Op, n.ID, in)
+			}
+		}
+		shapes, _, err := def.Infer(n.Inputs, n.Attrs)
+		if err != nil {
+			return fmt.Errorf("verify %s: %s node %d: %w", g.Name, n.Op, n.ID, err)
+		}
+		if len(shapes) != len(n.Outputs) {
+			return fmt.Errorf("verify %s: %s node %d has %d outputs, want %d", g.Name, n.Op, n.ID, len(n.Outputs), len(shapes))
+		}
+		for i, o := range n.Outputs {
+			if !o.Shape.Equal(shapes[i]) {
+				return fmt.Errorf("verify %s: %s node %d output %d shape %v, rule says %v", g.Name, n.Op, n.ID, i, o.Shape, shapes[i])
+			}
+			if o.Def != n {
+				return fmt.Errorf("verify %s: %s node %d output %s has wrong Def", g.Name, n.Op, n.ID, o)
+			}
+			if defined[o] {
+				return fmt.Errorf("verify %s: %s defined twice", g.Name, o)
+			}
+			defined[o] = true
+		}
+	}
+	for name, v := range g.Outputs {
+		if !defined[v] {
+			return fmt.Errorf("verify %s: output %q is not defined", g.Name, name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+// Package kernels defines the seam between rpac's IR and the machines that
+// execute it. A Backend compiles a planned ir.Graph into a Program; the
+// Program runs the graph's nodes in order over buffers laid out by the Plan
+// (passes.Plan), reading parameters and buffers from a Store.
+//
+// Backends: kernels/cpu (Go, parallel over cores, GEMM through OpenBLAS with a
+// pure-Go fallback when cgo is off).
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// Precision is the float type a Program computes in. Training runs in F32;
+// gradient checks run the same kernels in F64.
+type Precision uint8
+
+const (
+	F32 Precision = iota
+	F64
+)
+
+func (p Precision) String() string {
+	if p == F64 {
+		return "f64"
+	}
+	return "f32"
+}
+
+// Tensor is host data with a shape. Exactly one of F32, F64, I32 is set.
+type Tensor struct {
+	Shape ir.Shape
+	F32   []float32
+	F64   []float64
+	I32   []int32
+}
+
+// NewTensor allocates a zero float tensor of the given precision.
+func NewTensor(p Precision, s ir.Shape) *Tensor {
+	t := &Tensor{Shape: s.Clone()}
+	if p == F64 {
+		t.F64 = make([]float64, s.Numel())
+	} else {
+		t.F32 = make([]float32, s.Numel())
+	}
+	return t
+}
+
+// IntTensor wraps ids.
+func IntTensor(s ir.Shape, ids []int32) *Tensor { return &Tensor{Shape: s.Clone(), I32: ids} }
+
+// Len is the element count.
+func (t *Tensor) Len() int { return t.Shape.Numel() }
+
+// Float64s copies the float data out as float64.
+func (t *Tensor) Float64s() []float64 {
+	if t.F64 != nil {
+		return append([]float64(nil), t.F64...)
+	}
+	out := make([]float64, len(t.F32))
+	for i, x := range t.F32 {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// Float32s copies the float data out as float32.
+func (t *Tensor) Float32s() []float32 {
+	if t.F32 != nil {
+		return append([]float32(nil), t.F32...)
+	}
+	out := make([]float32, len(t.F64))
+	for i, x := range t.F64 {
+		out[i] = float32(x)
+	}
+	return out
+}
+
+// SetFloat64s writes float data (converting to the tensor's precision).
+func (t *Tensor) SetFloat64s(x []float64) {
+	if t.F64 != nil {
+		copy(t.F64, x)
+		return
+	}
+	for i, v := range x {
+		t.F32[i] = float32(v)
+	}
+}
+
+// At returns element i as float64.
+func (t *Tensor) At(i int) float64 {
+	if t.F64 != nil {
+		return t.F64[i]
+	}
+	return float64(t.F32[i])
+}
+
+// Set writes element i.
+func (t *Tensor) Set(i int, v float64) {
+	if t.F64 != nil {
+		t.F64[i] = v
+	} else {
+		t.F32[i] = float32(v)
+	}
+}
+
+// Store holds the persistent named tensors of a model: parameters and
+// buffers. Programs of different lengths share one Store.
+type Store struct {
+	Prec    Precision
+	Tensors map[string]*Tensor
+	Order   []string // insertion order (stable checkpoints)
+}
+
+// NewStore returns an empty store.
+func NewStore(p Precision) *Store { return &Store{Prec: p, Tensors: map[string]*Tensor{}} }
+
+// Get returns a tensor or nil.
+func (s *Store) Get(name string) *Tensor { return s.Tensors[name] }
+
+// Ensure returns the named tensor, creating zeros of the shape if absent; a
+// present tensor of another shape is an error.
+func (s *Store) Ensure(name string, shape ir.Shape) (*Tensor, error) {
+	if t, ok := s.Tensors[name]; ok {
+		if !t.Shape.Equal(shape) {
+			return nil, fmt.Errorf("store: %s has shape %v, graph wants %v", name, t.Shape, shape)
+		}
+		return t, nil
+	}
+	t := NewTensor(s.Prec, shape)
+	s.Tensors[name] = t
+	s.Order = append(s.Order, name)
+	return t, nil
+}
+
+// Plan is the memory plan of a graph: every intermediate value lives in a
+// slot, and slots are reused once their values are dead, so the memory of a
+// training step is bounded by the plan, not by the number of ops.
+type Plan struct {
+	Slot      map[int]int // value ID -> slot index (intermediates only)
+	SlotElems []int       // elements per slot
+	// Peak is the element count of all slots together.
+	Peak int
+	// Naive is the element count without reuse (for reporting).
+	Naive int
+}
+
+// Program is a compiled graph.
+type Program interface {
+	// Run executes the graph once. feeds holds the Input values by name;
+	// seed draws this run's randomness (Dropout, GumbelNoise).
+	Run(feeds map[string]*Tensor, seed uint64) error
+	// Output returns a named graph output, valid until the next Run.
+	Output(name string) *Tensor
+	// Close releases the program's memory.
+	Close()
+}
+
+// Backend compiles graphs for one kind of machine.
+type Backend interface {
+	Name() string
+	Precision() Precision
+	Compile(g *ir.Graph, plan *Plan, store *Store) (Program, error)
+}
