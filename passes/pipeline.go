@@ -1,0 +1,128 @@
+// Package passes holds rpac's graph passes and the ordered tables that run
+// them. As in Go's SSA backend, passes are plain functions listed in order
+// with a name; the verifier runs after every pass; a flag dumps the graph
+// after any named pass; and a list of ordering constraints is checked at
+// start-up so that nobody reorders passes by accident.
+package passes
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// Context carries what passes need besides the graph.
+type Context struct {
+	Loss      string    // autodiff: the scalar output to differentiate
+	DumpAfter string    // pass name after which to print the graph ("all" for every pass)
+	Dump      io.Writer // where dumps go
+	Export    bool      // verify as an export graph (no training-only ops)
+	// Extra lets export passes receive their inputs (stores, calibration) without
+	// this package depending on training code.
+	Extra map[string]any
+}
+
+// Pass is one entry of a pipeline.
+type Pass struct {
+	Name string
+	Fn   func(g *ir.Graph, c *Context) error
+	// ExportAfter: from this pass on the graph must verify as an export graph.
+	ExportAfter bool
+}
+
+// TrainPipeline turns a forward graph into a training step.
+var TrainPipeline = []Pass{
+	{Name: "autodiff", Fn: func(g *ir.Graph, c *Context) error { return Autodiff(g, c.Loss) }},
+	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+}
+
+// EvalPipeline cleans a forward graph for evaluation.
+var EvalPipeline = []Pass{
+	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+}
+
+// Constraint says pass A must run before pass B in any pipeline holding both.
+type Constraint struct{ A, B, Why string }
+
+// Constraints are checked against every pipeline at start-up.
+var Constraints = []Constraint{
+	{"autodiff", "dce", "autodiff adds gradient outputs; dce must see them or it drops the backward pass"},
+	{"strip training", "fold rpa", "the fold must see frozen scales (bias warm-in, chaos) and no dropout"},
+	{"fold rpa", "const fold", "the folded bias is what makes the RPA subgraph constant"},
+	{"const fold", "dce", "folding leaves the old subgraph dead"},
+	{"dce", "fuse attention", "fusion pattern-matches the cleaned graph"},
+}
+
+// Pipelines lists every registered pipeline by name (export pipelines add
+// themselves in their own files).
+var Pipelines = map[string][]Pass{
+	"train": TrainPipeline,
+	"eval":  EvalPipeline,
+}
+
+// CheckOrder verifies a pipeline against Constraints.
+func CheckOrder(p []Pass) error {
+	pos := map[string]int{}
+	for i, ps := range p {
+		if _, dup := pos[ps.Name]; dup && ps.Name != "dce" {
+			return fmt.Errorf("pass %q listed twice", ps.Name)
+		}
+		if _, seen := pos[ps.Name]; !seen {
+			pos[ps.Name] = i
+		}
+	}
+	for _, c := range Constraints {
+		a, okA := pos[c.A]
+		b, okB := pos[c.B]
+		if okA && okB && a > b {
+			return fmt.Errorf("pass %q must run before %q: %s", c.A, c.B, c.Why)
+		}
+	}
+	return nil
+}
+
+func init() {
+	for name, p := range Pipelines {
+		if err := CheckOrder(p); err != nil {
+			panic(fmt.Sprintf("passes: pipeline %s: %v", name, err))
+		}
+	}
+}
+
+// Run applies the passes in order, verifying after each one and dumping the
+// graph after the pass named in c.DumpAfter.
+func Run(g *ir.Graph, p []Pass, c *Context) error {
+	if c == nil {
+		c = &Context{}
+	}
+	if err := CheckOrder(p); err != nil {
+		return err
+	}
+	if err := ir.Verify(g, false); err != nil {
+		return fmt.Errorf("before passes: %w", err)
+	}
+	export := c.Export
+	for _, ps := range p {
+		if err := ps.Fn(g, c); err != nil {
+			return fmt.Errorf("pass %s: %w", ps.Name, err)
+		}
+		export = export || ps.ExportAfter
+		if err := ir.Verify(g, export); err != nil {
+			return fmt.Errorf("after pass %s: %w", ps.Name, err)
+		}
+		if c.Dump != nil && (c.DumpAfter == ps.Name || c.DumpAfter == "all") {
+			fmt.Fprintf(c.Dump, "// after pass %s\n%s", ps.Name, g)
+		}
+	}
+	return nil
+}
+
+// Names lists a pipeline's pass names (for --dump-ir help).
+func Names(p []Pass) []string {
+	out := make([]string, len(p))
+	for i, ps := range p {
+		out[i] = ps.Name
+	}
+	return out
+}
