@@ -1,0 +1,473 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// Mode selects training or evaluation semantics.
+type Mode int
+
+const (
+	Train Mode = iota // dropout, Gumbel noise, batch statistics, loss with penalties
+	Eval              // deterministic; running statistics unless BatchStats
+)
+
+// Opts says what graph to build.
+type Opts struct {
+	T, B int
+	Mode Mode
+	// BatchStats evaluates the paper's way: every sequence- or batch-level
+	// statistic of the RPA path comes from the evaluated batch (as in the
+	// listing) instead of the running statistics. Not causal.
+	BatchStats bool
+	// Logits adds the output "logits" [B,T,V].
+	Logits bool
+	// NoLoss omits targets and the loss (inference graphs for export).
+	NoLoss bool
+}
+
+// Init says how a parameter or buffer starts.
+type Init struct {
+	Kind  string  // "normal", "uniform", "const"
+	Scale float64 // std (normal), bound (uniform) or the value (const)
+}
+
+// Spec is a parameter or buffer the graph reads from the store.
+type Spec struct {
+	Name  string
+	Shape ir.Shape
+	Init  Init
+	Param bool // trainable (else buffer)
+	// Running marks a running-statistics buffer: updated from the stat
+	// output of the same name during training, used by eval graphs.
+	Running string
+}
+
+// Names of the running statistics of layer i at length T.
+func RunningMuName(layer, T int) string  { return fmt.Sprintf("blocks.%d.attn.rpa_mu_mean.T%d", layer, T) }
+func RunningSimName(layer, T int) string { return fmt.Sprintf("blocks.%d.attn.legacy_sim.T%d", layer, T) }
+
+// StatMu is the stat output holding layer i's batch-mean membership per position [T,R].
+func StatMu(layer int) string  { return fmt.Sprintf("stat:blocks.%d.mu_mean", layer) }
+func StatSim(layer int) string { return fmt.Sprintf("stat:blocks.%d.legacy_sim", layer) }
+
+// LambdaSat is the training-only buffer through which Guardian's λ_sat
+// scales the entropy-floor penalty.
+const LambdaSat = "train.lambda_sat"
+
+type builder struct {
+	g     *ir.Graph
+	cfg   *Config
+	o     Opts
+	specs []Spec
+	seen  map[string]*ir.Value
+}
+
+func (b *builder) param(name string, s ir.Shape, init Init) *ir.Value {
+	if v, ok := b.seen[name]; ok {
+		return v
+	}
+	v := b.g.Param(name, s)
+	b.seen[name] = v
+	b.specs = append(b.specs, Spec{Name: name, Shape: s.Clone(), Init: init, Param: true})
+	return v
+}
+
+func (b *builder) buffer(name string, s ir.Shape, init Init, trainingOnly bool, running string) *ir.Value {
+	if v, ok := b.seen[name]; ok {
+		return v
+	}
+	v := b.g.Buffer(name, s)
+	v.TrainingOnly = trainingOnly
+	b.seen[name] = v
+	b.specs = append(b.specs, Spec{Name: name, Shape: s.Clone(), Init: init, Running: running})
+	return v
+}
+
+// linear is nn.Linear(in, out) with PyTorch's default initialisation.
+func (b *builder) linear(x *ir.Value, name string, in, out int, bias bool) *ir.Value {
+	bound := 1 / math.Sqrt(float64(in))
+	w := b.param(name+".weight", ir.Shape{out, in}, Init{"uniform", bound})
+	if bias {
+		bv := b.param(name+".bias", ir.Shape{out}, Init{"uniform", bound})
+		return b.g.Op1("Linear", nil, x, w, bv)
+	}
+	return b.g.Op1("Linear", nil, x, w)
+}
+
+func (b *builder) op(name string, a ir.Attrs, in ...*ir.Value) *ir.Value { return b.g.Op1(name, a, in...) }
+
+func (b *builder) scale(x *ir.Value, alpha, beta float64) *ir.Value {
+	return b.op("Scale", ir.Attrs{"alpha": alpha, "beta": beta}, x)
+}
+
+func (b *builder) clamp(x *ir.Value, lo, hi float64) *ir.Value {
+	a := ir.Attrs{}
+	if !math.IsInf(lo, -1) {
+		a["lo"] = lo
+	}
+	if !math.IsInf(hi, 1) {
+		a["hi"] = hi
+	}
+	return b.op("Clamp", a, x)
+}
+
+func (b *builder) dropout(x *ir.Value) *ir.Value {
+	if b.o.Mode != Train || b.cfg.Dropout == 0 {
+		return x
+	}
+	return b.g.Apply("Dropout", ir.Attrs{"p": b.cfg.Dropout}, x)[0]
+}
+
+func (b *builder) layerNorm(x *ir.Value, name string, d int) *ir.Value {
+	gw := b.param(name+".weight", ir.Shape{d}, Init{"const", 1})
+	gb := b.param(name+".bias", ir.Shape{d}, Init{"const", 0})
+	return b.op("LayerNorm", ir.Attrs{"eps": 1e-5}, x, gw, gb)
+}
+
+// Build returns the graph of cfg at opts and the parameter/buffer specs it reads.
+func Build(cfg *Config, o Opts) (*ir.Graph, []Spec, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if o.T < 1 || o.B < 1 {
+		return nil, nil, fmt.Errorf("context %d and batch %d must be positive", o.T, o.B)
+	}
+	if o.T > cfg.MaxLen {
+		return nil, nil, fmt.Errorf("context %d exceeds the model's maximum length %d", o.T, cfg.MaxLen)
+	}
+	mode := "train"
+	if o.Mode == Eval {
+		mode = "eval"
+		if o.BatchStats {
+			mode = "eval-batchstats"
+		}
+	}
+	g := ir.New(fmt.Sprintf("%s_%s_T%d_B%d", cfg.Model, mode, o.T, o.B))
+	g.Meta["model"], g.Meta["mode"] = cfg.Model, mode
+	g.Meta["T"], g.Meta["B"] = fmt.Sprint(o.T), fmt.Sprint(o.B)
+	b := &builder{g: g, cfg: cfg, o: o, seen: map[string]*ir.Value{}}
+	if err := b.build(); err != nil {
+		return nil, nil, err
+	}
+	if err := ir.Verify(g, false); err != nil {
+		return nil, nil, err
+	}
+	return g, b.specs, nil
+}
+
+func (b *builder) build() error {
+	c, o, g := b.cfg, b.o, b.g
+	D, T, B := c.DModel, o.T, o.B
+	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
+	tok := b.param("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02})
+	pos := b.param("pos_emb.weight", ir.Shape{c.MaxLen, D}, Init{"normal", 0.02})
+	x := b.op("Gather", nil, tok, ids)
+	p := pos
+	if T < c.MaxLen {
+		p = b.op("Slice", ir.Attrs{"axis": 0, "start": 0, "end": T}, pos)
+	}
+	x = b.dropout(b.op("Add", nil, x, p))
+
+	var entropies []*ir.Value
+	for i := 0; i < c.Layers; i++ {
+		var h *ir.Value
+		if c.Model == "fuzzy" {
+			x, h = b.fuzzyBlock(x, i)
+			entropies = append(entropies, h)
+		} else {
+			x = b.baselineBlock(x, i)
+		}
+	}
+	x = b.layerNorm(x, "ln_f", D)
+	logits := b.op("Linear", nil, x, tok) // tied LM head
+	if o.Logits {
+		g.SetOutput("logits", logits)
+	}
+	if o.NoLoss {
+		return nil
+	}
+	targets := g.Input("targets", ir.Shape{B * T}, ir.I32)
+	flat := b.op("Reshape", ir.Attrs{"shape": []int{B * T, c.Vocab}}, logits)
+	ls := 0.0
+	if o.Mode == Train {
+		ls = c.LabelSmooth
+	}
+	ce := g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": ls}, flat, targets)
+	g.SetOutput("ce_sm_sum", ce[0])
+	g.SetOutput("ce_sum", ce[1])
+	if o.Mode != Train {
+		return nil
+	}
+	// lm_loss_from_xy: smoothed CE plus the entropy floor. The listing adds the
+	// penalty to a token SUM; rpac uses the per-token mean CE so the floor
+	// keeps the weight its coefficients suggest at any batch size.
+	loss := b.scale(ce[0], 1/float64(B*T), 0)
+	if c.Model == "fuzzy" && c.R >= 2 && c.EntFloorAlpha > 0 {
+		var hsum *ir.Value
+		for _, h := range entropies {
+			if hsum == nil {
+				hsum = h
+			} else {
+				hsum = b.op("Add", nil, hsum, h)
+			}
+		}
+		hmean := b.scale(hsum, 1/float64(len(entropies)), 0)
+		g.SetOutput("stat:mu_entropy", hmean)
+		hmax := math.Log(math.Max(2, float64(c.R)))
+		pen := b.op("ReLU", nil, b.scale(hmean, -1, c.EntFloorEta*hmax))
+		lam := b.buffer(LambdaSat, ir.Shape{}, Init{"const", 0}, true, "")
+		w := b.scale(lam, c.EntFloorAlpha*0.5, c.EntFloorAlpha*0.5) // (α/2)(1+λ_sat)
+		loss = b.op("Add", nil, loss, b.op("Mul", nil, w, pen))
+	}
+	g.SetOutput("loss", loss)
+	return nil
+}
+
+// attention computes causal multi-head attention of xn with an optional
+// additive [T,T] bias; returns [B,T,D] before out_proj.
+func (b *builder) attention(xn *ir.Value, prefix string, bias *ir.Value) *ir.Value {
+	c, o := b.cfg, b.o
+	D, H, Hd, T, B := c.DModel, c.Heads, c.HeadDim(), o.T, o.B
+	heads := func(v *ir.Value) *ir.Value {
+		v = b.op("Reshape", ir.Attrs{"shape": []int{B, T, H, Hd}}, v)
+		return b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, v)
+	}
+	q := heads(b.linear(xn, prefix+".Wq", D, D, false))
+	k := heads(b.linear(xn, prefix+".Wk", D, D, false))
+	v := heads(b.linear(xn, prefix+".Wv", D, D, false))
+	s := b.op("MatMul", ir.Attrs{"transB": true}, q, k)
+	s = b.scale(s, 1/math.Sqrt(float64(Hd)), 0)
+	if bias != nil {
+		s = b.op("Add", nil, s, bias)
+	}
+	s = b.op("CausalMask", nil, s)
+	a := b.dropout(b.op("Softmax", nil, s))
+	out := b.op("MatMul", nil, a, v)
+	out = b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, out)
+	out = b.op("Reshape", ir.Attrs{"shape": []int{B, T, D}}, out)
+	return b.linear(out, prefix+".out_proj", D, D, false)
+}
+
+func (b *builder) baselineBlock(x *ir.Value, i int) *ir.Value {
+	c := b.cfg
+	D := c.DModel
+	pre := fmt.Sprintf("blocks.%d", i)
+	a := b.attention(b.layerNorm(x, pre+".norm1", D), pre+".attn", nil)
+	x = b.op("Add", nil, x, b.dropout(a))
+	// Dense FFN whose hidden width equals the fuzzy model's active expert
+	// width (top_k experts of ff_mult·d), so the two compare at equal compute.
+	dff := c.FFMult * D * max(1, c.TopK)
+	h := b.op("GELU", nil, b.linear(b.layerNorm(x, pre+".norm2", D), pre+".ffn.net.0", D, dff, true))
+	h = b.linear(b.dropout(h), pre+".ffn.net.3", dff, D, true)
+	return b.op("Add", nil, x, b.dropout(h))
+}
+
+// fuzzyBlock is FuzzyTransformerBlock.forward; it returns the new residual
+// stream and the layer's membership entropy H(μ).
+func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
+	c, o, g := b.cfg, b.o, b.g
+	D, R, T := c.DModel, c.R, o.T
+	pre := fmt.Sprintf("blocks.%d", i)
+
+	// GaussianFuzzy on the raw residual stream (the listing calls mem(x)).
+	z := b.linear(x, pre+".mem.proj", D, D, true)
+	centers := b.param(pre+".mem.centers", ir.Shape{R, D}, Init{"normal", 1 / math.Sqrt(float64(D))})
+	logSigma := b.param(pre+".mem.log_sigma", ir.Shape{R}, Init{"const", 0})
+	mu := b.op("GaussianMembership", nil, z, centers, logSigma) // [B,T,R], nan guard inside
+	if c.Type2 {
+		u := b.op("Sigmoid", nil, b.linear(b.op("ReLU", nil, b.linear(x, pre+".mem.uncert.0", D, D, true)), pre+".mem.uncert.2", D, 1, true))
+		g.SetOutput(fmt.Sprintf("stat:blocks.%d.type2_u", i), b.op("ReduceMean", nil, u))
+	}
+	eta := b.op("Sigmoid", nil, b.linear(mu, pre+".res_gate", R, 1, false)) // [B,T,1]
+
+	// Statistics of the RPA path: batch statistics while training (and in
+	// --eval-stats batch), running statistics in eval mode (DESIGN.md,
+	// "Causality"). mbar is the batch-mean membership per position [T,R].
+	useBatch := o.Mode == Train || o.BatchStats
+	batchMu := b.op("ReduceMean", ir.Attrs{"axes": []int{0}}, mu)
+	g.SetOutput(StatMu(i), batchMu)
+	var mbar *ir.Value
+	if useBatch {
+		mbar = batchMu
+	} else {
+		mbar = b.buffer(RunningMuName(i, T), ir.Shape{T, R}, Init{"const", 1 / float64(R)}, false, StatMu(i))
+	}
+
+	var bias *ir.Value
+	if c.UseRPA {
+		bias = b.rpaBias(mbar, pre+".attn")
+	} else {
+		var sim *ir.Value
+		if useBatch {
+			// fuzz_sim = mean_b μ_b μ_bᵀ
+			sim = b.op("ReduceMean", ir.Attrs{"axes": []int{0}}, b.op("MatMul", ir.Attrs{"transB": true}, mu, mu))
+			g.SetOutput(StatSim(i), sim)
+		} else {
+			sim = b.buffer(RunningSimName(i, T), ir.Shape{T, T}, Init{"const", 1 / float64(R)}, false, StatSim(i))
+		}
+		bias = b.legacyBias(sim, pre+".attn")
+	}
+
+	// FuzzyMHA
+	a := b.attention(b.layerNorm(x, pre+".norm1", D), pre+".attn", bias)
+	// value_gamma: gamma_s = mean_h sigmoid(mean_t(μ)·W_gᵀ); per sequence with
+	// batch statistics, from the running per-position mean otherwise.
+	var mt *ir.Value
+	if useBatch {
+		mt = b.op("ReduceMean", ir.Attrs{"axes": []int{1}, "keepdims": true}, mu) // [B,1,R]
+	} else {
+		mt = b.op("ReduceMean", ir.Attrs{"axes": []int{0}, "keepdims": true}, mbar) // [1,R]
+	}
+	gam := b.op("Sigmoid", nil, b.linear(mt, pre+".attn.value_gamma", R, c.Heads, false))
+	gam = b.op("ReduceMean", ir.Attrs{"axes": []int{-1}, "keepdims": true}, gam)
+	a = b.dropout(b.op("Mul", nil, a, gam)) // FuzzyMHA returns dropout(out)
+	x = b.op("Add", nil, x, b.op("Mul", nil, eta, b.dropout(a)))
+
+	m := b.fuzzyMoE(b.layerNorm(x, pre+".norm2", D), mu, pre+".moe", i)
+	x = b.op("Add", nil, x, b.op("Mul", nil, eta, b.dropout(m)))
+
+	// H_mu = -(μ·log(clamp_min(μ,1e-8))).sum(-1).mean()
+	ent := b.op("Mul", nil, mu, b.op("Log", nil, b.clamp(mu, 1e-8, math.Inf(1))))
+	h := b.scale(b.op("ReduceMean", nil, b.op("ReduceSum", ir.Attrs{"axes": []int{-1}}, ent)), -1, 0)
+	g.SetOutput(fmt.Sprintf("stat:blocks.%d.mu_entropy", i), h)
+	return x, h
+}
+
+// rpaBias is FuzzyMHA._rpa_bias expressed on mbar = mean_b μ_b [T,R]:
+// S = mbarᵀΦ, P = Sinkhorn(exp(S/τ_align)), B = mbar·P·Φᵀ (= mean_b μ_b P Φᵀ).
+func (b *builder) rpaBias(mbar *ir.Value, prefix string) *ir.Value {
+	c, T := b.cfg, b.o.T
+	K := c.K()
+	phi := b.g.Const(fmt.Sprintf("rpa.phi.T%d.K%d", T, K), ir.Shape{T, K}, SoftBlocks(T, K))
+	S := b.op("MatMul", ir.Attrs{"transA": true}, mbar, phi) // [R,K]
+	if c.RPADetach {
+		S = b.op("StopGradient", nil, S)
+	}
+	km := b.clamp(b.op("Exp", nil, b.scale(S, 1/math.Max(1e-6, c.TauAlign), 0)), 1e-9, 1e9)
+	P := b.op("Sinkhorn", ir.Attrs{"iters": c.SinkhornIters}, km)
+	bm := b.op("MatMul", ir.Attrs{"transB": true}, b.op("MatMul", nil, mbar, P), phi) // [T,T]
+	if c.RPAPosmix > 0 {
+		bm = b.scale(bm, 1-c.RPAPosmix, 0)
+		bm = b.op("Add", nil, bm, b.scale(b.posBias(prefix), c.RPAPosmix, 0))
+	}
+	return b.finishBias(bm, prefix)
+}
+
+// legacyBias is FuzzyMHA._legacy_bias on sim = mean_b μ_b μ_bᵀ.
+func (b *builder) legacyBias(sim *ir.Value, prefix string) *ir.Value {
+	kappa := b.param(prefix+".kappa", ir.Shape{}, Init{"const", b.cfg.KappaInit})
+	ks := b.op("Sigmoid", nil, kappa)
+	fz := b.op("ZScore", nil, sim)
+	curve := b.op("Add", nil, b.op("Mul", nil, ks, fz), b.op("Mul", nil, b.scale(ks, -1, 1), b.posBias(prefix)))
+	return b.finishBias(curve, prefix)
+}
+
+// posBias is -clamp_min(pos_beta, 0)·|i-j|/max(1,T-1).
+func (b *builder) posBias(prefix string) *ir.Value {
+	T := b.o.T
+	beta := b.param(prefix+".pos_beta", ir.Shape{}, Init{"const", b.cfg.PosBeta})
+	dist := b.g.Const(fmt.Sprintf("rpa.posdist.T%d", T), ir.Shape{T, T}, PosDistance(T))
+	return b.op("Mul", nil, b.scale(b.clamp(beta, 0, math.Inf(1)), -1, 0), dist)
+}
+
+// finishBias: z-score (RPA path), nan guard, divide by clamp(τ_att, 0.6, τ_max),
+// clip to ±bias_clip, times clamp(bias_scale, 0, 1).
+func (b *builder) finishBias(bm *ir.Value, prefix string) *ir.Value {
+	c := b.cfg
+	if c.UseRPA {
+		bm = b.op("ZScore", nil, bm)
+	}
+	bm = b.op("NanToNum", ir.Attrs{"nan": 0.0, "posinf": c.BiasClip, "neginf": -c.BiasClip}, bm)
+	tau := b.param(prefix+".tau_att", ir.Shape{}, Init{"const", c.TauAttInit})
+	bm = b.op("Div", nil, bm, b.clamp(tau, 0.6, c.TauMax))
+	bm = b.clamp(bm, -c.BiasClip, c.BiasClip)
+	bs := b.buffer(prefix+".bias_scale", ir.Shape{}, Init{"const", 1}, true, "")
+	return b.op("Mul", nil, bm, b.clamp(bs, 0, 1))
+}
+
+// fuzzyMoE is FuzzyMoE.forward (all experts evaluated, weights zero outside
+// the top-k, as in the listing). Eval draws no Gumbel noise.
+func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value {
+	c, o, g := b.cfg, b.o, b.g
+	D, E := c.DModel, c.Experts
+	logits := b.clamp(b.linear(mu, prefix+".gate", c.R, E, false), -30, 30)
+	if o.Mode == Train {
+		logits = b.op("GumbelNoise", nil, logits)
+	}
+	y := b.op("Softmax", nil, b.scale(logits, 2, 0)) // softmax((logits+g)/0.5)
+	mask := b.op("TopKMask", ir.Attrs{"k": min(c.TopK, E)}, y)
+	// The listing divides by the sum of the *unmasked* softmax (≈ 1 + 1e-6),
+	// so kept weights are not renormalised; followed as written.
+	den := b.scale(b.op("ReduceSum", ir.Attrs{"axes": []int{-1}, "keepdims": true}, y), 1, 1e-6)
+	y = b.op("Div", nil, b.op("Mul", nil, y, mask), den)
+	g.SetOutput(fmt.Sprintf("stat:blocks.%d.expert_usage", layer), b.op("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, y))
+	dff := D * c.FFMult
+	var out *ir.Value
+	for e := 0; e < E; e++ {
+		en := fmt.Sprintf("%s.experts.%d.net", prefix, e)
+		h := b.op("GELU", nil, b.linear(x, en+".0", D, dff, true))
+		h = b.dropout(b.linear(b.dropout(h), en+".3", dff, D, true))
+		ye := b.op("Slice", ir.Attrs{"axis": 2, "start": e, "end": e + 1}, y)
+		t := b.op("Mul", nil, ye, h)
+		if out == nil {
+			out = t
+		} else {
+			out = b.op("Add", nil, out, t)
+		}
+	}
+	return out
+}
+
+// SoftBlocks is FuzzyMHA._soft_blocks: raised-cosine blocks Φ(T) [T,K]
+// centred on linspace(0, T-1, K) with half-width max(1, 1.5·T/K), rows
+// normalised (+1e-6). Computed in float32 like the reference.
+func SoftBlocks(T, K int) []float64 {
+	phi := make([]float64, T*K)
+	w := math.Max(1, float64(T)/float64(max(1, K))*1.5)
+	for t := 0; t < T; t++ {
+		var sum float32
+		row := make([]float32, K)
+		for k := 0; k < K; k++ {
+			ck := 0.0
+			if K > 1 {
+				ck = float64(k) * float64(T-1) / float64(K-1)
+			}
+			d := math.Abs(float64(t)-ck) / w
+			if d <= 1 {
+				row[k] = float32(0.5 * (1 + math.Cos(math.Min(d, 1)*math.Pi)))
+			}
+			sum += row[k]
+		}
+		for k := 0; k < K; k++ {
+			phi[t*K+k] = float64(row[k] / (sum + 1e-6))
+		}
+	}
+	return phi
+}
+
+// PosDistance is FuzzyMHA._pos_distance: |i-j| / max(1, T-1).
+func PosDistance(T int) []float64 {
+	d := make([]float64, T*T)
+	den := math.Max(1, float64(T-1))
+	for i := 0; i < T; i++ {
+		for j := 0; j < T; j++ {
+			d[i*T+j] = math.Abs(float64(i-j)) / den
+		}
+	}
+	return d
+}
+
+// CountParams sums the element counts of trainable specs.
+func CountParams(specs []Spec) int {
+	n := 0
+	for _, s := range specs {
+		if s.Param {
+			n += s.Shape.Numel()
+		}
+	}
+	return n
+}
