@@ -17,18 +17,18 @@ import (
 
 // Config describes a model (architecture and the model-side loss terms).
 type Config struct {
-	Model   string `json:"model"` // "fuzzy" or "baseline"
-	Vocab   int    `json:"vocab"`
-	DModel  int    `json:"d_model"`
-	Layers  int    `json:"layers"`
-	Heads   int    `json:"heads"`
-	R       int    `json:"R"`        // fuzzy regimes
-	Experts int    `json:"experts"`  // FuzzyMoE experts E
-	TopK    int    `json:"top_k"`    // experts kept per token
-	FFMult  int    `json:"ff_mult"`  // expert hidden width = FFMult·d
-	MaxLen  int    `json:"max_len"`  // rows of the learned position embedding
+	Model   string  `json:"model"` // "fuzzy" or "baseline"
+	Vocab   int     `json:"vocab"`
+	DModel  int     `json:"d_model"`
+	Layers  int     `json:"layers"`
+	Heads   int     `json:"heads"`
+	R       int     `json:"R"`       // fuzzy regimes
+	Experts int     `json:"experts"` // FuzzyMoE experts E
+	TopK    int     `json:"top_k"`   // experts kept per token
+	FFMult  int     `json:"ff_mult"` // expert hidden width = FFMult·d
+	MaxLen  int     `json:"max_len"` // rows of the learned position embedding
 	Dropout float64 `json:"dropout"`
-	Type2   bool   `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
+	Type2   bool    `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
 
 	// FuzzyMHA / RPA (listing names).
 	UseRPA        bool    `json:"use_rpa"`

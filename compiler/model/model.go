@@ -47,8 +47,12 @@ type Spec struct {
 }
 
 // Names of the running statistics of layer i at length T.
-func RunningMuName(layer, T int) string  { return fmt.Sprintf("blocks.%d.attn.rpa_mu_mean.T%d", layer, T) }
-func RunningSimName(layer, T int) string { return fmt.Sprintf("blocks.%d.attn.legacy_sim.T%d", layer, T) }
+func RunningMuName(layer, T int) string {
+	return fmt.Sprintf("blocks.%d.attn.rpa_mu_mean.T%d", layer, T)
+}
+func RunningSimName(layer, T int) string {
+	return fmt.Sprintf("blocks.%d.attn.legacy_sim.T%d", layer, T)
+}
 
 // StatMu is the stat output holding layer i's batch-mean membership per position [T,R].
 func StatMu(layer int) string  { return fmt.Sprintf("stat:blocks.%d.mu_mean", layer) }
@@ -98,7 +102,9 @@ func (b *builder) linear(x *ir.Value, name string, in, out int, bias bool) *ir.V
 	return b.g.Op1("Linear", nil, x, w)
 }
 
-func (b *builder) op(name string, a ir.Attrs, in ...*ir.Value) *ir.Value { return b.g.Op1(name, a, in...) }
+func (b *builder) op(name string, a ir.Attrs, in ...*ir.Value) *ir.Value {
+	return b.g.Op1(name, a, in...)
+}
 
 func (b *builder) scale(x *ir.Value, alpha, beta float64) *ir.Value {
 	return b.op("Scale", ir.Attrs{"alpha": alpha, "beta": beta}, x)
