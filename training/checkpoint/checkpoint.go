@@ -1,0 +1,398 @@
+// Package checkpoint saves and restores training runs.
+//
+// A checkpoint is a directory holding four files:
+//
+//	model.safetensors  parameters and buffers (F32), named by PyTorch module
+//	                   paths such as "blocks.3.attn.Wq.weight"
+//	optim.safetensors  optimizer state, e.g. "adam.m.<param>", "adam.v.<param>"
+//	state.json         a JSON object owned by the caller: step, config, RNG,
+//	                   controllers, running statistics
+//	checkpoint.json    format version plus the size and sha256 of each file
+//
+// checkpoint.json is written last. Save builds the new checkpoint in a
+// sibling temporary directory, syncs it, moves the old checkpoint aside to
+// "<dir>.prev", renames the new one into place and only then removes the old
+// one, so a crash at any point leaves a loadable checkpoint: Load falls back to
+// "<dir>.prev" when "<dir>" is missing. Load verifies every file against
+// checkpoint.json before parsing it and reports corrupt input as an error
+// naming the file, never as a panic.
+//
+// The safetensors reader and writer are also usable on their own
+// (ReadSafetensors, WriteSafetensors, LoadWeightsFile, SaveWeightsFile), for
+// example to import a PyTorch state dict.
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// File names inside a checkpoint directory.
+const (
+	ModelFile    = "model.safetensors"
+	OptimFile    = "optim.safetensors"
+	StateFile    = "state.json"
+	ManifestFile = "checkpoint.json"
+)
+
+// FormatVersion is the version recorded in checkpoint.json. Load refuses
+// checkpoints with a larger version.
+const FormatVersion = 1
+
+const formatName = "rpac-checkpoint"
+
+// Checkpoint is the content of a checkpoint directory.
+type Checkpoint struct {
+	// Weights are the model's parameters and buffers.
+	Weights []Named
+	// Optim is the optimizer state (moments, per-parameter step counts).
+	Optim []Named
+	// State is a JSON object supplied by the caller; nil saves "{}".
+	State json.RawMessage
+}
+
+// Manifest is the content of checkpoint.json.
+type Manifest struct {
+	Format  string              `json:"format"`
+	Version int                 `json:"version"`
+	Files   map[string]FileInfo `json:"files"`
+}
+
+// FileInfo records one file of a checkpoint.
+type FileInfo struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// crashHook, when set, is called at named points of Save; returning true
+// makes Save stop right there, leaving the file system as a crash would.
+var crashHook func(stage string) bool
+
+var errSimulatedCrash = errors.New("simulated crash")
+
+// Save writes c to dir atomically, replacing any checkpoint already there.
+// dir's parent is created if needed. An existing dir that is neither empty
+// nor a checkpoint is left alone and reported as an error.
+func Save(dir string, c *Checkpoint) (err error) {
+	if c == nil {
+		return errors.New("checkpoint: Save: nil checkpoint")
+	}
+	if err := validate(c.Weights); err != nil {
+		return fmt.Errorf("checkpoint: weights: %w", err)
+	}
+	if err := validate(c.Optim); err != nil {
+		return fmt.Errorf("checkpoint: optimizer state: %w", err)
+	}
+	state := c.State
+	if len(bytes.TrimSpace(state)) == 0 {
+		state = json.RawMessage("{}")
+	}
+	if err := checkObject(state); err != nil {
+		return fmt.Errorf("checkpoint: state: %w", err)
+	}
+
+	dir = filepath.Clean(dir)
+	parent, base := splitPath(dir)
+	prev := dir + ".prev"
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	haveOld := false
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("checkpoint: %s exists and is not a directory; choose another checkpoint path", dir)
+		}
+		ok, err := replaceable(dir)
+		if err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		if !ok {
+			return fmt.Errorf("checkpoint: %s exists and is not a checkpoint (no %s); refusing to replace it: choose another path or move it away", dir, ManifestFile)
+		}
+		haveOld = true
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	removeStaleTemps(parent, base)
+
+	tmp, err := os.MkdirTemp(parent, "."+base+".tmp-")
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	crashed := false
+	defer func() {
+		if err != nil && !crashed {
+			os.RemoveAll(tmp)
+		}
+	}()
+	crash := func(stage string) bool {
+		if crashHook != nil && crashHook(stage) {
+			crashed = true
+			return true
+		}
+		return false
+	}
+
+	man := Manifest{Format: formatName, Version: FormatVersion, Files: map[string]FileInfo{}}
+	writers := []struct {
+		name  string
+		write func(io.Writer) error
+	}{
+		{ModelFile, func(w io.Writer) error { return WriteSafetensors(w, c.Weights, map[string]string{"format": "pt"}) }},
+		{OptimFile, func(w io.Writer) error { return WriteSafetensors(w, c.Optim, nil) }},
+		{StateFile, func(w io.Writer) error { _, err := w.Write(state); return err }},
+	}
+	for _, fw := range writers {
+		info, err := writeSynced(filepath.Join(tmp, fw.name), fw.write)
+		if err != nil {
+			return fmt.Errorf("checkpoint: writing %s: %w", fw.name, err)
+		}
+		man.Files[fw.name] = info
+		if crash("wrote " + fw.name) {
+			return errSimulatedCrash
+		}
+	}
+	mj, err := json.MarshalIndent(man, "", "  ")
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	mj = append(mj, '\n')
+	if _, err := writeSynced(filepath.Join(tmp, ManifestFile), func(w io.Writer) error { _, err := w.Write(mj); return err }); err != nil {
+		return fmt.Errorf("checkpoint: writing %s: %w", ManifestFile, err)
+	}
+	if err := syncDir(tmp); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if crash("synced temp") {
+		return errSimulatedCrash
+	}
+
+	if haveOld {
+		// A leftover .prev next to a complete dir is stale.
+		if err := os.RemoveAll(prev); err != nil {
+			return fmt.Errorf("checkpoint: removing stale %s: %w", prev, err)
+		}
+		if err := os.Rename(dir, prev); err != nil {
+			return fmt.Errorf("checkpoint: moving the old checkpoint aside: %w", err)
+		}
+		if err := syncDir(parent); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
+		}
+		if crash("moved old") {
+			return errSimulatedCrash
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if haveOld {
+			os.Rename(prev, dir)
+		}
+		return fmt.Errorf("checkpoint: moving the new checkpoint into place: %w", err)
+	}
+	if err := syncDir(parent); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if crash("moved new") {
+		return errSimulatedCrash
+	}
+	if err := os.RemoveAll(prev); err != nil {
+		return fmt.Errorf("checkpoint: saved %s but could not remove %s: %w", dir, prev, err)
+	}
+	return syncDir(parent)
+}
+
+// Load reads and verifies the checkpoint in dir. If dir is missing but
+// "<dir>.prev" holds a checkpoint (a save was interrupted between its two
+// renames), that one is loaded and a warning is logged.
+func Load(dir string) (*Checkpoint, error) {
+	dir = filepath.Clean(dir)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		prev := dir + ".prev"
+		if _, perr := os.Stat(filepath.Join(prev, ManifestFile)); perr == nil {
+			slog.Warn("checkpoint: directory missing after an interrupted save; loading the previous checkpoint", "dir", dir, "from", prev)
+			return load(prev)
+		}
+		return nil, fmt.Errorf("checkpoint: %s does not exist; check the path (or start a new run without resuming)", dir)
+	} else if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	return load(dir)
+}
+
+func load(dir string) (*Checkpoint, error) {
+	manPath := filepath.Join(dir, ManifestFile)
+	mj, err := os.ReadFile(manPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("checkpoint: %s: missing file: not a checkpoint directory, or its save never finished", manPath)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var man Manifest
+	if err := json.Unmarshal(mj, &man); err != nil {
+		return nil, fmt.Errorf("checkpoint: %s: bad JSON: %v", manPath, err)
+	}
+	if man.Format != formatName {
+		return nil, fmt.Errorf("checkpoint: %s: format is %q, want %q", manPath, man.Format, formatName)
+	}
+	if man.Version < 1 || man.Version > FormatVersion {
+		return nil, fmt.Errorf("checkpoint: %s: format version %d is not supported (this build reads 1..%d); use a newer rpac", manPath, man.Version, FormatVersion)
+	}
+	for _, name := range []string{ModelFile, OptimFile, StateFile} {
+		if _, ok := man.Files[name]; !ok {
+			return nil, fmt.Errorf("checkpoint: %s: does not list %s", manPath, name)
+		}
+	}
+	read := func(name string) ([]byte, error) {
+		return readVerified(filepath.Join(dir, name), man.Files[name])
+	}
+
+	c := &Checkpoint{}
+	for _, f := range []struct {
+		name string
+		dst  *[]Named
+	}{{ModelFile, &c.Weights}, {OptimFile, &c.Optim}} {
+		data, err := read(f.name)
+		if err != nil {
+			return nil, err
+		}
+		ts, _, err := ReadSafetensors(data)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %s: %w", filepath.Join(dir, f.name), err)
+		}
+		*f.dst = ts
+	}
+	state, err := read(StateFile)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkObject(state); err != nil {
+		return nil, fmt.Errorf("checkpoint: %s: %w", filepath.Join(dir, StateFile), err)
+	}
+	c.State = json.RawMessage(state)
+	return c, nil
+}
+
+// readVerified reads a file and checks it against its manifest entry.
+func readVerified(path string, want FileInfo) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("checkpoint: %s: missing file (listed in %s); the checkpoint is incomplete: resume from another one", path, ManifestFile)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if got := int64(len(data)); got != want.Size {
+		if got < want.Size {
+			return nil, fmt.Errorf("checkpoint: %s: truncated: %d bytes, %s records %d; the file was cut short: resume from another checkpoint", path, got, ManifestFile, want.Size)
+		}
+		return nil, fmt.Errorf("checkpoint: %s: size %d bytes, %s records %d; the file was modified: resume from another checkpoint", path, got, ManifestFile, want.Size)
+	}
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); !strings.EqualFold(got, want.SHA256) {
+		return nil, fmt.Errorf("checkpoint: %s: checksum mismatch: sha256 %s, %s records %s; the file is corrupt: resume from another checkpoint", path, got, ManifestFile, want.SHA256)
+	}
+	return data, nil
+}
+
+// checkObject reports whether b is one valid JSON object.
+func checkObject(b []byte) error {
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v)
+		return fmt.Errorf("bad JSON: %v", err)
+	}
+	if t := bytes.TrimSpace(b); len(t) == 0 || t[0] != '{' {
+		return errors.New("bad JSON: want an object")
+	}
+	return nil
+}
+
+// writeSynced creates path, writes it through write while hashing, syncs and
+// closes it.
+func writeSynced(path string, write func(io.Writer) error) (FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(f, h)}
+	err = write(cw)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return FileInfo{}, err
+	}
+	return FileInfo{Size: cw.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// syncDir flushes a directory's entries to disk. File systems that cannot
+// sync directories are tolerated.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	d.Close()
+	if err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOTSUP) && !errors.Is(err, syscall.EBADF) {
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// replaceable reports whether dir is a checkpoint or an empty directory.
+func replaceable(dir string) (bool, error) {
+	if _, err := os.Stat(filepath.Join(dir, ManifestFile)); err == nil {
+		return true, nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false, err
+	}
+	return len(entries) == 0, nil
+}
+
+// removeStaleTemps deletes temporary directories left by interrupted saves
+// of the same checkpoint.
+func removeStaleTemps(parent, base string) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	prefix := "." + base + ".tmp-"
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
+			os.RemoveAll(filepath.Join(parent, e.Name()))
+		}
+	}
+}
+
+func splitPath(p string) (dir, base string) {
+	p = filepath.Clean(p)
+	return filepath.Dir(p), filepath.Base(p)
+}
