@@ -1,0 +1,227 @@
+package runtime
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// ManifestName is the manifest's file name inside an export folder.
+const ManifestName = "manifest.json"
+
+// ManifestFormat is the manifest format this package reads and writes.
+const ManifestFormat = 1
+
+// Manifest describes an exported model folder: one ONNX graph per context
+// length plus the facts a service needs to feed it. `rpac export` writes it;
+// Open reads it.
+type Manifest struct {
+	// Format is ManifestFormat.
+	Format int `json:"format"`
+	// Lengths are the exported context lengths T, one graph each.
+	Lengths []int `json:"lengths"`
+	// Files lists every file of the export with its hash. The file whose
+	// Length is T and whose Path ends in ".onnx" is the graph for T; other
+	// files with that Length (external tensor data, "<model>.onnx.data")
+	// are verified but not opened directly.
+	Files []File `json:"files"`
+	// VocabSize is V: ids must lie in [0,V) and logits have V columns.
+	VocabSize int `json:"vocab_size"`
+	// Tokenizer names the tokenizer the ids come from (e.g. "gpt2").
+	Tokenizer string `json:"tokenizer"`
+	// EOS is the end-of-sequence id, also used to right-pad inputs.
+	EOS int `json:"eos"`
+	// Config is the model configuration (opaque to the runtime).
+	Config json.RawMessage `json:"config,omitempty"`
+	// Fold records how the export folded training-time machinery, with its
+	// statistics (opaque to the runtime).
+	Fold json.RawMessage `json:"fold,omitempty"`
+	// Model names the model kind (e.g. "fuzzy", "baseline").
+	Model string `json:"model"`
+}
+
+// File is one file of an export.
+type File struct {
+	Length int    `json:"length"`
+	Path   string `json:"path"`   // relative to the export folder, slash-separated
+	SHA256 string `json:"sha256"` // lower-case hex
+	Bytes  int64  `json:"bytes"`
+}
+
+// ReadManifest reads and validates dir/manifest.json (file hashes are not
+// checked here; VerifyFiles does that).
+func ReadManifest(dir string) (*Manifest, error) {
+	path := filepath.Join(dir, ManifestName)
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("runtime: %s not found: %s is not an exported model folder (write one with `rpac export`)", path, dir)
+		}
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(buf, &m); err != nil {
+		return nil, fmt.Errorf("runtime: %s is not a valid manifest: %w", path, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("runtime: %s: %w", path, err)
+	}
+	return &m, nil
+}
+
+// WriteManifest writes m to dir/manifest.json atomically.
+func WriteManifest(dir string, m *Manifest) error {
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("runtime: manifest: %w", err)
+	}
+	buf, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("runtime: manifest: %w", err)
+	}
+	buf = append(buf, '\n')
+	path := filepath.Join(dir, ManifestName)
+	f, err := os.CreateTemp(dir, "."+ManifestName+".tmp*")
+	if err != nil {
+		return fmt.Errorf("runtime: write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(buf)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("runtime: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate checks the manifest's internal consistency.
+func (m *Manifest) Validate() error {
+	if m.Format != ManifestFormat {
+		return fmt.Errorf("manifest format %d is not supported (this runtime reads format %d)", m.Format, ManifestFormat)
+	}
+	if len(m.Lengths) == 0 {
+		return errors.New("manifest lists no lengths")
+	}
+	seen := map[int]bool{}
+	for _, L := range m.Lengths {
+		if L <= 0 {
+			return fmt.Errorf("manifest length %d is not positive", L)
+		}
+		if seen[L] {
+			return fmt.Errorf("manifest lists length %d twice", L)
+		}
+		seen[L] = true
+	}
+	if m.VocabSize <= 0 {
+		return fmt.Errorf("manifest vocab_size %d is not positive", m.VocabSize)
+	}
+	if m.EOS < 0 || m.EOS >= m.VocabSize {
+		return fmt.Errorf("manifest eos %d is outside [0,%d)", m.EOS, m.VocabSize)
+	}
+	models := map[int]int{}
+	paths := map[string]bool{}
+	for _, f := range m.Files {
+		if !seen[f.Length] {
+			return fmt.Errorf("manifest file %q has length %d, which is not among the lengths %v", f.Path, f.Length, m.Lengths)
+		}
+		if f.Path == "" || strings.Contains(f.Path, `\`) || !filepath.IsLocal(filepath.FromSlash(f.Path)) {
+			return fmt.Errorf("manifest file path %q must be a relative path inside the model folder", f.Path)
+		}
+		if paths[f.Path] {
+			return fmt.Errorf("manifest lists file %q twice", f.Path)
+		}
+		paths[f.Path] = true
+		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(f.SHA256) != f.SHA256 {
+			return fmt.Errorf("manifest file %q: sha256 %q is not 64 lower-case hex digits", f.Path, f.SHA256)
+		}
+		if f.Bytes < 0 {
+			return fmt.Errorf("manifest file %q: negative size %d", f.Path, f.Bytes)
+		}
+		if strings.HasSuffix(f.Path, ".onnx") {
+			models[f.Length]++
+		}
+	}
+	for _, L := range m.Lengths {
+		if models[L] != 1 {
+			return fmt.Errorf("manifest has %d .onnx files for length %d, want exactly one", models[L], L)
+		}
+	}
+	return nil
+}
+
+// SortedLengths returns the lengths in increasing order.
+func (m *Manifest) SortedLengths() []int {
+	out := append([]int(nil), m.Lengths...)
+	sort.Ints(out)
+	return out
+}
+
+// ModelFile returns the .onnx file entry for length L.
+func (m *Manifest) ModelFile(L int) (File, bool) {
+	for _, f := range m.Files {
+		if f.Length == L && strings.HasSuffix(f.Path, ".onnx") {
+			return f, true
+		}
+	}
+	return File{}, false
+}
+
+// VerifyFiles checks every listed file's size and sha256 under dir.
+func (m *Manifest) VerifyFiles(dir string) error {
+	for _, f := range m.Files {
+		path := filepath.Join(dir, filepath.FromSlash(f.Path))
+		sum, n, err := HashFile(path)
+		if err != nil {
+			return fmt.Errorf("runtime: %w", err)
+		}
+		if f.Bytes > 0 && n != f.Bytes {
+			return fmt.Errorf("runtime: %s has %d bytes, the manifest says %d: the export is incomplete or was changed; export it again", path, n, f.Bytes)
+		}
+		if sum != f.SHA256 {
+			return fmt.Errorf("runtime: %s has sha256 %s, the manifest says %s: the file is corrupt or was changed; export it again", path, sum, f.SHA256)
+		}
+	}
+	return nil
+}
+
+// HashFile returns a file's sha256 (lower-case hex) and size.
+func HashFile(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// NewFile hashes dir/rel and returns its manifest entry.
+func NewFile(dir, rel string, length int) (File, error) {
+	sum, n, err := HashFile(filepath.Join(dir, filepath.FromSlash(rel)))
+	if err != nil {
+		return File{}, fmt.Errorf("runtime: %w", err)
+	}
+	return File{Length: length, Path: filepath.ToSlash(rel), SHA256: sum, Bytes: n}, nil
+}

@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package runtime
+
+func openBackend(opts Options) (backend, error) { return nil, ErrNoCgo }

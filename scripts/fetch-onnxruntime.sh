@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# fetch-onnxruntime.sh — fetch the onnxruntime shared library (1.30.0, CPU
+# provider, linux x86-64) that rpac's runtime package loads.
+#
+# The library ships inside the npm package onnxruntime-node@1.30.0 at
+# package/bin/napi-v6/linux/x64/libonnxruntime.so.1. This script runs
+# `npm pack` in a temporary directory, checks the tarball's sha512 integrity
+# against the registry's dist.integrity (and against the value pinned below),
+# extracts that one file and caches it under
+#
+#     ${XDG_CACHE_HOME:-$HOME/.cache}/rpac/onnxruntime-1.30.0/libonnxruntime.so.1
+#
+# next to a .sha256 file. A second run finds the cached library, checks it
+# against the recorded checksum and touches no network.
+#
+# The last line printed on stdout is the library path, so
+#
+#     export ORT_LIB="$(scripts/fetch-onnxruntime.sh | tail -n1)"
+#
+# points the runtime at it (the runtime also finds the cache path by itself).
+# Progress and npm's own output go to stderr.
+set -euo pipefail
+
+VERSION=1.30.0
+PKG="onnxruntime-node@${VERSION}"
+MEMBER="package/bin/napi-v6/linux/x64/libonnxruntime.so.1"
+# dist.integrity of onnxruntime-node@1.30.0 on registry.npmjs.org.
+PINNED_INTEGRITY="sha512-twhs1C2C/BFkz1yc5OY0KIU2GUq6DURO7hD4bx5Q2Qy3nAMJwRXW8xU3NVczE29VA9lolLOYepoD8fjTGOfIqw=="
+# sha256 of the extracted libonnxruntime.so.1.
+PINNED_SHA256="ffb75a925ba05e47b235bb66e3e3911714a80b328a9c9425539feb204aa32a23"
+
+CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/rpac/onnxruntime-${VERSION}"
+LIB="${CACHE_DIR}/libonnxruntime.so.1"
+SUM="${LIB}.sha256"
+
+log() { printf 'fetch-onnxruntime: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# Cached and verified: no network.
+if [[ -f "$LIB" && -f "$SUM" ]]; then
+	want="$(cut -d' ' -f1 <"$SUM")"
+	got="$(sha256_of "$LIB")"
+	if [[ "$want" == "$got" ]]; then
+		log "cached: $LIB (sha256 $got)"
+		printf '%s\n' "$LIB"
+		exit 0
+	fi
+	log "cached library does not match its recorded sha256 (want $want, got $got); fetching again"
+	rm -f "$LIB" "$SUM"
+fi
+
+command -v npm >/dev/null || die "npm not found; install Node.js/npm (Debian: apt-get install npm) or set ORT_LIB to an existing libonnxruntime.so"
+command -v tar >/dev/null || die "tar not found"
+command -v sha256sum >/dev/null || die "sha256sum not found"
+command -v openssl >/dev/null || die "openssl not found (needed to check the package's sha512 integrity)"
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+log "registry integrity of $PKG"
+registry_integrity="$(cd "$tmp" && npm view "$PKG" dist.integrity 2>/dev/null | tail -n1 | tr -d '[:space:]')"
+[[ -n "$registry_integrity" ]] || die "npm view $PKG dist.integrity returned nothing (is the npm registry reachable?)"
+if [[ "$registry_integrity" != "$PINNED_INTEGRITY" ]]; then
+	die "registry integrity $registry_integrity differs from the pinned $PINNED_INTEGRITY"
+fi
+
+log "npm pack $PKG"
+(cd "$tmp" && npm pack "$PKG" >&2) || die "npm pack $PKG failed"
+tarball="$(find "$tmp" -maxdepth 1 -name 'onnxruntime-node-*.tgz' | head -n1)"
+[[ -n "$tarball" ]] || die "npm pack left no tarball in $tmp"
+
+got_integrity="sha512-$(openssl dgst -sha512 -binary "$tarball" | base64 -w0)"
+if [[ "$got_integrity" != "$registry_integrity" ]]; then
+	die "tarball integrity $got_integrity does not match the registry's $registry_integrity"
+fi
+log "tarball integrity ok ($got_integrity)"
+
+tar -xzf "$tarball" -C "$tmp" "$MEMBER" 2>/dev/null ||
+	die "$MEMBER not found in $(basename "$tarball"); members named libonnxruntime*: $(tar -tzf "$tarball" | grep libonnxruntime | tr '\n' ' ')"
+
+got_sha="$(sha256_of "$tmp/$MEMBER")"
+if [[ -n "$PINNED_SHA256" && "$got_sha" != "$PINNED_SHA256" ]]; then
+	die "extracted library sha256 $got_sha differs from the pinned $PINNED_SHA256"
+fi
+
+mkdir -p "$CACHE_DIR"
+cp "$tmp/$MEMBER" "$LIB.tmp.$$"
+chmod 0644 "$LIB.tmp.$$"
+mv -f "$LIB.tmp.$$" "$LIB"
+printf '%s  %s\n' "$got_sha" "libonnxruntime.so.1" >"$SUM.tmp.$$"
+mv -f "$SUM.tmp.$$" "$SUM"
+printf '%s\n' "$registry_integrity" >"${CACHE_DIR}/package.integrity"
+
+log "installed $LIB (sha256 $got_sha)"
+printf '%s\n' "$LIB"
