@@ -1,0 +1,552 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// rowGrain is the parallel grain, in rows, for row kernels of width L.
+func rowGrain(L, perElem int) int { return max(1, grainMath/max(L*perElem, 1)) }
+
+// ---- Softmax ----
+
+func softmaxRow[T float](dst, src []T) {
+	src = src[:len(dst)]
+	if d32, ok := any(dst).([]float32); ok {
+		softmaxRow32(d32, any(src).([]float32))
+		return
+	}
+	m := T(math.Inf(-1))
+	for _, x := range src {
+		if x > m {
+			m = x
+		}
+	}
+	if math.IsInf(float64(m), -1) {
+		allInfRow(dst, src)
+		return
+	}
+	var s float64
+	for i, x := range src {
+		e := T(math.Exp(float64(x - m)))
+		dst[i] = e
+		s += float64(e)
+	}
+	inv := T(1 / s)
+	for i := range dst {
+		dst[i] *= inv
+	}
+}
+
+// allInfRow: a row with no finite maximum gives zeros (NaN stays NaN).
+func allInfRow[T float](dst, src []T) {
+	for i, x := range src {
+		if x == x {
+			dst[i] = 0
+		} else {
+			dst[i] = x
+		}
+	}
+}
+
+func softmaxRow32(dst, src []float32) {
+	m := float32(math.Inf(-1))
+	for _, x := range src {
+		if x > m {
+			m = x
+		}
+	}
+	if math.IsInf(float64(m), -1) {
+		allInfRow(dst, src)
+		return
+	}
+	var s0, s1 float32
+	i := 0
+	for ; i+2 <= len(src); i += 2 {
+		e0, e1 := exp32(src[i]-m), exp32(src[i+1]-m)
+		dst[i], dst[i+1] = e0, e1
+		s0 += e0
+		s1 += e1
+	}
+	if i < len(src) {
+		e := exp32(src[i] - m)
+		dst[i] = e
+		s0 += e
+	}
+	inv := 1 / (s0 + s1)
+	for i := range dst {
+		dst[i] *= inv
+	}
+}
+
+func (p *program[T]) buildSoftmax(in, out []*tensor[T]) (func() error, error) {
+	x, o := in[0], out[0]
+	L := lastDim(x.shape)
+	if L == 0 {
+		return func() error { return nil }, nil
+	}
+	rows := x.numel() / L
+	return func() error {
+		src, dst := x.f, o.f
+		parallelFor(rows, rowGrain(L, 1), func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				softmaxRow(dst[r*L:(r+1)*L], src[r*L:(r+1)*L])
+			}
+		})
+		return nil
+	}, nil
+}
+
+func (p *program[T]) buildSoftmaxGrad(in, out []*tensor[T]) (func() error, error) {
+	dy, y, o := in[0], in[1], out[0]
+	if dy.numel() != y.numel() {
+		return nil, fmt.Errorf("dy%v and y%v differ", dy.shape, y.shape)
+	}
+	L := lastDim(y.shape)
+	if L == 0 {
+		return func() error { return nil }, nil
+	}
+	rows := y.numel() / L
+	return func() error {
+		g, ys, dst := dy.f, y.f, o.f
+		parallelFor(rows, max(1, grainCheap/L), func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				gr, yr, dr := g[r*L:(r+1)*L], ys[r*L:(r+1)*L], dst[r*L:(r+1)*L]
+				var s0, s1 T
+				i := 0
+				for ; i+2 <= L; i += 2 {
+					s0 += gr[i] * yr[i]
+					s1 += gr[i+1] * yr[i+1]
+				}
+				if i < L {
+					s0 += gr[i] * yr[i]
+				}
+				s := s0 + s1
+				for i, v := range yr {
+					dr[i] = v * (gr[i] - s)
+				}
+			}
+		})
+		return nil
+	}, nil
+}
+
+// ---- CausalMask ----
+
+func (p *program[T]) buildCausalMask(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	x, o := in[0], out[0]
+	s := x.shape
+	if len(s) < 2 || s[len(s)-1] != s[len(s)-2] {
+		return nil, fmt.Errorf("want [...,T,T], got %v", s)
+	}
+	L := s[len(s)-1]
+	if L == 0 {
+		return func() error { return nil }, nil
+	}
+	fill := T(n.Attrs.Float("fill", math.Inf(-1)))
+	rows := x.numel() / L
+	return func() error {
+		src, dst := x.f, o.f
+		parallelFor(rows, max(1, grainCheap/L), func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				i := r % L
+				d := dst[r*L : (r+1)*L]
+				if &d[0] != &src[r*L] {
+					copy(d[:i+1], src[r*L:r*L+i+1])
+				}
+				for j := i + 1; j < L; j++ {
+					d[j] = fill
+				}
+			}
+		})
+		return nil
+	}, nil
+}
+
+// ---- LayerNorm ----
+
+// rowStats returns the mean and 1/sqrt(biased var + eps) of a row.
+func rowStats[T float](x []T, eps float64) (mean, rstd float64) {
+	D := float64(len(x))
+	mean = sum64(x) / D
+	var v0, v1 float64
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		a, b := float64(x[i])-mean, float64(x[i+1])-mean
+		v0 += a * a
+		v1 += b * b
+	}
+	if i < len(x) {
+		a := float64(x[i]) - mean
+		v0 += a * a
+	}
+	return mean, 1 / math.Sqrt((v0+v1)/D+eps)
+}
+
+func (p *program[T]) buildLayerNorm(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	x, g, b, o := in[0], in[1], in[2], out[0]
+	D := lastDim(x.shape)
+	if g.numel() != D || b.numel() != D {
+		return nil, fmt.Errorf("x%v with g%v, b%v", x.shape, g.shape, b.shape)
+	}
+	if D == 0 {
+		return func() error { return nil }, nil
+	}
+	eps := n.Attrs.Float("eps", 1e-5)
+	rows := x.numel() / D
+	return func() error {
+		xs, gs, bs, ys := x.f, g.f, b.f, o.f
+		parallelFor(rows, max(1, grainCheap/(4*D)), func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				xr, yr := xs[r*D:(r+1)*D], ys[r*D:(r+1)*D]
+				mean, rstd := rowStats(xr, eps)
+				m, rs := T(mean), T(rstd)
+				for i, v := range xr {
+					yr[i] = (v-m)*rs*gs[i] + bs[i]
+				}
+			}
+		})
+		return nil
+	}, nil
+}
+
+func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	dy, x, g := in[0], in[1], in[2]
+	dx, dg, db := out[0], out[1], out[2]
+	D := lastDim(x.shape)
+	if g.numel() != D || dy.numel() != x.numel() {
+		return nil, fmt.Errorf("dy%v, x%v, g%v", dy.shape, x.shape, g.shape)
+	}
+	eps := n.Attrs.Float("eps", 1e-5)
+	rows := 0
+	if D > 0 {
+		rows = x.numel() / D
+	}
+	parts := p.parts
+	partial := make([][]float64, parts) // [dg | db] per part
+	for i := range partial {
+		partial[i] = make([]float64, 2*D)
+	}
+	return func() error {
+		dys, xs, gs, dxs := dy.f, x.f, g.f, dx.f
+		parallelParts(rows, parts, max(1, grainCheap/(6*max(D, 1))), func(w, lo, hi int) {
+			acc := partial[w]
+			clear(acc)
+			adg, adb := acc[:D], acc[D:]
+			for r := lo; r < hi; r++ {
+				xr, gr, dr := xs[r*D:(r+1)*D], dys[r*D:(r+1)*D], dxs[r*D:(r+1)*D]
+				mean, rstd := rowStats(xr, eps)
+				var m1, m2 float64
+				for i, v := range xr {
+					xh := (float64(v) - mean) * rstd
+					gd := float64(gs[i]) * float64(gr[i])
+					m1 += gd
+					m2 += gd * xh
+					adg[i] += float64(gr[i]) * xh
+					adb[i] += float64(gr[i])
+				}
+				m1 /= float64(D)
+				m2 /= float64(D)
+				for i, v := range xr {
+					xh := (float64(v) - mean) * rstd
+					gd := float64(gs[i]) * float64(gr[i])
+					dr[i] = T(rstd * (gd - m1 - xh*m2))
+				}
+			}
+		})
+		dgs, dbs := dg.f, db.f
+		for i := 0; i < D; i++ {
+			var sg, sb float64
+			for w := range partial {
+				sg += partial[w][i]
+				sb += partial[w][D+i]
+			}
+			dgs[i], dbs[i] = T(sg), T(sb)
+		}
+		return nil
+	}, nil
+}
+
+// ---- Dropout / GumbelNoise ----
+
+func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	x, y, mask := in[0], out[0], out[1]
+	pr := n.Attrs.Float("p", 0)
+	keep := 1 - pr
+	var scale T
+	if keep > 0 {
+		scale = T(1 / keep)
+	}
+	id := n.ID
+	return func() error {
+		key := streamKey(p.seed, id)
+		xs, ys, ms := x.f, y.f, mask.f
+		parallelFor(len(ys), grainMath, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				m := T(0)
+				if pr <= 0 || (keep > 0 && uniform(key, i) < keep) {
+					m = scale
+				}
+				ms[i] = m
+				ys[i] = xs[i] * m
+			}
+		})
+		return nil
+	}, nil
+}
+
+func (p *program[T]) buildGumbel(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	x, y := in[0], out[0]
+	id := n.ID
+	return func() error {
+		key := streamKey(p.seed, id)
+		xs, ys := x.f, y.f
+		parallelFor(len(ys), grainMath, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				u := min(max(uniform(key, i), 1e-6), 1-1e-6)
+				ys[i] = xs[i] - T(math.Log(-math.Log(u)))
+			}
+		})
+		return nil
+	}, nil
+}
+
+// ---- TopKMask ----
+
+// beats reports whether entry (a at index i) ranks above (b at index j):
+// larger first, NaN last, ties to the lower index.
+func beats[T float](a T, i int, b T, j int) bool {
+	if a != b {
+		if b != b {
+			return a == a
+		}
+		return a > b
+	}
+	return i < j
+}
+
+func (p *program[T]) buildTopKMask(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	x, o := in[0], out[0]
+	L := lastDim(x.shape)
+	k := n.Attrs.Int("k", 1)
+	if L == 0 {
+		return func() error { return nil }, nil
+	}
+	rows := x.numel() / L
+	parts := p.parts
+	var scratch [][]int32
+	large := k > 8 && k < L
+	if large {
+		scratch = make([][]int32, parts)
+		for i := range scratch {
+			scratch[i] = make([]int32, L)
+		}
+	}
+	return func() error {
+		xs, ys := x.f, o.f
+		parallelParts(rows, parts, max(1, grainCheap/(L*min(max(k, 1), 8))), func(w, lo, hi int) {
+			for r := lo; r < hi; r++ {
+				xr, yr := xs[r*L:(r+1)*L], ys[r*L:(r+1)*L]
+				switch {
+				case k <= 0:
+					clear(yr)
+				case k >= L:
+					for i := range yr {
+						yr[i] = 1
+					}
+				case large:
+					idx := scratch[w]
+					for i := range idx {
+						idx[i] = int32(i)
+					}
+					slices.SortFunc(idx, func(a, b int32) int {
+						if beats(xr[a], int(a), xr[b], int(b)) {
+							return -1
+						}
+						return 1
+					})
+					clear(yr)
+					for _, i := range idx[:k] {
+						yr[i] = 1
+					}
+				default:
+					clear(yr)
+					for t := 0; t < k; t++ {
+						best := -1
+						for i, v := range xr {
+							if yr[i] != 0 {
+								continue
+							}
+							if best < 0 || beats(v, i, xr[best], best) {
+								best = i
+							}
+						}
+						yr[best] = 1
+					}
+				}
+			}
+		})
+		return nil
+	}, nil
+}
+
+// ---- CrossEntropy ----
+
+// lseRow returns the row's log-sum-exp and the sum of its entries.
+func lseRow[T float](x []T) (lse, sum float64) {
+	if x32, ok := any(x).([]float32); ok {
+		return lseRow32(x32)
+	}
+	m := math.Inf(-1)
+	for _, v := range x {
+		m = max(m, float64(v))
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - m)
+	}
+	return m + math.Log(s), sum64(x)
+}
+
+func lseRow32(x []float32) (lse, sum float64) {
+	n := len(x)
+	if n == 0 {
+		return math.Inf(-1), 0
+	}
+	m0, m1, m2, m3 := x[0], x[0], x[0], x[0]
+	var a0, a1, a2, a3 float64
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		v0, v1, v2, v3 := x[i], x[i+1], x[i+2], x[i+3]
+		m0, m1, m2, m3 = max(m0, v0), max(m1, v1), max(m2, v2), max(m3, v3)
+		a0 += float64(v0)
+		a1 += float64(v1)
+		a2 += float64(v2)
+		a3 += float64(v3)
+	}
+	for ; i < n; i++ {
+		m0 = max(m0, x[i])
+		a0 += float64(x[i])
+	}
+	m := max(max(m0, m1), max(m2, m3))
+	if math.IsInf(float64(m), 0) || m != m {
+		return lseRow[float64](f64s(x))
+	}
+	var s0, s1, s2, s3 float32
+	i = 0
+	for ; i+4 <= n; i += 4 {
+		s0 += exp32(x[i] - m)
+		s1 += exp32(x[i+1] - m)
+		s2 += exp32(x[i+2] - m)
+		s3 += exp32(x[i+3] - m)
+	}
+	for ; i < n; i++ {
+		s0 += exp32(x[i] - m)
+	}
+	s := float64(s0) + float64(s1) + float64(s2) + float64(s3)
+	return float64(m) + math.Log(s), (a0 + a1) + (a2 + a3)
+}
+
+func f64s(x []float32) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(v)
+	}
+	return out
+}
+
+func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	lg, tg := in[0], in[1]
+	if len(lg.shape) != 2 || tg.v.DType != ir.I32 || tg.numel() != lg.shape[0] {
+		return nil, fmt.Errorf("want logits[N,V] and targets[N] i32, got %v and %v", lg.shape, tg.shape)
+	}
+	N, V := lg.shape[0], lg.shape[1]
+	ls := n.Attrs.Float("label_smoothing", 0)
+	cache := p.ce[lg.v.ID]
+	if cache == nil {
+		cache = &ceCache{lse: make([]float64, N)}
+		p.ce[lg.v.ID] = cache
+	}
+	rowS := make([]float64, N)
+	rowP := make([]float64, N)
+	return func() error {
+		t := tg.i
+		if err := checkIDs(t, V, "target"); err != nil {
+			return err
+		}
+		xs := lg.f
+		parallelFor(N, 1, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				row := xs[r*V : (r+1)*V]
+				lse, sum := lseRow(row)
+				cache.lse[r] = lse
+				nll := lse - float64(row[t[r]])
+				rowP[r] = nll
+				rowS[r] = (1-ls)*nll + ls*(lse-sum/float64(V))
+			}
+		})
+		cache.run = p.runs
+		var s, pure float64
+		for r := range rowS {
+			s += rowS[r]
+			pure += rowP[r]
+		}
+		out[0].f[0] = T(s)
+		out[1].f[0] = T(pure)
+		return nil
+	}, nil
+}
+
+func (p *program[T]) buildCrossEntropyGrad(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	dl, lg, tg, o := in[0], in[1], in[2], out[0]
+	if len(lg.shape) != 2 || tg.v.DType != ir.I32 || tg.numel() != lg.shape[0] || dl.numel() != 1 {
+		return nil, fmt.Errorf("want dloss[], logits[N,V], targets[N] i32; got %v, %v, %v", dl.shape, lg.shape, tg.shape)
+	}
+	N, V := lg.shape[0], lg.shape[1]
+	ls := n.Attrs.Float("label_smoothing", 0)
+	cache := p.ce[lg.v.ID] // set when a CrossEntropy on the same logits precedes this node
+	return func() error {
+		t := tg.i
+		if err := checkIDs(t, V, "target"); err != nil {
+			return err
+		}
+		xs, gs := lg.f, o.f
+		c := float64(dl.f[0])
+		off := T(c * ls / float64(V))
+		hit := T(c * (1 - ls))
+		cached := cache != nil && cache.run == p.runs
+		parallelFor(N, 1, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				row, g := xs[r*V:(r+1)*V], gs[r*V:(r+1)*V]
+				var lse float64
+				if cached {
+					lse = cache.lse[r]
+				} else {
+					lse, _ = lseRow(row)
+				}
+				ceGradRow(g, row, T(c), T(lse), off)
+				g[t[r]] -= hit
+			}
+		})
+		return nil
+	}, nil
+}
+
+// ceGradRow writes g = c·exp(x - lse) - off.
+func ceGradRow[T float](g, x []T, c, lse, off T) {
+	x = x[:len(g)]
+	if g32, ok := any(g).([]float32); ok {
+		x32 := any(x).([]float32)
+		c32, l32, o32 := float32(c), float32(lse), float32(off)
+		for i, v := range x32 {
+			g32[i] = c32*exp32(v-l32) - o32
+		}
+		return
+	}
+	for i, v := range x {
+		g[i] = c*T(math.Exp(float64(v-lse))) - off
+	}
+}
