@@ -82,6 +82,7 @@ type AdamW struct {
 	cfg   AdamWConfig
 	state map[string]*moments
 	steps int
+	err   error
 }
 
 type moments struct {
@@ -89,8 +90,14 @@ type moments struct {
 	t    int
 }
 
-// NewAdamW returns an optimizer with empty state.
-func NewAdamW(cfg AdamWConfig) (*AdamW, error) {
+// DefaultAdamW is torch.optim.AdamW's default configuration: betas (0.9,
+// 0.999), eps 1e-8, weight decay 0.01 on the parameters DefaultDecay selects.
+func DefaultAdamW() AdamWConfig {
+	return AdamWConfig{Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01}
+}
+
+// withDefaults fills the zero fields.
+func (cfg AdamWConfig) withDefaults() AdamWConfig {
 	if cfg.Beta1 == 0 {
 		cfg.Beta1 = 0.9
 	}
@@ -106,16 +113,32 @@ func NewAdamW(cfg AdamWConfig) (*AdamW, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
+	return cfg
+}
+
+// Validate reports a configuration out of range (after zero fields take
+// their defaults).
+func (cfg AdamWConfig) Validate() error {
+	cfg = cfg.withDefaults()
 	switch {
 	case !(cfg.Beta1 > 0 && cfg.Beta1 < 1), !(cfg.Beta2 > 0 && cfg.Beta2 < 1):
-		return nil, fmt.Errorf("optim: AdamW betas (%g, %g) must lie in (0, 1)", cfg.Beta1, cfg.Beta2)
+		return fmt.Errorf("optim: AdamW betas (%g, %g) must lie in (0, 1)", cfg.Beta1, cfg.Beta2)
 	case !(cfg.Eps > 0) || math.IsInf(cfg.Eps, 0):
-		return nil, fmt.Errorf("optim: AdamW eps %g must be positive", cfg.Eps)
+		return fmt.Errorf("optim: AdamW eps %g must be positive", cfg.Eps)
 	case !(cfg.WeightDecay >= 0) || math.IsInf(cfg.WeightDecay, 0):
-		return nil, fmt.Errorf("optim: AdamW weight decay %g must be finite and non-negative", cfg.WeightDecay)
+		return fmt.Errorf("optim: AdamW weight decay %g must be finite and non-negative", cfg.WeightDecay)
 	}
-	return &AdamW{cfg: cfg, state: map[string]*moments{}}, nil
+	return nil
 }
+
+// NewAdamW returns an optimizer with empty state. A configuration that
+// fails Validate is reported by every Step (and Err) instead of a panic.
+func NewAdamW(cfg AdamWConfig) *AdamW {
+	return &AdamW{cfg: cfg.withDefaults(), state: map[string]*moments{}, err: cfg.Validate()}
+}
+
+// Err is the configuration error, if any.
+func (o *AdamW) Err() error { return o.err }
 
 // Config returns the configuration with defaults filled in.
 func (o *AdamW) Config() AdamWConfig { return o.cfg }
@@ -130,9 +153,12 @@ func (o *AdamW) Decays(name string) bool { return o.cfg.Decay(name) }
 const chunk = 1 << 14
 
 // Step applies one update in place to every parameter that has a gradient.
-// A gradient without a parameter, a length mismatch or a bad learning rate is
-// an error and nothing is updated.
+// A gradient without a parameter, a length mismatch, a bad learning rate or
+// an invalid configuration is an error and nothing is updated.
 func (o *AdamW) Step(params, grads map[string][]float32, lr float64) error {
+	if o.err != nil {
+		return o.err
+	}
 	if !(lr >= 0) || math.IsInf(lr, 0) {
 		return fmt.Errorf("optim: learning rate %g must be finite and non-negative", lr)
 	}

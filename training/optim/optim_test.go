@@ -16,10 +16,7 @@ func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol*math.Max(1, math
 // independently in float64.
 func TestAdamWTwoSteps(t *testing.T) {
 	const lr, wd, b1, b2, eps = 0.1, 0.1, 0.9, 0.999, 1e-8
-	opt, err := NewAdamW(AdamWConfig{WeightDecay: wd})
-	if err != nil {
-		t.Fatal(err)
-	}
+	opt := NewAdamW(AdamWConfig{WeightDecay: wd})
 	// "x.weight" and "y.weight" are decayed; "norm1.weight" is not.
 	names := []string{"x.weight", "y.weight", "norm1.weight"}
 	params := map[string][]float32{"x.weight": {1}, "y.weight": {-2}, "norm1.weight": {0.5}}
@@ -93,7 +90,7 @@ func TestDefaultDecay(t *testing.T) {
 func TestWeightDecaySelection(t *testing.T) {
 	// With zero gradients Adam's update is zero, so only decay moves a
 	// parameter.
-	opt, _ := NewAdamW(AdamWConfig{WeightDecay: 0.5, Decay: func(n string) bool { return n == "a" }})
+	opt := NewAdamW(AdamWConfig{WeightDecay: 0.5, Decay: func(n string) bool { return n == "a" }})
 	params := map[string][]float32{"a": {2, 4}, "b": {2, 4}, "c": {2, 4}}
 	grads := map[string][]float32{"a": {0, 0}, "b": {0, 0}}
 	if err := opt.Step(params, grads, 0.1); err != nil {
@@ -111,7 +108,7 @@ func TestWeightDecaySelection(t *testing.T) {
 }
 
 func TestStepErrors(t *testing.T) {
-	opt, _ := NewAdamW(AdamWConfig{})
+	opt := NewAdamW(AdamWConfig{})
 	p := map[string][]float32{"a": {1, 2}}
 	cases := []struct {
 		grads map[string][]float32
@@ -131,11 +128,15 @@ func TestStepErrors(t *testing.T) {
 	if p["a"][0] != 1 || opt.Steps() != 0 {
 		t.Error("a failed step changed something")
 	}
-	if _, err := NewAdamW(AdamWConfig{Beta1: 1.5}); err == nil {
+	bad := NewAdamW(AdamWConfig{Beta1: 1.5})
+	if err := bad.Step(p, map[string][]float32{"a": {1, 1}}, 0.1); err == nil || bad.Err() == nil || p["a"][0] != 1 {
 		t.Error("beta1 1.5 accepted")
 	}
-	if _, err := NewAdamW(AdamWConfig{WeightDecay: -1}); err == nil {
+	if err := (AdamWConfig{WeightDecay: -1}).Validate(); err == nil {
 		t.Error("negative weight decay accepted")
+	}
+	if err := DefaultAdamW().Validate(); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -170,7 +171,7 @@ func TestStateRoundTripResumesExactly(t *testing.T) {
 	delete(gradsAt[1], "blocks.0.attn.tau_att") // a parameter skipped once
 
 	cfg := AdamWConfig{WeightDecay: 0.1, Workers: 2}
-	run, _ := NewAdamW(cfg)
+	run := NewAdamW(cfg)
 	for i := 0; i < 2; i++ {
 		if err := run.Step(params, gradsAt[i], 1e-3); err != nil {
 			t.Fatal(err)
@@ -186,7 +187,7 @@ func TestStateRoundTripResumesExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resumed, _ := NewAdamW(AdamWConfig{WeightDecay: 0.1, Workers: 1})
+	resumed := NewAdamW(AdamWConfig{WeightDecay: 0.1, Workers: 1})
 	if err := resumed.Import(c.Optim, steps); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func TestStateRoundTripResumesExactly(t *testing.T) {
 }
 
 func TestImportErrors(t *testing.T) {
-	opt, _ := NewAdamW(AdamWConfig{})
+	opt := NewAdamW(AdamWConfig{})
 	good := []checkpoint.Named{
 		{Name: "adam.m.a", Shape: []int{2}, Data: []float32{1, 2}},
 		{Name: "adam.v.a", Shape: []int{2}, Data: []float32{1, 2}},
@@ -266,8 +267,8 @@ func TestParallelMatchesSerial(t *testing.T) {
 	params := randomModel(rng)
 	grads := randomModel(rng)
 	p1, p2 := clone(params), clone(params)
-	o1, _ := NewAdamW(AdamWConfig{WeightDecay: 0.1, Workers: 1})
-	o2, _ := NewAdamW(AdamWConfig{WeightDecay: 0.1, Workers: 2})
+	o1 := NewAdamW(AdamWConfig{WeightDecay: 0.1, Workers: 1})
+	o2 := NewAdamW(AdamWConfig{WeightDecay: 0.1, Workers: 2})
 	o1.Step(p1, grads, 1e-2)
 	o2.Step(p2, grads, 1e-2)
 	for n := range p1 {
@@ -372,7 +373,7 @@ func BenchmarkAdamWStep(b *testing.B) {
 	for i := range grads["w.weight"] {
 		grads["w.weight"][i] = float32(rng.NormFloat64())
 	}
-	opt, _ := NewAdamW(AdamWConfig{WeightDecay: 0.1})
+	opt := NewAdamW(AdamWConfig{WeightDecay: 0.1})
 	b.SetBytes(4 << 20 * 16)
 	for b.Loop() {
 		opt.Step(params, grads, 1e-3)

@@ -1,0 +1,265 @@
+package metrics
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time            { return c.t }
+func (c *fakeClock) add(d time.Duration)       { c.t = c.t.Add(d) }
+func newClock() *fakeClock                     { return &fakeClock{time.Unix(1_700_000_000, 0)} }
+func fileString(t *testing.T, p string) string { b, _ := os.ReadFile(p); return string(b) }
+
+func TestWriterBuffersTrainAndSyncsEval(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	w, err := OpenInterval(path, time.Hour) // only explicit flushes in this test
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newClock()
+	w.mu.Lock()
+	w.now = clock.now
+	w.lastFlush = clock.now()
+	w.mu.Unlock()
+
+	if err := w.Write(map[string]any{"step": 1, "loss": 5.5, "lr": 1e-3, "kind": "train"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := fileString(t, path); got != "" {
+		t.Fatalf("train record written at once: %q", got)
+	}
+	if err := w.WriteEval(map[string]any{"step": 1, "val_loss": 5.25, "nan": math.NaN(), "tags": []string{"a"}, "time": "t0"}); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"kind":"train","step":1,"time":1700000000.000,"loss":5.5,"lr":0.001}` + "\n" +
+		`{"step":1,"time":"t0","nan":"NaN","tags":["a"],"val_loss":5.25}` + "\n"
+	if got := fileString(t, path); got != want {
+		t.Fatalf("file:\n%s\nwant:\n%s", got, want)
+	}
+	// A train record older than the flush interval triggers a flush.
+	w.mu.Lock()
+	w.flushEvery = time.Second
+	w.mu.Unlock()
+	clock.add(2 * time.Second)
+	w.Write(map[string]any{"step": 2, "loss": float32(5)})
+	if got := fileString(t, path); !strings.Contains(got, `"step":2`) {
+		t.Fatalf("no flush after the interval: %q", got)
+	}
+	w.Write(map[string]any{"step": 3, "inf": math.Inf(-1)})
+	if err := w.Write(map[string]any{"f": func() {}}); err == nil {
+		t.Error("unencodable field accepted")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(nil); err == nil {
+		t.Error("write after Close accepted")
+	}
+	recs, err := ReadJSONL(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 4 || recs[3]["step"] != 3.0 || recs[3]["inf"] != "-Inf" || recs[1]["nan"] != "NaN" {
+		t.Fatalf("records %v", recs)
+	}
+}
+
+func TestWriterBackgroundFlush(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	w, err := OpenInterval(path, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.Write(map[string]any{"loss": 1})
+	// Wait for the flusher (bounded, not a timing assertion).
+	for i := 0; i < 500 && fileString(t, path) == ""; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fileString(t, path) == "" {
+		t.Fatal("buffered record never flushed")
+	}
+}
+
+func TestAppendAfterKill(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	os.WriteFile(path, []byte(`{"kind":"train","step":1}`+"\n"+`{"kind":"train","st`), 0o644)
+
+	recs, err := ReadJSONL(path)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("truncated last line: %v, %v", recs, err)
+	}
+	w, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.WriteEval(map[string]any{"kind": "eval", "step": 2, "val_loss": 3})
+	w.Close()
+	recs, err = ReadJSONL(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[1]["kind"] != "eval" {
+		t.Fatalf("after reopening: %v\n%s", recs, fileString(t, path))
+	}
+}
+
+func TestReadJSONL(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, content string
+		n             int
+		err           string
+	}{
+		{"empty", "", 0, ""},
+		{"whole", "{\"a\":1}\n{\"a\":2}\n", 2, ""},
+		{"blank lines", "\n{\"a\":1}\n\n", 1, ""},
+		{"no final newline but valid", "{\"a\":1}\n{\"a\":2}", 2, ""},
+		{"truncated last", "{\"a\":1}\n{\"a\":", 1, ""},
+		{"bad middle", "{\"a\":1}\n{oops\n{\"a\":2}\n", 0, ":2:"},
+		{"not an object", "[1]\n", 0, "bad record"},
+		{"null", "null\n", 0, "not an object"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
+			os.WriteFile(p, []byte(c.content), 0o644)
+			recs, err := ReadJSONL(p)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err = %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil || len(recs) != c.n {
+				t.Fatalf("got %d records, %v; want %d", len(recs), err, c.n)
+			}
+		})
+	}
+	if _, err := ReadJSONL(filepath.Join(dir, "missing")); err == nil {
+		t.Error("missing file read")
+	}
+}
+
+func TestProgressPlain(t *testing.T) {
+	var buf bytes.Buffer
+	p := NewProgress(&buf, 100, "step")
+	if p.Terminal {
+		t.Fatal("a bytes.Buffer is not a terminal")
+	}
+	clock := newClock()
+	p.now = clock.now
+	p.created = clock.now()
+	p.TokensPerStep = 1000
+	p.LogEvery = 10 * time.Second
+
+	p.Update(0, Fields{{"loss", 9.5}})
+	for i := 1; i <= 60; i++ {
+		clock.add(500 * time.Millisecond)
+		p.Update(i, Fields{F("loss", 9.5-float64(i)/10), F("lr", 3e-4)})
+	}
+	p.Finish()
+	p.Update(61, nil) // ignored after Finish
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	// Line at 0, then every 10 s (20 steps): 20, 40, 60, then the final one.
+	if len(lines) != 5 {
+		t.Fatalf("%d lines:\n%s", len(lines), buf.String())
+	}
+	if strings.Contains(buf.String(), "\r") {
+		t.Error("carriage return in plain mode")
+	}
+	l := lines[2]
+	for _, want := range []string{"step 40/100", "[########............]", "40.0%", "2 step/s", "2k tok/s", "ETA 30s", "loss=5.5", "lr=0.0003"} {
+		if !strings.Contains(l, want) {
+			t.Errorf("line %q lacks %q", l, want)
+		}
+	}
+	if !strings.HasPrefix(lines[0], "step 0/100 [") || !strings.Contains(lines[0], "loss=9.5") {
+		t.Errorf("first line %q", lines[0])
+	}
+	final := lines[4]
+	if !strings.Contains(final, "step 60/100") || !strings.Contains(final, "in 30s") || strings.Contains(final, "ETA") {
+		t.Errorf("final line %q", final)
+	}
+}
+
+func TestProgressTerminal(t *testing.T) {
+	var buf bytes.Buffer
+	p := NewProgress(&buf, 10, "step")
+	p.Terminal = true
+	p.Width = 60
+	clock := newClock()
+	p.now = clock.now
+	p.created = clock.now()
+	for i := 1; i <= 10; i++ {
+		p.Update(i, Fields{{"loss", 1}})
+		clock.add(50 * time.Millisecond) // 20 updates/s; at most 10 redraws/s
+	}
+	out := buf.String()
+	if strings.Contains(out, "\n") {
+		t.Fatalf("newline before Finish: %q", out)
+	}
+	if n := strings.Count(out, "\r"); n != 5 {
+		t.Errorf("%d redraws for 10 updates 50 ms apart, want 5: %q", n, out)
+	}
+	for _, seg := range strings.Split(out, "\r")[1:] {
+		if len(strings.TrimSuffix(seg, "\x1b[K")) > 59 {
+			t.Errorf("line %q is wider than the terminal", seg)
+		}
+	}
+	p.Clear()
+	if !strings.HasSuffix(buf.String(), "\r\x1b[K") {
+		t.Error("Clear did not erase the line")
+	}
+	p.Finish()
+	out = buf.String()
+	if !strings.HasSuffix(out, "\x1b[K\n") || !strings.Contains(out, "step 10/10") {
+		t.Errorf("final draw %q", out)
+	}
+	p.Finish()
+	if buf.String() != out {
+		t.Error("second Finish wrote again")
+	}
+}
+
+func TestIsTerminal(t *testing.T) {
+	if IsTerminal(&bytes.Buffer{}) {
+		t.Error("bytes.Buffer is a terminal")
+	}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	if IsTerminal(f) {
+		t.Error("the null device is a terminal")
+	}
+	tmp, _ := os.CreateTemp(t.TempDir(), "x")
+	defer tmp.Close()
+	if IsTerminal(tmp) {
+		t.Error("a regular file is a terminal")
+	}
+}
+
+func TestFormatting(t *testing.T) {
+	for sec, want := range map[float64]string{0: "0s", 59.4: "59s", 61: "1m01s", 3723: "1h02m03s", math.Inf(1): "?"} {
+		if got := duration(sec); got != want {
+			t.Errorf("duration(%v) = %q, want %q", sec, got, want)
+		}
+	}
+	for x, want := range map[float64]string{12: "12", 76200: "76.2k", 1.5e6: "1.5M", 2e9: "2G"} {
+		if got := si(x); got != want {
+			t.Errorf("si(%v) = %q, want %q", x, got, want)
+		}
+	}
+}
