@@ -1,6 +1,7 @@
 package data
 
 import (
+	"log/slog"
 	"path/filepath"
 	"testing"
 )
@@ -10,3 +11,5 @@ func testDataFile(t *testing.T, name string) string {
 	t.Helper()
 	return filepath.Join("..", "..", "testdata", "data", name)
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -73,8 +73,9 @@ func (c SyntheticConfig) WithDefaults() SyntheticConfig {
 
 // regionWidth is the width of the statement region at the start of a
 // sequence (after SynBOS) and of the query region at its end; with this
-// width every query starts at least MinGap after its statement.
-func (c SyntheticConfig) regionWidth() int { return (c.SeqLen + 2 - c.MinGap) / 2 }
+// width every query starts at least MinGap after its statement, and the two
+// regions do not overlap.
+func (c SyntheticConfig) regionWidth() int { return min((c.SeqLen+2-c.MinGap)/2, (c.SeqLen-1)/2) }
 
 // Validate reports a configuration that cannot be generated (after defaults).
 func (c SyntheticConfig) Validate() error {
@@ -91,7 +92,7 @@ func (c SyntheticConfig) Validate() error {
 	case c.MinGap < 1:
 		return fmt.Errorf("synthetic corpus: MinGap %d, need at least 1", c.MinGap)
 	}
-	if w := c.regionWidth(); w < 3*c.Pairs || 1+2*w > c.SeqLen {
+	if w := c.regionWidth(); w < 3*c.Pairs {
 		return fmt.Errorf("synthetic corpus: %d pairs (3 tokens each) with MinGap %d do not fit in SeqLen %d: "+
 			"lower Pairs or MinGap, or raise SeqLen", c.Pairs, c.MinGap, c.SeqLen)
 	}

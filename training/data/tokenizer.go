@@ -31,9 +31,10 @@ type TextEncoder interface {
 
 // Tokenizer is the GPT-2 byte-level BPE (tiktoken r50k_base). Its merge ranks
 // are compiled into the binary, so it works offline. A Tokenizer is safe for
-// concurrent use.
+// concurrent use; the zero value is ready to use.
 type Tokenizer struct {
-	codec *codec.Codec
+	codecOnce sync.Once
+	codec     *codec.Codec
 
 	piecesOnce sync.Once
 	pieces     []string         // id -> bytes of the token; "" for ids without a token
@@ -42,7 +43,13 @@ type Tokenizer struct {
 
 // NewTokenizer returns the GPT-2 tokenizer.
 func NewTokenizer() *Tokenizer {
-	return &Tokenizer{codec: codec.NewR50kBase()}
+	t := &Tokenizer{}
+	t.init()
+	return t
+}
+
+func (t *Tokenizer) init() {
+	t.codecOnce.Do(func() { t.codec = codec.NewR50kBase() })
 }
 
 // Name returns GPT2TokenizerName.
@@ -87,6 +94,7 @@ func (t *Tokenizer) encodeExact(s string) []int32 {
 }
 
 func (t *Tokenizer) encode(s string) ([]int32, error) {
+	t.init()
 	if s == "" {
 		return nil, nil
 	}
@@ -102,6 +110,7 @@ func (t *Tokenizer) encode(s string) ([]int32, error) {
 }
 
 func (t *Tokenizer) buildPieces() {
+	t.init()
 	t.pieces = make([]string, GPT2VocabSize)
 	for id := range GPT2VocabSize - 1 {
 		s, err := t.codec.Decode([]uint{uint(id)})

@@ -99,3 +99,14 @@ func TestTokenizerConcurrent(t *testing.T) {
 		t.Fatal(e)
 	}
 }
+
+func TestTokenizerZeroValue(t *testing.T) {
+	var tok Tokenizer
+	if got := tok.Decode(tok.Encode("Hello world")); got != "Hello world" {
+		t.Fatalf("zero Tokenizer round trip: %q", got)
+	}
+	var tok2 Tokenizer
+	if got := tok2.Decode([]int32{15496}); got != "Hello" {
+		t.Fatalf("zero Tokenizer Decode: %q", got)
+	}
+}

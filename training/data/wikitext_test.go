@@ -206,6 +206,7 @@ func wikiDataDir(t *testing.T, files ...string) string {
 // TestWikiText2Figures checks the paper loader's figures on the real files.
 func TestWikiText2Figures(t *testing.T) {
 	dir := wikiDataDir(t, "wiki.valid.raw", "wiki.test.raw")
+	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // LoadWikiText2's default cache
 	tok := NewTokenizer()
 	tests := []struct {
 		split     string
