@@ -184,23 +184,33 @@ func TestDecodeCacheRejects(t *testing.T) {
 }
 
 // wikiDataDir returns the directory of the real WikiText-2 files: $RPAC_DATA
-// if set, else the workplace's shared copy. Without them the test fails when
-// CI=true and is skipped otherwise.
+// if it holds them, else the workplace's shared copy. Without them the test
+// fails when CI=true and is skipped otherwise.
 func wikiDataDir(t *testing.T, files ...string) string {
 	t.Helper()
-	dir := os.Getenv(EnvDataDir)
-	if dir == "" {
-		dir = filepath.Join("..", "..", "..", "shared", "data", "wikitext-2-raw-v1")
+	candidates := []string{filepath.Join("..", "..", "..", "shared", "data", "wikitext-2-raw-v1")}
+	if d := os.Getenv(EnvDataDir); d != "" {
+		candidates = append([]string{d}, candidates...)
 	}
-	for _, f := range files {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("CI=true but the WikiText-2 file %s is missing (%v): set $%s to the directory holding it", f, err, EnvDataDir)
+	var missing error
+	for _, dir := range candidates {
+		missing = nil
+		for _, f := range files {
+			if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+				missing = err
+				break
 			}
-			t.Skipf("WikiText-2 file %s not available (%v); set $%s to run this test", f, err, EnvDataDir)
+		}
+		if missing == nil {
+			return dir
 		}
 	}
-	return dir
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true but the WikiText-2 files %v are missing (%v; looked in %v): set $%s to the directory holding them",
+			files, missing, candidates, EnvDataDir)
+	}
+	t.Skipf("WikiText-2 files %v not available (%v); set $%s to run this test", files, missing, EnvDataDir)
+	return ""
 }
 
 // TestWikiText2Figures checks the paper loader's figures on the real files.
