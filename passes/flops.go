@@ -1,0 +1,32 @@
+package passes
+
+import "github.com/rpac-dev/rpac/ir"
+
+// Flops counts the multiply-add work of a graph's matrix products (2·M·N·K
+// per product): Linear, LinearGradX, LinearGradW and MatMul. Other ops are
+// memory-bound and not counted, so achieved FLOP/s figures are GEMM FLOP/s.
+func Flops(g *ir.Graph) int64 {
+	var f int64
+	for _, n := range g.Nodes {
+		switch n.Op {
+		case "Linear": // x[...,K]·W[N,K]ᵀ
+			out := n.Outputs[0].Shape
+			k := n.Inputs[1].Shape[1]
+			f += 2 * int64(out.Numel()) * int64(k)
+		case "LinearGradX": // dy[...,N]·W[N,K]
+			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(n.Inputs[1].Shape[0])
+		case "LinearGradW": // dyᵀ·x over rows
+			dy := n.Inputs[0].Shape
+			rows := dy.Numel() / dy[len(dy)-1]
+			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(rows)
+		case "MatMul":
+			a := n.Inputs[0].Shape
+			k := a[len(a)-1]
+			if n.Attrs.Bool("transA", false) {
+				k = a[len(a)-2]
+			}
+			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(k)
+		}
+	}
+	return f
+}

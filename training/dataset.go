@@ -1,0 +1,71 @@
+package training
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/rpac-dev/rpac/training/data"
+)
+
+// Dataset is a training id stream and an evaluation id stream.
+type Dataset struct {
+	Name      string // wikitext2 | synthetic
+	Protocol  string // e.g. "train on test, evaluate on valid"
+	EvalName  string
+	Vocab     int
+	Train     []int32
+	Eval      []int32
+	Synthetic *data.SyntheticCorpus // set for the synthetic corpus (recall accuracy)
+}
+
+// LoadDataset resolves and encodes the data of a run.
+func LoadDataset(ctx context.Context, name, dir, trainSplit, evalSplit string, seed uint64, progress io.Writer) (*Dataset, error) {
+	switch name {
+	case "", "wikitext2":
+		if trainSplit == "" {
+			trainSplit = "train"
+		}
+		if evalSplit == "" {
+			evalSplit = "valid"
+		}
+		for _, s := range []string{trainSplit, evalSplit} {
+			if _, err := data.SplitFileName(s); err != nil {
+				return nil, err
+			}
+		}
+		loc := data.Locator{DataDir: dir, Progress: progress}
+		d, err := loc.Locate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tok := data.NewTokenizer()
+		tr, err := data.LoadWikiText2(d, trainSplit, tok)
+		if err != nil {
+			return nil, err
+		}
+		ev, err := data.LoadWikiText2(d, evalSplit, tok)
+		if err != nil {
+			return nil, err
+		}
+		return &Dataset{Name: "wikitext2", Protocol: fmt.Sprintf("train on %s, evaluate on %s", trainSplit, evalSplit),
+			EvalName: evalSplit, Vocab: tok.VocabSize(), Train: tr, Eval: ev}, nil
+	case "synthetic":
+		c, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, data.SyntheticConfig{})
+		if err != nil {
+			return nil, err
+		}
+		return &Dataset{Name: "synthetic", Protocol: "synthetic long-span recall corpus (train and eval streams from different seeds)",
+			EvalName: "synthetic-eval", Vocab: data.SyntheticVocab, Train: c.Train.IDs, Eval: c.Eval.IDs, Synthetic: c}, nil
+	}
+	return nil, fmt.Errorf("unknown dataset %q (choose wikitext2 or synthetic)", name)
+}
+
+// TrainLen is the number of training tokens.
+func (d *Dataset) TrainLen() int { return len(d.Train) }
+
+// EvalLen is the number of evaluation tokens.
+func (d *Dataset) EvalLen() int { return len(d.Eval) }
+
+// EvalChunks is the number of full evaluation chunks of context T.
+func (d *Dataset) EvalChunks(T int) int { return data.NumChunks(len(d.Eval), T) }
