@@ -36,11 +36,38 @@ func exp32(x float32) float32 {
 	return y * math.Float32frombits(uint32(int32(n)+127)<<23)
 }
 
-// erfcPos32 is erfc(z) for z >= 0 with a relative error of about 1e-7
-// (Chebyshev fit of erfc(z)·exp(z²) in t = 1/(1+z/2)).
-func erfcPos32(z float32) float32 {
+// expApprox is exp for float64 arguments with a relative error below 1e-8:
+// enough for float32 results whose argument must not be rounded to float32
+// first (exp(-z²) in the normal tails).
+func expApprox(x float64) float64 {
+	if !(x > -700 && x < 700) {
+		return math.Exp(x)
+	}
+	const (
+		log2e = 1.44269504088896340736
+		ln2hi = 6.93147180369123816490e-01
+		ln2lo = 1.90821492927058770002e-10
+		round = 6755399441055744 // 1.5·2⁵²
+	)
+	t := x*log2e + round
+	n := t - round
+	r := x - n*ln2hi - n*ln2lo
+	p := 1.0 / 5040
+	p = p*r + 1.0/720
+	p = p*r + 1.0/120
+	p = p*r + 1.0/24
+	p = p*r + 1.0/6
+	p = p*r + 0.5
+	p = p*r + 1
+	p = p*r + 1
+	return p * math.Float64frombits(uint64(int64(n)+1023)<<52)
+}
+
+// erfcPos is erfc(z) for z >= 0 with a relative error of about 1.2e-7
+// (Chebyshev fit of erfc(z)·exp(z²) in t = 1/(1+z/2)), for float32 results.
+func erfcPos(z float64) float64 {
 	t := 1 / (1 + 0.5*z)
-	p := float32(0.17087277)
+	p := 0.17087277
 	p = p*t - 0.82215223
 	p = p*t + 1.48851587
 	p = p*t - 1.13520398
@@ -50,7 +77,7 @@ func erfcPos32(z float32) float32 {
 	p = p*t + 0.37409196
 	p = p*t + 1.00002368
 	p = p*t - 1.26551223
-	return t * exp32(p-z*z)
+	return t * expApprox(p-z*z)
 }
 
 const (
@@ -58,22 +85,26 @@ const (
 	invSqrt2Pi = 0.39894228040143267794
 )
 
-// normCDF32 is Φ(x), the standard normal CDF.
-func normCDF32(x float32) float32 {
-	if x != x {
-		return x
-	}
+// normCDF32 is Φ(x), the standard normal CDF, for float32 results.
+func normCDF32(x float64) float64 {
 	if x < 0 {
-		return 0.5 * erfcPos32(-x*invSqrt2)
+		return 0.5 * erfcPos(-x*invSqrt2)
 	}
-	return 1 - 0.5*erfcPos32(x*invSqrt2)
+	if x >= 0 {
+		return 1 - 0.5*erfcPos(x*invSqrt2)
+	}
+	return x // NaN
 }
 
-func gelu32(x float32) float32 { return x * normCDF32(x) }
+func gelu32(x float32) float32 {
+	v := float64(x)
+	return float32(v * normCDF32(v))
+}
 
 // geluGrad32 is Φ(x) + x·φ(x).
 func geluGrad32(x float32) float32 {
-	return normCDF32(x) + x*invSqrt2Pi*exp32(-0.5*x*x)
+	v := float64(x)
+	return float32(normCDF32(v) + v*invSqrt2Pi*expApprox(-0.5*v*v))
 }
 
 func sigmoid32(x float32) float32 { return 1 / (1 + exp32(-x)) }

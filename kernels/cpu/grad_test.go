@@ -350,9 +350,6 @@ func matmulCases() []gradCase {
 				if tB {
 					bs = append(append([]int{}, batch...), N, K)
 				}
-				if len(batch) == 0 && (tA || tB) {
-					// rank-2 covered by the no-trans case only for brevity
-				}
 				mm := func(g *ir.Graph, a, b *ir.Value, ta, tb bool) *ir.Value {
 					return op1(g, "MatMul", ir.Attrs{"transA": ta, "transB": tb}, a, b)
 				}
@@ -429,7 +426,7 @@ func movementCases() []gradCase {
 		},
 	})
 	for _, sl := range []struct {
-		shape           ir.Shape
+		shape            ir.Shape
 		axis, start, end int
 	}{{ir.Shape{3, 5, 2}, 1, 1, 4}, {ir.Shape{3, 5, 2}, -1, 0, 1}, {ir.Shape{4, 3}, 0, 2, 4}, {ir.Shape{7}, 0, 3, 6}} {
 		sl := sl
@@ -448,7 +445,9 @@ func movementCases() []gradCase {
 	cs = append(cs, gradCase{
 		name: "Reshape",
 		ins:  []spec{in(2, 6)},
-		fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "Reshape", ir.Attrs{"shape": []int{3, 1, 4}}, x[0]) },
+		fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+			return op1(g, "Reshape", ir.Attrs{"shape": []int{3, 1, 4}}, x[0])
+		},
 		bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
 			return []*ir.Value{op1(g, "Reshape", ir.Attrs{"shape": []int{2, 6}}, dy)}
 		},
@@ -471,7 +470,9 @@ func movementCases() []gradCase {
 		cs = append(cs, gradCase{
 			name: fmt.Sprintf("Transpose%v%v", tc.shape, tc.perm),
 			ins:  []spec{in(tc.shape...)},
-			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "Transpose", ir.Attrs{"perm": tc.perm}, x[0]) },
+			fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+				return op1(g, "Transpose", ir.Attrs{"perm": tc.perm}, x[0])
+			},
 			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
 				return []*ir.Value{op1(g, "Transpose", ir.Attrs{"perm": inv}, dy)}
 			},
@@ -726,7 +727,9 @@ func bigCases() []gradCase {
 		{
 			name: "big/SumTo-leading",
 			ins:  []spec{in(300, 200)},
-			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "SumTo", ir.Attrs{"shape": []int{200}}, x[0]) },
+			fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+				return op1(g, "SumTo", ir.Attrs{"shape": []int{200}}, x[0])
+			},
 			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
 				return []*ir.Value{op1(g, "BroadcastTo", ir.Attrs{"shape": []int{300, 200}}, dy)}
 			},
