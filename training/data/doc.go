@@ -30,6 +30,16 @@
 // tokenizer's name; the cache is written atomically and ignored (and
 // rewritten) when it fails its own integrity checks.
 //
+// # Synthetic corpus
+//
+// [Synthetic] generates, from a seed and without files, sequences over a
+// vocabulary of [SyntheticVocab] ids in which a (key, value) pair is stated
+// early, filler text follows, and the key is queried much later; the value
+// after the query can only be predicted by recalling the statement.
+// [RecallAccuracy] scores argmax predictions on those answer positions only
+// ([SyntheticStream.AnswerMask]). [NewSyntheticCorpus] gives train and eval
+// streams with different seeds.
+//
 // # Batching
 //
 // Training draws random contiguous chunks (x = ids[i:i+T], y = ids[i+1:i+T+1],
