@@ -62,3 +62,14 @@ func LibraryPath(explicit string) (string, error) {
 
 // ErrNoCgo is returned by Open in a binary built without cgo.
 var ErrNoCgo = errors.New("runtime: this binary was built without cgo (CGO_ENABLED=0), and onnxruntime needs cgo; rebuild with CGO_ENABLED=1 and a C compiler to run exported models")
+
+// Available reports whether Open can load onnxruntime: nil when this binary
+// has cgo and LibraryPath("") finds a library, else the error saying why
+// not (ErrNoCgo, or one wrapping ErrNoLibrary).
+func Available() error {
+	if !cgoEnabled {
+		return ErrNoCgo
+	}
+	_, err := LibraryPath("")
+	return err
+}

@@ -217,3 +217,5 @@ func (r *ortRunner) close() error {
 	errs = append(errs, r.sess.Destroy())
 	return errors.Join(errs...)
 }
+
+const cgoEnabled = true

@@ -3,3 +3,5 @@
 package runtime
 
 func openBackend(opts Options) (backend, error) { return nil, ErrNoCgo }
+
+const cgoEnabled = false

@@ -238,23 +238,24 @@ func lowerGELU(b *builder, n *ir.Node, in []string, out string) (string, error) 
 	return b.emitTo(out, "Mul", []string{m, b.scalar(0.5)}), nil
 }
 
-// Clamp(x; lo, hi) -> Clip(x, lo, hi) with an absent bound left empty.
+// Clamp(x; lo, hi) -> Clip(x, lo, hi). An absent bound is passed as ±Inf:
+// an omitted Clip input means the largest finite float in onnxruntime,
+// which would turn ±Inf into ±MaxFloat32. NaN stays NaN.
 func lowerClamp(b *builder, n *ir.Node, in []string, out string) (string, error) {
-	lo, hi := "", ""
-	if _, ok := n.Attrs["lo"]; ok {
-		lo = b.scalar(float32(n.Attrs.Float("lo", 0)))
-	}
-	if _, ok := n.Attrs["hi"]; ok {
-		hi = b.scalar(float32(n.Attrs.Float("hi", 0)))
-	}
-	if lo == "" && hi == "" {
+	_, hasLo := n.Attrs["lo"]
+	_, hasHi := n.Attrs["hi"]
+	if !hasLo && !hasHi {
 		return b.emitTo(out, "Identity", in), nil
 	}
-	args := []string{in[0], lo}
-	if hi != "" {
-		args = append(args, hi)
+	lo := float32(math.Inf(-1))
+	hi := float32(math.Inf(1))
+	if hasLo {
+		lo = float32(n.Attrs.Float("lo", 0))
 	}
-	return b.emitTo(out, "Clip", args), nil
+	if hasHi {
+		hi = float32(n.Attrs.Float("hi", 0))
+	}
+	return b.emitTo(out, "Clip", []string{in[0], b.scalar(lo), b.scalar(hi)}), nil
 }
 
 // NanToNum(x; nan, posinf, neginf) -> Where(IsNaN(x), nan,

@@ -1,0 +1,215 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakeRunner computes causal "logits" from the ids in plain Go:
+// logits[r,t,v] = (Σ_{s≤t} ids[r,s]) · (v+1). It records every input.
+type fakeRunner struct {
+	B, L, V int
+	mu      sync.Mutex
+	inputs  [][]int64
+}
+
+func (f *fakeRunner) run(ctx context.Context, fill func([]int64), read func([]float32)) error {
+	ids := make([]int64, f.B*f.L)
+	fill(ids)
+	f.mu.Lock()
+	f.inputs = append(f.inputs, ids)
+	f.mu.Unlock()
+	out := make([]float32, f.B*f.L*f.V)
+	for r := 0; r < f.B; r++ {
+		s := int64(0)
+		for t := 0; t < f.L; t++ {
+			s += ids[r*f.L+t]
+			for v := 0; v < f.V; v++ {
+				out[(r*f.L+t)*f.V+v] = float32(s) * float32(v+1)
+			}
+		}
+	}
+	read(out)
+	return nil
+}
+
+func (f *fakeRunner) close() error { return nil }
+
+func fakeModel(V, eos int, B int, lengths ...int) (*Model, map[int]*fakeRunner) {
+	m := &Model{man: Manifest{Format: ManifestFormat, Lengths: lengths, VocabSize: V, EOS: eos}}
+	runners := map[int]*fakeRunner{}
+	for _, L := range m.man.SortedLengths() {
+		r := &fakeRunner{B: B, L: L, V: V}
+		runners[L] = r
+		m.graphs = append(m.graphs, graph{length: L, batch: B, r: r})
+	}
+	return m, runners
+}
+
+func TestForEachPadsAndChunks(t *testing.T) {
+	const V, eos = 5, 4
+	m, runners := fakeModel(V, eos, 2, 8, 3)
+	batch := [][]int32{{1, 2, 3, 0, 1}, {2}, {0, 1}, {3, 3, 3}, {1, 1, 1, 1, 1, 1, 1, 1}}
+	got, err := m.Logits(context.Background(), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, seq := range batch {
+		if got[i].Len != len(seq) || len(got[i].Data) != len(seq)*V {
+			t.Fatalf("seq %d: %d rows", i, got[i].Len)
+		}
+		s := 0
+		for tt, id := range seq {
+			s += int(id)
+			for v := 0; v < V; v++ {
+				if w := float32(s * (v + 1)); got[i].Row(tt)[v] != w {
+					t.Fatalf("seq %d logits[%d,%d] = %v, want %v", i, tt, v, got[i].Row(tt)[v], w)
+				}
+			}
+		}
+	}
+	// Length 3 holds seqs 1, 2, 3 (two runs of batch 2, the second with a
+	// padding row); length 8 holds seqs 0 and 4 (one run).
+	want3 := "[[2 4 4 0 1 4] [3 3 3 4 4 4]]"
+	if got := fmt.Sprint(runners[3].inputs); got != want3 {
+		t.Fatalf("length-3 inputs %s, want %s", got, want3)
+	}
+	want8 := "[[1 2 3 0 1 4 4 4 1 1 1 1 1 1 1 1]]"
+	if got := fmt.Sprint(runners[8].inputs); got != want8 {
+		t.Fatalf("length-8 inputs %s, want %s", got, want8)
+	}
+}
+
+func TestValidateInputs(t *testing.T) {
+	m, _ := fakeModel(5, 4, 1, 4, 2)
+	for _, c := range []struct {
+		batch [][]int32
+		want  string
+	}{
+		{[][]int32{{1, 5}}, "token id 5 is outside the vocabulary [0,5)"},
+		{[][]int32{{0}, {-2}}, "sequence 1 position 0: token id -2"},
+		{[][]int32{{1, 1, 1, 1, 1}}, "5 tokens; the exported lengths are [2 4], so at most 4 fit"},
+		{[][]int32{nil}, "sequence 0 is empty"},
+	} {
+		_, err := m.Logits(context.Background(), c.batch)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.batch, err, c.want)
+		}
+	}
+}
+
+func TestSample(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	nan := float32(math.NaN())
+	if id, _ := sample([]float32{1, 3, 3, 2}, GenerateOptions{}, rng); id != 1 {
+		t.Fatalf("greedy tie: %d, want the lower id 1", id)
+	}
+	if id, _ := sample([]float32{nan, 1, nan, 2}, GenerateOptions{}, rng); id != 3 {
+		t.Fatalf("greedy with NaN: %d", id)
+	}
+	if _, err := sample([]float32{nan, nan}, GenerateOptions{}, rng); err == nil {
+		t.Fatal("all-NaN logits: no error")
+	}
+	if id, _ := sample([]float32{0, 5, 1}, GenerateOptions{Temperature: 1, TopK: 1}, rng); id != 1 {
+		t.Fatalf("TopK 1: %d", id)
+	}
+	// Frequencies follow softmax(logits / T).
+	row := []float32{0, float32(math.Log(2)), float32(math.Log(3)), float32(math.Log(4))}
+	counts := make([]int, 4)
+	const n = 40000
+	for i := 0; i < n; i++ {
+		id, _ := sample(row, GenerateOptions{Temperature: 1}, rng)
+		counts[id]++
+	}
+	for i, c := range counts {
+		want := float64(i+1) / 10
+		if math.Abs(float64(c)/n-want) > 0.01 {
+			t.Fatalf("frequency of %d = %v, want %v", i, float64(c)/n, want)
+		}
+	}
+	// TopK 2 keeps ids 3 and 2 only, in ratio 4:3.
+	counts = make([]int, 4)
+	for i := 0; i < n; i++ {
+		id, _ := sample(row, GenerateOptions{Temperature: 1, TopK: 2}, rng)
+		counts[id]++
+	}
+	if counts[0]+counts[1] != 0 || math.Abs(float64(counts[3])/n-4.0/7) > 0.01 {
+		t.Fatalf("TopK 2 counts %v", counts)
+	}
+}
+
+func TestGenerateSlidingWindow(t *testing.T) {
+	m, runners := fakeModel(5, 4, 1, 4, 2)
+	// The fake logits grow with v whenever the prefix sum is positive, so
+	// greedy decoding always picks id 4.
+	out, err := m.Generate(context.Background(), []int32{1, 1, 1}, GenerateOptions{MaxNewTokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(out) != "[4 4 4]" {
+		t.Fatalf("generated %v", out)
+	}
+	// Contexts: [1 1 1] (padded to 4), [1 1 1 4], then the last 4 tokens.
+	if got := fmt.Sprint(runners[4].inputs); got != "[[1 1 1 4] [1 1 1 4] [1 1 4 4]]" {
+		t.Fatalf("inputs %s", got)
+	}
+	stop, _ := m.Generate(context.Background(), []int32{1}, GenerateOptions{MaxNewTokens: 5, StopAtEOS: true})
+	if fmt.Sprint(stop) != "[4]" {
+		t.Fatalf("StopAtEOS: %v", stop)
+	}
+}
+
+func TestManifestValidate(t *testing.T) {
+	good := func() Manifest {
+		return Manifest{Format: 1, Lengths: []int{4, 8}, VocabSize: 10, EOS: 9, Files: []File{
+			{Length: 4, Path: "model_L4.onnx", SHA256: strings.Repeat("ab", 32)},
+			{Length: 8, Path: "model_L8.onnx", SHA256: strings.Repeat("cd", 32)},
+			{Length: 8, Path: "model_L8.onnx.data", SHA256: strings.Repeat("ef", 32)},
+		}}
+	}
+	m := good()
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		edit func(*Manifest)
+		want string
+	}{
+		{func(m *Manifest) { m.Format = 2 }, "format 2"},
+		{func(m *Manifest) { m.Lengths = append(m.Lengths, 4) }, "length 4 twice"},
+		{func(m *Manifest) { m.Lengths[0] = 0 }, "not positive"},
+		{func(m *Manifest) { m.VocabSize = 0 }, "vocab_size 0"},
+		{func(m *Manifest) { m.EOS = -1 }, "eos -1"},
+		{func(m *Manifest) { m.Files[0].Length = 5 }, "not among the lengths"},
+		{func(m *Manifest) { m.Files[0].Path = "/abs/model.onnx" }, "relative path"},
+		{func(m *Manifest) { m.Files[0].Path = "a/../../model.onnx" }, "relative path"},
+		{func(m *Manifest) { m.Files[0].SHA256 = "xyz" }, "64 lower-case hex"},
+		{func(m *Manifest) { m.Files[0].SHA256 = strings.Repeat("AB", 32) }, "64 lower-case hex"},
+		{func(m *Manifest) { m.Files[1].Path = "model_L8.bin" }, "0 .onnx files for length 8"},
+		{func(m *Manifest) { m.Files[2].Path = "model_L8.onnx" }, "twice"},
+	} {
+		m := good()
+		c.edit(&m)
+		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("error %v, want %q", err, c.want)
+		}
+	}
+}
+
+func TestReadIORejectsGarbage(t *testing.T) {
+	dir := t.TempDir()
+	for i, content := range []string{"", "\x0a", "\x3a\xff\xff\xff\xff\x0f", "hello world"} {
+		path := filepath.Join(dir, fmt.Sprint(i))
+		os.WriteFile(path, []byte(content), 0o644)
+		if _, _, err := readIO(path); err == nil {
+			t.Errorf("readIO(%q): no error", content)
+		}
+	}
+}
