@@ -16,7 +16,7 @@ import (
 
 // requireORT skips a test that needs the onnxruntime library when it is
 // missing, except under CI=true, where a missing library fails the test.
-func requireORT(t *testing.T) {
+func requireORT(t testing.TB) {
 	t.Helper()
 	if err := runtime.Available(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -77,7 +77,7 @@ type exportSpec struct {
 
 // export lowers the graph for every length into dir and writes the
 // manifest.
-func export(t *testing.T, dir string, s exportSpec) {
+func export(t testing.TB, dir string, s exportSpec) {
 	t.Helper()
 	man := &runtime.Manifest{Format: runtime.ManifestFormat, VocabSize: s.vocab, EOS: s.eos, Tokenizer: "test", Model: "test"}
 	for _, L := range s.lengths {
