@@ -51,6 +51,9 @@ type Options struct {
 	DumpIR        string
 	Log           *slog.Logger
 	Progress      io.Writer // nil = stderr
+	// Config, when set, replaces the preset's model configuration (tests,
+	// experiments); Model and Dropout still apply on top.
+	Config *model.Config
 	// StopAfter ends the run (with a checkpoint) after this many steps of
 	// this invocation; for tests of resume. 0 = no limit.
 	StopAfter int
@@ -107,6 +110,9 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	cfg := preset.Config
+	if o.Config != nil {
+		cfg = *o.Config
+	}
 	if o.Model != "" {
 		cfg.Model = o.Model
 	}
