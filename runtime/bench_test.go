@@ -2,8 +2,10 @@ package runtime_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
@@ -74,5 +76,28 @@ func BenchmarkHead(b *testing.B) {
 func BenchmarkGELU(b *testing.B) {
 	for _, mode := range []string{onnx.GELUOp, onnx.GELUErf} {
 		b.Run(mode, func(b *testing.B) { benchLogits(b, headGraph(false), onnx.Options{GELU: mode}) })
+	}
+}
+
+// TestCancelDuringRun cancels a context while onnxruntime runs: the call
+// returns the context's error (or its result, when the run wins the race)
+// and the model stays usable.
+func TestCancelDuringRun(t *testing.T) {
+	requireORT(t)
+	dir := t.TempDir()
+	export(t, dir, exportSpec{build: headGraph(true), lengths: []int{benchT}, batch: 2, vocab: benchV, weights: weightSet{scale: 0.05}})
+	m := openT(t, dir, runtime.Options{Threads: 1})
+	seq := make([]int32, benchT)
+	for i := 0; i < 5; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i)*time.Millisecond)
+		_, err := m.Logits(ctx, [][]int32{seq, seq, seq})
+		cancel()
+		t.Logf("timeout %dms: %v", i, err)
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("cancelled run: %v", err)
+		}
+	}
+	if _, err := m.Logits(context.Background(), [][]int32{seq}); err != nil {
+		t.Fatalf("run after cancellations: %v", err)
 	}
 }

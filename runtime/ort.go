@@ -171,6 +171,9 @@ func (r *ortRunner) run(ctx context.Context, fill func([]int64), read func([]flo
 		}
 	}
 	defer func() { r.slots <- buf }()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	fill(buf.ids)
 
 	var ropts *ort.RunOptions

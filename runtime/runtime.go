@@ -322,6 +322,9 @@ func (m *Model) forEach(ctx context.Context, batch [][]int32, fn func(i int, log
 		idx := groups[g]
 		L, B := g.length, g.batch
 		for start := 0; start < len(idx); start += B {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			rows := idx[start:min(start+B, len(idx))]
 			var ferr error
 			fill := func(ids []int64) {
