@@ -304,10 +304,7 @@ func unSeg[T float](op unOp, pr *unParams, dst, src []T) {
 		}
 	case opGELU:
 		if d, ok := any(dst).([]float32); ok {
-			s := any(src).([]float32)
-			for i, x := range s {
-				d[i] = gelu32(x)
-			}
+			geluSlice32(d, any(src).([]float32))
 			return
 		}
 		for i, x := range src {
@@ -422,10 +419,7 @@ func gradSeg[T float](op gradOp, lo, hi T, dst, dy, x []T) {
 		}
 	case opGELUGrad:
 		if d, ok := any(dst).([]float32); ok {
-			g, xs := any(dy).([]float32), any(x).([]float32)
-			for i, v := range xs {
-				d[i] = g[i] * geluGrad32(v)
-			}
+			geluGradSlice32(d, any(dy).([]float32), any(x).([]float32))
 			return
 		}
 		for i, v := range x {

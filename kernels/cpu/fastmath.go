@@ -5,10 +5,24 @@ import "math"
 // Scalar float32 transcendental functions for the hot float32 kernels.
 // Float64 programs (gradient checks) use the math package throughout.
 
-// exp32 is exp for float32 with an error of about 1 ulp: Cody–Waite range
-// reduction x = n·ln2 + r, a degree-6 polynomial for exp(r) on
-// [-ln2/2, ln2/2], and the exponent written into the bits of 2ⁿ. Arguments
-// outside (-87, 88), ±Inf and NaN take the math.Exp path.
+// exp2Tab[j] = 2^(j/64); exp2Tab32 holds the same as float32 bits.
+var (
+	exp2Tab   [64]float64
+	exp2Tab32 [64]uint32
+)
+
+func init() {
+	for j := range exp2Tab {
+		exp2Tab[j] = math.Exp2(float64(j) / 64)
+		exp2Tab32[j] = math.Float32bits(float32(exp2Tab[j]))
+	}
+}
+
+// exp32 is exp for float32 with an error of about 1 ulp. With
+// x = (64n+j)·ln2/64 + r, |r| <= ln2/128: exp(x) = 2ⁿ·2^(j/64)·exp(r), a
+// table for 2^(j/64), a cubic for exp(r), and n added to the exponent bits.
+// Arguments outside (-87, 88), ±Inf and NaN take the math.Exp path (at or
+// below -104 the result is 0).
 func exp32(x float32) float32 {
 	if !(x > -87 && x < 88) {
 		if x <= -104 {
@@ -17,67 +31,17 @@ func exp32(x float32) float32 {
 		return float32(math.Exp(float64(x)))
 	}
 	const (
-		log2e = 1.44269504088896341
-		c1    = 0.693359375
-		c2    = -2.12194440e-4
-		round = 12582912 // 1.5·2²³: adding it rounds to an integer
+		k64   = 92.332482616893656877 // 64/ln2
+		l64hi = 0.01082611083984375   // ln2/64 to 11 bits: kf·l64hi is exact
+		l64lo = 4.313856405395097e-06 // ln2/64 - l64hi
+		round = 12582912              // 1.5·2²³: adding it rounds to an integer
 	)
-	t := x*log2e + round
-	n := t - round
-	r := x - n*c1
-	r -= n * c2
-	p := float32(1.9875691500e-4)
-	p = p*r + 1.3981999507e-3
-	p = p*r + 8.3334519073e-3
-	p = p*r + 4.1665795894e-2
-	p = p*r + 1.6666665459e-1
-	p = p*r + 5.0000001201e-1
-	y := p*(r*r) + r + 1
-	return y * math.Float32frombits(uint32(int32(n)+127)<<23)
-}
-
-// expApprox is exp for float64 arguments with a relative error below 1e-8:
-// enough for float32 results whose argument must not be rounded to float32
-// first (exp(-z²) in the normal tails).
-func expApprox(x float64) float64 {
-	if !(x > -700 && x < 700) {
-		return math.Exp(x)
-	}
-	const (
-		log2e = 1.44269504088896340736
-		ln2hi = 6.93147180369123816490e-01
-		ln2lo = 1.90821492927058770002e-10
-		round = 6755399441055744 // 1.5·2⁵²
-	)
-	t := x*log2e + round
-	n := t - round
-	r := x - n*ln2hi - n*ln2lo
-	p := 1.0 / 5040
-	p = p*r + 1.0/720
-	p = p*r + 1.0/120
-	p = p*r + 1.0/24
-	p = p*r + 1.0/6
-	p = p*r + 0.5
-	p = p*r + 1
-	p = p*r + 1
-	return p * math.Float64frombits(uint64(int64(n)+1023)<<52)
-}
-
-// erfcPos is erfc(z) for z >= 0 with a relative error of about 1.2e-7
-// (Chebyshev fit of erfc(z)·exp(z²) in t = 1/(1+z/2)), for float32 results.
-func erfcPos(z float64) float64 {
-	t := 1 / (1 + 0.5*z)
-	p := 0.17087277
-	p = p*t - 0.82215223
-	p = p*t + 1.48851587
-	p = p*t - 1.13520398
-	p = p*t + 0.27886807
-	p = p*t - 0.18628806
-	p = p*t + 0.09678418
-	p = p*t + 0.37409196
-	p = p*t + 1.00002368
-	p = p*t - 1.26551223
-	return t * expApprox(p-z*z)
+	t := x*k64 + round
+	kf := t - round
+	k := int32(math.Float32bits(t) - 0x4B400000)
+	r := (x - kf*l64hi) - kf*l64lo
+	p := (1 + r) + r*r*(0.5+r*(1.0/6))
+	return p * math.Float32frombits(exp2Tab32[k&63]+uint32(k>>6)<<23)
 }
 
 const (
@@ -85,26 +49,106 @@ const (
 	invSqrt2Pi = 0.39894228040143267794
 )
 
-// normCDF32 is Φ(x), the standard normal CDF, for float32 results.
-func normCDF32(x float64) float64 {
-	if x < 0 {
-		return 0.5 * erfcPos(-x*invSqrt2)
+// GELU in float32 uses cubic Hermite interpolation of Φ(x) (forward) and
+// of Φ(x) + x·φ(x) (backward) on [-8, 8) with step 1/32, built from the
+// exact functions and their derivatives: absolute error below 1e-9, no
+// division or exp per element. Outside the table Φ is 0 or 1 to float32
+// precision (as in PyTorch's float32 GELU, where 1 + erf(x/√2) is 0 below
+// about -5.5).
+const (
+	gTabLo    = -8
+	gTabScale = 32 // intervals per unit
+	gTabN     = 16 * gTabScale
+)
+
+var (
+	cdfTab   [gTabN][4]float64 // Φ
+	dgeluTab [gTabN][4]float64 // Φ + x·φ
+)
+
+func init() {
+	const h = 1.0 / gTabScale
+	fill := func(tab *[gTabN][4]float64, f, df func(float64) float64) {
+		for i := range tab {
+			x0 := gTabLo + float64(i)*h
+			x1 := x0 + h
+			f0, f1 := f(x0), f(x1)
+			d0, d1 := h*df(x0), h*df(x1)
+			tab[i] = [4]float64{f0, d0, 3*(f1-f0) - 2*d0 - d1, -2*(f1-f0) + d0 + d1}
+		}
 	}
-	if x >= 0 {
-		return 1 - 0.5*erfcPos(x*invSqrt2)
-	}
-	return x // NaN
+	pdf := func(x float64) float64 { return invSqrt2Pi * math.Exp(-0.5*x*x) }
+	fill(&cdfTab, normCDF64, pdf)
+	fill(&dgeluTab, func(x float64) float64 { return normCDF64(x) + x*pdf(x) },
+		func(x float64) float64 { return pdf(x) * (2 - x*x) })
+}
+
+// hermite evaluates tab at x in [-8, 8).
+func hermite(tab *[gTabN][4]float64, x float64) float64 {
+	u := (x - gTabLo) * gTabScale
+	i := int(u)
+	s := u - float64(i)
+	c := &tab[i&(gTabN-1)]
+	return c[0] + s*(c[1]+s*(c[2]+s*c[3]))
 }
 
 func gelu32(x float32) float32 {
 	v := float64(x)
-	return float32(v * normCDF32(v))
+	switch {
+	case v > -8 && v < 8:
+		return float32(v * hermite(&cdfTab, v))
+	case v >= 8:
+		return x
+	}
+	return x * 0 // -0 below the table, NaN for NaN and -Inf
 }
 
 // geluGrad32 is Φ(x) + x·φ(x).
 func geluGrad32(x float32) float32 {
 	v := float64(x)
-	return float32(normCDF32(v) + v*invSqrt2Pi*expApprox(-0.5*v*v))
+	switch {
+	case v > -8 && v < 8:
+		return float32(hermite(&dgeluTab, v))
+	case v >= 8:
+		return 1
+	case v <= -8:
+		return 0
+	}
+	return x // NaN
+}
+
+// geluSlice32 sets dst[i] = GELU(src[i]).
+func geluSlice32(dst, src []float32) {
+	src = src[:len(dst)]
+	for i, x := range src {
+		v := float64(x)
+		if v > -8 && v < 8 {
+			u := (v - gTabLo) * gTabScale
+			k := int(u)
+			s := u - float64(k)
+			c := &cdfTab[k&(gTabN-1)]
+			dst[i] = float32(v * (c[0] + s*(c[1]+s*(c[2]+s*c[3]))))
+		} else {
+			dst[i] = gelu32(x)
+		}
+	}
+}
+
+// geluGradSlice32 sets dst[i] = dy[i]·(Φ(x) + x·φ(x)).
+func geluGradSlice32(dst, dy, x []float32) {
+	dy, x = dy[:len(dst)], x[:len(dst)]
+	for i, xv := range x {
+		v := float64(xv)
+		if v > -8 && v < 8 {
+			u := (v - gTabLo) * gTabScale
+			k := int(u)
+			s := u - float64(k)
+			c := &dgeluTab[k&(gTabN-1)]
+			dst[i] = dy[i] * float32(c[0]+s*(c[1]+s*(c[2]+s*c[3])))
+		} else {
+			dst[i] = dy[i] * geluGrad32(xv)
+		}
+	}
 }
 
 func sigmoid32(x float32) float32 { return 1 / (1 + exp32(-x)) }
@@ -143,3 +187,91 @@ func maxFinite[T float]() float64 {
 	}
 	return math.MaxFloat64
 }
+
+// The loops below inline exp32's fast path: they carry the hot float32
+// work of Softmax and CrossEntropy.
+
+const (
+	e32k64   = 92.332482616893656877
+	e32l64hi = 0.01082611083984375
+	e32l64lo = 4.313856405395097e-06
+	e32round = 12582912
+)
+
+// expSubStore32 sets dst[i] = exp(src[i] - m) and returns the sum.
+func expSubStore32(dst, src []float32, m float32) float32 {
+	src = src[:len(dst)]
+	var s0, s1 float32
+	for i, x := range src {
+		a := x - m
+		var e float32
+		if a > -87 && a < 88 {
+			t := a*e32k64 + e32round
+			kf := t - e32round
+			k := int32(math.Float32bits(t) - 0x4B400000)
+			r := (a - kf*e32l64hi) - kf*e32l64lo
+			p := (1 + r) + r*r*(0.5+r*(1.0/6))
+			e = p * math.Float32frombits(exp2Tab32[k&63]+uint32(k>>6)<<23)
+		} else {
+			e = exp32(a)
+		}
+		dst[i] = e
+		if i&1 == 0 {
+			s0 += e
+		} else {
+			s1 += e
+		}
+	}
+	return s0 + s1
+}
+
+// expSubSum32 returns Σ exp(src[i] - m) in float64.
+func expSubSum32(src []float32, m float32) float64 {
+	var s0, s1 float32
+	var acc float64
+	for i, x := range src {
+		a := x - m
+		var e float32
+		if a > -87 && a < 88 {
+			t := a*e32k64 + e32round
+			kf := t - e32round
+			k := int32(math.Float32bits(t) - 0x4B400000)
+			r := (a - kf*e32l64hi) - kf*e32l64lo
+			p := (1 + r) + r*r*(0.5+r*(1.0/6))
+			e = p * math.Float32frombits(exp2Tab32[k&63]+uint32(k>>6)<<23)
+		} else {
+			e = exp32(a)
+		}
+		if i&1 == 0 {
+			s0 += e
+		} else {
+			s1 += e
+		}
+		if i&1023 == 1023 { // keep the float32 partial sums short
+			acc += float64(s0) + float64(s1)
+			s0, s1 = 0, 0
+		}
+	}
+	return acc + float64(s0) + float64(s1)
+}
+
+// scaledExpSub32 sets g[i] = c·exp(x[i] - l) - off.
+func scaledExpSub32(g, x []float32, l, c, off float32) {
+	x = x[:len(g)]
+	for i, v := range x {
+		a := v - l
+		var e float32
+		if a > -87 && a < 88 {
+			t := a*e32k64 + e32round
+			kf := t - e32round
+			k := int32(math.Float32bits(t) - 0x4B400000)
+			r := (a - kf*e32l64hi) - kf*e32l64lo
+			p := (1 + r) + r*r*(0.5+r*(1.0/6))
+			e = p * math.Float32frombits(exp2Tab32[k&63]+uint32(k>>6)<<23)
+		} else {
+			e = exp32(a)
+		}
+		g[i] = c*e - off
+	}
+}
+

@@ -63,20 +63,8 @@ func softmaxRow32(dst, src []float32) {
 		allInfRow(dst, src)
 		return
 	}
-	var s0, s1 float32
-	i := 0
-	for ; i+2 <= len(src); i += 2 {
-		e0, e1 := exp32(src[i]-m), exp32(src[i+1]-m)
-		dst[i], dst[i+1] = e0, e1
-		s0 += e0
-		s1 += e1
-	}
-	if i < len(src) {
-		e := exp32(src[i] - m)
-		dst[i] = e
-		s0 += e
-	}
-	inv := 1 / (s0 + s1)
+	s := expSubStore32(dst, src, m)
+	inv := 1 / s
 	for i := range dst {
 		dst[i] *= inv
 	}
@@ -435,18 +423,7 @@ func lseRow32(x []float32) (lse, sum float64) {
 	if math.IsInf(float64(m), 0) || m != m {
 		return lseRow[float64](f64s(x))
 	}
-	var s0, s1, s2, s3 float32
-	i = 0
-	for ; i+4 <= n; i += 4 {
-		s0 += exp32(x[i] - m)
-		s1 += exp32(x[i+1] - m)
-		s2 += exp32(x[i+2] - m)
-		s3 += exp32(x[i+3] - m)
-	}
-	for ; i < n; i++ {
-		s0 += exp32(x[i] - m)
-	}
-	s := float64(s0) + float64(s1) + float64(s2) + float64(s3)
+	s := expSubSum32(x, m)
 	return float64(m) + math.Log(s), (a0 + a1) + (a2 + a3)
 }
 
@@ -540,10 +517,7 @@ func ceGradRow[T float](g, x []T, c, lse, off T) {
 	x = x[:len(g)]
 	if g32, ok := any(g).([]float32); ok {
 		x32 := any(x).([]float32)
-		c32, l32, o32 := float32(c), float32(lse), float32(off)
-		for i, v := range x32 {
-			g32[i] = c32*exp32(v-l32) - o32
-		}
+		scaledExpSub32(g32, x32, float32(lse), float32(c), float32(off))
 		return
 	}
 	for i, v := range x {
