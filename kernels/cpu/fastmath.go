@@ -274,4 +274,3 @@ func scaledExpSub32(g, x []float32, l, c, off float32) {
 		g[i] = c*e - off
 	}
 }
-
