@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -49,6 +51,7 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
 					&cli.StringFlag{Name: "device", Value: "cpu"},
+					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
 				},
 				Action: benchTrain,
 			},
@@ -105,6 +108,17 @@ func benchTrain(c *cli.Context) error {
 	feeds := map[string]*kernels.Tensor{"input_ids": kernels.IntTensor(ir.Shape{B, T}, ids), "targets": kernels.IntTensor(ir.Shape{B * T}, tg)}
 	if err := prog.Run(feeds, 0); err != nil { // warm-up
 		return err
+	}
+	if f := c.String("cpuprofile"); f != "" {
+		pf, err := os.Create(f)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	t0 := time.Now()
 	for i := 0; i < steps; i++ {

@@ -1,0 +1,128 @@
+package passes_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+func trainGraph(t *testing.T, kind string) *ir.Graph {
+	t.Helper()
+	p, _ := model.LookupPreset("tiny")
+	c := p.Config
+	c.Model = kind
+	c.Vocab, c.DModel, c.MaxLen, c.Dropout = 97, 32, 16, 0.1
+	g, _, err := model.Build(&c, model.Opts{T: 16, B: 2, Mode: model.Train})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := passes.Run(g, passes.TrainPipeline, &passes.Context{Loss: "loss"}); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// Every forward op (one that is not itself a gradient kernel) has a
+// gradient rule.
+func TestEveryForwardOpHasGradRule(t *testing.T) {
+	rules := map[string]bool{}
+	for _, op := range passes.GradOps() {
+		rules[op] = true
+	}
+	for name := range ir.Ops {
+		if strings.HasSuffix(name, "Grad") || strings.HasPrefix(name, "LinearGrad") || name == "FusedAttention" {
+			continue
+		}
+		if !rules[name] {
+			t.Errorf("op %s has no gradient rule", name)
+		}
+	}
+}
+
+// The plan never lets two values that are live at the same time share a
+// slot, never gives a node's output the slot of one of its inputs, keeps
+// outputs live to the end, and reuses memory.
+func TestPlanIsSafeAndReuses(t *testing.T) {
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		g := trainGraph(t, kind)
+		p := passes.Plan(g)
+		def := map[*ir.Value]int{}
+		last := map[*ir.Value]int{}
+		for i, n := range g.Nodes {
+			for _, o := range n.Outputs {
+				def[o] = i
+				last[o] = i
+			}
+			for _, in := range n.Inputs {
+				last[in] = i
+			}
+		}
+		for _, v := range g.Outputs {
+			last[v] = len(g.Nodes)
+		}
+		bySlot := map[int][]*ir.Value{}
+		for v := range def {
+			if v.DType != ir.F32 {
+				continue
+			}
+			s, ok := p.Slot[v.ID]
+			if !ok {
+				t.Fatalf("%s: value %s has no slot", kind, v)
+			}
+			if p.SlotElems[s] < v.Shape.Numel() {
+				t.Fatalf("%s: slot %d holds %d elements, value %s needs %d", kind, s, p.SlotElems[s], v, v.Shape.Numel())
+			}
+			bySlot[s] = append(bySlot[s], v)
+		}
+		for s, vs := range bySlot {
+			for i := range vs {
+				for j := i + 1; j < len(vs); j++ {
+					a, b := vs[i], vs[j]
+					// live ranges [def, last] must not overlap
+					if def[a] <= last[b] && def[b] <= last[a] {
+						t.Fatalf("%s: slot %d shared by %s [%d,%d] and %s [%d,%d]", kind, s, a, def[a], last[a], b, def[b], last[b])
+					}
+				}
+			}
+		}
+		if p.Peak >= p.Naive {
+			t.Fatalf("%s: plan peak %d is not below the naive %d", kind, p.Peak, p.Naive)
+		}
+		t.Logf("%s: %d nodes, %d slots, peak %d elements vs %d without reuse", kind, len(g.Nodes), len(p.SlotElems), p.Peak, p.Naive)
+	}
+}
+
+// Pipelines that break an ordering constraint are refused.
+func TestPipelineOrder(t *testing.T) {
+	bad := []passes.Pass{{Name: "dce"}, {Name: "autodiff"}}
+	if err := passes.CheckOrder(bad); err == nil {
+		t.Fatal("dce before autodiff accepted")
+	}
+	if err := passes.CheckOrder(passes.TrainPipeline); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The dump after a named pass is the verified graph text.
+func TestDumpAfterPass(t *testing.T) {
+	p, _ := model.LookupPreset("tiny")
+	c := p.Config
+	c.Vocab, c.DModel, c.MaxLen = 31, 16, 8
+	g, _, err := model.Build(&c, model.Opts{T: 8, B: 1, Mode: model.Train})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := passes.Run(g, passes.TrainPipeline, &passes.Context{Loss: "loss", DumpAfter: "autodiff", Dump: &b}); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"// after pass autodiff", "GaussianMembershipGrad", `output "grad:blocks.0.mem.centers"`} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("dump lacks %q", want)
+		}
+	}
+}
