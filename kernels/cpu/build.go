@@ -124,6 +124,8 @@ func (p *program[T]) build(n *ir.Node, in, out []*tensor[T]) (func() error, erro
 		return p.buildZScore(in, out)
 	case "ZScoreGrad":
 		return p.buildZScoreGrad(in, out)
+	case "FusedAttention":
+		return p.buildFusedAttention(n, in, out)
 	}
 	return nil, errUnsupported
 }

@@ -861,3 +861,92 @@ func TestGELUSlicesSpecialValues(t *testing.T) {
 		}
 	}
 }
+
+func TestFusedAttention(t *testing.T) {
+	if ir.Ops["FusedAttention"] == nil {
+		t.Skip("no FusedAttention op in the table")
+	}
+	inf := math.Inf(-1)
+	for _, tc := range []struct {
+		name      string
+		T, S      int
+		mask      bool
+		causal    bool
+		scale     any
+		maskedRow bool
+	}{
+		{"causal+mask", 5, 5, true, true, 0.3, false},
+		{"causal/default-scale", 6, 6, false, true, nil, false},
+		{"cross+mask", 4, 7, true, false, 0.5, true},
+		{"plain", 3, 4, false, false, 1.0, false},
+	} {
+		const B, H, Hd = 2, 3, 4
+		r := rand.New(rand.NewPCG(31, 32))
+		g := ir.New("attn")
+		q := g.Input("q", ir.Shape{B, H, tc.T, Hd}, ir.F32)
+		k := g.Input("k", ir.Shape{B, H, tc.S, Hd}, ir.F32)
+		v := g.Input("v", ir.Shape{B, H, tc.S, Hd}, ir.F32)
+		feeds := map[string]*kernels.Tensor{
+			"q": f64Tensor(q.Shape, randData(r, q.Shape.Numel(), 1)...),
+			"k": f64Tensor(k.Shape, randData(r, k.Shape.Numel(), 1)...),
+			"v": f64Tensor(v.Shape, randData(r, v.Shape.Numel(), 1)...),
+		}
+		a := ir.Attrs{"causal": tc.causal}
+		scale := 1 / math.Sqrt(Hd)
+		if tc.scale != nil {
+			a["scale"] = tc.scale
+			scale = tc.scale.(float64)
+		}
+		ins := []*ir.Value{q, k, v}
+		var m *ir.Value
+		if tc.mask {
+			m = g.Input("mask", ir.Shape{tc.T, tc.S}, ir.F32)
+			md := randData(r, tc.T*tc.S, 1)
+			for i := range md {
+				if r.IntN(4) == 0 {
+					md[i] = inf
+				}
+			}
+			if tc.maskedRow {
+				for j := 0; j < tc.S; j++ {
+					md[1*tc.S+j] = inf
+				}
+			}
+			feeds["mask"] = f64Tensor(m.Shape, md...)
+			ins = append(ins, m)
+		}
+		g.SetOutput("fused", g.Op1("FusedAttention", a, ins...))
+		s := g.Op1("Scale", ir.Attrs{"alpha": scale}, g.Op1("MatMul", ir.Attrs{"transB": true}, q, k))
+		if m != nil {
+			s = g.Op1("Add", nil, s, m)
+		}
+		if tc.causal {
+			s = g.Op1("CausalMask", nil, s)
+		}
+		g.SetOutput("ref", g.Op1("MatMul", nil, g.Op1("Softmax", nil, s), v))
+		for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+			fd := feeds
+			if prec == kernels.F32 {
+				fd = map[string]*kernels.Tensor{}
+				for name, x := range feeds {
+					fd[name] = floatTensor(prec, x.Shape, x.F64)
+				}
+			}
+			p := mustCompile(t, prec, g, nil, nil)
+			mustRun(t, p, fd, 0)
+			got, want := p.Output("fused").Float64s(), p.Output("ref").Float64s()
+			tol := 1e-12
+			if prec == kernels.F32 {
+				tol = 1e-5
+			}
+			for i := range want {
+				if !near(got[i], want[i], tol) {
+					t.Fatalf("%s %v: fused[%d] = %g, composed %g", tc.name, prec, i, got[i], want[i])
+				}
+			}
+			if tc.maskedRow && (got[1*Hd] != 0 || got[1*Hd+1] != 0) {
+				t.Errorf("%s %v: fully masked row should give zeros: %v", tc.name, prec, got[Hd:2*Hd])
+			}
+		}
+	}
+}

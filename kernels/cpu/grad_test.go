@@ -784,7 +784,8 @@ func TestGradientsLarge(t *testing.T) {
 // TestEveryOpHasKernelAndCheck: each op of the table is exercised by the
 // tests of this package, and compiles on this backend.
 func TestEveryOpHasKernelAndCheck(t *testing.T) {
-	seen := map[string]bool{"StopGradient": true, "TopKMask": true} // forward tests
+	// forward tests (no gradient rule)
+	seen := map[string]bool{"StopGradient": true, "TopKMask": true, "FusedAttention": true}
 	for _, c := range append(allGradCases(), bigCases()...) {
 		b := buildCase(c, 1)
 		for _, n := range b.g.Nodes {
