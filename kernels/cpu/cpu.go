@@ -78,8 +78,10 @@ type program[T float] struct {
 }
 
 type ceCache struct {
-	lse []float64
-	run uint64
+	lse     []float64 // per-row log-sum-exp
+	inv     []float64 // in-place mode: 1/Σexp(x - max) per row
+	inPlace bool      // the forward leaves exp(x - max) in the logits buffer
+	run     uint64    // the Run in which the forward last completed
 }
 
 var errUnsupported = errors.New("no cpu kernel")

@@ -950,3 +950,60 @@ func TestFusedAttention(t *testing.T) {
 		}
 	}
 }
+
+func TestCrossEntropyKeepsVisibleLogits(t *testing.T) {
+	g := ir.New("ce-out")
+	x := g.Input("x", ir.Shape{3, 5}, ir.F32)
+	tv := g.Input("t", ir.Shape{3}, ir.I32)
+	l := g.Op1("Scale", ir.Attrs{"alpha": 2.0}, x)
+	ce := g.Apply("CrossEntropy", nil, l, tv)
+	g.SetOutput("logits", l)
+	g.SetOutput("loss", ce[0])
+	g.SetOutput("d", g.Op1("CrossEntropyGrad", nil, g.Scalar(1), l, tv))
+	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+		p := mustCompile(t, prec, g, nil, nil)
+		xd := randData(rand.New(rand.NewPCG(1, 5)), 15, 1)
+		mustRun(t, p, map[string]*kernels.Tensor{"x": floatTensor(prec, x.Shape, xd), "t": kernels.IntTensor(tv.Shape, []int32{0, 4, 2})}, 0)
+		got := p.Output("logits").Float64s()
+		for i := range xd {
+			if !near(got[i], 2*xd[i], 1e-6) {
+				t.Fatalf("%v: logits output changed by CrossEntropy: %v", prec, got)
+			}
+		}
+		d := p.Output("d").Float64s()
+		for r := 0; r < 3; r++ {
+			var s float64
+			for j := 0; j < 5; j++ {
+				s += d[r*5+j]
+			}
+			if math.Abs(s) > 1e-6 {
+				t.Errorf("%v: gradient row %d sums to %g, want 0", prec, r, s)
+			}
+		}
+	}
+}
+
+func TestCrossEntropyInPlaceSelection(t *testing.T) {
+	g := chainGraph()
+	p := mustCompile(t, kernels.F64, g, nil, chainStore(kernels.F64, g)).(*program[float64])
+	n := 0
+	for _, c := range p.ce {
+		if !c.inPlace {
+			t.Error("chain graph: CrossEntropy should work in place")
+		}
+		n++
+	}
+	if n != 1 {
+		t.Errorf("%d CrossEntropy caches, want 1", n)
+	}
+	g2 := ir.New("ce-out")
+	x := g2.Input("x", ir.Shape{3, 5}, ir.F32)
+	tv := g2.Input("t", ir.Shape{3}, ir.I32)
+	l := g2.Op1("Scale", nil, x)
+	g2.SetOutput("loss", g2.Apply("CrossEntropy", nil, l, tv)[0])
+	g2.SetOutput("logits", l)
+	p2 := mustCompile(t, kernels.F64, g2, nil, nil).(*program[float64])
+	if p2.ce[l.ID].inPlace {
+		t.Error("logits that are a graph output must not be overwritten")
+	}
+}

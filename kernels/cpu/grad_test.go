@@ -576,6 +576,42 @@ func nnCases() []gradCase {
 			})
 		}
 	}
+	// Logits computed in the graph and read only by CrossEntropy and its
+	// gradient: the forward works in place in the logits buffer.
+	for _, ls := range []float64{0, 0.1} {
+		ls := ls
+		a := ir.Attrs{"label_smoothing": ls}
+		cs = append(cs, gradCase{
+			name: fmt.Sprintf("CrossEntropy/in-place/ls=%v", ls),
+			ins:  []spec{in(4, 7), ids(ir.Shape{4}, 6, 2, 0, 2)},
+			fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+				l := op1(g, "Scale", ir.Attrs{"alpha": 1.5}, x[0])
+				return g.Apply("CrossEntropy", a, l, x[1])[0]
+			},
+			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+				l := y.Def.Inputs[0]
+				d := op1(g, "CrossEntropyGrad", a, dy, l, x[1])
+				return []*ir.Value{op1(g, "Scale", ir.Attrs{"alpha": 1.5}, d), nil}
+			},
+		})
+	}
+	// The same logits also read by another op: no in-place.
+	cs = append(cs, gradCase{
+		name: "CrossEntropy/shared-logits",
+		ins:  []spec{in(3, 6), ids(ir.Shape{3}, 5, 0, 3)},
+		fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+			l := op1(g, "Scale", ir.Attrs{"alpha": 2.0}, x[0])
+			ce := g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": 0.05}, l, x[1])[0]
+			return op1(g, "Add", nil, ce, op1(g, "ReduceSum", nil, op1(g, "Exp", nil, op1(g, "Scale", ir.Attrs{"alpha": 0.1}, l))))
+		},
+		bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+			l := y.Def.Inputs[0].Def.Inputs[0]
+			d := op1(g, "CrossEntropyGrad", ir.Attrs{"label_smoothing": 0.05}, dy, l, x[1])
+			e := y.Def.Inputs[1].Def.Inputs[0] // exp(0.1·l)
+			d2 := op1(g, "Scale", ir.Attrs{"alpha": 0.1}, op1(g, "Mul", nil, op1(g, "BroadcastTo", ir.Attrs{"shape": []int{3, 6}}, dy), e))
+			return []*ir.Value{op1(g, "Scale", ir.Attrs{"alpha": 2.0}, op1(g, "Add", nil, d, d2)), nil}
+		},
+	})
 	// CrossEntropyGrad without a preceding CrossEntropy (no cached row statistics).
 	cs = append(cs, gradCase{
 		name: "CrossEntropyGrad/uncached",

@@ -268,18 +268,34 @@ func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() erro
 	if keep > 0 {
 		scale = T(1 / keep)
 	}
+	// Element i keeps when its 32-bit draw (half i&1 of hash i>>1) is
+	// below keep·2³².
+	var thresh uint64
+	switch {
+	case pr <= 0:
+		thresh = 1 << 32
+	case keep > 0:
+		thresh = uint64(keep * (1 << 32))
+	}
 	id := n.ID
 	return func() error {
 		key := streamKey(p.seed, id)
 		xs, ys, ms := x.f, y.f, mask.f
-		parallelFor(len(ys), grainMath, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				m := T(0)
-				if pr <= 0 || (keep > 0 && uniform(key, i) < keep) {
-					m = scale
+		parallelFor(len(ys), grainCheap, func(lo, hi int) {
+			for i := lo; i < hi; {
+				h := mix64(key + uint64(i>>1+1)*golden)
+				for ; i < hi; i++ {
+					m := T(0)
+					if uint64(uint32(h>>(32*(i&1)))) < thresh {
+						m = scale
+					}
+					ms[i] = m
+					ys[i] = xs[i] * m
+					if i&1 == 1 {
+						i++
+						break
+					}
 				}
-				ms[i] = m
-				ys[i] = xs[i] * m
 			}
 		})
 		return nil
@@ -382,34 +398,29 @@ func (p *program[T]) buildTopKMask(n *ir.Node, in, out []*tensor[T]) (func() err
 }
 
 // ---- CrossEntropy ----
+//
+// Both kernels work row by row (one row per token, V ≈ 50k columns) in
+// parallel over rows, with float64 row statistics.
+//
+// In-place mode: when the logits value is an intermediate that only this
+// CrossEntropy and later CrossEntropyGrad nodes read (and not a graph
+// output), the forward leaves exp(x - max) in the logits buffer and records
+// 1/Σexp per row; the gradient is then c·e/Σ - offsets, one pass without
+// exp. Otherwise the forward records the row log-sum-exp, and a gradient on
+// the same logits in the same run makes one exp pass instead of three.
 
-// lseRow returns the row's log-sum-exp and the sum of its entries.
-func lseRow[T float](x []T) (lse, sum float64) {
-	if x32, ok := any(x).([]float32); ok {
-		return lseRow32(x32)
-	}
-	m := math.Inf(-1)
-	for _, v := range x {
-		m = max(m, float64(v))
-	}
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - m)
-	}
-	return m + math.Log(s), sum64(x)
-}
-
-func lseRow32(x []float32) (lse, sum float64) {
+// rowMaxSum returns the row maximum (NaN if any entry is NaN) and sum.
+func rowMaxSum[T float](x []T) (m T, sum float64) {
 	n := len(x)
 	if n == 0 {
-		return math.Inf(-1), 0
+		return T(math.Inf(-1)), 0
 	}
-	m0, m1, m2, m3 := x[0], x[0], x[0], x[0]
+	m0, m1 := x[0], x[0]
 	var a0, a1, a2, a3 float64
 	i := 0
 	for ; i+4 <= n; i += 4 {
 		v0, v1, v2, v3 := x[i], x[i+1], x[i+2], x[i+3]
-		m0, m1, m2, m3 = max(m0, v0), max(m1, v1), max(m2, v2), max(m3, v3)
+		m0, m1 = max(m0, v0, v2), max(m1, v1, v3)
 		a0 += float64(v0)
 		a1 += float64(v1)
 		a2 += float64(v2)
@@ -419,20 +430,63 @@ func lseRow32(x []float32) (lse, sum float64) {
 		m0 = max(m0, x[i])
 		a0 += float64(x[i])
 	}
-	m := max(max(m0, m1), max(m2, m3))
-	if math.IsInf(float64(m), 0) || m != m {
-		return lseRow[float64](f64s(x))
-	}
-	s := expSubSum32(x, m)
-	return float64(m) + math.Log(s), (a0 + a1) + (a2 + a3)
+	return max(m0, m1), (a0 + a1) + (a2 + a3)
 }
 
-func f64s(x []float32) []float64 {
-	out := make([]float64, len(x))
-	for i, v := range x {
-		out[i] = float64(v)
+// expRowSum returns Σ exp(x - m); with store set it also writes the terms
+// over x.
+func expRowSum[T float](x []T, m T, store bool) float64 {
+	if x32, ok := any(x).([]float32); ok {
+		m32 := any(m).(float32)
+		if store {
+			var s float64
+			for len(x32) > 0 { // float32 partial sums over short blocks
+				blk := x32[:min(len(x32), 1024)]
+				x32 = x32[len(blk):]
+				s += float64(expSubStore32(blk, blk, m32))
+			}
+			return s
+		}
+		return expSubSum32(x32, m32)
 	}
-	return out
+	var s float64
+	for i, v := range x {
+		e := math.Exp(float64(v - m))
+		if store {
+			x[i] = T(e)
+		}
+		s += e
+	}
+	return s
+}
+
+// ceInPlaceOK reports whether CrossEntropy node n may overwrite its logits.
+func ceInPlaceOK(g *ir.Graph, n *ir.Node) bool {
+	lg := n.Inputs[0]
+	if lg.Kind != ir.Intermediate || lg.DType != ir.F32 {
+		return false
+	}
+	for _, v := range g.Outputs {
+		if v == lg {
+			return false
+		}
+	}
+	after := false
+	for _, m := range g.Nodes {
+		if m == n {
+			after = true
+			continue
+		}
+		for i, v := range m.Inputs {
+			if v != lg {
+				continue
+			}
+			if !after || m.Op != "CrossEntropyGrad" || i != 1 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
@@ -442,11 +496,14 @@ func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func()
 	}
 	N, V := lg.shape[0], lg.shape[1]
 	ls := n.Attrs.Float("label_smoothing", 0)
-	cache := p.ce[lg.v.ID]
-	if cache == nil {
-		cache = &ceCache{lse: make([]float64, N)}
-		p.ce[lg.v.ID] = cache
+	if p.ce[lg.v.ID] != nil {
+		return nil, fmt.Errorf("a second CrossEntropy on logits %s", lg.v)
 	}
+	cache := &ceCache{lse: make([]float64, N), inPlace: ceInPlaceOK(p.g, n)}
+	if cache.inPlace {
+		cache.inv = make([]float64, N)
+	}
+	p.ce[lg.v.ID] = cache
 	rowS := make([]float64, N)
 	rowP := make([]float64, N)
 	return func() error {
@@ -455,12 +512,35 @@ func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func()
 			return err
 		}
 		xs := lg.f
+		cache.run = 0 // logits are being rewritten
 		parallelFor(N, 1, func(lo, hi int) {
 			for r := lo; r < hi; r++ {
 				row := xs[r*V : (r+1)*V]
-				lse, sum := lseRow(row)
+				m, sum := rowMaxSum(row)
+				xt := float64(row[t[r]])
+				var lse float64
+				if math.IsInf(float64(m), 0) || m != m {
+					// no finite maximum: plain formula (NaN or ±Inf results)
+					var s float64
+					for _, v := range row {
+						s += math.Exp(float64(v - m))
+					}
+					lse = float64(m) + math.Log(s)
+					if cache.inPlace {
+						for i := range row {
+							row[i] = T(math.Exp(float64(row[i] - m)))
+						}
+						cache.inv[r] = 1 / s
+					}
+				} else {
+					s := expRowSum(row, m, cache.inPlace)
+					lse = float64(m) + math.Log(s)
+					if cache.inPlace {
+						cache.inv[r] = 1 / s
+					}
+				}
 				cache.lse[r] = lse
-				nll := lse - float64(row[t[r]])
+				nll := lse - xt
 				rowP[r] = nll
 				rowS[r] = (1-ls)*nll + ls*(lse-sum/float64(V))
 			}
@@ -495,16 +575,28 @@ func (p *program[T]) buildCrossEntropyGrad(n *ir.Node, in, out []*tensor[T]) (fu
 		off := T(c * ls / float64(V))
 		hit := T(c * (1 - ls))
 		cached := cache != nil && cache.run == p.runs
+		inPlace := cached && cache.inPlace
+		if cache != nil && cache.inPlace && !cached {
+			return fmt.Errorf("CrossEntropyGrad on %s needs the CrossEntropy on it to run first in the same run", lg.v)
+		}
 		parallelFor(N, 1, func(lo, hi int) {
 			for r := lo; r < hi; r++ {
 				row, g := xs[r*V:(r+1)*V], gs[r*V:(r+1)*V]
-				var lse float64
-				if cached {
-					lse = cache.lse[r]
+				if inPlace {
+					a := T(c * cache.inv[r])
+					for i, e := range row {
+						g[i] = a*e - off
+					}
 				} else {
-					lse, _ = lseRow(row)
+					var lse float64
+					if cached {
+						lse = cache.lse[r]
+					} else {
+						m, _ := rowMaxSum(row)
+						lse = float64(m) + math.Log(expRowSum(row, m, false))
+					}
+					ceGradRow(g, row, T(c), T(lse), off)
 				}
-				ceGradRow(g, row, T(c), T(lse), off)
 				g[t[r]] -= hit
 			}
 		})
@@ -516,8 +608,7 @@ func (p *program[T]) buildCrossEntropyGrad(n *ir.Node, in, out []*tensor[T]) (fu
 func ceGradRow[T float](g, x []T, c, lse, off T) {
 	x = x[:len(g)]
 	if g32, ok := any(g).([]float32); ok {
-		x32 := any(x).([]float32)
-		scaledExpSub32(g32, x32, float32(lse), float32(c), float32(off))
+		scaledExpSub32(g32, any(x).([]float32), float32(lse), float32(c), float32(off))
 		return
 	}
 	for i, v := range x {
