@@ -345,6 +345,34 @@ func init() {
 	reg(&OpDef{Name: "SinkhornGrad", NumIn: 2, Infer: same(1), Doc: "SinkhornGrad(dP, X; iters) -> dX through the unrolled iterations."})
 	reg(&OpDef{Name: "ZScore", NumIn: 1, Infer: same(0), Doc: "ZScore(x) -> (x - mean(x)) / (std(x) + 1e-6) over all elements, std unbiased (N-1) as torch.std."})
 	reg(&OpDef{Name: "ZScoreGrad", NumIn: 2, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
+
+	// ---- inference-only fusions (passes.FuseAttention) ----
+	reg(&OpDef{Name: "FusedAttention", NumIn: -1,
+		Doc: "FusedAttention(q[B,H,T,Hd], k[B,H,S,Hd], v[B,H,S,Hd], mask[T,S]?; scale, causal) -> " +
+			"softmax(scale·q·kᵀ + mask)·v, [B,H,T,Hd]. mask is an additive float mask (-Inf entries are masked out); " +
+			"causal sets entries j > i to -Inf before the softmax. A row that is entirely -Inf gives zeros. " +
+			"Inference only: it has no gradient rule.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if len(in) != 3 && len(in) != 4 {
+				return nil, nil, errors.New("want q, k, v and an optional mask")
+			}
+			q, k, v := in[0].Shape, in[1].Shape, in[2].Shape
+			if len(q) != 4 || len(k) != 4 || len(v) != 4 {
+				return nil, nil, errors.New("want rank-4 q, k, v [B,H,T,Hd]")
+			}
+			if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] || !k.Equal(v) {
+				return nil, nil, fmt.Errorf("q %v, k %v, v %v do not agree", q, k, v)
+			}
+			if len(in) == 4 {
+				if m := in[3].Shape; len(m) != 2 || m[0] != q[2] || m[1] != k[2] {
+					return nil, nil, fmt.Errorf("mask %v, want [%d,%d]", m, q[2], k[2])
+				}
+			}
+			if a.Bool("causal", false) && q[2] != k[2] {
+				return nil, nil, errors.New("causal attention wants T == S")
+			}
+			return one(q)
+		}})
 }
 
 // Verify checks a graph's structural invariants: every node's op exists,

@@ -26,6 +26,7 @@ func main() {
 		Commands: []*cli.Command{
 			trainCommand(),
 			benchCommand(),
+			exportCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

@@ -1,0 +1,533 @@
+// Package export compiles a trained model into the ONNX files that
+// runtime.Open serves: for every context length T it builds the eval-mode
+// forward graph (compiler/model), runs the export pipeline of package
+// passes (strip training, fold rpa, const fold, dce, fuse attention),
+// lowers the result with compiler/onnx and writes model_L{T}.onnx; then it
+// writes manifest.json (runtime.Manifest) with the lengths, the file
+// hashes, the configuration and the fold statistics.
+//
+// Reading checkpoints and data is the caller's business (cmd/rpac): Export
+// takes the weights as a kernels.Store and calibration data as token ids.
+package export
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// Defaults of Options.
+const (
+	DefaultCalibBatches = 8
+	DefaultCalibBatch   = 4
+)
+
+// Options describe one export.
+type Options struct {
+	Config model.Config
+	// Store holds the weights to export (see SelectWeights) and the
+	// buffers: training-only buffers and running statistics. Calibration
+	// writes the running statistics it computes into it.
+	Store *kernels.Store
+	// Trained reports whether a running-statistics buffer in Store holds
+	// trained values (a checkpoint records which ones it updated); nil
+	// means every running-statistics buffer present in Store counts.
+	Trained func(name string) bool
+	// Lengths are the context lengths to export, each in [1, max_len].
+	Lengths []int
+	// Batch is the static batch size of the exported graphs (default 1).
+	Batch int
+	// Fold is passes.FoldRPAMode (default) or passes.FoldNoneMode.
+	Fold string
+	// Attention is passes.AttentionOp or passes.AttentionPlain (default
+	// passes.DefaultAttention).
+	Attention string
+	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
+	// shipped with the opset).
+	Opset, IRVersion int64
+	// CalibIDs is the token stream calibration reads when a length has no
+	// trained running statistics; CalibBatches batches of CalibBatch
+	// sequential chunks of T tokens are averaged.
+	CalibIDs     []int32
+	CalibBatches int
+	CalibBatch   int
+	CalibSource  string // what CalibIDs are (for the manifest), e.g. "wikitext2 valid"
+	// Out is the export folder (created if needed).
+	Out string
+	// Tokenizer names the tokenizer of the ids (e.g. "gpt2"); EOS is the
+	// end-of-sequence id (padding).
+	Tokenizer string
+	EOS       int
+	// Meta is added to the metadata of every file and to the manifest's
+	// fold record (weights used, source run, ...).
+	Meta map[string]string
+	// DumpIR names a pass of passes.ExportPipeline after which the graph is
+	// printed to Dump ("all": after every pass).
+	DumpIR string
+	Dump   io.Writer
+	Log    *slog.Logger
+}
+
+// LengthResult is what Export did for one length.
+type LengthResult struct {
+	T          int
+	File       string // path relative to the export folder
+	Bytes      int64
+	Nodes      int            // ONNX nodes
+	Ops        map[string]int // ONNX op counts
+	Calibrated bool           // running statistics came from calibration
+	Fold       []passes.FoldLayer
+	Seconds    float64
+}
+
+// Result is the outcome of Export.
+type Result struct {
+	Dir      string
+	Manifest *runtime.Manifest
+	Lengths  []LengthResult
+}
+
+// Fold is the manifest's "fold" record (also the "fold" metadata entry).
+type Fold struct {
+	Mode      string `json:"mode"`
+	Attention string `json:"attention"`
+	// Calibrated lists the lengths whose running statistics were calibrated
+	// on data (the others came from the checkpoint).
+	Calibrated   []int              `json:"calibrated,omitempty"`
+	CalibBatches int                `json:"calib_batches,omitempty"`
+	CalibBatch   int                `json:"calib_batch,omitempty"`
+	CalibSource  string             `json:"calib_source,omitempty"`
+	Layers       []passes.FoldLayer `json:"layers,omitempty"`
+	Meta         map[string]string  `json:"meta,omitempty"`
+}
+
+// FileName is the ONNX file of length T.
+func FileName(T int) string { return fmt.Sprintf("model_L%d.onnx", T) }
+
+// CheckLengths validates the lengths against the model's limit.
+func CheckLengths(lengths []int, maxLen int) error {
+	if len(lengths) == 0 {
+		return errors.New("no lengths to export")
+	}
+	seen := map[int]bool{}
+	for _, T := range lengths {
+		if T < 1 {
+			return fmt.Errorf("length %d is not a positive integer", T)
+		}
+		if T > maxLen {
+			return fmt.Errorf("length %d exceeds the model's maximum length %d (max_len: rows of its position embedding)", T, maxLen)
+		}
+		if seen[T] {
+			return fmt.Errorf("length %d is listed twice", T)
+		}
+		seen[T] = true
+	}
+	return nil
+}
+
+// ParseLengths parses a comma-separated list of lengths ("384,768").
+func ParseLengths(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		T, err := strconv.Atoi(f)
+		if err != nil || T < 1 {
+			return nil, fmt.Errorf("length %q is not a positive integer", f)
+		}
+		out = append(out, T)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no lengths in %q (want e.g. 384,768)", s)
+	}
+	return out, nil
+}
+
+func (o *Options) defaults() error {
+	if o.Store == nil {
+		return errors.New("export: no weights")
+	}
+	if err := o.Config.Validate(); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if err := CheckLengths(o.Lengths, o.Config.MaxLen); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if o.Batch == 0 {
+		o.Batch = 1
+	}
+	if o.Batch < 0 {
+		return fmt.Errorf("export: batch %d is negative", o.Batch)
+	}
+	if o.Fold == "" {
+		o.Fold = passes.FoldRPAMode
+	}
+	if o.Fold != passes.FoldRPAMode && o.Fold != passes.FoldNoneMode {
+		return fmt.Errorf("export: --fold %q: want rpa or none", o.Fold)
+	}
+	if o.Attention == "" {
+		o.Attention = passes.DefaultAttention
+	}
+	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain {
+		return fmt.Errorf("export: attention lowering %q: want %s or %s", o.Attention, passes.AttentionOp, passes.AttentionPlain)
+	}
+	if o.Opset == 0 {
+		o.Opset = onnx.DefaultOpset
+	}
+	if o.Attention == passes.AttentionOp && o.Opset < onnx.AttentionOpset {
+		return fmt.Errorf("export: the Attention op needs opset %d or newer (have %d); use the plain attention lowering", onnx.AttentionOpset, o.Opset)
+	}
+	if o.CalibBatches == 0 {
+		o.CalibBatches = DefaultCalibBatches
+	}
+	if o.CalibBatch == 0 {
+		o.CalibBatch = DefaultCalibBatch
+	}
+	if o.CalibBatches < 0 || o.CalibBatch < 0 {
+		return errors.New("export: calibration batches must not be negative")
+	}
+	if o.Out == "" {
+		return errors.New("export: no output folder (--out)")
+	}
+	if o.Tokenizer == "" {
+		o.Tokenizer = "unknown"
+	}
+	if o.EOS < 0 || o.EOS >= o.Config.Vocab {
+		return fmt.Errorf("export: eos %d is outside the vocabulary [0,%d)", o.EOS, o.Config.Vocab)
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// Export writes one ONNX file per length and the manifest into o.Out.
+func Export(ctx context.Context, o Options) (*Result, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("export: %w", err)
+	}
+	// A stale manifest must not describe a half-written export.
+	if err := os.Remove(filepath.Join(o.Out, runtime.ManifestName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("export: %w", err)
+	}
+	cfgJSON, err := json.Marshal(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	lengths := append([]int(nil), o.Lengths...)
+	sort.Ints(lengths)
+	lenStr := make([]string, len(lengths))
+	for i, T := range lengths {
+		lenStr[i] = strconv.Itoa(T)
+	}
+	res := &Result{Dir: o.Out}
+	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
+		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model}
+	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta}
+	for _, T := range lengths {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		lr := LengthResult{T: T, File: FileName(T)}
+		// Folded or not, the fuzzy model reads the running statistics of T.
+		cal, err := EnsureRunning(&o.Config, T, o.Store, o.Trained, o.CalibIDs, o.CalibBatches, o.CalibBatch)
+		if err != nil {
+			return nil, fmt.Errorf("export: length %d: %w", T, err)
+		}
+		if cal {
+			lr.Calibrated = true
+			fold.Calibrated = append(fold.Calibrated, T)
+			fold.CalibBatches, fold.CalibBatch, fold.CalibSource = o.CalibBatches, o.CalibBatch, o.CalibSource
+			o.Log.Info("calibrated running statistics", "T", T, "batches", o.CalibBatches, "batch", o.CalibBatch, "source", o.CalibSource)
+		}
+		g, rep, err := Graph(&o.Config, T, o.Batch, o.Store, GraphOptions{Fold: o.Fold, Attention: o.Attention, DumpIR: o.DumpIR, Dump: o.Dump})
+		if err != nil {
+			return nil, fmt.Errorf("export: length %d: %w", T, err)
+		}
+		lr.Fold = rep.Layers
+		fold.Layers = append(fold.Layers, rep.Layers...)
+		perFold := fold
+		perFold.Layers = rep.Layers
+		foldJSON, _ := json.Marshal(perFold)
+		meta := map[string]string{
+			"lengths": strings.Join(lenStr, ","), "length": strconv.Itoa(T), "batch": strconv.Itoa(o.Batch),
+			"vocab_size": strconv.Itoa(o.Config.Vocab), "tokenizer": o.Tokenizer, "eos": strconv.Itoa(o.EOS),
+			"model": o.Config.Model, "config": string(cfgJSON), "fold": string(foldJSON),
+		}
+		for k, v := range o.Meta {
+			if _, taken := meta[k]; !taken {
+				meta[k] = v
+			}
+		}
+		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
+			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T)})
+		if err != nil {
+			return nil, fmt.Errorf("export: length %d: %w", T, err)
+		}
+		s := onnx.Inspect(m)
+		lr.Nodes, lr.Ops = s.Nodes, s.Ops
+		path := filepath.Join(o.Out, lr.File)
+		if err := onnx.Write(path, m); err != nil {
+			return nil, fmt.Errorf("export: %w", err)
+		}
+		m = nil
+		f, err := runtime.NewFile(o.Out, lr.File, T)
+		if err != nil {
+			return nil, fmt.Errorf("export: %w", err)
+		}
+		man.Files = append(man.Files, f)
+		lr.Bytes = f.Bytes
+		if _, err := os.Stat(onnx.DataFile(path)); err == nil {
+			df, err := runtime.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
+			if err != nil {
+				return nil, fmt.Errorf("export: %w", err)
+			}
+			man.Files = append(man.Files, df)
+			lr.Bytes += df.Bytes
+		}
+		lr.Seconds = time.Since(t0).Seconds()
+		o.Log.Debug("exported", "T", T, "file", lr.File, "bytes", lr.Bytes, "nodes", lr.Nodes, "seconds", lr.Seconds)
+		res.Lengths = append(res.Lengths, lr)
+	}
+	fj, err := json.Marshal(fold)
+	if err != nil {
+		return nil, err
+	}
+	man.Fold = fj
+	if err := runtime.WriteManifest(o.Out, man); err != nil {
+		return nil, fmt.Errorf("export: %w", err)
+	}
+	res.Manifest = man
+	return res, nil
+}
+
+// GraphOptions select the export pipeline's variants.
+type GraphOptions struct {
+	Fold      string
+	Attention string // passes.AttentionOp, AttentionPlain or AttentionNone
+	DumpIR    string
+	Dump      io.Writer
+}
+
+// Graph builds cfg's inference graph for length T and batch B (input
+// "input_ids" [B,T], output "logits" [B,T,V]) and runs the export
+// pipeline on it with the weights of st. The running statistics of length
+// T must be in st when go.Fold is "rpa" (EnsureRunning). With
+// AttentionNone or AttentionPlain the result runs on the CPU backend too.
+func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.Graph, *passes.FoldReport, error) {
+	g, _, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	rep := &passes.FoldReport{}
+	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(kernels.F32), Fold: o.Fold, Attention: o.Attention, Report: rep}
+	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Extra: map[string]any{passes.ExportKey: eo}}
+	if err := passes.Run(g, passes.ExportPipeline, c); err != nil {
+		return nil, nil, err
+	}
+	return g, rep, nil
+}
+
+// Lower lowers an export graph to ONNX with the weights of st.
+func Lower(g *ir.Graph, st *kernels.Store, o onnx.Options) (*onnxpb.ModelProto, error) {
+	return onnx.Lower(g, func(v *ir.Value) ([]float32, error) {
+		t := st.Get(v.Name)
+		if t == nil {
+			return nil, fmt.Errorf("%s %q is not in the checkpoint", v.Kind, v.Name)
+		}
+		if !t.Shape.Equal(v.Shape) {
+			return nil, fmt.Errorf("%s %q has shape %v in the checkpoint, the model wants %v", v.Kind, v.Name, t.Shape, v.Shape)
+		}
+		if t.F32 != nil {
+			return t.F32, nil
+		}
+		return t.Float32s(), nil
+	}, o)
+}
+
+// RunningBuffers maps the running-statistics buffers of cfg at length T to
+// the stat outputs they are estimated from (none for the baseline).
+func RunningBuffers(cfg *model.Config, T int) (map[string]string, error) {
+	_, specs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, s := range specs {
+		if s.Running != "" {
+			out[s.Name] = s.Running
+		}
+	}
+	return out, nil
+}
+
+// EnsureRunning makes sure st holds running statistics of length T for
+// every layer: trained ones (from the checkpoint) are kept; otherwise they
+// are calibrated on ids (nb batches of b sequential chunks of T tokens, run
+// through the eval graph with batch statistics) and written into st. It
+// reports whether it calibrated.
+func EnsureRunning(cfg *model.Config, T int, st *kernels.Store, trained func(string) bool, ids []int32, nb, b int) (bool, error) {
+	bufs, err := RunningBuffers(cfg, T)
+	if err != nil {
+		return false, err
+	}
+	var missing []string
+	for name := range bufs {
+		t := st.Get(name)
+		ok := t != nil
+		if ok && trained != nil {
+			ok = trained(name)
+		}
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return false, nil
+	}
+	sort.Strings(missing)
+	if len(ids) == 0 {
+		return false, fmt.Errorf("the checkpoint has no running statistics for length %d (%s); calibrate them on data: pass --calib-batches N with --data-dir (or export a length the model was trained at)",
+			T, strings.Join(missing, ", "))
+	}
+	nb = max(nb, 1)
+	b = max(b, 1)
+	chunks := (len(ids) - 1) / T
+	if chunks < 1 {
+		return false, fmt.Errorf("calibration data has %d tokens, fewer than one chunk of %d+1", len(ids), T)
+	}
+	b = min(b, chunks)
+	nb = min(nb, chunks/b)
+	batches := make([][]int32, nb)
+	for k := range batches {
+		batches[k] = append([]int32(nil), ids[k*b*T:(k+1)*b*T]...)
+	}
+	g, specs, err := model.Build(cfg, model.Opts{T: T, B: b, Mode: model.Eval, BatchStats: true, NoLoss: true})
+	if err != nil {
+		return false, err
+	}
+	for _, s := range specs {
+		if st.Get(s.Name) == nil && s.Param {
+			return false, fmt.Errorf("parameter %s is not in the checkpoint", s.Name)
+		}
+	}
+	// Buffers of the calibration graph that the checkpoint lacks (a
+	// bias_scale in a hand-made store) take their initial values.
+	if err := model.InitStore(specs, st, 0); err != nil {
+		return false, err
+	}
+	if err := passes.Run(g, passes.EvalPipeline, &passes.Context{}); err != nil {
+		return false, err
+	}
+	if err := passes.Calibrate(g, cpu.New(kernels.F32), st, batches, bufs); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// SelectWeights makes the store's parameters the chosen weight set:
+// "last" (the trained values as they are), "ema" or "swa" (the averaged
+// weights the trainer stores as "ema.<param>" / "swa.<param>"), or ""
+// (ema when the checkpoint has it, else last). It drops the averaged sets
+// from the store and returns the set used.
+func SelectWeights(st *kernels.Store, params []string, which string) (string, error) {
+	has := func(prefix string) (n int, missing []string) {
+		for _, p := range params {
+			if st.Get(prefix+p) != nil {
+				n++
+			} else {
+				missing = append(missing, prefix+p)
+			}
+		}
+		return n, missing
+	}
+	switch which {
+	case "":
+		if n, _ := has("ema."); n == len(params) && n > 0 {
+			which = "ema"
+		} else {
+			which = "last"
+		}
+	case "last", "ema", "swa":
+	default:
+		return "", fmt.Errorf("--weights %q: want ema, swa or last", which)
+	}
+	if which != "last" {
+		prefix := which + "."
+		n, missing := has(prefix)
+		if len(missing) > 0 {
+			what := strings.ToUpper(which)
+			if n == 0 {
+				return "", fmt.Errorf("the checkpoint has no %s weights: want tensors named %s<param> in model.safetensors (e.g. %s), and it has none; train with %s enabled or use --weights last",
+					what, prefix, missing[0], what)
+			}
+			return "", fmt.Errorf("the checkpoint's %s weights are incomplete: %d of %d parameters are missing (first: %s); use --weights last",
+				what, len(missing), len(params), missing[0])
+		}
+		for _, p := range params {
+			src, dst := st.Get(prefix+p), st.Get(p)
+			if dst == nil {
+				if _, err := st.Ensure(p, src.Shape); err != nil {
+					return "", err
+				}
+				dst = st.Get(p)
+			}
+			if !dst.Shape.Equal(src.Shape) {
+				return "", fmt.Errorf("%s%s has shape %v, %s has %v", prefix, p, src.Shape, p, dst.Shape)
+			}
+			dst.SetFloat64s(src.Float64s())
+		}
+	}
+	for name := range st.Tensors {
+		if strings.HasPrefix(name, "ema.") || strings.HasPrefix(name, "swa.") {
+			delete(st.Tensors, name)
+		}
+	}
+	order := st.Order[:0]
+	for _, n := range st.Order {
+		if st.Tensors[n] != nil {
+			order = append(order, n)
+		}
+	}
+	st.Order = order
+	return which, nil
+}
+
+// Params lists cfg's trainable parameter names.
+func Params(cfg *model.Config) ([]string, error) {
+	_, specs, err := model.Build(cfg, model.Opts{T: 1, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range specs {
+		if s.Param {
+			out = append(out, s.Name)
+		}
+	}
+	return out, nil
+}

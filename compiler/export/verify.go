@@ -1,0 +1,166 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// VerifyOptions configure Verify.
+type VerifyOptions struct {
+	// Dir is the export folder; Config and Store are the model it was
+	// exported from (with the running statistics the export used).
+	Dir    string
+	Config model.Config
+	Store  *kernels.Store
+	// IDs is the held-out token stream; Batches batches of Batch
+	// sequential chunks per length are compared (0 batches: every full
+	// batch of the stream).
+	IDs     []int32
+	Batches int
+	Batch   int
+	// Runtime opens the export (provider, threads, library).
+	Runtime runtime.Options
+}
+
+// VerifyResult compares one exported length with the Go executor.
+type VerifyResult struct {
+	T, Batch, Batches, Tokens int
+	// MaxAbsDiff is max |logit(onnxruntime) - logit(Go, eval mode)|.
+	MaxAbsDiff float64
+	// Mean next-token cross-entropy (nats) of the exported graph in
+	// onnxruntime, of the Go executor in eval mode (running statistics),
+	// and of the Go executor evaluating the paper's way (statistics of the
+	// evaluated batch: not causal, not servable).
+	CEExport, CEEval, CEBatchStats float64
+}
+
+// Verify runs every exported graph in onnxruntime on held-out batches and
+// compares it with the Go executor.
+func Verify(ctx context.Context, o VerifyOptions) ([]VerifyResult, error) {
+	if o.Batch <= 0 {
+		o.Batch = 1
+	}
+	if o.Store == nil {
+		return nil, errors.New("verify: no weights")
+	}
+	m, err := runtime.Open(o.Dir, o.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var out []VerifyResult
+	for _, T := range m.Lengths() {
+		r, err := verifyLength(ctx, m, o, T)
+		if err != nil {
+			return nil, fmt.Errorf("verify length %d: %w", T, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int) (VerifyResult, error) {
+	res := VerifyResult{T: T}
+	chunks := (len(o.IDs) - 1) / T
+	if chunks < 1 {
+		return res, fmt.Errorf("the held-out data has %d tokens, fewer than one chunk of %d+1", len(o.IDs), T)
+	}
+	B := min(o.Batch, chunks)
+	nb := chunks / B
+	if o.Batches > 0 {
+		nb = min(nb, o.Batches)
+	}
+	res.Batch, res.Batches = B, nb
+	V := o.Config.Vocab
+	build := func(bs bool) (kernels.Program, error) {
+		g, _, err := model.Build(&o.Config, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: bs, Logits: !bs})
+		if err != nil {
+			return nil, err
+		}
+		if err := passes.Run(g, passes.EvalPipeline, &passes.Context{}); err != nil {
+			return nil, err
+		}
+		return cpu.New(kernels.F32).Compile(g, passes.Plan(g), o.Store)
+	}
+	ev, err := build(false)
+	if err != nil {
+		return res, err
+	}
+	defer ev.Close()
+	bsp, err := build(true)
+	if err != nil {
+		return res, err
+	}
+	defer bsp.Close()
+	var nllExport, sumEval, sumBS float64
+	for k := 0; k < nb; k++ {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		x := make([]int32, B*T)
+		y := make([]int32, B*T)
+		seqs := make([][]int32, B)
+		for r := 0; r < B; r++ {
+			s := (k*B + r) * T
+			copy(x[r*T:], o.IDs[s:s+T])
+			copy(y[r*T:], o.IDs[s+1:s+T+1])
+			seqs[r] = x[r*T : (r+1)*T]
+		}
+		feeds := map[string]*kernels.Tensor{
+			"input_ids": kernels.IntTensor(ir.Shape{B, T}, x),
+			"targets":   kernels.IntTensor(ir.Shape{B * T}, y),
+		}
+		if err := ev.Run(feeds, 0); err != nil {
+			return res, err
+		}
+		sumEval += ev.Output("ce_sum").At(0)
+		goLogits := ev.Output("logits").F32
+		got, err := m.Logits(ctx, seqs)
+		if err != nil {
+			return res, err
+		}
+		for r := 0; r < B; r++ {
+			for t := 0; t < T; t++ {
+				row := got[r].Row(t)
+				ref := goLogits[(r*T+t)*V : (r*T+t+1)*V]
+				for j, g := range row {
+					d := math.Abs(float64(g) - float64(ref[j]))
+					if d > res.MaxAbsDiff || d != d {
+						res.MaxAbsDiff = d
+					}
+				}
+				nllExport += NLL(row, int(y[r*T+t]))
+			}
+		}
+		if err := bsp.Run(feeds, 0); err != nil {
+			return res, err
+		}
+		sumBS += bsp.Output("ce_sum").At(0)
+		res.Tokens += B * T
+	}
+	n := float64(res.Tokens)
+	res.CEExport, res.CEEval, res.CEBatchStats = nllExport/n, sumEval/n, sumBS/n
+	return res, nil
+}
+
+// NLL is -log softmax(row)[target] in float64.
+func NLL(row []float32, target int) float64 {
+	mx := math.Inf(-1)
+	for _, x := range row {
+		mx = math.Max(mx, float64(x))
+	}
+	var s float64
+	for _, x := range row {
+		s += math.Exp(float64(x) - mx)
+	}
+	return math.Log(s) + mx - float64(row[target])
+}

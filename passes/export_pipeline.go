@@ -1,0 +1,208 @@
+package passes
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+// Fold modes of the export pipeline.
+const (
+	FoldRPAMode  = "rpa"  // the RPA subgraph of every layer becomes a constant bias
+	FoldNoneMode = "none" // the RPA computation stays in the graph (parity checks, measuring the fold)
+)
+
+// Attention lowerings of the export pipeline.
+const (
+	AttentionOp    = "op"    // one FusedAttention node per layer (ONNX Attention, opset 23)
+	AttentionPlain = "plain" // MatMul, Add of one constant mask, Softmax, MatMul
+	AttentionNone  = "none"  // leave the attention subgraph as built
+)
+
+// DefaultAttention is the attention lowering the export uses unless told
+// otherwise. It was chosen by measuring both on onnxruntime 1.30 (CPU); the
+// figures and the command are in docs/EXPORT.md.
+const DefaultAttention = AttentionPlain
+
+// ExportOptions are the inputs of the export passes. Put them in
+// Context.Extra[ExportKey].
+type ExportOptions struct {
+	// Store holds the weights and buffers the export freezes: training-only
+	// buffers (bias warm-in scale, λ_sat), running statistics (FoldRPA) and
+	// the parameters that ConstFold folds.
+	Store *kernels.Store
+	// Backend evaluates the subgraphs that FoldRPA and ConstFold replace by
+	// constants (kernels/cpu in F32, so that folded values equal what the
+	// eval-mode executor computes).
+	Backend kernels.Backend
+	// Fold is FoldRPAMode (default) or FoldNoneMode.
+	Fold string
+	// Attention is AttentionOp, AttentionPlain or AttentionNone (default
+	// DefaultAttention).
+	Attention string
+	// RunningStat reports whether a buffer holds running statistics of the
+	// RPA path (default: IsRunningStat).
+	RunningStat func(name string) bool
+	// Report receives FoldRPA's per-layer statistics.
+	Report *FoldReport
+}
+
+// ExportKey is the Context.Extra key of *ExportOptions.
+const ExportKey = "export"
+
+// IsRunningStat is the default RunningStat: the running-statistics buffers
+// compiler/model creates ("blocks.<i>.attn.rpa_mu_mean.T<T>" and
+// "blocks.<i>.attn.legacy_sim.T<T>").
+func IsRunningStat(name string) bool {
+	return strings.HasPrefix(name, "blocks.") &&
+		(strings.Contains(name, ".attn.rpa_mu_mean.T") || strings.Contains(name, ".attn.legacy_sim.T"))
+}
+
+func exportOptions(c *Context) (*ExportOptions, error) {
+	if c == nil || c.Extra == nil {
+		return nil, errors.New("no export options (Context.Extra[\"export\"])")
+	}
+	o, ok := c.Extra[ExportKey].(*ExportOptions)
+	if !ok || o == nil {
+		return nil, errors.New("no export options (Context.Extra[\"export\"])")
+	}
+	if o.Fold == "" {
+		o.Fold = FoldRPAMode
+	}
+	if o.Fold != FoldRPAMode && o.Fold != FoldNoneMode {
+		return nil, fmt.Errorf("fold mode %q: want %q or %q", o.Fold, FoldRPAMode, FoldNoneMode)
+	}
+	if o.Attention == "" {
+		o.Attention = DefaultAttention
+	}
+	switch o.Attention {
+	case AttentionOp, AttentionPlain, AttentionNone:
+	default:
+		return nil, fmt.Errorf("attention lowering %q: want %q, %q or %q", o.Attention, AttentionOp, AttentionPlain, AttentionNone)
+	}
+	if o.RunningStat == nil {
+		o.RunningStat = IsRunningStat
+	}
+	return o, nil
+}
+
+// ExportPipeline turns an eval-mode forward graph (model.Build with
+// Mode Eval, NoLoss, Logits) into the graph that compiler/onnx lowers.
+// From "strip training" on the graph must verify as an export graph: no
+// training-only op or buffer.
+var ExportPipeline = []Pass{
+	{Name: "strip training", ExportAfter: true, Fn: func(g *ir.Graph, c *Context) error {
+		o, err := exportOptions(c)
+		if err != nil {
+			return err
+		}
+		return StripTraining(g, o.Store)
+	}},
+	{Name: "fold rpa", Fn: func(g *ir.Graph, c *Context) error {
+		o, err := exportOptions(c)
+		if err != nil {
+			return err
+		}
+		if o.Fold == FoldNoneMode {
+			return nil
+		}
+		rep, err := FoldRPA(g, o.Store, o.Backend, o.RunningStat)
+		if err != nil {
+			return err
+		}
+		if o.Report != nil {
+			o.Report.Layers = append(o.Report.Layers, rep.Layers...)
+		}
+		return nil
+	}},
+	{Name: "const fold", Fn: func(g *ir.Graph, c *Context) error {
+		o, err := exportOptions(c)
+		if err != nil {
+			return err
+		}
+		return ConstFold(g, o.Store, o.Backend)
+	}},
+	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+	{Name: "fuse attention", Fn: func(g *ir.Graph, c *Context) error {
+		o, err := exportOptions(c)
+		if err != nil {
+			return err
+		}
+		return FuseAttention(g, o.Attention)
+	}},
+	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+}
+
+func init() {
+	if err := CheckOrder(ExportPipeline); err != nil {
+		panic(fmt.Sprintf("passes: pipeline export: %v", err))
+	}
+	Pipelines["export"] = ExportPipeline
+}
+
+// replaceUses makes every reader of old (nodes and graph outputs) read nv.
+func replaceUses(g *ir.Graph, old, nv *ir.Value) {
+	for _, n := range g.Nodes {
+		for i, in := range n.Inputs {
+			if in == old {
+				n.Inputs[i] = nv
+			}
+		}
+	}
+	for k, v := range g.Outputs {
+		if v == old {
+			g.Outputs[k] = nv
+		}
+	}
+}
+
+// newConst adds a constant value to g.
+func newConst(g *ir.Graph, name string, s ir.Shape, data []float64) *ir.Value {
+	return g.AddValue(&ir.Value{Name: uniqueName(g, name), Shape: s.Clone(), DType: ir.F32, Kind: ir.Const, Data: data})
+}
+
+// uniqueName returns name, or name with a numeric suffix when g already
+// has a value of that name.
+func uniqueName(g *ir.Graph, name string) string {
+	if name == "" {
+		return ""
+	}
+	taken := map[string]bool{}
+	for _, v := range g.Values {
+		taken[v.Name] = true
+	}
+	if !taken[name] {
+		return name
+	}
+	for i := 2; ; i++ {
+		n := fmt.Sprintf("%s.%d", name, i)
+		if !taken[n] {
+			return n
+		}
+	}
+}
+
+// insertAt applies op in g and moves the new node to index i of g.Nodes
+// (TryApply appends it at the end).
+func insertAt(g *ir.Graph, i int, op string, a ir.Attrs, in ...*ir.Value) (*ir.Value, error) {
+	outs, err := g.TryApply(op, a, in...)
+	if err != nil {
+		return nil, err
+	}
+	n := g.Nodes[len(g.Nodes)-1]
+	copy(g.Nodes[i+1:], g.Nodes[i:len(g.Nodes)-1])
+	g.Nodes[i] = n
+	return outs[0], nil
+}
+
+func nodeIndex(g *ir.Graph, n *ir.Node) int {
+	for i, m := range g.Nodes {
+		if m == n {
+			return i
+		}
+	}
+	return -1
+}

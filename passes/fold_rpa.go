@@ -1,0 +1,281 @@
+package passes
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+// FoldLayer describes the folded attention bias of one layer at one length.
+type FoldLayer struct {
+	Layer int    `json:"layer"`
+	T     int    `json:"T"`
+	Name  string `json:"name"` // the constant's name in the graph
+	// Min, Max and Mean are taken over the entries attention can see
+	// (j <= i); the entries above the diagonal are masked anyway.
+	Min  float64 `json:"min"`
+	Max  float64 `json:"max"`
+	Mean float64 `json:"mean"`
+	// Clip is the bound of the symmetric clip (bias_clip) and ClipFrac the
+	// fraction of the visible entries whose value before the clip lay
+	// beyond it (|x| > Clip).
+	Clip     float64 `json:"clip"`
+	ClipFrac float64 `json:"clip_frac"`
+}
+
+// FoldReport collects FoldLayer entries (per layer, per length).
+type FoldReport struct {
+	Layers []FoldLayer `json:"layers"`
+}
+
+// FoldRPA folds the RPA path of an eval-mode graph. In eval mode the
+// attention prior of every layer is a function of the running statistics
+// (the per-position mean membership of that layer and length), of
+// parameters and of constants only, so it is the same for every input: the
+// pass turns the running-statistics buffers into constants with their
+// values from st, evaluates everything that depends on them and on nothing
+// the input feeds (the [T,T] additive bias of each layer and the layer's
+// value gamma), and puts constants in their place. The old subgraph is left
+// dead for DCE.
+//
+// It refuses a graph built with batch statistics (mode "eval-batchstats" or
+// "train"): those statistics depend on the batch and cannot be folded. A
+// running-statistics buffer missing from st is an error naming it (see
+// Calibrate). The report gives the range of each folded [T,T] bias and the
+// fraction of its entries that the bias clip cut.
+func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(string) bool) (*FoldReport, error) {
+	if running == nil {
+		running = IsRunningStat
+	}
+	if mode := g.Meta["mode"]; mode != "" && mode != "eval" {
+		return nil, fmt.Errorf("fold rpa: graph %s is built in mode %q; folding needs an eval graph with running statistics (model.Eval without BatchStats)", g.Name, mode)
+	}
+	// Running statistics become constants.
+	layerOf := map[*ir.Value]int{}
+	var missing []string
+	for _, v := range g.Values {
+		if v.Kind != ir.Buffer || !running(v.Name) {
+			continue
+		}
+		var t *kernels.Tensor
+		if st != nil {
+			t = st.Get(v.Name)
+		}
+		if t == nil || !t.Shape.Equal(v.Shape) {
+			missing = append(missing, v.Name)
+			continue
+		}
+		v.Kind = ir.Const
+		v.Data = t.Float64s()
+		layerOf[v] = layerIndex(v.Name)
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return nil, fmt.Errorf("fold rpa: no running statistics %s; calibrate them on data first (rpac export --calib-batches N)", strings.Join(missing, ", "))
+	}
+	rep := &FoldReport{}
+	if len(layerOf) == 0 {
+		return rep, nil
+	}
+	// dep: nodes computable without the input that read a running statistic
+	// (directly or through another dep node).
+	dep := map[*ir.Node]bool{}
+	static := map[*ir.Value]bool{}
+	for _, v := range g.Values {
+		if v.Kind == ir.Const || v.Kind == ir.Param || v.Kind == ir.Buffer {
+			static[v] = true
+		}
+	}
+	for _, n := range g.Nodes {
+		ok, reads := true, false
+		layer := -1
+		for _, in := range n.Inputs {
+			if !static[in] {
+				ok = false
+				break
+			}
+			if l, has := layerOf[in]; has {
+				reads = true
+				if layer < 0 {
+					layer = l
+				}
+			}
+		}
+		if !ok || ir.Ops[n.Op].Random {
+			continue
+		}
+		for _, o := range n.Outputs {
+			static[o] = true
+		}
+		if reads {
+			dep[n] = true
+			for _, o := range n.Outputs {
+				layerOf[o] = layer
+			}
+		}
+	}
+	T, _ := strconv.Atoi(g.Meta["T"])
+	isBias := func(s ir.Shape) bool { return len(s) == 2 && s[0] == s[1] && (s[0] == T || T == 0 && s[0] > 1) }
+	uses := g.Uses()
+	var targets, clipIn []*ir.Value
+	clipOf := map[int]*ir.Node{}
+	for _, n := range g.Nodes {
+		if !dep[n] {
+			continue
+		}
+		for _, o := range n.Outputs {
+			read := isOutput(g, o)
+			for _, u := range uses[o] {
+				read = read || !dep[u]
+			}
+			if read {
+				targets = append(targets, o)
+			}
+		}
+		if n.Op == "Clamp" && isBias(n.Outputs[0].Shape) {
+			_, hasLo := n.Attrs["lo"]
+			_, hasHi := n.Attrs["hi"]
+			lo, hi := n.Attrs.Float("lo", 0), n.Attrs.Float("hi", 0)
+			if hasLo && hasHi && lo == -hi && hi > 0 {
+				clipOf[layerOf[n.Outputs[0]]] = n
+				clipIn = append(clipIn, n.Inputs[0])
+			}
+		}
+	}
+	vals, err := evalStatic(g, append(append([]*ir.Value(nil), targets...), clipIn...), st, be)
+	if err != nil {
+		return nil, fmt.Errorf("fold rpa: %w", err)
+	}
+	extra := map[int]int{}
+	for _, v := range targets {
+		l := layerOf[v]
+		var name string
+		if isBias(v.Shape) {
+			name = fmt.Sprintf("blocks.%d.attn.rpa_bias.T%d", l, v.Shape[0])
+		} else {
+			extra[l]++
+			name = fmt.Sprintf("blocks.%d.attn.rpa_folded%d.T%s", l, extra[l], g.Meta["T"])
+		}
+		c := newConst(g, name, v.Shape, vals[v])
+		replaceUses(g, v, c)
+		if !isBias(v.Shape) {
+			continue
+		}
+		fl := FoldLayer{Layer: l, T: v.Shape[0], Name: c.Name}
+		fl.Min, fl.Max, fl.Mean = visibleStats(vals[v], v.Shape[0])
+		if cn := clipOf[l]; cn != nil {
+			fl.Clip = cn.Attrs.Float("hi", 0)
+			fl.ClipFrac = clipFraction(vals[cn.Inputs[0]], v.Shape[0], fl.Clip)
+		}
+		rep.Layers = append(rep.Layers, fl)
+	}
+	sort.Slice(rep.Layers, func(i, j int) bool { return rep.Layers[i].Layer < rep.Layers[j].Layer })
+	return rep, nil
+}
+
+// layerIndex parses "blocks.<i>." (-1 when the name has no layer).
+func layerIndex(name string) int {
+	rest, ok := strings.CutPrefix(name, "blocks.")
+	if !ok {
+		return -1
+	}
+	i, err := strconv.Atoi(strings.SplitN(rest, ".", 2)[0])
+	if err != nil {
+		return -1
+	}
+	return i
+}
+
+func visibleStats(x []float64, T int) (lo, hi, mean float64) {
+	lo, hi = math.Inf(1), math.Inf(-1)
+	var s float64
+	n := 0
+	for i := 0; i < T; i++ {
+		for j := 0; j <= i; j++ {
+			v := x[i*T+j]
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+			s += v
+			n++
+		}
+	}
+	return lo, hi, s / float64(max(n, 1))
+}
+
+func clipFraction(x []float64, T int, clip float64) float64 {
+	hit, n := 0, 0
+	for i := 0; i < T; i++ {
+		for j := 0; j <= i; j++ {
+			if math.Abs(x[i*T+j]) > clip {
+				hit++
+			}
+			n++
+		}
+	}
+	return float64(hit) / float64(max(n, 1))
+}
+
+// Calibrate fills running-statistics buffers from data, for a checkpoint
+// that has none at some length: it runs g, an eval graph of that length
+// built with batch statistics (model.Eval with BatchStats), over the
+// batches of token ids (each B·T ids for g's input "input_ids" [B,T]) and
+// stores in st, for every entry buffer → stat output of stats, the mean of
+// the stat output over the batches.
+func Calibrate(g *ir.Graph, be kernels.Backend, st *kernels.Store, batches [][]int32, stats map[string]string) error {
+	if len(batches) == 0 {
+		return errors.New("calibrate: no data batches")
+	}
+	ids := g.Lookup("input_ids")
+	if ids == nil || ids.Kind != ir.Input {
+		return fmt.Errorf("calibrate: graph %s has no input_ids", g.Name)
+	}
+	names := make([]string, 0, len(stats))
+	for buf, out := range stats {
+		if g.Outputs[out] == nil {
+			return fmt.Errorf("calibrate: graph %s has no output %q for %s", g.Name, out, buf)
+		}
+		names = append(names, buf)
+	}
+	sort.Strings(names)
+	prog, err := be.Compile(g, Plan(g), st)
+	if err != nil {
+		return fmt.Errorf("calibrate: %w", err)
+	}
+	defer prog.Close()
+	sums := map[string][]float64{}
+	for bi, b := range batches {
+		if len(b) != ids.Shape.Numel() {
+			return fmt.Errorf("calibrate: batch %d has %d ids, the graph wants %v", bi, len(b), ids.Shape)
+		}
+		if err := prog.Run(map[string]*kernels.Tensor{"input_ids": kernels.IntTensor(ids.Shape, b)}, 0); err != nil {
+			return fmt.Errorf("calibrate: %w", err)
+		}
+		for _, buf := range names {
+			t := prog.Output(stats[buf])
+			s := sums[buf]
+			if s == nil {
+				s = make([]float64, t.Len())
+				sums[buf] = s
+			}
+			for i := range s {
+				s[i] += t.At(i)
+			}
+		}
+	}
+	for _, buf := range names {
+		s := sums[buf]
+		dst, err := st.Ensure(buf, g.Outputs[stats[buf]].Shape)
+		if err != nil {
+			return fmt.Errorf("calibrate: %w", err)
+		}
+		for i, x := range s {
+			dst.Set(i, x/float64(len(batches)))
+		}
+	}
+	return nil
+}
