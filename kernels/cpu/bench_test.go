@@ -66,6 +66,18 @@ func BenchmarkCrossEntropy(b *testing.B) {
 			benchProgram(b, g, map[string]*kernels.Tensor{"logits": logits, "targets": targets}, bytes)
 		})
 	}
+	// As in training: logits computed in the graph (here a copy of the
+	// input, included in the time) and read only by the loss and its
+	// gradient, so the forward leaves exp(x - max) in place.
+	b.Run("fwd+grad/in-place", func(b *testing.B) {
+		g := ir.New("ce")
+		lv := g.Op1("StopGradient", nil, g.Input("logits", ir.Shape{N, V}, ir.F32))
+		tv := g.Input("targets", ir.Shape{N}, ir.I32)
+		ce := g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": 0.015}, lv, tv)
+		g.SetOutput("loss", ce[0])
+		g.SetOutput("dlogits", g.Op1("CrossEntropyGrad", ir.Attrs{"label_smoothing": 0.015}, g.Scalar(1.0/N), lv, tv))
+		benchProgram(b, g, map[string]*kernels.Tensor{"logits": logits, "targets": targets}, int64(N*V*4*3))
+	})
 	b.Run("grad-only", func(b *testing.B) {
 		g := ir.New("ceg")
 		lv := g.Input("logits", ir.Shape{N, V}, ir.F32)

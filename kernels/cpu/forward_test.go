@@ -1007,3 +1007,32 @@ func TestCrossEntropyInPlaceSelection(t *testing.T) {
 		t.Error("logits that are a graph output must not be overwritten")
 	}
 }
+
+func TestCrossEntropyNonFinite(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+			g := ir.New("ce-nan")
+			x := g.Input("x", ir.Shape{2, 3}, ir.F32)
+			tv := g.Input("t", ir.Shape{2}, ir.I32)
+			l := x
+			if inPlace {
+				l = g.Op1("Scale", nil, x)
+			}
+			ce := g.Apply("CrossEntropy", nil, l, tv)
+			g.SetOutput("loss", ce[1])
+			g.SetOutput("d", g.Op1("CrossEntropyGrad", nil, g.Scalar(1), l, tv))
+			p := mustCompile(t, prec, g, nil, nil)
+			mustRun(t, p, map[string]*kernels.Tensor{
+				"x": floatTensor(prec, x.Shape, []float64{1, math.NaN(), 2, 0, 1, 2}),
+				"t": kernels.IntTensor(tv.Shape, []int32{0, 1}),
+			}, 0)
+			if v := p.Output("loss").At(0); !math.IsNaN(v) {
+				t.Errorf("inPlace=%v %v: loss with a NaN logit = %g, want NaN", inPlace, prec, v)
+			}
+			d := p.Output("d").Float64s()
+			if math.IsNaN(d[3]) || math.IsNaN(d[4]) || math.IsNaN(d[5]) {
+				t.Errorf("inPlace=%v %v: a NaN in row 0 leaked into row 1: %v", inPlace, prec, d)
+			}
+		}
+	}
+}

@@ -409,7 +409,8 @@ func (p *program[T]) buildTopKMask(n *ir.Node, in, out []*tensor[T]) (func() err
 // exp. Otherwise the forward records the row log-sum-exp, and a gradient on
 // the same logits in the same run makes one exp pass instead of three.
 
-// rowMaxSum returns the row maximum (NaN if any entry is NaN) and sum.
+// rowMaxSum returns the row maximum and sum. A row holding NaN or ±Inf
+// gives a non-finite sum; callers then take the plain path.
 func rowMaxSum[T float](x []T) (m T, sum float64) {
 	n := len(x)
 	if n == 0 {
@@ -420,17 +421,33 @@ func rowMaxSum[T float](x []T) (m T, sum float64) {
 	i := 0
 	for ; i+4 <= n; i += 4 {
 		v0, v1, v2, v3 := x[i], x[i+1], x[i+2], x[i+3]
-		m0, m1 = max(m0, v0, v2), max(m1, v1, v3)
+		if v0 > m0 {
+			m0 = v0
+		}
+		if v1 > m1 {
+			m1 = v1
+		}
+		if v2 > m0 {
+			m0 = v2
+		}
+		if v3 > m1 {
+			m1 = v3
+		}
 		a0 += float64(v0)
 		a1 += float64(v1)
 		a2 += float64(v2)
 		a3 += float64(v3)
 	}
 	for ; i < n; i++ {
-		m0 = max(m0, x[i])
+		if x[i] > m0 {
+			m0 = x[i]
+		}
 		a0 += float64(x[i])
 	}
-	return max(m0, m1), (a0 + a1) + (a2 + a3)
+	if m1 > m0 {
+		m0 = m1
+	}
+	return m0, (a0 + a1) + (a2 + a3)
 }
 
 // expRowSum returns Σ exp(x - m); with store set it also writes the terms
@@ -519,8 +536,8 @@ func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func()
 				m, sum := rowMaxSum(row)
 				xt := float64(row[t[r]])
 				var lse float64
-				if math.IsInf(float64(m), 0) || m != m {
-					// no finite maximum: plain formula (NaN or ±Inf results)
+				if math.IsInf(sum, 0) || sum != sum {
+					// NaN or ±Inf in the row: plain formula (NaN or ±Inf results)
 					var s float64
 					for _, v := range row {
 						s += math.Exp(float64(v - m))

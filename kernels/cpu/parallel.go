@@ -70,7 +70,7 @@ func parallelFor(n, grain int, fn func(lo, hi int)) {
 		fn(0, n)
 		return
 	}
-	chunks := min(n/grain, 4*p)
+	chunks := min(n/grain, 16*p)
 	chunk := (n + chunks - 1) / chunks
 	chunks = (n + chunk - 1) / chunk
 	helpers := min(p, chunks) - 1
