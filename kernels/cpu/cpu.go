@@ -129,6 +129,16 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 		}
 	}
 
+	readers := map[int]bool{}
+	for _, n := range g.Nodes {
+		for _, v := range n.Inputs {
+			readers[v.ID] = true
+		}
+	}
+	for _, v := range g.Outputs {
+		readers[v.ID] = true
+	}
+
 	var problems []string
 	ids := make([]int, 0, len(all))
 	for id := range all {
@@ -142,7 +152,9 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 		n := v.Shape.Numel()
 		switch v.Kind {
 		case ir.Input:
-			p.inputs = append(p.inputs, t)
+			if readers[v.ID] { // an input nothing reads needs no feed
+				p.inputs = append(p.inputs, t)
+			}
 		case ir.Param, ir.Buffer:
 			if err := p.bindStored(t); err != nil {
 				problems = append(problems, err.Error())
@@ -186,16 +198,7 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 		return nil, fmt.Errorf("cpu: compile %s: %s", g.Name, strings.Join(problems, "; "))
 	}
 
-	// Which values are read after the node that defines them.
-	used := map[int]bool{}
-	for _, n := range g.Nodes {
-		for _, v := range n.Inputs {
-			used[v.ID] = true
-		}
-	}
-	for _, v := range g.Outputs {
-		used[v.ID] = true
-	}
+	used := readers // values read after the node that defines them
 
 	missing := map[string]bool{}
 	for _, n := range g.Nodes {
@@ -399,21 +402,17 @@ func (p *program[T]) bindFeed(t *tensor[T], feeds map[string]*kernels.Tensor) er
 		t.f = data
 		return nil
 	}
-	var src []float64
+	// a float feed of the other precision: convert into the program's buffer
+	if t.conv == nil {
+		t.conv = make([]T, n)
+	}
 	switch {
 	case ft.F32 != nil && len(ft.F32) == n:
-		if t.conv == nil {
-			t.conv = make([]T, n)
-		}
 		for i, x := range ft.F32 {
 			t.conv[i] = T(x)
 		}
 	case ft.F64 != nil && len(ft.F64) == n:
-		src = ft.F64
-		if t.conv == nil {
-			t.conv = make([]T, n)
-		}
-		for i, x := range src {
+		for i, x := range ft.F64 {
 			t.conv[i] = T(x)
 		}
 	default:

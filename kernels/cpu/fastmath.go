@@ -162,17 +162,6 @@ func geluGrad64(x float64) float64 {
 
 func sigmoid64(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
 
-// expT and logT dispatch by precision; they are for cold paths (the hot
-// float32 loops call exp32 directly).
-func expT[T float](x T) T {
-	if v, ok := any(x).(float32); ok {
-		return T(exp32(v))
-	}
-	return T(math.Exp(float64(x)))
-}
-
-func logT[T float](x T) T { return T(math.Log(float64(x))) }
-
 func isF32[T float]() bool {
 	var z T
 	_, ok := any(z).(float32)

@@ -822,6 +822,10 @@ func TestOutputsOfParamsAndInputs(t *testing.T) {
 	if got := p.Output("x").F64; got[1] != 2 {
 		t.Errorf("x = %v", got)
 	}
+	// an input nothing reads needs no feed
+	g.Input("unused", ir.Shape{3}, ir.I32)
+	p = mustCompile(t, kernels.F64, g, nil, st)
+	mustRun(t, p, map[string]*kernels.Tensor{"x": f64Tensor(ir.Shape{2}, 1, 2)}, 0)
 	if p.Output("nope") != nil {
 		t.Error("unknown output should be nil")
 	}
