@@ -158,6 +158,8 @@ func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(st
 		var name string
 		if isBias(v.Shape) {
 			name = fmt.Sprintf("blocks.%d.attn.rpa_bias.T%d", l, v.Shape[0])
+		} else if base := paramBase(v, dep); base != "" {
+			name = fmt.Sprintf("%s.T%s", base, g.Meta["T"])
 		} else {
 			extra[l]++
 			name = fmt.Sprintf("blocks.%d.attn.rpa_folded%d.T%s", l, extra[l], g.Meta["T"])
@@ -177,6 +179,30 @@ func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(st
 	}
 	sort.Slice(rep.Layers, func(i, j int) bool { return rep.Layers[i].Layer < rep.Layers[j].Layer })
 	return rep, nil
+}
+
+// paramBase names a folded value after the nearest parameter it is
+// computed from ("blocks.0.attn.value_gamma" for the value gamma), or "".
+func paramBase(v *ir.Value, dep map[*ir.Node]bool) string {
+	queue := []*ir.Node{v.Def}
+	seen := map[*ir.Node]bool{}
+	for len(queue) > 0 {
+		n := queue[0]
+		queue = queue[1:]
+		if n == nil || seen[n] || !dep[n] {
+			continue
+		}
+		seen[n] = true
+		for _, in := range n.Inputs {
+			if in.Kind == ir.Param {
+				return strings.TrimSuffix(in.Name, ".weight")
+			}
+		}
+		for _, in := range n.Inputs {
+			queue = append(queue, in.Def)
+		}
+	}
+	return ""
 }
 
 // layerIndex parses "blocks.<i>." (-1 when the name has no layer).

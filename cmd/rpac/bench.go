@@ -55,6 +55,7 @@ func benchCommand() *cli.Command {
 				},
 				Action: benchTrain,
 			},
+			benchInferCommand(),
 		},
 	}
 }
