@@ -412,6 +412,10 @@ func (p *program[T]) buildTopKMask(n *ir.Node, in, out []*tensor[T]) (func() err
 // rowMaxSum returns the row maximum and sum. A row holding NaN or ±Inf
 // gives a non-finite sum; callers then take the plain path.
 func rowMaxSum[T float](x []T) (m T, sum float64) {
+	if x32, ok := any(x).([]float32); ok {
+		m32, s := rowMaxSum32(x32)
+		return T(m32), s
+	}
 	n := len(x)
 	if n == 0 {
 		return T(math.Inf(-1)), 0
@@ -448,6 +452,50 @@ func rowMaxSum[T float](x []T) (m T, sum float64) {
 		m0 = m1
 	}
 	return m0, (a0 + a1) + (a2 + a3)
+}
+
+// rowMaxSum32 is rowMaxSum for float32, summing in float32 over blocks.
+func rowMaxSum32(x []float32) (m float32, sum float64) {
+	if len(x) == 0 {
+		return float32(math.Inf(-1)), 0
+	}
+	m0, m1 := x[0], x[0]
+	for len(x) > 0 {
+		blk := x[:min(len(x), 1024)]
+		x = x[len(blk):]
+		var s0, s1, s2, s3 float32
+		i := 0
+		for ; i+4 <= len(blk); i += 4 {
+			v0, v1, v2, v3 := blk[i], blk[i+1], blk[i+2], blk[i+3]
+			if v0 > m0 {
+				m0 = v0
+			}
+			if v1 > m1 {
+				m1 = v1
+			}
+			if v2 > m0 {
+				m0 = v2
+			}
+			if v3 > m1 {
+				m1 = v3
+			}
+			s0 += v0
+			s1 += v1
+			s2 += v2
+			s3 += v3
+		}
+		for ; i < len(blk); i++ {
+			if blk[i] > m0 {
+				m0 = blk[i]
+			}
+			s0 += blk[i]
+		}
+		sum += float64(s0+s1) + float64(s2+s3)
+	}
+	if m1 > m0 {
+		m0 = m1
+	}
+	return m0, sum
 }
 
 // expRowSum returns Σ exp(x - m); with store set it also writes the terms
