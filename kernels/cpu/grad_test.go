@@ -771,6 +771,18 @@ func bigCases() []gradCase {
 			},
 		},
 	}
+	gid := make([]int32, 2048)
+	for i := range gid {
+		gid[i] = int32((i * 7919) % 500)
+	}
+	cs = append(cs, gradCase{
+		name: "big/Gather",
+		ins:  []spec{in(500, 64), ids(ir.Shape{32, 64}, gid...)},
+		fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "Gather", nil, x[0], x[1]) },
+		bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+			return []*ir.Value{op1(g, "GatherGrad", ir.Attrs{"vocab": 500}, dy, x[1]), nil}
+		},
+	})
 	ce := gradCase{
 		name: "big/CrossEntropy",
 		fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
