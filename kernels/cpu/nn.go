@@ -63,8 +63,12 @@ func softmaxRow32(dst, src []float32) {
 		allInfRow(dst, src)
 		return
 	}
-	s := expSubStore32(dst, src, m)
-	inv := 1 / s
+	var s float64
+	for i := 0; i < len(src); i += 1024 { // float32 partial sums over short blocks
+		j := min(i+1024, len(src))
+		s += float64(expSubStore32(dst[i:j], src[i:j], m))
+	}
+	inv := float32(1 / s)
 	for i := range dst {
 		dst[i] *= inv
 	}
