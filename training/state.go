@@ -26,9 +26,7 @@ func saveCheckpoint(dir string, store *kernels.Store, opt *optim.AdamW, st *RunS
 
 // resume loads a checkpoint into store, opt and st. The model config comes
 // from the checkpoint; a preset or model flag that disagrees is an error.
-func resume(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState, cfg *model.Config, train interface {
-	SetState(data.RNGState) error
-}) error {
+func resume(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState, cfg *model.Config, batchers []*data.TrainBatcher) error {
 	ck, err := checkpoint.Load(dir)
 	if err != nil {
 		return fmt.Errorf("--resume: %w", err)
@@ -37,7 +35,7 @@ func resume(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState, cf
 	if err := json.Unmarshal(ck.State, &saved); err != nil {
 		return fmt.Errorf("--resume: %s/state.json: %w", dir, err)
 	}
-	if saved.Format != 1 {
+	if saved.Format != 1 && saved.Format != 2 {
 		return fmt.Errorf("--resume: unsupported run state format %d", saved.Format)
 	}
 	if saved.Config.Model != cfg.Model || saved.Config.DModel != cfg.DModel || saved.Config.Layers != cfg.Layers || saved.Config.Vocab != cfg.Vocab {
@@ -51,8 +49,17 @@ func resume(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState, cf
 	if err := opt.Import(ck.Optim, saved.OptimStep); err != nil {
 		return fmt.Errorf("--resume: optimizer state: %w", err)
 	}
-	if err := train.SetState(saved.DataRNG); err != nil {
-		return fmt.Errorf("--resume: %w", err)
+	rngs := saved.DataRNGs
+	if len(rngs) == 0 { // format 1: one context, one generator
+		rngs = []data.RNGState{saved.DataRNG}
+	}
+	if len(rngs) != len(batchers) {
+		return fmt.Errorf("--resume: the checkpoint holds %d data generators, the flags ask for %d context lengths", len(rngs), len(batchers))
+	}
+	for i, b := range batchers {
+		if err := b.SetState(rngs[i]); err != nil {
+			return fmt.Errorf("--resume: %w", err)
+		}
 	}
 	opts := st.Options
 	*st = saved

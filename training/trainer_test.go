@@ -89,6 +89,7 @@ func TestResumeIsExact(t *testing.T) {
 
 func TestTrainErrors(t *testing.T) {
 	ctx := context.Background()
+	wt2 := wikiTextDir()
 	cases := []struct {
 		name string
 		mod  func(o *Options)
@@ -99,15 +100,21 @@ func TestTrainErrors(t *testing.T) {
 		{"unknown dataset", func(o *Options) { o.Dataset = "imagenet" }, "unknown dataset"},
 		{"context longer than data", func(o *Options) {
 			o.Dataset = "wikitext2"
-			o.DataDir = writeTinyWikiText(t)
+			o.DataDir = wt2
 			o.Context = 400000
 			o.TrainSplit, o.EvalSplit = "test", "valid"
 		}, "context"},
+		{"unknown controller", func(o *Options) { o.Control.Controller = "pid" }, "controller"},
+		{"bad game contexts", func(o *Options) { o.Control.Contexts = []int{16, 16} }, "twice"},
+		{"bad SWA zone", func(o *Options) { o.Control.SWA, o.Control.SWAZoneLo, o.Control.SWAZoneHi = true, 3, 2 }, "zone"},
 		{"resume without checkpoint", func(o *Options) { o.Resume = true }, "no checkpoint"},
 		{"bad device", func(o *Options) { o.Device = "tpu" }, "device"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "context longer than data" && wt2 == "" {
+				skipNoWikiText(t)
+			}
 			o := microOptions(t.TempDir())
 			tc.mod(&o)
 			_, err := Train(ctx, o)
@@ -118,25 +125,30 @@ func TestTrainErrors(t *testing.T) {
 	}
 }
 
-// writeTinyWikiText writes a small split pair under non-official names'
-// directory layout (files named like the splits but not the official
-// content are rejected, so the tiny files use a modified-content error path:
-// the test only needs the context check, which comes first for valid data).
-func writeTinyWikiText(t *testing.T) string {
-	dir := os.Getenv("RPAC_DATA")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "data", "wikitext-2-raw-v1")
-		if _, err := os.Stat(dir); err != nil {
-			dir = filepath.Join("..", "..", "..", "shared", "data", "wikitext-2-raw-v1")
+// wikiTextDir finds the WikiText-2 raw files: $RPAC_DATA, then the shared
+// copy beside the repository; "" when there are none.
+func wikiTextDir() string {
+	for _, dir := range []string{
+		os.Getenv("RPAC_DATA"),
+		filepath.Join("..", "..", "shared", "data", "wikitext-2-raw-v1"),
+		filepath.Join("..", "..", "..", "shared", "data", "wikitext-2-raw-v1"),
+	} {
+		if dir == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, "wiki.valid.raw")); err == nil {
+			return dir
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "wiki.valid.raw")); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("WikiText-2 files not found (set RPAC_DATA): %v", err)
-		}
-		t.Skip("WikiText-2 files not found; set RPAC_DATA")
+	return ""
+}
+
+func skipNoWikiText(t *testing.T) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("WikiText-2 files not found (set RPAC_DATA)")
 	}
-	return dir
+	t.Skip("WikiText-2 files not found; set RPAC_DATA")
 }
 
 // TestCorruptCheckpointOnResume: a truncated or altered checkpoint is a

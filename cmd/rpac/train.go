@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -11,39 +12,137 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
+// controlFlags are the switches of the paper's training machinery.
+func controlFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.BoolFlag{Name: "all", Usage: "switch every component on: guardian, context game, EMA, SWA-select, chaos, dropout glide (single flags still apply)"},
+		&cli.StringFlag{Name: "controller", Value: "none", Usage: "τ_att controller between steps: none | guardian | scripted (Algorithm 1)"},
+		&cli.BoolFlag{Name: "align", Value: true, Usage: "RPA alignment (Sinkhorn); --align=false uses the legacy fuzzy-similarity bias"},
+		&cli.StringFlag{Name: "contexts", Usage: "context game lengths, e.g. 64,128 (two or more switch the game on; batch = tokens/step ÷ length)"},
+		&cli.IntFlag{Name: "game-every", Usage: "steps per context-game update (default: --eval-every)"},
+		&cli.Float64Flag{Name: "game-eta", Value: 2, Usage: "context game: replicator step size η"},
+		&cli.Float64Flag{Name: "game-temp", Value: 1, Usage: "context game: softmax temperature"},
+		&cli.Float64Flag{Name: "game-floor", Value: 0.05, Usage: "context game: probability floor per length"},
+		&cli.Float64Flag{Name: "game-lambda-s", Value: 1, Usage: "context game: saturation penalty λs"},
+		&cli.Float64Flag{Name: "game-s0", Value: 0.5, Usage: "context game: saturation threshold s0"},
+		&cli.Float64Flag{Name: "game-lambda-h", Value: 0.1, Usage: "context game: entropy bonus λh"},
+		&cli.BoolFlag{Name: "ema", Usage: "keep an EMA of the weights (evaluated beside the raw weights; exported with --weights ema)"},
+		&cli.Float64Flag{Name: "ema-decay", Usage: "EMA decay (default 1 − 10/steps within [0.9, 0.9999])"},
+		&cli.BoolFlag{Name: "swa", Usage: "SWA-select: average the epochs that are in the helpful zone and gained over their entry snapshot"},
+		&cli.StringFlag{Name: "swa-zone", Value: "0,inf", Usage: "SWA-select: helpful zone of val CE, LO,HI"},
+		&cli.Float64Flag{Name: "swa-band", Value: 0.03, Usage: "SWA-select: also require val CE ≤ (1+band)·best so far (0: off)"},
+		&cli.Float64Flag{Name: "swa-gain", Value: 0.001, Usage: "SWA-select: minimum relative val-CE gain over the epoch's entry snapshot"},
+		&cli.IntFlag{Name: "swa-start", Value: -1, Usage: "SWA-select: first epoch (evaluation interval) that may join (-1: half of the run)"},
+		&cli.BoolFlag{Name: "chaos", Usage: "chaos controller: logistic-map factor (r 3.9) on LR and bias scale, decaying"},
+		&cli.Float64Flag{Name: "chaos-amp", Value: 0.25, Usage: "chaos amplitude"},
+		&cli.Float64Flag{Name: "chaos-decay", Usage: "chaos amplitude decay per step (default 4/steps)"},
+		&cli.BoolFlag{Name: "dropout-glide", Usage: "glide dropout from its base rate to 0.08 over the first 60% of steps (base ≥ 0.08 only)"},
+		&cli.Float64Flag{Name: "lr-flat", Value: 0.3, Usage: "fraction of steps at the peak LR before the cosine"},
+		&cli.Float64Flag{Name: "lr-floor", Value: 0.1, Usage: "LR floor as a fraction of the peak"},
+		&cli.Float64Flag{Name: "guardian-lr", Value: 1e-3, Usage: "Guardian policy learning rate (Adam)"},
+		&cli.Float64Flag{Name: "guardian-lambda1", Value: 5, Usage: "Guardian reward weight λ1 of (ΔCE)+"},
+		&cli.Float64Flag{Name: "guardian-lambda2", Value: 0.5, Usage: "Guardian reward weight λ2 of σ(κ·ΔCE/CE)"},
+		&cli.Float64Flag{Name: "guardian-kappa", Value: 50, Usage: "Guardian reward slope κ"},
+	}
+}
+
+// parseInts reads "64,128".
+func parseInts(flag, s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 {
+			return nil, fmt.Errorf("--%s %q: want lengths of at least 2 separated by commas, e.g. 64,128", flag, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// controlsFromFlags turns the flags into training.Controls.
+func controlsFromFlags(c *cli.Context, preset string, context int) (training.Controls, error) {
+	all := c.Bool("all")
+	ctl := training.Controls{Controller: c.String("controller")}
+	if all && !c.IsSet("controller") {
+		ctl.Controller = "guardian"
+	}
+	var err error
+	if ctl.Contexts, err = parseInts("contexts", c.String("contexts")); err != nil {
+		return ctl, err
+	}
+	if all && !c.IsSet("contexts") {
+		ctl.Contexts = training.DefaultGameContexts(preset, context)
+	}
+	ctl.GameEvery = c.Int("game-every")
+	ctl.Game.Eta, ctl.Game.Temp, ctl.Game.MinProb = c.Float64("game-eta"), c.Float64("game-temp"), c.Float64("game-floor")
+	ctl.Game.LambdaS, ctl.Game.S0, ctl.Game.LambdaH = c.Float64("game-lambda-s"), c.Float64("game-s0"), c.Float64("game-lambda-h")
+	ctl.EMA = c.Bool("ema") || (all && !c.IsSet("ema"))
+	ctl.EMADecay = c.Float64("ema-decay")
+	ctl.SWA = c.Bool("swa") || (all && !c.IsSet("swa"))
+	zone := strings.Split(c.String("swa-zone"), ",")
+	if len(zone) != 2 {
+		return ctl, fmt.Errorf("--swa-zone %q: want LO,HI, e.g. 0,inf or 5.5,6.5", c.String("swa-zone"))
+	}
+	lo, err1 := strconv.ParseFloat(strings.TrimSpace(zone[0]), 64)
+	hi, err2 := strconv.ParseFloat(strings.TrimSpace(zone[1]), 64)
+	if err1 != nil || err2 != nil || math.IsNaN(lo) || math.IsNaN(hi) || lo > hi {
+		return ctl, fmt.Errorf("--swa-zone %q: want LO,HI with LO ≤ HI, e.g. 0,inf", c.String("swa-zone"))
+	}
+	ctl.SWAZoneLo, ctl.SWAZoneHi = lo, hi
+	band, gain := c.Float64("swa-band"), c.Float64("swa-gain")
+	ctl.SWABand, ctl.SWAMinGain = &band, &gain
+	if s := c.Int("swa-start"); s >= 0 {
+		ctl.SWAStart = &s
+	}
+	ctl.Chaos = c.Bool("chaos") || (all && !c.IsSet("chaos"))
+	ctl.ChaosAmp, ctl.ChaosDecay = c.Float64("chaos-amp"), c.Float64("chaos-decay")
+	ctl.DropoutGlide = c.Bool("dropout-glide") || (all && !c.IsSet("dropout-glide"))
+	flat, floor := c.Float64("lr-flat"), c.Float64("lr-floor")
+	ctl.LRFlat, ctl.LRFloor = &flat, &floor
+	ctl.Guardian.LR = c.Float64("guardian-lr")
+	ctl.Guardian.Reward.Lambda1, ctl.Guardian.Reward.Lambda2 = c.Float64("guardian-lambda1"), c.Float64("guardian-lambda2")
+	ctl.Guardian.Reward.Kappa = c.Float64("guardian-kappa")
+	return ctl, nil
+}
+
 func trainCommand() *cli.Command {
+	flags := []cli.Flag{
+		&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
+		&cli.StringFlag{Name: "model", Value: "fuzzy", Usage: "fuzzy|baseline"},
+		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic"},
+		&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
+		&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on (train|valid|test)"},
+		&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
+		&cli.IntFlag{Name: "context", Usage: "context length T of evaluation (and of training without --contexts; default: the preset's)"},
+		&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per optimizer step; batch = tokens/T (default: the preset's)"},
+		&cli.IntFlag{Name: "steps", Usage: "optimizer steps (default: from --epochs or the preset)"},
+		&cli.Float64Flag{Name: "epochs", Usage: "passes over the training split (alternative to --steps)"},
+		&cli.IntFlag{Name: "eval-every", Value: 0, Usage: "evaluate and checkpoint every N steps; one controller epoch (0: only at the end, steps/10 with controllers)"},
+		&cli.IntFlag{Name: "eval-batches", Value: 0, Usage: "limit each evaluation to N batches (0: the whole split)"},
+		&cli.IntFlag{Name: "final-eval-batches", Value: 0, Usage: "limit the last evaluation to N batches (0: as --eval-batches)"},
+		&cli.StringFlag{Name: "eval-stats", Value: "running", Usage: "RPA statistics in evaluation: running (causal) | batch (the paper's listing)"},
+		&cli.Uint64Flag{Name: "seed", Value: 1},
+		&cli.StringFlag{Name: "out", Usage: "run directory (checkpoint, metrics.jsonl)", Required: true},
+		&cli.BoolFlag{Name: "resume", Usage: "continue the run in --out (give the same flags)"},
+		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu"},
+		&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
+		&cli.Float64Flag{Name: "dropout", Value: -1, Usage: "dropout (default: the preset's)"},
+		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
+		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
+		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
+	}
 	return &cli.Command{
 		Name:  "train",
-		Usage: "train a model (fuzzy RPA transformer or baseline)",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
-			&cli.StringFlag{Name: "model", Value: "fuzzy", Usage: "fuzzy|baseline"},
-			&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic"},
-			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
-			&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on (train|valid|test)"},
-			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
-			&cli.IntFlag{Name: "context", Usage: "context length T (default: the preset's)"},
-			&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per optimizer step; batch = tokens/T (default: the preset's)"},
-			&cli.IntFlag{Name: "steps", Usage: "optimizer steps (default: from --epochs or the preset)"},
-			&cli.Float64Flag{Name: "epochs", Usage: "passes over the training split (alternative to --steps)"},
-			&cli.IntFlag{Name: "eval-every", Value: 0, Usage: "evaluate and checkpoint every N steps (0: only at the end)"},
-			&cli.IntFlag{Name: "eval-batches", Value: 0, Usage: "limit each evaluation to N batches (0: the whole split)"},
-			&cli.StringFlag{Name: "eval-stats", Value: "running", Usage: "RPA statistics in evaluation: running (causal) | batch (the paper's listing)"},
-			&cli.Uint64Flag{Name: "seed", Value: 1},
-			&cli.StringFlag{Name: "out", Usage: "run directory (checkpoint, metrics.jsonl)", Required: true},
-			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --out"},
-			&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu"},
-			&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
-			&cli.Float64Flag{Name: "dropout", Value: -1, Usage: "dropout (default: the preset's)"},
-			&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
-			&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
-			&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
-		},
+		Usage: "train a model (fuzzy RPA transformer or baseline) with the paper's training machinery",
+		Flags: append(flags, controlFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.Args().Len() > 0 {
 				return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
 			}
-			for _, n := range []string{"context", "tokens-per-step", "steps", "eval-every", "eval-batches"} {
+			for _, n := range []string{"context", "tokens-per-step", "steps", "eval-every", "eval-batches", "final-eval-batches", "game-every"} {
 				if c.Int(n) < 0 {
 					return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
 				}
@@ -51,21 +150,34 @@ func trainCommand() *cli.Command {
 			if c.Float64("epochs") < 0 || math.IsNaN(c.Float64("epochs")) {
 				return fmt.Errorf("--epochs must not be negative")
 			}
+			ctl, err := controlsFromFlags(c, c.String("preset"), c.Int("context"))
+			if err != nil {
+				return err
+			}
 			o := training.Options{
 				Preset: c.String("preset"), Model: c.String("model"), Dataset: c.String("dataset"),
 				DataDir: c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
 				Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
 				Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
-				EvalStats: c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"),
+				FinalEvalBatches: c.Int("final-eval-batches"),
+				EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"),
 				Device: c.String("device"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
-				GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), Log: logger(c), Progress: c.App.ErrWriter,
+				GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl,
+				Log: logger(c), Progress: c.App.ErrWriter,
 			}
 			res, err := training.Train(c.Context, o)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.App.Writer, "trained %d steps: train CE %.4f -> %.4f, final %s CE %.4f (ppl %.1f), %.0f tokens/s; run in %s\n",
-				res.Steps, res.InitialLoss, res.FinalLoss, "eval", res.FinalValCE, math.Exp(res.FinalValCE), res.TokensPerS, res.Out)
+			fmt.Fprintf(c.App.Writer, "trained %d steps (%d parameters): train CE %.4f -> %.4f, final %s CE %.4f (ppl %.1f)",
+				res.Steps, res.Params, res.InitialLoss, res.FinalLoss, "eval", res.FinalValCE, math.Exp(res.FinalValCE))
+			if !math.IsNaN(res.FinalEMACE) {
+				fmt.Fprintf(c.App.Writer, ", EMA %.4f", res.FinalEMACE)
+			}
+			if !math.IsNaN(res.FinalSWACE) {
+				fmt.Fprintf(c.App.Writer, ", SWA %.4f (%d members)", res.FinalSWACE, len(res.SWAMembers))
+			}
+			fmt.Fprintf(c.App.Writer, ", %.0f tokens/s; run in %s\n", res.TokensPerS, res.Out)
 			return nil
 		},
 	}
