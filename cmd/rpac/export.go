@@ -210,6 +210,8 @@ type loadedRun struct {
 	Store   *kernels.Store
 	State   runState
 	Weights string // weight set used: ema, swa or last
+	// Tensors lists what model.safetensors holds (names and sizes).
+	Tensors []checkpoint.Named
 }
 
 func (r *loadedRun) trained(name string) bool {
@@ -334,6 +336,9 @@ func loadRun(run, ckpt, weights string) (*loadedRun, error) {
 	modelBuf = nil
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, checkpoint.ModelFile), err)
+	}
+	for _, t := range ts {
+		lr.Tensors = append(lr.Tensors, checkpoint.Named{Name: t.Name, Shape: t.Shape})
 	}
 	lr.Store = kernels.NewStore(kernels.F32)
 	if _, err := checkpoint.IntoStore(lr.Store, ts); err != nil {

@@ -27,6 +27,9 @@ func main() {
 			trainCommand(),
 			benchCommand(),
 			exportCommand(),
+			evalCommand(),
+			generateCommand(),
+			inspectCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

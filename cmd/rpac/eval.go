@@ -1,0 +1,155 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training/data"
+	"github.com/urfave/cli/v2"
+)
+
+func evalCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "eval",
+		Usage: "cross-entropy, perplexity and tokens/s of an exported model (onnxruntime) on a data split",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
+			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
+			&cli.StringFlag{Name: "dataset", Usage: "wikitext2|synthetic (default: from the model's tokenizer)"},
+			&cli.StringFlag{Name: "split", Value: "valid", Usage: "split to evaluate (wikitext2: train|valid|test; synthetic: eval|train)"},
+			&cli.IntFlag{Name: "length", Usage: "context length T of the evaluation chunks (default: the longest exported length)"},
+			&cli.IntFlag{Name: "batch", Value: 1, Usage: "sequences per onnxruntime call"},
+			&cli.IntFlag{Name: "max-chunks", Usage: "evaluate at most N chunks (0: the whole split)"},
+			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
+			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
+			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the synthetic corpus (the training run's --seed)"},
+		},
+		Action: evalAction,
+	}
+}
+
+// openModel opens an export folder, turning a missing onnxruntime into an
+// error that says how to get it.
+func openModel(dir string, opts runtime.Options) (*runtime.Model, error) {
+	if err := runtime.Available(); err != nil {
+		return nil, err
+	}
+	return runtime.Open(dir, opts)
+}
+
+func evalAction(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
+	}
+	for _, n := range []string{"length", "max-chunks", "threads"} {
+		if c.Int(n) < 0 {
+			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
+		}
+	}
+	if c.Int("batch") < 1 {
+		return errors.New("--batch must be positive")
+	}
+	man, err := runtime.ReadManifest(c.String("model"))
+	if err != nil {
+		return err
+	}
+	maxL := man.SortedLengths()[len(man.Lengths)-1]
+	T := c.Int("length")
+	if T == 0 {
+		T = maxL
+	}
+	if T > maxL {
+		return fmt.Errorf("--length %d exceeds the longest exported length %d (lengths %v)", T, maxL, man.SortedLengths())
+	}
+	ids, name, err := loadSplit(c, man.Tokenizer)
+	if err != nil {
+		return err
+	}
+	m, err := openModel(c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	chunks := (len(ids) - 1) / T
+	if chunks < 1 {
+		return fmt.Errorf("the %s split has %d tokens, fewer than one chunk of %d+1", name, len(ids), T)
+	}
+	if n := c.Int("max-chunks"); n > 0 {
+		chunks = min(chunks, n)
+	}
+	B := c.Int("batch")
+	var nll float64
+	var tokens int
+	var inModel time.Duration
+	t0 := time.Now()
+	for start := 0; start < chunks; start += B {
+		var seqs [][]int32
+		for i := start; i < min(start+B, chunks); i++ {
+			seqs = append(seqs, ids[i*T:(i+1)*T])
+		}
+		t1 := time.Now()
+		out, err := m.Logits(c.Context, seqs)
+		if err != nil {
+			return err
+		}
+		inModel += time.Since(t1)
+		for r, l := range out {
+			s := (start + r) * T
+			for t := 0; t < T; t++ {
+				nll += export.NLL(l.Row(t), int(ids[s+t+1]))
+			}
+			tokens += T
+		}
+	}
+	el := time.Since(t0).Seconds()
+	ce := nll / float64(tokens)
+	fmt.Fprintf(c.App.Writer, "%s, L=%d, %d chunks (%d tokens): CE %.4f nats, perplexity %.2f; %.0f tokens/s in the model (onnxruntime %s, %s), %.0f tokens/s with scoring\n",
+		name, T, chunks, tokens, ce, math.Exp(ce), float64(tokens)/inModel.Seconds(), runtime.ORTVersion, c.String("provider"), float64(tokens)/el)
+	return nil
+}
+
+// loadSplit reads the token ids of --split for a model whose ids come from
+// tokenizer.
+func loadSplit(c *cli.Context, tokenizer string) ([]int32, string, error) {
+	ds := c.String("dataset")
+	if ds == "" {
+		ds = "wikitext2"
+		if tokenizer == "synthetic" {
+			ds = "synthetic"
+		}
+	}
+	split := c.String("split")
+	switch ds {
+	case "wikitext2":
+		if _, err := data.SplitFileName(split); err != nil {
+			return nil, "", err
+		}
+		loc := data.Locator{DataDir: c.String("data-dir"), Progress: c.App.ErrWriter}
+		dir, err := loc.Locate(c.Context)
+		if err != nil {
+			return nil, "", err
+		}
+		ids, err := data.LoadWikiText2(dir, split, data.NewTokenizer())
+		if err != nil {
+			return nil, "", err
+		}
+		return ids, "wikitext2 " + split, nil
+	case "synthetic":
+		corp, err := data.NewSyntheticCorpus(int64(c.Uint64("seed")), 1<<20, 1<<16, data.SyntheticConfig{})
+		if err != nil {
+			return nil, "", err
+		}
+		switch split {
+		case "eval", "valid":
+			return corp.Eval.IDs, "synthetic eval", nil
+		case "train":
+			return corp.Train.IDs, "synthetic train", nil
+		}
+		return nil, "", fmt.Errorf("--split %q: the synthetic corpus has eval and train", split)
+	}
+	return nil, "", fmt.Errorf("--dataset %q: want wikitext2 or synthetic", ds)
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training/data"
+	"github.com/urfave/cli/v2"
+)
+
+func generateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "generate",
+		Usage: "sample text from an exported model (onnxruntime)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
+			&cli.StringFlag{Name: "prompt", Usage: "prompt text (GPT-2 tokenizer)"},
+			&cli.StringFlag{Name: "ids", Usage: "prompt as comma-separated token ids (instead of --prompt)"},
+			&cli.IntFlag{Name: "max-new-tokens", Value: 50},
+			&cli.Float64Flag{Name: "temperature", Value: 0.8, Usage: "0: greedy"},
+			&cli.IntFlag{Name: "top-k", Value: 40, Usage: "sample among the K most likely tokens (0: all)"},
+			&cli.Uint64Flag{Name: "seed", Value: 1},
+			&cli.BoolFlag{Name: "stop-at-eos", Usage: "stop after an end-of-sequence token"},
+			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
+			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
+		},
+		Action: generateAction,
+	}
+}
+
+func generateAction(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return fmt.Errorf("unexpected arguments: %v (quote the prompt: --prompt \"...\")", c.Args().Slice())
+	}
+	if c.Int("max-new-tokens") < 0 || c.Int("top-k") < 0 || c.Int("threads") < 0 {
+		return errors.New("--max-new-tokens, --top-k and --threads must not be negative")
+	}
+	if t := c.Float64("temperature"); t < 0 || math.IsNaN(t) || math.IsInf(t, 0) {
+		return fmt.Errorf("--temperature %v: want a finite number >= 0", t)
+	}
+	if c.IsSet("prompt") && c.IsSet("ids") {
+		return errors.New("give --prompt or --ids, not both")
+	}
+	man, err := runtime.ReadManifest(c.String("model"))
+	if err != nil {
+		return err
+	}
+	var tok runtime.Tokenizer
+	if man.Tokenizer == data.GPT2TokenizerName {
+		tok = data.NewTokenizer()
+	}
+	var prompt []int32
+	switch {
+	case c.IsSet("ids"):
+		for _, f := range strings.Split(c.String("ids"), ",") {
+			f = strings.TrimSpace(f)
+			if f == "" {
+				continue
+			}
+			id, err := strconv.ParseInt(f, 10, 32)
+			if err != nil {
+				return fmt.Errorf("--ids: %q is not a token id", f)
+			}
+			prompt = append(prompt, int32(id))
+		}
+	case tok != nil:
+		prompt = tok.Encode(c.String("prompt"))
+	case c.String("prompt") != "":
+		return fmt.Errorf("the model's tokenizer is %q, which this build cannot encode text with; give the prompt as --ids", man.Tokenizer)
+	}
+	for i, id := range prompt {
+		if id < 0 || int(id) >= man.VocabSize {
+			return fmt.Errorf("prompt token %d: id %d is outside the model's vocabulary [0,%d)", i, id, man.VocabSize)
+		}
+	}
+	m, err := openModel(c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: tok})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	out, err := m.Generate(c.Context, prompt, runtime.GenerateOptions{MaxNewTokens: c.Int("max-new-tokens"),
+		Temperature: c.Float64("temperature"), TopK: c.Int("top-k"), Seed: c.Uint64("seed"), StopAtEOS: c.Bool("stop-at-eos")})
+	if err != nil {
+		return err
+	}
+	w := c.App.Writer
+	if tok != nil && !c.IsSet("ids") {
+		fmt.Fprintf(w, "%s%s\n", c.String("prompt"), tok.Decode(out))
+		return nil
+	}
+	parts := make([]string, len(out))
+	for i, id := range out {
+		parts[i] = strconv.Itoa(int(id))
+	}
+	fmt.Fprintln(w, strings.Join(parts, " "))
+	if tok != nil {
+		fmt.Fprintf(w, "%s\n", tok.Decode(out))
+	}
+	return nil
+}
