@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	goruntime "runtime"
+	"sync"
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/export"
@@ -65,15 +67,15 @@ func evalAction(c *cli.Context) error {
 	if T > maxL {
 		return fmt.Errorf("--length %d exceeds the longest exported length %d (lengths %v)", T, maxL, man.SortedLengths())
 	}
-	ids, name, err := loadSplit(c, man.Tokenizer)
-	if err != nil {
-		return err
-	}
 	m, err := openModel(c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	ids, name, err := loadSplit(c, man.Tokenizer)
+	if err != nil {
+		return err
+	}
 	chunks := (len(ids) - 1) / T
 	if chunks < 1 {
 		return fmt.Errorf("the %s split has %d tokens, fewer than one chunk of %d+1", name, len(ids), T)
@@ -98,10 +100,7 @@ func evalAction(c *cli.Context) error {
 		}
 		inModel += time.Since(t1)
 		for r, l := range out {
-			s := (start + r) * T
-			for t := 0; t < T; t++ {
-				nll += export.NLL(l.Row(t), int(ids[s+t+1]))
-			}
+			nll += scoreRows(l, ids[(start+r)*T+1:(start+r+1)*T+1])
 			tokens += T
 		}
 	}
@@ -152,4 +151,27 @@ func loadSplit(c *cli.Context, tokenizer string) ([]int32, string, error) {
 		return nil, "", fmt.Errorf("--split %q: the synthetic corpus has eval and train", split)
 	}
 	return nil, "", fmt.Errorf("--dataset %q: want wikitext2 or synthetic", ds)
+}
+
+// scoreRows sums the next-token NLL of every row of l against targets,
+// over the machine's cores.
+func scoreRows(l runtime.Logits, targets []int32) float64 {
+	w := max(1, goruntime.GOMAXPROCS(0))
+	sums := make([]float64, w)
+	var wg sync.WaitGroup
+	for k := 0; k < w; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			for t := k; t < l.Len; t += w {
+				sums[k] += export.NLL(l.Row(t), int(targets[t]))
+			}
+		}(k)
+	}
+	wg.Wait()
+	var s float64
+	for _, x := range sums {
+		s += x
+	}
+	return s
 }

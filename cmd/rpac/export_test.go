@@ -1,0 +1,263 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/data"
+)
+
+// ortLib returns the onnxruntime library for the CLI subprocesses; a test
+// that needs it skips when it is missing, except under CI=true, where it
+// fails.
+func ortLib(t *testing.T) string {
+	t.Helper()
+	lib, err := runtime.LibraryPath("")
+	if err == nil {
+		err = runtime.Available()
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and onnxruntime is unavailable: %v", err)
+		}
+		t.Skipf("onnxruntime unavailable: %v", err)
+	}
+	return lib
+}
+
+// rpacEnv runs the CLI with extra environment variables.
+func rpacEnv(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(append(os.Environ(), "RPAC_DATA=", "XDG_CACHE_HOME="+t.TempDir()), env...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "panic") || strings.Contains(string(out), "goroutine ") {
+		t.Fatalf("rpac %v panicked:\n%s", args, out)
+	}
+	return string(out), code
+}
+
+// writeRun writes a run directory holding a random-init checkpoint of a
+// small fuzzy model on the synthetic corpus, in the trainer's format, with
+// trained running statistics at context 16 only.
+func writeRun(t *testing.T) string {
+	t.Helper()
+	p, _ := model.LookupPreset("tiny")
+	cfg := p.Config
+	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = data.SyntheticVocab, 32, 2, 2, 64, 2, 1
+	const T = 16
+	st := kernels.NewStore(kernels.F32)
+	_, specs, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Train})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, especs, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := model.InitStore(append(specs, especs...), st, 1); err != nil {
+		t.Fatal(err)
+	}
+	running := map[string]bool{}
+	for _, s := range especs {
+		if s.Running != "" {
+			running[s.Name] = true
+		}
+	}
+	state, _ := json.Marshal(map[string]any{"format": 1, "step": 3, "config": cfg, "preset": "tiny", "context": T, "batch": 2,
+		"dataset": "synthetic", "protocol": "synthetic", "running_initialised": running, "options": map[string]any{"Seed": 1}})
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := checkpoint.Save(filepath.Join(dir, "checkpoint"), &checkpoint.Checkpoint{Weights: checkpoint.FromStore(st), State: state}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestExportServe: export a run at two lengths (one calibrated on the
+// synthetic corpus), verify it, then evaluate, sample and inspect it.
+func TestExportServe(t *testing.T) {
+	env := []string{"ORT_LIB=" + ortLib(t)}
+	run := writeRun(t)
+	out := filepath.Join(t.TempDir(), "export")
+	got, code := rpacEnv(t, env, "export", "--run", run, "--lengths", "16,32", "--out", out, "--verify", "--verify-batches", "1", "--verify-batch", "2", "--calib-batches", "2")
+	if code != 0 {
+		t.Fatalf("export: exit %d:\n%s", code, got)
+	}
+	for _, want := range []string{"L=16", "L=32", "calibrated", "max|Δlogit|", "CE batch-stats"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("export output lacks %q:\n%s", want, got)
+		}
+	}
+	for _, f := range []string{"model_L16.onnx", "model_L32.onnx", "manifest.json"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, code = rpacEnv(t, env, "eval", "--model", out, "--dataset", "synthetic", "--split", "eval", "--max-chunks", "4")
+	if code != 0 || !strings.Contains(got, "perplexity") || !strings.Contains(got, "L=32") {
+		t.Fatalf("eval: exit %d:\n%s", code, got)
+	}
+	got, code = rpacEnv(t, env, "generate", "--model", out, "--ids", "0,17,113", "--max-new-tokens", "5", "--temperature", "0")
+	if code != 0 || len(strings.Fields(got)) != 5 {
+		t.Fatalf("generate: exit %d:\n%s", code, got)
+	}
+	got2, _ := rpacEnv(t, env, "generate", "--model", out, "--ids", "0,17,113", "--max-new-tokens", "5", "--temperature", "0")
+	if got2 != got {
+		t.Fatalf("greedy generation is not deterministic: %q vs %q", got, got2)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{out, "hashes     ok"},
+		{filepath.Join(out, "model_L32.onnx"), "lengths    16,32 (this file: 32)"},
+		{run, "running statistics stored for [16]"},
+		{filepath.Join(run, "checkpoint", "model.safetensors"), "parameters"},
+	} {
+		got, code := rpacEnv(t, env, "inspect", tc.path)
+		if code != 0 || !strings.Contains(got, tc.want) {
+			t.Errorf("inspect %s: exit %d, want %q:\n%s", tc.path, code, tc.want, got)
+		}
+	}
+}
+
+// TestExportBadInput: clear errors, non-zero exits, no panics.
+func TestExportBadInput(t *testing.T) {
+	run := writeRun(t)
+	empty := t.TempDir()
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"zero length", []string{"--run", run, "--lengths", "0"}, "not a positive integer"},
+		{"negative length", []string{"--run", run, "--lengths", "16,-4"}, "not a positive integer"},
+		{"text length", []string{"--run", run, "--lengths", "long"}, "not a positive integer"},
+		{"length beyond max_len", []string{"--run", run, "--lengths", "16,65"}, "exceeds the model's maximum length 64"},
+		{"run without checkpoint", []string{"--run", empty}, "holds no checkpoint"},
+		{"missing run", []string{"--run", filepath.Join(empty, "nope")}, "nope"},
+		{"no source", nil, "--run DIR or --checkpoint"},
+		{"ema missing", []string{"--run", run, "--weights", "ema"}, "no EMA weights"},
+		{"swa missing", []string{"--run", run, "--weights", "swa"}, "swa.<param>"},
+		{"bad fold", []string{"--run", run, "--fold", "some"}, "--fold"},
+		{"bad attention", []string{"--run", run, "--attention", "flash"}, "--attention"},
+		{"bad dump pass", []string{"--run", run, "--dump-ir", "cse"}, "not a pass"},
+		{"no calibration", []string{"--run", run, "--lengths", "32", "--calib-batches", "0"}, "--calib-batches"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "export")
+			got, code := rpac(t, append(append([]string{"export"}, tc.args...), "--out", out)...)
+			if code == 0 {
+				t.Fatalf("exit 0:\n%s", got)
+			}
+			if strings.Contains(got, "panic") || strings.Contains(got, "goroutine ") {
+				t.Fatalf("panicked:\n%s", got)
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Fatalf("message does not mention %q:\n%s", tc.want, got)
+			}
+			if _, err := os.Stat(filepath.Join(out, "manifest.json")); err == nil {
+				t.Fatal("a failed export left a manifest")
+			}
+		})
+	}
+	// A corrupt checkpoint file.
+	bad := writeRun(t)
+	f := filepath.Join(bad, "checkpoint", "model.safetensors")
+	b, _ := os.ReadFile(f)
+	b[len(b)/2] ^= 0xff
+	os.WriteFile(f, b, 0o644)
+	if got, code := rpac(t, "export", "--run", bad, "--out", t.TempDir()); code == 0 || !strings.Contains(got, "corrupt") {
+		t.Fatalf("corrupt checkpoint: exit %d:\n%s", code, got)
+	}
+}
+
+// TestServeBadInput: a corrupt manifest or model, a missing onnxruntime
+// library and token ids outside the vocabulary give clear errors.
+func TestServeBadInput(t *testing.T) {
+	lib := ortLib(t)
+	env := []string{"ORT_LIB=" + lib}
+	run := writeRun(t)
+	good := filepath.Join(t.TempDir(), "export")
+	if got, code := rpacEnv(t, env, "export", "--run", run, "--out", good); code != 0 {
+		t.Fatalf("export: %s", got)
+	}
+	copyDir := func() string {
+		dst := filepath.Join(t.TempDir(), "export")
+		os.MkdirAll(dst, 0o755)
+		ents, _ := os.ReadDir(good)
+		for _, e := range ents {
+			b, _ := os.ReadFile(filepath.Join(good, e.Name()))
+			os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644)
+		}
+		return dst
+	}
+	corruptManifest := copyDir()
+	os.WriteFile(filepath.Join(corruptManifest, "manifest.json"), []byte(`{"format": 1, "lengths": [16`), 0o644)
+
+	changedModel := copyDir()
+	mf := filepath.Join(changedModel, "model_L16.onnx")
+	b, _ := os.ReadFile(mf)
+	b[len(b)-10] ^= 0xff
+	os.WriteFile(mf, b, 0o644)
+
+	garbageModel := copyDir() // not ONNX at all, with a manifest that matches it
+	gf := filepath.Join(garbageModel, "model_L16.onnx")
+	os.WriteFile(gf, []byte("this is not an onnx model"), 0o644)
+	var man runtime.Manifest
+	mb, _ := os.ReadFile(filepath.Join(garbageModel, "manifest.json"))
+	json.Unmarshal(mb, &man)
+	fe, err := runtime.NewFile(garbageModel, "model_L16.onnx", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man.Files = []runtime.File{fe}
+	if err := runtime.WriteManifest(garbageModel, &man); err != nil {
+		t.Fatal(err)
+	}
+
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"corrupt manifest", env, []string{"eval", "--model", corruptManifest, "--dataset", "synthetic"}, "not a valid manifest"},
+		{"changed model", env, []string{"generate", "--model", changedModel, "--ids", "1"}, "sha256"},
+		{"garbage model", env, []string{"generate", "--model", garbageModel, "--ids", "1"}, "not a readable ONNX model"},
+		{"inspect garbage", env, []string{"inspect", gf}, "not an ONNX model"},
+		{"no export", env, []string{"eval", "--model", t.TempDir(), "--dataset", "synthetic"}, "rpac export"},
+		{"missing library", []string{"ORT_LIB=/nonexistent/libonnxruntime.so"}, []string{"generate", "--model", good, "--ids", "1"}, "fetch-onnxruntime.sh"},
+		{"missing library eval", []string{"ORT_LIB=/nonexistent/libonnxruntime.so"}, []string{"eval", "--model", good, "--dataset", "synthetic"}, "fetch-onnxruntime.sh"},
+		{"id beyond vocabulary", env, []string{"generate", "--model", good, "--ids", "1,512"}, "outside the model's vocabulary"},
+		{"negative id", env, []string{"generate", "--model", good, "--ids", "-1"}, "outside the model's vocabulary"},
+		{"length beyond export", env, []string{"eval", "--model", good, "--dataset", "synthetic", "--length", "17"}, "exceeds the longest exported length"},
+		{"negative length", env, []string{"eval", "--model", good, "--dataset", "synthetic", "--length", "-1"}, "--length"},
+		{"wikitext ids for a synthetic model", env, []string{"eval", "--model", good, "--dataset", "wikitext2", "--data-dir", filepath.Join(t.TempDir(), "none")}, "none"},
+		{"bad provider", env, []string{"generate", "--model", good, "--ids", "1", "--provider", "tpu"}, "provider"},
+		{"inspect nothing", env, []string{"inspect", filepath.Join(t.TempDir(), "missing.onnx")}, "missing.onnx"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, code := rpacEnv(t, tc.env, tc.args...)
+			if code == 0 {
+				t.Fatalf("exit 0:\n%s", got)
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Fatalf("message does not mention %q:\n%s", tc.want, got)
+			}
+		})
+	}
+}
