@@ -41,6 +41,7 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "calib-batches", Value: export.DefaultCalibBatches, Usage: "batches to calibrate running statistics on, for lengths the checkpoint has none for"},
 			&cli.IntFlag{Name: "calib-batch", Value: export.DefaultCalibBatch, Usage: "sequences per calibration batch"},
 			&cli.StringFlag{Name: "calib-split", Usage: "split to calibrate on (default: the run's training split)"},
+			&cli.StringFlag{Name: "calibrate", Value: "auto", Usage: "auto: calibrate the lengths the checkpoint has no running statistics for | always: every length (advisable with ema/swa weights, whose memberships differ from the live weights') | never"},
 			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
 			&cli.BoolFlag{Name: "verify", Usage: "run every exported graph in onnxruntime on held-out batches and compare with the Go executor"},
 			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "held-out split for --verify"},
@@ -79,10 +80,18 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("--verify needs onnxruntime: %w", err)
 		}
 	}
+	calibrate := c.String("calibrate")
+	if calibrate != "auto" && calibrate != "always" && calibrate != "never" {
+		return fmt.Errorf("--calibrate %q: want auto, always or never", calibrate)
+	}
 	log := logger(c)
 	run, err := loadRun(c.String("run"), c.String("checkpoint"), c.String("weights"))
 	if err != nil {
 		return err
+	}
+	trained := run.trained
+	if calibrate == "always" {
+		trained = func(string) bool { return false }
 	}
 	lengths := []int{run.State.Context}
 	if s := c.String("lengths"); s != "" {
@@ -104,10 +113,13 @@ func exportAction(c *cli.Context) error {
 			return err
 		}
 		for name := range bufs {
-			if !run.trained(name) {
+			if !trained(name) {
 				needCalib = true
 			}
 		}
+	}
+	if needCalib && calibrate == "never" {
+		return fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calibrate is never; export the trained length or allow calibration", lengths)
 	}
 	var ds *training.Dataset
 	if needCalib || c.Bool("verify") {
@@ -129,7 +141,7 @@ func exportAction(c *cli.Context) error {
 	tok, eos := tokenizerOf(run.dataset())
 	meta := map[string]string{"weights": run.Weights, "source": run.Dir, "step": fmt.Sprint(run.State.Step)}
 	o := export.Options{
-		Config: run.Config, Store: run.Store, Trained: run.trained, Lengths: lengths, Batch: c.Int("batch"),
+		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")),
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
 		Out: c.String("out"), Tokenizer: tok, EOS: eos, Meta: meta,
@@ -161,6 +173,9 @@ func exportAction(c *cli.Context) error {
 		}
 	}
 	fmt.Fprintf(w, "  %s\n", filepath.Join(res.Dir, runtime.ManifestName))
+	if run.Weights != "last" && calibrate == "auto" && run.Config.Model == "fuzzy" {
+		fmt.Fprintf(w, "  note: the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights\n", run.Weights)
+	}
 	if !c.Bool("verify") {
 		return nil
 	}

@@ -154,6 +154,8 @@ func TestExportBadInput(t *testing.T) {
 		{"bad attention", []string{"--run", run, "--attention", "flash"}, "--attention"},
 		{"bad dump pass", []string{"--run", run, "--dump-ir", "cse"}, "not a pass"},
 		{"no calibration", []string{"--run", run, "--lengths", "32", "--calib-batches", "0"}, "--calib-batches"},
+		{"calibrate never", []string{"--run", run, "--lengths", "16,32", "--calibrate", "never"}, "--calibrate is never"},
+		{"bad calibrate", []string{"--run", run, "--calibrate", "sometimes"}, "--calibrate"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
