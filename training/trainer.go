@@ -82,6 +82,9 @@ type Options struct {
 	// StopAfter ends the run (with a checkpoint) after this many steps of
 	// this invocation; for tests of resume. 0 = no limit.
 	StopAfter int
+	// SaveFinalOnly writes the checkpoint only at the end (and on an
+	// interrupt), not at every evaluation.
+	SaveFinalOnly bool
 }
 
 // Controls switch and tune the paper's training-time machinery. The zero
@@ -959,8 +962,10 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 			if err := evalNow(); err != nil {
 				return nil, err
 			}
-			if err := save(); err != nil {
-				return nil, err
+			if !o.SaveFinalOnly || st.Step == steps {
+				if err := save(); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}

@@ -26,6 +26,8 @@ func main() {
 		Commands: []*cli.Command{
 			trainCommand(),
 			benchCommand(),
+			plotCommand(),
+			ablateCommand(),
 			exportCommand(),
 			evalCommand(),
 			generateCommand(),

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/training"
+	"github.com/urfave/cli/v2"
+)
+
+func ablateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "ablate",
+		Usage: "run the paper's stepwise ablation path for N seeds under equal compute; write ablation.md and ablation.csv",
+		Description: "Stages: baseline (legacy fuzzy bias, one context, cosine to zero); + context game + Sinkhorn align;\n" +
+			"+ Guardian + late-phase schedules (LR floor, EMA, chaos, dropout glide); + SWA-select.\n" +
+			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
+			"Finished runs (their result.json) are reused, so an interrupted ablation continues where it stopped.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
+			&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic"},
+			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
+			&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on"},
+			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
+			&cli.IntFlag{Name: "seeds", Value: 2, Usage: "runs per stage (seeds --seed, --seed+1, …)"},
+			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "first seed"},
+			&cli.IntFlag{Name: "steps", Usage: "steps per run (default: 200 for tiny, else the preset's)"},
+			&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per step (default: the preset's)"},
+			&cli.StringFlag{Name: "contexts", Usage: "context game lengths (default: the preset's, or T/2,T)"},
+			&cli.IntFlag{Name: "eval-every", Usage: "steps per epoch/evaluation (default: steps/10)"},
+			&cli.IntFlag{Name: "eval-batches", Value: 4, Usage: "batches per in-run evaluation (0: the whole split)"},
+			&cli.IntFlag{Name: "final-eval-batches", Value: 24, Usage: "batches of the final evaluation that the table reports (0: the whole split)"},
+			&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
+			&cli.StringFlag{Name: "stages", Usage: "comma-separated subset: baseline,cg_align,guardian_late,swa_select (default: all)"},
+			&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
+			&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
+		},
+		Action: func(c *cli.Context) error {
+			if c.Args().Len() > 0 {
+				return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
+			}
+			for _, n := range []string{"seeds", "steps", "tokens-per-step", "eval-every", "eval-batches", "final-eval-batches"} {
+				if c.Int(n) < 0 {
+					return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
+				}
+			}
+			preset, err := model.LookupPreset(c.String("preset"))
+			if err != nil {
+				return err
+			}
+			steps := c.Int("steps")
+			if steps == 0 {
+				steps = preset.Steps
+				if preset.Name == "tiny" {
+					steps = 200
+				}
+			}
+			evalEvery := c.Int("eval-every")
+			if evalEvery == 0 {
+				evalEvery = max(1, steps/10)
+			}
+			contexts, err := parseInts("contexts", c.String("contexts"))
+			if err != nil {
+				return err
+			}
+			var stages []string
+			if s := strings.TrimSpace(c.String("stages")); s != "" {
+				for _, f := range strings.Split(s, ",") {
+					stages = append(stages, strings.TrimSpace(f))
+				}
+			}
+			out := c.String("out")
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				return err
+			}
+			base := training.Options{
+				Preset: preset.Name, Dataset: c.String("dataset"), DataDir: c.String("data-dir"),
+				TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
+				TokensPerStep: c.Int("tokens-per-step"), EvalEvery: evalEvery, EvalBatches: c.Int("eval-batches"),
+				FinalEvalBatches: c.Int("final-eval-batches"), Seed: c.Uint64("seed"), Out: out, LR: c.Float64("lr"),
+				Dropout: -1, WarmIn: -1, GradClip: 1,
+			}
+			results, err := training.Ablate(c.Context, training.AblationOptions{
+				Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: stages,
+				KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter,
+			})
+			if err != nil {
+				return err
+			}
+			rows := training.Summarize(results)
+			var total float64
+			for _, sr := range results {
+				for _, r := range sr.Runs {
+					total += r.Seconds
+				}
+			}
+			protocol := fmt.Sprintf("train on %s, evaluate on %s", c.String("train-split"), c.String("eval-split"))
+			if c.String("dataset") == "synthetic" {
+				protocol = "synthetic corpus"
+			}
+			header := []string{
+				fmt.Sprintf("- command: `rpac %s`", strings.Join(os.Args[1:], " ")),
+				fmt.Sprintf("- preset %s, dataset %s (%s), %d seeds from %d, %d steps, eval every %d steps on %d batches, final eval on %s",
+					preset.Name, c.String("dataset"), protocol, c.Int("seeds"), c.Uint64("seed"), steps, evalEvery, c.Int("eval-batches"),
+					batchesText(c.Int("final-eval-batches"))),
+				fmt.Sprintf("- equal compute: every run takes the same steps and tokens per step; parameters per stage in the table; total wall time of the runs %s", (time.Duration(total) * time.Second).Round(time.Second)),
+				"- Val CE / PPL: mean ± sample std over seeds of the weights each stage reports (last = raw, ema, swa); PPL is averaged per seed",
+			}
+			table, err := training.WriteAblation(out, header, rows)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.App.Writer, table)
+			fmt.Fprintf(c.App.Writer, "wrote %s/ablation.md and %s/ablation.csv\n", out, out)
+			return nil
+		},
+	}
+}
+
+func batchesText(n int) string {
+	if n == 0 {
+		return "the whole split"
+	}
+	return fmt.Sprintf("%d batches", n)
+}

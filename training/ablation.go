@@ -1,0 +1,379 @@
+package training
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Stage is one step of the paper's stepwise ablation path (Table "Stepwise
+// ablation path (WT2)"). Each stage adds components to the previous one.
+type Stage struct {
+	Name  string // directory name
+	Label string // table row
+	// Weights the stage reports: "last" (raw), "ema" or "swa" (falling back
+	// to EMA, then raw, when SWA-select chose no epoch).
+	Weights string
+	apply   func(o *Options, contexts []int)
+}
+
+// AblationStages are the paper's four stages under equal compute (same
+// steps, same tokens per step):
+//
+//  1. baseline: the fuzzy model with the listing's legacy bias (no RPA
+//     alignment), one context, no controller, no EMA/SWA, no chaos or glide,
+//     warmup + cosine decay to zero (no flat prelude, no LR floor);
+//  2. + context game + Sinkhorn alignment;
+//  3. + Guardian and the late-phase schedules: flat prelude + cosine to a
+//     10% LR floor, EMA (reported), chaos warm-in, dropout glide;
+//  4. + SWA-select (reported: the SWA average).
+func AblationStages() []Stage {
+	zero := 0.0
+	base := func(o *Options, _ []int) {
+		o.NoAlign = true
+		o.Control = Controls{LRFlat: &zero, LRFloor: &zero}
+	}
+	cg := func(o *Options, c []int) {
+		base(o, c)
+		o.NoAlign = false
+		o.Control.Contexts = c
+	}
+	late := func(o *Options, c []int) {
+		cg(o, c)
+		o.Control.Controller = "guardian"
+		o.Control.LRFlat, o.Control.LRFloor = nil, nil
+		o.Control.EMA, o.Control.Chaos, o.Control.DropoutGlide = true, true, true
+	}
+	swa := func(o *Options, c []int) {
+		late(o, c)
+		o.Control.SWA = true
+	}
+	return []Stage{
+		{Name: "baseline", Label: "Baseline (no RPA/Guardian/SWA/Context)", Weights: "last", apply: base},
+		{Name: "cg_align", Label: "+ Context game + Sinkhorn align", Weights: "last", apply: cg},
+		{Name: "guardian_late", Label: "+ Guardian + late-phase schedules (no SWA-select)", Weights: "ema", apply: late},
+		{Name: "swa_select", Label: "+ SWA-select (Final)", Weights: "swa", apply: swa},
+	}
+}
+
+// AblationOptions configure Ablate.
+type AblationOptions struct {
+	// Base holds what every run shares: preset, data, steps, tokens per
+	// step, evaluation. Base.Out is the ablation's directory; each run goes
+	// to Out/<stage>/seed<k>. Base.Control and Base.NoAlign are set per stage.
+	Base     Options
+	Seeds    int      // runs per stage (seeds FirstSeed, FirstSeed+1, …)
+	Contexts []int    // the context game's lengths (nil: DefaultGameContexts)
+	Stages   []string // subset of stage names (nil: all)
+	// KeepCheckpoints keeps each run's checkpoint (about 140 MB for tiny).
+	KeepCheckpoints bool
+	Log             *slog.Logger
+	Progress        io.Writer
+}
+
+// RunResult is one finished run of the ablation (also its result.json).
+type RunResult struct {
+	Stage    string   `json:"stage"`
+	Seed     uint64   `json:"seed"`
+	Weights  string   `json:"weights"` // the weights reported
+	ValCE    float64  `json:"val_ce"`  // of the reported weights
+	RawCE    float64  `json:"raw_ce"`
+	EMACE    *float64 `json:"ema_ce,omitempty"`
+	SWACE    *float64 `json:"swa_ce,omitempty"`
+	Members  []int    `json:"swa_members,omitempty"`
+	Params   int      `json:"params"`
+	Steps    int      `json:"steps"`
+	Tokens   int64    `json:"tokens"`
+	Seconds  float64  `json:"seconds"`
+	Contexts []int    `json:"contexts"`
+}
+
+// StageResult gathers a stage's runs.
+type StageResult struct {
+	Stage Stage
+	Runs  []RunResult
+}
+
+// Ablate runs the stages for every seed (skipping runs whose result.json is
+// already there, so an interrupted ablation continues) and returns the
+// results in stage order.
+func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
+	if ao.Seeds < 1 {
+		return nil, fmt.Errorf("--seeds %d: want at least 1", ao.Seeds)
+	}
+	if ao.Base.Out == "" {
+		return nil, errors.New("--out is required: the directory for the ablation's runs and tables")
+	}
+	if ao.Log == nil {
+		ao.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if ao.Progress == nil {
+		ao.Progress = os.Stderr
+	}
+	stages := AblationStages()
+	if len(ao.Stages) > 0 {
+		var sel []Stage
+		for _, n := range ao.Stages {
+			i := slices.IndexFunc(stages, func(s Stage) bool { return s.Name == n })
+			if i < 0 {
+				var names []string
+				for _, s := range stages {
+					names = append(names, s.Name)
+				}
+				return nil, fmt.Errorf("unknown stage %q (choose from %s)", n, strings.Join(names, ", "))
+			}
+			sel = append(sel, stages[i])
+		}
+		stages = sel
+	}
+	contexts := ao.Contexts
+	if len(contexts) == 0 {
+		contexts = DefaultGameContexts(ao.Base.Preset, ao.Base.Context)
+	}
+	if len(contexts) < 2 {
+		return nil, fmt.Errorf("the context game needs at least two lengths, got %v", contexts)
+	}
+	if ao.Base.Context == 0 {
+		ao.Base.Context = slices.Max(contexts) // every stage evaluates at the same length
+	}
+	seed0 := ao.Base.Seed
+	if seed0 == 0 {
+		seed0 = 1
+	}
+	var out []StageResult
+	for _, st := range stages {
+		sr := StageResult{Stage: st}
+		for k := 0; k < ao.Seeds; k++ {
+			seed := seed0 + uint64(k)
+			dir := filepath.Join(ao.Base.Out, st.Name, fmt.Sprintf("seed%d", seed))
+			if rr, err := readRunResult(dir); err == nil {
+				ao.Log.Info("ablation: reusing a finished run", "stage", st.Name, "seed", seed, "val_ce", rr.ValCE)
+				sr.Runs = append(sr.Runs, *rr)
+				continue
+			}
+			if _, err := os.Stat(dir); err == nil {
+				if err := os.RemoveAll(dir); err != nil { // an unfinished run: start it again
+					return nil, err
+				}
+			}
+			o := ao.Base
+			o.Out, o.Seed, o.Resume = dir, seed, false
+			o.Progress, o.Log = ao.Progress, ao.Log
+			o.SaveFinalOnly = true
+			st.apply(&o, contexts)
+			fmt.Fprintf(ao.Progress, "ablation: %s, seed %d → %s\n", st.Label, seed, dir)
+			t0 := time.Now()
+			res, err := Train(ctx, o)
+			if err != nil {
+				return nil, fmt.Errorf("ablation stage %s, seed %d: %w", st.Name, seed, err)
+			}
+			rr := RunResult{Stage: st.Name, Seed: seed, RawCE: res.FinalValCE, Params: res.Params, Steps: res.Steps,
+				Tokens: res.Tokens, Seconds: time.Since(t0).Seconds(), Members: res.SWAMembers, Contexts: o.Control.Contexts}
+			if len(rr.Contexts) == 0 {
+				rr.Contexts = []int{o.Context}
+			}
+			if !math.IsNaN(res.FinalEMACE) {
+				v := res.FinalEMACE
+				rr.EMACE = &v
+			}
+			if !math.IsNaN(res.FinalSWACE) {
+				v := res.FinalSWACE
+				rr.SWACE = &v
+			}
+			rr.Weights, rr.ValCE = "last", rr.RawCE
+			switch {
+			case st.Weights == "swa" && rr.SWACE != nil:
+				rr.Weights, rr.ValCE = "swa", *rr.SWACE
+			case (st.Weights == "swa" || st.Weights == "ema") && rr.EMACE != nil:
+				rr.Weights, rr.ValCE = "ema", *rr.EMACE
+			}
+			if !ao.KeepCheckpoints {
+				if err := os.RemoveAll(filepath.Join(dir, "checkpoint")); err != nil {
+					return nil, err
+				}
+			}
+			b, _ := json.MarshalIndent(rr, "", "  ")
+			if err := os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644); err != nil {
+				return nil, err
+			}
+			sr.Runs = append(sr.Runs, rr)
+		}
+		out = append(out, sr)
+	}
+	return out, nil
+}
+
+func readRunResult(dir string) (*RunResult, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	var rr RunResult
+	if err := json.Unmarshal(b, &rr); err != nil {
+		return nil, err
+	}
+	return &rr, nil
+}
+
+// MeanStd is the mean and the sample standard deviation (n−1; NaN for n < 2).
+func MeanStd(x []float64) (mean, std float64) {
+	if len(x) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	for _, v := range x {
+		mean += v
+	}
+	mean /= float64(len(x))
+	if len(x) < 2 {
+		return mean, math.NaN()
+	}
+	for _, v := range x {
+		std += (v - mean) * (v - mean)
+	}
+	return mean, math.Sqrt(std / float64(len(x)-1))
+}
+
+func pm(mean, std float64, prec int) string {
+	if math.IsNaN(mean) {
+		return "—"
+	}
+	if math.IsNaN(std) {
+		return fmt.Sprintf("%.*f", prec, mean)
+	}
+	return fmt.Sprintf("%.*f ± %.*f", prec, mean, prec, std)
+}
+
+// AblationRow is one stage's summary.
+type AblationRow struct {
+	Stage, Label, Weights             string
+	Params                            int
+	Steps                             int
+	Tokens                            int64
+	Seeds                             int
+	CE, CEStd, PPL, PPLStd            float64
+	RawCE, RawStd                     float64
+	EMACE, EMAStd, SWACE, SWAStd      float64
+	DeltaBase, DeltaPrev, MeanSeconds float64
+	Members                           float64 // mean SWA members per run
+	Contexts                          []int
+}
+
+// Summarize turns stage results into table rows (Δ against the first and
+// the previous stage's mean CE).
+func Summarize(rs []StageResult) []AblationRow {
+	var rows []AblationRow
+	for i, sr := range rs {
+		var ce, ppl, raw, ema, swa, secs []float64
+		var members int
+		r := AblationRow{Stage: sr.Stage.Name, Label: sr.Stage.Label, Seeds: len(sr.Runs)}
+		var ws []string
+		for _, run := range sr.Runs {
+			ce = append(ce, run.ValCE)
+			ppl = append(ppl, math.Exp(run.ValCE))
+			raw = append(raw, run.RawCE)
+			if run.EMACE != nil {
+				ema = append(ema, *run.EMACE)
+			}
+			if run.SWACE != nil {
+				swa = append(swa, *run.SWACE)
+			}
+			secs = append(secs, run.Seconds)
+			members += len(run.Members)
+			r.Params, r.Steps, r.Tokens, r.Contexts = run.Params, run.Steps, run.Tokens, run.Contexts
+			if !slices.Contains(ws, run.Weights) {
+				ws = append(ws, run.Weights)
+			}
+		}
+		r.Weights = strings.Join(ws, "/")
+		r.CE, r.CEStd = MeanStd(ce)
+		r.PPL, r.PPLStd = MeanStd(ppl)
+		r.RawCE, r.RawStd = MeanStd(raw)
+		r.EMACE, r.EMAStd = MeanStd(ema)
+		r.SWACE, r.SWAStd = MeanStd(swa)
+		r.MeanSeconds, _ = MeanStd(secs)
+		r.Members = float64(members) / math.Max(1, float64(len(sr.Runs)))
+		r.DeltaBase, r.DeltaPrev = math.NaN(), math.NaN()
+		if i > 0 {
+			r.DeltaBase = r.CE - rows[0].CE
+			r.DeltaPrev = r.CE - rows[i-1].CE
+		} else {
+			r.DeltaBase = 0
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func signed(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%+.3f", x)
+}
+
+func ints(x []int) string {
+	s := make([]string, len(x))
+	for i, v := range x {
+		s[i] = fmt.Sprint(v)
+	}
+	return strings.Join(s, "+")
+}
+
+// AblationTable renders the rows as a Markdown table.
+func AblationTable(rows []AblationRow) string {
+	var b strings.Builder
+	b.WriteString("| Stage | Params | Steps | Tokens | Contexts | Weights | Val CE ↓ | PPL ↓ | Δ vs base | Δ from prev | raw CE | EMA CE | SWA CE | SWA members | s/run |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.0f |\n",
+			r.Label, r.Params, r.Steps, r.Tokens, ints(r.Contexts), r.Weights, pm(r.CE, r.CEStd, 3), pm(r.PPL, r.PPLStd, 1),
+			signed(r.DeltaBase), signed(r.DeltaPrev), pm(r.RawCE, r.RawStd, 3), pm(r.EMACE, r.EMAStd, 3),
+			pm(r.SWACE, r.SWAStd, 3), r.Members, r.MeanSeconds)
+	}
+	return b.String()
+}
+
+// AblationCSV renders the rows as CSV (one line per stage).
+func AblationCSV(rows []AblationRow) string {
+	var b strings.Builder
+	b.WriteString("stage,label,params,steps,tokens,contexts,seeds,weights,val_ce_mean,val_ce_std,ppl_mean,ppl_std,delta_vs_base,delta_from_prev,raw_ce_mean,raw_ce_std,ema_ce_mean,ema_ce_std,swa_ce_mean,swa_ce_std,swa_members_mean,seconds_mean\n")
+	f := func(x float64) string {
+		if math.IsNaN(x) {
+			return ""
+		}
+		return fmt.Sprintf("%.6g", x)
+	}
+	for _, r := range rows {
+		fmt.Fprintf(&b, "%s,%q,%d,%d,%d,%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
+			r.Stage, r.Label, r.Params, r.Steps, r.Tokens, ints(r.Contexts), r.Seeds, r.Weights, f(r.CE), f(r.CEStd), f(r.PPL), f(r.PPLStd),
+			f(r.DeltaBase), f(r.DeltaPrev), f(r.RawCE), f(r.RawStd), f(r.EMACE), f(r.EMAStd), f(r.SWACE), f(r.SWAStd), f(r.Members), f(r.MeanSeconds))
+	}
+	return b.String()
+}
+
+// WriteAblation writes ablation.md (header lines, then the table) and
+// ablation.csv into dir and returns the Markdown table.
+func WriteAblation(dir string, header []string, rows []AblationRow) (string, error) {
+	table := AblationTable(rows)
+	md := "# Stepwise ablation\n\n"
+	for _, h := range header {
+		md += h + "\n"
+	}
+	md += "\n" + table
+	if err := os.WriteFile(filepath.Join(dir, "ablation.md"), []byte(md), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ablation.csv"), []byte(AblationCSV(rows)), 0o644); err != nil {
+		return "", err
+	}
+	return table, nil
+}

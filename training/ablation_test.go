@@ -1,0 +1,79 @@
+package training
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestMeanStd(t *testing.T) {
+	m, s := MeanStd([]float64{1, 2, 3, 4})
+	if m != 2.5 || math.Abs(s-math.Sqrt(5.0/3)) > 1e-12 {
+		t.Fatalf("mean %g std %g", m, s)
+	}
+	if m, s := MeanStd([]float64{7}); m != 7 || !math.IsNaN(s) {
+		t.Fatalf("one value: mean %g std %g", m, s)
+	}
+}
+
+// TestAblate runs the four stages on the micro model for one seed, checks
+// the tables, and checks that a second call reuses the finished runs.
+func TestAblate(t *testing.T) {
+	dir := t.TempDir()
+	base := microOptions(dir)
+	base.Steps, base.EvalEvery = 4, 2
+	ao := AblationOptions{Base: base, Seeds: 1, Contexts: []int{16, 32}, Progress: &strings.Builder{}}
+	res, err := Ablate(context.Background(), ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 {
+		t.Fatalf("%d stages, want 4", len(res))
+	}
+	rows := Summarize(res)
+	for i, r := range rows {
+		if r.Params <= 0 || r.Steps != 4 || r.Tokens != rows[0].Tokens || math.IsNaN(r.CE) {
+			t.Fatalf("row %d: %+v", i, r)
+		}
+	}
+	if rows[0].Contexts[0] != 32 || len(rows[1].Contexts) != 2 {
+		t.Errorf("contexts: baseline %v, game %v", rows[0].Contexts, rows[1].Contexts)
+	}
+	if rows[2].Weights != "ema" || math.IsNaN(rows[2].EMACE) {
+		t.Errorf("stage 3 should report EMA weights: %+v", rows[2])
+	}
+	if rows[0].DeltaBase != 0 || math.Abs(rows[3].DeltaPrev-(rows[3].CE-rows[2].CE)) > 1e-12 {
+		t.Errorf("deltas: %+v", rows)
+	}
+	table, err := WriteAblation(dir, []string{"- test"}, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Baseline (no RPA/Guardian/SWA/Context)", "+ SWA-select (Final)", "| Params |"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	csv, err := os.ReadFile(filepath.Join(dir, "ablation.csv"))
+	if err != nil || strings.Count(string(csv), "\n") != 5 {
+		t.Fatalf("ablation.csv: %v\n%s", err, csv)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "baseline", "seed3", "checkpoint")); !os.IsNotExist(err) {
+		t.Error("the run's checkpoint should be removed without KeepCheckpoints")
+	}
+	// A second call reuses every finished run.
+	again, err := Ablate(context.Background(), ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again[3].Runs[0].ValCE != res[3].Runs[0].ValCE || again[3].Runs[0].Seconds != res[3].Runs[0].Seconds {
+		t.Error("the second call did not reuse the finished runs")
+	}
+	if _, err := Ablate(context.Background(), AblationOptions{Base: base, Seeds: 1, Stages: []string{"nope"}}); err == nil ||
+		!strings.Contains(err.Error(), "unknown stage") {
+		t.Errorf("unknown stage: %v", err)
+	}
+}

@@ -1,0 +1,85 @@
+package plot
+
+import (
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"gonum.org/v1/plot/plotter"
+
+	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/metrics"
+)
+
+func TestRateOfChange(t *testing.T) {
+	xy := plotter.XYs{{X: 0, Y: 10}, {X: 100, Y: 9}, {X: 200, Y: 8.5}, {X: 200, Y: 1}}
+	r := RateOfChange(xy, 1) // alpha 1: no smoothing
+	if len(r) != 2 || r[0].X != 100 || r[0].Y != -10 || r[1].Y != -5 {
+		t.Fatalf("rate %v, want slopes -10 and -5 per 1000 steps (the repeated x skipped)", r)
+	}
+	s := RateOfChange(xy, 0.5)
+	if s[1].Y != 0.5*-5+0.5*-10 {
+		t.Fatalf("smoothed rate %v", s)
+	}
+}
+
+// TestRunWritesPNGs draws a hand-written run: every figure appears and is a
+// valid PNG; a run without Guardian or context game skips those figures.
+func TestRunWritesPNGs(t *testing.T) {
+	dir := t.TempDir()
+	w, err := metrics.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := 1; s <= 20; s++ {
+		_ = w.Write(map[string]any{"step": s, "train_ce": 8 - 0.1*float64(s), "lr": 1e-3, "mu_entropy": 1.2, "sat_frac": 0.1,
+			"context": []int{64, 128}[s%2], "chaos": 0.9, "bias_scale": 0.5})
+		if s%5 == 0 {
+			_ = w.WriteEval(map[string]any{"step": s, "val_ce": 8 - 0.05*float64(s), "val_ce_ema": 8.1 - 0.05*float64(s),
+				"tau_att": []float64{0.68, 0.7}, "mu_entropy": 1.2, "mu_entropy_layers": []float64{1.1, 1.3},
+				"sat_frac_layers": []float64{0.1, 0.2}, "expert_usage": [][]float64{{0.25, 0.25, 0.3, 0.2}, {0.4, 0.1, 0.3, 0.2}},
+				"contexts": []int{64, 128}, "q_context": []float64{0.4, 0.6}, "guardian_reward": -7.0,
+				"guardian_action": []float64{0.1, -0.2, 0.3}, "lambda_sat": 0.01, "swa_join": s >= 15, "val_ce_swa": 7.2})
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	T := 8
+	b := make([]float32, T*T)
+	for i := range b {
+		b[i] = float32(math.Sin(float64(i)))
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bias"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"early", "late"} {
+		ts := []checkpoint.Named{{Name: "blocks.0", Shape: []int{T, T}, Data: b}, {Name: "blocks.1", Shape: []int{T, T}, Data: b}}
+		if err := checkpoint.SaveWeightsFile(filepath.Join(dir, "bias", n+".safetensors"), ts, map[string]string{"step": "5"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files, err := Run(dir, filepath.Join(dir, "plots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 8 {
+		t.Fatalf("wrote %v, want 8 figures", files)
+	}
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(fh)
+		fh.Close()
+		if err != nil || img.Bounds().Dx() < 300 {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	if _, err := Run(t.TempDir(), t.TempDir()); err == nil {
+		t.Error("a directory without metrics.jsonl should be an error")
+	}
+}
