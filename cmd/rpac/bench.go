@@ -13,6 +13,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/training/optim"
 	"github.com/urfave/cli/v2"
 )
 
@@ -121,9 +122,26 @@ func benchTrain(c *cli.Context) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	opt := optim.NewAdamW(optim.DefaultAdamW())
+	params := map[string][]float32{}
+	for _, s := range specs {
+		if s.Param {
+			params[s.Name] = st.Get(s.Name).F32
+		}
+	}
 	t0 := time.Now()
 	for i := 0; i < steps; i++ {
 		if err := prog.Run(feeds, uint64(i+1)); err != nil {
+			return err
+		}
+		grads := map[string][]float32{}
+		for name := range params {
+			if gt := prog.Output(passes.GradName(name)); gt != nil {
+				grads[name] = gt.F32
+			}
+		}
+		optim.ClipGlobalNorm(grads, 1)
+		if err := opt.Step(params, grads, 1e-4); err != nil {
 			return err
 		}
 	}
@@ -135,7 +153,7 @@ func benchTrain(c *cli.Context) error {
 		return err
 	}
 	w := c.App.Writer
-	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d tokens/step=%d (forward+backward, no optimizer)\n",
+	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d tokens/step=%d (forward, backward, clip, AdamW)\n",
 		p.Name, cfg.Model, model.CountParams(specs), T, B, B*T)
 	fmt.Fprintf(w, "  step time        %.3f s  (%d steps)\n", dt, steps)
 	fmt.Fprintf(w, "  tokens/s         %.0f\n", float64(B*T)/dt)
