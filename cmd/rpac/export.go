@@ -247,6 +247,12 @@ func (r *loadedRun) trainSplit() string {
 	if r.State.Options.TrainSplit != "" {
 		return r.State.Options.TrainSplit
 	}
+	// "train on test, evaluate on valid"
+	if rest, ok := strings.CutPrefix(r.State.Protocol, "train on "); ok {
+		if split, _, ok := strings.Cut(rest, ","); ok && split != "" {
+			return split
+		}
+	}
 	return "train"
 }
 
