@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -31,7 +30,7 @@ func benchInferCommand() *cli.Command {
 			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op"},
 			&cli.IntFlag{Name: "length", Usage: "context length T (default: each preset's first training context)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "sequences per run"},
-			&cli.IntFlag{Name: "runs", Value: 20, Usage: "timed runs per model (after 2 warm-up runs)"},
+			&cli.IntFlag{Name: "runs", Value: 20, Usage: "timed runs per model, in up to 5 blocks that alternate between the models (each block after one untimed run)"},
 			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "cpu|cuda"},
 			&cli.DurationFlag{Name: "gemm-time", Value: 3 * time.Second, Usage: "time for the GEMM peak measurement (0: skip)"},
@@ -103,7 +102,12 @@ func benchInfer(c *cli.Context) error {
 		work = dir
 	}
 	w := c.App.Writer
-	var rows []inferRow
+	var cases []*inferCase
+	defer func() {
+		for _, ic := range cases {
+			ic.m.Close()
+		}
+	}()
 	for _, p := range presets {
 		T := c.Int("length")
 		if T == 0 {
@@ -125,15 +129,43 @@ func benchInfer(c *cli.Context) error {
 			}
 			for _, fold := range folds {
 				for _, att := range splitList(c.String("attention")) {
-					r, err := benchOne(c.Context, c, work, p.Name, &cfg, st, fold, att, T)
+					ic, err := prepareInfer(c, work, p.Name, &cfg, st, fold, att, T)
 					if err != nil {
 						return err
 					}
-					rows = append(rows, r)
-					fmt.Fprintf(c.App.ErrWriter, "measured %s %s fold=%s attention=%s T=%d: p50 %.2f ms\n", p.Name, mname, fold, att, T, ms(r.p50))
+					cases = append(cases, ic)
+					fmt.Fprintf(c.App.ErrWriter, "exported %s %s fold=%s attention=%s T=%d\n", p.Name, mname, fold, att, T)
 				}
 			}
 		}
+	}
+	load0 := loadAvg()
+	// Rounds: each model runs a block of runs (the first untimed: it wakes
+	// the model's onnxruntime threads while the previous model's threads
+	// stop spinning), and the blocks of all models alternate, so that a
+	// background load that comes and goes hits all of them alike.
+	runs := c.Int("runs")
+	rounds := min(5, runs)
+	for k := 0; k < rounds; k++ {
+		per := runs / rounds
+		if k < runs%rounds {
+			per++
+		}
+		for _, ic := range cases {
+			for i := -1; i < per; i++ {
+				t0 := time.Now()
+				if _, err := ic.m.Logits(c.Context, ic.seqs); err != nil {
+					return err
+				}
+				if i >= 0 {
+					ic.times = append(ic.times, time.Since(t0))
+				}
+			}
+		}
+	}
+	rows := make([]inferRow, len(cases))
+	for i, ic := range cases {
+		rows[i] = ic.row(runs)
 	}
 	var peak float64
 	if d := c.Duration("gemm-time"); d > 0 {
@@ -143,7 +175,40 @@ func benchInfer(c *cli.Context) error {
 		}
 	}
 	printInferRows(w, rows, peak, c.Int("threads"))
+	fmt.Fprintf(w, "load average (1 min) before the timed runs %s, after %s\n", load0, loadAvg())
 	return nil
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+type inferCase struct {
+	r     inferRow
+	m     *runtime.Model
+	seqs  [][]int32
+	times []time.Duration
+}
+
+func (ic *inferCase) row(runs int) inferRow {
+	r := ic.r
+	times := append([]time.Duration(nil), ic.times...)
+	var total time.Duration
+	for _, d := range times {
+		total += d
+	}
+	sort.Slice(times, func(a, b int) bool { return times[a] < times[b] })
+	r.p50 = times[len(times)/2]
+	r.p95 = times[min(len(times)-1, (len(times)*95+99)/100-1)]
+	r.mean = total / time.Duration(len(times))
+	return r
 }
 
 // randomStore initialises cfg's weights and its eval-mode buffers at T
@@ -160,7 +225,8 @@ func randomStore(cfg *model.Config, T int, seed uint64) (*kernels.Store, error) 
 	return st, nil
 }
 
-func benchOne(ctx context.Context, c *cli.Context, work, preset string, cfg *model.Config, st *kernels.Store, fold, att string, T int) (inferRow, error) {
+func prepareInfer(c *cli.Context, work, preset string, cfg *model.Config, st *kernels.Store, fold, att string, T int) (*inferCase, error) {
+	ctx := c.Context
 	B := c.Int("batch")
 	r := inferRow{preset: preset, model: cfg.Model, fold: fold, attention: att, T: T, B: B}
 	ef := fold
@@ -171,21 +237,20 @@ func benchOne(ctx context.Context, c *cli.Context, work, preset string, cfg *mod
 	res, err := export.Export(ctx, export.Options{Config: *cfg, Store: st, Lengths: []int{T}, Batch: B,
 		Fold: ef, Attention: att, Out: dir, Tokenizer: "none", EOS: 0})
 	if err != nil {
-		return r, err
+		return nil, err
 	}
 	r.bytes, r.nodes = res.Lengths[0].Bytes, res.Lengths[0].Nodes
 	// Model FLOPs: the matrix products of the inference graph, attention
 	// spelled out (FusedAttention hides its two products from Flops).
 	g, _, err := export.Graph(cfg, T, B, st, export.GraphOptions{Fold: ef, Attention: passes.AttentionNone})
 	if err != nil {
-		return r, err
+		return nil, err
 	}
 	r.flops = passes.Flops(g)
 	m, err := runtime.Open(dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
 	if err != nil {
-		return r, err
+		return nil, err
 	}
-	defer m.Close()
 	rng := rand.New(rand.NewPCG(7, uint64(T)))
 	seqs := make([][]int32, B)
 	for i := range seqs {
@@ -194,26 +259,7 @@ func benchOne(ctx context.Context, c *cli.Context, work, preset string, cfg *mod
 			seqs[i][t] = int32(rng.IntN(cfg.Vocab))
 		}
 	}
-	for i := 0; i < 2; i++ {
-		if _, err := m.Logits(ctx, seqs); err != nil {
-			return r, err
-		}
-	}
-	times := make([]time.Duration, c.Int("runs"))
-	var total time.Duration
-	for i := range times {
-		t0 := time.Now()
-		if _, err := m.Logits(ctx, seqs); err != nil {
-			return r, err
-		}
-		times[i] = time.Since(t0)
-		total += times[i]
-	}
-	sort.Slice(times, func(a, b int) bool { return times[a] < times[b] })
-	r.p50 = times[len(times)/2]
-	r.p95 = times[min(len(times)-1, (len(times)*95+99)/100-1)]
-	r.mean = total / time.Duration(len(times))
-	return r, nil
+	return &inferCase{r: r, m: m, seqs: seqs}, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
