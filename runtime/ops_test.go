@@ -176,6 +176,15 @@ func opCases() []opCase {
 			pr := g.Op1("Softmax", nil, g.Op1("CausalMask", nil, s))
 			return g.Op1("MatMul", nil, pr, h)
 		}},
+		{name: "fused_attention", f: func(g *ir.Graph, h *ir.Value, B, T int) *ir.Value {
+			h4 := g.Op1("Reshape", ir.Attrs{"shape": []int{B, 1, T, opV}}, h)
+			bias := make([]float64, T*T)
+			for i := range bias {
+				bias[i] = 0.1 * float64(i%5)
+			}
+			o := g.Op1("FusedAttention", ir.Attrs{"scale": 0.5, "causal": true}, h4, h4, h4, g.Const("attn_bias", ir.Shape{T, T}, bias))
+			return g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, opV}}, o)
+		}},
 		{name: "causal_fill", f: func(g *ir.Graph, h *ir.Value, B, T int) *ir.Value {
 			return g.Op1("CausalMask", ir.Attrs{"fill": -5.0}, g.Op1("MatMul", ir.Attrs{"transB": true}, h, h))
 		}},

@@ -322,6 +322,50 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				out.data[r*D+i] /= s
 			}
 		}
+	case "FusedAttention":
+		// softmax(scale·q·kᵀ + mask [+ causal])·v per (batch, head)
+		q, k, v := in[0], in[1], in[2]
+		Bh := q.shape[0] * q.shape[1]
+		T, S, Hd := q.shape[2], k.shape[2], q.shape[3]
+		scale := a.Float("scale", 1/math.Sqrt(float64(Hd)))
+		causal := a.Bool("causal", false)
+		row := make([]float64, S)
+		for bh := 0; bh < Bh; bh++ {
+			for i := 0; i < T; i++ {
+				mx := math.Inf(-1)
+				for j := 0; j < S; j++ {
+					d := 0.0
+					for e := 0; e < Hd; e++ {
+						d += q.data[(bh*T+i)*Hd+e] * k.data[(bh*S+j)*Hd+e]
+					}
+					d *= scale
+					if len(in) == 4 {
+						d += in[3].data[i*S+j]
+					}
+					if causal && j > i {
+						d = math.Inf(-1)
+					}
+					row[j] = d
+					mx = math.Max(mx, d)
+				}
+				for e := 0; e < Hd; e++ {
+					out.data[(bh*T+i)*Hd+e] = 0
+				}
+				if math.IsInf(mx, -1) {
+					continue
+				}
+				sum := 0.0
+				for j := range row {
+					row[j] = math.Exp(row[j] - mx)
+					sum += row[j]
+				}
+				for j := 0; j < S; j++ {
+					for e := 0; e < Hd; e++ {
+						out.data[(bh*T+i)*Hd+e] += row[j] / sum * v.data[(bh*S+j)*Hd+e]
+					}
+				}
+			}
+		}
 	case "CausalMask":
 		fill := a.Float("fill", math.Inf(-1))
 		T := x.shape[len(x.shape)-1]
