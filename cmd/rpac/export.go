@@ -35,7 +35,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "out", Usage: "export folder", Required: true},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: plain (MatMul/Add/Softmax) | op (ONNX Attention, opset 23)"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | plain (MatMul, Add of one constant mask, Softmax)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
 			&cli.IntFlag{Name: "calib-batches", Value: export.DefaultCalibBatches, Usage: "batches to calibrate running statistics on, for lengths the checkpoint has none for"},

@@ -58,7 +58,8 @@ type Options struct {
 	// Fold is passes.FoldRPAMode (default) or passes.FoldNoneMode.
 	Fold string
 	// Attention is passes.AttentionOp or passes.AttentionPlain (default
-	// passes.DefaultAttention).
+	// passes.DefaultAttention). Below opset 23, which has no Attention op,
+	// the fused node is lowered to MatMul, Add, Where and Softmax.
 	Attention string
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
@@ -193,9 +194,6 @@ func (o *Options) defaults() error {
 	}
 	if o.Opset == 0 {
 		o.Opset = onnx.DefaultOpset
-	}
-	if o.Attention == passes.AttentionOp && o.Opset < onnx.AttentionOpset {
-		return fmt.Errorf("export: the Attention op needs opset %d or newer (have %d); use the plain attention lowering", onnx.AttentionOpset, o.Opset)
 	}
 	if o.CalibBatches == 0 {
 		o.CalibBatches = DefaultCalibBatches

@@ -410,7 +410,7 @@ func TestExportErrors(t *testing.T) {
 		{func(o *export.Options) { o.Lengths = []int{8, 8} }, "twice"},
 		{func(o *export.Options) { o.Fold = "half" }, "fold"},
 		{func(o *export.Options) { o.Attention = "flash" }, "attention"},
-		{func(o *export.Options) { o.Attention, o.Opset = passes.AttentionOp, 20 }, "opset"},
+		{func(o *export.Options) { o.Opset = 12 }, "opset"},
 		{func(o *export.Options) { o.Out = "" }, "output folder"},
 		{func(o *export.Options) { o.EOS = 1000 }, "eos"},
 	} {
@@ -472,5 +472,38 @@ func TestSelectWeights(t *testing.T) {
 	}
 	if _, err := export.SelectWeights(mk(), params, "best"); err == nil {
 		t.Fatal("unknown weight set accepted")
+	}
+}
+
+// Below opset 23 the fused attention is spelled out; the file still runs
+// and matches the Go executor.
+func TestOldOpset(t *testing.T) {
+	requireORT(t)
+	cfg := smallCfg("fuzzy")
+	st := smallStore(t, &cfg, 8)
+	dir := t.TempDir()
+	if _, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: []int{8}, Out: dir,
+		Attention: passes.AttentionOp, Opset: 18}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := onnx.Read(filepath.Join(dir, export.FileName(8)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := onnx.Inspect(m); s.Ops["Attention"] != 0 || s.Opsets[""] != 18 {
+		t.Fatalf("opset 18 file: ops %v opsets %v", s.Ops, s.Opsets)
+	}
+	rt, err := runtime.Open(dir, runtime.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	seqs := randSeqs(rand.New(rand.NewPCG(5, 5)), 1, 8, cfg.Vocab)
+	got, err := rt.Logits(context.Background(), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxDiff(got, goLogits(t, evalMode(t, &cfg, 8, 1), st, seqs)); d > 1e-4 {
+		t.Fatalf("opset 18: max |Δlogit| %g", d)
 	}
 }
