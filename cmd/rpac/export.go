@@ -31,7 +31,7 @@ func exportCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "run", Usage: "run directory (holds checkpoint/)"},
 			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory or its model.safetensors (instead of --run)"},
-			&cli.StringFlag{Name: "lengths", Usage: "context lengths to export, e.g. 384,768 (default: the trained context)"},
+			&cli.StringFlag{Name: "lengths", Usage: "context lengths to export, e.g. 384,768 (default: the trained contexts)"},
 			&cli.StringFlag{Name: "out", Usage: "export folder", Required: true},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
@@ -94,6 +94,9 @@ func exportAction(c *cli.Context) error {
 		trained = func(string) bool { return false }
 	}
 	lengths := []int{run.State.Context}
+	if len(run.State.Contexts) > 0 {
+		lengths = append([]int(nil), run.State.Contexts...)
+	}
 	if s := c.String("lengths"); s != "" {
 		if lengths, err = export.ParseLengths(s); err != nil {
 			return fmt.Errorf("--lengths: %w", err)
@@ -207,6 +210,7 @@ type runState struct {
 	Step      int             `json:"step"`
 	Config    *model.Config   `json:"config"`
 	Context   int             `json:"context"`
+	Contexts  []int           `json:"contexts"` // lengths of the context game, when it ran
 	Batch     int             `json:"batch"`
 	Preset    string          `json:"preset"`
 	Dataset   string          `json:"dataset"`
