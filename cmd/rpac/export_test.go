@@ -263,3 +263,15 @@ func TestServeBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestExportDumpIR: --dump-ir prints the graph after the named pass.
+func TestExportDumpIR(t *testing.T) {
+	run := writeRun(t)
+	got, code := rpac(t, "export", "--run", run, "--out", filepath.Join(t.TempDir(), "e"), "--dump-ir", "fuse attention")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, got)
+	}
+	if strings.Count(got, "// after pass") != 1 || !strings.Contains(got, "// after pass fuse attention") || !strings.Contains(got, "= FusedAttention(") {
+		t.Fatalf("no dump after fuse attention:\n%.600s", got)
+	}
+}
