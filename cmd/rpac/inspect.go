@@ -73,9 +73,6 @@ func inspectONNX(w io.Writer, path string) error {
 	if err != nil {
 		return err
 	}
-	if err := onnx.LoadExternal(m, filepath.Dir(path)); err != nil {
-		return err
-	}
 	s := onnx.Inspect(m)
 	fmt.Fprintf(w, "file       %s\n", path)
 	if l := s.Metadata["lengths"]; l != "" {
