@@ -24,7 +24,7 @@ func benchInferCommand() *cli.Command {
 		Usage: "latency (p50/p95), tokens/s and achieved GFLOP/s of exported models in onnxruntime (CPU), " +
 			"against the GEMM peak measured in the same run",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "comma-separated presets (" + strings.Join(model.PresetNames(), ", ") + ")"},
+			&cli.StringFlag{Name: "preset", Value: "tiny,paper", Usage: "comma-separated presets (" + strings.Join(model.PresetNames(), ", ") + ")"},
 			&cli.StringFlag{Name: "model", Value: "fuzzy,baseline", Usage: "comma-separated: fuzzy, baseline"},
 			&cli.StringFlag{Name: "fold", Value: "rpa,none", Usage: "comma-separated fold modes for the fuzzy model: rpa, none"},
 			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op"},
@@ -102,44 +102,66 @@ func benchInfer(c *cli.Context) error {
 		work = dir
 	}
 	w := c.App.Writer
+	load0 := loadAvg()
+	var rows []inferRow
+	// One preset at a time: its models alternate among themselves and are
+	// closed before the next preset's are opened.
+	for _, p := range presets {
+		r, err := benchPreset(c, work, p)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, r...)
+	}
+	var peak float64
+	if d := c.Duration("gemm-time"); d > 0 {
+		var err error
+		if peak, err = blas.Measure(2048, "f32", d); err != nil {
+			return err
+		}
+	}
+	printInferRows(w, rows, peak, c.Int("threads"))
+	fmt.Fprintf(w, "load average (1 min) before the runs %s, after %s\n", load0, loadAvg())
+	return nil
+}
+
+// benchPreset exports and times the models of one preset.
+func benchPreset(c *cli.Context, work string, p model.Preset) ([]inferRow, error) {
 	var cases []*inferCase
 	defer func() {
 		for _, ic := range cases {
 			ic.m.Close()
 		}
 	}()
-	for _, p := range presets {
-		T := c.Int("length")
-		if T == 0 {
-			T = p.Contexts[0]
+	T := c.Int("length")
+	if T == 0 {
+		T = p.Contexts[0]
+	}
+	for _, mname := range splitList(c.String("model")) {
+		cfg := p.Config
+		cfg.Model = mname
+		if T > cfg.MaxLen {
+			return nil, fmt.Errorf("--length %d exceeds the %s preset's maximum length %d", T, p.Name, cfg.MaxLen)
 		}
-		for _, mname := range splitList(c.String("model")) {
-			cfg := p.Config
-			cfg.Model = mname
-			if T > cfg.MaxLen {
-				return fmt.Errorf("--length %d exceeds the %s preset's maximum length %d", T, p.Name, cfg.MaxLen)
-			}
-			st, err := randomStore(&cfg, T, 1)
-			if err != nil {
-				return err
-			}
-			folds := splitList(c.String("fold"))
-			if mname == "baseline" {
-				folds = []string{"-"}
-			}
-			for _, fold := range folds {
-				for _, att := range splitList(c.String("attention")) {
-					ic, err := prepareInfer(c, work, p.Name, &cfg, st, fold, att, T)
-					if err != nil {
-						return err
-					}
-					cases = append(cases, ic)
-					fmt.Fprintf(c.App.ErrWriter, "exported %s %s fold=%s attention=%s T=%d\n", p.Name, mname, fold, att, T)
+		st, err := randomStore(&cfg, T, 1)
+		if err != nil {
+			return nil, err
+		}
+		folds := splitList(c.String("fold"))
+		if mname == "baseline" {
+			folds = []string{"-"}
+		}
+		for _, fold := range folds {
+			for _, att := range splitList(c.String("attention")) {
+				ic, err := prepareInfer(c, work, p.Name, &cfg, st, fold, att, T)
+				if err != nil {
+					return nil, err
 				}
+				cases = append(cases, ic)
+				fmt.Fprintf(c.App.ErrWriter, "exported %s %s fold=%s attention=%s T=%d\n", p.Name, mname, fold, att, T)
 			}
 		}
 	}
-	load0 := loadAvg()
 	// Rounds: each model runs a block of runs (the first untimed: it wakes
 	// the model's onnxruntime threads while the previous model's threads
 	// stop spinning), and the blocks of all models alternate, so that a
@@ -155,7 +177,7 @@ func benchInfer(c *cli.Context) error {
 			for i := -1; i < per; i++ {
 				t0 := time.Now()
 				if _, err := ic.m.Logits(c.Context, ic.seqs); err != nil {
-					return err
+					return nil, err
 				}
 				if i >= 0 {
 					ic.times = append(ic.times, time.Since(t0))
@@ -167,16 +189,7 @@ func benchInfer(c *cli.Context) error {
 	for i, ic := range cases {
 		rows[i] = ic.row(runs)
 	}
-	var peak float64
-	if d := c.Duration("gemm-time"); d > 0 {
-		var err error
-		if peak, err = blas.Measure(2048, "f32", d); err != nil {
-			return err
-		}
-	}
-	printInferRows(w, rows, peak, c.Int("threads"))
-	fmt.Fprintf(w, "load average (1 min) before the timed runs %s, after %s\n", load0, loadAvg())
-	return nil
+	return rows, nil
 }
 
 func loadAvg() string {
