@@ -3,7 +3,8 @@ package passes
 import "github.com/rpac-dev/rpac/ir"
 
 // Flops counts the multiply-add work of a graph's matrix products (2·M·N·K
-// per product): Linear, LinearGradX, LinearGradW and MatMul. Other ops are
+// per product): Linear, LinearGradX, LinearGradW, MatMul and the two
+// products inside FusedAttention. Other ops are
 // memory-bound and not counted, so achieved FLOP/s figures are GEMM FLOP/s.
 func Flops(g *ir.Graph) int64 {
 	var f int64
@@ -19,6 +20,9 @@ func Flops(g *ir.Graph) int64 {
 			dy := n.Inputs[0].Shape
 			rows := dy.Numel() / dy[len(dy)-1]
 			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(rows)
+		case "FusedAttention": // q·kᵀ and p·v: 2 · (2·B·H·T·S·Hd)
+			q, k := n.Inputs[0].Shape, n.Inputs[1].Shape
+			f += 4 * int64(q.Numel()) * int64(k[2])
 		case "MatMul":
 			a := n.Inputs[0].Shape
 			k := a[len(a)-1]
