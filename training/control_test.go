@@ -163,6 +163,17 @@ func TestAllControllersMetrics(t *testing.T) {
 	if !learned {
 		t.Error("Guardian never took a policy-gradient step")
 	}
+	moved := false
+	for _, r := range evals {
+		before, _ := r["tau_att"].([]any)
+		after, _ := r["tau_att_after"].([]any)
+		if len(before) == 2 && len(after) == 2 && before[0] != after[0] {
+			moved = true
+		}
+	}
+	if !moved {
+		t.Error("Guardian never moved τ_att (tau_att equals tau_att_after at every evaluation)")
+	}
 	last := evals[len(evals)-1]
 	if last["swa_count"].(float64) < 1 || last["val_ce_swa"] == nil {
 		t.Errorf("SWA-select never joined: %v", last["swa_members"])

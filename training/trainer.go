@@ -658,7 +658,16 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 		return err
 	}
 
+	// Chaos perturbs training only: evaluations and checkpoints see the
+	// plain warm-in scale.
+	plainScale := func() {
+		curScale = control.WarmIn(st.Step, warm)
+		for _, t := range biasScales {
+			t.Set(0, curScale)
+		}
+	}
 	evalNow := func() error {
+		plainScale()
 		final := st.Step == steps
 		nb := o.EvalBatches
 		if final && o.FinalEvalBatches > 0 {
@@ -718,7 +727,7 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 		for i, t := range taus {
 			tauNow[i] = t.At(0)
 		}
-		rec["tau_att"] = tauNow
+		rec["tau_att"] = slices.Clone(tauNow)
 		if cs.Game != nil {
 			rec["contexts"], rec["q_context"] = contexts, cs.Game.Probs()
 			rec["game_utility"] = cs.GameU
@@ -799,6 +808,7 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 		return mw.WriteEval(rec)
 	}
 	save := func() error {
+		plainScale()
 		st.DataRNGs = st.DataRNGs[:0]
 		for _, b := range batchers {
 			s, err := b.State()

@@ -27,7 +27,7 @@ func ablateCommand() *cli.Command {
 			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
 			&cli.IntFlag{Name: "seeds", Value: 2, Usage: "runs per stage (seeds --seed, --seed+1, …)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "first seed"},
-			&cli.IntFlag{Name: "steps", Usage: "steps per run (default: 200 for tiny, else the preset's)"},
+			&cli.IntFlag{Name: "steps", Usage: "steps per run (default: 160 for tiny, else the preset's)"},
 			&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per step (default: the preset's)"},
 			&cli.StringFlag{Name: "contexts", Usage: "context game lengths (default: the preset's, or T/2,T)"},
 			&cli.IntFlag{Name: "eval-every", Usage: "steps per epoch/evaluation (default: steps/10)"},
@@ -55,7 +55,7 @@ func ablateCommand() *cli.Command {
 			if steps == 0 {
 				steps = preset.Steps
 				if preset.Name == "tiny" {
-					steps = 200
+					steps = 160
 				}
 			}
 			evalEvery := c.Int("eval-every")

@@ -326,17 +326,6 @@ func tauAtt(path string, evals []map[string]any) (bool, error) {
 			return false, err
 		}
 	}
-	// After Guardian's move (the value the next epoch trains with).
-	for l := 0; l < n; l++ {
-		xy := series(evals, index("tau_att_after", l))
-		name := ""
-		if l == 0 && len(xy) > 0 {
-			name = "after Guardian's action"
-		}
-		if err := addLine(p, name, xy, l, true, false); err != nil {
-			return false, err
-		}
-	}
 	return true, saveGrid(path, [][]*plot.Plot{{p}}, 18*vg.Centimeter, 11*vg.Centimeter)
 }
 
