@@ -305,3 +305,44 @@ func Calibrate(g *ir.Graph, be kernels.Backend, st *kernels.Store, batches [][]i
 	}
 	return nil
 }
+
+// DropFoldedBias removes the folded attention biases that rep names from
+// g, a graph FoldRPA has folded: every Add of such a constant to the
+// attention scores is bypassed, so attention keeps its causal mask and
+// nothing else (FuseAttention then gives the Attention op no mask, and
+// the plain lowering one causal mask shared by all layers). The rest of
+// the fold (the value gamma) stays. The result is the folded model
+// without its prior, which measures what the prior costs (rpac bench
+// infer); it computes other logits and is never exported for serving. It
+// returns the number of biases dropped.
+func DropFoldedBias(g *ir.Graph, rep *FoldReport) (int, error) {
+	if rep == nil || len(rep.Layers) == 0 {
+		return 0, errors.New("drop bias: no folded bias (the graph has no RPA prior, or it was not folded)")
+	}
+	uses := g.Uses()
+	n := 0
+	for _, fl := range rep.Layers {
+		c := g.Lookup(fl.Name)
+		if c == nil || c.Kind != ir.Const {
+			return n, fmt.Errorf("drop bias: no folded bias %q in graph %s", fl.Name, g.Name)
+		}
+		if isOutput(g, c) || len(uses[c]) == 0 {
+			return n, fmt.Errorf("drop bias: folded bias %q is not read by an Add of the attention scores", fl.Name)
+		}
+		for _, u := range uses[c] {
+			if u.Op != "Add" || len(u.Inputs) != 2 || u.Inputs[0] == u.Inputs[1] {
+				return n, fmt.Errorf("drop bias: folded bias %q is read by %s, want an Add of the attention scores", fl.Name, u.Op)
+			}
+			scores := u.Inputs[0]
+			if scores == c {
+				scores = u.Inputs[1]
+			}
+			if !scores.Shape.Equal(u.Outputs[0].Shape) {
+				return n, fmt.Errorf("drop bias: %q is added to a %v value, want the [B,H,T,T] scores", fl.Name, scores.Shape)
+			}
+			replaceUses(g, u.Outputs[0], scores)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -61,6 +61,12 @@ type Options struct {
 	// passes.DefaultAttention). Below opset 23, which has no Attention op,
 	// the fused node is lowered to MatMul, Add, Where and Softmax.
 	Attention string
+	// DropBias removes the folded RPA bias of every layer (Fold rpa; see
+	// passes.DropFoldedBias): the model without its prior, for measuring
+	// what the prior costs (rpac bench infer). Its logits are not the
+	// model's; rpac export never sets it, and the fold record says
+	// bias_dropped.
+	DropBias bool
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
 	Opset, IRVersion int64
@@ -118,6 +124,9 @@ type Fold struct {
 	CalibSource  string             `json:"calib_source,omitempty"`
 	Layers       []passes.FoldLayer `json:"layers,omitempty"`
 	Meta         map[string]string  `json:"meta,omitempty"`
+	// BiasDropped marks an export without the folded biases
+	// (Options.DropBias): not the model, a benchmark's reference.
+	BiasDropped bool `json:"bias_dropped,omitempty"`
 }
 
 // FileName is the ONNX file of length T.
@@ -186,6 +195,9 @@ func (o *Options) defaults() error {
 	if o.Fold != passes.FoldRPAMode && o.Fold != passes.FoldNoneMode {
 		return fmt.Errorf("export: --fold %q: want rpa or none", o.Fold)
 	}
+	if o.DropBias && o.Fold != passes.FoldRPAMode {
+		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %q", o.Fold)
+	}
 	if o.Attention == "" {
 		o.Attention = passes.DefaultAttention
 	}
@@ -244,7 +256,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Dir: o.Out}
 	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
 		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model}
-	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta}
+	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta, BiasDropped: o.DropBias}
 	for _, T := range lengths {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -262,7 +274,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			fold.CalibBatches, fold.CalibBatch, fold.CalibSource = o.CalibBatches, o.CalibBatch, o.CalibSource
 			o.Log.Info("calibrated running statistics", "T", T, "batches", o.CalibBatches, "batch", o.CalibBatch, "source", o.CalibSource)
 		}
-		g, rep, err := Graph(&o.Config, T, o.Batch, o.Store, GraphOptions{Fold: o.Fold, Attention: o.Attention, DumpIR: o.DumpIR, Dump: o.Dump})
+		g, rep, err := Graph(&o.Config, T, o.Batch, o.Store, GraphOptions{Fold: o.Fold, Attention: o.Attention, DropBias: o.DropBias, DumpIR: o.DumpIR, Dump: o.Dump})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
 		}
@@ -327,8 +339,11 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 type GraphOptions struct {
 	Fold      string
 	Attention string // passes.AttentionOp, AttentionPlain or AttentionNone
-	DumpIR    string
-	Dump      io.Writer
+	// DropBias runs passes.DropFoldedBias right after the fold (see
+	// Options.DropBias).
+	DropBias bool
+	DumpIR   string
+	Dump     io.Writer
 }
 
 // Graph builds cfg's inference graph for length T and batch B (input
@@ -344,7 +359,23 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 	rep := &passes.FoldReport{}
 	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(kernels.F32), Fold: o.Fold, Attention: o.Attention, Report: rep}
 	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Extra: map[string]any{passes.ExportKey: eo}}
-	if err := passes.Run(g, passes.ExportPipeline, c); err != nil {
+	pipe := passes.ExportPipeline
+	if o.DropBias {
+		if o.Fold != "" && o.Fold != passes.FoldRPAMode {
+			return nil, nil, fmt.Errorf("dropping the bias needs fold %q, not %q", passes.FoldRPAMode, o.Fold)
+		}
+		pipe = nil
+		for _, ps := range passes.ExportPipeline {
+			pipe = append(pipe, ps)
+			if ps.Name == "fold rpa" {
+				pipe = append(pipe, passes.Pass{Name: "drop bias", Fn: func(g *ir.Graph, _ *passes.Context) error {
+					_, err := passes.DropFoldedBias(g, rep)
+					return err
+				}})
+			}
+		}
+	}
+	if err := passes.Run(g, pipe, c); err != nil {
 		return nil, nil, err
 	}
 	return g, rep, nil

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// The export without the folded bias is the benchmark's reference only:
+// in this command, nothing but bench_infer.go sets export.Options.DropBias,
+// and what rpac export writes has every layer's folded bias and no
+// bias_dropped record.
+func TestDropBiasIsBenchmarkOnly(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var users []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(af, func(n ast.Node) bool {
+			if id, ok := n.(*ast.Ident); ok && id.Name == "DropBias" {
+				users = append(users, fset.Position(id.Pos()).String())
+			}
+			return true
+		})
+	}
+	if len(users) == 0 {
+		t.Fatal("bench_infer.go does not use export.Options.DropBias (the test is stale)")
+	}
+	for _, u := range users {
+		if !strings.HasPrefix(u, "bench_infer.go:") {
+			t.Errorf("DropBias used outside the benchmark: %s", u)
+		}
+	}
+
+	run := writeRun(t)
+	for _, att := range []string{"op", "plain"} {
+		out := filepath.Join(t.TempDir(), "e")
+		got, code := rpac(t, "export", "--run", run, "--lengths", "16", "--attention", att, "--out", out)
+		if code != 0 {
+			t.Fatalf("export: exit %d:\n%s", code, got)
+		}
+		man, err := runtime.ReadManifest(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fold export.Fold
+		if err := json.Unmarshal(man.Fold, &fold); err != nil || fold.BiasDropped || fold.Mode != "rpa" || len(fold.Layers) != 2 {
+			t.Errorf("%s: manifest fold %s (%v)", att, man.Fold, err)
+		}
+		m, err := onnx.Read(filepath.Join(out, export.FileName(16)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		biases := 0
+		for _, n := range m.Graph.Node {
+			for _, in := range n.Input {
+				if strings.Contains(in, ".attn.rpa_bias.T16") {
+					biases++
+				}
+			}
+		}
+		if biases != 2 {
+			t.Errorf("%s: %d nodes read a folded bias, want one per layer (2)", att, biases)
+		}
+		if strings.Contains(onnx.Inspect(m).Metadata["fold"], "bias_dropped") {
+			t.Errorf("%s: metadata fold says bias_dropped", att)
+		}
+	}
+}
+
+// rpac bench infer times the folded model with and without its bias and
+// prints the prior's cost.
+func TestBenchInferPriorCost(t *testing.T) {
+	env := []string{"ORT_LIB=" + ortLib(t)}
+	keep := t.TempDir()
+	got, code := rpacEnv(t, env, "bench", "infer", "--preset", "tiny", "--attention", "op", "--runs", "4", "--block", "2",
+		"--threads", "1", "--gemm-time", "0", "--control", "--keep", keep)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, got)
+	}
+	for _, want := range []string{"fuzzy    rpa    op", "fuzzy    nobias op", "fuzzy    rpa#2  op", "baseline -      op",
+		"prior cost tiny T=128 op: ", "p50", "fast½", "paired", "halves", "control tiny T=128 op", "load average"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	for _, f := range []struct {
+		dir  string
+		want bool
+	}{{"tiny_fuzzy_rpa_op_L128", false}, {"tiny_fuzzy_nobias_op_L128", true}} {
+		man, err := runtime.ReadManifest(filepath.Join(keep, f.dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fold export.Fold
+		if err := json.Unmarshal(man.Fold, &fold); err != nil || fold.BiasDropped != f.want {
+			t.Errorf("%s: fold %s, want bias_dropped %v", f.dir, man.Fold, f.want)
+		}
+	}
+	if _, code := rpacEnv(t, env, "bench", "infer", "--fold", "bias"); code == 0 {
+		t.Error("--fold bias: want an error")
+	}
+}
