@@ -150,6 +150,7 @@ type priorCost struct {
 	baseline          *inferRow
 	cost              diff  // with against without
 	control           *diff // a second session of the folded model against the first (--control)
+	pooled            *diff // both sessions of the folded model against without (--control)
 }
 
 func splitList(s string) []string {
@@ -354,6 +355,9 @@ func benchPreset(c *cli.Context, work string, p model.Preset) ([]inferRow, []pri
 		if control != nil {
 			d := compare(control, with, rounds)
 			pc.control = &d
+			both := &inferCase{times: append(slices.Clone(with.times), control.times...), blocks: append(slices.Clone(with.blocks), control.blocks...)}
+			d2 := compare(both, without, rounds)
+			pc.pooled = &d2
 		}
 		costs = append(costs, pc)
 	}
@@ -501,14 +505,13 @@ func printInferRows(w io.Writer, rows []inferRow, peak float64, threads, block i
 	}
 	fmt.Fprintf(w, "%-6s %-8s %-6s %-6s %5s %2s %9s %9s %9s %6s %9s %8s %8s %6s %6s %5s\n",
 		"preset", "model", "fold", "attn", "T", "B", "p50 ms", "p95 ms", "fast½ ms", "noise", "tokens/s", "GFLOP", "GFLOP/s", "%peak", "MiB", "nodes")
-	// The GEMM runs on every core; with fewer onnxruntime threads %peak
-	// is against that share of it.
-	share := float64(min(benchThreads(threads), goruntime.NumCPU())) / float64(goruntime.NumCPU())
+	// The GEMM runs on every core: %peak only when onnxruntime does too.
+	allCores := benchThreads(threads) >= goruntime.NumCPU()
 	for _, r := range rows {
 		gfs := float64(r.flops) / 1e9 / r.lat.p50.Seconds()
 		pct := "-"
-		if peak > 0 {
-			pct = fmt.Sprintf("%.0f%%", 100*gfs/(peak*share))
+		if peak > 0 && allCores {
+			pct = fmt.Sprintf("%.0f%%", 100*gfs/peak)
 		}
 		noise := "-"
 		if n := r.noise(); !math.IsNaN(n) {
@@ -521,29 +524,54 @@ func printInferRows(w io.Writer, rows []inferRow, peak float64, threads, block i
 	}
 	if peak > 0 {
 		fmt.Fprintf(w, "GEMM peak (blas.Measure n=2048 f32, %s, %d cores, same run): %.1f GFLOP/s", blas.Impl(), goruntime.NumCPU(), peak)
-		if share < 1 {
-			fmt.Fprintf(w, "; %%peak is against %.1f, its share for %d threads", peak*share, benchThreads(threads))
+		if !allCores {
+			fmt.Fprintf(w, " (no %%peak: onnxruntime ran %d threads)", benchThreads(threads))
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// noise bounds the error of the cost estimate: half the spread between
+// the costs measured in the two halves of the blocks (each has half the
+// runs) and, with --control, the difference that two sessions of one
+// model show.
+func (pc priorCost) noise() float64 {
+	n := math.Abs(pc.cost.halves[0]-pc.cost.halves[1]) / 2
+	if pc.control != nil {
+		n = math.Max(n, math.Max(math.Abs(pc.control.p50), math.Abs(pc.control.fast)))
+	}
+	return n
+}
+
+// verdict says whether the prior costs under 1%: the p50 and the fast-half
+// estimates both below 1% with a noise below 1%, or both at least 1% above
+// the noise; otherwise the run cannot tell.
+func (pc priorCost) verdict() string {
+	n := pc.noise()
+	switch {
+	case math.IsNaN(n):
+		return "not resolved (too few blocks)"
+	case math.Max(pc.cost.p50, pc.cost.fast) < 1 && n < 1:
+		return "under 1%"
+	case math.Min(pc.cost.p50, pc.cost.fast)-n >= 1:
+		return "NOT under 1%"
+	}
+	return "not resolved at 1% (more --runs, --threads 1)"
 }
 
 // printPriorCosts prints one line per (preset, T, attention): what the
 // folded bias costs against the same model without it.
 func printPriorCosts(w io.Writer, costs []priorCost) {
 	for _, pc := range costs {
-		verdict := "under 1%"
-		if pc.cost.p50 >= 1 || pc.cost.fast >= 1 {
-			verdict = "NOT under 1%"
-		}
 		fmt.Fprintf(w, "prior cost %s T=%d %s: %s (p50 %.2f ms with the folded bias, %.2f without",
 			pc.preset, pc.T, pc.attention, pc.cost, ms(pc.with.lat.p50), ms(pc.without.lat.p50))
 		if pc.baseline != nil {
 			fmt.Fprintf(w, ", baseline %.2f", ms(pc.baseline.lat.p50))
 		}
-		fmt.Fprintf(w, "): %s\n", verdict)
+		fmt.Fprintf(w, "); noise ±%.2f%%: %s\n", pc.noise(), pc.verdict())
 		if pc.control != nil {
 			fmt.Fprintf(w, "  control %s T=%d %s, the folded model's second session against its first: %s\n", pc.preset, pc.T, pc.attention, pc.control)
+			fmt.Fprintf(w, "  prior cost %s T=%d %s, both sessions of the folded model pooled: %s\n", pc.preset, pc.T, pc.attention, pc.pooled)
 		}
 	}
 }
