@@ -525,7 +525,7 @@ func printInferRows(w io.Writer, rows []inferRow, peak float64, threads, block i
 	if peak > 0 {
 		fmt.Fprintf(w, "GEMM peak (blas.Measure n=2048 f32, %s, %d cores, same run): %.1f GFLOP/s", blas.Impl(), goruntime.NumCPU(), peak)
 		if !allCores {
-			fmt.Fprintf(w, " (no %%peak: onnxruntime ran %d threads)", benchThreads(threads))
+			fmt.Fprintf(w, " (no %%peak: onnxruntime used %d of the %d cores)", benchThreads(threads), goruntime.NumCPU())
 		}
 		fmt.Fprintln(w)
 	}
@@ -543,18 +543,21 @@ func (pc priorCost) noise() float64 {
 	return n
 }
 
-// verdict says whether the prior costs under 1%: the p50 and the fast-half
-// estimates both below 1% with a noise below 1%, or both at least 1% above
-// the noise; otherwise the run cannot tell.
+// verdict says whether the prior costs under 1%: yes when the p50 and the
+// fast-half estimates are both below 1% and the noise is too, no when both
+// are 1% or more; otherwise the run cannot tell.
 func (pc priorCost) verdict() string {
 	n := pc.noise()
+	lo, hi := math.Min(pc.cost.p50, pc.cost.fast), math.Max(pc.cost.p50, pc.cost.fast)
 	switch {
 	case math.IsNaN(n):
 		return "not resolved (too few blocks)"
-	case math.Max(pc.cost.p50, pc.cost.fast) < 1 && n < 1:
+	case hi < 1 && n < 1:
 		return "under 1%"
-	case math.Min(pc.cost.p50, pc.cost.fast)-n >= 1:
+	case lo >= 1 && lo-n >= 1:
 		return "NOT under 1%"
+	case lo >= 1:
+		return "NOT under 1% (by less than the noise)"
 	}
 	return "not resolved at 1% (more --runs, --threads 1)"
 }
