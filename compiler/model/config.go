@@ -11,7 +11,6 @@ package model
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 )
 
@@ -60,42 +59,101 @@ func (c *Config) K() int {
 // HeadDim is d/H.
 func (c *Config) HeadDim() int { return c.DModel / c.Heads }
 
-// Validate reports a config that cannot build.
+// Validate reports every field of a config that cannot build (or would build
+// a degenerate model) in one error. Each problem names the field by its JSON
+// name, gives the value and says what is allowed. Fields the baseline model
+// does not read (R, experts, the RPA and temperature fields) are checked only
+// for the fuzzy model.
 func (c *Config) Validate() error {
 	var errs []string
-	if c.Model != "fuzzy" && c.Model != "baseline" {
-		errs = append(errs, fmt.Sprintf("model %q: want fuzzy or baseline", c.Model))
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
+	fuzzy := c.Model == "fuzzy"
+	if !fuzzy && c.Model != "baseline" {
+		bad("model %q is unknown (want fuzzy or baseline)", c.Model)
 	}
-	pos := map[string]int{"vocab": c.Vocab, "d_model": c.DModel, "layers": c.Layers, "heads": c.Heads, "max_len": c.MaxLen, "ff_mult": c.FFMult}
-	if c.Model == "fuzzy" {
-		pos["R"], pos["experts"], pos["top_k"] = c.R, c.Experts, c.TopK
+	if c.Vocab < 2 {
+		bad("vocab %d is too small (at least 2 tokens)", c.Vocab)
 	}
-	keys := make([]string, 0, len(pos))
-	for k := range pos {
-		keys = append(keys, k)
+	if c.DModel < 1 {
+		bad("d_model %d must be at least 1", c.DModel)
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if pos[k] <= 0 {
-			errs = append(errs, fmt.Sprintf("%s must be positive (got %d)", k, pos[k]))
+	if c.Layers < 1 {
+		bad("layers %d must be at least 1", c.Layers)
+	}
+	if c.Heads < 1 {
+		bad("heads %d must be at least 1", c.Heads)
+	}
+	if c.DModel >= 1 && c.Heads >= 1 {
+		if c.DModel < c.Heads {
+			bad("heads %d exceeds d_model %d (the head dimension d_model/heads must be at least 1: use at most %d heads)", c.Heads, c.DModel, c.DModel)
+		} else if r := c.DModel % c.Heads; r != 0 {
+			bad("d_model %d is not divisible by heads %d (d_model must be a multiple of heads: try %d or %d)", c.DModel, c.Heads, c.DModel-r, c.DModel-r+c.Heads)
 		}
 	}
-	if c.Heads > 0 && c.DModel%c.Heads != 0 {
-		errs = append(errs, fmt.Sprintf("d_model %d is not divisible by heads %d", c.DModel, c.Heads))
+	if c.FFMult < 1 {
+		bad("ff_mult %d must be at least 1 (the feed-forward width is ff_mult·d_model)", c.FFMult)
 	}
-	if c.Model == "fuzzy" && c.TopK > c.Experts {
-		errs = append(errs, fmt.Sprintf("top_k %d exceeds experts %d", c.TopK, c.Experts))
+	if c.MaxLen < 2 {
+		bad("max_len %d is too short (at least 2 positions)", c.MaxLen)
 	}
-	if c.Dropout < 0 || c.Dropout >= 1 {
-		errs = append(errs, fmt.Sprintf("dropout %g: want [0,1)", c.Dropout))
+	if !(c.Dropout >= 0 && c.Dropout < 1) {
+		bad("dropout %g is outside [0, 1)", c.Dropout)
 	}
-	if c.Model == "fuzzy" && (c.TauAlign <= 0 || c.TauMax < 0.6 || c.BiasClip <= 0 || c.SinkhornIters < 1) {
-		errs = append(errs, "tau_align and bias_clip must be positive, tau_max >= 0.6, sinkhorn_iters >= 1")
+	if !(c.LabelSmooth >= 0 && c.LabelSmooth < 1) {
+		bad("label_smooth %g is outside [0, 1)", c.LabelSmooth)
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("invalid model config: %s", strings.Join(errs, "; "))
+	if !fuzzy {
+		return validationError(errs)
 	}
-	return nil
+	// With one regime the membership softmax is identically 1: the residual
+	// gate, the expert router and the RPA prior see a constant, and the
+	// entropy floor η·log R is 0, so the fuzzy model degenerates.
+	if c.R < 2 {
+		bad("R %d: the fuzzy model needs at least 2 regimes (with one, every membership is 1 and the gates, router, RPA prior and entropy floor carry nothing)", c.R)
+	}
+	if c.Experts < 1 {
+		bad("experts %d must be at least 1", c.Experts)
+	}
+	if c.TopK < 1 {
+		bad("top_k %d must be at least 1", c.TopK)
+	} else if c.Experts >= 1 && c.TopK > c.Experts {
+		bad("top_k %d exceeds experts %d (top_k must be between 1 and experts)", c.TopK, c.Experts)
+	}
+	if c.RPAK < 0 {
+		bad("rpa_K %d is negative (0 means K = R; otherwise the number of soft position blocks)", c.RPAK)
+	}
+	if !(c.TauAlign > 0) {
+		bad("tau_align %g must be positive", c.TauAlign)
+	}
+	if c.SinkhornIters < 1 {
+		bad("sinkhorn_iters %d must be at least 1", c.SinkhornIters)
+	}
+	if !(c.RPAPosmix >= 0 && c.RPAPosmix <= 1) {
+		bad("rpa_posmix %g is outside [0, 1]", c.RPAPosmix)
+	}
+	if !(c.BiasClip > 0) {
+		bad("bias_clip %g must be positive", c.BiasClip)
+	}
+	// The attention temperature is clamped to [0.6, tau_max] in the forward
+	// pass; the controllers keep it in [0.3, tau_max].
+	if !(c.TauMax >= 0.6) {
+		bad("tau_max %g must be at least 0.6 (the attention temperature is clamped to [0.6, tau_max])", c.TauMax)
+	}
+	if !(c.TauAttInit >= tauAttMin && c.TauAttInit <= c.TauMax) {
+		bad("tau_att_init %g is outside [%g, tau_max %g]", c.TauAttInit, tauAttMin, c.TauMax)
+	}
+	return validationError(errs)
+}
+
+// tauAttMin is the lowest initial attention temperature Validate accepts
+// (the floor the τ controllers use).
+const tauAttMin = 0.3
+
+func validationError(errs []string) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid model config: %s", strings.Join(errs, "; "))
 }
 
 // JSON returns the config as indented JSON.
