@@ -19,6 +19,11 @@ type OpDef struct {
 	Infer func(in []*Value, a Attrs) ([]Shape, []DType, error)
 	// Doc states the exact semantics; kernels follow it.
 	Doc string
+	// Scratch, when set, is the number of float elements a node's kernel
+	// allocates for itself outside the memory plan (row chunks,
+	// accumulators), so that a compiled program needs the plan's slots plus
+	// the scratch of its nodes plus the stored tensors.
+	Scratch func(n *Node) int
 }
 
 // Ops is the op table. Every forward op has a gradient rule in passes/autodiff.go
@@ -317,6 +322,37 @@ func init() {
 			}
 			return []Shape{{}, {}}, []DType{F32, F32}, nil
 		}})
+	reg(&OpDef{Name: "LMHeadCrossEntropy", NumIn: 3,
+		Doc: "LMHeadCrossEntropy(x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (sm_sum[], ce_sum[], pred[N] i32): " +
+			"the two sums of CrossEntropy(x·Wᵀ, targets; ls) and pred, the argmax of each row of x·Wᵀ (ties: lower index; NaN ranks last). " +
+			"The [N,V] logits are never held at once: rows are processed chunk at a time (chunk <= 0: LMHeadChunk).",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			n, err := lmHeadRows(in)
+			if err != nil {
+				return nil, nil, err
+			}
+			return []Shape{{}, {}, {n}}, []DType{F32, F32, I32}, nil
+		},
+		Scratch: func(n *Node) int { return LMHeadChunkRows(n) * n.Inputs[1].Shape[0] }})
+	reg(&OpDef{Name: "LMHeadCrossEntropyGrad", NumIn: 4,
+		Doc: "LMHeadCrossEntropyGrad(dsm[], x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (dx[N,D], dW[V,D]): " +
+			"the gradient of dsm·sm_sum of LMHeadCrossEntropy: with dlogits = dsm·(softmax(x·Wᵀ) - ((1-ls)·onehot + ls/V)), " +
+			"dx = dlogits·W and dW = dlogitsᵀ·x. A backend may compute it during the LMHeadCrossEntropy on the same inputs.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if len(in[0].Shape) != 0 {
+				return nil, nil, fmt.Errorf("dsm %v, want a scalar", in[0].Shape)
+			}
+			if _, err := lmHeadRows(in[1:]); err != nil {
+				return nil, nil, err
+			}
+			return []Shape{in[1].Shape, in[2].Shape}, []DType{F32, F32}, nil
+		},
+		// the unscaled dx and dW, accumulated while the forward runs, and a
+		// chunk of x rows scaled for the dW product
+		Scratch: func(n *Node) int {
+			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
+			return x.Numel() + w.Numel() + (LMHeadChunkRows(n)+1)*x[1]
+		}})
 	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(in[1].Shape) }})
 
@@ -373,6 +409,39 @@ func init() {
 			}
 			return one(q)
 		}})
+}
+
+// LMHeadChunk is the default number of rows LMHeadCrossEntropy computes at
+// once: with a 50,257-token vocabulary one chunk of logits is 49 MiB in
+// float32, a small fraction of the full [N,V] logits of a training step
+// while each chunk's matrix products stay large.
+const LMHeadChunk = 256
+
+// LMHeadChunkRows is the number of rows an LMHeadCrossEntropy or
+// LMHeadCrossEntropyGrad node computes at once: its chunk attribute
+// (LMHeadChunk when absent or not positive), at most N and at least 1.
+func LMHeadChunkRows(n *Node) int {
+	c := n.Attrs.Int("chunk", 0)
+	if c <= 0 {
+		c = LMHeadChunk
+	}
+	x := n.Inputs[0]
+	if n.Op == "LMHeadCrossEntropyGrad" {
+		x = n.Inputs[1]
+	}
+	return max(1, min(c, x.Shape[0]))
+}
+
+// lmHeadRows checks x[N,D], W[V,D], targets[N] i32 and returns N.
+func lmHeadRows(in []*Value) (int, error) {
+	x, w, t := in[0], in[1], in[2]
+	if len(x.Shape) != 2 || len(w.Shape) != 2 || x.Shape[1] != w.Shape[1] || x.DType != F32 || w.DType != F32 {
+		return 0, fmt.Errorf("x %v with W %v, want x[N,D] and W[V,D]", x.Shape, w.Shape)
+	}
+	if len(t.Shape) != 1 || t.Shape[0] != x.Shape[0] || t.DType != I32 {
+		return 0, fmt.Errorf("targets %s%v, want i32 [%d]", t.DType, t.Shape, x.Shape[0])
+	}
+	return x.Shape[0], nil
 }
 
 // Verify checks a graph's structural invariants: every node's op exists,

@@ -145,6 +145,11 @@ type Plan struct {
 	Peak int
 	// Naive is the element count without reuse (for reporting).
 	Naive int
+	// ScratchElems is the float element count that kernels allocate for
+	// themselves outside the slots (ir.OpDef.Scratch summed over the nodes).
+	// A compiled program holds (Peak + ScratchElems) floats besides the
+	// stored tensors.
+	ScratchElems int
 }
 
 // Program is a compiled graph.

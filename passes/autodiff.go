@@ -251,6 +251,13 @@ func init() {
 			}
 			return []*ir.Value{g.Op1("CrossEntropyGrad", n.Attrs.Clone(), d[0], n.Inputs[0], n.Inputs[1]), nil}
 		},
+		"LMHeadCrossEntropy": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
+			if d[0] == nil {
+				return nil // only the smoothed sum is differentiated
+			}
+			o := g.Apply("LMHeadCrossEntropyGrad", n.Attrs.Clone(), d[0], n.Inputs[0], n.Inputs[1], n.Inputs[2])
+			return []*ir.Value{o[0], o[1], nil}
+		},
 		"GaussianMembership": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			return g.Apply("GaussianMembershipGrad", nil, d[0], n.Inputs[0], n.Inputs[1], n.Inputs[2], n.Outputs[0])
 		},

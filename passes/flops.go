@@ -3,8 +3,10 @@ package passes
 import "github.com/rpac-dev/rpac/ir"
 
 // Flops counts the multiply-add work of a graph's matrix products (2·M·N·K
-// per product): Linear, LinearGradX, LinearGradW, MatMul and the two
-// products inside FusedAttention. Other ops are
+// per product): Linear, LinearGradX, LinearGradW, MatMul, the two
+// products inside FusedAttention, the logits product of LMHeadCrossEntropy
+// (2·N·V·D) and the two products of its gradient (4·N·V·D, computed by the
+// CPU backend during the forward). Other ops are
 // memory-bound and not counted, so achieved FLOP/s figures are GEMM FLOP/s.
 func Flops(g *ir.Graph) int64 {
 	var f int64
@@ -23,6 +25,12 @@ func Flops(g *ir.Graph) int64 {
 		case "FusedAttention": // q·kᵀ and p·v: 2 · (2·B·H·T·S·Hd)
 			q, k := n.Inputs[0].Shape, n.Inputs[1].Shape
 			f += 4 * int64(q.Numel()) * int64(k[2])
+		case "LMHeadCrossEntropy": // x[N,D]·W[V,D]ᵀ
+			x, w := n.Inputs[0].Shape, n.Inputs[1].Shape
+			f += 2 * int64(x[0]) * int64(w[0]) * int64(w[1])
+		case "LMHeadCrossEntropyGrad": // dlogits·W and dlogitsᵀ·x
+			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
+			f += 4 * int64(x[0]) * int64(w[0]) * int64(w[1])
 		case "MatMul":
 			a := n.Inputs[0].Shape
 			k := a[len(a)-1]

@@ -11,6 +11,8 @@ import (
 // A value's slot is taken when its node runs and given back after the last
 // node that reads it; graph outputs stay live to the end. A node's outputs
 // never share a slot with its own inputs. Free slots are reused best-fit.
+// The memory that kernels allocate besides the slots is counted in
+// ScratchElems.
 func Plan(g *ir.Graph) *kernels.Plan {
 	last := map[*ir.Value]int{}
 	for i, n := range g.Nodes {
@@ -65,6 +67,11 @@ func Plan(g *ir.Graph) *kernels.Plan {
 	}
 	for _, e := range p.SlotElems {
 		p.Peak += e
+	}
+	for _, n := range g.Nodes {
+		if def := ir.Ops[n.Op]; def != nil && def.Scratch != nil {
+			p.ScratchElems += def.Scratch(n)
+		}
 	}
 	return p
 }

@@ -189,20 +189,29 @@ func (b *builder) build() error {
 		}
 	}
 	x = b.layerNorm(x, "ln_f", D)
-	logits := b.op("Linear", nil, x, tok) // tied LM head
+	var logits *ir.Value
 	if o.Logits {
+		logits = b.op("Linear", nil, x, tok) // tied LM head
 		g.SetOutput("logits", logits)
 	}
 	if o.NoLoss {
 		return nil
 	}
 	targets := g.Input("targets", ir.Shape{B * T}, ir.I32)
-	flat := b.op("Reshape", ir.Attrs{"shape": []int{B * T, c.Vocab}}, logits)
 	ls := 0.0
 	if o.Mode == Train {
 		ls = c.LabelSmooth
 	}
-	ce := g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": ls}, flat, targets)
+	var ce []*ir.Value
+	if o.Logits {
+		flat := b.op("Reshape", ir.Attrs{"shape": []int{B * T, c.Vocab}}, logits)
+		ce = g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": ls}, flat, targets)
+	} else {
+		// tied LM head and loss in one op: the [B·T, V] logits are never held at once
+		xf := b.op("Reshape", ir.Attrs{"shape": []int{B * T, D}}, x)
+		ce = g.Apply("LMHeadCrossEntropy", ir.Attrs{"label_smoothing": ls}, xf, tok, targets)
+		g.SetOutput("pred", ce[2]) // argmax of each row's logits [B·T]
+	}
 	g.SetOutput("ce_sm_sum", ce[0])
 	g.SetOutput("ce_sum", ce[1])
 	if o.Mode != Train {

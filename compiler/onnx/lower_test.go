@@ -278,7 +278,8 @@ func TestDeadNodesSkipped(t *testing.T) {
 func TestEveryForwardOpLowered(t *testing.T) {
 	for name, def := range ir.Ops {
 		inference := !def.TrainingOnly && !strings.HasSuffix(name, "Grad") &&
-			!strings.HasPrefix(name, "LinearGrad") && name != "CrossEntropy"
+			!strings.HasPrefix(name, "LinearGrad") && name != "CrossEntropy" &&
+			name != "LMHeadCrossEntropy"
 		if inference != Lowered(name) {
 			t.Errorf("op %s: inference op %v, lowered %v", name, inference, Lowered(name))
 		}
@@ -362,5 +363,23 @@ func TestFusedAttentionLowered(t *testing.T) {
 	}
 	if !Lowered("FusedAttention") {
 		t.Fatal("FusedAttention has no lowering")
+	}
+}
+
+// The fused LM head and loss belongs to training and evaluation graphs; a
+// graph whose logits depend on it is refused with a clear error.
+func TestLMHeadCrossEntropyRefused(t *testing.T) {
+	const B, T, V, D = 1, 3, 5, 4
+	g := ir.New("fused_head")
+	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
+	E := g.Param("tok_emb.weight", ir.Shape{V, D})
+	h := g.Op1("Gather", nil, E, ids)
+	hf := g.Op1("Reshape", ir.Attrs{"shape": []int{B * T, D}}, h)
+	tg := g.Op1("Reshape", ir.Attrs{"shape": []int{B * T}}, ids)
+	ce := g.Apply("LMHeadCrossEntropy", nil, hf, E, tg)
+	g.SetOutput("logits", g.Op1("Add", nil, g.Op1("Linear", nil, h, E), ce[0]))
+	_, err := Lower(g, seqWeights, Options{})
+	if err == nil || !strings.Contains(err.Error(), "LMHeadCrossEntropy") || !strings.Contains(err.Error(), "Logits") {
+		t.Fatalf("want an error naming LMHeadCrossEntropy and the logits export graph, got %v", err)
 	}
 }

@@ -16,7 +16,8 @@ import (
 type lowering func(b *builder, n *ir.Node, in []string, out string) (string, error)
 
 // lowerings maps ir op names to their lowering. Ops without an entry
-// (gradient ops, CrossEntropy) have no place in an inference graph.
+// (gradient ops, CrossEntropy, LMHeadCrossEntropy) have no place in an
+// inference graph.
 var lowerings = map[string]lowering{
 	"Gather":      lowerGather,
 	"Slice":       lowerSlice,
@@ -61,6 +62,10 @@ func (b *builder) lowerNode(n *ir.Node) error {
 	def := ir.Ops[n.Op]
 	if def != nil && def.TrainingOnly {
 		return fmt.Errorf("training-only op %s cannot be exported (run passes.StripTraining first)", n.Op)
+	}
+	if n.Op == "LMHeadCrossEntropy" {
+		return fmt.Errorf("op %s is the fused LM head and loss of training and evaluation graphs; "+
+			"an export graph computes logits (model.Build with Logits and NoLoss)", n.Op)
 	}
 	f, ok := lowerings[n.Op]
 	if !ok {

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -187,4 +188,45 @@ func BenchmarkAddBroadcast(b *testing.B) {
 		g.SetOutput("y", g.Op1("Mul", nil, g.Input("x", ir.Shape{4, 512, D}, ir.F32), g.Input("col", ir.Shape{4, 512, 1}, ir.F32)))
 		benchProgram(b, g, feeds, N*D*8)
 	})
+}
+
+// BenchmarkLMHead: the tied LM head, loss and gradient of one tiny-preset
+// step (2048 rows, D=128, GPT-2 vocabulary): Linear + CrossEntropy and
+// their gradients against LMHeadCrossEntropy at several chunk sizes.
+func BenchmarkLMHead(b *testing.B) {
+	const N, D, V = 2048, 128, 50257
+	feeds := map[string]*kernels.Tensor{
+		"x": {Shape: ir.Shape{N, D}, F32: randF32(N*D, 1, 1)},
+		"w": {Shape: ir.Shape{V, D}, F32: randF32(V*D, 0.02, 2)},
+		"t": kernels.IntTensor(ir.Shape{N}, make([]int32, N)),
+	}
+	for i := range feeds["t"].I32 {
+		feeds["t"].I32[i] = int32(i * 7919 % V)
+	}
+	graph := func(chunk int) *ir.Graph {
+		g := ir.New("head")
+		x := g.Input("x", ir.Shape{N, D}, ir.F32)
+		w := g.Input("w", ir.Shape{V, D}, ir.F32)
+		tv := g.Input("t", ir.Shape{N}, ir.I32)
+		one := g.Scalar(1.0 / N)
+		if chunk < 0 {
+			a := ir.Attrs{"label_smoothing": 0.015}
+			l := g.Op1("Linear", nil, x, w)
+			g.SetOutput("loss", g.Apply("CrossEntropy", a, l, tv)[0])
+			dl := g.Op1("CrossEntropyGrad", a, one, l, tv)
+			g.SetOutput("dx", g.Op1("LinearGradX", nil, dl, w))
+			g.SetOutput("dw", g.Op1("LinearGradW", nil, dl, x))
+			return g
+		}
+		a := ir.Attrs{"label_smoothing": 0.015, "chunk": chunk}
+		g.SetOutput("loss", g.Apply("LMHeadCrossEntropy", a, x, w, tv)[0])
+		d := g.Apply("LMHeadCrossEntropyGrad", a, one, x, w, tv)
+		g.SetOutput("dx", d[0])
+		g.SetOutput("dw", d[1])
+		return g
+	}
+	b.Run("unfused", func(b *testing.B) { benchProgram(b, graph(-1), feeds, 0) })
+	for _, c := range []int{64, 128, 256, 512, 1024, 2048} {
+		b.Run(fmt.Sprintf("chunk=%d", c), func(b *testing.B) { benchProgram(b, graph(c), feeds, 0) })
+	}
 }

@@ -17,7 +17,9 @@ func (p *program[T]) build(n *ir.Node, in, out []*tensor[T]) (func() error, erro
 				n.Op == "Gather" && t == in[1],
 				n.Op == "GatherGrad" && t == in[1],
 				n.Op == "CrossEntropy" && t == in[1],
-				n.Op == "CrossEntropyGrad" && t == in[2]:
+				n.Op == "CrossEntropyGrad" && t == in[2],
+				n.Op == "LMHeadCrossEntropy" && t == in[2],
+				n.Op == "LMHeadCrossEntropyGrad" && t == in[3]:
 			default:
 				return nil, fmt.Errorf("input %s is i32; %s takes float data there", t.v, n.Op)
 			}
@@ -112,6 +114,10 @@ func (p *program[T]) build(n *ir.Node, in, out []*tensor[T]) (func() error, erro
 		return p.buildCrossEntropy(n, in, out)
 	case "CrossEntropyGrad":
 		return p.buildCrossEntropyGrad(n, in, out)
+	case "LMHeadCrossEntropy":
+		return p.buildLMHeadCE(n, in, out)
+	case "LMHeadCrossEntropyGrad":
+		return p.buildLMHeadCEGrad(n, in, out)
 	case "GaussianMembership":
 		return p.buildGaussian(in, out)
 	case "GaussianMembershipGrad":

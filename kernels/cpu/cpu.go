@@ -73,7 +73,10 @@ type program[T float] struct {
 	runs uint64
 	// ce caches per-row log-sum-exp of CrossEntropy logits (by value ID) so
 	// CrossEntropyGrad on the same logits makes one pass instead of three.
-	ce     map[int]*ceCache
+	ce map[int]*ceCache
+	// lmh holds, by node ID, the gradient accumulators of LMHeadCrossEntropy
+	// nodes whose gradient the program also computes.
+	lmh    map[int]*lmhState[T]
 	closed bool
 }
 
@@ -94,7 +97,7 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 		return nil, fmt.Errorf("cpu: %w", err)
 	}
 	p := &program[T]{prec: prec, g: g, store: store, outs: map[string]*kernels.Tensor{},
-		outT: map[string]*tensor[T]{}, ce: map[int]*ceCache{}, parts: partsFor()}
+		outT: map[string]*tensor[T]{}, ce: map[int]*ceCache{}, lmh: map[int]*lmhState[T]{}, parts: partsFor()}
 
 	// Every value the graph mentions, by ID.
 	all := map[int]*ir.Value{}
@@ -429,5 +432,5 @@ func (p *program[T]) Output(name string) *kernels.Tensor { return p.outs[name] }
 func (p *program[T]) Close() {
 	p.closed = true
 	p.vals, p.slots, p.steps, p.inputs, p.stored = nil, nil, nil, nil, nil
-	p.ce = nil
+	p.ce, p.lmh = nil, nil
 }

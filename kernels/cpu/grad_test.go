@@ -814,6 +814,7 @@ func allGradCases() []gradCase {
 	cs = append(cs, movementCases()...)
 	cs = append(cs, nnCases()...)
 	cs = append(cs, paperCases()...)
+	cs = append(cs, lmHeadCases()...)
 	return cs
 }
 
