@@ -36,7 +36,7 @@ func TestDropFoldedBias(t *testing.T) {
 				return err
 			}})
 			pipe = append(pipe, passes.ExportPipeline[2:]...)
-			if err := passes.Run(g, pipe, exportCtx(st, passes.FoldRPAMode, passes.AttentionNone, rep)); err != nil {
+			if err := passes.Run(g, pipe, exportCtx(g, st, passes.FoldRPAMode, passes.AttentionNone, rep)); err != nil {
 				t.Fatal(err)
 			}
 			return g, rep

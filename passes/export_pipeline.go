@@ -3,7 +3,6 @@ package passes
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
@@ -45,23 +44,12 @@ type ExportOptions struct {
 	// Attention is AttentionOp, AttentionPlain or AttentionNone (default
 	// DefaultAttention).
 	Attention string
-	// RunningStat reports whether a buffer holds running statistics of the
-	// RPA path (default: IsRunningStat).
-	RunningStat func(name string) bool
 	// Report receives FoldRPA's per-layer statistics.
 	Report *FoldReport
 }
 
 // ExportKey is the Context.Extra key of *ExportOptions.
 const ExportKey = "export"
-
-// IsRunningStat is the default RunningStat: the running-statistics buffers
-// compiler/model creates ("blocks.<i>.attn.rpa_mu_mean.T<T>" and
-// "blocks.<i>.attn.legacy_sim.T<T>").
-func IsRunningStat(name string) bool {
-	return strings.HasPrefix(name, "blocks.") &&
-		(strings.Contains(name, ".attn.rpa_mu_mean.T") || strings.Contains(name, ".attn.legacy_sim.T"))
-}
 
 func exportOptions(c *Context) (*ExportOptions, error) {
 	if c == nil || c.Extra == nil {
@@ -84,9 +72,6 @@ func exportOptions(c *Context) (*ExportOptions, error) {
 	case AttentionOp, AttentionPlain, AttentionNone:
 	default:
 		return nil, fmt.Errorf("attention lowering %q: want %q, %q or %q", o.Attention, AttentionOp, AttentionPlain, AttentionNone)
-	}
-	if o.RunningStat == nil {
-		o.RunningStat = IsRunningStat
 	}
 	return o, nil
 }
@@ -111,7 +96,7 @@ var ExportPipeline = []Pass{
 		if o.Fold == FoldNoneMode {
 			return nil
 		}
-		rep, err := FoldRPA(g, o.Store, o.Backend, o.RunningStat)
+		rep, err := FoldRPA(g, c.Model, o.Store, o.Backend)
 		if err != nil {
 			return err
 		}

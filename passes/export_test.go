@@ -39,14 +39,16 @@ func exportStore(t testing.TB, cfg *model.Config, lengths ...int) *kernels.Store
 	st := kernels.NewStore(kernels.F32)
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, T := range lengths {
-		_, specs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Train})
+		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Train})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, especs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
+		specs := mg.Specs
+		mg, err = model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
 		if err != nil {
 			t.Fatal(err)
 		}
+		especs := mg.Specs
 		if err := model.InitStore(append(specs, especs...), st, 3); err != nil {
 			t.Fatal(err)
 		}
@@ -79,15 +81,19 @@ func exportStore(t testing.TB, cfg *model.Config, lengths ...int) *kernels.Store
 
 func evalGraph(t testing.TB, cfg *model.Config, T, B int, mode model.Mode, batchStats bool) *ir.Graph {
 	t.Helper()
-	g, _, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: mode, BatchStats: batchStats, Logits: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: mode, BatchStats: batchStats, Logits: true, NoLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g
+	infos[mg.Graph] = mg.Info()
+	return mg.Graph
 }
 
-func exportCtx(st *kernels.Store, fold, attention string, rep *passes.FoldReport) *passes.Context {
-	return &passes.Context{Extra: map[string]any{passes.ExportKey: &passes.ExportOptions{
+// infos holds the model description of every graph evalGraph built.
+var infos = map[*ir.Graph]*passes.ModelInfo{}
+
+func exportCtx(g *ir.Graph, st *kernels.Store, fold, attention string, rep *passes.FoldReport) *passes.Context {
+	return &passes.Context{Model: infos[g], Extra: map[string]any{passes.ExportKey: &passes.ExportOptions{
 		Store: st, Backend: cpu.New(kernels.F32), Fold: fold, Attention: attention, Report: rep}}}
 }
 
@@ -146,7 +152,7 @@ func TestExportGolden(t *testing.T) {
 			st := exportStore(t, &cfg, T)
 			g := evalGraph(t, &cfg, T, 1, tc.mode, false)
 			var buf bytes.Buffer
-			c := exportCtx(st, tc.fold, tc.attention, nil)
+			c := exportCtx(g, st, tc.fold, tc.attention, nil)
 			c.DumpAfter, c.Dump = "all", &buf
 			buf.WriteString("// before passes\n" + g.String())
 			if err := passes.Run(g, passes.ExportPipeline, c); err != nil {
@@ -166,7 +172,7 @@ func TestStripTrainingGolden(t *testing.T) {
 	g := evalGraph(t, &cfg, 4, 1, model.Train, false)
 	var buf bytes.Buffer
 	buf.WriteString("// before passes\n" + g.String())
-	c := exportCtx(st, passes.FoldNoneMode, passes.AttentionNone, nil)
+	c := exportCtx(g, st, passes.FoldNoneMode, passes.AttentionNone, nil)
 	c.DumpAfter, c.Dump = "strip training", &buf
 	if err := passes.Run(g, passes.ExportPipeline[:1], c); err != nil {
 		t.Fatal(err)
@@ -283,7 +289,7 @@ func TestFoldRPAExact(t *testing.T) {
 
 		g := evalGraph(t, &cfg, T, B, model.Eval, false)
 		rep := &passes.FoldReport{}
-		if err := passes.Run(g, passes.ExportPipeline, exportCtx(st, passes.FoldRPAMode, passes.AttentionNone, rep)); err != nil {
+		if err := passes.Run(g, passes.ExportPipeline, exportCtx(g, st, passes.FoldRPAMode, passes.AttentionNone, rep)); err != nil {
 			t.Fatal(err)
 		}
 		got := logitsOf(t, g, st, ids)
@@ -321,7 +327,7 @@ func TestFoldRPAClipFraction(t *testing.T) {
 	st := exportStore(t, &cfg, T)
 	g := evalGraph(t, &cfg, T, 1, model.Eval, false)
 	rep := &passes.FoldReport{}
-	if err := passes.Run(g, passes.ExportPipeline, exportCtx(st, passes.FoldRPAMode, passes.AttentionNone, rep)); err != nil {
+	if err := passes.Run(g, passes.ExportPipeline, exportCtx(g, st, passes.FoldRPAMode, passes.AttentionNone, rep)); err != nil {
 		t.Fatal(err)
 	}
 	if l := rep.Layers[0]; l.ClipFrac < 0.05 || math.Abs(l.Max) > 0.5*0.75+1e-6 {
@@ -333,13 +339,13 @@ func TestFoldRPAErrors(t *testing.T) {
 	cfg := exportCfg("fuzzy", 1)
 	st := exportStore(t, &cfg, 8)
 	g := evalGraph(t, &cfg, 8, 1, model.Eval, true)
-	err := passes.Run(g, passes.ExportPipeline, exportCtx(st, passes.FoldRPAMode, passes.AttentionNone, nil))
+	err := passes.Run(g, passes.ExportPipeline, exportCtx(g, st, passes.FoldRPAMode, passes.AttentionNone, nil))
 	if err == nil || !strings.Contains(err.Error(), "running statistics") {
 		t.Fatalf("batch-statistics graph: want a refusal, got %v", err)
 	}
 	// Running statistics of another length are missing.
 	g = evalGraph(t, &cfg, 6, 1, model.Eval, false)
-	err = passes.Run(g, passes.ExportPipeline, exportCtx(st, passes.FoldRPAMode, passes.AttentionNone, nil))
+	err = passes.Run(g, passes.ExportPipeline, exportCtx(g, st, passes.FoldRPAMode, passes.AttentionNone, nil))
 	if err == nil || !strings.Contains(err.Error(), "rpa_mu_mean.T6") || !strings.Contains(err.Error(), "calib") {
 		t.Fatalf("missing running statistics: want an error naming them and calibration, got %v", err)
 	}
@@ -350,10 +356,11 @@ func TestCalibrate(t *testing.T) {
 	cfg := exportCfg("fuzzy", 2)
 	const T, B = 8, 2
 	st := exportStore(t, &cfg, T)
-	g, specs, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: true, NoLoss: true})
+	mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: true, NoLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	g, specs := mg.Graph, mg.Specs
 	_ = specs
 	stats := map[string]string{}
 	for i := 0; i < cfg.Layers; i++ {
@@ -406,7 +413,7 @@ func TestConstFold(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
 	ids := randIDs(r, T, cfg.Vocab)
 	want := logitsOf(t, g, st, ids)
-	if err := passes.Run(g, passes.ExportPipeline[:4], exportCtx(st, passes.FoldNoneMode, passes.AttentionNone, nil)); err != nil {
+	if err := passes.Run(g, passes.ExportPipeline[:4], exportCtx(g, st, passes.FoldNoneMode, passes.AttentionNone, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if g.Lookup("pos_emb.weight") != nil || g.Lookup("pos_emb.weight.slice") == nil {
@@ -436,7 +443,7 @@ func TestFuseAttention(t *testing.T) {
 				ids := randIDs(r, B*T, cfg.Vocab)
 				want := logitsOf(t, evalGraph(t, &cfg, T, B, model.Eval, false), st, ids)
 				g := evalGraph(t, &cfg, T, B, model.Eval, false)
-				if err := passes.Run(g, passes.ExportPipeline, exportCtx(st, fold, att, nil)); err != nil {
+				if err := passes.Run(g, passes.ExportPipeline, exportCtx(g, st, fold, att, nil)); err != nil {
 					t.Fatal(err)
 				}
 				ops := g.OpCounts()
@@ -479,7 +486,7 @@ func TestDumpAfterNamedPass(t *testing.T) {
 	st := exportStore(t, &cfg, 8)
 	g := evalGraph(t, &cfg, 8, 1, model.Eval, false)
 	var buf bytes.Buffer
-	c := exportCtx(st, passes.FoldRPAMode, passes.AttentionPlain, nil)
+	c := exportCtx(g, st, passes.FoldRPAMode, passes.AttentionPlain, nil)
 	c.DumpAfter, c.Dump = "fold rpa", &buf
 	if err := passes.Run(g, passes.ExportPipeline, c); err != nil {
 		t.Fatal(err)

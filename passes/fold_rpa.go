@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -44,24 +43,26 @@ type FoldReport struct {
 // value gamma), and puts constants in their place. The old subgraph is left
 // dead for DCE.
 //
-// It refuses a graph built with batch statistics (mode "eval-batchstats" or
-// "train"): those statistics depend on the batch and cannot be folded. A
+// info is the graph's model description (its length and running-statistics
+// buffers). It refuses a graph built with batch statistics or for training:
+// those statistics depend on the batch and cannot be folded. A
 // running-statistics buffer missing from st is an error naming it (see
 // Calibrate). The report gives the range of each folded [T,T] bias and the
 // fraction of its entries that the bias clip cut.
-func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(string) bool) (*FoldReport, error) {
-	if running == nil {
-		running = IsRunningStat
+func FoldRPA(g *ir.Graph, info *ModelInfo, st *kernels.Store, be kernels.Backend) (*FoldReport, error) {
+	if info == nil {
+		return nil, fmt.Errorf("fold rpa: graph %s comes without its model description (passes.Context.Model)", g.Name)
 	}
-	if mode := g.Meta["mode"]; mode != "" && mode != "eval" {
-		return nil, fmt.Errorf("fold rpa: graph %s is built in mode %q; folding needs an eval graph with running statistics (model.Eval without BatchStats)", g.Name, mode)
+	if !info.Eval || info.BatchStats {
+		return nil, fmt.Errorf("fold rpa: graph %s is built for training or with batch statistics; folding needs an eval graph with running statistics (model.Eval without BatchStats)", g.Name)
 	}
 	// Running statistics become constants.
 	layerOf := map[*ir.Value]int{}
 	var missing []string
-	for _, v := range g.Values {
-		if v.Kind != ir.Buffer || !running(v.Name) {
-			continue
+	for _, rb := range info.Running {
+		v := g.Lookup(rb.Name)
+		if v == nil || v.Kind != ir.Buffer {
+			continue // a layer whose statistic the graph no longer reads
 		}
 		var t *kernels.Tensor
 		if st != nil {
@@ -73,7 +74,7 @@ func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(st
 		}
 		v.Kind = ir.Const
 		v.Data = t.Float64s()
-		layerOf[v] = layerIndex(v.Name)
+		layerOf[v] = rb.Layer
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
@@ -120,7 +121,7 @@ func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(st
 			}
 		}
 	}
-	T, _ := strconv.Atoi(g.Meta["T"])
+	T := info.T
 	isBias := func(s ir.Shape) bool { return len(s) == 2 && s[0] == s[1] && (s[0] == T || T == 0 && s[0] > 1) }
 	uses := g.Uses()
 	var targets, clipIn []*ir.Value
@@ -159,10 +160,10 @@ func FoldRPA(g *ir.Graph, st *kernels.Store, be kernels.Backend, running func(st
 		if isBias(v.Shape) {
 			name = fmt.Sprintf("blocks.%d.attn.rpa_bias.T%d", l, v.Shape[0])
 		} else if base := paramBase(v, dep); base != "" {
-			name = fmt.Sprintf("%s.T%s", base, g.Meta["T"])
+			name = fmt.Sprintf("%s.T%d", base, T)
 		} else {
 			extra[l]++
-			name = fmt.Sprintf("blocks.%d.attn.rpa_folded%d.T%s", l, extra[l], g.Meta["T"])
+			name = fmt.Sprintf("blocks.%d.attn.rpa_folded%d.T%d", l, extra[l], T)
 		}
 		c := newConst(g, name, v.Shape, vals[v])
 		replaceUses(g, v, c)
@@ -203,19 +204,6 @@ func paramBase(v *ir.Value, dep map[*ir.Node]bool) string {
 		}
 	}
 	return ""
-}
-
-// layerIndex parses "blocks.<i>." (-1 when the name has no layer).
-func layerIndex(name string) int {
-	rest, ok := strings.CutPrefix(name, "blocks.")
-	if !ok {
-		return -1
-	}
-	i, err := strconv.Atoi(strings.SplitN(rest, ".", 2)[0])
-	if err != nil {
-		return -1
-	}
-	return i
 }
 
 func visibleStats(x []float64, T int) (lo, hi, mean float64) {

@@ -15,10 +15,11 @@ func trainGraph(t *testing.T, kind string) *ir.Graph {
 	c := p.Config
 	c.Model = kind
 	c.Vocab, c.DModel, c.MaxLen, c.Dropout = 97, 32, 16, 0.1
-	g, _, err := model.Build(&c, model.Opts{T: 16, B: 2, Mode: model.Train})
+	mg, err := model.Build(&c, model.Opts{T: 16, B: 2, Mode: model.Train})
 	if err != nil {
 		t.Fatal(err)
 	}
+	g := mg.Graph
 	if err := passes.Run(g, passes.TrainPipeline, &passes.Context{Loss: "loss"}); err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +112,11 @@ func TestDumpAfterPass(t *testing.T) {
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
 	c.Vocab, c.DModel, c.MaxLen = 31, 16, 8
-	g, _, err := model.Build(&c, model.Opts{T: 8, B: 1, Mode: model.Train})
+	mg, err := model.Build(&c, model.Opts{T: 8, B: 1, Mode: model.Train})
 	if err != nil {
 		t.Fatal(err)
 	}
+	g := mg.Graph
 	var b strings.Builder
 	if err := passes.Run(g, passes.TrainPipeline, &passes.Context{Loss: "loss", DumpAfter: "autodiff", Dump: &b}); err != nil {
 		t.Fatal(err)

@@ -18,9 +18,29 @@ type Context struct {
 	DumpAfter string    // pass name after which to print the graph ("all" for every pass)
 	Dump      io.Writer // where dumps go
 	Export    bool      // verify as an export graph (no training-only ops)
+	// Model describes the graph's model (length, mode, running statistics);
+	// the builder provides it (compiler/model's Graph.Info).
+	Model *ModelInfo
 	// Extra lets export passes receive their inputs (stores, calibration) without
 	// this package depending on training code.
 	Extra map[string]any
+}
+
+// ModelInfo is what the passes know of a model graph, given as types by
+// the graph's builder rather than read back from names.
+type ModelInfo struct {
+	T, B int
+	// Eval graphs are deterministic; BatchStats eval graphs take the RPA
+	// statistics from the batch (they cannot be folded).
+	Eval, BatchStats bool
+	// Running lists the running-statistics buffers the graph reads.
+	Running []RunningBuffer
+}
+
+// RunningBuffer is one running-statistics buffer of a layer.
+type RunningBuffer struct {
+	Name  string
+	Layer int
 }
 
 // Pass is one entry of a pipeline.

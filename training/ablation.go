@@ -65,6 +65,31 @@ func AblationStages() []Stage {
 	}
 }
 
+// ComparisonStages isolate the attention prior, selectable with --stages
+// (not part of the default path): the same schedule as the "baseline"
+// stage (one context, no controllers, cosine to zero) for
+//
+//   - transformer: the plain pre-LN transformer (model baseline, same
+//     active FFN width),
+//   - fuzzy_legacy: the fuzzy model with the listing's legacy bias,
+//   - fuzzy_rpa: the fuzzy model with the RPA (Sinkhorn-aligned) prior.
+//
+// On the synthetic corpus they measure the long-span recall claim.
+func ComparisonStages() []Stage {
+	zero := 0.0
+	plain := func(model string, noAlign bool) func(o *Options, _ []int) {
+		return func(o *Options, _ []int) {
+			o.Model, o.NoAlign = model, noAlign
+			o.Control = Controls{LRFlat: &zero, LRFloor: &zero}
+		}
+	}
+	return []Stage{
+		{Name: "transformer", Label: "Transformer (no fuzzy gating, no prior)", Weights: "last", apply: plain("baseline", false)},
+		{Name: "fuzzy_legacy", Label: "Fuzzy, legacy bias (no RPA alignment)", Weights: "last", apply: plain("fuzzy", true)},
+		{Name: "fuzzy_rpa", Label: "Fuzzy + RPA prior (Sinkhorn-aligned)", Weights: "last", apply: plain("fuzzy", false)},
+	}
+}
+
 // AblationOptions configure Ablate.
 type AblationOptions struct {
 	// Base holds what every run shares: preset, data, steps, tokens per
@@ -95,6 +120,10 @@ type RunResult struct {
 	Tokens   int64    `json:"tokens"`
 	Seconds  float64  `json:"seconds"`
 	Contexts []int    `json:"contexts"`
+	// Recall is the final evaluation's recall accuracy at the synthetic
+	// corpus's answer positions (raw weights), and RecallN its count.
+	Recall  *float64 `json:"recall_acc,omitempty"`
+	RecallN int      `json:"recall_n,omitempty"`
 }
 
 // StageResult gathers a stage's runs.
@@ -121,17 +150,18 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 	}
 	stages := AblationStages()
 	if len(ao.Stages) > 0 {
+		all := append(slices.Clone(stages), ComparisonStages()...)
 		var sel []Stage
 		for _, n := range ao.Stages {
-			i := slices.IndexFunc(stages, func(s Stage) bool { return s.Name == n })
+			i := slices.IndexFunc(all, func(s Stage) bool { return s.Name == n })
 			if i < 0 {
 				var names []string
-				for _, s := range stages {
+				for _, s := range all {
 					names = append(names, s.Name)
 				}
 				return nil, fmt.Errorf("unknown stage %q (choose from %s)", n, strings.Join(names, ", "))
 			}
-			sel = append(sel, stages[i])
+			sel = append(sel, all[i])
 		}
 		stages = sel
 	}
@@ -180,6 +210,10 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 				Tokens: res.Tokens, Seconds: time.Since(t0).Seconds(), Members: res.SWAMembers, Contexts: o.Control.Contexts}
 			if len(rr.Contexts) == 0 {
 				rr.Contexts = []int{o.Context}
+			}
+			if !math.IsNaN(res.FinalRecall) {
+				v := res.FinalRecall
+				rr.Recall, rr.RecallN = &v, res.FinalRecallN
 			}
 			if !math.IsNaN(res.FinalEMACE) {
 				v := res.FinalEMACE
@@ -265,6 +299,8 @@ type AblationRow struct {
 	DeltaBase, DeltaPrev, MeanSeconds float64
 	Members                           float64 // mean SWA members per run
 	Contexts                          []int
+	Recall, RecallStd                 float64 // NaN without recall figures
+	RecallN                           int     // answers per run
 }
 
 // Summarize turns stage results into table rows (Δ against the first and
@@ -272,7 +308,7 @@ type AblationRow struct {
 func Summarize(rs []StageResult) []AblationRow {
 	var rows []AblationRow
 	for i, sr := range rs {
-		var ce, ppl, raw, ema, swa, secs []float64
+		var ce, ppl, raw, ema, swa, secs, rec []float64
 		var members int
 		r := AblationRow{Stage: sr.Stage.Name, Label: sr.Stage.Label, Seeds: len(sr.Runs)}
 		var ws []string
@@ -287,6 +323,10 @@ func Summarize(rs []StageResult) []AblationRow {
 				swa = append(swa, *run.SWACE)
 			}
 			secs = append(secs, run.Seconds)
+			if run.Recall != nil {
+				rec = append(rec, *run.Recall)
+				r.RecallN = run.RecallN
+			}
 			members += len(run.Members)
 			r.Params, r.Steps, r.Tokens, r.Contexts = run.Params, run.Steps, run.Tokens, run.Contexts
 			if !slices.Contains(ws, run.Weights) {
@@ -300,6 +340,7 @@ func Summarize(rs []StageResult) []AblationRow {
 		r.EMACE, r.EMAStd = MeanStd(ema)
 		r.SWACE, r.SWAStd = MeanStd(swa)
 		r.MeanSeconds, _ = MeanStd(secs)
+		r.Recall, r.RecallStd = MeanStd(rec)
 		r.Members = float64(members) / math.Max(1, float64(len(sr.Runs)))
 		r.DeltaBase, r.DeltaPrev = math.NaN(), math.NaN()
 		if i > 0 {
@@ -331,13 +372,25 @@ func ints(x []int) string {
 // AblationTable renders the rows as a Markdown table.
 func AblationTable(rows []AblationRow) string {
 	var b strings.Builder
-	b.WriteString("| Stage | Params | Steps | Tokens | Contexts | Weights | Val CE ↓ | PPL ↓ | Δ vs base | Δ from prev | raw CE | EMA CE | SWA CE | SWA members | s/run |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	recall := slices.ContainsFunc(rows, func(r AblationRow) bool { return !math.IsNaN(r.Recall) })
+	b.WriteString("| Stage | Params | Steps | Tokens | Contexts | Weights | Val CE ↓ | PPL ↓ | Δ vs base | Δ from prev | raw CE | EMA CE | SWA CE | SWA members | s/run |")
+	if recall {
+		b.WriteString(" Recall ↑ (raw) | answers |")
+	}
+	b.WriteString("\n| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	if recall {
+		b.WriteString(" ---: | ---: |")
+	}
+	b.WriteString("\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.0f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.0f |",
 			r.Label, r.Params, r.Steps, r.Tokens, ints(r.Contexts), r.Weights, pm(r.CE, r.CEStd, 3), pm(r.PPL, r.PPLStd, 1),
 			signed(r.DeltaBase), signed(r.DeltaPrev), pm(r.RawCE, r.RawStd, 3), pm(r.EMACE, r.EMAStd, 3),
 			pm(r.SWACE, r.SWAStd, 3), r.Members, r.MeanSeconds)
+		if recall {
+			fmt.Fprintf(&b, " %s | %d |", pm(r.Recall, r.RecallStd, 3), r.RecallN)
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }
@@ -345,7 +398,7 @@ func AblationTable(rows []AblationRow) string {
 // AblationCSV renders the rows as CSV (one line per stage).
 func AblationCSV(rows []AblationRow) string {
 	var b strings.Builder
-	b.WriteString("stage,label,params,steps,tokens,contexts,seeds,weights,val_ce_mean,val_ce_std,ppl_mean,ppl_std,delta_vs_base,delta_from_prev,raw_ce_mean,raw_ce_std,ema_ce_mean,ema_ce_std,swa_ce_mean,swa_ce_std,swa_members_mean,seconds_mean\n")
+	b.WriteString("stage,label,params,steps,tokens,contexts,seeds,weights,val_ce_mean,val_ce_std,ppl_mean,ppl_std,delta_vs_base,delta_from_prev,raw_ce_mean,raw_ce_std,ema_ce_mean,ema_ce_std,swa_ce_mean,swa_ce_std,swa_members_mean,seconds_mean,recall_mean,recall_std\n")
 	f := func(x float64) string {
 		if math.IsNaN(x) {
 			return ""
@@ -353,9 +406,9 @@ func AblationCSV(rows []AblationRow) string {
 		return fmt.Sprintf("%.6g", x)
 	}
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%s,%q,%d,%d,%d,%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
+		fmt.Fprintf(&b, "%s,%q,%d,%d,%d,%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
 			r.Stage, r.Label, r.Params, r.Steps, r.Tokens, ints(r.Contexts), r.Seeds, r.Weights, f(r.CE), f(r.CEStd), f(r.PPL), f(r.PPLStd),
-			f(r.DeltaBase), f(r.DeltaPrev), f(r.RawCE), f(r.RawStd), f(r.EMACE), f(r.EMAStd), f(r.SWACE), f(r.SWAStd), f(r.Members), f(r.MeanSeconds))
+			f(r.DeltaBase), f(r.DeltaPrev), f(r.RawCE), f(r.RawStd), f(r.EMACE), f(r.EMAStd), f(r.SWACE), f(r.SWAStd), f(r.Members), f(r.MeanSeconds), f(r.Recall), f(r.RecallStd))
 	}
 	return b.String()
 }

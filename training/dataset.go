@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -17,6 +18,8 @@ type Dataset struct {
 	Train     []int32
 	Eval      []int32
 	Synthetic *data.SyntheticCorpus // set for the synthetic corpus (recall accuracy)
+	// Dir is the WikiText-2 directory the splits came from (absolute).
+	Dir string
 }
 
 // LoadDataset resolves and encodes the data of a run.
@@ -48,8 +51,11 @@ func LoadDataset(ctx context.Context, name, dir, trainSplit, evalSplit string, s
 		if err != nil {
 			return nil, err
 		}
+		if abs, err := filepath.Abs(d); err == nil {
+			d = abs
+		}
 		return &Dataset{Name: "wikitext2", Protocol: fmt.Sprintf("train on %s, evaluate on %s", trainSplit, evalSplit),
-			EvalName: evalSplit, Vocab: tok.VocabSize(), Train: tr, Eval: ev}, nil
+			EvalName: evalSplit, Vocab: tok.VocabSize(), Train: tr, Eval: ev, Dir: d}, nil
 	case "synthetic":
 		c, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, data.SyntheticConfig{})
 		if err != nil {

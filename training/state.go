@@ -3,14 +3,77 @@ package training
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
+// stateFormat is the RunState format this build writes (1 and 2 are read).
+const stateFormat = 2
+
+// RunState is what state.json holds besides weights and optimizer moments.
+type RunState struct {
+	Format     int             `json:"format"`
+	Step       int             `json:"step"`
+	Tokens     int64           `json:"tokens"`
+	TotalSteps int             `json:"total_steps"`
+	Config     model.Config    `json:"config"`
+	Options    json.RawMessage `json:"options"`
+	Preset     string          `json:"preset"`
+	Context    int             `json:"context"` // evaluation length (the only length without the context game)
+	Batch      int             `json:"batch"`   // batch at Context
+	Contexts   []int           `json:"contexts,omitempty"`
+	DataRNG    data.RNGState   `json:"data_rng"`
+	DataRNGs   []data.RNGState `json:"data_rngs,omitempty"` // one per context of Contexts
+	OptimStep  int             `json:"optim_step"`
+	RunningOK  map[string]bool `json:"running_initialised"`
+	LastValCE  control.F       `json:"last_val_ce"`
+	Dataset    string          `json:"dataset"`
+	Protocol   string          `json:"protocol"`
+	// DataDir is the WikiText-2 directory the run read (absolute); export,
+	// eval and verify use it when no --data-dir is given.
+	DataDir string `json:"data_dir,omitempty"`
+	// Lengths records each training length's batch and micro-batch.
+	Lengths []LengthPlan  `json:"lengths,omitempty"`
+	Control *ControlState `json:"control,omitempty"`
+}
+
+// ControlState is the controllers' state in state.json. Guardian's policy
+// and its Adam moments live here, never among the model's tensors.
+type ControlState struct {
+	Epoch     int                  `json:"epoch"`
+	EvalEvery int                  `json:"eval_every"`
+	GameEvery int                  `json:"game_every"`
+	Dropout   float64              `json:"dropout"` // current (glided) dropout rate
+	Guardian  *control.Guardian    `json:"guardian,omitempty"`
+	Scripted  *control.Scripted    `json:"scripted,omitempty"`
+	Game      *control.ContextGame `json:"context_game,omitempty"`
+	GameU     []float64            `json:"game_utility,omitempty"`
+	Chaos     *control.Chaos       `json:"chaos,omitempty"`
+	EMA       *control.EMA         `json:"ema,omitempty"`
+	SWA       *control.SWASelect   `json:"swa,omitempty"`
+	Acc       EpochStats           `json:"epoch_stats"`
+	PrevUsage [][]float64          `json:"prev_usage,omitempty"`
+}
+
+// EpochStats accumulate per-layer diagnostics over an epoch's steps.
+type EpochStats struct {
+	Steps int         `json:"steps"`
+	H     []float64   `json:"h"`
+	Sat   []float64   `json:"sat"`
+	Usage [][]float64 `json:"usage"`
+	// CE sums the training CE per context (for the record).
+	CE []float64 `json:"ce"`
+	N  []int     `json:"n"`
+}
+
+// saveCheckpoint writes the store, the optimizer and the run state atomically.
 func saveCheckpoint(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState) error {
 	mom, steps := opt.Export()
 	st.OptimStep = steps
@@ -24,48 +87,66 @@ func saveCheckpoint(dir string, store *kernels.Store, opt *optim.AdamW, st *RunS
 	return nil
 }
 
-// resume loads a checkpoint into store, opt and st. The model config comes
-// from the checkpoint; a preset or model flag that disagrees is an error.
-func resume(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState, cfg *model.Config, batchers []*data.TrainBatcher) error {
-	ck, err := checkpoint.Load(dir)
+// restore continues prev: its weights, optimizer moments, data streams,
+// controllers and counters. The flags must describe the same run.
+func (r *run) restore(prev *Run) error {
+	p := r.plan
+	saved := prev.State
+	if saved.Context != p.EvalT || saved.Batch != p.EvalBatchOf() {
+		return fmt.Errorf("--resume: the run was trained at context %d batch %d, these flags give %d and %d", saved.Context, saved.Batch, p.EvalT, p.EvalBatchOf())
+	}
+	var want []int
+	if p.Game() {
+		want = p.Contexts
+	}
+	if !slices.Equal(saved.Contexts, want) {
+		return fmt.Errorf("--resume: the run's context game lengths are %v, these flags give %v", saved.Contexts, want)
+	}
+	params, err := prev.ParamNames()
 	if err != nil {
-		return fmt.Errorf("--resume: %w", err)
+		return err
 	}
-	var saved RunState
-	if err := json.Unmarshal(ck.State, &saved); err != nil {
-		return fmt.Errorf("--resume: %s/state.json: %w", dir, err)
+	var missing []string
+	for _, n := range params {
+		if prev.Store.Get(n) == nil {
+			missing = append(missing, n)
+		}
 	}
-	if saved.Format != 1 && saved.Format != 2 {
-		return fmt.Errorf("--resume: unsupported run state format %d", saved.Format)
+	if len(missing) > 0 {
+		return fmt.Errorf("--resume: the checkpoint lacks %d parameter(s) (%s); it cannot continue this run", len(missing), strings.Join(head(missing, 5), ", "))
 	}
-	if saved.Config.Model != cfg.Model || saved.Config.DModel != cfg.DModel || saved.Config.Layers != cfg.Layers || saved.Config.Vocab != cfg.Vocab {
-		return fmt.Errorf("--resume: the checkpoint holds a %s model (d %d, %d layers, vocab %d); the flags ask for %s (d %d, %d layers, vocab %d)",
-			saved.Config.Model, saved.Config.DModel, saved.Config.Layers, saved.Config.Vocab, cfg.Model, cfg.DModel, cfg.Layers, cfg.Vocab)
-	}
-	*cfg = saved.Config
-	if _, err := checkpoint.IntoStore(store, ck.Weights); err != nil {
-		return fmt.Errorf("--resume: %w", err)
-	}
-	if err := opt.Import(ck.Optim, saved.OptimStep); err != nil {
+	r.store = prev.Store
+	if err := r.opt.Import(prev.Optim, saved.OptimStep); err != nil {
 		return fmt.Errorf("--resume: optimizer state: %w", err)
 	}
 	rngs := saved.DataRNGs
 	if len(rngs) == 0 { // format 1: one context, one generator
 		rngs = []data.RNGState{saved.DataRNG}
 	}
-	if len(rngs) != len(batchers) {
-		return fmt.Errorf("--resume: the checkpoint holds %d data generators, the flags ask for %d context lengths", len(rngs), len(batchers))
+	if len(rngs) != len(r.batchers) {
+		return fmt.Errorf("--resume: the checkpoint holds %d data generators, the flags ask for %d context lengths", len(rngs), len(r.batchers))
 	}
-	for i, b := range batchers {
+	for i, b := range r.batchers {
 		if err := b.SetState(rngs[i]); err != nil {
 			return fmt.Errorf("--resume: %w", err)
 		}
 	}
-	opts := st.Options
-	*st = saved
-	st.Options = opts
-	if st.RunningOK == nil {
-		st.RunningOK = map[string]bool{}
+	opts := r.st.Options
+	*r.st = saved
+	r.st.Options, r.st.Format = opts, stateFormat
+	r.st.TotalSteps, r.st.Lengths = p.Steps, p.Lengths
+	if r.st.DataDir == "" {
+		r.st.DataDir = r.ds.Dir
+	}
+	if r.st.RunningOK == nil {
+		r.st.RunningOK = map[string]bool{}
 	}
 	return nil
+}
+
+// marshalOptions records the run's options in state.json.
+func marshalOptions(o Options) json.RawMessage {
+	o.Log, o.Progress = nil, nil
+	b, _ := json.Marshal(o)
+	return b
 }

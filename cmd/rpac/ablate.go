@@ -34,7 +34,7 @@ func ablateCommand() *cli.Command {
 			&cli.IntFlag{Name: "eval-batches", Value: 4, Usage: "batches per in-run evaluation (0: the whole split)"},
 			&cli.IntFlag{Name: "final-eval-batches", Value: 24, Usage: "batches of the final evaluation that the table reports (0: the whole split)"},
 			&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
-			&cli.StringFlag{Name: "stages", Usage: "comma-separated subset: baseline,cg_align,guardian_late,swa_select (default: all)"},
+			&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
 			&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
 			&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
 		},

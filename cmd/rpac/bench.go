@@ -2,18 +2,12 @@ package main
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"runtime/pprof"
 	"time"
 
-	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/ir"
-	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
-	"github.com/rpac-dev/rpac/passes"
-	"github.com/rpac-dev/rpac/training/optim"
+	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"
 )
 
@@ -51,6 +45,8 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "context"},
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
+					&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass: N or auto (the largest that fits --mem-budget)"},
+					&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 8GiB (default: 80% of the available memory)"},
 					&cli.StringFlag{Name: "device", Value: "cpu"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
 				},
@@ -65,50 +61,25 @@ func benchTrain(c *cli.Context) error {
 	if c.String("device") != "cpu" {
 		return fmt.Errorf("device %q is not available in this build (use --device cpu)", c.String("device"))
 	}
-	p, err := model.LookupPreset(c.String("preset"))
-	if err != nil {
-		return err
-	}
-	cfg := p.Config
-	cfg.Model = c.String("model")
-	T := c.Int("context")
-	if T == 0 {
-		T = p.Contexts[0]
-	}
-	tps := c.Int("tokens-per-step")
-	if tps == 0 {
-		tps = p.TokensPerStep
-	}
-	B := max(1, tps/T)
 	steps := c.Int("steps")
 	if steps < 1 {
 		return fmt.Errorf("--steps must be positive")
 	}
-	g, specs, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
+	micro, err := parseMicroBatch(c.String("micro-batch"))
 	if err != nil {
 		return err
 	}
-	if err := passes.Run(g, passes.TrainPipeline, &passes.Context{Loss: "loss"}); err != nil {
-		return err
-	}
-	st := kernels.NewStore(kernels.F32)
-	if err := model.InitStore(specs, st, 1); err != nil {
-		return err
-	}
-	plan := passes.Plan(g)
-	prog, err := cpu.New(kernels.F32).Compile(g, plan, st)
+	budget, err := parseMemBudget(c.String("mem-budget"))
 	if err != nil {
 		return err
 	}
-	defer prog.Close()
-	rng := rand.New(rand.NewPCG(1, 2))
-	ids := make([]int32, B*T)
-	tg := make([]int32, B*T)
-	for i := range ids {
-		ids[i], tg[i] = int32(rng.IntN(cfg.Vocab)), int32(rng.IntN(cfg.Vocab))
+	b, err := training.NewBench(training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
+		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1})
+	if err != nil {
+		return err
 	}
-	feeds := map[string]*kernels.Tensor{"input_ids": kernels.IntTensor(ir.Shape{B, T}, ids), "targets": kernels.IntTensor(ir.Shape{B * T}, tg)}
-	if err := prog.Run(feeds, 0); err != nil { // warm-up
+	defer b.Close()
+	if err := b.Step(0); err != nil { // warm-up
 		return err
 	}
 	if f := c.String("cpuprofile"); f != "" {
@@ -122,45 +93,28 @@ func benchTrain(c *cli.Context) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	opt := optim.NewAdamW(optim.DefaultAdamW())
-	params := map[string][]float32{}
-	for _, s := range specs {
-		if s.Param {
-			params[s.Name] = st.Get(s.Name).F32
-		}
-	}
 	t0 := time.Now()
 	for i := 0; i < steps; i++ {
-		if err := prog.Run(feeds, uint64(i+1)); err != nil {
-			return err
-		}
-		grads := map[string][]float32{}
-		for name := range params {
-			if gt := prog.Output(passes.GradName(name)); gt != nil {
-				grads[name] = gt.F32
-			}
-		}
-		optim.ClipGlobalNorm(grads, 1)
-		if err := opt.Step(params, grads, 1e-4); err != nil {
+		if err := b.Step(uint64(i + 1)); err != nil {
 			return err
 		}
 	}
 	dt := time.Since(t0).Seconds() / float64(steps)
-	flops := passes.Flops(g)
-	achieved := float64(flops) / dt / 1e9
+	achieved := float64(b.Flops()) / dt / 1e9
 	peak, err := blas.Measure(2048, "f32", 3*time.Second)
 	if err != nil {
 		return err
 	}
-	w := c.App.Writer
-	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d tokens/step=%d (forward, backward, clip, AdamW)\n",
-		p.Name, cfg.Model, model.CountParams(specs), T, B, B*T)
+	w, l := c.App.Writer, b.Length()
+	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d (forward, backward, clip, AdamW)\n",
+		b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T)
 	fmt.Fprintf(w, "  step time        %.3f s  (%d steps)\n", dt, steps)
-	fmt.Fprintf(w, "  tokens/s         %.0f\n", float64(B*T)/dt)
-	fmt.Fprintf(w, "  GEMM work/step   %.1f GFLOP\n", float64(flops)/1e9)
+	fmt.Fprintf(w, "  tokens/s         %.0f\n", float64(l.Batch*l.T)/dt)
+	fmt.Fprintf(w, "  GEMM work/step   %.1f GFLOP\n", float64(b.Flops())/1e9)
 	fmt.Fprintf(w, "  achieved         %.1f GFLOP/s\n", achieved)
 	fmt.Fprintf(w, "  gemm peak        %.1f GFLOP/s (sgemm n=2048, %s, same run)\n", peak, blas.Impl())
 	fmt.Fprintf(w, "  ratio            %.0f%%\n", 100*achieved/peak)
-	fmt.Fprintf(w, "  plan             %.1f MiB of slots (%.1f MiB without reuse)\n", float64(plan.Peak)*4/(1<<20), float64(plan.Naive)*4/(1<<20))
+	fmt.Fprintf(w, "  plan             %.1f MiB step program; %s planned in all of a %s budget\n",
+		float64(b.PlanBytes())/(1<<20), training.FormatBytes(b.Plan.Memory.Total), training.FormatBytes(b.Plan.Memory.Budget))
 	return nil
 }

@@ -433,10 +433,11 @@ func (ic *inferCase) row(rounds int) inferRow {
 // (running statistics at their initial value) from seed.
 func randomStore(cfg *model.Config, T int, seed uint64) (*kernels.Store, error) {
 	st := kernels.NewStore(kernels.F32)
-	_, specs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
 	if err != nil {
 		return nil, err
 	}
+	specs := mg.Specs
 	if err := model.InitStore(specs, st, seed); err != nil {
 		return nil, err
 	}

@@ -1,25 +1,16 @@
 package main
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/export"
-	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
-	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/data"
 	"github.com/urfave/cli/v2"
 )
@@ -42,9 +33,9 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "calib-batch", Value: export.DefaultCalibBatch, Usage: "sequences per calibration batch"},
 			&cli.StringFlag{Name: "calib-split", Usage: "split to calibrate on (default: the run's training split)"},
 			&cli.StringFlag{Name: "calibrate", Value: "auto", Usage: "auto: calibrate the lengths the checkpoint has no running statistics for | always: every length (advisable with ema/swa weights, whose memberships differ from the live weights') | never"},
-			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
+			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (default: the run's own, else $RPAC_DATA, the user cache, then a download)"},
 			&cli.BoolFlag{Name: "verify", Usage: "run every exported graph in onnxruntime on held-out batches and compare with the Go executor"},
-			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "held-out split for --verify"},
+			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "held-out split for --verify (default: the run's evaluation split)"},
 			&cli.IntFlag{Name: "verify-batches", Value: 4, Usage: "batches per length for --verify (0: the whole split)"},
 			&cli.IntFlag{Name: "verify-batch", Value: 4, Usage: "sequences per --verify batch (also the batch of the batch-statistics CE)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime provider for --verify: cpu|cuda"},
@@ -85,23 +76,20 @@ func exportAction(c *cli.Context) error {
 		return fmt.Errorf("--calibrate %q: want auto, always or never", calibrate)
 	}
 	log := logger(c)
-	run, err := loadRun(c.String("run"), c.String("checkpoint"), c.String("weights"))
+	run, err := openRun(c.String("run"), c.String("checkpoint"), c.String("weights"))
 	if err != nil {
 		return err
 	}
-	trained := run.trained
+	trained := run.Trained
 	if calibrate == "always" {
 		trained = func(string) bool { return false }
 	}
-	lengths := []int{run.State.Context}
-	if len(run.State.Contexts) > 0 {
-		lengths = append([]int(nil), run.State.Contexts...)
-	}
+	lengths := run.Lengths()
 	if s := c.String("lengths"); s != "" {
 		if lengths, err = export.ParseLengths(s); err != nil {
 			return fmt.Errorf("--lengths: %w", err)
 		}
-	} else if run.State.Context == 0 {
+	} else if len(lengths) == 0 {
 		return errors.New("--lengths is required: the checkpoint does not record its training context")
 	}
 	if err := export.CheckLengths(lengths, run.Config.MaxLen); err != nil {
@@ -131,9 +119,17 @@ func exportAction(c *cli.Context) error {
 		}
 		split := c.String("calib-split")
 		if split == "" {
-			split = run.trainSplit()
+			split = run.TrainSplit()
 		}
-		ds, err = training.LoadDataset(c.Context, run.dataset(), c.String("data-dir"), split, c.String("eval-split"), run.seed(), c.App.ErrWriter)
+		evalSplit := c.String("eval-split")
+		if !c.IsSet("eval-split") {
+			evalSplit = run.EvalSplit()
+		}
+		dataDir := c.String("data-dir")
+		if dataDir == "" {
+			dataDir = run.DataDir() // the run's own data
+		}
+		ds, err = training.LoadDataset(c.Context, run.Dataset(), dataDir, split, evalSplit, run.Seed(), c.App.ErrWriter)
 		if err != nil {
 			return fmt.Errorf("loading data for calibration/verification: %w", err)
 		}
@@ -141,8 +137,8 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("the data's vocabulary (%d) is larger than the model's (%d)", ds.Vocab, run.Config.Vocab)
 		}
 	}
-	tok, eos := tokenizerOf(run.dataset())
-	meta := map[string]string{"weights": run.Weights, "source": run.Dir, "step": fmt.Sprint(run.State.Step)}
+	tok, eos := tokenizerOf(run.Dataset())
+	meta := map[string]string{"weights": run.Weights, "source": run.Checkpoint, "step": fmt.Sprint(run.State.Step)}
 	o := export.Options{
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")),
@@ -205,68 +201,6 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// runState is the part of the trainer's state.json that export reads.
-type runState struct {
-	Step      int             `json:"step"`
-	Config    *model.Config   `json:"config"`
-	Context   int             `json:"context"`
-	Contexts  []int           `json:"contexts"` // lengths of the context game, when it ran
-	Batch     int             `json:"batch"`
-	Preset    string          `json:"preset"`
-	Dataset   string          `json:"dataset"`
-	Protocol  string          `json:"protocol"`
-	RunningOK map[string]bool `json:"running_initialised"`
-	Options   struct {
-		TrainSplit string `json:"TrainSplit"`
-		Seed       uint64 `json:"Seed"`
-	} `json:"options"`
-}
-
-// loadedRun is a checkpoint loaded for export.
-type loadedRun struct {
-	Dir     string // checkpoint directory
-	Config  model.Config
-	Store   *kernels.Store
-	State   runState
-	Weights string // weight set used: ema, swa or last
-	// Tensors lists what model.safetensors holds (names and sizes).
-	Tensors []checkpoint.Named
-}
-
-func (r *loadedRun) trained(name string) bool {
-	if r.Store.Get(name) == nil {
-		return false
-	}
-	return r.State.RunningOK[name]
-}
-
-func (r *loadedRun) dataset() string {
-	if r.State.Dataset == "" {
-		return "wikitext2"
-	}
-	return r.State.Dataset
-}
-
-func (r *loadedRun) trainSplit() string {
-	if r.State.Options.TrainSplit != "" {
-		return r.State.Options.TrainSplit
-	}
-	// "train on test, evaluate on valid"
-	if rest, ok := strings.CutPrefix(r.State.Protocol, "train on "); ok {
-		if split, _, ok := strings.Cut(rest, ","); ok && split != "" {
-			return split
-		}
-	}
-	return "train"
-}
-
-func (r *loadedRun) seed() uint64 {
-	if r.State.Options.Seed != 0 {
-		return r.State.Options.Seed
-	}
-	return 1
-}
-
 // tokenizerOf names the tokenizer and EOS of a dataset's ids.
 func tokenizerOf(dataset string) (string, int) {
 	if dataset == "synthetic" {
@@ -275,117 +209,26 @@ func tokenizerOf(dataset string) (string, int) {
 	return data.GPT2TokenizerName, int(data.GPT2EOS)
 }
 
-// loadRun reads a checkpoint's weights and state: from run/checkpoint, or
-// from ckpt (a checkpoint directory or its model.safetensors). The model
-// file is checked against checkpoint.json; the optimizer state is not read.
-func loadRun(run, ckpt, weights string) (*loadedRun, error) {
-	var dir string
+// openRun opens the run named by --run or --checkpoint and selects its
+// weight set.
+func openRun(run, ckpt, weights string) (*training.Run, error) {
+	var path string
 	switch {
 	case run != "" && ckpt != "":
 		return nil, errors.New("give --run or --checkpoint, not both")
 	case run != "":
-		st, err := os.Stat(run)
-		if err != nil {
-			return nil, fmt.Errorf("--run %s: %w", run, errors.Unwrap(err))
-		}
-		if !st.IsDir() {
-			return nil, fmt.Errorf("--run %s is not a directory (pass a checkpoint file with --checkpoint)", run)
-		}
-		dir = filepath.Join(run, "checkpoint")
-		if _, err := os.Stat(filepath.Join(dir, checkpoint.ManifestFile)); err != nil {
-			if _, err2 := os.Stat(filepath.Join(run, checkpoint.ManifestFile)); err2 == nil {
-				dir = run // the run flag names the checkpoint directory itself
-			} else {
-				return nil, fmt.Errorf("--run %s holds no checkpoint (%s is missing): train into it with `rpac train --out %s` first, or pass --checkpoint", run, filepath.Join(dir, checkpoint.ManifestFile), run)
-			}
-		}
+		path = run
 	case ckpt != "":
-		st, err := os.Stat(ckpt)
-		if err != nil {
-			return nil, fmt.Errorf("--checkpoint %s: %w", ckpt, errors.Unwrap(err))
-		}
-		dir = ckpt
-		if !st.IsDir() {
-			dir = filepath.Dir(ckpt)
-			if filepath.Base(ckpt) != checkpoint.ModelFile {
-				return nil, fmt.Errorf("--checkpoint %s: want a checkpoint directory or its %s", ckpt, checkpoint.ModelFile)
-			}
-		}
+		path = ckpt
 	default:
 		return nil, errors.New("--run DIR or --checkpoint PATH is required")
 	}
-	manBuf, err := os.ReadFile(filepath.Join(dir, checkpoint.ManifestFile))
-	if err != nil {
-		return nil, fmt.Errorf("%s is not a checkpoint directory (%s is missing or unreadable): %v", dir, checkpoint.ManifestFile, errors.Unwrap(err))
-	}
-	var man checkpoint.Manifest
-	if err := json.Unmarshal(manBuf, &man); err != nil {
-		return nil, fmt.Errorf("%s: bad JSON: %v", filepath.Join(dir, checkpoint.ManifestFile), err)
-	}
-	read := func(name string) ([]byte, error) {
-		path := filepath.Join(dir, name)
-		want, ok := man.Files[name]
-		if !ok {
-			return nil, fmt.Errorf("%s does not list %s", filepath.Join(dir, checkpoint.ManifestFile), name)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint file %s: %v", path, errors.Unwrap(err))
-		}
-		sum := sha256.Sum256(b)
-		if int64(len(b)) != want.Size || !strings.EqualFold(hex.EncodeToString(sum[:]), want.SHA256) {
-			return nil, fmt.Errorf("checkpoint file %s does not match %s (size or sha256 differ): it is corrupt or was changed", path, checkpoint.ManifestFile)
-		}
-		return b, nil
-	}
-	stateBuf, err := read(checkpoint.StateFile)
+	r, err := training.OpenRun(path)
 	if err != nil {
 		return nil, err
 	}
-	lr := &loadedRun{Dir: dir}
-	if err := json.NewDecoder(bytes.NewReader(stateBuf)).Decode(&lr.State); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: %v", filepath.Join(dir, checkpoint.StateFile), err)
-	}
-	if lr.State.Config == nil {
-		return nil, fmt.Errorf("%s has no model config; it was not written by rpac train", filepath.Join(dir, checkpoint.StateFile))
-	}
-	lr.Config = *lr.State.Config
-	if err := lr.Config.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, checkpoint.StateFile), err)
-	}
-	modelBuf, err := read(checkpoint.ModelFile)
-	if err != nil {
-		return nil, err
-	}
-	ts, _, err := checkpoint.ReadSafetensors(modelBuf)
-	modelBuf = nil
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, checkpoint.ModelFile), err)
-	}
-	for _, t := range ts {
-		lr.Tensors = append(lr.Tensors, checkpoint.Named{Name: t.Name, Shape: t.Shape})
-	}
-	lr.Store = kernels.NewStore(kernels.F32)
-	if _, err := checkpoint.IntoStore(lr.Store, ts); err != nil {
-		return nil, err
-	}
-	ts = nil
-	params, err := export.Params(&lr.Config)
-	if err != nil {
-		return nil, err
-	}
-	var missing []string
-	for _, p := range params {
-		if lr.Store.Get(p) == nil && lr.Store.Get("ema."+p) == nil && lr.Store.Get("swa."+p) == nil {
-			missing = append(missing, p)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("%s lacks %d parameter(s) of the %s model (first: %s); the checkpoint does not match its config",
-			filepath.Join(dir, checkpoint.ModelFile), len(missing), lr.Config.Model, missing[0])
-	}
-	if lr.Weights, err = export.SelectWeights(lr.Store, params, weights); err != nil {
+	if err := r.SelectWeights(weights); err != nil {
 		return nil, fmt.Errorf("--weights: %w", err)
 	}
-	return lr, nil
+	return r, nil
 }

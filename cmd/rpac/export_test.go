@@ -61,14 +61,16 @@ func writeRun(t *testing.T) string {
 	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = data.SyntheticVocab, 32, 2, 2, 64, 2, 1
 	const T = 16
 	st := kernels.NewStore(kernels.F32)
-	_, specs, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Train})
+	mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Train})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, especs, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
+	specs := mg.Specs
+	mg, err = model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
 	if err != nil {
 		t.Fatal(err)
 	}
+	especs := mg.Specs
 	if err := model.InitStore(append(specs, especs...), st, 1); err != nil {
 		t.Fatal(err)
 	}

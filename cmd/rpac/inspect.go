@@ -15,6 +15,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training"
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/urfave/cli/v2"
 )
@@ -146,7 +147,7 @@ func compactJSON(b []byte) string {
 var lengthSuffix = regexp.MustCompile(`\.T(\d+)$`)
 
 func inspectCheckpoint(w io.Writer, dir string) error {
-	run, err := loadRun("", dir, "last")
+	run, err := training.OpenRun(dir)
 	if err != nil {
 		// Fall back to a plain listing when the weights do not match a
 		// model (still useful to see what the file holds).
@@ -196,7 +197,7 @@ func inspectCheckpoint(w io.Writer, dir string) error {
 		if bufs, err := export.RunningBuffers(&run.Config, T); err == nil {
 			ok := len(bufs) > 0
 			for b := range bufs {
-				ok = ok && run.trained(b)
+				ok = ok && run.Trained(b)
 			}
 			if ok {
 				trained = append(trained, T)

@@ -118,7 +118,7 @@ func trainCommand() *cli.Command {
 		&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
 		&cli.IntFlag{Name: "context", Usage: "context length T of evaluation (and of training without --contexts; default: the preset's)"},
 		&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per optimizer step; batch = tokens/T (default: the preset's)"},
-		&cli.IntFlag{Name: "steps", Usage: "optimizer steps (default: from --epochs or the preset)"},
+		&cli.IntFlag{Name: "steps", Usage: "optimizer steps (default: from --epochs or the preset; 0 writes the initialised checkpoint and stops)"},
 		&cli.Float64Flag{Name: "epochs", Usage: "passes over the training split (alternative to --steps)"},
 		&cli.IntFlag{Name: "eval-every", Value: 0, Usage: "evaluate and checkpoint every N steps; one controller epoch (0: only at the end, steps/10 with controllers)"},
 		&cli.IntFlag{Name: "eval-batches", Value: 0, Usage: "limit each evaluation to N batches (0: the whole split)"},
@@ -133,7 +133,10 @@ func trainCommand() *cli.Command {
 		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
+		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
+		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process)"},
 	}
+	flags = append(flags, sizeFlags()...)
 	return &cli.Command{
 		Name:  "train",
 		Usage: "train a model (fuzzy RPA transformer or baseline) with the paper's training machinery",
@@ -154,9 +157,23 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			micro, err := parseMicroBatch(c.String("micro-batch"))
+			if err != nil {
+				return err
+			}
+			budget, err := parseMemBudget(c.String("mem-budget"))
+			if err != nil {
+				return err
+			}
+			modelName := ""
+			if c.IsSet("model") {
+				modelName = c.String("model")
+			}
 			o := training.Options{
-				Preset: c.String("preset"), Model: c.String("model"), Dataset: c.String("dataset"),
-				DataDir: c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
+				Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
+				ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget,
+				InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
+				DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
 				Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
 				Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
 				FinalEvalBatches: c.Int("final-eval-batches"),
@@ -169,10 +186,17 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			if o.InitOnly {
+				fmt.Fprintf(c.App.Writer, "wrote the initial checkpoint (%d parameters, step 0) to %s\n", res.Params, res.Out)
+				return nil
+			}
 			fmt.Fprintf(c.App.Writer, "trained %d steps (%d parameters): train CE %.4f -> %.4f, final %s CE %.4f (ppl %.1f)",
 				res.Steps, res.Params, res.InitialLoss, res.FinalLoss, "eval", res.FinalValCE, math.Exp(res.FinalValCE))
 			if !math.IsNaN(res.FinalEMACE) {
 				fmt.Fprintf(c.App.Writer, ", EMA %.4f", res.FinalEMACE)
+			}
+			if !math.IsNaN(res.FinalRecall) {
+				fmt.Fprintf(c.App.Writer, ", recall %.4f", res.FinalRecall)
 			}
 			if !math.IsNaN(res.FinalSWACE) {
 				fmt.Fprintf(c.App.Writer, ", SWA %.4f (%d members)", res.FinalSWACE, len(res.SWAMembers))
@@ -181,4 +205,56 @@ func trainCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// sizeFlags override the preset's model size.
+func sizeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Usage: "JSON file with fields of the model config (d_model, layers, heads, R, experts, top_k, ff_mult, max_len, ...) applied over the preset"},
+		&cli.IntFlag{Name: "d-model", Usage: "model width d (overrides the preset and --config)"},
+		&cli.IntFlag{Name: "layers", Usage: "transformer blocks"},
+		&cli.IntFlag{Name: "heads", Usage: "attention heads (must divide --d-model)"},
+		&cli.IntFlag{Name: "regimes", Usage: "fuzzy regimes R"},
+		&cli.IntFlag{Name: "experts", Usage: "FuzzyMoE experts"},
+		&cli.IntFlag{Name: "top-k", Usage: "experts kept per token"},
+		&cli.IntFlag{Name: "ff-mult", Usage: "expert hidden width as a multiple of d"},
+		&cli.IntFlag{Name: "max-len", Usage: "rows of the learned position embedding"},
+	}
+}
+
+// sizesFromFlags collects the size flags that were given.
+func sizesFromFlags(c *cli.Context) model.Overrides {
+	get := func(name string) *int {
+		if !c.IsSet(name) {
+			return nil
+		}
+		v := c.Int(name)
+		return &v
+	}
+	return model.Overrides{DModel: get("d-model"), Layers: get("layers"), Heads: get("heads"), R: get("regimes"),
+		Experts: get("experts"), TopK: get("top-k"), FFMult: get("ff-mult"), MaxLen: get("max-len")}
+}
+
+// parseMicroBatch reads --micro-batch: auto (0) or a positive count.
+func parseMicroBatch(s string) (int, error) {
+	if s == "" || s == "auto" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--micro-batch %q: want a positive number of sequences or auto", s)
+	}
+	return n, nil
+}
+
+// parseMemBudget reads --mem-budget ("" = the default).
+func parseMemBudget(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := training.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("--mem-budget: %w", err)
+	}
+	return n, nil
 }

@@ -352,13 +352,14 @@ type GraphOptions struct {
 // T must be in st when go.Fold is "rpa" (EnsureRunning). With
 // AttentionNone or AttentionPlain the result runs on the CPU backend too.
 func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.Graph, *passes.FoldReport, error) {
-	g, _, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
 	if err != nil {
 		return nil, nil, err
 	}
+	g := mg.Graph
 	rep := &passes.FoldReport{}
 	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(kernels.F32), Fold: o.Fold, Attention: o.Attention, Report: rep}
-	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Extra: map[string]any{passes.ExportKey: eo}}
+	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), Extra: map[string]any{passes.ExportKey: eo}}
 	pipe := passes.ExportPipeline
 	if o.DropBias {
 		if o.Fold != "" && o.Fold != passes.FoldRPAMode {
@@ -401,15 +402,13 @@ func Lower(g *ir.Graph, st *kernels.Store, o onnx.Options) (*onnxpb.ModelProto, 
 // RunningBuffers maps the running-statistics buffers of cfg at length T to
 // the stat outputs they are estimated from (none for the baseline).
 func RunningBuffers(cfg *model.Config, T int) (map[string]string, error) {
-	_, specs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
-	for _, s := range specs {
-		if s.Running != "" {
-			out[s.Name] = s.Running
-		}
+	for _, r := range mg.RunningStats() {
+		out[r.Buffer] = r.Stat
 	}
 	return out, nil
 }
@@ -455,10 +454,11 @@ func EnsureRunning(cfg *model.Config, T int, st *kernels.Store, trained func(str
 	for k := range batches {
 		batches[k] = append([]int32(nil), ids[k*b*T:(k+1)*b*T]...)
 	}
-	g, specs, err := model.Build(cfg, model.Opts{T: T, B: b, Mode: model.Eval, BatchStats: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: b, Mode: model.Eval, BatchStats: true, NoLoss: true})
 	if err != nil {
 		return false, err
 	}
+	g, specs := mg.Graph, mg.Specs
 	for _, s := range specs {
 		if st.Get(s.Name) == nil && s.Param {
 			return false, fmt.Errorf("parameter %s is not in the checkpoint", s.Name)
@@ -548,15 +548,9 @@ func SelectWeights(st *kernels.Store, params []string, which string) (string, er
 
 // Params lists cfg's trainable parameter names.
 func Params(cfg *model.Config) ([]string, error) {
-	_, specs, err := model.Build(cfg, model.Opts{T: 1, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: 1, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, s := range specs {
-		if s.Param {
-			out = append(out, s.Name)
-		}
-	}
-	return out, nil
+	return mg.Params(), nil
 }

@@ -52,14 +52,16 @@ func smallStore(t testing.TB, cfg *model.Config, ls ...int) *kernels.Store {
 	st := kernels.NewStore(kernels.F32)
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, T := range ls {
-		_, specs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Train})
+		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Train})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, especs, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
+		specs := mg.Specs
+		mg, err = model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
 		if err != nil {
 			t.Fatal(err)
 		}
+		especs := mg.Specs
 		if err := model.InitStore(append(specs, especs...), st, 7); err != nil {
 			t.Fatal(err)
 		}
@@ -163,10 +165,11 @@ func goLogits(t *testing.T, g *ir.Graph, st *kernels.Store, seqs [][]int32) []fl
 
 func evalMode(t *testing.T, cfg *model.Config, T, B int) *ir.Graph {
 	t.Helper()
-	g, _, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	g := mg.Graph
 	if err := passes.Run(g, passes.EvalPipeline, &passes.Context{}); err != nil {
 		t.Fatal(err)
 	}

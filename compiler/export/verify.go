@@ -82,10 +82,11 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 	res.Batch, res.Batches = B, nb
 	V := o.Config.Vocab
 	build := func(bs bool) (kernels.Program, error) {
-		g, _, err := model.Build(&o.Config, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: bs, Logits: !bs})
+		mg, err := model.Build(&o.Config, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: bs, Logits: !bs})
 		if err != nil {
 			return nil, err
 		}
+		g := mg.Graph
 		if err := passes.Run(g, passes.EvalPipeline, &passes.Context{}); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/passes"
 )
 
 // Mode selects training or evaluation semantics.
@@ -63,11 +64,13 @@ func StatSim(layer int) string { return fmt.Sprintf("stat:blocks.%d.legacy_sim",
 const LambdaSat = "train.lambda_sat"
 
 type builder struct {
-	g     *ir.Graph
-	cfg   *Config
-	o     Opts
-	specs []Spec
-	seen  map[string]*ir.Value
+	g      *ir.Graph
+	cfg    *Config
+	o      Opts
+	specs  []Spec
+	seen   map[string]*ir.Value
+	layers []Layer
+	cur    *Layer // the fuzzy block being built
 }
 
 func (b *builder) param(name string, s ir.Shape, init Init) *ir.Value {
@@ -134,16 +137,94 @@ func (b *builder) layerNorm(x *ir.Value, name string, d int) *ir.Value {
 	return b.op("LayerNorm", ir.Attrs{"eps": 1e-5}, x, gw, gb)
 }
 
-// Build returns the graph of cfg at opts and the parameter/buffer specs it reads.
-func Build(cfg *Config, o Opts) (*ir.Graph, []Spec, error) {
+// Graph is a built model graph with typed handles on the values and
+// tensors that training and the export passes act on, so that no caller
+// has to find them by name or parse them back out of strings.
+type Graph struct {
+	*ir.Graph
+	Specs []Spec
+	Opts  Opts
+	// Layers holds one entry per fuzzy block (none for the baseline).
+	Layers []Layer
+}
+
+// Layer holds the handles of one fuzzy block.
+type Layer struct {
+	Index int
+	// Mu is the block's memberships μ [B,T,R] (the GaussianMembership output).
+	Mu *ir.Value
+	// Bias is the attention bias [T,T] before the warm-in scale.
+	Bias *ir.Value
+	// TauAtt is the parameter τ_att [] and BiasScale the training-only
+	// warm-in scale buffer [] that multiplies the bias.
+	TauAtt, BiasScale string
+	// Entropy (H(μ) []) and Usage (expert usage [E]) are graph outputs.
+	Entropy, Usage string
+	// Running are the block's running statistics at this graph's length:
+	// the mean membership (RPA prior and value gamma) and, with the legacy
+	// bias, the mean similarity.
+	Running []RunningStat
+}
+
+// RunningStatKind says which statistic a running buffer holds.
+type RunningStatKind int
+
+const (
+	RunningMu  RunningStatKind = iota // RPA: batch-mean membership per position [T,R]
+	RunningSim                        // legacy bias: mean_b μ_b μ_bᵀ [T,T]
+)
+
+// RunningStat is one running-statistics buffer and the graph output that
+// estimates it from a batch.
+type RunningStat struct {
+	Layer, T int
+	Kind     RunningStatKind
+	// Buffer names the store tensor; Stat the graph output holding this
+	// batch's value (present in training graphs and with batch statistics).
+	Buffer, Stat string
+}
+
+// RunningStats lists the layers' running statistics.
+func (g *Graph) RunningStats() []RunningStat {
+	var out []RunningStat
+	for _, l := range g.Layers {
+		out = append(out, l.Running...)
+	}
+	return out
+}
+
+// Info returns what the passes need to know of this graph.
+func (g *Graph) Info() *passes.ModelInfo {
+	mi := &passes.ModelInfo{T: g.Opts.T, B: g.Opts.B, Eval: g.Opts.Mode == Eval, BatchStats: g.Opts.BatchStats}
+	if mi.Eval && !mi.BatchStats {
+		for _, r := range g.RunningStats() {
+			mi.Running = append(mi.Running, passes.RunningBuffer{Name: r.Buffer, Layer: r.Layer})
+		}
+	}
+	return mi
+}
+
+// Params lists the names of the trainable parameters, in build order.
+func (g *Graph) Params() []string {
+	var out []string
+	for _, s := range g.Specs {
+		if s.Param {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+// Build returns the graph of cfg at opts with its specs and handles.
+func Build(cfg *Config, o Opts) (*Graph, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if o.T < 1 || o.B < 1 {
-		return nil, nil, fmt.Errorf("context %d and batch %d must be positive", o.T, o.B)
+		return nil, fmt.Errorf("context %d and batch %d must be positive", o.T, o.B)
 	}
 	if o.T > cfg.MaxLen {
-		return nil, nil, fmt.Errorf("context %d exceeds the model's maximum length %d", o.T, cfg.MaxLen)
+		return nil, fmt.Errorf("context %d exceeds the model's maximum length %d", o.T, cfg.MaxLen)
 	}
 	mode := "train"
 	if o.Mode == Eval {
@@ -157,12 +238,12 @@ func Build(cfg *Config, o Opts) (*ir.Graph, []Spec, error) {
 	g.Meta["T"], g.Meta["B"] = fmt.Sprint(o.T), fmt.Sprint(o.B)
 	b := &builder{g: g, cfg: cfg, o: o, seen: map[string]*ir.Value{}}
 	if err := b.build(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := ir.Verify(g, false); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return g, b.specs, nil
+	return &Graph{Graph: g, Specs: b.specs, Opts: o, Layers: b.layers}, nil
 }
 
 func (b *builder) build() error {
@@ -287,12 +368,15 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	c, o, g := b.cfg, b.o, b.g
 	D, R, T := c.DModel, c.R, o.T
 	pre := fmt.Sprintf("blocks.%d", i)
+	b.cur = &Layer{Index: i, Entropy: fmt.Sprintf("stat:blocks.%d.mu_entropy", i), Usage: fmt.Sprintf("stat:blocks.%d.expert_usage", i)}
+	defer func() { b.layers = append(b.layers, *b.cur); b.cur = nil }()
 
 	// GaussianFuzzy on the raw residual stream (the listing calls mem(x)).
 	z := b.linear(x, pre+".mem.proj", D, D, true)
 	centers := b.param(pre+".mem.centers", ir.Shape{R, D}, Init{"normal", 1 / math.Sqrt(float64(D))})
 	logSigma := b.param(pre+".mem.log_sigma", ir.Shape{R}, Init{"const", 0})
 	mu := b.op("GaussianMembership", nil, z, centers, logSigma) // [B,T,R], nan guard inside
+	b.cur.Mu = mu
 	if c.Type2 {
 		u := b.op("Sigmoid", nil, b.linear(b.op("ReLU", nil, b.linear(x, pre+".mem.uncert.0", D, D, true)), pre+".mem.uncert.2", D, 1, true))
 		g.SetOutput(fmt.Sprintf("stat:blocks.%d.type2_u", i), b.op("ReduceMean", nil, u))
@@ -305,6 +389,10 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	useBatch := o.Mode == Train || o.BatchStats
 	batchMu := b.op("ReduceMean", ir.Attrs{"axes": []int{0}}, mu)
 	g.SetOutput(StatMu(i), batchMu)
+	b.cur.Running = []RunningStat{{Layer: i, T: T, Kind: RunningMu, Buffer: RunningMuName(i, T), Stat: StatMu(i)}}
+	if !c.UseRPA {
+		b.cur.Running = append(b.cur.Running, RunningStat{Layer: i, T: T, Kind: RunningSim, Buffer: RunningSimName(i, T), Stat: StatSim(i)})
+	}
 	var mbar *ir.Value
 	if useBatch {
 		mbar = batchMu
@@ -348,7 +436,7 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	// H_mu = -(μ·log(clamp_min(μ,1e-8))).sum(-1).mean()
 	ent := b.op("Mul", nil, mu, b.op("Log", nil, b.clamp(mu, 1e-8, math.Inf(1))))
 	h := b.scale(b.op("ReduceMean", nil, b.op("ReduceSum", ir.Attrs{"axes": []int{-1}}, ent)), -1, 0)
-	g.SetOutput(fmt.Sprintf("stat:blocks.%d.mu_entropy", i), h)
+	g.SetOutput(b.cur.Entropy, h)
 	return x, h
 }
 
@@ -401,6 +489,7 @@ func (b *builder) finishBias(bm *ir.Value, prefix string) *ir.Value {
 	bm = b.op("Div", nil, bm, b.clamp(tau, 0.6, c.TauMax))
 	bm = b.clamp(bm, -c.BiasClip, c.BiasClip)
 	bs := b.buffer(prefix+".bias_scale", ir.Shape{}, Init{"const", 1}, true, "")
+	b.cur.Bias, b.cur.TauAtt, b.cur.BiasScale = bm, tau.Name, bs.Name
 	return b.op("Mul", nil, bm, b.clamp(bs, 0, 1))
 }
 
@@ -419,7 +508,7 @@ func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value 
 	// so kept weights are not renormalised; followed as written.
 	den := b.scale(b.op("ReduceSum", ir.Attrs{"axes": []int{-1}, "keepdims": true}, y), 1, 1e-6)
 	y = b.op("Div", nil, b.op("Mul", nil, y, mask), den)
-	g.SetOutput(fmt.Sprintf("stat:blocks.%d.expert_usage", layer), b.op("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, y))
+	g.SetOutput(b.cur.Usage, b.op("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, y))
 	dff := D * c.FFMult
 	var out *ir.Value
 	for e := 0; e < E; e++ {

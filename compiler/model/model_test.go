@@ -65,10 +65,11 @@ func TestModelGradients(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg()
 			const B, T = 2, 6
-			g, specs, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
+			mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
 			if err != nil {
 				t.Fatal(err)
 			}
+			g, specs := mg.Graph, mg.Specs
 			// A detached value (StopGradient) is a constant to the gradient, so
 			// finite differences run on a second graph in which every
 			// StopGradient input is frozen at its value for the base parameters.
@@ -95,10 +96,11 @@ func TestModelGradients(t *testing.T) {
 			if err := prog.Run(fd, seed); err != nil {
 				t.Fatal(err)
 			}
-			g2, _, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
+			mg, err = model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
 			if err != nil {
 				t.Fatal(err)
 			}
+			g2 := mg.Graph
 			k := 0
 			for _, n := range g2.Nodes {
 				if n.Op == "StopGradient" {
@@ -182,10 +184,11 @@ func TestEvalCausality(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/batchstats=%v", kind, batchStats), func(t *testing.T) {
 				cfg := microConfig(kind)
 				const B, T = 2, 8
-				g, specs, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: batchStats, Logits: true, NoLoss: true})
+				mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: batchStats, Logits: true, NoLoss: true})
 				if err != nil {
 					t.Fatal(err)
 				}
+				g, specs := mg.Graph, mg.Specs
 				st := kernels.NewStore(kernels.F64)
 				if err := model.InitStore(specs, st, 11); err != nil {
 					t.Fatal(err)
@@ -244,10 +247,11 @@ func TestEvalCausality(t *testing.T) {
 // TestPresetSizes pins the parameter counts the README states.
 func TestPresetSizes(t *testing.T) {
 	p, _ := model.LookupPreset("paper")
-	_, specs, err := model.Build(&p.Config, model.Opts{T: 384, B: 1, Mode: model.Eval, NoLoss: true})
+	mg, err := model.Build(&p.Config, model.Opts{T: 384, B: 1, Mode: model.Eval, NoLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	specs := mg.Specs
 	n := model.CountParams(specs)
 	if n < 88e6 || n > 94e6 {
 		t.Fatalf("paper preset has %d parameters, want about 90M", n)
@@ -260,7 +264,7 @@ func TestPresetSizes(t *testing.T) {
 	if err := c.Validate(); err == nil {
 		t.Fatal("d_model not divisible by heads accepted")
 	}
-	if _, _, err := model.Build(&p.Config, model.Opts{T: 769, B: 1}); err == nil {
+	if _, err := model.Build(&p.Config, model.Opts{T: 769, B: 1}); err == nil {
 		t.Fatal("context beyond max_len accepted")
 	}
 }

@@ -213,11 +213,11 @@ func TestPresetParamCounts(t *testing.T) {
 	}
 	count := func(t *testing.T, c model.Config, T int) int {
 		t.Helper()
-		_, specs, err := model.Build(&c, model.Opts{T: T, B: 1, Mode: model.Eval, NoLoss: true})
+		mg, err := model.Build(&c, model.Opts{T: T, B: 1, Mode: model.Eval, NoLoss: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return model.CountParams(specs)
+		return model.CountParams(mg.Specs)
 	}
 	for _, name := range model.PresetNames() {
 		p, _ := model.LookupPreset(name)

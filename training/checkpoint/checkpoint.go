@@ -213,22 +213,37 @@ func Save(dir string, c *Checkpoint) (err error) {
 // Load reads and verifies the checkpoint in dir. If dir is missing but
 // "<dir>.prev" holds a checkpoint (a save was interrupted between its two
 // renames), that one is loaded and a warning is logged.
-func Load(dir string) (*Checkpoint, error) {
+func Load(dir string) (*Checkpoint, error) { return LoadParts(dir, true) }
+
+// LoadParts is Load that reads the optimizer state only when withOptim is
+// set (export and inspection need the weights and the state alone).
+func LoadParts(dir string, withOptim bool) (*Checkpoint, error) {
+	dir, err := Resolve(dir)
+	if err != nil {
+		return nil, err
+	}
+	return load(dir, withOptim)
+}
+
+// Resolve returns the directory Load would read: dir itself, or
+// "<dir>.prev" when dir is missing after an interrupted save (logged as a
+// warning).
+func Resolve(dir string) (string, error) {
 	dir = filepath.Clean(dir)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		prev := dir + ".prev"
 		if _, perr := os.Stat(filepath.Join(prev, ManifestFile)); perr == nil {
 			slog.Warn("checkpoint: directory missing after an interrupted save; loading the previous checkpoint", "dir", dir, "from", prev)
-			return load(prev)
+			return prev, nil
 		}
-		return nil, fmt.Errorf("checkpoint: %s does not exist; check the path (or start a new run without resuming)", dir)
+		return "", fmt.Errorf("checkpoint: %s does not exist; check the path (or start a new run without resuming)", dir)
 	} else if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return "", fmt.Errorf("checkpoint: %w", err)
 	}
-	return load(dir)
+	return dir, nil
 }
 
-func load(dir string) (*Checkpoint, error) {
+func load(dir string, withOptim bool) (*Checkpoint, error) {
 	manPath := filepath.Join(dir, ManifestFile)
 	mj, err := os.ReadFile(manPath)
 	if errors.Is(err, os.ErrNotExist) {
@@ -261,6 +276,9 @@ func load(dir string) (*Checkpoint, error) {
 		name string
 		dst  *[]Named
 	}{{ModelFile, &c.Weights}, {OptimFile, &c.Optim}} {
+		if f.name == OptimFile && !withOptim {
+			continue
+		}
 		data, err := read(f.name)
 		if err != nil {
 			return nil, err

@@ -1,0 +1,79 @@
+package training
+
+import (
+	"math/rand/v2"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/training/optim"
+)
+
+// Bench times the training step a run would use: the same Plan (micro-
+// batches within the memory budget), the same compiled Step, clipping and
+// AdamW, on random tokens of the preset's vocabulary.
+type Bench struct {
+	Plan   *Plan
+	step   *Step
+	store  *kernels.Store
+	opt    *optim.AdamW
+	params map[string][]float32
+	x, y   []int32
+	nparam int
+}
+
+// NewBench plans and compiles the step of o's first training length.
+func NewBench(o Options) (*Bench, error) {
+	p, err := Setup(o, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	l := p.Lengths[0]
+	b := &Bench{Plan: p, store: kernels.NewStore(kernels.F32), opt: optim.NewAdamW(optim.DefaultAdamW()), params: map[string][]float32{}}
+	mg, err := model.Build(&p.Config, model.Opts{T: l.T, B: 1, Mode: model.Train})
+	if err != nil {
+		return nil, err
+	}
+	if err := model.InitStore(mg.Specs, b.store, o.Seed); err != nil {
+		return nil, err
+	}
+	for _, n := range mg.Params() {
+		b.params[n] = b.store.Get(n).F32
+	}
+	b.nparam = model.CountParams(mg.Specs)
+	if b.step, err = CompileStep(&p.Config, b.store, cpu.New(kernels.F32), l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
+		return nil, err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.x, b.y = make([]int32, l.Batch*l.T), make([]int32, l.Batch*l.T)
+	for i := range b.x {
+		b.x[i], b.y[i] = int32(rng.IntN(p.Config.Vocab)), int32(rng.IntN(p.Config.Vocab))
+	}
+	return b, nil
+}
+
+// Step runs one training step: forward and backward over the micro-
+// batches, clipping, AdamW.
+func (b *Bench) Step(seed uint64) error {
+	out, err := b.step.Run(b.x, b.y, seed)
+	if err != nil {
+		return err
+	}
+	optim.ClipGlobalNorm(out.Grads, 1)
+	return b.opt.Step(b.params, out.Grads, 1e-4)
+}
+
+// Length is the benchmarked length's plan.
+func (b *Bench) Length() LengthPlan { return b.Plan.Lengths[0] }
+
+// Flops is the GEMM work of one step.
+func (b *Bench) Flops() int64 { return b.step.Flops() }
+
+// PlanBytes is the step program's memory.
+func (b *Bench) PlanBytes() int64 { return b.step.PlanBytes() }
+
+// Params is the parameter count.
+func (b *Bench) Params() int { return b.nparam }
+
+// Close frees the step.
+func (b *Bench) Close() { b.step.Close() }

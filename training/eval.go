@@ -1,0 +1,270 @@
+package training
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/control"
+	"github.com/rpac-dev/rpac/training/data"
+)
+
+// evaluator scores the evaluation split at one length: sequential,
+// non-overlapping chunks (drop_last) in batches of Batch sequences, each
+// batch run as Batch/Micro micro-batches. With running statistics (the
+// default) every sequence is scored on its own, so the result does not
+// depend on Micro; with batch statistics the statistics are those of each
+// micro-batch.
+type evaluator struct {
+	T, Batch, Micro int
+	graph           *model.Graph
+	plan            *kernels.Plan
+	prog            kernels.Program
+}
+
+// EvalResult is one evaluation.
+type EvalResult struct {
+	CE     float64 // mean pure CE per token
+	Tokens int
+	// Recall counts correct argmax predictions at the synthetic corpus's
+	// answer positions (nil for other data).
+	Recall *data.Recall
+	// Bias holds each fuzzy block's attention bias [T,T] (before the warm-in
+	// scale) as the first batch saw it, when asked for.
+	Bias [][]float32
+}
+
+// evalGraph builds and plans the eval graph at T with micro sequences.
+func evalGraph(cfg *model.Config, T, micro int, batchStats bool) (*model.Graph, *kernels.Plan, error) {
+	mg, err := model.Build(cfg, model.Opts{T: T, B: micro, Mode: model.Eval, BatchStats: batchStats})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, l := range mg.Layers {
+		mg.SetOutput(probeBias(l.Index), l.Bias)
+	}
+	if err := passes.Run(mg.Graph, passes.EvalPipeline, &passes.Context{Model: mg.Info()}); err != nil {
+		return nil, nil, err
+	}
+	return mg, passes.Plan(mg.Graph), nil
+}
+
+func compileEvaluator(cfg *model.Config, store *kernels.Store, be kernels.Backend, T, batch, micro int, batchStats bool) (*evaluator, error) {
+	if micro < 1 || batch%micro != 0 {
+		return nil, fmt.Errorf("evaluation micro-batch %d does not divide the batch of %d", micro, batch)
+	}
+	mg, plan, err := evalGraph(cfg, T, micro, batchStats)
+	if err != nil {
+		return nil, err
+	}
+	if err := model.InitStore(mg.Specs, store, 0); err != nil {
+		return nil, err
+	}
+	prog, err := be.Compile(mg.Graph, plan, store)
+	if err != nil {
+		return nil, err
+	}
+	return &evaluator{T: T, Batch: batch, Micro: micro, graph: mg, plan: plan, prog: prog}, nil
+}
+
+func (e *evaluator) Close() { e.prog.Close() }
+
+// run scores at most maxBatches batches of ds's evaluation split (0: all).
+func (e *evaluator) run(ds *Dataset, maxBatches int, wantBias bool) (EvalResult, error) {
+	var res EvalResult
+	eb, err := data.NewEvalBatcher(ds.Eval, e.T, e.Batch)
+	if err != nil {
+		return res, err
+	}
+	var sum float64
+	for bi, bt := range eb.All() {
+		if maxBatches > 0 && bi >= maxBatches {
+			break
+		}
+		var mask []bool
+		if ds.Synthetic != nil {
+			mask = ds.Synthetic.Eval.BatchAnswerMask(eb, bi)
+			if res.Recall == nil {
+				res.Recall = &data.Recall{}
+			}
+		}
+		for k := 0; k < e.Batch/e.Micro; k++ {
+			lo, hi := k*e.Micro*e.T, (k+1)*e.Micro*e.T
+			ce, err := e.runMicro(bt.X[lo:hi], bt.Y[lo:hi])
+			if err != nil {
+				return res, err
+			}
+			sum += ce
+			if wantBias && bi == 0 && k == 0 {
+				res.Bias = e.biases()
+			}
+			if mask != nil {
+				r, err := e.recall(bt.Y[lo:hi], mask[lo:hi])
+				if err != nil {
+					return res, err
+				}
+				*res.Recall = res.Recall.Add(r)
+			}
+		}
+		res.Tokens += e.Batch * e.T
+	}
+	if res.Tokens == 0 {
+		return res, fmt.Errorf("evaluation split too short for one batch of %d×%d", e.Batch, e.T)
+	}
+	res.CE = sum / float64(res.Tokens)
+	return res, nil
+}
+
+// runMicro runs one micro-batch and returns its summed pure CE.
+func (e *evaluator) runMicro(x, y []int32) (float64, error) {
+	feeds := map[string]*kernels.Tensor{
+		"input_ids": kernels.IntTensor(ir.Shape{e.Micro, e.T}, x),
+		"targets":   kernels.IntTensor(ir.Shape{e.Micro * e.T}, y),
+	}
+	if err := e.prog.Run(feeds, 0); err != nil {
+		return 0, err
+	}
+	return e.prog.Output("ce_sum").At(0), nil
+}
+
+// recall scores the last micro-batch's argmax predictions.
+func (e *evaluator) recall(y []int32, mask []bool) (data.Recall, error) {
+	p := e.prog.Output("pred")
+	if p == nil || p.I32 == nil {
+		return data.Recall{}, fmt.Errorf("the evaluation graph has no argmax output %q", "pred")
+	}
+	return data.RecallAccuracy(p.I32, y, mask)
+}
+
+// biases copies each block's attention bias from the last run.
+func (e *evaluator) biases() [][]float32 {
+	var out [][]float32
+	for _, l := range e.graph.Layers {
+		if b := e.prog.Output(probeBias(l.Index)); b != nil && b.Len() == e.T*e.T {
+			out = append(out, b.Float32s())
+		}
+	}
+	return out
+}
+
+// evaluate runs an interval's evaluation: the raw weights (with the bias
+// snapshot), the EMA and SWA weights, SWA-select's decision and the τ
+// controllers' end-of-interval hooks; one metrics record.
+func (r *run) evaluate(lr float64) error {
+	scale := r.ctl.plainScale(r.st.Step)
+	final := r.st.Step == r.plan.Steps
+	nb := r.o.EvalBatches
+	if final && r.o.FinalEvalBatches > 0 {
+		nb = r.o.FinalEvalBatches
+	}
+	cs := r.ctl.cs
+	rec := map[string]any{"step": r.st.Step, "split": r.ds.EvalName, "epoch": cs.Epoch, "lr": lr,
+		"bias_scale": scale, "tokens": r.st.Tokens}
+	res, err := r.eval.run(r.ds, nb, true)
+	if err != nil {
+		return err
+	}
+	ce := res.CE
+	r.st.LastValCE, r.res.FinalValCE = control.F(ce), ce
+	rec["val_ce"], rec["val_ppl"], rec["val_tokens"] = ce, math.Exp(ce), res.Tokens
+	if res.Recall != nil {
+		r.res.FinalRecall, r.res.FinalRecallN = res.Recall.Accuracy(), res.Recall.Total
+		rec["recall_acc"], rec["recall_n"] = res.Recall.Accuracy(), res.Recall.Total
+	}
+	if len(res.Bias) > 0 {
+		if err := saveBias(filepath.Join(r.o.Out, "bias"), res.Bias, r.st.Step, r.plan.EvalT, cs.Epoch == 0); err != nil {
+			return err
+		}
+	}
+	if r.w.ema != nil {
+		ece, err := r.evalWith(r.w.ema, nb)
+		if err != nil {
+			return err
+		}
+		r.res.FinalEMACE = ece
+		rec["val_ce_ema"], rec["val_ppl_ema"] = ece, math.Exp(ece)
+	}
+	usage := r.ctl.intervalDiagnostics(rec)
+	if cs.SWA != nil {
+		if err := r.swaSelect(ce, nb, rec); err != nil {
+			return err
+		}
+	}
+	r.ctl.endOfInterval(r.st.Step, ce, final, usage, rec)
+	r.o.Log.Info("eval", "step", r.st.Step, "split", r.ds.EvalName, "val_ce", ce, "val_ppl", math.Exp(ce),
+		"recall", rec["recall_acc"], "ema", rec["val_ce_ema"], "swa", rec["val_ce_swa"])
+	if res.Recall != nil {
+		fmt.Fprintf(r.o.Progress, "\neval step %d: val CE %.4f, recall %.4f (%d answers)\n", r.st.Step, ce, res.Recall.Accuracy(), res.Recall.Total)
+	}
+	return r.metrics.WriteEval(rec)
+}
+
+// evalWith evaluates the weight set w.
+func (r *run) evalWith(w [][]float32, nb int) (float64, error) {
+	var ce float64
+	err := r.w.with(w, func() error {
+		res, err := r.eval.run(r.ds, nb, false)
+		ce = res.CE
+		return err
+	})
+	return ce, err
+}
+
+// swaSelect lets SWA-select decide on the interval with the raw weights'
+// CE, and evaluates the SWA average.
+func (r *run) swaSelect(ce float64, nb int, rec map[string]any) error {
+	swa := r.ctl.cs.SWA
+	d := swa.Consider(r.ctl.cs.Epoch, ce)
+	if d.Join {
+		if err := r.w.joinSWA(swa.Count()); err != nil {
+			return err
+		}
+	}
+	rec["swa_join"], rec["swa_in_zone"], rec["swa_gain"] = d.Join, d.InZone, nanNull(d.RelGain)
+	rec["swa_members"], rec["swa_count"] = slices.Clone(swa.Members), swa.Count()
+	if r.w.swa != nil {
+		sce, err := r.evalWith(r.w.swa, nb)
+		if err != nil {
+			return err
+		}
+		r.res.FinalSWACE = sce
+		rec["val_ce_swa"], rec["val_ppl_swa"] = sce, math.Exp(sce)
+	}
+	r.res.SWAMembers = slices.Clone(swa.Members)
+	return nil
+}
+
+// saveBias writes a layer-by-layer snapshot of the attention bias B(T)
+// (before the warm-in scale) to bias/late.safetensors, and on the first
+// evaluation also to bias/early.safetensors.
+func saveBias(dir string, bias [][]float32, step, T int, first bool) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	snap := make([]checkpoint.Named, len(bias))
+	for i, b := range bias {
+		snap[i] = checkpoint.Named{Name: fmt.Sprintf("blocks.%d", i), Shape: []int{T, T}, Data: b}
+	}
+	meta := map[string]string{"step": fmt.Sprint(step), "T": fmt.Sprint(T)}
+	names := []string{"late"}
+	if first {
+		names = append(names, "early")
+	}
+	for _, n := range names {
+		p := filepath.Join(dir, n+".safetensors")
+		if err := checkpoint.SaveWeightsFile(p+".tmp", snap, meta); err != nil {
+			return err
+		}
+		if err := os.Rename(p+".tmp", p); err != nil {
+			return err
+		}
+	}
+	return nil
+}

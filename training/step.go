@@ -1,0 +1,232 @@
+package training
+
+import (
+	"fmt"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/training/control"
+)
+
+// Step is the compiled training step of one context length T, batch,
+// micro-batch and dropout rate: forward and backward over each micro-batch
+// of the batch, with the gradients accumulated so that the optimizer sees
+// the gradient of the whole batch's mean loss.
+//
+// The baseline model's loss is a mean over tokens, so a step over
+// micro-batches equals the step over the whole batch to float32 rounding.
+// The fuzzy model's RPA prior reads batch statistics (the batch-mean
+// membership m̄, and the entropy floor's mean entropy): with micro-batches
+// they are the statistics of each micro-batch, as with gradient accumulation
+// in the paper's PyTorch code. The running statistics and diagnostics are
+// averaged over the micro-batches, which for equal micro-batches is the
+// whole batch's value.
+type Step struct {
+	T, Batch, Micro int
+	Dropout         float64
+
+	graph   *model.Graph
+	plan    *kernels.Plan
+	prog    kernels.Program
+	params  []string
+	acc     map[string][]float32 // gradient accumulators (Micro < Batch)
+	running []model.RunningStat
+	res     StepResult
+}
+
+// StepResult is what one step computed. Its slices are valid until the
+// next Run.
+type StepResult struct {
+	Loss float64 // the training loss (smoothed CE plus penalties), batch mean
+	CE   float64 // the pure cross-entropy per token
+	// Grads holds each parameter's gradient of Loss.
+	Grads map[string][]float32
+	// Layers are the fuzzy blocks' diagnostics (none for the baseline).
+	Layers []LayerStats
+	// Running holds the batch statistics that estimate the fuzzy blocks'
+	// running statistics, and Buffers the store names of those running
+	// statistics (aligned).
+	Running [][]float32
+	Buffers []string
+}
+
+// LayerStats are one block's per-step diagnostics.
+type LayerStats struct {
+	H     float64   // membership entropy H(μ)
+	Sat   float64   // fraction of saturated memberships
+	Usage []float64 // expert usage
+}
+
+// Probe outputs a step graph adds.
+func probeMu(layer int) string   { return fmt.Sprintf("probe:blocks.%d.mu", layer) }
+func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", layer) }
+
+// stepGraph builds and plans the training graph of a step.
+func stepGraph(cfg *model.Config, T, micro int, dropout float64, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
+	c := *cfg
+	c.Dropout = dropout
+	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, l := range mg.Layers {
+		mg.SetOutput(probeMu(l.Index), l.Mu)
+	}
+	if pc == nil {
+		pc = &passes.Context{}
+	}
+	pc.Loss, pc.Model = "loss", mg.Info()
+	if err := passes.Run(mg.Graph, passes.TrainPipeline, pc); err != nil {
+		return nil, nil, err
+	}
+	return mg, passes.Plan(mg.Graph), nil
+}
+
+// CompileStep compiles the step of cfg at T with batch sequences per step
+// in micro-batches of micro (micro must divide batch) on be, over store's
+// parameters. pc may ask for an IR dump.
+func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T, batch, micro int, dropout float64, pc *passes.Context) (*Step, error) {
+	if micro < 1 || batch%micro != 0 {
+		return nil, fmt.Errorf("micro-batch %d does not divide the batch of %d sequences", micro, batch)
+	}
+	mg, plan, err := stepGraph(cfg, T, micro, dropout, pc)
+	if err != nil {
+		return nil, err
+	}
+	prog, err := be.Compile(mg.Graph, plan, store)
+	if err != nil {
+		return nil, err
+	}
+	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, graph: mg, plan: plan, prog: prog, params: mg.Params()}
+	if micro < batch {
+		s.acc = map[string][]float32{}
+		for _, n := range s.params {
+			if t := store.Get(n); t != nil {
+				s.acc[n] = make([]float32, len(t.F32))
+			}
+		}
+	}
+	s.res.Layers = make([]LayerStats, len(mg.Layers))
+	s.running = mg.RunningStats()
+	s.res.Running = make([][]float32, len(s.running))
+	for _, r := range s.running {
+		s.res.Buffers = append(s.res.Buffers, r.Buffer)
+	}
+	return s, nil
+}
+
+// Close frees the step's program.
+func (s *Step) Close() { s.prog.Close() }
+
+// Flops is the GEMM work of one step (all micro-batches).
+func (s *Step) Flops() int64 { return passes.Flops(s.graph.Graph) * int64(s.Batch/s.Micro) }
+
+// PlanBytes is the memory of the step's intermediate values.
+func (s *Step) PlanBytes() int64 { return planBytes(s.plan) }
+
+func planBytes(p *kernels.Plan) int64 { return int64(p.Peak+p.ScratchElems) * 4 }
+
+// Run executes the step on the batch x, y (Batch·T token ids each, row by
+// row). seed draws the step's randomness; micro-batch k uses a seed derived
+// from it (k = 0 uses seed itself).
+func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
+	n := s.Batch / s.Micro
+	if len(x) != s.Batch*s.T || len(y) != s.Batch*s.T {
+		return nil, fmt.Errorf("step: %d inputs and %d targets, want %d×%d", len(x), len(y), s.Batch, s.T)
+	}
+	s.resetStats()
+	w := 1 / float64(n)
+	for k := 0; k < n; k++ {
+		lo, hi := k*s.Micro*s.T, (k+1)*s.Micro*s.T
+		feeds := map[string]*kernels.Tensor{
+			"input_ids": kernels.IntTensor(ir.Shape{s.Micro, s.T}, x[lo:hi]),
+			"targets":   kernels.IntTensor(ir.Shape{s.Micro * s.T}, y[lo:hi]),
+		}
+		if err := s.prog.Run(feeds, seed+uint64(k)*0x9e3779b97f4a7c15); err != nil {
+			return nil, err
+		}
+		s.res.Loss += w * s.prog.Output("loss").At(0)
+		s.res.CE += w * s.prog.Output("ce_sum").At(0) / float64(s.Micro*s.T)
+		s.gatherGrads(k, float32(w))
+		s.gatherStats(w)
+	}
+	return &s.res, nil
+}
+
+func (s *Step) resetStats() {
+	s.res.Loss, s.res.CE = 0, 0
+	for i := range s.res.Layers {
+		l := &s.res.Layers[i]
+		l.H, l.Sat = 0, 0
+		clear(l.Usage)
+	}
+	for i := range s.res.Running {
+		clear(s.res.Running[i])
+	}
+}
+
+// gatherGrads points Grads at the program's gradients (one micro-batch) or
+// adds micro-batch k's gradients, scaled by w, into the accumulators.
+func (s *Step) gatherGrads(k int, w float32) {
+	if s.res.Grads == nil {
+		s.res.Grads = map[string][]float32{}
+	}
+	for _, name := range s.params {
+		gt := s.prog.Output(passes.GradName(name))
+		if gt == nil {
+			continue
+		}
+		if s.acc == nil {
+			s.res.Grads[name] = gt.F32
+			continue
+		}
+		a := s.acc[name]
+		if k == 0 {
+			for i, g := range gt.F32 {
+				a[i] = w * g
+			}
+		} else {
+			for i, g := range gt.F32 {
+				a[i] += w * g
+			}
+		}
+		s.res.Grads[name] = a
+	}
+}
+
+// gatherStats adds one micro-batch's diagnostics and batch statistics with
+// weight w.
+func (s *Step) gatherStats(w float64) {
+	for i, l := range s.graph.Layers {
+		st := &s.res.Layers[i]
+		if t := s.prog.Output(l.Entropy); t != nil {
+			st.H += w * t.At(0)
+		}
+		if t := s.prog.Output(probeMu(l.Index)); t != nil {
+			st.Sat += w * control.SatFraction(t.F32, t.Shape[len(t.Shape)-1], control.SatThreshold)
+		}
+		if t := s.prog.Output(l.Usage); t != nil {
+			if len(st.Usage) != t.Len() {
+				st.Usage = make([]float64, t.Len())
+			}
+			for e := range st.Usage {
+				st.Usage[e] += w * t.At(e)
+			}
+		}
+	}
+	for i, rs := range s.running {
+		t := s.prog.Output(rs.Stat)
+		if t == nil {
+			continue
+		}
+		if len(s.res.Running[i]) != t.Len() {
+			s.res.Running[i] = make([]float32, t.Len())
+		}
+		r := s.res.Running[i]
+		for j, v := range t.F32 {
+			r[j] += float32(w) * v
+		}
+	}
+}
