@@ -86,7 +86,10 @@ var ExportPipeline = []Pass{
 		if err != nil {
 			return err
 		}
-		return StripTraining(g, o.Store)
+		if c.Model == nil {
+			return fmt.Errorf("graph %s comes without its model description (passes.Context.Model)", g.Name)
+		}
+		return StripTraining(g, c.Model.Hooks, o.Store)
 	}},
 	{Name: "fold rpa", Fn: func(g *ir.Graph, c *Context) error {
 		o, err := exportOptions(c)

@@ -233,7 +233,7 @@ func TestStripTraining(t *testing.T) {
 	if g.OpCounts()["Dropout"] == 0 || g.OpCounts()["GumbelNoise"] == 0 {
 		t.Fatal("the training graph should hold Dropout and GumbelNoise")
 	}
-	if err := passes.StripTraining(g, st); err != nil {
+	if err := passes.StripTraining(g, infos[g].Hooks, st); err != nil {
 		t.Fatal(err)
 	}
 	if err := ir.Verify(g, true); err != nil {
@@ -256,7 +256,7 @@ func TestStripTraining(t *testing.T) {
 	}
 	// Without the store, the warm-in scale has no value to freeze.
 	g = evalGraph(t, &cfg, 8, 1, model.Eval, false)
-	err := passes.StripTraining(g, kernels.NewStore(kernels.F32))
+	err := passes.StripTraining(g, infos[g].Hooks, kernels.NewStore(kernels.F32))
 	if err == nil || !strings.Contains(err.Error(), "bias_scale") {
 		t.Fatalf("want an error naming bias_scale, got %v", err)
 	}

@@ -35,6 +35,8 @@ type ModelInfo struct {
 	Eval, BatchStats bool
 	// Running lists the running-statistics buffers the graph reads.
 	Running []RunningBuffer
+	// Hooks are the outputs only training reads (StripTraining drops them).
+	Hooks []string
 }
 
 // RunningBuffer is one running-statistics buffer of a layer.

@@ -18,19 +18,16 @@ import (
 //   - StopGradient nodes (.detach()) become the identity;
 //   - every training-only buffer (bias warm-in scale, chaos factor,
 //     Guardian's λ_sat) becomes a constant holding its current value in st;
-//   - the controller hooks go: the "stat:*" outputs that Guardian, the
-//     context game and the running statistics read, and the training
-//     objective "loss".
+//   - the training hooks go: the outputs that only training reads (the
+//     statistics of Guardian, the context game and the running statistics,
+//     and the objective "loss"), as the model's builder lists them in hooks.
 //
 // Any other op that the op table marks training-only is an error, and the
 // verifier that runs after this pass rejects an export graph that still
 // holds one.
-func StripTraining(g *ir.Graph, st *kernels.Store) error {
-	// Controller hooks and the training objective.
-	for name := range g.Outputs {
-		if strings.HasPrefix(name, "stat:") || name == "loss" {
-			delete(g.Outputs, name)
-		}
+func StripTraining(g *ir.Graph, hooks []string, st *kernels.Store) error {
+	for _, name := range hooks {
+		delete(g.Outputs, name)
 	}
 	uses := g.Uses()
 	kept := g.Nodes[:0]

@@ -29,11 +29,13 @@ func NewBench(o Options) (*Bench, error) {
 		return nil, err
 	}
 	l := p.Lengths[0]
-	b := &Bench{Plan: p, store: kernels.NewStore(kernels.F32), opt: optim.NewAdamW(optim.DefaultAdamW()), params: map[string][]float32{}}
 	mg, err := model.Build(&p.Config, model.Opts{T: l.T, B: 1, Mode: model.Train})
 	if err != nil {
 		return nil, err
 	}
+	acfg := optim.DefaultAdamW()
+	acfg.Decay = mg.Decayed()
+	b := &Bench{Plan: p, store: kernels.NewStore(kernels.F32), opt: optim.NewAdamW(acfg), params: map[string][]float32{}}
 	if err := model.InitStore(mg.Specs, b.store, o.Seed); err != nil {
 		return nil, err
 	}

@@ -244,7 +244,13 @@ func microSummary(p *Plan) string {
 func (r *run) initState(prev *Run) error {
 	p, o := r.plan, r.o
 	r.store = kernels.NewStore(kernels.F32)
-	r.opt = optim.NewAdamW(optim.DefaultAdamW())
+	mg0, err := model.Build(&p.Config, model.Opts{T: p.Lengths[0].T, B: 1, Mode: model.Train})
+	if err != nil {
+		return err
+	}
+	acfg := optim.DefaultAdamW()
+	acfg.Decay = mg0.Decayed()
+	r.opt = optim.NewAdamW(acfg)
 	r.st = &RunState{Format: stateFormat, Config: p.Config, Preset: p.Preset, Context: p.EvalT, Batch: p.EvalBatchOf(),
 		TotalSteps: p.Steps, RunningOK: map[string]bool{}, Dataset: r.ds.Name, Protocol: r.ds.Protocol,
 		DataDir: r.ds.Dir, LastValCE: control.F(math.NaN()), Lengths: p.Lengths}

@@ -42,6 +42,9 @@ type Spec struct {
 	Shape ir.Shape
 	Init  Init
 	Param bool // trainable (else buffer)
+	// Decay: AdamW's weight decay applies (linear and embedding matrices;
+	// not norms, biases or the paper's scalars).
+	Decay bool
 	// Running marks a running-statistics buffer: updated from the stat
 	// output of the same name during training, used by eval graphs.
 	Running string
@@ -70,16 +73,30 @@ type builder struct {
 	specs  []Spec
 	seen   map[string]*ir.Value
 	layers []Layer
-	cur    *Layer // the fuzzy block being built
+	cur    *Layer   // the fuzzy block being built
+	hooks  []string // outputs only training reads
+}
+
+// hook makes v the output name that only training reads (the loss, the
+// statistics of controllers and running statistics).
+func (b *builder) hook(name string, v *ir.Value) {
+	b.g.SetOutput(name, v)
+	b.hooks = append(b.hooks, name)
 }
 
 func (b *builder) param(name string, s ir.Shape, init Init) *ir.Value {
+	return b.paramDecay(name, s, init, false)
+}
+
+// paramDecay adds a parameter that weight decay applies to when decay is
+// set (linear and embedding matrices).
+func (b *builder) paramDecay(name string, s ir.Shape, init Init, decay bool) *ir.Value {
 	if v, ok := b.seen[name]; ok {
 		return v
 	}
 	v := b.g.Param(name, s)
 	b.seen[name] = v
-	b.specs = append(b.specs, Spec{Name: name, Shape: s.Clone(), Init: init, Param: true})
+	b.specs = append(b.specs, Spec{Name: name, Shape: s.Clone(), Init: init, Param: true, Decay: decay})
 	return v
 }
 
@@ -97,7 +114,7 @@ func (b *builder) buffer(name string, s ir.Shape, init Init, trainingOnly bool, 
 // linear is nn.Linear(in, out) with PyTorch's default initialisation.
 func (b *builder) linear(x *ir.Value, name string, in, out int, bias bool) *ir.Value {
 	bound := 1 / math.Sqrt(float64(in))
-	w := b.param(name+".weight", ir.Shape{out, in}, Init{"uniform", bound})
+	w := b.paramDecay(name+".weight", ir.Shape{out, in}, Init{"uniform", bound}, true)
 	if bias {
 		bv := b.param(name+".bias", ir.Shape{out}, Init{"uniform", bound})
 		return b.g.Op1("Linear", nil, x, w, bv)
@@ -146,6 +163,9 @@ type Graph struct {
 	Opts  Opts
 	// Layers holds one entry per fuzzy block (none for the baseline).
 	Layers []Layer
+	// Hooks are the outputs only training reads: the loss and the
+	// statistics that controllers and running statistics consume.
+	Hooks []string
 }
 
 // Layer holds the handles of one fuzzy block.
@@ -195,13 +215,24 @@ func (g *Graph) RunningStats() []RunningStat {
 
 // Info returns what the passes need to know of this graph.
 func (g *Graph) Info() *passes.ModelInfo {
-	mi := &passes.ModelInfo{T: g.Opts.T, B: g.Opts.B, Eval: g.Opts.Mode == Eval, BatchStats: g.Opts.BatchStats}
+	mi := &passes.ModelInfo{T: g.Opts.T, B: g.Opts.B, Eval: g.Opts.Mode == Eval, BatchStats: g.Opts.BatchStats, Hooks: g.Hooks}
 	if mi.Eval && !mi.BatchStats {
 		for _, r := range g.RunningStats() {
 			mi.Running = append(mi.Running, passes.RunningBuffer{Name: r.Buffer, Layer: r.Layer})
 		}
 	}
 	return mi
+}
+
+// Decayed reports, for AdamW, whether weight decay applies to a parameter.
+func (g *Graph) Decayed() func(name string) bool {
+	set := map[string]bool{}
+	for _, s := range g.Specs {
+		if s.Param && s.Decay {
+			set[s.Name] = true
+		}
+	}
+	return func(name string) bool { return set[name] }
 }
 
 // Params lists the names of the trainable parameters, in build order.
@@ -243,15 +274,15 @@ func Build(cfg *Config, o Opts) (*Graph, error) {
 	if err := ir.Verify(g, false); err != nil {
 		return nil, err
 	}
-	return &Graph{Graph: g, Specs: b.specs, Opts: o, Layers: b.layers}, nil
+	return &Graph{Graph: g, Specs: b.specs, Opts: o, Layers: b.layers, Hooks: b.hooks}, nil
 }
 
 func (b *builder) build() error {
 	c, o, g := b.cfg, b.o, b.g
 	D, T, B := c.DModel, o.T, o.B
 	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
-	tok := b.param("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02})
-	pos := b.param("pos_emb.weight", ir.Shape{c.MaxLen, D}, Init{"normal", 0.02})
+	tok := b.paramDecay("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02}, true)
+	pos := b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, Init{"normal", 0.02}, true)
 	x := b.op("Gather", nil, tok, ids)
 	p := pos
 	if T < c.MaxLen {
@@ -312,14 +343,14 @@ func (b *builder) build() error {
 			}
 		}
 		hmean := b.scale(hsum, 1/float64(len(entropies)), 0)
-		g.SetOutput("stat:mu_entropy", hmean)
+		b.hook("stat:mu_entropy", hmean)
 		hmax := math.Log(math.Max(2, float64(c.R)))
 		pen := b.op("ReLU", nil, b.scale(hmean, -1, c.EntFloorEta*hmax))
 		lam := b.buffer(LambdaSat, ir.Shape{}, Init{"const", 0}, true, "")
 		w := b.scale(lam, c.EntFloorAlpha*0.5, c.EntFloorAlpha*0.5) // (α/2)(1+λ_sat)
 		loss = b.op("Add", nil, loss, b.op("Mul", nil, w, pen))
 	}
-	g.SetOutput("loss", loss)
+	b.hook("loss", loss)
 	return nil
 }
 
@@ -365,7 +396,7 @@ func (b *builder) baselineBlock(x *ir.Value, i int) *ir.Value {
 // fuzzyBlock is FuzzyTransformerBlock.forward; it returns the new residual
 // stream and the layer's membership entropy H(μ).
 func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
-	c, o, g := b.cfg, b.o, b.g
+	c, o := b.cfg, b.o
 	D, R, T := c.DModel, c.R, o.T
 	pre := fmt.Sprintf("blocks.%d", i)
 	b.cur = &Layer{Index: i, Entropy: fmt.Sprintf("stat:blocks.%d.mu_entropy", i), Usage: fmt.Sprintf("stat:blocks.%d.expert_usage", i)}
@@ -379,7 +410,7 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	b.cur.Mu = mu
 	if c.Type2 {
 		u := b.op("Sigmoid", nil, b.linear(b.op("ReLU", nil, b.linear(x, pre+".mem.uncert.0", D, D, true)), pre+".mem.uncert.2", D, 1, true))
-		g.SetOutput(fmt.Sprintf("stat:blocks.%d.type2_u", i), b.op("ReduceMean", nil, u))
+		b.hook(fmt.Sprintf("stat:blocks.%d.type2_u", i), b.op("ReduceMean", nil, u))
 	}
 	eta := b.op("Sigmoid", nil, b.linear(mu, pre+".res_gate", R, 1, false)) // [B,T,1]
 
@@ -388,7 +419,7 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	// "Causality"). mbar is the batch-mean membership per position [T,R].
 	useBatch := o.Mode == Train || o.BatchStats
 	batchMu := b.op("ReduceMean", ir.Attrs{"axes": []int{0}}, mu)
-	g.SetOutput(StatMu(i), batchMu)
+	b.hook(StatMu(i), batchMu)
 	b.cur.Running = []RunningStat{{Layer: i, T: T, Kind: RunningMu, Buffer: RunningMuName(i, T), Stat: StatMu(i)}}
 	if !c.UseRPA {
 		b.cur.Running = append(b.cur.Running, RunningStat{Layer: i, T: T, Kind: RunningSim, Buffer: RunningSimName(i, T), Stat: StatSim(i)})
@@ -408,7 +439,7 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 		if useBatch {
 			// fuzz_sim = mean_b μ_b μ_bᵀ
 			sim = b.op("ReduceMean", ir.Attrs{"axes": []int{0}}, b.op("MatMul", ir.Attrs{"transB": true}, mu, mu))
-			g.SetOutput(StatSim(i), sim)
+			b.hook(StatSim(i), sim)
 		} else {
 			sim = b.buffer(RunningSimName(i, T), ir.Shape{T, T}, Init{"const", 1 / float64(R)}, false, StatSim(i))
 		}
@@ -436,7 +467,7 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	// H_mu = -(μ·log(clamp_min(μ,1e-8))).sum(-1).mean()
 	ent := b.op("Mul", nil, mu, b.op("Log", nil, b.clamp(mu, 1e-8, math.Inf(1))))
 	h := b.scale(b.op("ReduceMean", nil, b.op("ReduceSum", ir.Attrs{"axes": []int{-1}}, ent)), -1, 0)
-	g.SetOutput(b.cur.Entropy, h)
+	b.hook(b.cur.Entropy, h)
 	return x, h
 }
 
@@ -496,7 +527,7 @@ func (b *builder) finishBias(bm *ir.Value, prefix string) *ir.Value {
 // fuzzyMoE is FuzzyMoE.forward (all experts evaluated, weights zero outside
 // the top-k, as in the listing). Eval draws no Gumbel noise.
 func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value {
-	c, o, g := b.cfg, b.o, b.g
+	c, o := b.cfg, b.o
 	D, E := c.DModel, c.Experts
 	logits := b.clamp(b.linear(mu, prefix+".gate", c.R, E, false), -30, 30)
 	if o.Mode == Train {
@@ -508,7 +539,7 @@ func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value 
 	// so kept weights are not renormalised; followed as written.
 	den := b.scale(b.op("ReduceSum", ir.Attrs{"axes": []int{-1}, "keepdims": true}, y), 1, 1e-6)
 	y = b.op("Div", nil, b.op("Mul", nil, y, mask), den)
-	g.SetOutput(b.cur.Usage, b.op("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, y))
+	b.hook(b.cur.Usage, b.op("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, y))
 	dff := D * c.FFMult
 	var out *ir.Value
 	for e := 0; e < E; e++ {

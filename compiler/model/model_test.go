@@ -11,6 +11,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/training/optim"
 )
 
 // microConfig is a model small enough for finite differences on every parameter.
@@ -266,5 +267,31 @@ func TestPresetSizes(t *testing.T) {
 	}
 	if _, err := model.Build(&p.Config, model.Opts{T: 769, B: 1}); err == nil {
 		t.Fatal("context beyond max_len accepted")
+	}
+}
+
+// TestDecayHandles: the typed weight-decay marks select exactly the
+// parameters the name rule of optim.DefaultDecay selects, for both models.
+func TestDecayHandles(t *testing.T) {
+	p, _ := model.LookupPreset("tiny")
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		cfg := p.Config
+		cfg.Model = kind
+		mg, err := model.Build(&cfg, model.Opts{T: 16, B: 1, Mode: model.Train})
+		if err != nil {
+			t.Fatal(err)
+		}
+		decayed, n := mg.Decayed(), 0
+		for _, name := range mg.Params() {
+			if decayed(name) != optim.DefaultDecay(name) {
+				t.Errorf("%s %s: typed decay %v, name rule %v", kind, name, decayed(name), optim.DefaultDecay(name))
+			}
+			if decayed(name) {
+				n++
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no parameter is decayed", kind)
+		}
 	}
 }
