@@ -22,8 +22,18 @@ type Dataset struct {
 	Dir string
 }
 
+// DataSpec names a run's data.
+type DataSpec struct {
+	Name                  string // wikitext2 (default) | synthetic
+	Dir                   string // WikiText-2 directory ("" = the usual lookup)
+	TrainSplit, EvalSplit string
+	Seed                  uint64               // the synthetic corpus's seed
+	Synthetic             data.SyntheticConfig // the synthetic corpus's shape (zero: defaults)
+}
+
 // LoadDataset resolves and encodes the data of a run.
-func LoadDataset(ctx context.Context, name, dir, trainSplit, evalSplit string, seed uint64, progress io.Writer) (*Dataset, error) {
+func LoadDataset(ctx context.Context, spec DataSpec, progress io.Writer) (*Dataset, error) {
+	name, dir, trainSplit, evalSplit, seed := spec.Name, spec.Dir, spec.TrainSplit, spec.EvalSplit, spec.Seed
 	switch name {
 	case "", "wikitext2":
 		if trainSplit == "" {
@@ -57,11 +67,12 @@ func LoadDataset(ctx context.Context, name, dir, trainSplit, evalSplit string, s
 		return &Dataset{Name: "wikitext2", Protocol: fmt.Sprintf("train on %s, evaluate on %s", trainSplit, evalSplit),
 			EvalName: evalSplit, Vocab: tok.VocabSize(), Train: tr, Eval: ev, Dir: d}, nil
 	case "synthetic":
-		c, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, data.SyntheticConfig{})
+		c, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, spec.Synthetic)
 		if err != nil {
 			return nil, err
 		}
-		return &Dataset{Name: "synthetic", Protocol: "synthetic long-span recall corpus (train and eval streams from different seeds)",
+		sc := spec.Synthetic.WithDefaults()
+		return &Dataset{Name: "synthetic", Protocol: fmt.Sprintf("synthetic long-span recall corpus (sequences of %d tokens, %d pairs, query ≥ %d tokens after its statement; train and eval streams from different seeds)", sc.SeqLen, sc.Pairs, sc.MinGap),
 			EvalName: "synthetic-eval", Vocab: data.SyntheticVocab, Train: c.Train.IDs, Eval: c.Eval.IDs, Synthetic: c}, nil
 	}
 	return nil, fmt.Errorf("unknown dataset %q (choose wikitext2 or synthetic)", name)

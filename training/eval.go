@@ -161,8 +161,8 @@ func (r *run) evaluate(lr float64) error {
 	scale := r.ctl.plainScale(r.st.Step)
 	final := r.st.Step == r.plan.Steps
 	nb := r.o.EvalBatches
-	if final && r.o.FinalEvalBatches > 0 {
-		nb = r.o.FinalEvalBatches
+	if final && r.o.FinalEvalBatches != 0 {
+		nb = max(0, r.o.FinalEvalBatches) // < 0: the whole split
 	}
 	cs := r.ctl.cs
 	rec := map[string]any{"step": r.st.Step, "split": r.ds.EvalName, "epoch": cs.Epoch, "lr": lr,

@@ -7,14 +7,17 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/training/control"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // Options are the knobs of `rpac train`.
 type Options struct {
-	Preset        string
-	Model         string // fuzzy | baseline ("" = preset)
-	Dataset       string // wikitext2 | synthetic
-	DataDir       string
+	Preset  string
+	Model   string // fuzzy | baseline ("" = preset)
+	Dataset string // wikitext2 | synthetic
+	DataDir string
+	// Synthetic shapes the synthetic corpus (zero fields: defaults).
+	Synthetic     data.SyntheticConfig
 	TrainSplit    string
 	EvalSplit     string
 	Context       int // 0 = the preset's first context (with the context game: the longest game context); the evaluation length
@@ -26,7 +29,8 @@ type Options struct {
 	InitOnly    bool
 	EvalEvery   int // 0 = only at the end (with per-epoch controllers: steps/10)
 	EvalBatches int // 0 = every full eval batch of the split
-	// FinalEvalBatches limits the last evaluation (0 = EvalBatches).
+	// FinalEvalBatches limits the last evaluation (0 = EvalBatches, < 0 =
+	// the whole split).
 	FinalEvalBatches int
 	Seed             uint64
 	Out              string
@@ -127,4 +131,9 @@ func DefaultGameContexts(presetName string, T int) []int {
 		T = p.Contexts[0]
 	}
 	return []int{T / 2, T}
+}
+
+// DataSpec is the run's data.
+func (o Options) DataSpec() DataSpec {
+	return DataSpec{Name: o.Dataset, Dir: o.DataDir, TrainSplit: o.TrainSplit, EvalSplit: o.EvalSplit, Seed: o.Seed, Synthetic: o.Synthetic}
 }

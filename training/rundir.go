@@ -12,6 +12,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // Run is a training run's checkpoint, opened for export, inspection,
@@ -44,6 +45,7 @@ type recordedOptions struct {
 	EvalSplit  string `json:"EvalSplit"`
 	DataDir    string `json:"DataDir"`
 	Seed       uint64 `json:"Seed"`
+	Synthetic  data.SyntheticConfig
 }
 
 // OpenRun opens path: a run directory (holding checkpoint/ or, after an
@@ -219,6 +221,21 @@ func (r *Run) Seed() uint64 {
 		return r.options.Seed
 	}
 	return 1
+}
+
+// DataSpec is the data the run trained on, with the splits given ("": the
+// run's own) and the data directory dir ("": the run's own).
+func (r *Run) DataSpec(dir, trainSplit, evalSplit string) DataSpec {
+	if dir == "" {
+		dir = r.DataDir()
+	}
+	if trainSplit == "" {
+		trainSplit = r.TrainSplit()
+	}
+	if evalSplit == "" {
+		evalSplit = r.EvalSplit()
+	}
+	return DataSpec{Name: r.Dataset(), Dir: dir, TrainSplit: trainSplit, EvalSplit: evalSplit, Seed: r.Seed(), Synthetic: r.options.Synthetic}
 }
 
 // Lengths are the run's trained context lengths.

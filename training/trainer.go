@@ -171,7 +171,7 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, err := LoadDataset(ctx, o.Dataset, o.DataDir, o.TrainSplit, o.EvalSplit, o.Seed, o.Progress)
+	ds, err := LoadDataset(ctx, o.DataSpec(), o.Progress)
 	if err != nil {
 		return nil, err
 	}

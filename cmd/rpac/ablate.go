@@ -19,7 +19,7 @@ func ablateCommand() *cli.Command {
 			"+ Guardian + late-phase schedules (LR floor, EMA, chaos, dropout glide); + SWA-select.\n" +
 			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
 			"Finished runs (their result.json) are reused, so an interrupted ablation continues where it stopped.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
 			&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic"},
 			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
@@ -37,7 +37,7 @@ func ablateCommand() *cli.Command {
 			&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
 			&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
 			&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
-		},
+		}, syntheticFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.Args().Len() > 0 {
 				return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
@@ -76,11 +76,19 @@ func ablateCommand() *cli.Command {
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return err
 			}
-			base := training.Options{
+			syn, err := syntheticFromFlags(c)
+			if err != nil {
+				return err
+			}
+			finalBatches := c.Int("final-eval-batches")
+			if finalBatches == 0 {
+				finalBatches = -1 // the whole split
+			}
+			base := training.Options{Synthetic: syn,
 				Preset: preset.Name, Dataset: c.String("dataset"), DataDir: c.String("data-dir"),
 				TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
 				TokensPerStep: c.Int("tokens-per-step"), EvalEvery: evalEvery, EvalBatches: c.Int("eval-batches"),
-				FinalEvalBatches: c.Int("final-eval-batches"), Seed: c.Uint64("seed"), Out: out, LR: c.Float64("lr"),
+				FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: out, LR: c.Float64("lr"),
 				Dropout: -1, WarmIn: -1, GradClip: 1,
 			}
 			results, err := training.Ablate(c.Context, training.AblationOptions{

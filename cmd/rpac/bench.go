@@ -39,17 +39,15 @@ func benchCommand() *cli.Command {
 			{
 				Name:  "train",
 				Usage: "tokens/s and achieved GEMM GFLOP/s of training steps, against the GEMM peak measured in the same run",
-				Flags: []cli.Flag{
+				Flags: append([]cli.Flag{
 					&cli.StringFlag{Name: "preset", Value: "tiny"},
 					&cli.StringFlag{Name: "model", Value: "fuzzy"},
 					&cli.IntFlag{Name: "context"},
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
-					&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass: N or auto (the largest that fits --mem-budget)"},
-					&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 8GiB (default: 80% of the available memory)"},
 					&cli.StringFlag{Name: "device", Value: "cpu"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
-				},
+				}, memoryFlagDefs()...),
 				Action: benchTrain,
 			},
 			benchInferCommand(),
@@ -65,11 +63,7 @@ func benchTrain(c *cli.Context) error {
 	if steps < 1 {
 		return fmt.Errorf("--steps must be positive")
 	}
-	micro, err := parseMicroBatch(c.String("micro-batch"))
-	if err != nil {
-		return err
-	}
-	budget, err := parseMemBudget(c.String("mem-budget"))
+	micro, budget, err := memoryFlags(c)
 	if err != nil {
 		return err
 	}

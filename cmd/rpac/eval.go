@@ -1,10 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	goruntime "runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -20,7 +23,7 @@ func evalCommand() *cli.Command {
 		Usage: "cross-entropy, perplexity and tokens/s of an exported model (onnxruntime) on a data split",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
-			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
+			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (default: the training run's, else $RPAC_DATA, the user cache, then a download)"},
 			&cli.StringFlag{Name: "dataset", Usage: "wikitext2|synthetic (default: from the model's tokenizer)"},
 			&cli.StringFlag{Name: "split", Value: "valid", Usage: "split to evaluate (wikitext2: train|valid|test; synthetic: eval|train)"},
 			&cli.IntFlag{Name: "length", Usage: "context length T of the evaluation chunks (default: the longest exported length)"},
@@ -28,7 +31,7 @@ func evalCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-chunks", Usage: "evaluate at most N chunks (0: the whole split)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
 			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
-			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the synthetic corpus (the training run's --seed)"},
+			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the synthetic corpus (default: the training run's, from the export)"},
 		},
 		Action: evalAction,
 	}
@@ -72,7 +75,7 @@ func evalAction(c *cli.Context) error {
 		return err
 	}
 	defer m.Close()
-	ids, name, err := loadSplit(c, man.Tokenizer)
+	ids, name, err := loadSplit(c, man.Tokenizer, exportMeta(man))
 	if err != nil {
 		return err
 	}
@@ -113,7 +116,9 @@ func evalAction(c *cli.Context) error {
 
 // loadSplit reads the token ids of --split for a model whose ids come from
 // tokenizer.
-func loadSplit(c *cli.Context, tokenizer string) ([]int32, string, error) {
+// meta is the export's record of its training run (exportMeta): the
+// default data directory and the synthetic corpus's shape and seed.
+func loadSplit(c *cli.Context, tokenizer string, meta map[string]string) ([]int32, string, error) {
 	ds := c.String("dataset")
 	if ds == "" {
 		ds = "wikitext2"
@@ -127,7 +132,11 @@ func loadSplit(c *cli.Context, tokenizer string) ([]int32, string, error) {
 		if _, err := data.SplitFileName(split); err != nil {
 			return nil, "", err
 		}
-		loc := data.Locator{DataDir: c.String("data-dir"), Progress: c.App.ErrWriter}
+		dir := c.String("data-dir")
+		if _, err := os.Stat(meta["data_dir"]); dir == "" && err == nil {
+			dir = meta["data_dir"]
+		}
+		loc := data.Locator{DataDir: dir, Progress: c.App.ErrWriter}
 		dir, err := loc.Locate(c.Context)
 		if err != nil {
 			return nil, "", err
@@ -138,7 +147,17 @@ func loadSplit(c *cli.Context, tokenizer string) ([]int32, string, error) {
 		}
 		return ids, "wikitext2 " + split, nil
 	case "synthetic":
-		corp, err := data.NewSyntheticCorpus(int64(c.Uint64("seed")), 1<<20, 1<<16, data.SyntheticConfig{})
+		var cfg data.SyntheticConfig
+		if js := meta["synthetic"]; js != "" {
+			if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+				return nil, "", fmt.Errorf("the export's manifest records a bad synthetic corpus %q: %v", js, err)
+			}
+		}
+		seed := c.Uint64("seed")
+		if s, err := strconv.ParseUint(meta["seed"], 10, 64); err == nil && !c.IsSet("seed") {
+			seed = s
+		}
+		corp, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, cfg)
 		if err != nil {
 			return nil, "", err
 		}
@@ -174,4 +193,16 @@ func scoreRows(l runtime.Logits, targets []int32) float64 {
 		s += x
 	}
 	return s
+}
+
+// exportMeta is what the export recorded of its training run (empty when
+// the manifest has nothing).
+func exportMeta(man *runtime.Manifest) map[string]string {
+	var fold struct {
+		Meta map[string]string `json:"meta"`
+	}
+	if len(man.Fold) == 0 || json.Unmarshal(man.Fold, &fold) != nil || fold.Meta == nil {
+		return map[string]string{}
+	}
+	return fold.Meta
 }

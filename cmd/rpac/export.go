@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -117,19 +118,11 @@ func exportAction(c *cli.Context) error {
 		if needCalib && c.Int("calib-batches") == 0 {
 			return fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calib-batches is 0; calibrate on data (--calib-batches N --data-dir D)", lengths)
 		}
-		split := c.String("calib-split")
-		if split == "" {
-			split = run.TrainSplit()
+		evalSplit := ""
+		if c.IsSet("eval-split") {
+			evalSplit = c.String("eval-split")
 		}
-		evalSplit := c.String("eval-split")
-		if !c.IsSet("eval-split") {
-			evalSplit = run.EvalSplit()
-		}
-		dataDir := c.String("data-dir")
-		if dataDir == "" {
-			dataDir = run.DataDir() // the run's own data
-		}
-		ds, err = training.LoadDataset(c.Context, run.Dataset(), dataDir, split, evalSplit, run.Seed(), c.App.ErrWriter)
+		ds, err = training.LoadDataset(c.Context, run.DataSpec(c.String("data-dir"), c.String("calib-split"), evalSplit), c.App.ErrWriter)
 		if err != nil {
 			return fmt.Errorf("loading data for calibration/verification: %w", err)
 		}
@@ -139,6 +132,14 @@ func exportAction(c *cli.Context) error {
 	}
 	tok, eos := tokenizerOf(run.Dataset())
 	meta := map[string]string{"weights": run.Weights, "source": run.Checkpoint, "step": fmt.Sprint(run.State.Step)}
+	if d := run.DataDir(); d != "" {
+		meta["data_dir"] = d // rpac eval's default data
+	}
+	if run.Dataset() == "synthetic" {
+		spec := run.DataSpec("", "", "")
+		js, _ := json.Marshal(spec.Synthetic)
+		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
+	}
 	o := export.Options{
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")),

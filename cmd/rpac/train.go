@@ -9,6 +9,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training"
+	"github.com/rpac-dev/rpac/training/data"
 	"github.com/urfave/cli/v2"
 )
 
@@ -133,10 +134,8 @@ func trainCommand() *cli.Command {
 		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
-		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
-		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process)"},
 	}
-	flags = append(flags, sizeFlags()...)
+	flags = append(append(append(flags, memoryFlagDefs()...), sizeFlags()...), syntheticFlags()...)
 	return &cli.Command{
 		Name:  "train",
 		Usage: "train a model (fuzzy RPA transformer or baseline) with the paper's training machinery",
@@ -157,11 +156,11 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			micro, err := parseMicroBatch(c.String("micro-batch"))
+			micro, budget, err := memoryFlags(c)
 			if err != nil {
 				return err
 			}
-			budget, err := parseMemBudget(c.String("mem-budget"))
+			syn, err := syntheticFromFlags(c)
 			if err != nil {
 				return err
 			}
@@ -171,7 +170,7 @@ func trainCommand() *cli.Command {
 			}
 			o := training.Options{
 				Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
-				ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget,
+				ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget, Synthetic: syn,
 				InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
 				DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
 				Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
@@ -207,6 +206,29 @@ func trainCommand() *cli.Command {
 	}
 }
 
+// syntheticFlags shape the synthetic corpus.
+func syntheticFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "syn-len", Usage: "synthetic corpus: tokens per sequence (default 256)"},
+		&cli.IntFlag{Name: "syn-pairs", Usage: "synthetic corpus: key-value statements (and queries) per sequence (default 4)"},
+		&cli.IntFlag{Name: "syn-gap", Usage: "synthetic corpus: least distance from a statement to its query (default half the sequence)"},
+	}
+}
+
+// syntheticFromFlags reads the synthetic corpus's shape; the corpus checks it.
+func syntheticFromFlags(c *cli.Context) (data.SyntheticConfig, error) {
+	cfg := data.SyntheticConfig{SeqLen: c.Int("syn-len"), Pairs: c.Int("syn-pairs"), MinGap: c.Int("syn-gap")}
+	if cfg.SeqLen < 0 || cfg.Pairs < 0 || cfg.MinGap < 0 {
+		return cfg, fmt.Errorf("--syn-len, --syn-pairs and --syn-gap must not be negative")
+	}
+	if cfg != (data.SyntheticConfig{}) {
+		if err := cfg.Validate(); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
 // sizeFlags override the preset's model size.
 func sizeFlags() []cli.Flag {
 	return []cli.Flag{
@@ -233,6 +255,23 @@ func sizesFromFlags(c *cli.Context) model.Overrides {
 	}
 	return model.Overrides{DModel: get("d-model"), Layers: get("layers"), Heads: get("heads"), R: get("regimes"),
 		Experts: get("experts"), TopK: get("top-k"), FFMult: get("ff-mult"), MaxLen: get("max-len")}
+}
+
+// memoryFlagDefs are the flags of the memory plan (train, bench train).
+func memoryFlagDefs() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
+		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process, cgroup limits included)"},
+	}
+}
+
+// memoryFlags reads --micro-batch (0: auto) and --mem-budget (0: default).
+func memoryFlags(c *cli.Context) (micro int, budget int64, err error) {
+	if micro, err = parseMicroBatch(c.String("micro-batch")); err != nil {
+		return 0, 0, err
+	}
+	budget, err = parseMemBudget(c.String("mem-budget"))
+	return micro, budget, err
 }
 
 // parseMicroBatch reads --micro-batch: auto (0) or a positive count.

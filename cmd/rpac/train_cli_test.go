@@ -73,8 +73,8 @@ func TestTrainStepsZero(t *testing.T) {
 }
 
 // TestExportUsesRunData: after training with --data-dir, export --verify
-// finds the data through the run, with no --data-dir, no $RPAC_DATA and an
-// empty cache (no download).
+// and then eval of the export find the data through the run, with no
+// --data-dir, no $RPAC_DATA and an empty cache (no download).
 func TestExportUsesRunData(t *testing.T) {
 	env := []string{"ORT_LIB=" + ortLib(t)}
 	dir := wikiText(t)
@@ -85,10 +85,15 @@ func TestExportUsesRunData(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("train: exit %d:\n%s", code, got)
 	}
+	exp := filepath.Join(t.TempDir(), "e")
 	got, code = rpacEnv(t, env, "export", "--run", run, "--lengths", "64,128", "--verify", "--verify-batches", "1",
-		"--calib-batches", "1", "--out", filepath.Join(t.TempDir(), "e"))
+		"--calib-batches", "1", "--out", exp)
 	if code != 0 || !strings.Contains(got, "verify on valid") || strings.Contains(got, "download") {
 		t.Fatalf("export: exit %d:\n%s", code, got)
+	}
+	got, code = rpacEnv(t, env, "eval", "--model", exp, "--max-chunks", "2")
+	if code != 0 || !strings.Contains(got, "wikitext2 valid") || strings.Contains(got, "download") {
+		t.Fatalf("eval: exit %d:\n%s", code, got)
 	}
 }
 
