@@ -161,6 +161,7 @@ func benchTrain(c *cli.Context) error {
 	fmt.Fprintf(w, "  achieved         %.1f GFLOP/s\n", achieved)
 	fmt.Fprintf(w, "  gemm peak        %.1f GFLOP/s (sgemm n=2048, %s, same run)\n", peak, blas.Impl())
 	fmt.Fprintf(w, "  ratio            %.0f%%\n", 100*achieved/peak)
-	fmt.Fprintf(w, "  plan             %.1f MiB of slots (%.1f MiB without reuse)\n", float64(plan.Peak)*4/(1<<20), float64(plan.Naive)*4/(1<<20))
+	fmt.Fprintf(w, "  plan             %.1f MiB of slots (%.1f MiB without reuse) + %.1f MiB kernel scratch\n",
+		float64(plan.Peak)*4/(1<<20), float64(plan.Naive)*4/(1<<20), float64(plan.ScratchElems)*4/(1<<20))
 	return nil
 }
