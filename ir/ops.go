@@ -347,11 +347,12 @@ func init() {
 			}
 			return []Shape{in[1].Shape, in[2].Shape}, []DType{F32, F32}, nil
 		},
-		// the unscaled dx and dW, accumulated while the forward runs, and a
-		// chunk of x rows scaled for the dW product
+		// the unscaled dx and dW, accumulated while the forward runs, a chunk
+		// of x rows scaled for the dW product, two column sums and one
+		// float64 per row
 		Scratch: func(n *Node) int {
 			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
-			return x.Numel() + w.Numel() + (LMHeadChunkRows(n)+1)*x[1]
+			return x.Numel() + w.Numel() + (LMHeadChunkRows(n)+2)*x[1] + 2*x[0]
 		}})
 	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(in[1].Shape) }})
