@@ -414,8 +414,9 @@ func init() {
 
 // LMHeadChunk is the default largest number of rows LMHeadCrossEntropy
 // computes at once. With a 50,257-token vocabulary one chunk of float32
-// logits is 196 MiB, against 2·N·V floats (1.5 GiB at the tiny preset's
-// 2,048 tokens) for Linear, CrossEntropy and their gradients. Measured on
+// logits is 196 MiB, where Linear and CrossEntropy hold N·V floats of
+// logits and as many of their gradient (1.5 GiB each at the small preset's
+// 8,192 tokens). Measured on
 // the tiny preset's head (2,048 rows, D = 128, 2 cores, OpenBLAS): smaller
 // chunks cost time at every switch between a GEMM and the row work (at
 // 256 rows the head is about 15% slower than unfused); at 1,024 rows it is
