@@ -333,7 +333,8 @@ func init() {
 			}
 			return []Shape{{}, {}, {n}}, []DType{F32, F32, I32}, nil
 		},
-		Scratch: func(n *Node) int { return LMHeadChunkRows(n) * n.Inputs[1].Shape[0] }})
+		// a chunk of logits and two float64 per chunk row
+		Scratch: func(n *Node) int { return LMHeadChunkRows(n) * (n.Inputs[1].Shape[0] + 4) }})
 	reg(&OpDef{Name: "LMHeadCrossEntropyGrad", NumIn: 4,
 		Doc: "LMHeadCrossEntropyGrad(dsm[], x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (dx[N,D], dW[V,D]): " +
 			"the gradient of dsm·sm_sum of LMHeadCrossEntropy: with dlogits = dsm·(softmax(x·Wᵀ) - ((1-ls)·onehot + ls/V)), " +
