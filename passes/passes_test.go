@@ -128,3 +128,37 @@ func TestDumpAfterPass(t *testing.T) {
 		}
 	}
 }
+
+// A training graph computes its LM head with the fused op: the plan holds
+// no [B·T,V] value, records the op's scratch, and Flops counts its GEMMs
+// (6·N·V·D for the forward and its gradient).
+func TestFusedHeadPlanAndFlops(t *testing.T) {
+	g := trainGraph(t, "baseline")
+	const N, V, D = 32, 97, 32
+	counts := g.OpCounts()
+	if counts["LMHeadCrossEntropy"] != 1 || counts["LMHeadCrossEntropyGrad"] != 1 || counts["CrossEntropy"] != 0 {
+		t.Fatalf("op counts %v: want one fused head and its gradient", counts)
+	}
+	for _, v := range g.Values {
+		if v.Kind == ir.Intermediate && len(v.Shape) > 0 && v.Shape[len(v.Shape)-1] == V && v.Shape.Numel() == N*V {
+			t.Errorf("value %s%v has the shape of the logits", v, v.Shape)
+		}
+	}
+	p := passes.Plan(g)
+	rows := N // at most one chunk here
+	want := rows*(V+4) + N*D + V*D + (rows+2)*D + 2*N
+	if p.ScratchElems != want {
+		t.Errorf("plan scratch %d elements, want %d", p.ScratchElems, want)
+	}
+	var head int64
+	for _, n := range g.Nodes {
+		if n.Op == "LMHeadCrossEntropy" || n.Op == "LMHeadCrossEntropyGrad" {
+			one := ir.New("one")
+			one.Nodes = []*ir.Node{n}
+			head += passes.Flops(one)
+		}
+	}
+	if head != 6*N*V*D {
+		t.Errorf("head flops %d, want 6·N·V·D = %d", head, 6*N*V*D)
+	}
+}

@@ -14,23 +14,27 @@ import (
 // then every row (in parallel) gets its maximum, argmax and sum in one pass
 // and its log-sum-exp in a second. When the program also holds an
 // LMHeadCrossEntropyGrad on the same inputs, the second pass leaves
-// e = exp(logit - max) in the buffer, and the chunk's unscaled gradient
+// e = exp(logit - max) in the buffer, and the chunk's gradient
 //
 //	dlogits_c = softmax - ((1-ls)·onehot + ls/V) = diag(1/s)·E' - ls/V,
 //	E' = E - (1-ls)·s·onehot,  s = Σ e per row,
 //
 // goes into two more GEMMs without another pass over the chunk:
-// gx_c = diag(1/s)·(E'·W) - (ls/V)·Σ_v W_v and gW += E'ᵀ·(diag(1/s)·x_c),
-// with gW's rank-one term -(ls/V)·1·(Σ_r x_r)ᵀ applied once after the last
-// chunk. The gradient node only scales gx and gW by its dsm, so the logits
-// are computed once per step.
+// gx_c = E'·W and gW += E'ᵀ·(diag(1/s)·x_c). The gradient node applies the
+// rest while it scales by dsm, in the one pass over dx and dW it makes
+// anyway:
+//
+//	dx_r = dsm·(gx_r/s_r - (ls/V)·Σ_v W_v),  dW_v = dsm·(gW_v - (ls/V)·Σ_r x_r),
+//
+// so the logits are computed once per step and the chunk is read by the
+// rows and the two GEMMs only.
 
-// lmhState holds the unscaled gradients a forward accumulates for the
-// LMHeadCrossEntropyGrad nodes on its inputs.
+// lmhState holds what a forward accumulates for the LMHeadCrossEntropyGrad
+// nodes on its inputs.
 type lmhState[T float] struct {
 	gx, gw []T
-	ls     float64
-	run    uint64 // the Run in which the forward last completed
+	inv    []float64 // 1/s per row
+	run    uint64    // the Run in which the forward last completed
 }
 
 // lmHeadSameInputs reports whether gradient node gn reads the inputs of
@@ -75,28 +79,21 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 	ls := n.Attrs.Float("label_smoothing", 0)
 	rows := ir.LMHeadChunkRows(n)
 	var st *lmhState[T]
-	var xs1, colW []T // per chunk: rows of x scaled by 1/s; Σ_v W_v
+	var xs1 []T // the chunk's rows of x scaled by 1/s
 	if grads := lmHeadGrads(p.g, n); len(grads) > 0 {
 		for _, gn := range grads {
 			if gl := gn.Attrs.Float("label_smoothing", 0); gl != ls {
 				return nil, fmt.Errorf("LMHeadCrossEntropyGrad node %d has label_smoothing %g, its forward %g", gn.ID, gl, ls)
 			}
 		}
-		st = &lmhState[T]{gx: make([]T, N*D), gw: make([]T, V*D), ls: ls}
+		st = &lmhState[T]{gx: make([]T, N*D), gw: make([]T, V*D), inv: make([]float64, N)}
 		p.lmh[n.ID] = st
-		xs1, colW = make([]T, rows*D), make([]T, D)
+		xs1 = make([]T, rows*D)
 	}
 	buf := make([]T, rows*V)
 	rowS := make([]float64, rows)
 	rowP := make([]float64, rows)
-	inv := make([]float64, rows)
-	off := ls / float64(max(V, 1))
 	hit := 1 - ls
-	parts := p.parts
-	partial := make([][]float64, parts)
-	for i := range partial {
-		partial[i] = make([]float64, D)
-	}
 	return func() error {
 		t := tg.i
 		if err := checkIDs(t, V, "target"); err != nil {
@@ -106,9 +103,8 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 		grad := st != nil
 		if grad {
 			st.run = 0
-			clear(st.gw)
-			if off != 0 {
-				sumRows(colW, ws, V, D, partial)
+			if N == 0 {
+				clear(st.gw)
 			}
 		}
 		var sm, pure float64
@@ -145,9 +141,10 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 					rowP[r] = nll
 					rowS[r] = (1-ls)*nll + ls*(lse-sum/float64(V))
 					if grad {
-						inv[r] = 1 / s
 						row[ti] = T(float64(row[ti]) - hit*s)
-						a := T(inv[r])
+						inv := 1 / s
+						st.inv[r0+r] = inv
+						a := T(inv)
 						xr, dr := xc[r*D:(r+1)*D], xs1[r*D:(r+1)*D]
 						for i, v := range xr {
 							dr[i] = a * v
@@ -160,38 +157,13 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 				pure += rowP[r]
 			}
 			if grad {
-				gx := st.gx[r0*D : (r0+c)*D]
-				gemm(false, false, c, D, V, 1, lg, V, ws, D, 0, gx, D)
-				gemm(true, false, V, D, c, 1, lg, V, xs1[:c*D], D, 1, st.gw, D)
-				parallelFor(c, max(1, grainCheap/max(D, 1)), func(lo, hi int) {
-					for r := lo; r < hi; r++ {
-						a, g := T(inv[r]), gx[r*D:(r+1)*D]
-						if off == 0 {
-							for i := range g {
-								g[i] *= a
-							}
-							continue
-						}
-						o := T(off)
-						for i, cw := range colW {
-							g[i] = a*g[i] - o*cw
-						}
-					}
-				})
-			}
-		}
-		if grad && off != 0 && N > 0 {
-			// gW -= (ls/V)·1·(Σ_r x_r)ᵀ; colW is free again and holds the sum.
-			sumRows(colW, xs, N, D, partial)
-			o := T(off)
-			parallelFor(V, max(1, grainCheap/max(D, 1)), func(lo, hi int) {
-				for v := lo; v < hi; v++ {
-					g := st.gw[v*D : (v+1)*D]
-					for i, sx := range colW {
-						g[i] -= o * sx
-					}
+				beta := T(1)
+				if r0 == 0 {
+					beta = 0
 				}
-			})
+				gemm(false, false, c, D, V, 1, lg, V, ws, D, 0, st.gx[r0*D:(r0+c)*D], D)
+				gemm(true, false, V, D, c, 1, lg, V, xs1[:c*D], D, beta, st.gw, D)
+			}
 		}
 		out[0].f[0] = T(sm)
 		out[1].f[0] = T(pure)
@@ -225,7 +197,8 @@ func sumRows[T float](dst, a []T, rows, D int, partial [][]float64) {
 
 func (p *program[T]) buildLMHeadCEGrad(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 	dsm, x, w, tg := in[0], in[1], in[2], in[3]
-	if _, _, _, err := lmHeadShapes(x, w, tg); err != nil {
+	N, D, V, err := lmHeadShapes(x, w, tg)
+	if err != nil {
 		return nil, err
 	}
 	if dsm.numel() != 1 {
@@ -247,27 +220,48 @@ func (p *program[T]) buildLMHeadCEGrad(n *ir.Node, in, out []*tensor[T]) (func()
 	if st == nil {
 		return nil, fmt.Errorf("the LMHeadCrossEntropy node %d on its inputs keeps no gradient", fwd.ID)
 	}
+	off := n.Attrs.Float("label_smoothing", 0) / float64(max(V, 1))
+	colW, sumX := make([]T, D), make([]T, D)
+	partial := make([][]float64, p.parts)
+	for i := range partial {
+		partial[i] = make([]float64, D)
+	}
 	dx, dw := out[0], out[1]
+	grain := max(1, grainCheap/max(D, 1))
 	return func() error {
 		if st.run != p.runs {
 			return fmt.Errorf("LMHeadCrossEntropyGrad on %s, %s needs the LMHeadCrossEntropy node %d to run first in the same run", x.v, w.v, fwd.ID)
 		}
-		c := dsm.f[0]
-		scaleInto(dx.f, st.gx, c)
-		scaleInto(dw.f, st.gw, c)
+		c := float64(dsm.f[0])
+		if off != 0 {
+			sumRows(colW, w.f, V, D, partial)
+			sumRows(sumX, x.f, N, D, partial)
+		} else {
+			clear(colW)
+			clear(sumX)
+		}
+		o := T(c * off)
+		gx, dxs := st.gx, dx.f
+		parallelFor(N, grain, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				a := T(c * st.inv[r])
+				g, d := gx[r*D:(r+1)*D], dxs[r*D:(r+1)*D]
+				for i, cw := range colW {
+					d[i] = a*g[i] - o*cw
+				}
+			}
+		})
+		gw, dws, a := st.gw, dw.f, T(c)
+		parallelFor(V, grain, func(lo, hi int) {
+			for v := lo; v < hi; v++ {
+				g, d := gw[v*D:(v+1)*D], dws[v*D:(v+1)*D]
+				for i, sx := range sumX {
+					d[i] = a*g[i] - o*sx
+				}
+			}
+		})
 		return nil
 	}, nil
-}
-
-// scaleInto sets dst = c·src in parallel.
-func scaleInto[T float](dst, src []T, c T) {
-	src = src[:len(dst)]
-	parallelFor(len(dst), grainCheap, func(lo, hi int) {
-		d, s := dst[lo:hi], src[lo:hi]
-		for i, v := range s {
-			d[i] = c * v
-		}
-	})
 }
 
 // rowMaxArgSum returns the row maximum, the first index holding it and the

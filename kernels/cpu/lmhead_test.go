@@ -293,3 +293,34 @@ func TestLMHeadGradErrors(t *testing.T) {
 		}
 	}
 }
+
+// Several gradient nodes on one forward each scale the same accumulators.
+func TestLMHeadTwoGradients(t *testing.T) {
+	const N, D, V = 6, 3, 5
+	xd, wd, tg := lmHeadData(4, N, D, V)
+	g := ir.New("two")
+	x := g.Input("x", ir.Shape{N, D}, ir.F32)
+	w := g.Input("w", ir.Shape{V, D}, ir.F32)
+	tv := g.Input("t", ir.Shape{N}, ir.I32)
+	a := ir.Attrs{"label_smoothing": 0.1, "chunk": 4}
+	g.SetOutput("sm", g.Apply("LMHeadCrossEntropy", a, x, w, tv)[0])
+	d1 := g.Apply("LMHeadCrossEntropyGrad", a, g.Scalar(1), x, w, tv)
+	d2 := g.Apply("LMHeadCrossEntropyGrad", a, g.Scalar(-0.5), x, w, tv)
+	g.SetOutput("dx1", d1[0])
+	g.SetOutput("dw1", d1[1])
+	g.SetOutput("dx2", d2[0])
+	g.SetOutput("dw2", d2[1])
+	p := mustCompile(t, kernels.F64, g, nil, nil)
+	defer p.Close()
+	mustRun(t, p, map[string]*kernels.Tensor{
+		"x": floatTensor(kernels.F64, x.Shape, xd), "w": floatTensor(kernels.F64, w.Shape, wd), "t": kernels.IntTensor(tv.Shape, tg),
+	}, 0)
+	for _, o := range []string{"dx", "dw"} {
+		a, b := p.Output(o+"1").F64, p.Output(o+"2").F64
+		for i := range a {
+			if !near(b[i], -0.5*a[i], 1e-14) {
+				t.Fatalf("%s: second gradient %g, want -0.5·%g", o, b[i], a[i])
+			}
+		}
+	}
+}
