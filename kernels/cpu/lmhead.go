@@ -288,42 +288,11 @@ func rowMaxArgSum32(x []float32) (m float32, arg int, sum float64) {
 	m = float32(math.Inf(-1))
 	best := 0
 	for b := 0; b < len(x); b += 1024 {
-		blk := x[b:min(b+1024, len(x))]
-		m0, m1 := blk[0], blk[0]
-		var s0, s1, s2, s3 float32
-		i := 0
-		for ; i+4 <= len(blk); i += 4 {
-			v0, v1, v2, v3 := blk[i], blk[i+1], blk[i+2], blk[i+3]
-			if v0 > m0 {
-				m0 = v0
-			}
-			if v1 > m1 {
-				m1 = v1
-			}
-			if v2 > m0 {
-				m0 = v2
-			}
-			if v3 > m1 {
-				m1 = v3
-			}
-			s0 += v0
-			s1 += v1
-			s2 += v2
-			s3 += v3
+		bm, bs := blockMaxSum32(x[b:min(b+1024, len(x))])
+		if bm > m || b == 0 {
+			m, best = bm, b
 		}
-		for ; i < len(blk); i++ {
-			if blk[i] > m0 {
-				m0 = blk[i]
-			}
-			s0 += blk[i]
-		}
-		if m1 > m0 {
-			m0 = m1
-		}
-		if m0 > m || b == 0 {
-			m, best = m0, b
-		}
-		sum += float64(s0+s1) + float64(s2+s3)
+		sum += bs
 	}
 	if len(x) == 0 {
 		return m, 0, 0

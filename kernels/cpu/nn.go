@@ -460,46 +460,52 @@ func rowMaxSum[T float](x []T) (m T, sum float64) {
 
 // rowMaxSum32 is rowMaxSum for float32, summing in float32 over blocks.
 func rowMaxSum32(x []float32) (m float32, sum float64) {
-	if len(x) == 0 {
-		return float32(math.Inf(-1)), 0
+	m = float32(math.Inf(-1))
+	for b := 0; b < len(x); b += 1024 {
+		bm, bs := blockMaxSum32(x[b:min(b+1024, len(x))])
+		if bm > m || b == 0 {
+			m = bm
+		}
+		sum += bs
 	}
-	m0, m1 := x[0], x[0]
-	for len(x) > 0 {
-		blk := x[:min(len(x), 1024)]
-		x = x[len(blk):]
-		var s0, s1, s2, s3 float32
-		i := 0
-		for ; i+4 <= len(blk); i += 4 {
-			v0, v1, v2, v3 := blk[i], blk[i+1], blk[i+2], blk[i+3]
-			if v0 > m0 {
-				m0 = v0
-			}
-			if v1 > m1 {
-				m1 = v1
-			}
-			if v2 > m0 {
-				m0 = v2
-			}
-			if v3 > m1 {
-				m1 = v3
-			}
-			s0 += v0
-			s1 += v1
-			s2 += v2
-			s3 += v3
+	return m, sum
+}
+
+// blockMaxSum32 returns the maximum of a non-empty block and its sum,
+// accumulated in float32 over four lanes.
+func blockMaxSum32(blk []float32) (float32, float64) {
+	m0, m1 := blk[0], blk[0]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(blk); i += 4 {
+		v0, v1, v2, v3 := blk[i], blk[i+1], blk[i+2], blk[i+3]
+		if v0 > m0 {
+			m0 = v0
 		}
-		for ; i < len(blk); i++ {
-			if blk[i] > m0 {
-				m0 = blk[i]
-			}
-			s0 += blk[i]
+		if v1 > m1 {
+			m1 = v1
 		}
-		sum += float64(s0+s1) + float64(s2+s3)
+		if v2 > m0 {
+			m0 = v2
+		}
+		if v3 > m1 {
+			m1 = v3
+		}
+		s0 += v0
+		s1 += v1
+		s2 += v2
+		s3 += v3
+	}
+	for ; i < len(blk); i++ {
+		if blk[i] > m0 {
+			m0 = blk[i]
+		}
+		s0 += blk[i]
 	}
 	if m1 > m0 {
 		m0 = m1
 	}
-	return m0, sum
+	return m0, float64(s0+s1) + float64(s2+s3)
 }
 
 // expRowSum returns Σ exp(x - m); with store set it also writes the terms
