@@ -83,9 +83,12 @@ type Controls struct {
 	ScriptedTauMin, ScriptedTauMax float64
 
 	// Contexts of the context game; fewer than two: no game.
-	Contexts  []int
-	Game      control.GameConfig // zero: DefaultGameConfig
-	GameEvery int                // steps per game update (0 = the eval interval)
+	Contexts []int
+	// GameDefault plays the game on DefaultGameContexts when Contexts is
+	// empty (rpac train --all).
+	GameDefault bool
+	Game        control.GameConfig // zero: DefaultGameConfig
+	GameEvery   int                // steps per game update (0 = the eval interval)
 
 	EMA      bool
 	EMADecay float64 // 0 = 1 − 10/steps, within [0.9, 0.9999]

@@ -159,6 +159,9 @@ func sameArchitecture(have, want model.Config) error {
 // their batches.
 func (p *Plan) resolveLengths(o Options, preset model.Preset, ds *Dataset) error {
 	contexts := slices.Clone(o.Control.Contexts)
+	if len(contexts) == 0 && o.Control.GameDefault {
+		contexts = DefaultGameContexts(preset.Name, o.Context)
+	}
 	if len(contexts) < 2 {
 		contexts = nil
 	}

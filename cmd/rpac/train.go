@@ -64,7 +64,7 @@ func parseInts(flag, s string) ([]int, error) {
 }
 
 // controlsFromFlags turns the flags into training.Controls.
-func controlsFromFlags(c *cli.Context, preset string, context int) (training.Controls, error) {
+func controlsFromFlags(c *cli.Context) (training.Controls, error) {
 	all := c.Bool("all")
 	ctl := training.Controls{Controller: c.String("controller")}
 	if all && !c.IsSet("controller") {
@@ -74,9 +74,7 @@ func controlsFromFlags(c *cli.Context, preset string, context int) (training.Con
 	if ctl.Contexts, err = parseInts("contexts", c.String("contexts")); err != nil {
 		return ctl, err
 	}
-	if all && !c.IsSet("contexts") {
-		ctl.Contexts = training.DefaultGameContexts(preset, context)
-	}
+	ctl.GameDefault = all && !c.IsSet("contexts")
 	ctl.GameEvery = c.Int("game-every")
 	ctl.Game.Eta, ctl.Game.Temp, ctl.Game.MinProb = c.Float64("game-eta"), c.Float64("game-temp"), c.Float64("game-floor")
 	ctl.Game.LambdaS, ctl.Game.S0, ctl.Game.LambdaH = c.Float64("game-lambda-s"), c.Float64("game-s0"), c.Float64("game-lambda-h")
@@ -152,7 +150,7 @@ func trainCommand() *cli.Command {
 			if c.Float64("epochs") < 0 || math.IsNaN(c.Float64("epochs")) {
 				return fmt.Errorf("--epochs must not be negative")
 			}
-			ctl, err := controlsFromFlags(c, c.String("preset"), c.Int("context"))
+			ctl, err := controlsFromFlags(c)
 			if err != nil {
 				return err
 			}
