@@ -1,0 +1,54 @@
+package cuda
+
+import (
+	"embed"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+//go:embed src/*.cu src/prelude.cuh
+var sourceFS embed.FS
+
+// SourceNames lists the embedded kernel sources (file names under src/).
+func SourceNames() []string {
+	ents, _ := sourceFS.ReadDir("src")
+	var out []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".cu") {
+			out = append(out, e.Name())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Source returns the complete translation unit of one kernel source: the
+// shared prelude followed by the file.
+func Source(name string) (string, error) {
+	pre, err := sourceFS.ReadFile("src/prelude.cuh")
+	if err != nil {
+		return "", err
+	}
+	body, err := sourceFS.ReadFile("src/" + name)
+	if err != nil {
+		return "", fmt.Errorf("no kernel source %q (have %s)", name, strings.Join(SourceNames(), ", "))
+	}
+	return string(pre) + "\n#line 1 \"" + name + "\"\n" + string(body), nil
+}
+
+var entryRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(`)
+
+// Entries lists the kernels a source defines.
+func Entries(name string) ([]string, error) {
+	src, err := Source(name)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range entryRE.FindAllStringSubmatch(src, -1) {
+		out = append(out, m[1])
+	}
+	return out, nil
+}

@@ -1,0 +1,51 @@
+// Softmax cross-entropy with label smoothing over a large vocabulary, fused
+// with its gradient: one block per row reads the row's logits, writes the
+// row's losses and argmax, and overwrites the logits with
+// scale·(softmax − ((1−ls)·onehot + ls/V)), so no probability tensor makes a
+// round trip through memory.
+
+extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
+                                                const int* targets, int rows, int V, float ls, float scale) {
+    __shared__ float shared[32];
+    __shared__ int shared_arg[32];
+    int r = blockIdx.x;
+    if (r >= rows) return;
+    float* x = logits + (i64)r * V;
+    float m = RPAC_NEG_INF;
+    int arg = 0x7fffffff;
+    float sx = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = x[j];
+        if (v > m || (v == m && j < arg)) { m = v; arg = j; }
+        sx += v;
+    }
+    // argmax with ties to the lower index: reduce (value, index) pairs.
+    float bm = block_max(m, shared);
+    int cand = (m == bm) ? arg : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) cand = min(cand, __shfl_down_sync(0xffffffffu, cand, o));
+    if ((threadIdx.x & 31) == 0) shared_arg[threadIdx.x >> 5] = cand;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int best = 0x7fffffff;
+        for (int w = 0; w < (blockDim.x >> 5); w++) best = min(best, shared_arg[w]);
+        pred[r] = best;
+    }
+    float se = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) se += expf(x[j] - bm);
+    se = block_sum(se, shared);
+    sx = block_sum(sx, shared);
+    float lse = bm + logf(se);
+    int t = targets[r];
+    float ce = lse - x[t];
+    if (threadIdx.x == 0) {
+        loss_ce[r] = ce;
+        loss_sm[r] = (1.0f - ls) * ce + ls * (lse - sx / V);
+    }
+    __syncthreads();  // every thread has read x[t] before it is overwritten
+    float inv = 1.0f / se;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(x[j] - bm) * inv;
+        float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
+        x[j] = scale * (p - tgt);
+    }
+}

@@ -1,0 +1,61 @@
+// Shared by every rpac kernel source (prepended by the Go side): NVRTC
+// compiles without toolkit headers, so the few types and helpers the
+// kernels need are defined here.
+typedef unsigned short bf16_t;   // bfloat16 bits
+typedef long long i64;
+#define RPAC_NEG_INF (__int_as_float(0xff800000))
+
+// bf16 <-> f32 by bits: round to nearest even, NaN kept quiet.
+__device__ __forceinline__ float bf16_to_f32(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
+        return (bf16_t)((u >> 16) | 0x0040u);  // quiet NaN
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// block_sum / block_max: every thread gets the block's result. blockDim.x
+// must be a multiple of 32 and at most 1024; shared holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    int warps = blockDim.x >> 5;
+    v = (threadIdx.x < warps) ? shared[threadIdx.x] : 0.0f;
+    if (warp == 0) v = warp_sum(v);
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    v = shared[0];
+    __syncthreads();
+    return v;
+}
+__device__ __forceinline__ float block_max(float v, float* shared) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    int warps = blockDim.x >> 5;
+    v = (threadIdx.x < warps) ? shared[threadIdx.x] : RPAC_NEG_INF;
+    if (warp == 0) v = warp_max(v);
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    v = shared[0];
+    __syncthreads();
+    return v;
+}
+
+#define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
