@@ -1,0 +1,289 @@
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+)
+
+// Driver is the CUDA driver API, bound at run time.
+type Driver struct {
+	handle uintptr
+
+	init           func(flags uint32) int32
+	driverVersion  func(v *int32) int32
+	deviceGetCount func(n *int32) int32
+	deviceGet      func(dev *int32, ordinal int32) int32
+	deviceGetName  func(name unsafe.Pointer, size int32, dev int32) int32
+	deviceGetAttr  func(v *int32, attr int32, dev int32) int32
+	deviceTotalMem func(bytes *uint64, dev int32) int32
+	primaryRetain  func(ctx *uintptr, dev int32) int32
+	ctxSetCurrent  func(ctx uintptr) int32
+	ctxSynchronize func() int32
+	moduleLoadData func(mod *uintptr, image unsafe.Pointer) int32
+	moduleGetFunc  func(fn *uintptr, mod uintptr, name string) int32
+	memAlloc       func(ptr *uint64, bytes uint64) int32
+	memFree        func(ptr uint64) int32
+	memcpyHtoD     func(dst uint64, src unsafe.Pointer, bytes uint64) int32
+	memcpyDtoH     func(dst unsafe.Pointer, src uint64, bytes uint64) int32
+	memsetD8       func(dst uint64, v uint8, n uint64) int32
+	launchKernel   func(fn uintptr, gx, gy, gz, bx, by, bz, shared uint32, stream uintptr, params, extra unsafe.Pointer) int32
+	getErrorString func(r int32, s **byte) int32
+}
+
+// Device attributes (CUdevice_attribute).
+const (
+	attrComputeCapabilityMajor = 75
+	attrComputeCapabilityMinor = 76
+	attrMultiprocessorCount    = 16
+)
+
+var (
+	driverOnce sync.Once
+	driverLib  *Driver
+	driverErr  error
+)
+
+// LoadDriver binds the CUDA driver and initialises it (once per process).
+func LoadDriver() (*Driver, error) {
+	driverOnce.Do(func() {
+		if runtime.GOOS != "linux" {
+			driverErr = errNotLinux
+			return
+		}
+		hs, err := open(LibDriver)
+		if err != nil {
+			driverErr = err
+			return
+		}
+		d := &Driver{handle: hs[0]}
+		for _, f := range []struct {
+			fn   any
+			name string
+		}{
+			{&d.init, "cuInit"}, {&d.driverVersion, "cuDriverGetVersion"}, {&d.deviceGetCount, "cuDeviceGetCount"},
+			{&d.deviceGet, "cuDeviceGet"}, {&d.deviceGetName, "cuDeviceGetName"}, {&d.deviceGetAttr, "cuDeviceGetAttribute"},
+			{&d.deviceTotalMem, "cuDeviceTotalMem_v2"}, {&d.primaryRetain, "cuDevicePrimaryCtxRetain"},
+			{&d.ctxSetCurrent, "cuCtxSetCurrent"}, {&d.ctxSynchronize, "cuCtxSynchronize"},
+			{&d.moduleLoadData, "cuModuleLoadData"}, {&d.moduleGetFunc, "cuModuleGetFunction"},
+			{&d.memAlloc, "cuMemAlloc_v2"}, {&d.memFree, "cuMemFree_v2"}, {&d.memcpyHtoD, "cuMemcpyHtoD_v2"},
+			{&d.memcpyDtoH, "cuMemcpyDtoH_v2"}, {&d.memsetD8, "cuMemsetD8_v2"}, {&d.launchKernel, "cuLaunchKernel"},
+			{&d.getErrorString, "cuGetErrorString"},
+		} {
+			if _, err := purego.Dlsym(d.handle, f.name); err != nil {
+				driverErr = fmt.Errorf("CUDA driver: %s is missing (driver too old?): %v", f.name, err)
+				return
+			}
+			purego.RegisterLibFunc(f.fn, d.handle, f.name)
+		}
+		if err := d.check(d.init(0), "cuInit"); err != nil {
+			driverErr = fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)
+			return
+		}
+		driverLib = d
+	})
+	return driverLib, driverErr
+}
+
+func (d *Driver) check(r int32, what string) error {
+	if r == 0 {
+		return nil
+	}
+	var s *byte
+	msg := "unknown error"
+	if d.getErrorString(r, &s) == 0 && s != nil {
+		msg = cString(s)
+	}
+	return fmt.Errorf("CUDA %s: %s (%d)", what, msg, r)
+}
+
+func cString(p *byte) string {
+	var b strings.Builder
+	for q := unsafe.Pointer(p); *(*byte)(q) != 0; q = unsafe.Add(q, 1) {
+		b.WriteByte(*(*byte)(q))
+	}
+	return b.String()
+}
+
+// DeviceInfo describes one GPU.
+type DeviceInfo struct {
+	Ordinal       int    `json:"ordinal"`
+	Name          string `json:"name"`
+	Major, Minor  int    `json:"-"`
+	Arch          string `json:"arch"` // compute_NN
+	SMs           int    `json:"sms"`
+	TotalMemory   uint64 `json:"total_memory"`
+	DriverVersion int    `json:"driver_version"`
+}
+
+// Devices lists the GPUs the driver sees.
+func (d *Driver) Devices() ([]DeviceInfo, error) {
+	var n, ver int32
+	if err := d.check(d.deviceGetCount(&n), "cuDeviceGetCount"); err != nil {
+		return nil, err
+	}
+	d.driverVersion(&ver)
+	out := make([]DeviceInfo, 0, n)
+	for i := int32(0); i < n; i++ {
+		var dev, major, minor, sms int32
+		if err := d.check(d.deviceGet(&dev, i), "cuDeviceGet"); err != nil {
+			return nil, err
+		}
+		name := make([]byte, 256)
+		if err := d.check(d.deviceGetName(unsafe.Pointer(&name[0]), int32(len(name)), dev), "cuDeviceGetName"); err != nil {
+			return nil, err
+		}
+		d.deviceGetAttr(&major, attrComputeCapabilityMajor, dev)
+		d.deviceGetAttr(&minor, attrComputeCapabilityMinor, dev)
+		d.deviceGetAttr(&sms, attrMultiprocessorCount, dev)
+		var mem uint64
+		d.deviceTotalMem(&mem, dev)
+		out = append(out, DeviceInfo{Ordinal: int(i), Name: cString(&name[0]), Major: int(major), Minor: int(minor),
+			Arch: fmt.Sprintf("compute_%d%d", major, minor), SMs: int(sms), TotalMemory: mem, DriverVersion: int(ver)})
+	}
+	return out, nil
+}
+
+// Context is a device's primary context made current, with the modules
+// loaded into it.
+type Context struct {
+	d    *Driver
+	Dev  DeviceInfo
+	ctx  uintptr
+	fns  map[string]uintptr
+	lock sync.Mutex
+}
+
+// NewContext makes device ordinal's primary context current for the calling
+// OS thread (callers lock their goroutine to its thread).
+func (d *Driver) NewContext(ordinal int) (*Context, error) {
+	devs, err := d.Devices()
+	if err != nil {
+		return nil, err
+	}
+	if ordinal < 0 || ordinal >= len(devs) {
+		return nil, fmt.Errorf("no CUDA device %d (%d visible)", ordinal, len(devs))
+	}
+	c := &Context{d: d, Dev: devs[ordinal], fns: map[string]uintptr{}}
+	var dev int32
+	if err := d.check(d.deviceGet(&dev, int32(ordinal)), "cuDeviceGet"); err != nil {
+		return nil, err
+	}
+	if err := d.check(d.primaryRetain(&c.ctx, dev), "cuDevicePrimaryCtxRetain"); err != nil {
+		return nil, err
+	}
+	if err := d.check(d.ctxSetCurrent(c.ctx), "cuCtxSetCurrent"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// LoadPTX loads a module and remembers its kernels by name.
+func (c *Context) LoadPTX(ptx string, kernels []string) error {
+	img := append([]byte(ptx), 0)
+	var mod uintptr
+	if err := c.d.check(c.d.moduleLoadData(&mod, unsafe.Pointer(&img[0])), "cuModuleLoadData"); err != nil {
+		return err
+	}
+	runtime.KeepAlive(img)
+	c.lock.Lock()
+	defer c.lock.Unlock()
+	for _, k := range kernels {
+		var fn uintptr
+		if err := c.d.check(c.d.moduleGetFunc(&fn, mod, k), "cuModuleGetFunction "+k); err != nil {
+			return err
+		}
+		c.fns[k] = fn
+	}
+	return nil
+}
+
+// Buffer is device memory.
+type Buffer struct {
+	Ptr   uint64
+	Bytes uint64
+}
+
+// Alloc allocates device memory.
+func (c *Context) Alloc(bytes uint64) (Buffer, error) {
+	var p uint64
+	if err := c.d.check(c.d.memAlloc(&p, max(bytes, 1)), fmt.Sprintf("cuMemAlloc(%d)", bytes)); err != nil {
+		return Buffer{}, err
+	}
+	return Buffer{Ptr: p, Bytes: bytes}, nil
+}
+
+// Free releases device memory.
+func (c *Context) Free(b Buffer) error { return c.d.check(c.d.memFree(b.Ptr), "cuMemFree") }
+
+// Upload copies host bytes to b.
+func (c *Context) Upload(b Buffer, src unsafe.Pointer, bytes uint64) error {
+	if bytes > b.Bytes {
+		return fmt.Errorf("upload of %d bytes into a %d-byte buffer", bytes, b.Bytes)
+	}
+	return c.d.check(c.d.memcpyHtoD(b.Ptr, src, bytes), "cuMemcpyHtoD")
+}
+
+// Download copies b to host memory.
+func (c *Context) Download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
+	if bytes > b.Bytes {
+		return fmt.Errorf("download of %d bytes from a %d-byte buffer", bytes, b.Bytes)
+	}
+	return c.d.check(c.d.memcpyDtoH(dst, b.Ptr, bytes), "cuMemcpyDtoH")
+}
+
+// Zero clears b.
+func (c *Context) Zero(b Buffer) error {
+	return c.d.check(c.d.memsetD8(b.Ptr, 0, b.Bytes), "cuMemsetD8")
+}
+
+// Launch runs kernel name on a grid of blocks of threads; args are the
+// kernel's parameters as Go values of their C types (uint64 device
+// pointers, int32, int64, float32).
+func (c *Context) Launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
+	c.lock.Lock()
+	fn, ok := c.fns[name]
+	c.lock.Unlock()
+	if !ok {
+		return fmt.Errorf("kernel %s is not loaded", name)
+	}
+	vals := make([]any, len(args))
+	params := make([]unsafe.Pointer, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case uint64:
+			p := new(uint64)
+			*p = v
+			vals[i], params[i] = p, unsafe.Pointer(p)
+		case int64:
+			p := new(int64)
+			*p = v
+			vals[i], params[i] = p, unsafe.Pointer(p)
+		case int32:
+			p := new(int32)
+			*p = v
+			vals[i], params[i] = p, unsafe.Pointer(p)
+		case float32:
+			p := new(float32)
+			*p = v
+			vals[i], params[i] = p, unsafe.Pointer(p)
+		default:
+			return fmt.Errorf("kernel %s: argument %d has unsupported type %T", name, i, a)
+		}
+	}
+	var pp unsafe.Pointer
+	if len(params) > 0 {
+		pp = unsafe.Pointer(&params[0])
+	}
+	r := c.d.launchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, 0, pp, nil)
+	runtime.KeepAlive(vals)
+	runtime.KeepAlive(params)
+	return c.d.check(r, "cuLaunchKernel "+name)
+}
+
+// Sync waits for the context's work.
+func (c *Context) Sync() error { return c.d.check(c.d.ctxSynchronize(), "cuCtxSynchronize") }

@@ -1,0 +1,342 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"testing"
+	"unsafe"
+)
+
+// gpu returns a context with every kernel source loaded, or skips the test
+// when no GPU is visible (RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh sets
+// it, makes that a failure).
+func gpu(t *testing.T) *Context {
+	t.Helper()
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	fail := func(err error) {
+		if os.Getenv("RPAC_REQUIRE_GPU") == "1" {
+			t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	d, err := LoadDriver()
+	if err != nil {
+		fail(err)
+	}
+	c, err := d.NewContext(0)
+	if err != nil {
+		fail(err)
+	}
+	n, err := LoadNVRTC()
+	if err != nil {
+		t.Fatalf("a GPU is present but NVRTC is not: %v", err)
+	}
+	arch := c.Dev.Arch
+	for _, name := range SourceNames() {
+		src, _ := Source(name)
+		ptx, err := n.CompilePTX(name, src, arch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, _ := Entries(name)
+		if err := c.LoadPTX(ptx, entries); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("GPU %s (%s, %d SMs, driver %d)", c.Dev.Name, arch, c.Dev.SMs, c.Dev.DriverVersion)
+	return c
+}
+
+// devF32 uploads x and returns its buffer (freed at cleanup).
+func devF32(t *testing.T, c *Context, x []float32) Buffer {
+	t.Helper()
+	b, err := c.Alloc(uint64(4 * max(1, len(x))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Free(b) })
+	if len(x) > 0 {
+		if err := c.Upload(b, unsafe.Pointer(&x[0]), uint64(4*len(x))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+func hostF32(t *testing.T, c *Context, b Buffer, n int) []float32 {
+	t.Helper()
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, n)
+	if err := c.Download(unsafe.Pointer(&out[0]), b, uint64(4*n)); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func randF32(r *rand.Rand, n int, scale float64) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * scale)
+	}
+	return x
+}
+
+func closeTo(t *testing.T, what string, got []float32, want []float64, tol float64) {
+	t.Helper()
+	worst := 0.0
+	for i := range want {
+		d := math.Abs(float64(got[i])-want[i]) / math.Max(1, math.Abs(want[i]))
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		worst = math.Max(worst, d)
+	}
+	if worst > tol {
+		t.Errorf("%s: worst error %.3g > %.3g", what, worst, tol)
+	}
+}
+
+var (
+	grid1D  = [3]uint32{64, 1, 1}
+	block1D = [3]uint32{256, 1, 1}
+)
+
+// TestGPUElementwise: elementwise kernels against float64 references.
+func TestGPUElementwise(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(1, 2))
+	const n = 10007
+	a, b := randF32(r, n, 2), randF32(r, n, 2)
+	da, db, dout := devF32(t, c, a), devF32(t, c, b), devF32(t, c, make([]float32, n))
+	ref := func(f func(x, y float64) float64) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = f(float64(a[i]), float64(b[i]))
+		}
+		return out
+	}
+	gelu := func(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
+	dgelu := func(x float64) float64 {
+		return 0.5*(1+math.Erf(x/math.Sqrt2)) + x*math.Exp(-x*x/2)/math.Sqrt(2*math.Pi)
+	}
+	cases := []struct {
+		kernel string
+		args   []any
+		want   []float64
+	}{
+		{"add_f32", []any{dout.Ptr, da.Ptr, db.Ptr, int64(n)}, ref(func(x, y float64) float64 { return x + y })},
+		{"mul_f32", []any{dout.Ptr, da.Ptr, db.Ptr, int64(n)}, ref(func(x, y float64) float64 { return x * y })},
+		{"scale_f32", []any{dout.Ptr, da.Ptr, float32(0.5), float32(-1), int64(n)}, ref(func(x, _ float64) float64 { return 0.5*x - 1 })},
+		{"gelu_fwd_f32", []any{dout.Ptr, da.Ptr, int64(n)}, ref(func(x, _ float64) float64 { return gelu(x) })},
+		{"gelu_bwd_f32", []any{dout.Ptr, db.Ptr, da.Ptr, int64(n)}, ref(func(x, y float64) float64 { return y * dgelu(x) })},
+		{"relu_fwd_f32", []any{dout.Ptr, da.Ptr, int64(n)}, ref(func(x, _ float64) float64 { return math.Max(0, x) })},
+		{"sigmoid_fwd_f32", []any{dout.Ptr, da.Ptr, int64(n)}, ref(func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) })},
+	}
+	for _, tc := range cases {
+		if err := c.Launch(tc.kernel, grid1D, block1D, 0, tc.args...); err != nil {
+			t.Fatal(err)
+		}
+		closeTo(t, tc.kernel, hostF32(t, c, dout, n), tc.want, 1e-5)
+	}
+}
+
+// TestGPUBF16RoundTrip: the bf16 conversion rounds to nearest even.
+func TestGPUBF16RoundTrip(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	const n = 4096
+	x := randF32(r, n, 10)
+	dx, dh, dy := devF32(t, c, x), devF32(t, c, make([]float32, n/2+1)), devF32(t, c, make([]float32, n))
+	if err := c.Launch("f32_to_bf16_kernel", grid1D, block1D, 0, dh.Ptr, dx.Ptr, int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Launch("bf16_to_f32_kernel", grid1D, block1D, 0, dy.Ptr, dh.Ptr, int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	got := hostF32(t, c, dy, n)
+	for i, v := range x {
+		u := math.Float32bits(v)
+		u += 0x7fff + (u>>16)&1
+		want := math.Float32frombits(u &^ 0xffff)
+		if got[i] != want {
+			t.Fatalf("bf16(%g) = %g, want %g", v, got[i], want)
+		}
+	}
+}
+
+// TestGPULayerNorm: forward and backward against float64 references.
+func TestGPULayerNorm(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(5, 6))
+	const rows, D = 37, 510
+	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, D, 1), randF32(r, D, 1), randF32(r, rows*D, 1)
+	dx_, dg_, db_ := devF32(t, c, x), devF32(t, c, g), devF32(t, c, b)
+	dout, dmean, drstd := devF32(t, c, make([]float32, rows*D)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
+	if err := c.Launch("layernorm_fwd_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
+		dout.Ptr, dmean.Ptr, drstd.Ptr, dx_.Ptr, dg_.Ptr, db_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
+		t.Fatal(err)
+	}
+	want, wdx := make([]float64, rows*D), make([]float64, rows*D)
+	wdg, wdb := make([]float64, D), make([]float64, D)
+	for i := 0; i < rows; i++ {
+		var mu, v float64
+		for j := 0; j < D; j++ {
+			mu += float64(x[i*D+j]) / D
+		}
+		for j := 0; j < D; j++ {
+			d := float64(x[i*D+j]) - mu
+			v += d * d / D
+		}
+		rs := 1 / math.Sqrt(v+1e-5)
+		var a, cc float64
+		for j := 0; j < D; j++ {
+			xh := (float64(x[i*D+j]) - mu) * rs
+			want[i*D+j] = xh*float64(g[j]) + float64(b[j])
+			dxh := float64(dy[i*D+j]) * float64(g[j])
+			a += dxh / D
+			cc += dxh * xh / D
+			wdg[j] += float64(dy[i*D+j]) * xh
+			wdb[j] += float64(dy[i*D+j])
+		}
+		for j := 0; j < D; j++ {
+			xh := (float64(x[i*D+j]) - mu) * rs
+			wdx[i*D+j] = (float64(dy[i*D+j])*float64(g[j]) - a - xh*cc) * rs
+		}
+	}
+	closeTo(t, "layernorm forward", hostF32(t, c, dout, rows*D), want, 1e-5)
+	ddy, ddx := devF32(t, c, dy), devF32(t, c, make([]float32, rows*D))
+	ddg, ddb := devF32(t, c, make([]float32, D)), devF32(t, c, make([]float32, D))
+	if err := c.Launch("layernorm_bwd_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
+		ddx.Ptr, ddg.Ptr, ddb.Ptr, ddy.Ptr, dx_.Ptr, dmean.Ptr, drstd.Ptr, dg_.Ptr, int32(rows), int32(D)); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "layernorm dx", hostF32(t, c, ddx, rows*D), wdx, 1e-4)
+	closeTo(t, "layernorm dg", hostF32(t, c, ddg, D), wdg, 1e-4)
+	closeTo(t, "layernorm db", hostF32(t, c, ddb, D), wdb, 1e-4)
+}
+
+// TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient.
+func TestGPUSoftmaxCE(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(7, 8))
+	const rows, V = 9, 50257
+	const ls, scale = 0.015, 0.25
+	x := randF32(r, rows*V, 3)
+	tg := make([]float32, rows) // int32 bits, uploaded as 4-byte words
+	tgi := make([]int32, rows)
+	for i := range tgi {
+		tgi[i] = int32(r.IntN(V))
+		tg[i] = math.Float32frombits(uint32(tgi[i]))
+	}
+	dl, dt := devF32(t, c, x), devF32(t, c, tg)
+	dsm, dce, dpred := devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
+	if err := c.Launch("softmax_ce_fused_f32", [3]uint32{rows, 1, 1}, [3]uint32{512, 1, 1}, 0,
+		dl.Ptr, dsm.Ptr, dce.Ptr, dpred.Ptr, dt.Ptr, int32(rows), int32(V), float32(ls), float32(scale)); err != nil {
+		t.Fatal(err)
+	}
+	grad := hostF32(t, c, dl, rows*V)
+	sm, ce, pr := hostF32(t, c, dsm, rows), hostF32(t, c, dce, rows), hostF32(t, c, dpred, rows)
+	for i := 0; i < rows; i++ {
+		row := x[i*V : (i+1)*V]
+		m, arg, sx := math.Inf(-1), 0, 0.0
+		for j, v := range row {
+			if float64(v) > m {
+				m, arg = float64(v), j
+			}
+			sx += float64(v)
+		}
+		var se float64
+		for _, v := range row {
+			se += math.Exp(float64(v) - m)
+		}
+		lse := m + math.Log(se)
+		wce := lse - float64(row[tgi[i]])
+		wsm := (1-ls)*wce + ls*(lse-sx/V)
+		if got := int(math.Float32bits(pr[i])); got != arg {
+			t.Errorf("row %d: argmax %d, want %d", i, got, arg)
+		}
+		closeTo(t, "ce", ce[i:i+1], []float64{wce}, 1e-5)
+		closeTo(t, "smoothed ce", sm[i:i+1], []float64{wsm}, 1e-5)
+		want := make([]float64, V)
+		for j, v := range row {
+			tgt := ls / V
+			if j == int(tgi[i]) {
+				tgt += 1 - ls
+			}
+			want[j] = scale * (math.Exp(float64(v)-lse) - tgt)
+		}
+		closeTo(t, "dlogits", grad[i*V:(i+1)*V], want, 1e-6)
+	}
+}
+
+// TestGPUAdamWAndNorm: the fused AdamW step and the gradient's sum of squares.
+func TestGPUAdamWAndNorm(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(9, 10))
+	const n = 20011
+	p, g, m, v := randF32(r, n, 1), randF32(r, n, 0.1), randF32(r, n, 0.01), make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.Abs(r.NormFloat64()) * 1e-3)
+	}
+	dp, dg, dm, dv := devF32(t, c, p), devF32(t, c, g), devF32(t, c, m), devF32(t, c, v)
+	const lr, b1, b2, eps, wd, step = 1e-3, 0.9, 0.999, 1e-8, 0.01, 3
+	bc1, bc2 := 1-math.Pow(b1, step), 1-math.Pow(b2, step)
+	if err := c.Launch("adamw_f32", grid1D, block1D, 0, dp.Ptr, dg.Ptr, dm.Ptr, dv.Ptr, int64(n), float32(lr), float32(b1),
+		float32(b2), float32(eps), float32(wd), float32(bc1), float32(bc2)); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, n)
+	var ss float64
+	for i := range want {
+		gi := float64(g[i])
+		mi := b1*float64(m[i]) + (1-b1)*gi
+		vi := b2*float64(v[i]) + (1-b2)*gi*gi
+		want[i] = float64(p[i])*(1-lr*wd) - lr*(mi/bc1)/(math.Sqrt(vi/bc2)+eps)
+		ss += gi * gi
+	}
+	closeTo(t, "adamw", hostF32(t, c, dp, n), want, 1e-5)
+	acc := devF32(t, c, make([]float32, 2)) // one double
+	if err := c.Launch("sumsq_f32", grid1D, block1D, 0, acc.Ptr, dg.Ptr, int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	got := hostF32(t, c, acc, 2)
+	sum := math.Float64frombits(uint64(math.Float32bits(got[0])) | uint64(math.Float32bits(got[1]))<<32)
+	if math.Abs(sum-ss) > 1e-5*ss {
+		t.Errorf("sum of squares %g, want %g", sum, ss)
+	}
+}
+
+// TestGPUGather: embedding gather and its scatter-add backward.
+func TestGPUGather(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(11, 12))
+	const V, D, rows = 100, 64, 300
+	W, dy := randF32(r, V*D, 1), randF32(r, rows*D, 1)
+	ids, idw := make([]int32, rows), make([]float32, rows)
+	for i := range ids {
+		ids[i] = int32(r.IntN(V))
+		idw[i] = math.Float32frombits(uint32(ids[i]))
+	}
+	dW, dids, dout := devF32(t, c, W), devF32(t, c, idw), devF32(t, c, make([]float32, rows*D))
+	if err := c.Launch("gather_rows_f32", [3]uint32{rows, 1, 1}, [3]uint32{64, 1, 1}, 0, dout.Ptr, dW.Ptr, dids.Ptr, int32(rows), int32(D)); err != nil {
+		t.Fatal(err)
+	}
+	want, wdW := make([]float64, rows*D), make([]float64, V*D)
+	for i, id := range ids {
+		for j := 0; j < D; j++ {
+			want[i*D+j] = float64(W[int(id)*D+j])
+			wdW[int(id)*D+j] += float64(dy[i*D+j])
+		}
+	}
+	closeTo(t, "gather", hostF32(t, c, dout, rows*D), want, 0)
+	ddW, ddy := devF32(t, c, make([]float32, V*D)), devF32(t, c, dy)
+	if err := c.Launch("gather_rows_bwd_f32", [3]uint32{rows, 1, 1}, [3]uint32{64, 1, 1}, 0, ddW.Ptr, ddy.Ptr, dids.Ptr, int32(rows), int32(D)); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "gather backward", hostF32(t, c, ddW, V*D), wdW, 1e-5)
+}
