@@ -113,8 +113,8 @@ func TestGPUPaperOps(t *testing.T) {
 	for i := range km {
 		km[i] = float32(math.Exp(r.NormFloat64()))
 	}
-	dkm, dP := devF32(t, c, km), devF32(t, c, make([]float32, R*K))
-	if err := c.Launch("sinkhorn_f32", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, dP.Ptr, dkm.Ptr, int32(R), int32(K), int32(6)); err != nil {
+	dkm, dP, work := devF32(t, c, km), devF32(t, c, make([]float32, R*K)), devF32(t, c, make([]float32, 2*R*K))
+	if err := c.Launch("sinkhorn_f32", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, dP.Ptr, dkm.Ptr, work.Ptr, int32(R), int32(K), int32(6)); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "sinkhorn", hostF32(t, c, dP, R*K), cpuOp(t, "Sinkhorn", ir.Attrs{"iters": 6}, []ir.Shape{{R, K}}, km)[0], 1e-6)
@@ -139,6 +139,11 @@ func TestCPUReferenceHarness(t *testing.T) {
 	for i := range km {
 		km[i] = float32(math.Exp(r.NormFloat64()))
 	}
+	g := cpuOp(t, "GaussianMembershipGrad", nil, []ir.Shape{{3, 5}, {3, 7}, {5, 7}, {5}, {3, 5}},
+		randF32(r, 15, 1), randF32(r, 21, 1), randF32(r, 35, 1), randF32(r, 5, 0.3), randF32(r, 15, 1))
+	if len(g) != 3 || len(g[0]) != 21 || len(g[1]) != 35 || len(g[2]) != 5 {
+		t.Fatalf("GaussianMembershipGrad reference: %d outputs", len(g))
+	}
 	P := cpuOp(t, "Sinkhorn", ir.Attrs{"iters": 6}, []ir.Shape{{4, 4}}, km)[0]
 	for c := 0; c < 4; c++ {
 		s := P[c] + P[4+c] + P[8+c] + P[12+c]
@@ -146,4 +151,50 @@ func TestCPUReferenceHarness(t *testing.T) {
 			t.Fatalf("Sinkhorn column %d sums to %g", c, s)
 		}
 	}
+}
+
+// TestGPUMembershipAndSinkhornGrad: GaussianMembership forward and
+// backward and Sinkhorn's backward against the CPU backend.
+func TestGPUMembershipAndSinkhornGrad(t *testing.T) {
+	c := gpu(t)
+	r := rand.New(rand.NewPCG(21, 22))
+	const N, D, R = 300, 85, 4
+	z, cen, ls, dmu := randF32(r, N*D, 1), randF32(r, R*D, 1), randF32(r, R, 0.3), randF32(r, N*R, 1)
+	dz_, dc_, dls_ := devF32(t, c, z), devF32(t, c, cen), devF32(t, c, ls)
+	dmu_, gmu := devF32(t, c, dmu), devF32(t, c, make([]float32, N*R))
+	warps := [3]uint32{(N*32 + 255) / 256, 1, 1}
+	if err := c.Launch("gaussian_membership_f32", warps, block1D, 0, gmu.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, int32(N), int32(D), int32(R)); err != nil {
+		t.Fatal(err)
+	}
+	mu := hostF32(t, c, gmu, N*R)
+	shapes := []ir.Shape{{N, D}, {R, D}, {R}}
+	closeTo(t, "membership", mu, cpuOp(t, "GaussianMembership", nil, shapes, z, cen, ls)[0], 1e-5)
+	gdz, gdz2 := devF32(t, c, make([]float32, N*D)), devF32(t, c, make([]float32, N*R))
+	sums, dss := devF32(t, c, make([]float32, R)), devF32(t, c, make([]float32, R))
+	gdc, gdls := devF32(t, c, make([]float32, R*D)), devF32(t, c, make([]float32, R))
+	if err := c.Launch("gaussian_membership_bwd_rows_f32", warps, block1D, 0, gdz.Ptr, gdz2.Ptr, sums.Ptr, dss.Ptr,
+		dmu_.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, gmu.Ptr, int32(N), int32(D), int32(R)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Launch("gaussian_membership_bwd_params_f32", [3]uint32{R, 1, 1}, [3]uint32{128, 1, 1}, 0, gdc.Ptr, gdls.Ptr,
+		gdz2.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, sums.Ptr, dss.Ptr, int32(N), int32(D), int32(R)); err != nil {
+		t.Fatal(err)
+	}
+	want := cpuOp(t, "GaussianMembershipGrad", nil, []ir.Shape{{N, R}, {N, D}, {R, D}, {R}, {N, R}}, dmu, z, cen, ls, mu)
+	closeTo(t, "membership dz", hostF32(t, c, gdz, N*D), want[0], 1e-4)
+	closeTo(t, "membership dcenters", hostF32(t, c, gdc, R*D), want[1], 1e-4)
+	closeTo(t, "membership dlog_sigma", hostF32(t, c, gdls, R), want[2], 1e-4)
+
+	const K, iters = 4, 6
+	km, dP := make([]float32, R*K), randF32(r, R*K, 1)
+	for i := range km {
+		km[i] = float32(math.Exp(r.NormFloat64()))
+	}
+	dkm, ddP, gdX := devF32(t, c, km), devF32(t, c, dP), devF32(t, c, make([]float32, R*K))
+	work := devF32(t, c, make([]float32, 2*(2*R*K+iters*(2*R*K+R+K))))
+	if err := c.Launch("sinkhorn_bwd_f32", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, gdX.Ptr, ddP.Ptr, dkm.Ptr, work.Ptr,
+		int32(R), int32(K), int32(iters)); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "sinkhorn backward", hostF32(t, c, gdX, R*K), cpuOp(t, "SinkhornGrad", ir.Attrs{"iters": iters}, []ir.Shape{{R, K}, {R, K}}, dP, km)[0], 1e-6)
 }

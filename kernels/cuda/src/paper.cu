@@ -137,20 +137,170 @@ extern "C" __global__ void topk_mask_f32(float* y, const float* x, int rows, int
 }
 
 // Sinkhorn(X[R,K]; iters): rows then columns divided by their sum + 1e-9,
-// iters rounds; one thread (R and K are the regime and block counts).
-extern "C" __global__ void sinkhorn_f32(float* P, const float* X, int R, int K, int iters) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    for (int i = 0; i < R * K; i++) P[i] = X[i];
+// iters rounds, in double as the CPU backend does; one thread (R and K are
+// the regime and block counts). With rec (double, iters·(2·R·K + R + K))
+// it records what sinkhorn_bwd_f32 needs.
+__device__ void sinkhorn_rounds(double* x, int R, int K, int iters, double* rec) {
     for (int it = 0; it < iters; it++) {
+        double* xr = rec ? rec + (i64)it * (2 * R * K + R + K) : 0;
+        double* xc = xr ? xr + R * K : 0;
+        double* rs = xc ? xc + R * K : 0;
+        double* cs = rs ? rs + R : 0;
+        if (xr) for (int i = 0; i < R * K; i++) xr[i] = x[i];
         for (int r = 0; r < R; r++) {
-            float s = 0.0f;
-            for (int c = 0; c < K; c++) s += P[r * K + c];
-            for (int c = 0; c < K; c++) P[r * K + c] /= (s + 1e-9f);
+            double s = 0.0;
+            for (int c = 0; c < K; c++) s += x[r * K + c];
+            if (rs) rs[r] = s;
+            for (int c = 0; c < K; c++) x[r * K + c] /= (s + 1e-9);
         }
+        if (xc) for (int i = 0; i < R * K; i++) xc[i] = x[i];
         for (int c = 0; c < K; c++) {
-            float s = 0.0f;
-            for (int r = 0; r < R; r++) s += P[r * K + c];
-            for (int r = 0; r < R; r++) P[r * K + c] /= (s + 1e-9f);
+            double s = 0.0;
+            for (int r = 0; r < R; r++) s += x[r * K + c];
+            if (cs) cs[c] = s;
+            for (int r = 0; r < R; r++) x[r * K + c] /= (s + 1e-9);
         }
+    }
+}
+
+// work: R·K doubles (+ the record for the backward).
+extern "C" __global__ void sinkhorn_f32(float* P, const float* X, double* work, int R, int K, int iters) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    for (int i = 0; i < R * K; i++) work[i] = X[i];
+    sinkhorn_rounds(work, R, K, iters, 0);
+    for (int i = 0; i < R * K; i++) P[i] = (float)work[i];
+}
+
+// dX through the unrolled rounds; work: R·K + R·K + iters·(2·R·K + R + K) doubles.
+extern "C" __global__ void sinkhorn_bwd_f32(float* dX, const float* dP, const float* X, double* work, int R, int K, int iters) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double* x = work;
+    double* d = work + R * K;
+    double* rec = d + R * K;
+    for (int i = 0; i < R * K; i++) { x[i] = X[i]; d[i] = dP[i]; }
+    sinkhorn_rounds(x, R, K, iters, rec);
+    for (int it = iters - 1; it >= 0; it--) {
+        double* xr = rec + (i64)it * (2 * R * K + R + K);
+        double* xc = xr + R * K;
+        double* rs = xc + R * K;
+        double* cs = rs + R;
+        for (int c = 0; c < K; c++) {
+            double cc = cs[c] + 1e-9, q = 0.0;
+            for (int r = 0; r < R; r++) q += d[r * K + c] * xc[r * K + c];
+            q /= cc * cc;
+            for (int r = 0; r < R; r++) d[r * K + c] = d[r * K + c] / cc - q;
+        }
+        for (int r = 0; r < R; r++) {
+            double rr = rs[r] + 1e-9, q = 0.0;
+            for (int c = 0; c < K; c++) q += d[r * K + c] * xr[r * K + c];
+            q /= rr * rr;
+            for (int c = 0; c < K; c++) d[r * K + c] = d[r * K + c] / rr - q;
+        }
+    }
+    for (int i = 0; i < R * K; i++) dX[i] = (float)d[i];
+}
+
+// ---- GaussianMembership: μ = nan_to_num(softmax_r(clamp(−½‖z−c_r‖²·s_r, −30, 30)), 1/R),
+// s_r = clamp(exp(−2·log_sigma_r), 1e-3, 1e3). One warp per row; R ≤ 32.
+
+__device__ __forceinline__ float gauss_scale(float ls) {
+    float e = expf(-2.0f * ls);
+    return e != e ? e : fminf(fmaxf(e, 1e-3f), 1e3f);
+}
+
+// Squared distances of row z (length D) to every center, in lane r of the
+// returned value (the warp's lanes 0..R-1).
+__device__ float gauss_sqdist(const float* z, const float* c, int D, int R) {
+    int lane = threadIdx.x & 31;
+    float mine = 0.0f;
+    for (int r = 0; r < R; r++) {
+        float a = 0.0f;
+        for (int d = lane; d < D; d += 32) { float t = z[d] - c[(i64)r * D + d]; a += t * t; }
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == r) mine = a;
+    }
+    return mine;
+}
+
+extern "C" __global__ void gaussian_membership_f32(float* mu, const float* z, const float* c, const float* ls,
+                                                   int N, int D, int R) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= N) return;
+    float z2 = gauss_sqdist(z + (i64)warp * D, c, D, R);
+    float l = RPAC_NEG_INF;
+    if (lane < R) {
+        l = -0.5f * z2 * gauss_scale(ls[lane]);
+        if (l == l) l = fminf(fmaxf(l, -30.0f), 30.0f);
+    }
+    int nan = __any_sync(0xffffffffu, lane < R && l != l);
+    float m = warp_max(lane < R ? l : RPAC_NEG_INF);
+    m = __shfl_sync(0xffffffffu, m, 0);
+    float e = (lane < R) ? expf(l - m) : 0.0f;
+    float s = warp_sum(e);
+    s = __shfl_sync(0xffffffffu, s, 0);
+    if (lane < R) {
+        float v = (nan || isinf(m)) ? 1.0f / R : e / s;
+        mu[(i64)warp * R + lane] = v;
+    }
+}
+
+// Per row: dz, and dz2[n,r] = g_r·(−½ s_r) kept for the parameters' kernel;
+// sums[r] += dz2 and dss[r] += g_r·(−½‖z−c_r‖²) (atomics; zero them first).
+extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz2, float* sums, float* dss,
+                                                            const float* dmu, const float* z, const float* c,
+                                                            const float* ls, const float* mu, int N, int D, int R) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= N) return;
+    const float* zr = z + (i64)warp * D;
+    float z2 = gauss_sqdist(zr, c, D, R);
+    float s = lane < R ? gauss_scale(ls[lane]) : 0.0f;
+    float lpre = lane < R ? -0.5f * z2 * s : 0.0f;
+    int nan = __any_sync(0xffffffffu, lane < R && lpre != lpre);
+    float* dzr = dz + (i64)warp * D;
+    if (nan) {
+        for (int d = lane; d < D; d += 32) dzr[d] = 0.0f;
+        if (lane < R) dz2[(i64)warp * R + lane] = 0.0f;
+        return;
+    }
+    float dm = lane < R ? dmu[(i64)warp * R + lane] : 0.0f;
+    float m = lane < R ? mu[(i64)warp * R + lane] : 0.0f;
+    float dot = warp_sum(dm * m);
+    dot = __shfl_sync(0xffffffffu, dot, 0);
+    float g = m * (dm - dot);
+    if (!(lpre >= -30.0f && lpre <= 30.0f)) g = 0.0f;
+    float k = g * (-0.5f * s);
+    if (lane < R) {
+        dz2[(i64)warp * R + lane] = k;
+        atomicAdd(&sums[lane], k);
+        atomicAdd(&dss[lane], g * (-0.5f * z2));
+    }
+    for (int d0 = 0; d0 < D; d0 += 32) {  // every lane takes part in the shuffles
+        int d = d0 + lane;
+        float acc = 0.0f;
+        for (int r = 0; r < R; r++) {
+            float kr = __shfl_sync(0xffffffffu, k, r);
+            if (d < D) acc += kr * (zr[d] - c[(i64)r * D + d]);
+        }
+        if (d < D) dzr[d] = 2.0f * acc;
+    }
+}
+
+// dcenters[r,d] = −2·Σ_n dz2[n,r]·z[n,d] + 2·sums[r]·c[r,d] and
+// dlog_sigma[r] = dss[r]·(−2·e_r) inside the clamp; grid = R blocks.
+extern "C" __global__ void gaussian_membership_bwd_params_f32(float* dc, float* dls, const float* dz2, const float* z,
+                                                              const float* c, const float* ls, const float* sums,
+                                                              const float* dss, int N, int D, int R) {
+    int r = blockIdx.x;
+    if (r >= R) return;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0.0f;
+        for (int n = 0; n < N; n++) a += dz2[(i64)n * R + r] * z[(i64)n * D + d];
+        dc[(i64)r * D + d] = -2.0f * a + 2.0f * sums[r] * c[(i64)r * D + d];
+    }
+    if (threadIdx.x == 0) {
+        float e = expf(-2.0f * ls[r]);
+        dls[r] = (e >= 1e-3f && e <= 1e3f) ? dss[r] * -2.0f * e : 0.0f;
     }
 }
