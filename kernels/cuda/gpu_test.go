@@ -34,18 +34,10 @@ func gpu(t *testing.T) *Context {
 	if err != nil {
 		t.Fatalf("a GPU is present but NVRTC is not: %v", err)
 	}
-	arch := c.Dev.Arch
-	for _, name := range SourceNames() {
-		src, _ := Source(name)
-		ptx, err := n.CompilePTX(name, src, arch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		entries, _ := Entries(name)
-		if err := c.LoadPTX(ptx, entries); err != nil {
-			t.Fatal(err)
-		}
+	if err := c.LoadKernels(n); err != nil {
+		t.Fatal(err)
 	}
+	arch := c.Dev.Arch
 	t.Logf("GPU %s (%s, %d SMs, driver %d)", c.Dev.Name, arch, c.Dev.SMs, c.Dev.DriverVersion)
 	return c
 }

@@ -90,3 +90,22 @@ func TestMissingLibrariesNamed(t *testing.T) {
 		t.Errorf("$RPAC_CUDA_LIBS is not searched first: %v", d)
 	}
 }
+
+// TestCompileCache: a second compile of the same source reads the cache;
+// a changed cache location compiles again.
+func TestCompileCache(t *testing.T) {
+	n := nvrtcOrSkip(t)
+	t.Setenv("RPAC_CUDA_CACHE", t.TempDir())
+	name := SourceNames()[0]
+	first, hit, err := n.CompileCached(name, "compute_80")
+	if err != nil || hit {
+		t.Fatalf("first compile: hit %v, %v", hit, err)
+	}
+	second, hit, err := n.CompileCached(name, "compute_80")
+	if err != nil || !hit || second != first {
+		t.Fatalf("second compile: hit %v, same %v, %v", hit, second == first, err)
+	}
+	if _, hit, _ := n.CompileCached(name, "compute_90"); hit {
+		t.Fatal("another architecture hit the cache")
+	}
+}
