@@ -38,6 +38,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
@@ -164,8 +165,8 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if o.Out == "" {
 		return nil, errors.New("--out is required: the run directory for checkpoints and metrics")
 	}
-	if o.Device != "" && o.Device != "cpu" {
-		return nil, fmt.Errorf("device %q is not available in this build (use --device cpu)", o.Device)
+	if err := CheckDevice(o.Device); err != nil {
+		return nil, err
 	}
 	prev, err := openPrevious(o)
 	if err != nil {
@@ -544,4 +545,22 @@ func (r *run) dumpContext() *passes.Context {
 		r.dumped = true
 	}
 	return pc
+}
+
+// CheckDevice accepts cpu and auto (the CPU until the CUDA training backend
+// is complete) and refuses cuda, saying what is missing.
+func CheckDevice(device string) error {
+	switch device {
+	case "", "cpu":
+		return nil
+	case "auto":
+		return nil // the CPU until the CUDA training backend is complete
+	case "cuda":
+		why := "its kernels exist (`rpac gpu` compiles and lists them) but the backend that runs training graphs on them does not yet"
+		if err := cuda.Available(); err != nil {
+			why += "; besides, " + err.Error()
+		}
+		return fmt.Errorf("--device cuda: the CUDA training backend is not complete: %s. Use --device cpu (or auto)", why)
+	}
+	return fmt.Errorf("--device %q: want cpu, cuda or auto", device)
 }

@@ -56,8 +56,8 @@ func benchCommand() *cli.Command {
 }
 
 func benchTrain(c *cli.Context) error {
-	if c.String("device") != "cpu" {
-		return fmt.Errorf("device %q is not available in this build (use --device cpu)", c.String("device"))
+	if err := training.CheckDevice(c.String("device")); err != nil {
+		return err
 	}
 	steps := c.Int("steps")
 	if steps < 1 {

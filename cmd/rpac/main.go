@@ -32,6 +32,7 @@ func main() {
 			evalCommand(),
 			generateCommand(),
 			inspectCommand(),
+			gpuCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

@@ -126,7 +126,7 @@ func trainCommand() *cli.Command {
 		&cli.Uint64Flag{Name: "seed", Value: 1},
 		&cli.StringFlag{Name: "out", Usage: "run directory (checkpoint, metrics.jsonl)", Required: true},
 		&cli.BoolFlag{Name: "resume", Usage: "continue the run in --out (give the same flags)"},
-		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu"},
+		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu | auto | cuda (the CUDA training backend is not complete yet: cuda is refused with what is missing)"},
 		&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
 		&cli.Float64Flag{Name: "dropout", Value: -1, Usage: "dropout (default: the preset's)"},
 		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
