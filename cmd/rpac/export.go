@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
@@ -29,6 +30,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
 			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | plain (MatMul, Add of one constant mask, Softmax)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
+			&cli.StringFlag{Name: "quantize", Value: "none", Usage: "none | int8 (int8 weights per output column and activations per token in every Linear layer, int32 accumulation: for onnxruntime's CPU provider; --verify reports the CE cost)"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
 			&cli.IntFlag{Name: "calib-batches", Value: export.DefaultCalibBatches, Usage: "batches to calibrate running statistics on, for lengths the checkpoint has none for"},
 			&cli.IntFlag{Name: "calib-batch", Value: export.DefaultCalibBatch, Usage: "sequences per calibration batch"},
@@ -71,6 +73,14 @@ func exportAction(c *cli.Context) error {
 		if err := runtime.Available(); err != nil {
 			return fmt.Errorf("--verify needs onnxruntime: %w", err)
 		}
+	}
+	quantize := c.String("quantize")
+	switch quantize {
+	case "none":
+		quantize = onnx.QuantizeNone
+	case onnx.QuantizeInt8:
+	default:
+		return fmt.Errorf("--quantize %q: want none or int8", quantize)
 	}
 	calibrate := c.String("calibrate")
 	if calibrate != "auto" && calibrate != "always" && calibrate != "never" {
@@ -142,7 +152,7 @@ func exportAction(c *cli.Context) error {
 	}
 	o := export.Options{
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
-		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")),
+		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize,
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
 		Out: c.String("out"), Tokenizer: tok, EOS: eos, Meta: meta,
 		DumpIR: c.String("dump-ir"), Dump: c.App.Writer, Log: log,

@@ -67,6 +67,10 @@ type Options struct {
 	// model's; rpac export never sets it, and the fold record says
 	// bias_dropped.
 	DropBias bool
+	// Quantize is onnx.QuantizeNone (fp32) or onnx.QuantizeInt8 (int8
+	// products in every Linear layer, for CPU serving; recorded in the
+	// manifest's fold meta as "quantize").
+	Quantize string
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
 	Opset, IRVersion int64
@@ -293,8 +297,11 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 				meta[k] = v
 			}
 		}
+		if o.Quantize != onnx.QuantizeNone {
+			meta["quantize"] = o.Quantize
+		}
 		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
-			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T)})
+			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
 		}

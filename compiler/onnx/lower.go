@@ -66,7 +66,18 @@ type Options struct {
 	// ReduceMax, Equal and Where per Softmax. Rows of the exported models are
 	// never all -Inf (CausalMask keeps the diagonal), so it is off by default.
 	GuardSoftmax bool
+	// Quantize selects the precision of the Linear layers' products:
+	// QuantizeNone (fp32) or QuantizeInt8 (int8 weights per output column,
+	// int8 activations per token, int32 accumulation: MatMulInteger, which
+	// onnxruntime's CPU provider runs on its integer GEMM).
+	Quantize string
 }
+
+// Quantization modes.
+const (
+	QuantizeNone = ""
+	QuantizeInt8 = "int8"
+)
 
 // irVersionFor is the IR version released together with an opset.
 func irVersionFor(opset int64) int64 {
@@ -112,6 +123,9 @@ func (o Options) withDefaults() (Options, error) {
 	case GELUErf:
 	default:
 		return o, fmt.Errorf("onnx: unknown GELU mode %q (want %q or %q)", o.GELU, GELUOp, GELUErf)
+	}
+	if o.Quantize != QuantizeNone && o.Quantize != QuantizeInt8 {
+		return o, fmt.Errorf("onnx: quantization %q: want %q or none", o.Quantize, QuantizeInt8)
 	}
 	return o, nil
 }
@@ -170,6 +184,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 		names:   map[*ir.Value]string{},
 		inits:   map[*ir.Value]string{},
 		initsT:  map[*ir.Value]string{},
+		initsQ:  map[*ir.Value][2]string{},
 		consts:  map[string]string{},
 		uses:    g.Uses(),
 	}
@@ -252,11 +267,12 @@ type builder struct {
 	weights WeightFunc
 	gp      *onnxpb.GraphProto
 
-	used   map[string]bool      // ONNX names taken
-	names  map[*ir.Value]string // lowered name of each ir value
-	inits  map[*ir.Value]string // initializer holding a Param/Buffer/Const as is
-	initsT map[*ir.Value]string // [K,N] form of a Linear weight
-	consts map[string]string    // small constants by content
+	used   map[string]bool         // ONNX names taken
+	names  map[*ir.Value]string    // lowered name of each ir value
+	inits  map[*ir.Value]string    // initializer holding a Param/Buffer/Const as is
+	initsT map[*ir.Value]string    // [K,N] form of a Linear weight
+	initsQ map[*ir.Value][2]string // int8 [K,N] form and per-column scales
+	consts map[string]string       // small constants by content
 	uses   map[*ir.Value][]*ir.Node
 	final  *ir.Value // the value that is written as "logits" directly
 	nodeID int

@@ -178,6 +178,9 @@ func lowerSumTo(b *builder, n *ir.Node, in []string, out string) (string, error)
 
 // Linear(x[...,K], W[N,K], b[N]?) -> MatMul(x, Wᵀ[K,N]) (+ Add b).
 func lowerLinear(b *builder, n *ir.Node, in []string, out string) (string, error) {
+	if w := n.Inputs[1]; b.opts.Quantize == QuantizeInt8 && w.Kind != ir.Intermediate && w.Kind != ir.Input {
+		return lowerLinearInt8(b, n, in, out)
+	}
 	wt, err := b.linearWeight(n.Inputs[1])
 	if err != nil {
 		return "", err
