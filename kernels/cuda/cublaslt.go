@@ -5,8 +5,6 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // cuBLASLt constants (cublasLt.h, library_types.h, cublas_api.h).
@@ -51,29 +49,15 @@ var (
 // current context).
 func LoadBLAS() (*BLAS, error) {
 	blasOnce.Do(func() {
-		if runtime.GOOS != "linux" {
-			blasErr = errNotLinux
-			return
-		}
-		hs, err := open(LibCublasLt)
-		if err != nil {
-			blasErr = err
-			return
-		}
-		b := &BLAS{handle: hs[0]}
-		for _, f := range []struct {
-			fn   any
-			name string
-		}{
+		b := &BLAS{}
+		var err error
+		if b.handle, err = bind(LibCublasLt, []symbol{
 			{&b.create, "cublasLtCreate"}, {&b.descNew, "cublasLtMatmulDescCreate"}, {&b.descSet, "cublasLtMatmulDescSetAttribute"},
 			{&b.descDel, "cublasLtMatmulDescDestroy"}, {&b.layNew, "cublasLtMatrixLayoutCreate"},
 			{&b.layDel, "cublasLtMatrixLayoutDestroy"}, {&b.matmul, "cublasLtMatmul"},
-		} {
-			if _, err := purego.Dlsym(b.handle, f.name); err != nil {
-				blasErr = fmt.Errorf("cuBLASLt: %s is missing: %v", f.name, err)
-				return
-			}
-			purego.RegisterLibFunc(f.fn, b.handle, f.name)
+		}); err != nil {
+			blasErr = err
+			return
 		}
 		if r := b.create(&b.lt); r != 0 {
 			blasErr = fmt.Errorf("cublasLtCreate: status %d", r)

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // Driver is the CUDA driver API, bound at run time.
@@ -51,20 +49,9 @@ var (
 // LoadDriver binds the CUDA driver and initialises it (once per process).
 func LoadDriver() (*Driver, error) {
 	driverOnce.Do(func() {
-		if runtime.GOOS != "linux" {
-			driverErr = errNotLinux
-			return
-		}
-		hs, err := open(LibDriver)
-		if err != nil {
-			driverErr = err
-			return
-		}
-		d := &Driver{handle: hs[0]}
-		for _, f := range []struct {
-			fn   any
-			name string
-		}{
+		d := &Driver{}
+		var err error
+		if d.handle, err = bind(LibDriver, []symbol{
 			{&d.init, "cuInit"}, {&d.driverVersion, "cuDriverGetVersion"}, {&d.deviceGetCount, "cuDeviceGetCount"},
 			{&d.deviceGet, "cuDeviceGet"}, {&d.deviceGetName, "cuDeviceGetName"}, {&d.deviceGetAttr, "cuDeviceGetAttribute"},
 			{&d.deviceTotalMem, "cuDeviceTotalMem_v2"}, {&d.primaryRetain, "cuDevicePrimaryCtxRetain"},
@@ -73,12 +60,9 @@ func LoadDriver() (*Driver, error) {
 			{&d.memAlloc, "cuMemAlloc_v2"}, {&d.memFree, "cuMemFree_v2"}, {&d.memcpyHtoD, "cuMemcpyHtoD_v2"},
 			{&d.memcpyDtoH, "cuMemcpyDtoH_v2"}, {&d.memsetD8, "cuMemsetD8_v2"}, {&d.launchKernel, "cuLaunchKernel"},
 			{&d.getErrorString, "cuGetErrorString"},
-		} {
-			if _, err := purego.Dlsym(d.handle, f.name); err != nil {
-				driverErr = fmt.Errorf("CUDA driver: %s is missing (driver too old?): %v", f.name, err)
-				return
-			}
-			purego.RegisterLibFunc(f.fn, d.handle, f.name)
+		}); err != nil {
+			driverErr = err
+			return
 		}
 		if err := d.check(d.init(0), "cuInit"); err != nil {
 			driverErr = fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)

@@ -146,5 +146,29 @@ func open(libs ...Library) ([]uintptr, error) {
 	return handles, nil
 }
 
+// symbol binds a Go function variable to a library's function.
+type symbol struct {
+	fn   any // pointer to a func variable
+	name string
+}
+
+// bind loads lib and binds every symbol, or says which is missing.
+func bind(lib Library, syms []symbol) (uintptr, error) {
+	if runtime.GOOS != "linux" {
+		return 0, errNotLinux
+	}
+	hs, err := open(lib)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range syms {
+		if _, err := purego.Dlsym(hs[0], s.name); err != nil {
+			return 0, fmt.Errorf("%s: %s is missing (a version too old?): %v", lib.Name, s.name, err)
+		}
+		purego.RegisterLibFunc(s.fn, hs[0], s.name)
+	}
+	return hs[0], nil
+}
+
 // errNotLinux is returned on systems the backend does not support.
 var errNotLinux = errors.New("the CUDA backend runs on Linux only")

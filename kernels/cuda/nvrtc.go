@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // NVRTC is the runtime compiler, bound at run time.
@@ -36,30 +34,16 @@ var (
 // LoadNVRTC binds NVRTC (once per process).
 func LoadNVRTC() (*NVRTC, error) {
 	nvrtcOnce.Do(func() {
-		if runtime.GOOS != "linux" {
-			nvrtcErr = errNotLinux
-			return
-		}
-		hs, err := open(LibNVRTC)
-		if err != nil {
-			nvrtcErr = err
-			return
-		}
-		n := &NVRTC{handle: hs[0]}
-		for _, f := range []struct {
-			fn   any
-			name string
-		}{
+		n := &NVRTC{}
+		var err error
+		if n.handle, err = bind(LibNVRTC, []symbol{
 			{&n.version, "nvrtcVersion"}, {&n.createProgram, "nvrtcCreateProgram"},
 			{&n.compileProgram, "nvrtcCompileProgram"}, {&n.getProgramLogSz, "nvrtcGetProgramLogSize"},
 			{&n.getProgramLog, "nvrtcGetProgramLog"}, {&n.getPTXSize, "nvrtcGetPTXSize"}, {&n.getPTX, "nvrtcGetPTX"},
 			{&n.destroyProgram, "nvrtcDestroyProgram"}, {&n.getErrorString, "nvrtcGetErrorString"},
-		} {
-			if _, err := purego.Dlsym(n.handle, f.name); err != nil {
-				nvrtcErr = fmt.Errorf("NVRTC: %s is missing from the library: %v", f.name, err)
-				return
-			}
-			purego.RegisterLibFunc(f.fn, n.handle, f.name)
+		}); err != nil {
+			nvrtcErr = err
+			return
 		}
 		nvrtcLib = n
 	})
