@@ -11,30 +11,32 @@ import (
 // lowerLinearInt8 lowers y = x·Wᵀ (+ b) with int8 products:
 //
 //	W → Wq int8 [K,N] with one symmetric scale per output column, ws[n] = max|W[n,:]|/127;
-//	x → xq uint8 per token (row): s = max(max|x_row|, 1e-12)/127, xq = clip(round(x/s)+128, 0, 255);
-//	y = MatMulInteger(xq, Wq, a_zero_point 128) · s · ws (+ b).
+//	x → rows [M,K]; per row s = max(max|x_row|, 1e-12)/127 and
+//	    xq = QuantizeLinear(x, s, zero point 128, axis 0) (uint8);
+//	y = MatMulInteger(xq, Wq, a_zero_point 128) · s · ws (+ b), reshaped back.
 //
-// The activation scale is per token, so a position's output depends on its
-// own row only and the exported graph stays causal.
+// The activation scale is per token (row), so a position's output depends
+// on its own row only and the exported graph stays causal.
 func lowerLinearInt8(b *builder, n *ir.Node, in []string, out string) (string, error) {
 	wq, ws, err := b.int8Weight(n.Inputs[1])
 	if err != nil {
 		return "", err
 	}
-	x := in[0]
-	absmax := b.emit(out+".absmax", "ReduceMax", []string{b.emit(out+".abs", "Abs", []string{x}), b.constI64(-1)}, attrInt("keepdims", 1))
+	xs := n.Inputs[0].Shape
+	K := xs[len(xs)-1]
+	M := xs.Numel() / max(K, 1)
+	x := b.emit(out+".rows", "Reshape", []string{in[0], b.constI64(int64(M), int64(K))})
+	absmax := b.emit(out+".absmax", "ReduceMax", []string{b.emit(out+".abs", "Abs", []string{x}), b.constI64(1)}, attrInt("keepdims", 0))
 	scale := b.emit(out+".xs", "Div", []string{b.emit(out+".amax", "Max", []string{absmax, b.scalar(1e-12)}), b.scalar(127)})
-	shifted := b.emit(out+".xsh", "Add", []string{b.emit(out+".xr", "Round", []string{b.emit(out+".xd", "Div", []string{x, scale})}), b.scalar(128)})
-	clipped := b.emit(out+".xc", "Clip", []string{shifted, b.scalar(0), b.scalar(255)})
-	xq := b.emit(out+".xq", "Cast", []string{clipped}, attrInt("to", int64(onnxpb.TensorProto_UINT8)))
+	xq := b.emit(out+".xq", "QuantizeLinear", []string{x, scale, b.uint8Fill(M, 128)}, attrInt("axis", 0))
 	acc := b.emit(out+".acc", "MatMulInteger", []string{xq, wq, b.uint8Scalar(128)})
 	y := b.emit(out+".yf", "Cast", []string{acc}, attrInt("to", int64(onnxpb.TensorProto_FLOAT)))
-	y = b.emit(out+".ys", "Mul", []string{y, scale})
-	if len(n.Inputs) == 2 {
-		return b.emitTo(out, "Mul", []string{y, ws}), nil
-	}
+	y = b.emit(out+".ys", "Mul", []string{y, b.emit(out+".xs1", "Unsqueeze", []string{scale, b.constI64(1)})})
 	y = b.emit(out+".yw", "Mul", []string{y, ws})
-	return b.emitTo(out, "Add", []string{y, in[2]}), nil
+	if len(n.Inputs) == 3 {
+		y = b.emit(out+".yb", "Add", []string{y, in[2]})
+	}
+	return b.emitTo(out, "Reshape", []string{y, b.constI64(dims64(n.Outputs[0].Shape)...)}), nil
 }
 
 // int8Weight stores W [N,K] as Wq int8 [K,N] and its per-column scales
@@ -72,6 +74,22 @@ func (b *builder) int8Weight(w *ir.Value) (wq, ws string, err error) {
 	b.addInit(ws, onnxpb.TensorProto_FLOAT, []int64{int64(N)}, f32Bytes(scales))
 	b.initsQ[w] = [2]string{wq, ws}
 	return wq, ws, nil
+}
+
+// uint8Fill adds a uint8 vector of n copies of v.
+func (b *builder) uint8Fill(n int, v byte) string {
+	key := fmt.Sprintf("u8x%d:%d", n, v)
+	if name, ok := b.consts[key]; ok {
+		return name
+	}
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = v
+	}
+	name := b.fresh(fmt.Sprintf("u8_%dx%d", v, n))
+	b.addInit(name, onnxpb.TensorProto_UINT8, []int64{int64(n)}, data)
+	b.consts[key] = name
+	return name
 }
 
 // uint8Scalar adds a uint8 scalar initializer.
