@@ -203,9 +203,13 @@ func TestManifestValidate(t *testing.T) {
 	}
 }
 
+// TestReadIORejectsGarbage: malformed files are errors, never a hang; the
+// 11-byte file whose graph length is near 2^64 (it used to wrap the read
+// offset back to 0 and loop forever) included.
 func TestReadIORejectsGarbage(t *testing.T) {
 	dir := t.TempDir()
-	for i, content := range []string{"", "\x0a", "\x3a\xff\xff\xff\xff\x0f", "hello world"} {
+	for i, content := range []string{"", "\x0a", "\x3a\xff\xff\xff\xff\x0f", "hello world",
+		"\x3a\xf5\xff\xff\xff\xff\xff\xff\xff\xff\x01", "\x3a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01"} {
 		path := filepath.Join(dir, fmt.Sprint(i))
 		os.WriteFile(path, []byte(content), 0o644)
 		if _, _, err := readIO(path); err == nil {

@@ -52,10 +52,10 @@ func readIO(path string) (in, out []ioInfo, err error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		g := &wire{r: f, off: top.off, end: top.off + int64(n)}
-		if g.end > top.end {
+		if n > uint64(top.end-top.off) { // checked before any offset arithmetic: a length near 2^64 must not wrap
 			return nil, nil, errTruncated
 		}
+		g := &wire{r: f, off: top.off, end: top.off + int64(n)}
 		top.off = g.end
 		found = true
 		for !g.done() {
