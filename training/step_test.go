@@ -267,6 +267,12 @@ func TestOpenRunFromPrevious(t *testing.T) {
 	if r.State.Step != 3 || r.Checkpoint != ck+".prev" {
 		t.Fatalf("opened step %d from %s", r.State.Step, r.Checkpoint)
 	}
+	if _, err := Train(context.Background(), microOptions(out)); err == nil || !strings.Contains(err.Error(), "--resume") {
+		t.Fatalf("a fresh run over checkpoint.prev: %v (want a refusal that points to --resume)", err)
+	}
+	if _, err := os.Stat(ck + ".prev"); err != nil {
+		t.Fatalf("the refused run touched checkpoint.prev: %v", err)
+	}
 	o = microOptions(out)
 	o.Resume = true
 	res, err := Train(context.Background(), o)
@@ -278,5 +284,37 @@ func TestOpenRunFromPrevious(t *testing.T) {
 	}
 	if _, err := checkpoint.Load(ck); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestResumeRefusesMissingParameter: a checkpoint that lacks a parameter is
+// refused on --resume, naming it, instead of re-initialising it silently.
+func TestResumeRefusesMissingParameter(t *testing.T) {
+	out := t.TempDir()
+	o := microOptions(out)
+	o.StopAfter = 2
+	if _, err := Train(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(out, "checkpoint")
+	ck, err := checkpoint.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []checkpoint.Named
+	for _, w := range ck.Weights {
+		if w.Name != "blocks.1.attn.Wq.weight" {
+			kept = append(kept, w)
+		}
+	}
+	ck.Weights = kept
+	if err := checkpoint.Save(dir, ck); err != nil {
+		t.Fatal(err)
+	}
+	o = microOptions(out)
+	o.Resume = true
+	_, err = Train(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "blocks.1.attn.Wq.weight") {
+		t.Fatalf("resume with a missing parameter: %v", err)
 	}
 }
