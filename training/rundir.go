@@ -163,8 +163,15 @@ func (r *Run) SelectWeights(which string) error {
 	if err != nil {
 		return err
 	}
-	r.Weights, err = export.SelectWeights(r.Store, params, which)
-	return err
+	if r.Weights, err = export.SelectWeights(r.Store, params, which); err != nil {
+		return err
+	}
+	for _, p := range params {
+		if t := r.Store.Get(p); t != nil && nonFinite(&kernels.Store{Tensors: map[string]*kernels.Tensor{p: t}, Order: []string{p}}) != "" {
+			return fmt.Errorf("the checkpoint's %s weights hold a non-finite value in %s; a diverged run cannot be exported (resume it from an earlier checkpoint with a lower --lr)", r.Weights, p)
+		}
+	}
+	return nil
 }
 
 // Trained reports whether the store's running statistic name was

@@ -40,8 +40,11 @@ type RunState struct {
 	// eval and verify use it when no --data-dir is given.
 	DataDir string `json:"data_dir,omitempty"`
 	// Lengths records each training length's batch and micro-batch.
-	Lengths []LengthPlan  `json:"lengths,omitempty"`
-	Control *ControlState `json:"control,omitempty"`
+	Lengths []LengthPlan `json:"lengths,omitempty"`
+	// SkippedSteps counts the steps skipped for a non-finite loss or
+	// gradient norm.
+	SkippedSteps int           `json:"skipped_steps,omitempty"`
+	Control      *ControlState `json:"control,omitempty"`
 }
 
 // ControlState is the controllers' state in state.json. Guardian's policy

@@ -318,3 +318,38 @@ func TestResumeRefusesMissingParameter(t *testing.T) {
 		t.Fatalf("resume with a missing parameter: %v", err)
 	}
 }
+
+// TestNonFiniteStepsStopCleanly: with a learning rate that makes the loss
+// NaN, the bad steps are skipped and logged, the run stops with a clear
+// message after maxBadSteps in a row, and the checkpoint left behind holds
+// finite weights and resumes.
+func TestNonFiniteStepsStopCleanly(t *testing.T) {
+	out := t.TempDir()
+	o := microOptions(out)
+	o.Model, o.LR, o.Steps, o.EvalEvery, o.EvalBatches = "baseline", 1e6, 30, 1, 1
+	_, err := Train(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "non-finite") || !strings.Contains(err.Error(), "--lr") {
+		t.Fatalf("want a stop naming the non-finite steps and --lr, got %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), `"skipped":true`); n != maxBadSteps {
+		t.Fatalf("%d skipped-step records, want %d", n, maxBadSteps)
+	}
+	r, err := OpenRun(out)
+	if err != nil {
+		t.Fatalf("the checkpoint left behind does not open: %v", err)
+	}
+	if name := nonFinite(r.Store); name != "" {
+		t.Fatalf("the checkpoint holds a non-finite %s", name)
+	}
+	if err := r.SelectWeights("last"); err != nil {
+		t.Fatal(err)
+	}
+	r.Store.Get("ln_f.weight").F32[0] = float32(math.NaN())
+	if err := r.SelectWeights("last"); err == nil || !strings.Contains(err.Error(), "ln_f.weight") {
+		t.Fatalf("export accepted a NaN weight: %v", err)
+	}
+}

@@ -96,6 +96,13 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		gnorm := optim.ClipGlobalNorm(out.Grads, r.plan.GradClip)
+		if !finite(out.Loss) || !finite(gnorm) {
+			if err := r.skipStep(set, out, gnorm); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		r.badRun = 0
 		lr := r.plan.Schedule.LR(r.st.Step) * set.Chaos
 		if err := r.opt.Step(r.w.params, out.Grads, lr); err != nil {
 			return nil, err
@@ -146,6 +153,39 @@ type run struct {
 	started  time.Time
 	tokens0  int64
 	dumped   bool
+	badRun   int // consecutive skipped steps
+}
+
+// maxBadSteps is how many steps in a row may have a non-finite loss or
+// gradient norm before the run stops.
+const maxBadSteps = 3
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// skipStep leaves the weights, optimizer and statistics as they were after
+// a step whose loss or gradient norm is not finite: the step is counted and
+// logged, and after maxBadSteps in a row the run stops (the last checkpoint
+// is kept: no checkpoint is ever written with non-finite weights).
+func (r *run) skipStep(set stepSettings, out *StepResult, gnorm float64) error {
+	r.badRun++
+	r.st.SkippedSteps++
+	r.st.Step++
+	l := r.plan.Lengths[set.Context]
+	r.st.Tokens += int64(l.Batch * l.T)
+	rec := map[string]any{"step": r.st.Step, "skipped": true, "loss": nanNull(out.Loss), "grad_norm": nanNull(gnorm),
+		"skipped_total": r.st.SkippedSteps, "context": l.T}
+	if err := r.metrics.Write(rec); err != nil {
+		return err
+	}
+	r.o.Log.Warn("skipped a step with a non-finite loss or gradient norm", "step", r.st.Step, "loss", out.Loss, "grad_norm", gnorm)
+	if r.badRun >= maxBadSteps {
+		return fmt.Errorf("step %d: %d steps in a row had a non-finite loss or gradient norm (last: loss %v, gradient norm %v); the run stopped with its last good checkpoint in %s untouched: lower --lr (peak %g) or check the data",
+			r.st.Step, r.badRun, out.Loss, gnorm, r.ckDir, r.plan.Schedule.Peak)
+	}
+	if r.intervalEnds() && r.st.Step == r.plan.Steps {
+		return fmt.Errorf("step %d: the last step had a non-finite loss or gradient norm; the last good checkpoint in %s is kept", r.st.Step, r.ckDir)
+	}
+	return nil
 }
 
 type stepKey struct {
@@ -441,9 +481,6 @@ func (r *run) logStep(set stepSettings, out *StepResult, gnorm, lr float64) erro
 	if math.IsNaN(r.res.InitialLoss) {
 		r.res.InitialLoss = out.CE
 	}
-	if math.IsNaN(out.Loss) || math.IsInf(out.Loss, 0) {
-		return fmt.Errorf("step %d: loss is %v; lower --lr or check the data", r.st.Step, out.Loss)
-	}
 	r.res.FinalLoss = out.CE
 	r.st.Step++
 	r.st.Tokens += int64(l.Batch * l.T)
@@ -492,6 +529,9 @@ func (r *run) save() error {
 		r.st.DataRNGs = append(r.st.DataRNGs, s)
 	}
 	r.st.DataRNG = r.st.DataRNGs[0]
+	if name := nonFinite(r.store); name != "" {
+		return fmt.Errorf("refusing to write a checkpoint at step %d: %s holds a non-finite value (the last good checkpoint in %s is kept); lower --lr", r.st.Step, name, r.ckDir)
+	}
 	return saveCheckpoint(r.ckDir, r.store, r.opt, r.st)
 }
 
@@ -563,4 +603,20 @@ func CheckDevice(device string) error {
 		return fmt.Errorf("--device cuda: the CUDA training backend is not complete: %s. Use --device cpu (or auto)", why)
 	}
 	return fmt.Errorf("--device %q: want cpu, cuda or auto", device)
+}
+
+// nonFinite names a tensor of st holding NaN or ±Inf ("" when none).
+func nonFinite(st *kernels.Store) string {
+	for _, name := range st.Order {
+		t := st.Tensors[name]
+		if t == nil {
+			continue
+		}
+		for _, v := range t.F32 {
+			if v != v || math.IsInf(float64(v), 0) {
+				return name
+			}
+		}
+	}
+	return ""
 }
