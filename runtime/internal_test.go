@@ -217,3 +217,24 @@ func TestReadIORejectsGarbage(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckSizes: sizes a crafted file declares are bounded before any
+// allocation (a batch of 2^20 used to pass and then exhaust memory).
+func TestCheckSizes(t *testing.T) {
+	if err := checkSizes("m.onnx", 1, 128, 50257); err != nil {
+		t.Fatalf("a real model refused: %v", err)
+	}
+	for _, c := range []struct {
+		B, L, V int64
+		want    string
+	}{
+		{1 << 20, 128, 50257, "batch"},
+		{1, 1 << 20, 50257, "length"},
+		{1, 128, 1 << 30, "vocabulary"},
+		{4096, 1 << 16, 1 << 20, "memory available"},
+	} {
+		if err := checkSizes("m.onnx", c.B, c.L, c.V); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("B=%d L=%d V=%d: %v, want an error about the %s", c.B, c.L, c.V, err, c.want)
+		}
+	}
+}

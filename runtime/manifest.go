@@ -128,10 +128,13 @@ func (m *Manifest) Validate() error {
 		if seen[L] {
 			return fmt.Errorf("manifest lists length %d twice", L)
 		}
+		if L > MaxLength {
+			return fmt.Errorf("manifest length %d is more than %d", L, MaxLength)
+		}
 		seen[L] = true
 	}
-	if m.VocabSize <= 0 {
-		return fmt.Errorf("manifest vocab_size %d is not positive", m.VocabSize)
+	if m.VocabSize <= 0 || m.VocabSize > MaxVocab {
+		return fmt.Errorf("manifest vocab_size %d is outside 1..%d", m.VocabSize, MaxVocab)
 	}
 	if m.EOS < 0 || m.EOS >= m.VocabSize {
 		return fmt.Errorf("manifest eos %d is outside [0,%d)", m.EOS, m.VocabSize)

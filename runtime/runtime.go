@@ -27,6 +27,8 @@
 package runtime
 
 import (
+	"github.com/rpac-dev/rpac/internal/sysmem"
+
 	"context"
 	"errors"
 	"fmt"
@@ -174,7 +176,38 @@ func checkIO(path string, L, V int) (int, error) {
 		logits.Dims[0] != B || logits.Dims[1] != T || logits.Dims[2] != int64(V) {
 		return 0, fmt.Errorf("runtime: %s: want output logits float [%d,%d,%d] (vocab_size %d from the manifest), have %s", path, B, L, V, V, describeIO(out))
 	}
+	if err := checkSizes(path, B, int64(L), int64(V)); err != nil {
+		return 0, err
+	}
 	return int(B), nil
+}
+
+// Bounds on what a file may declare: far above any real export, far below
+// what would overflow or exhaust memory before a call.
+const (
+	MaxBatch  = 1 << 12
+	MaxLength = 1 << 17
+	MaxVocab  = 1 << 22
+)
+
+// checkSizes bounds the sizes a file declares before anything is allocated:
+// the batch, length and vocabulary limits, and one call's logits buffer
+// against the memory available.
+func checkSizes(path string, B, L, V int64) error {
+	switch {
+	case B > MaxBatch:
+		return fmt.Errorf("runtime: %s declares a batch of %d, more than %d; export it again with a smaller --batch", path, B, MaxBatch)
+	case L > MaxLength:
+		return fmt.Errorf("runtime: %s declares a length of %d, more than %d", path, L, MaxLength)
+	case V > MaxVocab:
+		return fmt.Errorf("runtime: %s declares a vocabulary of %d, more than %d", path, V, MaxVocab)
+	}
+	need := 4 * B * L * V // one call's logits
+	if avail, err := sysmem.Available(); err == nil && need > avail/2 {
+		return fmt.Errorf("runtime: %s: one call's logits ([%d,%d,%d] float32, %.1f GiB) would take more than half of the %.1f GiB of memory available; export it again with a smaller --batch",
+			path, B, L, V, float64(need)/(1<<30), float64(avail)/(1<<30))
+	}
+	return nil
 }
 
 func describeIO(vs []ioInfo) string {
