@@ -186,6 +186,9 @@ func (p *Plan) resolveLengths(o Options, preset model.Preset, ds *Dataset) error
 	}
 	p.Contexts, p.EvalT = contexts, T
 	longest := max(T, slices.Max(contexts))
+	if err := checkLengthFits(longest, o.MemBudget); err != nil {
+		return err
+	}
 	p.Config.MaxLen = max(p.Config.MaxLen, longest)
 	tps := o.TokensPerStep
 	if tps == 0 {
@@ -268,3 +271,21 @@ func (p *Plan) resolveSchedule(o Options, preset model.Preset, ds *Dataset, prev
 // errNoFit is wrapped by planMemory's error when even one sequence per
 // micro-batch does not fit the budget.
 var errNoFit = errors.New("does not fit the memory budget")
+
+// checkLengthFits refuses a context whose graphs alone (the fuzzy model's
+// [T,T] position constants, held in float64 by the IR, and a [T,T] score
+// matrix per head) could not fit the budget, before any graph is built.
+func checkLengthFits(T int, budget int64) error {
+	if budget == 0 {
+		var err error
+		if budget, err = DefaultMemBudget(); err != nil {
+			return err
+		}
+	}
+	need := int64(T) * int64(T) * 16 // posdist and its z-scored bias, float64
+	if need > budget/2 {
+		return fmt.Errorf("context %d: its [T,T] attention constants alone need %s, more than half of the %s memory budget; use a shorter --context (or raise --mem-budget)",
+			T, FormatBytes(need), FormatBytes(budget))
+	}
+	return nil
+}

@@ -57,8 +57,10 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
 		}
 	}
-	if c.Int("batch") == 0 {
-		return errors.New("--batch must be positive")
+	for _, n := range []string{"batch", "calib-batch", "verify-batch"} {
+		if c.Int(n) == 0 {
+			return fmt.Errorf("--%s must be positive", n)
+		}
 	}
 	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode {
 		return fmt.Errorf("--fold %q: want rpa or none", f)

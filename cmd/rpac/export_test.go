@@ -156,6 +156,7 @@ func TestExportBadInput(t *testing.T) {
 		{"bad attention", []string{"--run", run, "--attention", "flash"}, "--attention"},
 		{"bad dump pass", []string{"--run", run, "--dump-ir", "cse"}, "not a pass"},
 		{"no calibration", []string{"--run", run, "--lengths", "32", "--calib-batches", "0"}, "--calib-batches"},
+		{"zero calibration batch", []string{"--run", run, "--calib-batch", "0"}, "--calib-batch must be positive"},
 		{"calibrate never", []string{"--run", run, "--lengths", "16,32", "--calibrate", "never"}, "--calibrate is never"},
 		{"bad calibrate", []string{"--run", run, "--calibrate", "sometimes"}, "--calibrate"},
 	}

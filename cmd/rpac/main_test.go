@@ -52,6 +52,13 @@ func TestBadInput(t *testing.T) {
 		{"negative context", []string{"train", "--context", "-5", "--dataset", "synthetic"}, "--context"},
 		{"unknown model", []string{"train", "--model", "rnn", "--dataset", "synthetic"}, "rnn"},
 		{"bad eval stats", []string{"train", "--eval-stats", "mixed", "--dataset", "synthetic"}, "eval-stats"},
+		{"huge context", []string{"train", "--context", "100000", "--dataset", "synthetic"}, "context 100000"},
+		{"negative grad clip", []string{"train", "--grad-clip", "-1", "--dataset", "synthetic"}, "--grad-clip"},
+		{"NaN grad clip", []string{"train", "--grad-clip", "NaN", "--dataset", "synthetic"}, "--grad-clip"},
+		{"negative dropout", []string{"train", "--dropout", "-0.5", "--dataset", "synthetic"}, "--dropout"},
+		{"negative warm-in", []string{"train", "--warm-in", "-5", "--dataset", "synthetic"}, "--warm-in"},
+		{"zero lr", []string{"train", "--lr", "0", "--dataset", "synthetic"}, "--lr"},
+		{"unknown dump pass", []string{"train", "--dump-ir", "foo", "--dataset", "synthetic"}, "--dump-ir"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -150,6 +150,9 @@ func trainCommand() *cli.Command {
 			if c.Float64("epochs") < 0 || math.IsNaN(c.Float64("epochs")) {
 				return fmt.Errorf("--epochs must not be negative")
 			}
+			if err := checkTrainFlags(c); err != nil {
+				return err
+			}
 			ctl, err := controlsFromFlags(c)
 			if err != nil {
 				return err
@@ -294,4 +297,25 @@ func parseMemBudget(s string) (int64, error) {
 		return 0, fmt.Errorf("--mem-budget: %w", err)
 	}
 	return n, nil
+}
+
+// checkTrainFlags refuses values that would otherwise be ignored or
+// misread silently.
+func checkTrainFlags(c *cli.Context) error {
+	if g := c.Float64("grad-clip"); !(g > 0) || math.IsInf(g, 0) {
+		return fmt.Errorf("--grad-clip %v: want a positive, finite global-norm bound", g)
+	}
+	if d := c.Float64("dropout"); c.IsSet("dropout") && !(d >= 0 && d < 1) {
+		return fmt.Errorf("--dropout %v: want a rate in [0,1)", d)
+	}
+	if w := c.Int("warm-in"); c.IsSet("warm-in") && w < 0 {
+		return fmt.Errorf("--warm-in %d: want 0 or more steps", w)
+	}
+	if lr := c.Float64("lr"); c.IsSet("lr") && !(lr > 0 && !math.IsInf(lr, 0)) {
+		return fmt.Errorf("--lr %v: want a positive, finite learning rate", lr)
+	}
+	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.TrainPipeline), d) {
+		return fmt.Errorf("--dump-ir %q: not a pass of the training pipeline (%s, or all)", d, strings.Join(passes.Names(passes.TrainPipeline), ", "))
+	}
+	return nil
 }
