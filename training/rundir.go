@@ -45,6 +45,7 @@ type recordedOptions struct {
 	EvalSplit  string `json:"EvalSplit"`
 	DataDir    string `json:"DataDir"`
 	Seed       uint64 `json:"Seed"`
+	Dataset    string `json:"Dataset"`
 	Synthetic  data.SyntheticConfig
 }
 

@@ -43,8 +43,10 @@ type RunState struct {
 	Lengths []LengthPlan `json:"lengths,omitempty"`
 	// SkippedSteps counts the steps skipped for a non-finite loss or
 	// gradient norm.
-	SkippedSteps int           `json:"skipped_steps,omitempty"`
-	Control      *ControlState `json:"control,omitempty"`
+	SkippedSteps int `json:"skipped_steps,omitempty"`
+	// PeakLR is the schedule's peak learning rate.
+	PeakLR  float64       `json:"peak_lr,omitempty"`
+	Control *ControlState `json:"control,omitempty"`
 }
 
 // ControlState is the controllers' state in state.json. Guardian's policy
@@ -105,6 +107,9 @@ func (r *run) restore(prev *Run) error {
 	if !slices.Equal(saved.Contexts, want) {
 		return fmt.Errorf("--resume: the run's context game lengths are %v, these flags give %v", saved.Contexts, want)
 	}
+	if err := r.sameData(prev); err != nil {
+		return err
+	}
 	params, err := prev.ParamNames()
 	if err != nil {
 		return err
@@ -137,7 +142,7 @@ func (r *run) restore(prev *Run) error {
 	opts := r.st.Options
 	*r.st = saved
 	r.st.Options, r.st.Format = opts, stateFormat
-	r.st.TotalSteps, r.st.Lengths = p.Steps, p.Lengths
+	r.st.TotalSteps, r.st.Lengths, r.st.PeakLR = p.Steps, p.Lengths, p.Schedule.Peak
 	if r.st.DataDir == "" {
 		r.st.DataDir = r.ds.Dir
 	}
@@ -152,4 +157,30 @@ func marshalOptions(o Options) json.RawMessage {
 	o.Log, o.Progress = nil, nil
 	b, _ := json.Marshal(o)
 	return b
+}
+
+// sameData refuses a resume whose flags would read other data than the
+// run did (seed, dataset, training split) and warns when the peak LR
+// changes (a deliberate lower LR after a divergence is allowed).
+func (r *run) sameData(prev *Run) error {
+	po, o := prev.options, r.o
+	var diffs []string
+	if po.Seed != 0 && po.Seed != o.Seed {
+		diffs = append(diffs, fmt.Sprintf("--seed %d (the run: %d)", o.Seed, po.Seed))
+	}
+	if po.TrainSplit != "" && o.TrainSplit != "" && po.TrainSplit != o.TrainSplit {
+		diffs = append(diffs, fmt.Sprintf("--train-split %s (the run: %s)", o.TrainSplit, po.TrainSplit))
+	}
+	if po.Dataset != "" && o.Dataset != "" && po.Dataset != o.Dataset {
+		diffs = append(diffs, fmt.Sprintf("--dataset %s (the run: %s)", o.Dataset, po.Dataset))
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("--resume: these flags differ from the run's: %s; a resumed run must read the same data", strings.Join(diffs, ", "))
+	}
+	if was := prev.State.PeakLR; was != 0 && was != r.plan.Schedule.Peak {
+		msg := fmt.Sprintf("--resume with another peak LR: %g (the run: %g); the schedule continues at the new peak", r.plan.Schedule.Peak, was)
+		r.o.Log.Warn(msg)
+		fmt.Fprintln(r.o.Progress, "warning: "+msg)
+	}
+	return nil
 }

@@ -353,3 +353,68 @@ func TestNonFiniteStepsStopCleanly(t *testing.T) {
 		t.Fatalf("export accepted a NaN weight: %v", err)
 	}
 }
+
+// TestResumeTruncatesMetrics: records written after the checkpoint a run
+// resumes from are dropped, so every step appears once.
+func TestResumeTruncatesMetrics(t *testing.T) {
+	out := t.TempDir()
+	o := microOptions(out)
+	o.StopAfter = 3
+	if _, err := Train(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	// Records of steps the checkpoint does not hold (a crash after them).
+	f, err := os.OpenFile(filepath.Join(out, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"step":4,"loss":1}` + "\n" + `{"step":5,"loss":1}` + "\n")
+	f.Close()
+	o = microOptions(out)
+	o.Resume = true
+	if _, err := Train(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[float64]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if s, ok := rec["step"].(float64); ok && rec["loss"] != nil {
+			seen[s]++
+		}
+	}
+	for s := 1.0; s <= 6; s++ {
+		if seen[s] != 1 {
+			t.Errorf("step %v has %d training records, want 1", s, seen[s])
+		}
+	}
+}
+
+// TestResumeRefusesOtherData: a changed --seed or --train-split on resume
+// is refused, naming the flag.
+func TestResumeRefusesOtherData(t *testing.T) {
+	out := t.TempDir()
+	o := microOptions(out)
+	o.StopAfter = 2
+	if _, err := Train(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	o = microOptions(out)
+	o.Resume, o.Seed = true, 99
+	if _, err := Train(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--seed 99") {
+		t.Fatalf("changed seed: %v", err)
+	}
+	o = microOptions(out)
+	o.Resume, o.LR = true, 1e-4
+	var progress bytes.Buffer
+	o.Progress = &progress
+	if _, err := Train(context.Background(), o); err != nil || !strings.Contains(progress.String(), "another peak LR") {
+		t.Fatalf("changed LR: %v, warning shown: %v", err, strings.Contains(progress.String(), "another peak LR"))
+	}
+}

@@ -294,7 +294,7 @@ func (r *run) initState(prev *Run) error {
 	r.opt = optim.NewAdamW(acfg)
 	r.st = &RunState{Format: stateFormat, Config: p.Config, Preset: p.Preset, Context: p.EvalT, Batch: p.EvalBatchOf(),
 		TotalSteps: p.Steps, RunningOK: map[string]bool{}, Dataset: r.ds.Name, Protocol: r.ds.Protocol,
-		DataDir: r.ds.Dir, LastValCE: control.F(math.NaN()), Lengths: p.Lengths}
+		DataDir: r.ds.Dir, LastValCE: control.F(math.NaN()), Lengths: p.Lengths, PeakLR: p.Schedule.Peak}
 	if p.Game() {
 		r.st.Contexts = append([]int(nil), p.Contexts...)
 	}
@@ -384,7 +384,13 @@ func (r *run) openOutputs() error {
 	if err != nil {
 		return err
 	}
-	if r.metrics, err = metrics.Open(filepath.Join(r.o.Out, "metrics.jsonl")); err != nil {
+	path := filepath.Join(r.o.Out, "metrics.jsonl")
+	if r.o.Resume { // records after the checkpoint are written again from it
+		if err := metrics.TruncateAfter(path, r.st.Step); err != nil {
+			return fmt.Errorf("metrics.jsonl: %w", err)
+		}
+	}
+	if r.metrics, err = metrics.Open(path); err != nil {
 		return err
 	}
 	r.logStart()

@@ -329,3 +329,43 @@ func ReadJSONL(path string) ([]map[string]any, error) {
 	}
 	return out, nil
 }
+
+// TruncateAfter drops the records of path whose "step" is beyond step (a
+// resumed run writes them again from its checkpoint), keeping the others and
+// their order. A missing file is not an error. The file is replaced
+// atomically.
+func TruncateAfter(path string, step int) error {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var kept []byte
+	dropped := false
+	for _, line := range bytes.SplitAfter(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var rec struct {
+			Step *float64 `json:"step"`
+		}
+		if json.Unmarshal(line, &rec) == nil && rec.Step != nil && *rec.Step > float64(step) {
+			dropped = true
+			continue
+		}
+		if !bytes.HasSuffix(line, []byte("\n")) {
+			continue // a partial last line
+		}
+		kept = append(kept, line...)
+	}
+	if !dropped {
+		return nil
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, kept, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
