@@ -59,13 +59,28 @@ type File struct {
 // checked here; VerifyFiles does that).
 func ReadManifest(dir string) (*Manifest, error) {
 	path := filepath.Join(dir, ManifestName)
-	buf, err := os.ReadFile(path)
+	st, err := os.Stat(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("runtime: %s not found: %s is not an exported model folder (write one with `rpac export`)", path, dir)
 		}
 		return nil, fmt.Errorf("runtime: %w", err)
 	}
+	if st.Size() > MaxManifestBytes {
+		return nil, fmt.Errorf("runtime: %s is %d bytes, more than a manifest's limit of %d; it is not one rpac wrote", path, st.Size(), MaxManifestBytes)
+	}
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
+	return parseManifest(path, buf)
+}
+
+// MaxManifestBytes bounds manifest.json (real ones are a few KiB).
+const MaxManifestBytes = 4 << 20
+
+// parseManifest decodes and validates a manifest's bytes.
+func parseManifest(path string, buf []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(buf, &m); err != nil {
 		return nil, fmt.Errorf("runtime: %s is not a valid manifest: %w", path, err)

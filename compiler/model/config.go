@@ -59,6 +59,20 @@ func (c *Config) K() int {
 // HeadDim is d/H.
 func (c *Config) HeadDim() int { return c.DModel / c.Heads }
 
+// Limits far above any real model of this kind and far below what would
+// exhaust memory while merely building a graph: a config beyond them comes
+// from a damaged or hostile file.
+const (
+	MaxVocab   = 1 << 22
+	MaxDModel  = 1 << 16
+	MaxLayers  = 1 << 10
+	MaxHeads   = 1 << 10
+	MaxRegimes = 1 << 10
+	MaxExperts = 1 << 10
+	MaxFFMult  = 1 << 8
+	MaxLength  = 1 << 17
+)
+
 // Validate reports every field of a config that cannot build (or would build
 // a degenerate model) in one error. Each problem names the field by its JSON
 // name, gives the value and says what is allowed. Fields the baseline model
@@ -73,6 +87,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Vocab < 2 {
 		bad("vocab %d is too small (at least 2 tokens)", c.Vocab)
+	}
+	for _, l := range []struct {
+		name  string
+		v, hi int
+	}{
+		{"vocab", c.Vocab, MaxVocab}, {"d_model", c.DModel, MaxDModel}, {"layers", c.Layers, MaxLayers},
+		{"heads", c.Heads, MaxHeads}, {"R", c.R, MaxRegimes}, {"experts", c.Experts, MaxExperts},
+		{"ff_mult", c.FFMult, MaxFFMult}, {"max_len", c.MaxLen, MaxLength}, {"rpa_K", c.RPAK, MaxRegimes},
+	} {
+		if l.v > l.hi {
+			bad("%s %d is beyond this build's limit of %d", l.name, l.v, l.hi)
+		}
 	}
 	if c.DModel < 1 {
 		bad("d_model %d must be at least 1", c.DModel)

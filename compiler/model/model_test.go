@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -293,5 +294,19 @@ func TestDecayHandles(t *testing.T) {
 		if n == 0 {
 			t.Errorf("%s: no parameter is decayed", kind)
 		}
+	}
+}
+
+// TestConfigLimits: sizes beyond any real model (a damaged or hostile
+// state.json) are refused before a graph is built.
+func TestConfigLimits(t *testing.T) {
+	p, _ := model.LookupPreset("tiny")
+	c := p.Config
+	c.R = 100000000
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "R 100000000 is beyond") {
+		t.Fatalf("R=1e8: %v", err)
+	}
+	if _, err := model.Build(&c, model.Opts{T: 1, B: 1, Mode: model.Eval, NoLoss: true}); err == nil {
+		t.Fatal("built a model with R=1e8")
 	}
 }
