@@ -238,3 +238,26 @@ func TestCheckSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyFilesRefusesLinks: a listed file that is a symbolic link (which
+// could point out of the export folder) is refused even when its hash
+// matches.
+func TestVerifyFilesRefusesLinks(t *testing.T) {
+	outside, dir := t.TempDir(), t.TempDir()
+	target := filepath.Join(outside, "secret.onnx")
+	os.WriteFile(target, []byte("model bytes"), 0o644)
+	f, err := NewFile(outside, "secret.onnx", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, "secret.onnx")); err != nil {
+		t.Fatal(err)
+	}
+	m := &Manifest{Files: []File{f}}
+	if err := m.VerifyFiles(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("a symlinked model file: %v", err)
+	}
+	if err := m.VerifyFiles(outside); err != nil {
+		t.Fatalf("the real file: %v", err)
+	}
+}

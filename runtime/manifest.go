@@ -202,10 +202,19 @@ func (m *Manifest) ModelFile(L int) (File, bool) {
 	return File{}, false
 }
 
-// VerifyFiles checks every listed file's size and sha256 under dir.
+// VerifyFiles checks every listed file's size and sha256 under dir, and
+// that it is a regular file inside dir (a symbolic link is refused: it
+// could point out of the export folder).
 func (m *Manifest) VerifyFiles(dir string) error {
 	for _, f := range m.Files {
 		path := filepath.Join(dir, filepath.FromSlash(f.Path))
+		st, err := os.Lstat(path)
+		if err != nil {
+			return fmt.Errorf("runtime: %w", err)
+		}
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("runtime: %s is not a regular file (a link or a device): an export folder holds its files itself; export it again", path)
+		}
 		sum, n, err := HashFile(path)
 		if err != nil {
 			return fmt.Errorf("runtime: %w", err)

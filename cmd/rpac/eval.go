@@ -121,9 +121,13 @@ func evalAction(c *cli.Context) error {
 func loadSplit(c *cli.Context, tokenizer string, meta map[string]string) ([]int32, string, error) {
 	ds := c.String("dataset")
 	if ds == "" {
-		ds = "wikitext2"
-		if tokenizer == "synthetic" {
+		switch tokenizer {
+		case data.GPT2TokenizerName:
+			ds = "wikitext2"
+		case "synthetic":
 			ds = "synthetic"
+		default:
+			return nil, "", fmt.Errorf("the export's tokenizer %q is not one this build knows (%s or synthetic); pass --dataset to say which data its ids come from", tokenizer, data.GPT2TokenizerName)
 		}
 	}
 	split := c.String("split")

@@ -119,7 +119,7 @@ func inspectExport(w io.Writer, dir string) error {
 		}
 	}
 	for _, f := range man.Files {
-		fmt.Fprintf(w, "file       L=%-5d %s  %.1f MiB  sha256 %s\n", f.Length, f.Path, float64(f.Bytes)/(1<<20), f.SHA256[:16])
+		fmt.Fprintf(w, "file       L=%-5d %s  %.1f MiB  sha256 %s\n", f.Length, f.Path, float64(f.Bytes)/(1<<20), f.SHA256[:min(16, len(f.SHA256))])
 	}
 	if err := man.VerifyFiles(dir); err != nil {
 		return err
@@ -155,9 +155,9 @@ func inspectCheckpoint(w io.Writer, dir string) error {
 		if lerr != nil {
 			return err
 		}
-		fmt.Fprintf(w, "checkpoint %s (%v)\n", dir, err)
+		fmt.Fprintf(w, "checkpoint %s\n", dir)
 		describeTensors(w, ts)
-		return nil
+		return fmt.Errorf("the tensors above do not open as an rpac run: %w", err)
 	}
 	ts := run.Tensors
 	params, _ := export.Params(&run.Config)

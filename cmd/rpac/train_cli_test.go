@@ -115,3 +115,19 @@ func wikiText(t *testing.T) string {
 	t.Skip("WikiText-2 files not found; set RPAC_DATA")
 	return ""
 }
+
+// TestInspectRefusesBrokenCheckpoint: inspect lists what a damaged
+// checkpoint holds but exits non-zero, with the reason.
+func TestInspectRefusesBrokenCheckpoint(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	if got, code := rpac(t, "train", "--dataset", "synthetic", "--d-model", "32", "--layers", "1", "--heads", "2", "--steps", "0", "--out", out); code != 0 {
+		t.Fatalf("train: exit %d:\n%s", code, got)
+	}
+	state := filepath.Join(out, "checkpoint", "state.json")
+	b, _ := os.ReadFile(state)
+	os.WriteFile(state, append(b, ' '), 0o644)
+	got, code := rpac(t, "inspect", filepath.Join(out, "checkpoint"))
+	if code == 0 || !strings.Contains(got, "blocks.0.attn.Wq.weight") || !strings.Contains(got, "state.json") {
+		t.Fatalf("inspect of a damaged checkpoint: exit %d:\n%q", code, got)
+	}
+}
