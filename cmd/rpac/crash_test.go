@@ -1,0 +1,105 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rpac-dev/rpac/training/checkpoint"
+)
+
+// crashArgs is a small run that checkpoints at every evaluation.
+func crashArgs(out string) []string {
+	return []string{"train", "--dataset", "synthetic", "--d-model", "32", "--layers", "2", "--heads", "2", "--context", "32",
+		"--tokens-per-step", "128", "--steps", "24", "--eval-every", "2", "--eval-batches", "1", "--all", "--contexts", "16,32",
+		"--seed", "5", "--out", out}
+}
+
+// TestKilledRunsResumeExactly: a run killed with SIGKILL at many moments,
+// including inside each stage of a checkpoint save, and resumed each time,
+// ends with the same weights, optimizer state and controller state, bit for
+// bit, as the run that was never interrupted.
+func TestKilledRunsResumeExactly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills real training processes")
+	}
+	ref := filepath.Join(t.TempDir(), "ref")
+	if got, code := rpac(t, crashArgs(ref)...); code != 0 {
+		t.Fatalf("unbroken run: exit %d:\n%s", code, got)
+	}
+	want := checkpointFiles(t, ref)
+
+	run := filepath.Join(t.TempDir(), "run")
+	kills := 0
+	// Kills inside the save's stages, then at growing delays.
+	stages := []string{"wrote model.safetensors", "synced temp", "moved old", "moved new"}
+	for attempt := 0; attempt < 40; attempt++ {
+		args := crashArgs(run)
+		if _, err := os.Stat(filepath.Join(run, "checkpoint")); err == nil {
+			args = append(args, "--resume")
+		} else if _, err := os.Stat(filepath.Join(run, "checkpoint.prev")); err == nil {
+			args = append(args, "--resume")
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "RPAC_DATA=", "XDG_CACHE_HOME="+t.TempDir())
+		if attempt < len(stages) {
+			cmd.Env = append(cmd.Env, checkpoint.CrashEnv+"="+stages[attempt])
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		var err error
+		if attempt < len(stages) {
+			err = <-done // it kills itself inside the save
+		} else {
+			select {
+			case err = <-done:
+			case <-time.After(time.Duration(60+45*(attempt-len(stages))) * time.Millisecond):
+				cmd.Process.Signal(syscall.SIGKILL)
+				err = <-done
+			}
+		}
+		if err == nil {
+			if attempt < len(stages) {
+				t.Fatalf("the run was meant to die in save stage %q and finished", stages[attempt])
+			}
+			break
+		}
+		kills++
+	}
+	if kills < len(stages)+1 {
+		t.Fatalf("only %d kills happened; the test did not exercise resuming", kills)
+	}
+	got := checkpointFiles(t, run)
+	for name, w := range want {
+		g, ok := got[name]
+		if !ok || len(g) != len(w) {
+			t.Fatalf("%s: missing or of another size after %d kills", name, kills)
+		}
+		for i := range w {
+			if g[i] != w[i] {
+				t.Fatalf("%s[%d]: %v after %d kills and resumes, %v unbroken", name, i, g[i], kills, w[i])
+			}
+		}
+	}
+	t.Logf("%d kills (%d inside saves), final state identical to the unbroken run", kills, len(stages))
+}
+
+// checkpointFiles loads a run's weights and optimizer state by name.
+func checkpointFiles(t *testing.T, run string) map[string][]float32 {
+	t.Helper()
+	ck, err := checkpoint.Load(filepath.Join(run, "checkpoint"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string][]float32{}
+	for _, w := range append(ck.Weights, ck.Optim...) {
+		m[w.Name] = w.Data
+	}
+	return m
+}
