@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -259,5 +260,24 @@ func TestVerifyFilesRefusesLinks(t *testing.T) {
 	}
 	if err := m.VerifyFiles(outside); err != nil {
 		t.Fatalf("the real file: %v", err)
+	}
+}
+
+// TestVerifyFilesContext: a cancelled context stops the file checks.
+func TestVerifyFilesContext(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "m.onnx"), []byte("x"), 0o644)
+	f, err := NewFile(dir, "m.onnx", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Manifest{Files: []File{f}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := m.VerifyFilesContext(ctx, dir); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	if err := m.VerifyFiles(dir); err != nil {
+		t.Fatal(err)
 	}
 }

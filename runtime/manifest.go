@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -206,7 +207,15 @@ func (m *Manifest) ModelFile(L int) (File, bool) {
 // that it is a regular file inside dir (a symbolic link is refused: it
 // could point out of the export folder).
 func (m *Manifest) VerifyFiles(dir string) error {
+	return m.VerifyFilesContext(context.Background(), dir)
+}
+
+// VerifyFilesContext is VerifyFiles that stops between files when ctx ends.
+func (m *Manifest) VerifyFilesContext(ctx context.Context, dir string) error {
 	for _, f := range m.Files {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("runtime: verifying %s: %w", dir, err)
+		}
 		path := filepath.Join(dir, filepath.FromSlash(f.Path))
 		st, err := os.Lstat(path)
 		if err != nil {

@@ -104,6 +104,13 @@ type Model struct {
 // checks every file's size and sha256, and opens one onnxruntime session
 // per exported length.
 func Open(dir string, opts Options) (*Model, error) {
+	return OpenContext(context.Background(), dir, opts)
+}
+
+// OpenContext is Open that gives up, with ctx's error, when ctx ends
+// (checked between files and between sessions: hashing and loading a large
+// export take seconds).
+func OpenContext(ctx context.Context, dir string, opts Options) (*Model, error) {
 	man, err := ReadManifest(dir)
 	if err != nil {
 		return nil, err
@@ -119,7 +126,7 @@ func Open(dir string, opts Options) (*Model, error) {
 	if opts.Threads < 0 {
 		return nil, fmt.Errorf("runtime: Threads %d is negative", opts.Threads)
 	}
-	if err := man.VerifyFiles(dir); err != nil {
+	if err := man.VerifyFilesContext(ctx, dir); err != nil {
 		return nil, err
 	}
 	type plan struct {
@@ -142,6 +149,10 @@ func Open(dir string, opts Options) (*Model, error) {
 	}
 	m := &Model{dir: dir, man: *man, tok: opts.Tokenizer, be: be}
 	for _, p := range plans {
+		if err := ctx.Err(); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("runtime: opening %s: %w", dir, err)
+		}
 		r, err := be.newRunner(p.path, p.batch, p.length, man.VocabSize)
 		if err != nil {
 			m.Close()

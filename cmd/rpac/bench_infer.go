@@ -477,7 +477,7 @@ func prepareInfer(c *cli.Context, work, preset string, cfg *model.Config, st *ke
 		r.flops = passes.Flops(g)
 		flops[key] = r.flops
 	}
-	m, err := runtime.Open(dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
+	m, err := runtime.OpenContext(ctx, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
 	if err != nil {
 		return nil, err
 	}

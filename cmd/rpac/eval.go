@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,11 +40,11 @@ func evalCommand() *cli.Command {
 
 // openModel opens an export folder, turning a missing onnxruntime into an
 // error that says how to get it.
-func openModel(dir string, opts runtime.Options) (*runtime.Model, error) {
+func openModel(ctx context.Context, dir string, opts runtime.Options) (*runtime.Model, error) {
 	if err := runtime.Available(); err != nil {
 		return nil, err
 	}
-	return runtime.Open(dir, opts)
+	return runtime.OpenContext(ctx, dir, opts)
 }
 
 func evalAction(c *cli.Context) error {
@@ -70,7 +71,7 @@ func evalAction(c *cli.Context) error {
 	if T > maxL {
 		return fmt.Errorf("--length %d exceeds the longest exported length %d (lengths %v)", T, maxL, man.SortedLengths())
 	}
-	m, err := openModel(c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
+	m, err := openModel(c.Context, c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
 	if err != nil {
 		return err
 	}

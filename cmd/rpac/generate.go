@@ -77,7 +77,7 @@ func generateAction(c *cli.Context) error {
 			return fmt.Errorf("prompt token %d: id %d is outside the model's vocabulary [0,%d)", i, id, man.VocabSize)
 		}
 	}
-	m, err := openModel(c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: tok})
+	m, err := openModel(c.Context, c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: tok})
 	if err != nil {
 		return err
 	}
