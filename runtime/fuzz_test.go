@@ -19,7 +19,7 @@ func FuzzReadIO(f *testing.F) {
 		if err := os.WriteFile(path, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		readIO(path)
+		readIO(path, true)
 	})
 }
 

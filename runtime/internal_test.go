@@ -213,7 +213,7 @@ func TestReadIORejectsGarbage(t *testing.T) {
 		"\x3a\xf5\xff\xff\xff\xff\xff\xff\xff\xff\x01", "\x3a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01"} {
 		path := filepath.Join(dir, fmt.Sprint(i))
 		os.WriteFile(path, []byte(content), 0o644)
-		if _, _, err := readIO(path); err == nil {
+		if _, _, err := readIO(path, true); err == nil {
 			t.Errorf("readIO(%q): no error", content)
 		}
 	}
@@ -279,5 +279,47 @@ func TestVerifyFilesContext(t *testing.T) {
 	}
 	if err := m.VerifyFiles(dir); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadIORefusesNonFiniteWeights: a float32 initializer holding NaN or
+// +Inf (a diverged run) is refused, naming it; −Inf (a mask) is allowed.
+func TestReadIORefusesNonFiniteWeights(t *testing.T) {
+	msg := func(field int, b []byte) []byte { return append([]byte{byte(field<<3 | 2), byte(len(b))}, b...) }
+	tensor := func(name string, bits uint32) []byte {
+		raw := []byte{byte(bits), byte(bits >> 8), byte(bits >> 16), byte(bits >> 24)}
+		t := append([]byte{2<<3 | 0, 1}, msg(8, []byte(name))...) // data_type FLOAT, name
+		return append(t, msg(9, raw)...)                          // raw_data
+	}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name string
+		bits uint32
+		bad  bool
+	}{{"w_nan", 0x7fc00000, true}, {"w_inf", 0x7f800000, true}, {"mask", 0xff800000, false}, {"w", 0x3f800000, false}} {
+		path := filepath.Join(dir, c.name+".onnx")
+		os.WriteFile(path, msg(7, msg(5, tensor(c.name, c.bits))), 0o644)
+		_, _, err := readIO(path, true)
+		if got := errors.Is(err, errNonFinite); got != c.bad || (c.bad && !strings.Contains(err.Error(), c.name)) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if _, _, err := readIO(path, false); errors.Is(err, errNonFinite) {
+			t.Errorf("%s: refused without the scan: %v", c.name, err)
+		}
+	}
+}
+
+// TestManifestSizeCap: a manifest larger than MaxManifestBytes is refused
+// without being read whole.
+func TestManifestSizeCap(t *testing.T) {
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(MaxManifestBytes + 1)
+	f.Close()
+	if _, err := ReadManifest(dir); err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("oversized manifest: %v", err)
 	}
 }

@@ -25,7 +25,10 @@ const (
 // walks the protobuf wire format directly (ModelProto.graph = 7,
 // GraphProto.input = 11, GraphProto.output = 12) and seeks over everything
 // else, so large initializers are never read.
-func readIO(path string) (in, out []ioInfo, err error) {
+//
+// With scan, every float32 initializer is also streamed and a NaN or +Inf
+// value refused.
+func readIO(path string, scan bool) (in, out []ioInfo, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
@@ -63,6 +66,12 @@ func readIO(path string) (in, out []ioInfo, err error) {
 			if err != nil {
 				return nil, nil, err
 			}
+			if field == 5 && wt == 2 && scan { // an initializer: its values must be finite
+				if err := checkInitializer(f, g); err != nil {
+					return nil, nil, err
+				}
+				continue
+			}
 			if (field != 11 && field != 12) || wt != 2 {
 				if err := g.skip(wt); err != nil {
 					return nil, nil, err
@@ -91,6 +100,83 @@ func readIO(path string) (in, out []ioInfo, err error) {
 }
 
 var errTruncated = errors.New("truncated protobuf")
+
+// checkInitializer reads the TensorProto at g's offset (a length-delimited
+// field) and, for float32 data, refuses a NaN or +Inf value, naming the
+// tensor (−Inf is allowed: masks use it). The values are streamed, never
+// held whole.
+func checkInitializer(r io.ReaderAt, g *wire) error {
+	n, err := g.varint()
+	if err != nil {
+		return err
+	}
+	if n > uint64(g.end-g.off) {
+		return errTruncated
+	}
+	t := &wire{r: r, off: g.off, end: g.off + int64(n)}
+	g.off = t.end
+	var name string
+	var dtype uint64
+	var dataOff, dataLen int64
+	for !t.done() {
+		field, wt, err := t.tag()
+		if err != nil {
+			return err
+		}
+		switch {
+		case field == 2 && wt == 0:
+			if dtype, err = t.varint(); err != nil {
+				return err
+			}
+		case field == 8 && wt == 2:
+			b, err := t.bytes()
+			if err != nil {
+				return err
+			}
+			name = string(b)
+		case (field == 9 || field == 4) && wt == 2: // raw_data, or packed float_data
+			l, err := t.varint()
+			if err != nil {
+				return err
+			}
+			if l > uint64(t.end-t.off) {
+				return errTruncated
+			}
+			dataOff, dataLen = t.off, int64(l)
+			t.off += int64(l)
+		default:
+			if err := t.skip(wt); err != nil {
+				return err
+			}
+		}
+	}
+	if dtype != onnxFloat || dataLen == 0 {
+		return nil
+	}
+	return scanFinite(r, dataOff, dataLen, name)
+}
+
+// scanFinite refuses a NaN or +Inf among the little-endian float32 values
+// at [off, off+n).
+func scanFinite(r io.ReaderAt, off, n int64, name string) error {
+	buf := make([]byte, 1<<20)
+	for done := int64(0); done+4 <= n; {
+		k := min(int64(len(buf)), (n-done)/4*4)
+		if _, err := r.ReadAt(buf[:k], off+done); err != nil && err != io.EOF {
+			return err
+		}
+		for i := int64(0); i+4 <= k; i += 4 {
+			u := uint32(buf[i]) | uint32(buf[i+1])<<8 | uint32(buf[i+2])<<16 | uint32(buf[i+3])<<24
+			if u&0x7f800000 == 0x7f800000 && u != 0xff800000 { // NaN or +Inf (−Inf masks are fine)
+				return fmt.Errorf("%w: initializer %q holds a NaN or +Inf value (element %d): the weights diverged", errNonFinite, name, (done+i)/4)
+			}
+		}
+		done += k
+	}
+	return nil
+}
+
+var errNonFinite = errors.New("non-finite weights")
 
 func parseValueInfo(b []byte) (ioInfo, error) {
 	var vi ioInfo

@@ -62,6 +62,10 @@ type Options struct {
 	// once, each with its own input and output buffers (default 1: calls on
 	// the same length wait for each other).
 	Parallel int
+	// AllowNonFiniteWeights skips the check that refuses a model whose
+	// float32 initializers hold NaN or +Inf (a diverged training run);
+	// only tests of NaN semantics want it.
+	AllowNonFiniteWeights bool
 	// Library is the path of libonnxruntime.so (default: $ORT_LIB, then the
 	// fetch script's cache path).
 	Library string
@@ -137,7 +141,7 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*Model, error) 
 	for _, L := range man.SortedLengths() {
 		f, _ := man.ModelFile(L)
 		path := filepath.Join(dir, filepath.FromSlash(f.Path))
-		B, err := checkIO(path, L, man.VocabSize)
+		B, err := checkIO(path, L, man.VocabSize, !opts.AllowNonFiniteWeights)
 		if err != nil {
 			return nil, err
 		}
@@ -165,8 +169,8 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*Model, error) 
 
 // checkIO checks a graph's declared input and output against the manifest
 // and returns its batch size.
-func checkIO(path string, L, V int) (int, error) {
-	in, out, err := readIO(path)
+func checkIO(path string, L, V int, scan bool) (int, error) {
+	in, out, err := readIO(path, scan)
 	if err != nil {
 		return 0, fmt.Errorf("runtime: %s is not a readable ONNX model (%v); export it again", path, err)
 	}

@@ -324,9 +324,15 @@ func TestResumeRefusesMissingParameter(t *testing.T) {
 // message after maxBadSteps in a row, and the checkpoint left behind holds
 // finite weights and resumes.
 func TestNonFiniteStepsStopCleanly(t *testing.T) {
+	for _, kind := range []string{"baseline", "fuzzy"} {
+		t.Run(kind, func(t *testing.T) { nonFiniteRun(t, kind) })
+	}
+}
+
+func nonFiniteRun(t *testing.T, kind string) {
 	out := t.TempDir()
 	o := microOptions(out)
-	o.Model, o.LR, o.Steps, o.EvalEvery, o.EvalBatches = "baseline", 1e6, 30, 1, 1
+	o.Model, o.LR, o.Steps, o.EvalEvery, o.EvalBatches = kind, 1e6, 30, 1, 1
 	_, err := Train(context.Background(), o)
 	if err == nil || !strings.Contains(err.Error(), "non-finite") || !strings.Contains(err.Error(), "--lr") {
 		t.Fatalf("want a stop naming the non-finite steps and --lr, got %v", err)

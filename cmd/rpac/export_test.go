@@ -212,6 +212,10 @@ func TestServeBadInput(t *testing.T) {
 	corruptManifest := copyDir()
 	os.WriteFile(filepath.Join(corruptManifest, "manifest.json"), []byte(`{"format": 1, "lengths": [16`), 0o644)
 
+	unknownTokenizer := copyDir()
+	mtb, _ := os.ReadFile(filepath.Join(unknownTokenizer, "manifest.json"))
+	os.WriteFile(filepath.Join(unknownTokenizer, "manifest.json"), []byte(strings.Replace(string(mtb), `"tokenizer": "synthetic"`, `"tokenizer": "mystery-bpe"`, 1)), 0o644)
+
 	changedModel := copyDir()
 	mf := filepath.Join(changedModel, "model_L16.onnx")
 	b, _ := os.ReadFile(mf)
@@ -244,6 +248,7 @@ func TestServeBadInput(t *testing.T) {
 		{"garbage model", env, []string{"generate", "--model", garbageModel, "--ids", "1"}, "not a readable ONNX model"},
 		{"inspect garbage", env, []string{"inspect", gf}, "not an ONNX model"},
 		{"no export", env, []string{"eval", "--model", t.TempDir(), "--dataset", "synthetic"}, "rpac export"},
+		{"unknown tokenizer", env, []string{"eval", "--model", unknownTokenizer}, "mystery-bpe"},
 		{"missing library", []string{"ORT_LIB=/nonexistent/libonnxruntime.so"}, []string{"generate", "--model", good, "--ids", "1"}, "fetch-onnxruntime.sh"},
 		{"missing library eval", []string{"ORT_LIB=/nonexistent/libonnxruntime.so"}, []string{"eval", "--model", good, "--dataset", "synthetic"}, "fetch-onnxruntime.sh"},
 		{"id beyond vocabulary", env, []string{"generate", "--model", good, "--ids", "1,512"}, "outside the model's vocabulary"},
