@@ -167,6 +167,26 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*Model, error) 
 	return m, nil
 }
 
+// Check applies every check Open applies to the export in dir (manifest,
+// file hashes, links, each graph's declared input and output, size bounds
+// and finite weights) without loading onnxruntime.
+func Check(ctx context.Context, dir string) error {
+	man, err := ReadManifest(dir)
+	if err != nil {
+		return err
+	}
+	if err := man.VerifyFilesContext(ctx, dir); err != nil {
+		return err
+	}
+	for _, L := range man.SortedLengths() {
+		f, _ := man.ModelFile(L)
+		if _, err := checkIO(filepath.Join(dir, filepath.FromSlash(f.Path)), L, man.VocabSize, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkIO checks a graph's declared input and output against the manifest
 // and returns its batch size.
 func checkIO(path string, L, V int, scan bool) (int, error) {
