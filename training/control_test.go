@@ -114,7 +114,7 @@ func TestResumeIsExactAllControllers(t *testing.T) {
 }
 
 // TestAllControllersMetrics: a run with every component on records every
-// diagnostic of the issue at each evaluation, writes B(T) snapshots, and
+// per-evaluation diagnostic at each evaluation, writes B(T) snapshots, and
 // Guardian, SWA-select and the context game actually act.
 func TestAllControllersMetrics(t *testing.T) {
 	dir := t.TempDir()
