@@ -168,7 +168,7 @@ func (r *Run) SelectWeights(which string) error {
 		return err
 	}
 	for _, p := range params {
-		if t := r.Store.Get(p); t != nil && nonFinite(&kernels.Store{Tensors: map[string]*kernels.Tensor{p: t}, Order: []string{p}}) != "" {
+		if t := r.Store.Get(p); t != nil && !allFinite(t.F32) {
 			return fmt.Errorf("the checkpoint's %s weights hold a non-finite value in %s; a diverged run cannot be exported (resume it from an earlier checkpoint with a lower --lr)", r.Weights, p)
 		}
 	}

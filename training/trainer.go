@@ -614,15 +614,19 @@ func CheckDevice(device string) error {
 // nonFinite names a tensor of st holding NaN or ±Inf ("" when none).
 func nonFinite(st *kernels.Store) string {
 	for _, name := range st.Order {
-		t := st.Tensors[name]
-		if t == nil {
-			continue
-		}
-		for _, v := range t.F32 {
-			if v != v || math.IsInf(float64(v), 0) {
-				return name
-			}
+		if t := st.Tensors[name]; t != nil && !allFinite(t.F32) {
+			return name
 		}
 	}
 	return ""
+}
+
+// allFinite reports whether x holds no NaN or ±Inf.
+func allFinite(x []float32) bool {
+	for _, v := range x {
+		if v != v || math.IsInf(float64(v), 0) {
+			return false
+		}
+	}
+	return true
 }
