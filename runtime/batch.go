@@ -64,3 +64,7 @@ func (m *Model) LengthFor(n int) (int, error) {
 	}
 	return 0, m.validate([][]int32{make([]int32, n)})
 }
+
+// LogProb is log softmax(row)[target], computed in float64 (the negative of
+// the cross-entropy Score sums).
+func LogProb(row []float32, target int) float64 { return -nll(row, target) }
