@@ -1,10 +1,10 @@
 package runtime
 
 import (
-	"container/heap"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sort"
 )
 
 // SampleOptions choose how a Sampler draws the next token from a row of
@@ -59,29 +59,16 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 	if !filter {
 		return sample(row, plain, s.rng)
 	}
-	// Keep the candidates in a max-heap by logit; pop the K (or nucleus)
-	// most likely into mask and leave every other entry NaN, which sample
-	// ignores.
-	s.h = s.h[:0]
-	for i, x := range row {
-		if x == x {
-			s.h = append(s.h, logitAt{x, i})
-		}
-	}
-	if len(s.h) == 0 {
+	cand := s.candidates(row)
+	if len(cand) == 0 {
 		return sample(row, plain, s.rng) // reports the all-NaN row
 	}
-	heap.Init(&s.h)
-	mx := float64(s.h[0].x)
+	mx := float64(cand[0].x)
 	if math.IsInf(mx, 0) {
 		return sample(row, plain, s.rng)
 	}
-	var total float64
-	if s.o.TopP > 0 && s.o.TopP < 1 {
-		for _, c := range s.h {
-			total += math.Exp((float64(c.x) - mx) / s.o.Temperature)
-		}
-	}
+	// Keep the most likely candidates in mask (every other entry NaN,
+	// which sample ignores): the first K, cut to the nucleus.
 	if cap(s.mask) < len(row) {
 		s.mask = make([]float32, len(row))
 	}
@@ -90,13 +77,13 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 	for i := range s.mask {
 		s.mask[i] = nan
 	}
-	k := len(s.h)
-	if s.o.TopK > 0 {
-		k = min(k, s.o.TopK)
+	var total, kept float64
+	if s.o.TopP > 0 && s.o.TopP < 1 {
+		for _, c := range cand {
+			total += math.Exp((float64(c.x) - mx) / s.o.Temperature)
+		}
 	}
-	var kept float64
-	for n := 0; n < k; n++ {
-		c := heap.Pop(&s.h).(logitAt)
+	for _, c := range cand {
 		s.mask[c.i] = c.x
 		if total > 0 {
 			kept += math.Exp((float64(c.x) - mx) / s.o.Temperature)
@@ -108,26 +95,77 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 	return sample(s.mask, plain, s.rng)
 }
 
+// candidates returns the non-NaN entries of row in decreasing order of
+// logit (lower index first on ties): the TopK most likely when TopK is
+// set, else all of them.
+func (s *Sampler) candidates(row []float32) []logitAt {
+	s.h = s.h[:0]
+	k := s.o.TopK
+	if k <= 0 || k >= len(row) {
+		for i, x := range row {
+			if x == x {
+				s.h = append(s.h, logitAt{x, i})
+			}
+		}
+		sort.Slice(s.h, func(a, b int) bool { return s.h.Less(a, b) })
+		return s.h
+	}
+	// A min-heap (by likelihood) of the k best so far: one comparison
+	// rejects most entries.
+	worse := func(a, b logitAt) bool { return a.x < b.x || a.x == b.x && a.i > b.i }
+	down := func(j int) {
+		for {
+			l := 2*j + 1
+			if l >= len(s.h) {
+				return
+			}
+			if r := l + 1; r < len(s.h) && worse(s.h[r], s.h[l]) {
+				l = r
+			}
+			if !worse(s.h[l], s.h[j]) {
+				return
+			}
+			s.h[j], s.h[l] = s.h[l], s.h[j]
+			j = l
+		}
+	}
+	for i, x := range row {
+		if x != x {
+			continue
+		}
+		c := logitAt{x, i}
+		switch {
+		case len(s.h) < k:
+			s.h = append(s.h, c)
+			for j := len(s.h) - 1; j > 0; {
+				p := (j - 1) / 2
+				if !worse(s.h[j], s.h[p]) {
+					break
+				}
+				s.h[j], s.h[p] = s.h[p], s.h[j]
+				j = p
+			}
+		case worse(s.h[0], c):
+			s.h[0] = c
+			down(0)
+		}
+	}
+	sort.Slice(s.h, func(a, b int) bool { return s.h.Less(a, b) })
+	return s.h
+}
+
 type logitAt struct {
 	x float32
 	i int
 }
 
-// logitHeap is a max-heap by logit, lower index first on ties.
+// logitHeap holds candidates; Less orders them by decreasing logit, lower
+// index first on ties.
 type logitHeap []logitAt
 
-func (h logitHeap) Len() int { return len(h) }
 func (h logitHeap) Less(a, b int) bool {
 	if h[a].x != h[b].x {
 		return h[a].x > h[b].x
 	}
 	return h[a].i < h[b].i
-}
-func (h logitHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
-func (h *logitHeap) Push(x any)   { *h = append(*h, x.(logitAt)) }
-func (h *logitHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
 }

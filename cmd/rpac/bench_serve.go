@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -32,6 +33,7 @@ func benchServeCommand() *cli.Command {
 			&cli.IntFlag{Name: "prompt-len", Value: 8, Usage: "prompt ids per completion"},
 			&cli.IntFlag{Name: "gen-tokens", Value: 16, Usage: "max_tokens per completion"},
 			&cli.IntFlag{Name: "score-len", Value: 32, Usage: "ids per score request"},
+			&cli.IntFlag{Name: "warmup", Value: -1, Usage: "untimed requests at the highest concurrency before the first level, so that the start RSS includes onnxruntime's buffers (-1: that many clients)"},
 		}, serveFlags()...),
 		Action: benchServe,
 	}
@@ -126,10 +128,22 @@ func benchServe(c *cli.Context) error {
 			rss = append(rss, n)
 		}
 	}
+	url := "http://" + ln.Addr().String()
+	top := slices.Max(levels)
+	if n := c.Int("warmup"); n != 0 {
+		if n < 0 {
+			n = top
+		}
+		if _, err := serve.Load(ctx, serve.LoadOptions{URL: url, Clients: top, Requests: n, Duration: c.Duration("duration"),
+			ScoreEvery: c.Int("score-every"), PromptLen: c.Int("prompt-len"), MaxTokens: c.Int("gen-tokens"),
+			ScoreLen: c.Int("score-len"), Vocab: p.Config.Vocab}); err != nil {
+			return err
+		}
+	}
 	readRSS()
 	var base float64
 	for i, n := range levels {
-		r, err := serve.Load(ctx, serve.LoadOptions{URL: "http://" + ln.Addr().String(), Clients: n, Requests: c.Int("requests"),
+		r, err := serve.Load(ctx, serve.LoadOptions{URL: url, Clients: n, Requests: c.Int("requests"),
 			Duration: c.Duration("duration"), ScoreEvery: c.Int("score-every"), PromptLen: c.Int("prompt-len"),
 			MaxTokens: c.Int("gen-tokens"), ScoreLen: c.Int("score-len"), Vocab: p.Config.Vocab, Seed: uint64(i + 1)})
 		if err != nil {
@@ -149,7 +163,7 @@ func benchServe(c *cli.Context) error {
 		}
 	}
 	readRSS()
-	fmt.Fprint(w, "RSS (this process: server and clients) at start, middle, end:")
+	fmt.Fprint(w, "RSS (this process: server and clients) at start (after the warm-up), middle, end:")
 	for _, n := range rss {
 		fmt.Fprintf(w, " %.1f MiB", float64(n)/(1<<20))
 	}

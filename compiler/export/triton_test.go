@@ -193,17 +193,22 @@ var tritonTypeOf = map[string]string{"float": "TYPE_FP32", "int64": "TYPE_INT64"
 // onnxruntime.
 func TestTriton(t *testing.T) {
 	requireORT(t)
-	for _, v := range []variant{
-		{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, ""},
-		{"baseline", passes.FoldRPAMode, passes.AttentionPlain, ""},
-		{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, ""},
+	for _, c := range []struct {
+		v     variant
+		opset int64
+	}{
+		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, ""}, 0},
+		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, ""}, 18},
+		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, ""}, 0},
+		{variant{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, ""}, 0},
 	} {
-		t.Run(v.String(), func(t *testing.T) {
+		v := c.v
+		t.Run(fmt.Sprintf("%s/opset%d", v, c.opset), func(t *testing.T) {
 			ex := doExport(t, v, 1)
 			repo := t.TempDir()
 			models, err := export.Triton(context.Background(), export.TritonOptions{Options: export.Options{
 				Config: ex.cfg, Store: ex.st, Lengths: lengths, Fold: v.fold, Attention: v.attention, Quantize: v.quantize,
-				Out: repo, Tokenizer: "test", EOS: 3}, Name: "tiny", MaxBatch: 4, QueueDelay: 250 * time.Microsecond})
+				Opset: c.opset, Out: repo, Tokenizer: "test", EOS: 3}, Name: "tiny", MaxBatch: 4, QueueDelay: 250 * time.Microsecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -221,6 +226,12 @@ func TestTriton(t *testing.T) {
 					t.Fatalf("model %+v", tm)
 				}
 				checkTritonConfig(t, tm, T, ex.cfg.Vocab)
+				if c.opset != 0 {
+					mm, err := onnx.Read(tm.Model)
+					if err != nil || onnx.Inspect(mm).Opsets[""] != c.opset {
+						t.Fatalf("%s: opsets %v, %v; want %d", tm.Model, onnx.Inspect(mm).Opsets, err, c.opset)
+					}
+				}
 				checkTritonParity(t, m, tm.Model, T, ex.cfg.Vocab)
 			}
 		})

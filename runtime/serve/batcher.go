@@ -42,30 +42,51 @@ func collect[T any](in <-chan T, stop <-chan struct{}, max int, wait time.Durati
 	return batch
 }
 
-// stepReq asks the decoder to append tokens to the sequence in slot and
-// return its next-token logits on done (buffered: the decoder never
-// blocks on it).
-type stepReq struct {
-	slot   int
-	tokens []int32
-	done   chan stepRes
+// genRequest is one completion handed to the decoder: its prompt, how
+// many tokens to draw and how. The decoder sends every drawn token on
+// events (buffered for all of them, so a slow client never holds up a
+// step) and ends with an event that has done or err set.
+type genRequest struct {
+	prompt    []int32
+	maxTokens int
+	sampler   *runtime.Sampler
+	events    chan genEvent
+	cancelled atomic.Bool // set by the request's goroutine; the decoder drops the sequence at its next step
 }
 
-type stepRes struct {
-	logits []float32
-	err    error
+// genEvent is a drawn token, or the end of the sequence: done with eos
+// when it drew EOS (not sent as a token), done alone after maxTokens,
+// or err.
+type genEvent struct {
+	id   int32
+	done bool
+	eos  bool
+	err  error
 }
 
-// decoder batches the steps of open sequences into Engine.Step calls: a
-// step runs once every open sequence has asked for its next token, or
-// when the batch is full, or maxWait after its first request, whichever
-// comes first. A sequence that is late (busy writing to its client)
-// joins the next step.
+// cancel stops the sequence at the decoder's next step (the client left,
+// or it reached a stop string).
+func (g *genRequest) cancel() { g.cancelled.Store(true) }
+
+// seqState is the decoder's view of an open sequence.
+type seqState struct {
+	req     *genRequest
+	slot    int
+	pending []int32 // tokens to append at the next step
+	drawn   int
+}
+
+// decoder runs the decoding loop: each step appends the pending tokens of
+// the open sequences with one Engine.Step call, draws each sequence's next
+// token and sends it to the sequence's request. Sequences join between
+// steps; a step that would take in new sequences waits up to maxWait for
+// more to arrive, while the batch has room (dynamic batching).
 type decoder struct {
 	eng      Engine
+	eos      int32
 	maxBatch int
 	maxWait  time.Duration
-	in       chan *stepReq
+	join     chan *seqState
 	slots    chan struct{} // one token per free engine slot
 	open     atomic.Int64  // sequences holding a slot
 	waiting  atomic.Int64  // requests waiting for a slot
@@ -76,10 +97,10 @@ type decoder struct {
 	done     chan struct{}
 }
 
-func newDecoder(eng Engine, maxBatch int, maxWait time.Duration, queue int, m *metrics) *decoder {
+func newDecoder(eng Engine, eos int32, maxBatch int, maxWait time.Duration, queue int, m *metrics) *decoder {
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &decoder{eng: eng, maxBatch: maxBatch, maxWait: maxWait, queue: int64(queue), metrics: m,
-		in: make(chan *stepReq, eng.Capacity()), slots: make(chan struct{}, eng.Capacity()),
+	d := &decoder{eng: eng, eos: eos, maxBatch: maxBatch, maxWait: maxWait, queue: int64(queue), metrics: m,
+		join: make(chan *seqState, eng.Capacity()), slots: make(chan struct{}, eng.Capacity()),
 		ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	for range eng.Capacity() {
 		d.slots <- struct{}{}
@@ -88,109 +109,186 @@ func newDecoder(eng Engine, maxBatch int, maxWait time.Duration, queue int, m *m
 	return d
 }
 
-// acquire opens a sequence, waiting for a free slot in the bounded queue:
-// errFull when the queue is full, the context's error when it ends first.
-func (d *decoder) acquire(ctx context.Context) (*sequence, error) {
+// start opens a sequence for req, waiting for a free slot in the bounded
+// queue: errFull when the queue is full, errClosed after close, the
+// context's error when it ends first.
+func (d *decoder) start(ctx context.Context, req *genRequest) error {
 	select {
 	case <-d.slots:
 	default:
 		if d.waiting.Add(1) > d.queue {
 			d.waiting.Add(-1)
-			return nil, errFull
+			return errFull
 		}
 		d.metrics.queueDepth.Inc()
+		var err error
 		select {
 		case <-d.slots:
 		case <-ctx.Done():
-			d.waiting.Add(-1)
-			d.metrics.queueDepth.Dec()
-			return nil, ctx.Err()
+			err = ctx.Err()
 		case <-d.ctx.Done():
-			d.waiting.Add(-1)
-			d.metrics.queueDepth.Dec()
-			return nil, errClosed
+			err = errClosed
 		}
 		d.waiting.Add(-1)
 		d.metrics.queueDepth.Dec()
+		if err != nil {
+			return err
+		}
 	}
 	slot, err := d.eng.Open()
 	if err != nil {
 		d.slots <- struct{}{}
-		return nil, err
+		return err
 	}
 	d.open.Add(1)
 	d.metrics.active.Inc()
-	return &sequence{d: d, slot: slot, res: make(chan stepRes, 1)}, nil
-}
-
-// sequence is one open sequence; its methods are called from one goroutine.
-type sequence struct {
-	d    *decoder
-	slot int
-	res  chan stepRes
-	done bool
-}
-
-// step appends tokens and returns the next-token logits. It waits for
-// the step it joined (or for the loop to end), so the slot is never
-// released under a running step.
-func (s *sequence) step(tokens []int32) ([]float32, error) {
 	select {
-	case <-s.d.ctx.Done():
-		return nil, errClosed
-	default:
+	case d.join <- &seqState{req: req, slot: slot, pending: req.prompt}: // room for every slot
+	case <-d.ctx.Done():
+		d.release(&seqState{slot: slot})
+		return errClosed
 	}
-	s.d.in <- &stepReq{slot: s.slot, tokens: tokens, done: s.res} // room for one per slot
-	select {
-	case r := <-s.res:
-		return r.logits, r.err
-	case <-s.d.done:
-		return nil, errClosed
-	}
+	return nil
 }
 
-// release frees the slot.
-func (s *sequence) release() {
-	if s.done {
-		return
-	}
-	s.done = true
-	s.d.eng.Release(s.slot)
-	s.d.open.Add(-1)
-	s.d.metrics.active.Dec()
-	s.d.slots <- struct{}{}
+// release frees a sequence's slot.
+func (d *decoder) release(s *seqState) {
+	d.eng.Release(s.slot)
+	d.open.Add(-1)
+	d.metrics.active.Dec()
+	d.slots <- struct{}{}
 }
 
 func (d *decoder) loop() {
 	defer close(d.done)
+	var active []*seqState
+	defer func() {
+		for _, s := range active {
+			s.req.events <- genEvent{err: errClosed}
+			d.release(s)
+		}
+	}()
 	for {
-		batch := collect(d.in, d.ctx.Done(), d.maxBatch, d.maxWait, func(n int) bool { return int64(n) >= d.open.Load() })
-		if batch == nil {
+		if len(active) == 0 {
+			select {
+			case s := <-d.join:
+				active = append(active, s)
+			case <-d.ctx.Done():
+				return
+			}
+		}
+		active = d.admit(active)
+		if d.ctx.Err() != nil {
 			return
 		}
-		d.run(batch)
+		active = d.step(active)
 	}
 }
 
-func (d *decoder) run(batch []*stepReq) {
+// admit takes in the sequences waiting to join; when any did and the
+// batch has room, it waits up to maxWait for more.
+func (d *decoder) admit(active []*seqState) []*seqState {
+	fresh := false
+	for _, s := range active {
+		fresh = fresh || s.drawn == 0
+	}
+	take := func() bool {
+		select {
+		case s := <-d.join:
+			active = append(active, s)
+			fresh = true
+			return true
+		default:
+			return false
+		}
+	}
+	for take() {
+	}
+	if !fresh || len(active) >= d.maxBatch {
+		return active
+	}
+	timer := time.NewTimer(d.maxWait)
+	defer timer.Stop()
+	for len(active) < d.maxBatch {
+		select {
+		case s := <-d.join:
+			active = append(active, s)
+		case <-timer.C:
+			return active
+		case <-d.ctx.Done():
+			return active
+		}
+	}
+	return active
+}
+
+// step advances up to maxBatch sequences (cancelled ones are dropped
+// first) and returns the sequences still open, the stepped ones last so
+// that a longer list takes turns.
+func (d *decoder) step(active []*seqState) []*seqState {
+	live := active[:0]
+	for _, s := range active {
+		if s.req.cancelled.Load() {
+			s.req.events <- genEvent{err: context.Canceled}
+			d.release(s)
+			continue
+		}
+		live = append(live, s)
+	}
+	active = live
+	if len(active) == 0 {
+		return active
+	}
+	batch, rest := active, []*seqState(nil)
+	if len(batch) > d.maxBatch {
+		batch, rest = active[:d.maxBatch], append([]*seqState(nil), active[d.maxBatch:]...)
+	}
 	slots := make([]int, len(batch))
 	tokens := make([][]int32, len(batch))
-	for i, r := range batch {
-		slots[i], tokens[i] = r.slot, r.tokens
+	for i, s := range batch {
+		slots[i], tokens[i] = s.slot, s.pending
 	}
 	d.metrics.batchSize.WithLabelValues("decode").Observe(float64(len(batch)))
 	logits, err := d.eng.Step(d.ctx, slots, tokens)
-	for i, r := range batch {
-		if err != nil {
-			r.done <- stepRes{err: err}
-		} else {
-			r.done <- stepRes{logits: logits[i]}
-		}
+	if err != nil && d.ctx.Err() != nil {
+		err = errClosed
 	}
+	for i, s := range batch {
+		ev := genEvent{err: err}
+		if err == nil {
+			ev = d.draw(s, logits[i])
+		}
+		if ev.err == nil && !ev.done {
+			s.req.events <- ev // a token
+			if s.drawn < s.req.maxTokens {
+				rest = append(rest, s)
+				continue
+			}
+			ev = genEvent{done: true}
+		}
+		s.req.events <- ev // the end
+		d.release(s)
+	}
+	return rest
 }
 
-// close stops the loop after the step in flight; sequences waiting for a
-// step get errClosed.
+// draw samples a sequence's next token.
+func (d *decoder) draw(s *seqState, logits []float32) genEvent {
+	id, err := s.req.sampler.Next(logits)
+	if err != nil {
+		return genEvent{err: err}
+	}
+	s.drawn++
+	d.metrics.tokens.Inc()
+	if id == d.eos {
+		return genEvent{done: true, eos: true}
+	}
+	s.pending = []int32{id}
+	return genEvent{id: id}
+}
+
+// close stops the loop after the step in flight; open sequences end
+// with errClosed.
 func (d *decoder) close() {
 	d.cancel()
 	<-d.done

@@ -184,14 +184,21 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
 	defer cancel()
-	seq, err := s.dec.acquire(ctx)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	defer seq.release()
-	g := &generation{s: s, c: c, seq: seq, resp: completionResponse{
+	g := &generation{s: s, c: c, ids: []int32{}, finish: "length", resp: completionResponse{
 		ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion", Created: time.Now().Unix(), Model: s.cfg.Name}}
+	if c.maxTokens > 0 {
+		sampler, err := runtime.NewSampler(c.sample, c.seed)
+		if err != nil {
+			s.fail(w, r, badRequest("%v", err))
+			return
+		}
+		g.req = &genRequest{prompt: c.prompt, maxTokens: c.maxTokens, sampler: sampler, events: make(chan genEvent, c.maxTokens+1)}
+		if err := s.dec.start(ctx, g.req); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		defer g.req.cancel() // ends the sequence if this handler returns early
+	}
 	if c.stream {
 		g.streamTo(ctx, w, r)
 		return
@@ -206,11 +213,11 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, g.resp)
 }
 
-// generation decodes one completion.
+// generation is one completion as its handler sees it.
 type generation struct {
 	s      *Server
 	c      *completion
-	seq    *sequence
+	req    *genRequest // nil when max_tokens is 0
 	resp   completionResponse
 	ids    []int32 // generated, without a final EOS
 	full   string  // decoded text of ids, cut at a stop string
@@ -218,38 +225,33 @@ type generation struct {
 	finish string  // "length" or "stop"
 }
 
-// run generates until max_tokens, EOS or a stop string, calling emit (if
-// set) after each token.
+// run receives the decoder's tokens until max_tokens, EOS or a stop
+// string, calling emit (if set) after each token but the last.
 func (g *generation) run(ctx context.Context, emit func() error) error {
-	sampler, err := runtime.NewSampler(g.c.sample, g.c.seed)
-	if err != nil {
-		return badRequest("%v", err)
+	if g.req == nil {
+		return nil
 	}
-	g.finish = "length"
-	g.ids = []int32{}
-	next := g.c.prompt
-	for len(g.ids) < g.c.maxTokens {
-		if err := ctx.Err(); err != nil {
-			return err
+	for {
+		var ev genEvent
+		select {
+		case ev = <-g.req.events:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		logits, err := g.seq.step(next)
-		if err != nil {
-			return err
-		}
-		id, err := sampler.Next(logits)
-		if err != nil {
-			return err
-		}
-		g.s.metrics.tokens.Inc()
-		if id == g.s.m.EOS() {
+		switch {
+		case ev.err != nil:
+			return ev.err
+		case ev.eos:
 			g.finish = "stop"
-			break
+			return nil
+		case ev.done:
+			return nil
 		}
-		g.ids = append(g.ids, id)
-		next = []int32{id}
+		g.ids = append(g.ids, ev.id)
 		if g.decode() {
 			g.finish = "stop"
-			break
+			g.req.cancel()
+			return nil
 		}
 		if emit != nil && len(g.ids) < g.c.maxTokens { // the last token goes with the finish reason
 			if err := emit(); err != nil {
@@ -257,7 +259,6 @@ func (g *generation) run(ctx context.Context, emit func() error) error {
 			}
 		}
 	}
-	return nil
 }
 
 // decode refreshes the text and reports whether it reached a stop string

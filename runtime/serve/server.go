@@ -155,7 +155,7 @@ func New(m Model, cfg Config) (*Server, error) {
 		cfg.Engine = eng
 	}
 	s := &Server{cfg: cfg, m: m, metrics: newMetrics(cfg.Registry), draining: make(chan struct{}), created: time.Now().Unix()}
-	s.dec = newDecoder(cfg.Engine, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
+	s.dec = newDecoder(cfg.Engine, m.EOS(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
 	s.sc = newScorer(m, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
 	s.routes()
 	return s, nil
