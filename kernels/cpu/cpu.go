@@ -307,16 +307,11 @@ func (p *program[T]) resolveAliases(n *ir.Node, in, out []*tensor[T], used map[i
 	}
 }
 
-// inPlaceOK lists ops whose kernels may write an output over an input of
-// the same shape.
+// inPlaceOK reports whether op's kernels may write an output over an input
+// of the same shape (the op table's InPlace flag).
 func inPlaceOK(op string) bool {
-	switch op {
-	case "Add", "Sub", "Mul", "Div", "Scale", "Neg", "Exp", "Log", "Sigmoid", "Tanh", "GELU", "ReLU",
-		"StopGradient", "Clamp", "NanToNum", "SigmoidGrad", "TanhGrad", "GELUGrad", "ReLUGrad",
-		"ClampGrad", "NanToNumGrad", "Reshape", "Softmax", "SoftmaxGrad", "CausalMask":
-		return true
-	}
-	return false
+	d := ir.Ops[op]
+	return d != nil && d.InPlace
 }
 
 // floatsOf returns t's data of precision T, or nil.
