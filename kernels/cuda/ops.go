@@ -785,22 +785,18 @@ func (p *program) buildMembership(n *ir.Node, in, out []*dval) (func() error, er
 		return nil, fmt.Errorf("%d regimes: the CUDA kernel takes at most 32", R)
 	}
 	N := z.n / max(1, D)
-	work, err := p.alloc(N*R + 2*R) // dz2, then the sums and dss accumulators
+	work, err := p.alloc(2 * N * R) // dz2 and dss per row, summed by the parameters' kernel
 	if err != nil {
 		return nil, err
 	}
-	sums := Buffer{Ptr: work.Ptr + uint64(4*N*R), Bytes: uint64(8 * R)}
-	dss := Buffer{Ptr: sums.Ptr + uint64(4*R), Bytes: uint64(4 * R)}
+	dss := work.Ptr + uint64(4*N*R)
 	return func() error {
-		if err := p.zero(sums, 2*R); err != nil {
-			return err
-		}
-		if err := p.launch("gaussian_membership_bwd_rows_f32", blocks(N*32, threads), block1, 0, dz.buf.Ptr, work.Ptr, sums.Ptr,
-			dss.Ptr, dmu.buf.Ptr, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, mu.buf.Ptr, int32(N), int32(D), int32(R)); err != nil {
+		if err := p.launch("gaussian_membership_bwd_rows_f32", blocks(N*32, threads), block1, 0, dz.buf.Ptr, work.Ptr, dss,
+			dmu.buf.Ptr, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, mu.buf.Ptr, int32(N), int32(D), int32(R)); err != nil {
 			return err
 		}
 		return p.launch("gaussian_membership_bwd_params_f32", [3]uint32{uint32(R), 1, 1}, [3]uint32{128, 1, 1}, 0, dc.buf.Ptr,
-			dls.buf.Ptr, work.Ptr, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, sums.Ptr, dss.Ptr, int32(N), int32(D), int32(R))
+			dls.buf.Ptr, work.Ptr, dss, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, int32(N), int32(D), int32(R))
 	}, nil
 }
 

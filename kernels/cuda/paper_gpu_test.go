@@ -170,14 +170,14 @@ func TestGPUMembershipAndSinkhornGrad(t *testing.T) {
 	shapes := []ir.Shape{{N, D}, {R, D}, {R}}
 	closeTo(t, "membership", mu, cpuOp(t, "GaussianMembership", nil, shapes, z, cen, ls)[0], 1e-5)
 	gdz, gdz2 := devF32(t, c, make([]float32, N*D)), devF32(t, c, make([]float32, N*R))
-	sums, dss := devF32(t, c, make([]float32, R)), devF32(t, c, make([]float32, R))
+	dss := devF32(t, c, make([]float32, N*R))
 	gdc, gdls := devF32(t, c, make([]float32, R*D)), devF32(t, c, make([]float32, R))
-	if err := c.Launch("gaussian_membership_bwd_rows_f32", warps, block1D, 0, gdz.Ptr, gdz2.Ptr, sums.Ptr, dss.Ptr,
+	if err := c.Launch("gaussian_membership_bwd_rows_f32", warps, block1D, 0, gdz.Ptr, gdz2.Ptr, dss.Ptr,
 		dmu_.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, gmu.Ptr, int32(N), int32(D), int32(R)); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Launch("gaussian_membership_bwd_params_f32", [3]uint32{R, 1, 1}, [3]uint32{128, 1, 1}, 0, gdc.Ptr, gdls.Ptr,
-		gdz2.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, sums.Ptr, dss.Ptr, int32(N), int32(D), int32(R)); err != nil {
+		gdz2.Ptr, dss.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, int32(N), int32(D), int32(R)); err != nil {
 		t.Fatal(err)
 	}
 	want := cpuOp(t, "GaussianMembershipGrad", nil, []ir.Shape{{N, R}, {N, D}, {R, D}, {R}, {N, R}}, dmu, z, cen, ls, mu)
