@@ -245,15 +245,9 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 // bindStored points a Param/Buffer tensor at its store data.
 func (p *program[T]) bindStored(t *tensor[T]) error {
 	v := t.v
-	if p.store == nil {
-		return fmt.Errorf("%s %q: no store given", v.Kind, v.Name)
-	}
-	st := p.store.Get(v.Name)
-	if st == nil {
-		return fmt.Errorf("%s %q%v is not in the store (initialise or load it first)", v.Kind, v.Name, v.Shape)
-	}
-	if !st.Shape.Equal(v.Shape) {
-		return fmt.Errorf("%s %q has shape %v in the store, graph wants %v", v.Kind, v.Name, st.Shape, v.Shape)
+	st, err := p.store.Bind(v)
+	if err != nil {
+		return err
 	}
 	data := floatsOf[T](st)
 	if data == nil || len(data) != v.Shape.Numel() {

@@ -378,15 +378,9 @@ func i32Ptr(f []int32) unsafe.Pointer {
 // bindStored points a Param/Buffer value at its device mirror.
 func (p *program) bindStored(d *dval) error {
 	v := d.v
-	if p.store == nil {
-		return fmt.Errorf("%s %q: no store given", v.Kind, v.Name)
-	}
-	st := p.store.Get(v.Name)
-	if st == nil {
-		return fmt.Errorf("%s %q%v is not in the store (initialise or load it first)", v.Kind, v.Name, v.Shape)
-	}
-	if !st.Shape.Equal(v.Shape) {
-		return fmt.Errorf("%s %q has shape %v in the store, graph wants %v", v.Kind, v.Name, st.Shape, v.Shape)
+	st, err := p.store.Bind(v)
+	if err != nil {
+		return err
 	}
 	if st.F32 == nil || len(st.F32) != d.n {
 		return fmt.Errorf("%s %q: store tensor is not float32 data of %d elements", v.Kind, v.Name, d.n)
