@@ -169,6 +169,32 @@ type Plan struct {
 	ScratchElems int
 }
 
+// SlotClash reports whether output i of node n must not be computed in its
+// plan slot: the slot is shared with another output of n, or with an input
+// that the op cannot overwrite in place (ir.OpDef.InPlace, same shape).
+// slot gives a value's plan slot (-1: none). A backend computes such an
+// output into a temporary and copies it into the slot afterwards.
+func SlotClash(n *ir.Node, i int, slot func(*ir.Value) int) bool {
+	o := n.Outputs[i]
+	s := slot(o)
+	if s < 0 {
+		return false
+	}
+	def := ir.Ops[n.Op]
+	inPlace := def != nil && def.InPlace
+	for _, x := range n.Inputs {
+		if slot(x) == s && !(inPlace && x.Shape.Equal(o.Shape)) {
+			return true
+		}
+	}
+	for j, o2 := range n.Outputs {
+		if j != i && slot(o2) == s {
+			return true
+		}
+	}
+	return false
+}
+
 // Program is a compiled graph.
 type Program interface {
 	// Run executes the graph once. feeds holds the Input values by name;

@@ -265,22 +265,9 @@ func (p *program[T]) bindStored(t *tensor[T]) error {
 func (p *program[T]) resolveAliases(n *ir.Node, in, out []*tensor[T], used map[int]bool) ([]*tensor[T], func()) {
 	var copies [][2]*tensor[T]
 	res := append([]*tensor[T](nil), out...)
+	slot := func(v *ir.Value) int { return p.vals[v.ID].slot }
 	for i, o := range out {
-		if o.slot < 0 {
-			continue
-		}
-		clash := false
-		for _, x := range in {
-			if x.slot == o.slot && !(inPlaceOK(n.Op) && x.shape.Equal(o.shape)) {
-				clash = true
-			}
-		}
-		for j, o2 := range out {
-			if j != i && o2.slot == o.slot {
-				clash = true
-			}
-		}
-		if !clash {
+		if !kernels.SlotClash(n, i, slot) {
 			continue
 		}
 		tmp := &tensor[T]{v: o.v, shape: o.shape, f: make([]T, o.numel()), slot: -1}
@@ -299,13 +286,6 @@ func (p *program[T]) resolveAliases(n *ir.Node, in, out []*tensor[T], used map[i
 			copy(c[1].f, c[0].f)
 		}
 	}
-}
-
-// inPlaceOK reports whether op's kernels may write an output over an input
-// of the same shape (the op table's InPlace flag).
-func inPlaceOK(op string) bool {
-	d := ir.Ops[op]
-	return d != nil && d.InPlace
 }
 
 // floatsOf returns t's data of precision T, or nil.

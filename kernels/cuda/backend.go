@@ -457,25 +457,11 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 }
 
 func (p *program) resolveAliases(n *ir.Node, in, out []*dval, used map[int]bool) ([]*dval, func() error, error) {
-	inPlace := ir.Ops[n.Op] != nil && ir.Ops[n.Op].InPlace
 	res := append([]*dval(nil), out...)
 	var copies [][2]*dval
+	slot := func(v *ir.Value) int { return p.vals[v.ID].slot }
 	for i, o := range out {
-		if o.slot < 0 {
-			continue
-		}
-		clash := false
-		for _, x := range in {
-			if x.slot == o.slot && !(inPlace && x.v.Shape.Equal(o.v.Shape)) {
-				clash = true
-			}
-		}
-		for j, o2 := range out {
-			if j != i && o2.slot == o.slot {
-				clash = true
-			}
-		}
-		if !clash {
+		if !kernels.SlotClash(n, i, slot) {
 			continue
 		}
 		buf, err := p.alloc(o.n)
