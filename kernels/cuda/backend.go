@@ -48,8 +48,7 @@ func ParseGEMMPrecision(s string) (GEMMPrecision, error) {
 // each Run uploads them into a device mirror shared by every program of the
 // backend, and Output downloads what the caller asks for.
 type Backend struct {
-	ctx  *Context
-	blas *BLAS
+	dev  device
 	gemm GEMMPrecision
 
 	mu     sync.Mutex
@@ -90,30 +89,27 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{ctx: c, blas: b, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}}, nil
+	return newBackend(&gpu{ctx: c, blas: b}, gemm), nil
+}
+
+func newBackend(dev device, gemm GEMMPrecision) *Backend {
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}}
 }
 
 // Name says "cuda" and the device.
 func (b *Backend) Name() string {
-	return fmt.Sprintf("cuda (%s, %s, gemm %s)", b.ctx.Dev.Name, b.ctx.Dev.Arch, b.gemm)
+	d := b.dev.Info()
+	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, b.gemm)
 }
 
 // Precision is F32: the backend has no float64 kernels.
 func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 
 // Device describes the GPU.
-func (b *Backend) Device() DeviceInfo { return b.ctx.Dev }
+func (b *Backend) Device() DeviceInfo { return b.dev.Info() }
 
-// bind locks the calling goroutine to its OS thread and makes the
-// backend's context current there; the returned func undoes the lock.
-func (b *Backend) bind() (func(), error) {
-	runtime.LockOSThread()
-	if err := b.ctx.d.check(b.ctx.d.ctxSetCurrent(b.ctx.ctx), "cuCtxSetCurrent"); err != nil {
-		runtime.UnlockOSThread()
-		return nil, err
-	}
-	return runtime.UnlockOSThread, nil
-}
+// bind makes the device current for the calling goroutine.
+func (b *Backend) bind() (func(), error) { return b.dev.bind() }
 
 // stored returns the device mirror of a store tensor, allocating it once.
 func (b *Backend) stored(st *kernels.Store, name string, shape ir.Shape) (Buffer, error) {
@@ -126,7 +122,7 @@ func (b *Backend) stored(st *kernels.Store, name string, shape ir.Shape) (Buffer
 		}
 		return e.buf, nil
 	}
-	buf, err := b.ctx.Alloc(uint64(4 * shape.Numel()))
+	buf, err := b.dev.alloc(uint64(4 * shape.Numel()))
 	if err != nil {
 		return Buffer{}, err
 	}
@@ -141,7 +137,7 @@ func (b *Backend) Release(st *kernels.Store) {
 	defer b.mu.Unlock()
 	for k, e := range b.mirror {
 		if k.store == st {
-			b.ctx.Free(e.buf)
+			b.dev.free(e.buf)
 			delete(b.mirror, k)
 		}
 	}
@@ -221,7 +217,7 @@ func (b *Backend) Compile(g *ir.Graph, plan *kernels.Plan, store *kernels.Store)
 
 // alloc allocates device memory owned by the program.
 func (p *program) alloc(elems int) (Buffer, error) {
-	b, err := p.be.ctx.Alloc(uint64(4 * max(1, elems)))
+	b, err := p.be.dev.alloc(uint64(4 * max(1, elems)))
 	if err != nil {
 		return Buffer{}, err
 	}
@@ -232,13 +228,13 @@ func (p *program) alloc(elems int) (Buffer, error) {
 // upload copies host words (float32 or int32 or int64 data) into a new
 // program-owned buffer.
 func (p *program) uploadNew(ptr unsafe.Pointer, bytes int) (Buffer, error) {
-	b, err := p.be.ctx.Alloc(uint64(max(1, bytes)))
+	b, err := p.be.dev.alloc(uint64(max(1, bytes)))
 	if err != nil {
 		return Buffer{}, err
 	}
 	p.owned = append(p.owned, b)
 	if bytes > 0 {
-		if err := p.be.ctx.Upload(b, ptr, uint64(bytes)); err != nil {
+		if err := p.be.dev.upload(b, ptr, uint64(bytes)); err != nil {
 			return Buffer{}, err
 		}
 	}
@@ -289,7 +285,7 @@ func (p *program) layout(plan *kernels.Plan) error {
 			total += align256(uint64(4 * n))
 		}
 		if total > 0 {
-			a, err := p.be.ctx.Alloc(total)
+			a, err := p.be.dev.alloc(total)
 			if err != nil {
 				return fmt.Errorf("arena of %d bytes: %w", total, err)
 			}
@@ -520,7 +516,7 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 			return fmt.Errorf("cuda: run %s: %s node %d: %w", p.g.Name, s.node.Op, s.node.ID, err)
 		}
 	}
-	if err := p.be.ctx.Sync(); err != nil {
+	if err := p.be.dev.sync(); err != nil {
 		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 	}
 	return nil
@@ -532,7 +528,7 @@ func (p *program) uploadStored() error {
 		if st == nil || len(st.F32) != d.n {
 			return fmt.Errorf("%s %q is missing from the store or changed size", d.v.Kind, d.v.Name)
 		}
-		if err := p.be.ctx.Upload(d.buf, f32Ptr(st.F32), uint64(4*d.n)); err != nil {
+		if err := p.be.dev.upload(d.buf, f32Ptr(st.F32), uint64(4*d.n)); err != nil {
 			return err
 		}
 	}
@@ -553,7 +549,7 @@ func (p *program) uploadFeed(d *dval, feeds map[string]*kernels.Tensor) error {
 			return fmt.Errorf("input %q wants i32 data of %d elements (%v)", v.Name, d.n, v.Shape)
 		}
 		p.feeds[v.Name] = ft.I32
-		return p.be.ctx.Upload(d.buf, i32Ptr(ft.I32), uint64(4*d.n))
+		return p.be.dev.upload(d.buf, i32Ptr(ft.I32), uint64(4*d.n))
 	}
 	f := ft.F32
 	if f == nil && ft.F64 != nil {
@@ -562,7 +558,7 @@ func (p *program) uploadFeed(d *dval, feeds map[string]*kernels.Tensor) error {
 	if len(f) != d.n {
 		return fmt.Errorf("input %q wants float data of %d elements (%v)", v.Name, d.n, v.Shape)
 	}
-	return p.be.ctx.Upload(d.buf, f32Ptr(f), uint64(4*d.n))
+	return p.be.dev.upload(d.buf, f32Ptr(f), uint64(4*d.n))
 }
 
 // Output downloads a named output (once per Run) and returns it; nil for a
@@ -593,7 +589,7 @@ func (p *program) Output(name string) *kernels.Tensor {
 		ptr = f32Ptr(o.F32)
 	}
 	if d.n > 0 {
-		if err := p.be.ctx.Download(ptr, d.buf, uint64(4*d.n)); err != nil {
+		if err := p.be.dev.download(ptr, d.buf, uint64(4*d.n)); err != nil {
 			return nil
 		}
 	}
@@ -616,11 +612,11 @@ func (p *program) Close() {
 
 func (p *program) free() {
 	for _, b := range p.owned {
-		p.be.ctx.Free(b)
+		p.be.dev.free(b)
 	}
 	p.owned = nil
 	if p.arena.Ptr != 0 {
-		p.be.ctx.Free(p.arena)
+		p.be.dev.free(p.arena)
 		p.arena = Buffer{}
 	}
 }

@@ -9,10 +9,10 @@ import (
 	"unsafe"
 )
 
-// gpu returns a context with every kernel source loaded, or skips the test
+// gpuContext returns a context with every kernel source loaded, or skips the test
 // when no GPU is visible (RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh sets
 // it, makes that a failure).
-func gpu(t *testing.T) *Context {
+func gpuContext(t *testing.T) *Context {
 	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
@@ -102,7 +102,7 @@ var (
 // float64 references (the broadcasting binary kernel runs through the
 // backend's op parity test).
 func TestGPUElementwise(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(1, 2))
 	const n = 10007
 	a, b := randF32(r, n, 2), randF32(r, n, 2)
@@ -140,7 +140,7 @@ func TestGPUElementwise(t *testing.T) {
 
 // TestGPUBF16RoundTrip: the bf16 conversion rounds to nearest even.
 func TestGPUBF16RoundTrip(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	const n = 4096
 	x := randF32(r, n, 10)
@@ -164,7 +164,7 @@ func TestGPUBF16RoundTrip(t *testing.T) {
 
 // TestGPULayerNorm: forward and backward against float64 references.
 func TestGPULayerNorm(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(5, 6))
 	const rows, D = 37, 510
 	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, D, 1), randF32(r, D, 1), randF32(r, rows*D, 1)
@@ -227,7 +227,7 @@ func TestGPULayerNorm(t *testing.T) {
 
 // TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient.
 func TestGPUSoftmaxCE(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(7, 8))
 	const rows, V = 9, 50257
 	const ls, scale = 0.015, 0.25
@@ -281,7 +281,7 @@ func TestGPUSoftmaxCE(t *testing.T) {
 
 // TestGPUAdamWAndNorm: the fused AdamW step and the gradient's sum of squares.
 func TestGPUAdamWAndNorm(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(9, 10))
 	const n = 20011
 	p, g, m, v := randF32(r, n, 1), randF32(r, n, 0.1), randF32(r, n, 0.01), make([]float32, n)
@@ -319,7 +319,7 @@ func TestGPUAdamWAndNorm(t *testing.T) {
 // TestGPUGather: embedding gather and its backward (rows grouped by id on
 // the host, summed in order on the GPU).
 func TestGPUGather(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(11, 12))
 	const V, D, rows = 100, 64, 300
 	W, dy := randF32(r, V*D, 1), randF32(r, rows*D, 1)

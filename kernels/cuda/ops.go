@@ -57,7 +57,7 @@ var block1 = [3]uint32{threads, 1, 1}
 func blocks(n int, per int) [3]uint32 { return [3]uint32{uint32(max(1, (n+per-1)/per)), 1, 1} }
 
 func (p *program) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
-	return p.be.ctx.Launch(name, grid, block, shared, args...)
+	return p.be.dev.launch(name, grid, block, shared, args...)
 }
 
 // each launches a grid-stride kernel over n elements.
@@ -77,7 +77,7 @@ func (p *program) copy(dst, src Buffer, n int) error {
 }
 
 func (p *program) zero(b Buffer, n int) error {
-	return p.be.ctx.d.check(p.be.ctx.d.memsetD8(b.Ptr, 0, uint64(4*n)), "cuMemsetD8")
+	return p.be.dev.zero(b, uint64(4*n))
 }
 
 // uploadView puts a view's packed form in device memory for the node.
@@ -405,7 +405,7 @@ func (p *program) buildGatherGrad(n *ir.Node, in, out []*dval) (func() error, er
 			return err
 		}
 		uniq = (len(csr) - 1 - ids.n) / 2
-		return p.be.ctx.Upload(csrBuf, i32Ptr(csr), uint64(4*len(csr)))
+		return p.be.dev.upload(csrBuf, i32Ptr(csr), uint64(4*len(csr)))
 	})
 	return func() error {
 		if err := p.zero(o.buf, o.n); err != nil {
@@ -423,7 +423,7 @@ func (p *program) buildGatherGrad(n *ir.Node, in, out []*dval) (func() error, er
 // gemm runs a strided batch of GEMMs in the backend's GEMM precision.
 func (p *program) gemm(s GemmShape, A, B Buffer, beta float32, C Buffer) error {
 	if p.be.gemm == GEMMF32 {
-		return p.be.blas.GemmBatched(s, 1, A, B, F32, beta, C)
+		return p.be.dev.gemm(s, 1, A, B, F32, beta, C)
 	}
 	na, nb := gemmElems(s)
 	if err := p.each("f32_to_bf16_kernel", na, p.bf16[0].Ptr, A.Ptr, int64(na)); err != nil {
@@ -432,7 +432,7 @@ func (p *program) gemm(s GemmShape, A, B Buffer, beta float32, C Buffer) error {
 	if err := p.each("f32_to_bf16_kernel", nb, p.bf16[1].Ptr, B.Ptr, int64(nb)); err != nil {
 		return err
 	}
-	return p.be.blas.GemmBatched(s, 1, p.bf16[0], p.bf16[1], BF16, beta, C)
+	return p.be.dev.gemm(s, 1, p.bf16[0], p.bf16[1], BF16, beta, C)
 }
 
 // gemmElems is the element count of A and B over the batch.

@@ -48,7 +48,7 @@ func cpuOp(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ins ...[]floa
 // TestGPUPaperOps: softmax, z-score, clamp, nan_to_num, top-k mask and
 // Sinkhorn against the CPU backend (float64).
 func TestGPUPaperOps(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(17, 18))
 	const rows, n = 33, 1000
 	x, dy := randF32(r, rows*n, 2), randF32(r, rows*n, 1)
@@ -156,7 +156,7 @@ func TestCPUReferenceHarness(t *testing.T) {
 // TestGPUMembershipAndSinkhornGrad: GaussianMembership forward and
 // backward and Sinkhorn's backward against the CPU backend.
 func TestGPUMembershipAndSinkhornGrad(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(21, 22))
 	const N, D, R = 300, 85, 4
 	z, cen, ls, dmu := randF32(r, N*D, 1), randF32(r, R*D, 1), randF32(r, R, 0.3), randF32(r, N*R, 1)
