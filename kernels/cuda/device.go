@@ -41,7 +41,7 @@ func (g *gpu) bind() (func(), error) {
 }
 
 func (g *gpu) alloc(bytes uint64) (Buffer, error) { return g.ctx.Alloc(bytes) }
-func (g *gpu) free(b Buffer)                       { g.ctx.Free(b) }
+func (g *gpu) free(b Buffer)                      { g.ctx.Free(b) }
 func (g *gpu) upload(b Buffer, src unsafe.Pointer, bytes uint64) error {
 	return g.ctx.Upload(b, src, bytes)
 }
