@@ -113,6 +113,9 @@ func newDecoder(eng Engine, eos int32, maxBatch int, maxWait time.Duration, queu
 // queue: errFull when the queue is full, errClosed after close, the
 // context's error when it ends first.
 func (d *decoder) start(ctx context.Context, req *genRequest) error {
+	if d.ctx.Err() != nil {
+		return errClosed
+	}
 	select {
 	case <-d.slots:
 	default:

@@ -237,6 +237,12 @@ func (g *generation) run(ctx context.Context, emit func() error) error {
 		case ev = <-g.req.events:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-g.s.dec.done: // the decoder stopped; take what it sent before
+			select {
+			case ev = <-g.req.events:
+			default:
+				return errClosed
+			}
 		}
 		switch {
 		case ev.err != nil:

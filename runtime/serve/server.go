@@ -31,9 +31,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rpac-dev/rpac/runtime"
 )
 
@@ -77,7 +79,8 @@ type Config struct {
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends.
 	ShutdownTimeout time.Duration
-	// Registry receives the metrics (default: a new registry).
+	// Registry receives the metrics (default: a new registry that also
+	// holds the Go runtime's and the process's collectors).
 	Registry *prometheus.Registry
 	// Log receives the server's log lines (default: discarded).
 	Log *slog.Logger
@@ -119,6 +122,7 @@ func (c *Config) defaults() error {
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
+		c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -136,6 +140,7 @@ type Server struct {
 	metrics  *metrics
 	mux      *http.ServeMux
 	draining chan struct{}
+	drain    sync.Once
 	created  int64
 }
 
@@ -219,7 +224,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	}
 	s.cfg.Log.Info("shutting down: refusing new connections, finishing requests in flight")
-	close(s.draining)
+	s.drain.Do(func() { close(s.draining) })
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)

@@ -469,3 +469,23 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal("a new connection was accepted after shutdown")
 	}
 }
+
+// TestAfterClose: once the batchers are closed, completions and scores get
+// 503 at once.
+func TestAfterClose(t *testing.T) {
+	s, ts := newTest(t, &countModel{}, Config{Timeout: 10 * time.Second})
+	s.Close()
+	t0 := time.Now()
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 3}`},
+		{"/v1/completions", `{"prompt": "a", "max_tokens": 3, "stream": true}`},
+		{"/v1/score", `{"ids": [1, 2]}`},
+	} {
+		if code := postCode(ts.URL+c.path, c.body); code != http.StatusServiceUnavailable {
+			t.Errorf("%s %s after Close: %d, want 503", c.path, c.body, code)
+		}
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("requests after Close took %v", d)
+	}
+}
