@@ -104,8 +104,8 @@ func serveAction(c *cli.Context) error {
 		fmt.Fprintf(w, "  tokenizer %q: prompts must be token ids\n", man.Tokenizer)
 	}
 	if b := m.BatchSize(); b < cfg.MaxBatch {
-		fmt.Fprintf(w, "  note: the graphs hold %d sequences per call, so a step of %d sequences takes %d calls; export with --batch %d for one call per step\n",
-			b, cfg.MaxBatch, (cfg.MaxBatch+b-1)/b, cfg.MaxBatch)
+		fmt.Fprintf(w, "  note: the graphs hold %d sequences per call, so a step of %d sequences of one length takes %d calls\n",
+			b, cfg.MaxBatch, (cfg.MaxBatch+b-1)/b)
 	}
 	t0 := time.Now()
 	err = s.Serve(c.Context, ln)
