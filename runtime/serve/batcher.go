@@ -17,9 +17,9 @@ var errFull = errors.New("the server's queue is full; retry later")
 var errClosed = errors.New("the server is shutting down")
 
 // collect gathers a batch: it blocks for the first item, then takes more
-// until the batch holds max items, enough(batch) holds, or wait has passed
-// since the first item arrived. It returns nil when stop is closed.
-func collect[T any](in <-chan T, stop <-chan struct{}, max int, wait time.Duration, enough func(n int) bool) []T {
+// until the batch holds max items or wait has passed since the first item
+// arrived. It returns nil when stop is closed.
+func collect[T any](in <-chan T, stop <-chan struct{}, max int, wait time.Duration) []T {
 	var batch []T
 	select {
 	case x := <-in:
@@ -29,7 +29,7 @@ func collect[T any](in <-chan T, stop <-chan struct{}, max int, wait time.Durati
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	for len(batch) < max && !enough(len(batch)) {
+	for len(batch) < max {
 		select {
 		case x := <-in:
 			batch = append(batch, x)
@@ -365,7 +365,7 @@ func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runti
 func (s *scorer) loop() {
 	defer close(s.done)
 	for {
-		batch := collect(s.in, s.ctx.Done(), s.maxBatch, s.maxWait, func(int) bool { return false })
+		batch := collect(s.in, s.ctx.Done(), s.maxBatch, s.maxWait)
 		if batch == nil {
 			return
 		}

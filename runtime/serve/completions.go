@@ -32,6 +32,10 @@ type completionRequest struct {
 // maxStops bounds the stop strings of a request.
 const maxStops = 4
 
+// defaultMaxTokens is max_tokens when a request leaves it out (OpenAI's
+// default), cut to the server's limit and to the room the prompt leaves.
+const defaultMaxTokens = 16
+
 // completion is a validated request.
 type completion struct {
 	prompt    []int32
@@ -66,7 +70,7 @@ type completionResponse struct {
 
 // parse validates a request against the model and the server's limits.
 func (s *Server) parse(req *completionRequest) (*completion, error) {
-	c := &completion{maxTokens: 16, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
+	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
 	if req.Model != "" && req.Model != s.cfg.Name {
 		return nil, &apiError{http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", req.Model, s.cfg.Name)}
 	}
@@ -75,6 +79,8 @@ func (s *Server) parse(req *completionRequest) (*completion, error) {
 	}
 	if req.MaxTokens != nil {
 		c.maxTokens = *req.MaxTokens
+	} else {
+		c.maxTokens = min(c.maxTokens, s.cfg.MaxTokens)
 	}
 	if c.maxTokens < 0 || c.maxTokens > s.cfg.MaxTokens {
 		return nil, badRequest("max_tokens %d: want 0..%d (the server's limit)", c.maxTokens, s.cfg.MaxTokens)
@@ -108,6 +114,9 @@ func (s *Server) parse(req *completionRequest) (*completion, error) {
 	}
 	if c.prompt, err = s.parsePrompt(req.Prompt); err != nil {
 		return nil, err
+	}
+	if req.MaxTokens == nil { // the default never overflows the context
+		c.maxTokens = max(0, min(c.maxTokens, s.cfg.Engine.Context()-len(c.prompt)))
 	}
 	if n, ctx := len(c.prompt)+c.maxTokens, s.cfg.Engine.Context(); n > ctx {
 		return nil, badRequest("the prompt (%d tokens) plus max_tokens (%d) is %d tokens, more than the model's context of %d; shorten the prompt or lower max_tokens", len(c.prompt), c.maxTokens, n, ctx)

@@ -9,11 +9,13 @@
 //	GET  /v2/health/live, /v2/health/ready, /v2/models/{name}, /v2/models/{name}/ready
 //	GET  /metrics                  Prometheus text format
 //
-// Completions are decoded in batches: every open sequence asks for its next
-// token, and the requests of one step go to the Engine as one Step call
-// (dynamic batching: a step waits at most Config.MaxWait for the open
-// sequences to be ready, and holds at most Config.MaxBatch). Scores and
-// KServe inferences are batched the same way into Model.Each calls.
+// Completions are decoded in batches: one loop advances every open
+// sequence with one Engine.Step call per step and draws each one's next
+// token; new requests join between steps, and a step that takes in new
+// sequences waits at most Config.MaxWait for more while it holds fewer than
+// Config.MaxBatch (dynamic batching). Scores and KServe inferences are
+// batched into Model.Each calls: up to MaxBatch sequences, waiting at most
+// MaxWait after the first.
 //
 // Limits: the request body size, max_tokens, a per-request timeout, and a
 // bounded queue that answers 429 when full. A client's mistake gets a 4xx

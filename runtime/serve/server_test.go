@@ -27,6 +27,7 @@ func TestCompletions(t *testing.T) {
 		{`{"prompt": [3, 4], "max_tokens": 2, "temperature": 0}`, "fg", "length", "[5 6]"},
 		{`{"prompt": "", "max_tokens": 2, "temperature": 0}`, "ab", "length", "[0 1]"}, // starts from EOS
 		{`{"prompt": "k", "max_tokens": 0}`, "", "length", "[]"},
+		{`{"prompt": [` + strings.Repeat("1,", 58) + `0], "temperature": 0}`, "bcdef", "length", "[1 2 3 4 5]"}, // the default max_tokens fits the context of 64
 	} {
 		code, v := post(t, url, c.body)
 		if code != http.StatusOK {
