@@ -149,9 +149,7 @@ func benchServe(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
-		if i == len(levels)/2 {
-			readRSS()
-		}
+		readRSS()
 		if i == 0 {
 			base = r.TokensPerSecond()
 		}
@@ -162,11 +160,10 @@ func benchServe(c *cli.Context) error {
 			fmt.Fprintf(w, "  %d unexpected answers: %v (transport errors %d)\n", u, r.Codes, r.TransportErrors)
 		}
 	}
-	readRSS()
-	fmt.Fprint(w, "RSS (this process: server and clients) at start (after the warm-up), middle, end:")
-	for _, n := range rss {
-		fmt.Fprintf(w, " %.1f MiB", float64(n)/(1<<20))
+	if len(rss) == len(levels)+1 {
+		mib := func(i int) float64 { return float64(rss[i]) / (1 << 20) }
+		fmt.Fprintf(w, "RSS (this process: server and clients) at start (after the warm-up), middle, end: %.1f, %.1f, %.1f MiB; latencies in ms\n",
+			mib(0), mib(len(rss)/2), mib(len(rss)-1))
 	}
-	fmt.Fprintln(w, "; latencies in ms")
 	return nil
 }
