@@ -2,9 +2,12 @@ package runtime_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 
 	cexport "github.com/rpac-dev/rpac/compiler/export"
@@ -203,5 +206,135 @@ func TestDecoderMatchesRecompute(t *testing.T) {
 				t.Fatalf("the context changes the logits by only %.3g: the test cannot tell a cache from none", ctxEffect)
 			}
 		})
+	}
+}
+
+// TestDecoderErrors: misuse is an error that says what to do, never a panic,
+// and leaves the decoder usable.
+func TestDecoderErrors(t *testing.T) {
+	requireORT(t)
+	dir := kvExport(t, kvVariant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp}, 8, 16)
+	m, err := runtime.Open(dir, runtime.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, err = m.NewDecoder(12, 1)
+	wantErr(t, err, "length 12", "[8 16]")
+	_, err = m.NewDecoder(8, 0)
+	wantErr(t, err, "capacity 0")
+	d, err := m.NewDecoder(8, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = d.Prefill(ctx, make([]int32, 9))
+	wantErr(t, err, "9 tokens", "length 8", "LengthFor")
+	_, _, err = d.Prefill(ctx, nil)
+	wantErr(t, err, "empty")
+	_, _, err = d.Prefill(ctx, []int32{1, 61})
+	wantErr(t, err, "position 1", "token id 61")
+	_, err = d.Step(ctx, []int{0}, []int32{1})
+	wantErr(t, err, "slot 0 is not in use", "Prefill")
+	a, _, err := d.Prefill(ctx, []int32{1, 2, 3, 4, 5, 6, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := d.Prefill(ctx, []int32{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = d.Prefill(ctx, []int32{1})
+	wantErr(t, err, "all 2 slots", "Release")
+	_, err = d.Step(ctx, []int{a, a}, []int32{1, 2})
+	wantErr(t, err, "twice")
+	_, err = d.Step(ctx, []int{a, b}, []int32{1})
+	wantErr(t, err, "2 slots and 1 tokens")
+	_, err = d.Step(ctx, nil, nil)
+	wantErr(t, err, "at least one slot")
+	_, err = d.Step(ctx, []int{5}, []int32{1})
+	wantErr(t, err, "slot 5 is outside")
+	_, err = d.Step(ctx, []int{b}, []int32{-1})
+	wantErr(t, err, "token id -1")
+	if _, err := d.Step(ctx, []int{a, b}, []int32{1, 2}); err != nil { // a now holds 8 = T tokens
+		t.Fatal(err)
+	}
+	_, err = d.Step(ctx, []int{a}, []int32{1})
+	wantErr(t, err, "slot 0 holds 8 tokens", "longer length")
+	if err := d.Release(a); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, d.Release(a), "not in use")
+	_, err = d.Len(a)
+	wantErr(t, err, "not in use")
+	if n, err := d.Len(b); err != nil || n != 2 {
+		t.Fatalf("Len(%d) = %d, %v; want 2", b, n, err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := d.Step(cctx, []int{b}, []int32{1}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Step: %v", err)
+	}
+	if n, _ := d.Len(b); n != 2 {
+		t.Fatalf("a cancelled Step moved the slot to %d tokens", n)
+	}
+	if L, err := m.LengthFor(9); err != nil || L != 16 {
+		t.Fatalf("LengthFor(9) = %d, %v; want 16", L, err)
+	}
+	_, err = m.LengthFor(17)
+	wantErr(t, err, "17 tokens", "[8 16]")
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Step(ctx, []int{b}, []int32{1})
+	wantErr(t, err, "closed")
+	_, err = m.NewDecoder(8, 1)
+	wantErr(t, err, "closed")
+
+	plain := tinyExport(t, []int{4}, 1, nil)
+	pm := openT(t, plain, runtime.Options{})
+	_, err = pm.NewDecoder(4, 1)
+	wantErr(t, err, "no KV-cache graphs", "--kv-cache")
+}
+
+// TestGenerateOnCache: Generate samples the same tokens on the cache as by
+// running the full graph for every token (GenerateOptions.Recompute), at the
+// one length that holds prompt and new tokens, greedy and sampled; from
+// many goroutines at once (go test -race).
+func TestGenerateOnCache(t *testing.T) {
+	requireORT(t)
+	dir := kvExport(t, kvVariant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp}, 8, 24)
+	m := openT(t, dir, runtime.Options{Parallel: 2})
+	if got := m.KVCacheLengths(); len(got) != 2 || got[0] != 8 || got[1] != 24 {
+		t.Fatalf("KVCacheLengths = %v", got)
+	}
+	ctx := context.Background()
+	prompt := []int32{3, 14, 15, 9, 26}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := runtime.GenerateOptions{MaxNewTokens: 14, Temperature: float64(g % 2), TopK: 5, Seed: uint64(g)}
+			cached, err := m.Generate(ctx, prompt, o)
+			if err != nil {
+				errs <- err
+				return
+			}
+			o.Recompute = true
+			full, err := m.Generate(ctx, prompt, o)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if fmt.Sprint(cached) != fmt.Sprint(full) || len(cached) != 14 {
+				errs <- fmt.Errorf("options %+v: cached %v, recomputed %v", o, cached, full)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

@@ -298,14 +298,18 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, *ir.N
 			}
 			ax[o] = *got
 		case n.Op == "Linear" || n.Op == "MatMul":
-			if len(dyn) != 1 || dyn[0] != 0 {
+			if len(dyn) != 1 {
 				return nil, nil, bad("multiplies two per-position values")
 			}
-			if n.Attrs.Bool("transA", false) || a.batch == last || a.seq == last {
+			if dyn[0] != 0 || n.Attrs.Bool("transA", false) || a.batch == last || a.seq == last {
 				return nil, nil, bad("contracts the batch or sequence axis")
 			}
-			if n.Op == "MatMul" && (a.batch == last-1 || a.seq == last-1) && len(n.Inputs[1].Shape) > 2 {
-				return nil, nil, bad("batches over the sequence axis")
+			if w := n.Inputs[1].Shape; n.Op == "MatMul" {
+				for _, d := range w[:len(w)-2] {
+					if d != 1 {
+						return nil, nil, bad("multiplies by a weight %v that differs along the leading axes", w)
+					}
+				}
 			}
 			ax[o] = a
 		case n.Op == "Reshape":
