@@ -564,7 +564,7 @@ func (m *Model) Generate(ctx context.Context, prompt []int32, o GenerateOptions)
 	}
 	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
 	draw := func(row []float32) (int32, error) { return sample(row, o, rng) }
-	T, fitErr := m.LengthFor(len(seq) + o.MaxNewTokens)
+	T, fitErr := m.LengthFor(len(seq) + min(o.MaxNewTokens, m.MaxLength()+1))
 	if fitErr == nil && o.MaxNewTokens > 0 && !o.Recompute && m.man.HasKVCache(T) {
 		return m.generateCached(ctx, seq, T, o, draw)
 	}

@@ -51,6 +51,7 @@ func benchCommand() *cli.Command {
 				Action: benchTrain,
 			},
 			benchInferCommand(),
+			benchGenerateCommand(),
 		},
 	}
 }

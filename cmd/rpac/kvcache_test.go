@@ -52,3 +52,21 @@ func TestExportKVCacheGenerate(t *testing.T) {
 		t.Fatalf("--kv-cache with --quantize int8: exit %d:\n%s", code, got)
 	}
 }
+
+// TestBenchGenerate: `rpac bench generate` times both paths and reports
+// that they sampled the same tokens; bad flags are errors.
+func TestBenchGenerate(t *testing.T) {
+	env := []string{"ORT_LIB=" + ortLib(t)}
+	got, code := rpacEnv(t, env, "bench", "generate", "--preset", "tiny", "--length", "16", "--prompt", "4", "--new-tokens", "6", "--rounds", "2", "--threads", "1")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, got)
+	}
+	for _, want := range []string{"round 1  recompute", "round 2  KV cache", "tokens/s", "same tokens: true"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if got, code := rpacEnv(t, env, "bench", "generate", "--preset", "tiny", "--length", "16", "--prompt", "10", "--new-tokens", "7"); code == 0 || !strings.Contains(got, "exceed --length 16") {
+		t.Fatalf("prompt + new tokens > length: exit %d:\n%s", code, got)
+	}
+}
