@@ -14,7 +14,7 @@ import (
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this machine: gemm | train",
+		Usage: "measure this machine: gemm | train | infer | generate",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "gemm",
