@@ -34,7 +34,9 @@ func TestExportKVCacheGenerate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, code := rpacEnv(t, env, "inspect", cached); code != 0 || !strings.Contains(got, "hashes     ok") {
+	if got, code := rpacEnv(t, env, "inspect", cached); code != 0 || !strings.Contains(got, "hashes     ok") ||
+		!strings.Contains(got, "kv cache   fixed-slots, 2 layers × 2 heads × head size 16, prefill and decode graphs at [16 32]") ||
+		!strings.Contains(got, "model_L32.decode.onnx") {
 		t.Fatalf("inspect: exit %d:\n%s", code, got)
 	}
 	var outs []string
