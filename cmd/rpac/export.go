@@ -205,6 +205,9 @@ func exportAction(c *cli.Context) error {
 	for _, r := range vr {
 		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f  CE batch-stats (paper's way) %.5f\n",
 			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEBatchStats)
+		if r.KVSteps > 0 {
+			fmt.Fprintf(w, "        KV cache: %d decode steps, max|Δlogit| %.2e\n", r.KVSteps, r.KVMaxAbsDiff)
+		}
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ func TestExportKVCacheGenerate(t *testing.T) {
 	for _, tc := range []struct {
 		out  string
 		args []string
-	}{{plain, nil}, {cached, []string{"--kv-cache"}}} {
+	}{{plain, nil}, {cached, []string{"--kv-cache", "--verify", "--verify-batches", "1", "--verify-batch", "2"}}} {
 		args := append([]string{"export", "--run", run, "--lengths", "16,32", "--out", tc.out, "--calib-batches", "2"}, tc.args...)
 		got, code := rpacEnv(t, env, args...)
 		if code != 0 {
@@ -27,6 +27,9 @@ func TestExportKVCacheGenerate(t *testing.T) {
 		}
 		if kv := strings.Contains(got, "KV cache: model_L16.prefill.onnx, model_L16.decode.onnx"); kv != (tc.out == cached) {
 			t.Fatalf("export %v: KV-cache line present %v:\n%s", tc.args, kv, got)
+		}
+		if tc.out == cached && !strings.Contains(got, "KV cache: 30 decode steps, max|Δlogit|") {
+			t.Fatalf("export %v: no KV-cache verification line:\n%s", tc.args, got)
 		}
 	}
 	for _, f := range []string{"model_L16.prefill.onnx", "model_L16.decode.onnx", "model_L32.prefill.onnx", "model_L32.decode.onnx"} {

@@ -57,6 +57,22 @@ func TestExportKVCache(t *testing.T) {
 		if err := runtime.Check(context.Background(), dir); err != nil {
 			t.Fatal(err)
 		}
+		requireORT(t)
+		ids := make([]int32, 4*24+1)
+		for i := range ids {
+			ids[i] = int32((i * 37) % cfg.Vocab)
+		}
+		vr, err := export.Verify(context.Background(), export.VerifyOptions{Dir: dir, Config: cfg, Store: st, IDs: ids, Batches: 1, Batch: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range vr {
+			// sequence r decodes its last 16+r positions (fewer when T is short)
+			want := min(16, r.T-1) + min(17, r.T-1)
+			if r.KVSteps != want || r.KVMaxAbsDiff > 1e-4 {
+				t.Errorf("verify L=%d with %s: %d KV decode steps (want %d), max|Δlogit| %.3g", r.T, att, r.KVSteps, want, r.KVMaxAbsDiff)
+			}
+		}
 	}
 	cfg := smallCfg("fuzzy")
 	for _, o := range []export.Options{{Quantize: onnx.QuantizeInt8}, {DropBias: true}} {
