@@ -19,6 +19,10 @@
 // The graphs have a static batch size; larger batches run in chunks and
 // smaller ones are filled with padding rows.
 //
+// An export written with `rpac export --kv-cache` also holds, per length, a
+// prefill and a decode graph: Model.NewDecoder returns a KV cache over them
+// (Decoder: Prefill, batched Step, Release), and Generate decodes on it.
+//
 // The onnxruntime shared library is found through Options.Library, then
 // $ORT_LIB, then the cache path of scripts/fetch-onnxruntime.sh. A binary
 // built without cgo compiles but Open returns an error saying so.
