@@ -50,8 +50,12 @@ func TestExportKVCacheGenerate(t *testing.T) {
 		}
 		outs = append(outs, got)
 	}
-	if outs[0] != outs[1] {
-		t.Fatalf("greedy tokens differ: full graph %q, KV cache %q", outs[0], outs[1])
+	got, code := rpacEnv(t, env, "generate", "--model", cached, "--ids", "0,17,113", "--max-new-tokens", "12", "--temperature", "0", "--recompute")
+	if code != 0 {
+		t.Fatalf("generate --recompute: exit %d:\n%s", code, got)
+	}
+	if outs[0] != outs[1] || outs[1] != got {
+		t.Fatalf("greedy tokens differ: full graph %q, KV cache %q, --recompute %q", outs[0], outs[1], got)
 	}
 	if got, code := rpacEnv(t, env, "export", "--run", run, "--lengths", "16", "--out", t.TempDir(), "--kv-cache", "--quantize", "int8"); code == 0 || !strings.Contains(got, "quantiz") {
 		t.Fatalf("--kv-cache with --quantize int8: exit %d:\n%s", code, got)
