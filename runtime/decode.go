@@ -303,7 +303,11 @@ func (d *Decoder) base(slot, layer, kv int) int {
 }
 
 // running takes the model's read lock for a run; the returned func ends it.
-func (d *Decoder) running() (func(), error) {
+// A context that has already ended is its error.
+func (d *Decoder) running(ctx context.Context) (func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	d.m.mu.RLock()
 	if d.m.closed {
 		d.m.mu.RUnlock()
@@ -341,7 +345,7 @@ func (d *Decoder) Prefill(ctx context.Context, prompt []int32) (int, []float32, 
 	if slot < 0 {
 		return 0, nil, fmt.Errorf("runtime: all %d slots of the decoder are in use; Release one first", d.capacity)
 	}
-	done, err := d.running()
+	done, err := d.running(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -396,7 +400,7 @@ func (d *Decoder) Step(ctx context.Context, slots []int, tokens []int32) ([][]fl
 		}
 		S = max(S, d.n[s]+1)
 	}
-	done, err := d.running()
+	done, err := d.running(ctx)
 	if err != nil {
 		return nil, err
 	}
