@@ -1,9 +1,6 @@
 package runtime
 
-import (
-	"context"
-	"errors"
-)
+import "context"
 
 // Each runs the model on a batch of id sequences like Logits, but hands
 // each sequence's logits to fn instead of copying them: l.Data is valid only
@@ -48,21 +45,6 @@ func (m *Model) BatchSize() int {
 		}
 	}
 	return b
-}
-
-// LengthFor is the exported length that a sequence of n tokens runs at
-// (the smallest that holds it): sequences with the same LengthFor share
-// onnxruntime calls. It returns an error when n is not in 1..MaxLength.
-func (m *Model) LengthFor(n int) (int, error) {
-	if n < 1 {
-		return 0, errors.New("runtime: a sequence needs at least one token")
-	}
-	for _, L := range m.man.SortedLengths() {
-		if L >= n {
-			return L, nil
-		}
-	}
-	return 0, m.validate([][]int32{make([]int32, n)})
 }
 
 // LogProb is log softmax(row)[target], computed in float64 (the negative of

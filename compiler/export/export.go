@@ -71,6 +71,10 @@ type Options struct {
 	// products in every Linear layer, for CPU serving; recorded in the
 	// manifest's fold meta as "quantize").
 	Quantize string
+	// KVCache also writes, for every length, the prefill and decode graphs
+	// of KV-cached decoding (runtime.KVCache; not with DropBias or
+	// Quantize).
+	KVCache bool
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
 	Opset, IRVersion int64
@@ -107,6 +111,10 @@ type LengthResult struct {
 	Calibrated bool           // running statistics came from calibration
 	Fold       []passes.FoldLayer
 	Seconds    float64
+	// KVFiles are the prefill and decode graphs (Options.KVCache) and
+	// KVBytes their size with external data.
+	KVFiles []string
+	KVBytes int64
 }
 
 // Result is the outcome of Export.
@@ -204,6 +212,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Attention == "" {
 		o.Attention = passes.DefaultAttention
+	}
+	if o.KVCache && (o.DropBias || o.Quantize != onnx.QuantizeNone) {
+		return errors.New("export: the KV-cache graphs are written without quantization and with the model's prior; drop --quantize (or --kv-cache)")
 	}
 	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain {
 		return fmt.Errorf("export: attention lowering %q: want %s or %s", o.Attention, passes.AttentionOp, passes.AttentionPlain)
@@ -326,6 +337,20 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			man.Files = append(man.Files, df)
 			lr.Bytes += df.Bytes
 		}
+		if o.KVCache {
+			lay, files, err := exportKV(&o, T, g, meta)
+			if err != nil {
+				return nil, fmt.Errorf("export: length %d: %w", T, err)
+			}
+			man.Files = append(man.Files, files...)
+			man.KVCache = runtime.NewKVCache(lay.Layers, lay.Heads, lay.HeadSize, lengths)
+			for _, f := range files {
+				lr.KVBytes += f.Bytes
+				if f.Graph != runtime.GraphFull && strings.HasSuffix(f.Path, ".onnx") {
+					lr.KVFiles = append(lr.KVFiles, f.Path)
+				}
+			}
+		}
 		lr.Seconds = time.Since(t0).Seconds()
 		o.Log.Debug("exported", "T", T, "file", lr.File, "bytes", lr.Bytes, "nodes", lr.Nodes, "seconds", lr.Seconds)
 		res.Lengths = append(res.Lengths, lr)
@@ -391,7 +416,12 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 
 // Lower lowers an export graph to ONNX with the weights of st.
 func Lower(g *ir.Graph, st *kernels.Store, o onnx.Options) (*onnxpb.ModelProto, error) {
-	return onnx.Lower(g, func(v *ir.Value) ([]float32, error) {
+	return onnx.Lower(g, storeWeights(st), o)
+}
+
+// storeWeights supplies the lowering with the tensors of st.
+func storeWeights(st *kernels.Store) onnx.WeightFunc {
+	return func(v *ir.Value) ([]float32, error) {
 		t := st.Get(v.Name)
 		if t == nil {
 			return nil, fmt.Errorf("%s %q is not in the checkpoint", v.Kind, v.Name)
@@ -403,7 +433,7 @@ func Lower(g *ir.Graph, st *kernels.Store, o onnx.Options) (*onnxpb.ModelProto, 
 			return t.F32, nil
 		}
 		return t.Float32s(), nil
-	}, o)
+	}
 }
 
 // RunningBuffers maps the running-statistics buffers of cfg at length T to

@@ -175,25 +175,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 		return nil, fmt.Errorf("onnx: output %q is %s, want f32", OutputName, out.DType)
 	}
 
-	b := &builder{
-		g:       g,
-		opts:    opts,
-		weights: weights,
-		gp:      &onnxpb.GraphProto{Name: opts.GraphName},
-		used:    map[string]bool{},
-		names:   map[*ir.Value]string{},
-		inits:   map[*ir.Value]string{},
-		initsT:  map[*ir.Value]string{},
-		initsQ:  map[*ir.Value][2]string{},
-		consts:  map[string]string{},
-		uses:    g.Uses(),
-	}
-	if b.gp.Name == "" {
-		b.gp.Name = g.Name
-	}
-	if b.gp.Name == "" {
-		b.gp.Name = "rpac"
-	}
+	b := newBuilder(g, weights, opts)
 	b.reserve(InputName)
 	b.reserve(OutputName)
 	b.names[ids] = InputName
@@ -227,6 +209,37 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	}
 	b.gp.Output = append(b.gp.Output, valueInfo(OutputName, onnxpb.TensorProto_FLOAT, []int64{int64(B), int64(T), int64(V)}))
 
+	return b.model(), nil
+}
+
+// newBuilder returns a builder for lowering g.
+func newBuilder(g *ir.Graph, weights WeightFunc, opts Options) *builder {
+	b := &builder{
+		g:       g,
+		opts:    opts,
+		weights: weights,
+		gp:      &onnxpb.GraphProto{Name: opts.GraphName},
+		used:    map[string]bool{},
+		names:   map[*ir.Value]string{},
+		inits:   map[*ir.Value]string{},
+		initsT:  map[*ir.Value]string{},
+		initsQ:  map[*ir.Value][2]string{},
+		consts:  map[string]string{},
+		uses:    g.Uses(),
+	}
+	if b.gp.Name == "" {
+		b.gp.Name = g.Name
+	}
+	if b.gp.Name == "" {
+		b.gp.Name = "rpac"
+	}
+	return b
+}
+
+// model wraps the lowered graph in a ModelProto with the options' opset,
+// producer and metadata.
+func (b *builder) model() *onnxpb.ModelProto {
+	opts := b.opts
 	m := &onnxpb.ModelProto{
 		IrVersion:       opts.IRVersion,
 		OpsetImport:     []*onnxpb.OperatorSetIdProto{{Domain: "", Version: opts.Opset}},
@@ -242,7 +255,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	for _, k := range keys {
 		m.MetadataProps = append(m.MetadataProps, &onnxpb.StringStringEntryProto{Key: k, Value: opts.Metadata[k]})
 	}
-	return m, nil
+	return m
 }
 
 // liveNodes marks the nodes that out depends on.
@@ -276,6 +289,7 @@ type builder struct {
 	uses   map[*ir.Value][]*ir.Node
 	final  *ir.Value // the value that is written as "logits" directly
 	nodeID int
+	kv     *kvState // set by LowerKV: the KV-cache graphs' lowerings
 }
 
 func (b *builder) reserve(name string) { b.used[name] = true }
