@@ -40,7 +40,7 @@ func (o SampleOptions) Validate() error {
 type Sampler struct {
 	o    SampleOptions
 	rng  *rand.Rand
-	mask []float32
+	mask []float32 // the kept candidates' logits
 	h    logitHeap
 }
 
@@ -67,32 +67,34 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 	if math.IsInf(mx, 0) {
 		return sample(row, plain, s.rng)
 	}
-	// Keep the most likely candidates in mask (every other entry NaN,
-	// which sample ignores): the first K, cut to the nucleus.
-	if cap(s.mask) < len(row) {
-		s.mask = make([]float32, len(row))
-	}
-	s.mask = s.mask[:len(row)]
-	nan := float32(math.NaN())
-	for i := range s.mask {
-		s.mask[i] = nan
-	}
-	var total, kept float64
+	// Keep the most likely candidates, the first K cut to the nucleus,
+	// and draw among them in index order: as sample would from the row
+	// with every other entry NaN, without touching the other entries.
+	n := len(cand)
 	if s.o.TopP > 0 && s.o.TopP < 1 {
+		var total, kept float64
 		for _, c := range cand {
 			total += math.Exp((float64(c.x) - mx) / s.o.Temperature)
 		}
-	}
-	for _, c := range cand {
-		s.mask[c.i] = c.x
-		if total > 0 {
+		for k, c := range cand {
 			kept += math.Exp((float64(c.x) - mx) / s.o.Temperature)
 			if kept >= s.o.TopP*total {
+				n = k + 1
 				break
 			}
 		}
 	}
-	return sample(s.mask, plain, s.rng)
+	kept := cand[:n]
+	sort.Slice(kept, func(a, b int) bool { return kept[a].i < kept[b].i })
+	s.mask = s.mask[:0]
+	for _, c := range kept {
+		s.mask = append(s.mask, c.x)
+	}
+	j, err := sample(s.mask, plain, s.rng)
+	if err != nil {
+		return 0, err
+	}
+	return int32(kept[j].i), nil
 }
 
 // candidates returns the non-NaN entries of row in decreasing order of

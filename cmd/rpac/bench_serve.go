@@ -25,7 +25,8 @@ func benchServeCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model preset exported with random weights"},
 			&cli.StringFlag{Name: "lengths", Value: "32,64", Usage: "exported context lengths"},
-			&cli.IntFlag{Name: "batch", Usage: "static batch of the exported graphs (default: --max-batch)"},
+			&cli.IntFlag{Name: "batch", Usage: "static batch of the exported full graphs (default: --max-batch)"},
+			&cli.BoolFlag{Name: "kv-cache", Value: true, Usage: "export KV-cache graphs, so that completions decode on the cache (false: every step recomputes the whole context)"},
 			&cli.StringFlag{Name: "clients", Value: "1,8,32", Usage: "comma-separated concurrency levels, run in order"},
 			&cli.IntFlag{Name: "requests", Value: 64, Usage: "requests per concurrency level (at most)"},
 			&cli.DurationFlag{Name: "duration", Value: 60 * time.Second, Usage: "time per concurrency level (at most)"},
@@ -94,7 +95,7 @@ func benchServe(c *cli.Context) error {
 		}
 	}
 	if _, err := export.Export(ctx, export.Options{Config: p.Config, Store: st, Lengths: lengths, Batch: batch,
-		Out: dir, Tokenizer: "none", EOS: 0}); err != nil {
+		KVCache: c.Bool("kv-cache"), Out: dir, Tokenizer: "none", EOS: 0}); err != nil {
 		return err
 	}
 	m, err := runtime.OpenContext(ctx, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
@@ -117,9 +118,13 @@ func benchServe(c *cli.Context) error {
 	go func() { served <- s.Serve(sctx, ln) }()
 	defer func() { stop(); <-served }()
 
-	fmt.Fprintf(w, "rpac serve load test: %s preset (random weights), lengths %v, graph batch %d, max batch %d, max wait %v, queue %d; "+
+	decoding := "KV cache"
+	if !c.Bool("kv-cache") {
+		decoding = "recomputing the context"
+	}
+	fmt.Fprintf(w, "rpac serve load test: %s preset (random weights), lengths %v, decoding on the %s, graph batch %d, max batch %d, max wait %v, queue %d; "+
 		"completions of %d prompt ids and %d tokens, every %d-th request a score of %d ids; at most %d requests or %v per level\n",
-		p.Name, lengths, batch, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, c.Int("prompt-len"), c.Int("gen-tokens"),
+		p.Name, lengths, decoding, batch, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, c.Int("prompt-len"), c.Int("gen-tokens"),
 		c.Int("score-every"), c.Int("score-len"), c.Int("requests"), c.Duration("duration"))
 	fmt.Fprintf(w, "%7s %6s %6s %6s %9s %9s %9s %9s %8s %8s %s\n", "clients", "done", "429", "other", "comp p50", "comp p99", "score p50", "score p99", "req/s", "tok/s", "RSS")
 	var rss []int64

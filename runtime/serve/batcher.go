@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	goruntime "runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,7 +139,7 @@ func (d *decoder) start(ctx context.Context, req *genRequest) error {
 			return err
 		}
 	}
-	slot, err := d.eng.Open()
+	slot, err := d.eng.Open(len(req.prompt) + req.maxTokens)
 	if err != nil {
 		d.slots <- struct{}{}
 		return err
@@ -188,26 +189,26 @@ func (d *decoder) loop() {
 	}
 }
 
-// admit takes in the sequences waiting to join; when any did and the
-// batch has room, it waits up to maxWait for more.
+// admit takes in the sequences waiting to join. When every sequence of
+// the coming step is new (none is decoding yet) and the batch has room,
+// it waits up to maxWait for more to arrive; sequences that are decoding
+// are never held up, and later arrivals join the next step.
 func (d *decoder) admit(active []*seqState) []*seqState {
-	fresh := false
-	for _, s := range active {
-		fresh = fresh || s.drawn == 0
-	}
-	take := func() bool {
+	for {
 		select {
 		case s := <-d.join:
 			active = append(active, s)
-			fresh = true
-			return true
+			continue
 		default:
-			return false
+		}
+		break
+	}
+	for _, s := range active {
+		if s.drawn > 0 {
+			return active
 		}
 	}
-	for take() {
-	}
-	if !fresh || len(active) >= d.maxBatch {
+	if len(active) >= d.maxBatch {
 		return active
 	}
 	timer := time.NewTimer(d.maxWait)
@@ -256,10 +257,14 @@ func (d *decoder) step(active []*seqState) []*seqState {
 	if err != nil && d.ctx.Err() != nil {
 		err = errClosed
 	}
+	evs := make([]genEvent, len(batch))
+	if err == nil {
+		d.drawAll(batch, logits, evs)
+	}
 	for i, s := range batch {
-		ev := genEvent{err: err}
-		if err == nil {
-			ev = d.draw(s, logits[i])
+		ev := evs[i]
+		if err != nil {
+			ev = genEvent{err: err}
 		}
 		if ev.err == nil && !ev.done {
 			s.req.events <- ev // a token
@@ -273,6 +278,29 @@ func (d *decoder) step(active []*seqState) []*seqState {
 		d.release(s)
 	}
 	return rest
+}
+
+// drawAll samples every sequence's next token, on as many goroutines as
+// there are processors (the model is idle meanwhile).
+func (d *decoder) drawAll(batch []*seqState, logits [][]float32, evs []genEvent) {
+	workers := min(goruntime.GOMAXPROCS(0), (len(batch)+3)/4)
+	if workers <= 1 {
+		for i, s := range batch {
+			evs[i] = d.draw(s, logits[i])
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(batch); i += workers {
+				evs[i] = d.draw(batch[i], logits[i])
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // draw samples a sequence's next token.

@@ -21,14 +21,17 @@ type Engine interface {
 	// Context is the most tokens one sequence may hold (prompt and
 	// generated tokens together).
 	Context() int
-	// Open reserves a slot for a new, empty sequence; it returns an error
-	// when every slot is taken.
-	Open() (slot int, err error)
+	// Open reserves a slot for a new, empty sequence that will hold at
+	// most need tokens (prompt and generated, need <= Context); it returns
+	// an error when every slot is taken. An engine over an export of
+	// several lengths runs the sequence at the smallest that holds need,
+	// as runtime.Model.Generate does.
+	Open(need int) (slot int, err error)
 	// Step appends tokens[i] (the prompt on a sequence's first step, then
 	// one sampled token per step) to the sequence in slots[i] and returns,
 	// for each, the logits of the token that follows (VocabSize values the
-	// caller may keep). The slots of one call are distinct. On error no
-	// sequence has advanced.
+	// caller may keep). The slots of one call are distinct. An error ends
+	// every sequence of the call (the server releases their slots).
 	Step(ctx context.Context, slots []int, tokens [][]int32) ([][]float32, error)
 	// Release frees a slot and forgets its sequence.
 	Release(slot int)
@@ -40,24 +43,26 @@ type Model interface {
 	// Each runs a batch of sequences and hands each one's logits to fn
 	// (valid while fn runs); see runtime.Model.Each.
 	Each(ctx context.Context, batch [][]int32, fn func(i int, l runtime.Logits) error) error
-	// NextLogits returns each sequence's logits at its last position.
-	NextLogits(ctx context.Context, batch [][]int32) ([][]float32, error)
+	// LengthFor is the smallest exported length that holds n tokens.
+	LengthFor(n int) (int, error)
 	MaxLength() int
 	VocabSize() int
 	EOS() int32
 }
 
 // windowEngine decodes without a cache: every step runs each sequence's
-// whole window through the model (runtime.Model.NextLogits), so a step of
-// n sequences costs one onnxruntime call per exported length among them,
-// per graph batch. It is the engine for exports without decode graphs.
+// whole window, right-padded with EOS to the sequence's length (the
+// smallest exported length that holds its prompt and generated tokens,
+// fixed at Open), through the model; a step of n sequences costs one
+// onnxruntime call per length among them, per graph batch. It is the
+// engine for exports without KV-cache graphs.
 type windowEngine struct {
 	m   Model
 	ctx int
 
 	mu   sync.Mutex
 	seqs [][]int32
-	used []bool
+	lens []int // 0: free slot
 }
 
 // NewWindowEngine returns an Engine with capacity slots over m that
@@ -67,18 +72,22 @@ func NewWindowEngine(m Model, capacity int) (Engine, error) {
 	if capacity < 1 {
 		return nil, fmt.Errorf("serve: engine capacity %d: want at least 1", capacity)
 	}
-	return &windowEngine{m: m, ctx: m.MaxLength(), seqs: make([][]int32, capacity), used: make([]bool, capacity)}, nil
+	return &windowEngine{m: m, ctx: m.MaxLength(), seqs: make([][]int32, capacity), lens: make([]int, capacity)}, nil
 }
 
-func (e *windowEngine) Capacity() int { return len(e.used) }
+func (e *windowEngine) Capacity() int { return len(e.lens) }
 func (e *windowEngine) Context() int  { return e.ctx }
 
-func (e *windowEngine) Open() (int, error) {
+func (e *windowEngine) Open(need int) (int, error) {
+	L, err := e.m.LengthFor(max(need, 1))
+	if err != nil {
+		return 0, err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for i, u := range e.used {
-		if !u {
-			e.used[i] = true
+	for i, l := range e.lens {
+		if l == 0 {
+			e.lens[i] = L
 			e.seqs[i] = e.seqs[i][:0]
 			return i, nil
 		}
@@ -89,8 +98,8 @@ func (e *windowEngine) Open() (int, error) {
 func (e *windowEngine) Release(slot int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if slot >= 0 && slot < len(e.used) {
-		e.used[slot] = false
+	if slot >= 0 && slot < len(e.lens) {
+		e.lens[slot] = 0
 	}
 }
 
@@ -100,8 +109,9 @@ func (e *windowEngine) Step(ctx context.Context, slots []int, tokens [][]int32) 
 	}
 	e.mu.Lock()
 	windows := make([][]int32, len(slots))
+	ns := make([]int, len(slots))
 	for i, s := range slots {
-		if s < 0 || s >= len(e.used) || !e.used[s] {
+		if s < 0 || s >= len(e.lens) || e.lens[s] == 0 {
 			e.mu.Unlock()
 			return nil, fmt.Errorf("serve: slot %d is not open", s)
 		}
@@ -109,21 +119,31 @@ func (e *windowEngine) Step(ctx context.Context, slots []int, tokens [][]int32) 
 			e.mu.Unlock()
 			return nil, fmt.Errorf("serve: step of slot %d has no tokens", s)
 		}
-		if n := len(e.seqs[s]) + len(tokens[i]); n > e.ctx {
+		L := e.lens[s]
+		ns[i] = len(e.seqs[s]) + len(tokens[i])
+		if ns[i] > L {
 			e.mu.Unlock()
-			return nil, fmt.Errorf("serve: slot %d would hold %d tokens, more than the context of %d", s, n, e.ctx)
+			return nil, fmt.Errorf("serve: slot %d would hold %d tokens, more than its length of %d", s, ns[i], L)
 		}
-		w := make([]int32, 0, len(e.seqs[s])+len(tokens[i]))
-		windows[i] = append(append(w, e.seqs[s]...), tokens[i]...)
+		w := make([]int32, 0, L)
+		w = append(append(w, e.seqs[s]...), tokens[i]...)
+		for len(w) < L { // causal graphs: the padding never reaches row ns-1
+			w = append(w, e.m.EOS())
+		}
+		windows[i] = w
 	}
 	e.mu.Unlock()
-	out, err := e.m.NextLogits(ctx, windows)
+	out := make([][]float32, len(slots))
+	err := e.m.Each(ctx, windows, func(i int, l runtime.Logits) error {
+		out[i] = append([]float32(nil), l.Row(ns[i]-1)...)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
 	for i, s := range slots {
-		e.seqs[s] = windows[i]
+		e.seqs[s] = windows[i][:ns[i]]
 	}
 	e.mu.Unlock()
 	return out, nil

@@ -23,7 +23,7 @@ import (
 type countModel struct {
 	maxLen int
 	delay  time.Duration
-	calls  atomic.Int64 // model calls (Each or NextLogits)
+	calls  atomic.Int64 // model calls
 	mu     sync.Mutex
 	sizes  []int // sequences per call
 }
@@ -76,15 +76,11 @@ func (m *countModel) Each(ctx context.Context, batch [][]int32, fn func(int, run
 	return nil
 }
 
-func (m *countModel) NextLogits(ctx context.Context, batch [][]int32) ([][]float32, error) {
-	if err := m.call(ctx, batch); err != nil {
-		return nil, err
+func (m *countModel) LengthFor(n int) (int, error) {
+	if n > m.maxLen {
+		return 0, io.ErrShortBuffer
 	}
-	out := make([][]float32, len(batch))
-	for i, s := range batch {
-		out[i] = m.row(s[len(s)-1])
-	}
-	return out, nil
+	return m.maxLen, nil
 }
 
 func (m *countModel) MaxLength() int { return m.maxLen }

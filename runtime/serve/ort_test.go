@@ -13,8 +13,11 @@ import (
 	"strings"
 	"testing"
 
+	cexport "github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/runtime"
 )
 
@@ -157,4 +160,90 @@ func indexOf(s []int32, x int32) int {
 		}
 	}
 	return -1
+}
+
+// kvExport writes an export of a small fuzzy model (random weights,
+// vocabulary 61, EOS 0) with KV-cache graphs at lengths ls.
+func kvExport(t *testing.T, ls ...int) string {
+	t.Helper()
+	p, _ := model.LookupPreset("tiny")
+	cfg := p.Config
+	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = 61, 24, 3, 2, 32, 3, 2
+	st := kernels.NewStore(kernels.F32)
+	for _, T := range ls {
+		mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := model.InitStore(mg.Specs, st, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	if _, err := cexport.Export(context.Background(), cexport.Options{Config: cfg, Store: st, Lengths: ls,
+		KVCache: true, Out: dir, Tokenizer: "test", EOS: 0}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestKVEngineOnnxruntime: on an export with KV-cache graphs the server
+// decodes on the cache (by default), and its completions, five at once at
+// different positions and lengths, are runtime.Model.Generate's.
+func TestKVEngineOnnxruntime(t *testing.T) {
+	requireORT(t)
+	m, err := runtime.Open(kvExport(t, 16, 32), runtime.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := New(m, Config{MaxBatch: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.cfg.Engine.(*kvEngine); !ok {
+		t.Fatalf("the default engine over a KV-cache export is %T", s.cfg.Engine)
+	}
+	h := s.Handler()
+	type job struct {
+		prompt []int32
+		n      int
+		temp   float64
+	}
+	jobs := []job{{[]int32{1, 2, 3}, 9, 0}, {[]int32{4}, 20, 0.9}, {[]int32{7, 7, 7, 7, 7, 7, 7}, 6, 0.9}, {[]int32{9, 3, 3, 1, 5, 8, 60, 2, 2, 2, 2, 2, 2, 2}, 12, 0}, {[]int32{12, 5}, 25, 1.2}}
+	want := make([][]int32, len(jobs))
+	for i, j := range jobs {
+		want[i], err = m.Generate(context.Background(), j.prompt, runtime.GenerateOptions{MaxNewTokens: j.n, Temperature: j.temp, Seed: uint64(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := indexOf(want[i], 0); k >= 0 {
+			want[i] = want[i][:k]
+		}
+	}
+	got := make([]string, len(jobs))
+	done := make(chan struct{})
+	for i, j := range jobs {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			body := fmt.Sprintf(`{"prompt": %s, "max_tokens": %d, "temperature": %v, "seed": %d}`, strings.ReplaceAll(fmt.Sprint(j.prompt), " ", ","), j.n, j.temp, i)
+			got[i] = recorder(h, http.MethodPost, "/v1/completions", body)
+		}()
+	}
+	for range jobs {
+		<-done
+	}
+	for i := range jobs {
+		if !strings.Contains(got[i], `"token_ids":`+strings.ReplaceAll(fmt.Sprint(want[i]), " ", ",")) {
+			t.Errorf("job %d: server answered %s, Generate drew %v", i, got[i], want[i])
+		}
+	}
+	if s.dec.open.Load() != 0 {
+		t.Fatalf("%d slots still open", s.dec.open.Load())
+	}
+	code := recorder(h, http.MethodPost, "/v1/completions", `{"prompt": [1, 2], "max_tokens": 31}`)
+	if !strings.Contains(code, "more than the model's context of 32") {
+		t.Fatalf("prompt + max_tokens beyond the longest KV length: %s", code)
+	}
 }

@@ -60,8 +60,9 @@ type Config struct {
 	// Tokenizer encodes text prompts and decodes completions; without one
 	// prompts must be token ids and completions carry ids only.
 	Tokenizer runtime.Tokenizer
-	// Engine decodes completions (default: NewWindowEngine over the model
-	// with MaxBatch slots).
+	// Engine decodes completions (default, with MaxBatch slots:
+	// NewKVEngine when the model is a *runtime.Model with KV-cache graphs,
+	// else NewWindowEngine).
 	Engine Engine
 	// MaxBatch is the most sequences in one decoding step or scoring run.
 	MaxBatch int
@@ -155,7 +156,13 @@ func New(m Model, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.Engine == nil {
-		eng, err := NewWindowEngine(m, cfg.MaxBatch)
+		var eng Engine
+		var err error
+		if rm, ok := m.(*runtime.Model); ok && len(rm.KVCacheLengths()) > 0 {
+			eng, err = NewKVEngine(rm, cfg.MaxBatch)
+		} else {
+			eng, err = NewWindowEngine(m, cfg.MaxBatch)
+		}
 		if err != nil {
 			return nil, err
 		}
