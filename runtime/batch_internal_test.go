@@ -150,6 +150,19 @@ func TestSamplerFilters(t *testing.T) {
 			}
 		}
 	}
+	// Ties: TopK keeps the lower ids.
+	ties, _ := NewSampler(SampleOptions{Temperature: 1, TopK: 2}, 3)
+	seen := map[int32]int{}
+	for range 1000 {
+		id, err := ties.Next([]float32{5, 5, 5, 5, 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[id]++
+	}
+	if len(seen) != 2 || seen[0] < 400 || seen[1] < 400 {
+		t.Fatalf("top-2 of five equal logits drew %v, want ids 0 and 1 evenly", seen)
+	}
 	s, _ := NewSampler(SampleOptions{Temperature: 1, TopK: 2, TopP: 0.9}, 1)
 	if id, err := s.Next([]float32{nan, 2, nan, 1}); err != nil || (id != 1 && id != 3) {
 		t.Fatalf("NaN logits: drew %d, %v", id, err)

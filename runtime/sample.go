@@ -135,6 +135,11 @@ func (s *Sampler) candidates(row []float32) []logitAt {
 		if x != x {
 			continue
 		}
+		// Once k are kept, an entry no larger than the worst kept one is
+		// worse than it (ties go to the lower index, seen earlier).
+		if len(s.h) == k && x <= s.h[0].x {
+			continue
+		}
 		c := logitAt{x, i}
 		switch {
 		case len(s.h) < k:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"time"
@@ -34,6 +35,7 @@ func benchServeCommand() *cli.Command {
 			&cli.IntFlag{Name: "prompt-len", Value: 8, Usage: "prompt ids per completion"},
 			&cli.IntFlag{Name: "gen-tokens", Value: 16, Usage: "max_tokens per completion"},
 			&cli.IntFlag{Name: "score-len", Value: 32, Usage: "ids per score request"},
+			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed levels to this file"},
 			&cli.IntFlag{Name: "warmup", Value: -1, Usage: "untimed requests at the highest concurrency before the first level, so that the start RSS includes onnxruntime's buffers (-1: that many clients)"},
 		}, serveFlags()...),
 		Action: benchServe,
@@ -146,6 +148,17 @@ func benchServe(c *cli.Context) error {
 		}
 	}
 	readRSS()
+	if path := c.String("cpuprofile"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var base float64
 	for i, n := range levels {
 		r, err := serve.Load(ctx, serve.LoadOptions{URL: url, Clients: n, Requests: c.Int("requests"),
