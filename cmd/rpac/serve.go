@@ -103,9 +103,10 @@ func serveAction(c *cli.Context) error {
 	if cfg.Tokenizer == nil {
 		fmt.Fprintf(w, "  tokenizer %q: prompts must be token ids\n", man.Tokenizer)
 	}
-	if b := m.BatchSize(); b < cfg.MaxBatch {
-		fmt.Fprintf(w, "  note: the graphs hold %d sequences per call, so a step of %d sequences of one length takes %d calls\n",
-			b, cfg.MaxBatch, (cfg.MaxBatch+b-1)/b)
+	if kv := m.KVCacheLengths(); len(kv) > 0 {
+		fmt.Fprintf(w, "  completions decode on the KV cache (lengths %v)\n", kv)
+	} else {
+		fmt.Fprintf(w, "  completions recompute the whole context at every step: export with --kv-cache to decode on a cache\n")
 	}
 	t0 := time.Now()
 	err = s.Serve(c.Context, ln)

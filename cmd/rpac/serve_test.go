@@ -14,13 +14,13 @@ import (
 	"time"
 )
 
-// TestServeCommand: rpac serve answers a completion and a score on a
-// port it picked, and exits 0 on SIGTERM.
+// TestServeCommand: rpac serve, on an export with KV-cache graphs, answers
+// a completion and a score on a port it picked, and exits 0 on SIGTERM.
 func TestServeCommand(t *testing.T) {
 	env := []string{"ORT_LIB=" + ortLib(t)}
 	run := writeRun(t)
 	out := filepath.Join(t.TempDir(), "export")
-	if got, code := rpacEnv(t, env, "export", "--run", run, "--lengths", "16", "--batch", "2", "--out", out); code != 0 {
+	if got, code := rpacEnv(t, env, "export", "--run", run, "--lengths", "16", "--batch", "2", "--kv-cache", "--out", out); code != 0 {
 		t.Fatalf("export: %s", got)
 	}
 	cmd := exec.Command(bin, "serve", "--model", out, "--addr", "127.0.0.1:0", "--max-batch", "2", "--name", "tiny")
@@ -41,6 +41,9 @@ func TestServeCommand(t *testing.T) {
 	url := regexp.MustCompile(`http://127\.0\.0\.1:\d+`).FindString(first)
 	if url == "" {
 		t.Fatalf("no address in %q", first)
+	}
+	if !lines.Scan() || !strings.Contains(lines.Text(), "KV cache") {
+		t.Fatalf("rpac serve on a --kv-cache export: second line %q", lines.Text())
 	}
 	go io.Copy(io.Discard, stdout)
 	for _, c := range []struct{ path, body, want string }{
