@@ -74,7 +74,7 @@ func checkKVIO(path string, k *KVCache, g GraphKind, V int) error {
 	H, Hd := int64(k.Heads), int64(k.HeadSize)
 	want := map[string]ioInfo{
 		KVInputIDs: {KVInputIDs, onnxInt64, []int64{any, seq}},
-		KVLogits:   {KVLogits, onnxFloat, []int64{any, seq, int64(V)}},
+		KVLogits:   {KVLogits, onnxFloat, []int64{any, 1, int64(V)}}, // prefill too: the last position's
 	}
 	if g == GraphDecode {
 		want[KVPositionIDs] = ioInfo{KVPositionIDs, onnxInt64, []int64{any, 1}}
@@ -353,8 +353,8 @@ func (d *Decoder) Prefill(ctx context.Context, prompt []int32) (int, []float32, 
 	kvShape := []int64{1, int64(d.H), int64(P), int64(d.hd)}
 	sz := d.H * P * d.hd
 	present := make([]float32, 2*d.layers*sz)
-	logits := make([]float32, P*d.V)
-	out := []tensorArg{{shape: []int64{1, int64(P), int64(d.V)}, f32: logits}}
+	logits := make([]float32, d.V) // the prefill graph's head runs on the last position only
+	out := []tensorArg{{shape: []int64{1, 1, int64(d.V)}, f32: logits}}
 	for i := 0; i < 2*d.layers; i++ {
 		out = append(out, tensorArg{shape: kvShape, f32: present[i*sz : (i+1)*sz]})
 	}
@@ -369,7 +369,7 @@ func (d *Decoder) Prefill(ctx context.Context, prompt []int32) (int, []float32, 
 		}
 	}
 	d.n[slot] = P
-	return slot, append([]float32(nil), logits[(P-1)*d.V:]...), nil
+	return slot, logits, nil
 }
 
 // Step feeds tokens[i] to the sequence in slots[i] (each at its own

@@ -16,7 +16,7 @@ import (
 // Optimum and onnxruntime-genai name it:
 //
 //	prefill  in:  input_ids           int64 [batch, sequence]      (positions 0..sequence-1, sequence <= T)
-//	         out: logits              float [batch, sequence, V]
+//	         out: logits              float [batch, 1, V]           (after the prompt's last token)
 //	              present.{i}.key     float [batch, heads, sequence, head_size]
 //	              present.{i}.value   float [batch, heads, sequence, head_size]
 //	decode   in:  input_ids           int64 [batch, 1]              (one new token per sequence)
@@ -36,6 +36,11 @@ import (
 // the position table. Every other part of the graph is per position; LowerKV
 // checks that (positionAxes) and refuses a graph that mixes positions
 // anywhere but in attention, because a cache would then not be exact.
+//
+// The prefill graph applies the LM head to the last prompt position only: a
+// generation needs no other logits, and the head over every position would
+// be most of a prefill's work at a small width (the head is V×D per token)
+// and a [sequence, V] output. Scoring a text uses the full graph.
 
 // KVGraph selects the graph LowerKV writes.
 type KVGraph int
@@ -81,6 +86,7 @@ type kvState struct {
 	which  KVGraph
 	axes   map[*ir.Value]posAxes
 	posAdd *ir.Node // Add(token embedding, position table)
+	head   *ir.Node // the LM head (prefill: last position only)
 	plain  bool     // MatMul, Add, Softmax, MatMul instead of Attention
 	layout KVLayout
 	// decode: shared by every layer, built at the first attention
@@ -131,8 +137,11 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 		return nil, KVLayout{}, fmt.Errorf("onnx: %s graph: %w", which, err)
 	}
 
+	if out.Def == nil || out.Def.Op != "Linear" {
+		return nil, KVLayout{}, fmt.Errorf("onnx: graph %s: %q is not computed by the LM head (a Linear)", g.Name, OutputName)
+	}
 	b := newBuilder(g, weights, opts)
-	b.kv = &kvState{which: which, axes: axes, posAdd: posAdd, plain: ko.PlainAttention, layout: KVLayout{Length: T}}
+	b.kv = &kvState{which: which, axes: axes, posAdd: posAdd, head: out.Def, plain: ko.PlainAttention, layout: KVLayout{Length: T}}
 	b.reserve(InputName)
 	b.reserve(OutputName)
 	b.reserve(PositionIDsName)
@@ -182,7 +191,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	if lay.Layers != nLayers {
 		return nil, KVLayout{}, fmt.Errorf("onnx: %d of %d attention layers were lowered", lay.Layers, nLayers)
 	}
-	b.gp.Output = append(b.gp.Output, dynValueInfo(OutputName, onnxpb.TensorProto_FLOAT, DimBatch, seq, V))
+	b.gp.Output = append(b.gp.Output, dynValueInfo(OutputName, onnxpb.TensorProto_FLOAT, DimBatch, 1, V))
 	cacheSeq := any(DimSequence)
 	if which == KVDecode {
 		cacheSeq = DimPastSequence
@@ -404,6 +413,9 @@ func (k *kvState) override(n *ir.Node) lowering {
 	if n == k.posAdd {
 		return lowerKVPosition
 	}
+	if k.which == KVPrefill && n == k.head {
+		return lowerKVLastHead
+	}
 	if _, dyn := k.axes[n.Inputs[0]]; !dyn {
 		return nil
 	}
@@ -416,6 +428,14 @@ func (k *kvState) override(n *ir.Node) lowering {
 		return lowerKVAttention
 	}
 	return nil
+}
+
+// lowerKVLastHead is the LM head (Linear over the last axis) applied to
+// the last position of its [batch, sequence, D] input only.
+func lowerKVLastHead(b *builder, n *ir.Node, in []string, out string) (string, error) {
+	last := b.emit(out+".last", "Slice", []string{in[0], b.constI64(-1), b.constI64(math.MaxInt64), b.constI64(1)})
+	args := append([]string{last}, in[1:]...)
+	return lowerLinear(b, n, args, out)
 }
 
 // shapeOf returns Shape(x)[start:end] (int64 [end-start]).
