@@ -26,7 +26,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory or its model.safetensors (instead of --run)"},
 			&cli.StringFlag{Name: "lengths", Usage: "context lengths to export, e.g. 384,768 (default: the trained contexts)"},
 			&cli.StringFlag{Name: "out", Usage: "export folder", Required: true},
-			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | none (RPA computed in the graph)"},
+			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
 			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | plain (MatMul, Add of one constant mask, Softmax)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
@@ -62,8 +62,8 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("--%s must be positive", n)
 		}
 	}
-	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode {
-		return fmt.Errorf("--fold %q: want rpa or none", f)
+	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != passes.FoldRankMode && f != passes.FoldRankApproxMode {
+		return fmt.Errorf("--fold %q: want rpa, rank, rank-approx or none", f)
 	}
 	if a := c.String("attention"); a != passes.AttentionOp && a != passes.AttentionPlain {
 		return fmt.Errorf("--attention %q: want plain or op", a)
@@ -181,7 +181,11 @@ func exportAction(c *cli.Context) error {
 		}
 		fmt.Fprintf(w, "  L=%d  %s  %.1f MiB  %d nodes  %.1fs%s\n", lr.T, lr.File, float64(lr.Bytes)/(1<<20), lr.Nodes, lr.Seconds, cal)
 		for _, f := range lr.Fold {
-			fmt.Fprintf(w, "    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)\n", f.Layer, f.Min, f.Max, f.Mean, 100*f.ClipFrac, f.Clip)
+			rank := ""
+			if f.Rank > 0 {
+				rank = fmt.Sprintf("  rank form: %d extra q/k components, max deviation %.1e", f.Rank, f.RankErr)
+			}
+			fmt.Fprintf(w, "    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)%s\n", f.Layer, f.Min, f.Max, f.Mean, 100*f.ClipFrac, f.Clip, rank)
 		}
 	}
 	fmt.Fprintf(w, "  %s\n", filepath.Join(res.Dir, runtime.ManifestName))
@@ -199,8 +203,8 @@ func exportAction(c *cli.Context) error {
 	}
 	fmt.Fprintf(w, "verify on %s (%s):\n", ds.EvalName, ds.Protocol)
 	for _, r := range vr {
-		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f  CE batch-stats (paper's way) %.5f\n",
-			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEBatchStats)
+		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f\n",
+			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEExport-r.CEEval, r.CEBatchStats)
 	}
 	return nil
 }

@@ -55,7 +55,8 @@ type Options struct {
 	Lengths []int
 	// Batch is the static batch size of the exported graphs (default 1).
 	Batch int
-	// Fold is passes.FoldRPAMode (default) or passes.FoldNoneMode.
+	// Fold is passes.FoldRPAMode (default), passes.FoldRankMode,
+	// passes.FoldRankApproxMode or passes.FoldNoneMode.
 	Fold string
 	// Attention is passes.AttentionOp or passes.AttentionPlain (default
 	// passes.DefaultAttention). Below opset 23, which has no Attention op,
@@ -196,8 +197,10 @@ func (o *Options) defaults() error {
 	if o.Fold == "" {
 		o.Fold = passes.FoldRPAMode
 	}
-	if o.Fold != passes.FoldRPAMode && o.Fold != passes.FoldNoneMode {
-		return fmt.Errorf("export: --fold %q: want rpa or none", o.Fold)
+	switch o.Fold {
+	case passes.FoldRPAMode, passes.FoldNoneMode, passes.FoldRankMode, passes.FoldRankApproxMode:
+	default:
+		return fmt.Errorf("export: --fold %q: want rpa, rank, rank-approx or none", o.Fold)
 	}
 	if o.DropBias && o.Fold != passes.FoldRPAMode {
 		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %q", o.Fold)
