@@ -26,6 +26,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory or its model.safetensors (instead of --run)"},
 			&cli.StringFlag{Name: "lengths", Usage: "context lengths to export, e.g. 384,768 (default: the trained contexts)"},
 			&cli.StringFlag{Name: "out", Usage: "export folder", Required: true},
+			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "fp32 | fp16 | bf16: type of weights and activations (LayerNorm, softmax, reductions stay fp32; logits fp32)"},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
 			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | plain (MatMul, Add of one constant mask, Softmax)"},
@@ -152,7 +153,12 @@ func exportAction(c *cli.Context) error {
 		js, _ := json.Marshal(spec.Synthetic)
 		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
 	}
+	dtype, err := onnx.ParsePrecision(c.String("dtype"))
+	if err != nil {
+		return fmt.Errorf("--dtype: %w", err)
+	}
 	o := export.Options{
+		DType: dtype,
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize,
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),

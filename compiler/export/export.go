@@ -72,6 +72,10 @@ type Options struct {
 	// products in every Linear layer, for CPU serving; recorded in the
 	// manifest's fold meta as "quantize").
 	Quantize string
+	// DType is the type of weights and activations (onnx.FP32 default,
+	// onnx.FP16, onnx.BF16; LayerNorm, softmax and the reductions stay
+	// float32, logits are float32). Not with Quantize.
+	DType onnx.Precision
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
 	Opset, IRVersion int64
@@ -132,6 +136,10 @@ type Fold struct {
 	// BiasDropped marks an export without the folded biases
 	// (Options.DropBias): not the model, a benchmark's reference.
 	BiasDropped bool `json:"bias_dropped,omitempty"`
+	// DType and IO describe a reduced-precision export (onnx.Precision,
+	// onnx.LowPrecisionNote); absent for float32.
+	DType string `json:"dtype,omitempty"`
+	IO    string `json:"io,omitempty"`
 }
 
 // FileName is the ONNX file of length T.
@@ -205,6 +213,9 @@ func (o *Options) defaults() error {
 	if o.DropBias && o.Fold != passes.FoldRPAMode {
 		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %q", o.Fold)
 	}
+	if o.DType != onnx.FP32 && o.Quantize != onnx.QuantizeNone {
+		return fmt.Errorf("export: --dtype %s and --quantize %s do not combine (int8 products read float32 activations)", o.DType, o.Quantize)
+	}
 	if o.Attention == "" {
 		o.Attention = passes.DefaultAttention
 	}
@@ -264,6 +275,9 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
 		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model}
 	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta, BiasDropped: o.DropBias}
+	if o.DType != onnx.FP32 {
+		fold.DType, fold.IO = o.DType.String(), onnx.LowPrecisionNote
+	}
 	for _, T := range lengths {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -303,8 +317,11 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		if o.Quantize != onnx.QuantizeNone {
 			meta["quantize"] = o.Quantize
 		}
+		if o.DType != onnx.FP32 {
+			meta["dtype"] = o.DType.String()
+		}
 		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
-			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize})
+			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize, Precision: o.DType})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
 		}

@@ -71,6 +71,9 @@ type Options struct {
 	// int8 activations per token, int32 accumulation: MatMulInteger, which
 	// onnxruntime's CPU provider runs on its integer GEMM).
 	Quantize string
+	// Precision is the type of weights and activations (FP32 default,
+	// FP16, BF16; see ConvertPrecision).
+	Precision Precision
 }
 
 // Quantization modes.
@@ -241,6 +244,9 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	sort.Strings(keys)
 	for _, k := range keys {
 		m.MetadataProps = append(m.MetadataProps, &onnxpb.StringStringEntryProto{Key: k, Value: opts.Metadata[k]})
+	}
+	if err := ConvertPrecision(m, opts.Precision); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
