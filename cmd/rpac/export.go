@@ -158,7 +158,7 @@ func exportAction(c *cli.Context) error {
 		return fmt.Errorf("--dtype: %w", err)
 	}
 	o := export.Options{
-		DType: dtype,
+		DType:  dtype,
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize,
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
