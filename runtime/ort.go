@@ -92,8 +92,11 @@ func (be *ortBackend) sessionOptions() (*ort.SessionOptions, error) {
 			cuda.Destroy()
 		}
 		if err != nil {
+			err = appendCUDAV1(be.lib, so, be.opts.DeviceID, err)
+		}
+		if err != nil {
 			so.Destroy()
-			return nil, fmt.Errorf("runtime: the onnxruntime library %s cannot use the CUDA provider (%v); point %s at an onnxruntime %s build with CUDA (the library from scripts/fetch-onnxruntime.sh is CPU-only) or use the CPU provider", be.lib, err, LibraryEnv, ORTVersion)
+			return nil, cudaProviderError(be.lib, err)
 		}
 	}
 	return so, nil
