@@ -47,6 +47,7 @@ func openBackend(opts Options) (backend, error) {
 			env.owned = true
 		}
 		env.lib = lib
+		recordVersion(ort.GetVersion())
 	} else if env.lib != lib {
 		return nil, fmt.Errorf("runtime: onnxruntime is already loaded from %s in this process; it cannot also load %s (close every Model first)", env.lib, lib)
 	}

@@ -148,6 +148,28 @@ func ConvertPrecision(m *onnxpb.ModelProto, p Precision) error {
 		casts[key] = c
 		return c
 	}
+	readers := map[string][]*onnxpb.NodeProto{}
+	for _, n := range g.Node {
+		for _, in := range n.Input {
+			readers[in] = append(readers[in], n)
+		}
+	}
+	// A data-movement op on initializers only (the transposed weight of a
+	// tied head) runs in the reduced type when only reduced ops read it,
+	// so the file stores the weight once, reduced.
+	feedsLowOnly := func(n *onnxpb.NodeProto) bool {
+		for _, o := range n.Output {
+			if len(readers[o]) == 0 {
+				return false
+			}
+			for _, r := range readers[o] {
+				if !lowOps[r.OpType] {
+					return false
+				}
+			}
+		}
+		return true
+	}
 	for _, n := range g.Node {
 		switch n.OpType {
 		case "MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear":
@@ -158,10 +180,17 @@ func ConvertPrecision(m *onnxpb.ModelProto, p Precision) error {
 		case lowOps[n.OpType]:
 			want = low
 		case followOps[n.OpType]:
+			onlyInits := true
 			for _, in := range n.Input {
+				if inits[in] == nil && isFloat(types[in]) {
+					onlyInits = false
+				}
 				if inits[in] == nil && types[in] == low {
 					want = low
 				}
+			}
+			if onlyInits && feedsLowOnly(n) {
+				want = low
 			}
 		}
 		for i, in := range n.Input {
