@@ -54,7 +54,7 @@ func TestCUDAFetchRunsOnCPU(t *testing.T) {
 // on it.
 func TestCUDAProviderLoadOrExplain(t *testing.T) {
 	lib := cudaORT(t)
-	out := subtest(t, lib, "^TestCUDAProbe$", "RPAC_CUDA_PROBE=1")
+	out := subtest(t, lib, "^TestCUDAProbe$", "RPAC_CUDA_PROBE=1", "RPAC_REQUIRE_GPU="+os.Getenv("RPAC_REQUIRE_GPU"))
 	t.Log(strings.TrimSpace(out))
 }
 
@@ -73,6 +73,9 @@ func TestCUDAProbe(t *testing.T) {
 		}
 		t.Log("the CUDA provider loaded and ran")
 		return
+	}
+	if os.Getenv("RPAC_REQUIRE_GPU") == "1" {
+		t.Fatalf("RPAC_REQUIRE_GPU=1 and the CUDA provider does not load: %v", err)
 	}
 	missing := runtime.MissingCUDALibraries(lib, runtime.LibrarySearchDirs())
 	if !strings.Contains(err.Error(), "CUDA provider") {
