@@ -24,6 +24,10 @@ type OpDef struct {
 	// accumulators), so that a compiled program needs the plan's slots plus
 	// the scratch of its nodes plus the stored tensors.
 	Scratch func(n *Node) int
+	// InPlace ops compute each output element from the input elements at
+	// the same index only, so a backend may write an output over an input
+	// of the same shape (a plan slot shared between them).
+	InPlace bool
 }
 
 // Ops is the op table. Every forward op has a gradient rule in passes/autodiff.go
@@ -81,12 +85,12 @@ func binary(in []*Value, a Attrs) ([]Shape, []DType, error) {
 }
 
 func unary(name, doc string) {
-	reg(&OpDef{Name: name, NumIn: 1, Infer: same(0), Doc: doc})
+	reg(&OpDef{Name: name, NumIn: 1, Infer: same(0), Doc: doc, InPlace: true})
 }
 
 // gradUnary registers an op (dy, x-or-y) -> dx.
 func gradUnary(name, doc string) {
-	reg(&OpDef{Name: name, NumIn: 2, Infer: same(1), Doc: doc})
+	reg(&OpDef{Name: name, NumIn: 2, Infer: same(1), Doc: doc, InPlace: true})
 }
 
 func normAxes(axes []int, rank int) ([]int, error) {
@@ -165,7 +169,7 @@ func init() {
 		}})
 	reg(&OpDef{Name: "SliceGrad", NumIn: 1, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(Shape(a.Ints("shape"))) }})
-	reg(&OpDef{Name: "Reshape", NumIn: 1, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
+	reg(&OpDef{Name: "Reshape", NumIn: 1, InPlace: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := Shape(a.Ints("shape")).Clone()
 			if s.Numel() != in[0].Shape.Numel() {
@@ -259,9 +263,9 @@ func init() {
 
 	// ---- elementwise ----
 	for _, op := range []string{"Add", "Sub", "Mul", "Div"} {
-		reg(&OpDef{Name: op, NumIn: 2, Infer: binary, Doc: op + "(a, b) elementwise with numpy broadcasting."})
+		reg(&OpDef{Name: op, NumIn: 2, Infer: binary, InPlace: true, Doc: op + "(a, b) elementwise with numpy broadcasting."})
 	}
-	reg(&OpDef{Name: "Scale", NumIn: 1, Infer: same(0), Doc: "Scale(x; alpha, beta) -> alpha·x + beta."})
+	reg(&OpDef{Name: "Scale", NumIn: 1, Infer: same(0), InPlace: true, Doc: "Scale(x; alpha, beta) -> alpha·x + beta."})
 	unary("Neg", "Neg(x) -> -x.")
 	unary("Exp", "Exp(x) -> exp(x).")
 	unary("Log", "Log(x) -> log(x).")
@@ -270,8 +274,8 @@ func init() {
 	unary("GELU", "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).")
 	unary("ReLU", "ReLU(x) -> max(x, 0).")
 	unary("StopGradient", "StopGradient(x) -> x; no gradient flows through (PyTorch .detach()).")
-	reg(&OpDef{Name: "Clamp", NumIn: 1, Infer: same(0), Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN."})
-	reg(&OpDef{Name: "NanToNum", NumIn: 1, Infer: same(0), Doc: "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced."})
+	reg(&OpDef{Name: "Clamp", NumIn: 1, Infer: same(0), InPlace: true, Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN."})
+	reg(&OpDef{Name: "NanToNum", NumIn: 1, Infer: same(0), InPlace: true, Doc: "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced."})
 	gradUnary("SigmoidGrad", "SigmoidGrad(dy, y) -> dy·y·(1-y).")
 	gradUnary("TanhGrad", "TanhGrad(dy, y) -> dy·(1-y²).")
 	gradUnary("GELUGrad", "GELUGrad(dy, x) -> dy·(Φ(x) + x·φ(x)).")
@@ -292,9 +296,9 @@ func init() {
 	}
 
 	// ---- neural network ----
-	reg(&OpDef{Name: "Softmax", NumIn: 1, Infer: same(0), Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
-	reg(&OpDef{Name: "SoftmaxGrad", NumIn: 2, Infer: same(1), Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
-	reg(&OpDef{Name: "CausalMask", NumIn: 1, Doc: "CausalMask(x[...,T,T]; fill) -> x with entries j > i of the last two axes set to fill (default -Inf).",
+	reg(&OpDef{Name: "Softmax", NumIn: 1, Infer: same(0), InPlace: true, Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
+	reg(&OpDef{Name: "SoftmaxGrad", NumIn: 2, Infer: same(1), InPlace: true, Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
+	reg(&OpDef{Name: "CausalMask", NumIn: 1, InPlace: true, Doc: "CausalMask(x[...,T,T]; fill) -> x with entries j > i of the last two axes set to fill (default -Inf).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := in[0].Shape
 			if len(s) < 2 || s[len(s)-1] != s[len(s)-2] {

@@ -135,6 +135,23 @@ func (s *Store) Ensure(name string, shape ir.Shape) (*Tensor, error) {
 	return t, nil
 }
 
+// Bind returns the tensor a Param or Buffer value of a graph reads, checked
+// against the value's shape (a nil store, a missing name or another shape is
+// an error that names the value).
+func (s *Store) Bind(v *ir.Value) (*Tensor, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%s %q: no store given", v.Kind, v.Name)
+	}
+	t := s.Get(v.Name)
+	if t == nil {
+		return nil, fmt.Errorf("%s %q%v is not in the store (initialise or load it first)", v.Kind, v.Name, v.Shape)
+	}
+	if !t.Shape.Equal(v.Shape) {
+		return nil, fmt.Errorf("%s %q has shape %v in the store, graph wants %v", v.Kind, v.Name, t.Shape, v.Shape)
+	}
+	return t, nil
+}
+
 // Plan is the memory plan of a graph: every intermediate value lives in a
 // slot, and slots are reused once their values are dead, so the memory of a
 // training step is bounded by the plan, not by the number of ops.
@@ -150,6 +167,32 @@ type Plan struct {
 	// A compiled program holds (Peak + ScratchElems) floats besides the
 	// stored tensors.
 	ScratchElems int
+}
+
+// SlotClash reports whether output i of node n must not be computed in its
+// plan slot: the slot is shared with another output of n, or with an input
+// that the op cannot overwrite in place (ir.OpDef.InPlace, same shape).
+// slot gives a value's plan slot (-1: none). A backend computes such an
+// output into a temporary and copies it into the slot afterwards.
+func SlotClash(n *ir.Node, i int, slot func(*ir.Value) int) bool {
+	o := n.Outputs[i]
+	s := slot(o)
+	if s < 0 {
+		return false
+	}
+	def := ir.Ops[n.Op]
+	inPlace := def != nil && def.InPlace
+	for _, x := range n.Inputs {
+		if slot(x) == s && !(inPlace && x.Shape.Equal(o.Shape)) {
+			return true
+		}
+	}
+	for j, o2 := range n.Outputs {
+		if j != i && slot(o2) == s {
+			return true
+		}
+	}
+	return false
 }
 
 // Program is a compiled graph.

@@ -5,7 +5,6 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -13,13 +12,14 @@ import (
 // batches within the memory budget), the same compiled Step, clipping and
 // AdamW, on random tokens of the preset's vocabulary.
 type Bench struct {
-	Plan   *Plan
-	step   *Step
-	store  *kernels.Store
-	opt    *optim.AdamW
-	params map[string][]float32
-	x, y   []int32
-	nparam int
+	Plan    *Plan
+	step    *Step
+	store   *kernels.Store
+	opt     *optim.AdamW
+	params  map[string][]float32
+	x, y    []int32
+	nparam  int
+	backend kernels.Backend
 }
 
 // NewBench plans and compiles the step of o's first training length.
@@ -43,7 +43,12 @@ func NewBench(o Options) (*Bench, error) {
 		b.params[n] = b.store.Get(n).F32
 	}
 	b.nparam = model.CountParams(mg.Specs)
-	if b.step, err = CompileStep(&p.Config, b.store, cpu.New(kernels.F32), l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
+	be, err := OpenBackend(o.Device, o.Precision)
+	if err != nil {
+		return nil, err
+	}
+	b.backend = be
+	if b.step, err = CompileStep(&p.Config, b.store, be, l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -64,6 +69,9 @@ func (b *Bench) Step(seed uint64) error {
 	optim.ClipGlobalNorm(out.Grads, 1)
 	return b.opt.Step(b.params, out.Grads, 1e-4)
 }
+
+// Backend is the backend the step runs on.
+func (b *Bench) Backend() kernels.Backend { return b.backend }
 
 // Length is the benchmarked length's plan.
 func (b *Bench) Length() LengthPlan { return b.Plan.Lengths[0] }

@@ -35,10 +35,11 @@ type Options struct {
 	Seed             uint64
 	Out              string
 	Resume           bool
-	Device           string
-	LR               float64 // 0 = preset
-	Dropout          float64 // <0 = preset
-	WarmIn           int     // <0 = preset
+	Device           Device
+	Precision        Precision // GEMM arithmetic (CUDA: bf16 by default)
+	LR               float64   // 0 = preset
+	Dropout          float64   // <0 = preset
+	WarmIn           int       // <0 = preset
 	GradClip         float64
 	EvalStats        string // running | batch
 	DumpIR           string
@@ -64,7 +65,7 @@ type Options struct {
 	// the memory available to the process, cgroup limits included).
 	MemBudget int64
 	// StopAfter ends the run (with a checkpoint) after this many steps of
-	// this invocation; for tests of resume. 0 = no limit.
+	// this invocation (`rpac train --stop-after`). 0 = no limit.
 	StopAfter int
 	// SaveFinalOnly writes the checkpoint only at the end (and on an
 	// interrupt), not at every evaluation.

@@ -64,6 +64,11 @@ func Setup(o Options, ds *Dataset, prev *Run) (*Plan, error) {
 		return nil, err
 	}
 	p := &Plan{Preset: preset.Name}
+	if o.MemBudget == 0 {
+		if o.MemBudget, err = memBudget(o.Device, o.Precision); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.resolveControls(o); err != nil {
 		return nil, err
 	}

@@ -37,8 +37,6 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/kernels/cpu"
-	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
@@ -205,7 +203,7 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if o.Out == "" {
 		return nil, errors.New("--out is required: the run directory for checkpoints and metrics")
 	}
-	if err := CheckDevice(o.Device); err != nil {
+	if err := CheckDevice(o.Device, o.Precision); err != nil {
 		return nil, err
 	}
 	prev, err := openPrevious(o)
@@ -220,7 +218,11 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &run{o: o, plan: plan, ds: ds, backend: cpu.New(kernels.F32), steps: map[stepKey]*Step{},
+	backend, err := OpenBackend(o.Device, o.Precision)
+	if err != nil {
+		return nil, err
+	}
+	r := &run{o: o, plan: plan, ds: ds, backend: backend, steps: map[stepKey]*Step{},
 		ckDir: filepath.Join(o.Out, "checkpoint")}
 	r.limitMemory()
 	if err := r.initState(prev); err != nil {
@@ -591,24 +593,6 @@ func (r *run) dumpContext() *passes.Context {
 		r.dumped = true
 	}
 	return pc
-}
-
-// CheckDevice accepts cpu and auto (the CPU until the CUDA training backend
-// is complete) and refuses cuda, saying what is missing.
-func CheckDevice(device string) error {
-	switch device {
-	case "", "cpu":
-		return nil
-	case "auto":
-		return nil // the CPU until the CUDA training backend is complete
-	case "cuda":
-		why := "its kernels exist (`rpac gpu` compiles and lists them) but the backend that runs training graphs on them does not yet"
-		if err := cuda.Available(); err != nil {
-			why += "; besides, " + err.Error()
-		}
-		return fmt.Errorf("--device cuda: the CUDA training backend is not complete: %s. Use --device cpu (or auto)", why)
-	}
-	return fmt.Errorf("--device %q: want cpu, cuda or auto", device)
 }
 
 // nonFinite names a tensor of st holding NaN or ±Inf ("" when none).

@@ -108,7 +108,8 @@ func TestTrainErrors(t *testing.T) {
 		{"bad game contexts", func(o *Options) { o.Control.Contexts = []int{16, 16} }, "twice"},
 		{"bad SWA zone", func(o *Options) { o.Control.SWA, o.Control.SWAZoneLo, o.Control.SWAZoneHi = true, 3, 2 }, "zone"},
 		{"resume without checkpoint", func(o *Options) { o.Resume = true }, "no checkpoint"},
-		{"bad device", func(o *Options) { o.Device = "tpu" }, "device"},
+		{"bad device", func(o *Options) { o.Device = Device(9) }, "device"},
+		{"bf16 on the CPU", func(o *Options) { o.Precision = PrecisionBF16 }, "needs --device cuda"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
+	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"
 )
@@ -45,7 +46,6 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "context"},
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
-					&cli.StringFlag{Name: "device", Value: "cpu"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
 				}, memoryFlagDefs()...),
 				Action: benchTrain,
@@ -56,7 +56,11 @@ func benchCommand() *cli.Command {
 }
 
 func benchTrain(c *cli.Context) error {
-	if err := training.CheckDevice(c.String("device")); err != nil {
+	device, precision, err := deviceFlags(c)
+	if err != nil {
+		return err
+	}
+	if err := training.CheckDevice(device, precision); err != nil {
 		return err
 	}
 	steps := c.Int("steps")
@@ -68,7 +72,8 @@ func benchTrain(c *cli.Context) error {
 		return err
 	}
 	b, err := training.NewBench(training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
-		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1})
+		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1,
+		Device: device, Precision: precision})
 	if err != nil {
 		return err
 	}
@@ -94,20 +99,27 @@ func benchTrain(c *cli.Context) error {
 		}
 	}
 	dt := time.Since(t0).Seconds() / float64(steps)
-	achieved := float64(b.Flops()) / dt / 1e9
-	peak, err := blas.Measure(2048, "f32", 3*time.Second)
-	if err != nil {
-		return err
-	}
 	w, l := c.App.Writer, b.Length()
-	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d (forward, backward, clip, AdamW)\n",
-		b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T)
+	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s (forward, backward, clip, AdamW)\n",
+		b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T, b.Backend().Name())
 	fmt.Fprintf(w, "  step time        %.3f s  (%d steps)\n", dt, steps)
 	fmt.Fprintf(w, "  tokens/s         %.0f\n", float64(l.Batch*l.T)/dt)
 	fmt.Fprintf(w, "  GEMM work/step   %.1f GFLOP\n", float64(b.Flops())/1e9)
+	achieved := float64(b.Flops()) / dt / 1e9
 	fmt.Fprintf(w, "  achieved         %.1f GFLOP/s\n", achieved)
-	fmt.Fprintf(w, "  gemm peak        %.1f GFLOP/s (sgemm n=2048, %s, same run)\n", peak, blas.Impl())
-	fmt.Fprintf(w, "  ratio            %.0f%%\n", 100*achieved/peak)
+	if gpu, ok := b.Backend().(*cuda.Backend); ok {
+		if peak := cuda.DensePeakTFLOPS(gpu.Device().Name, gpu.GEMM()); peak > 0 {
+			fmt.Fprintf(w, "  MFU              %.1f%% of the %s dense %s peak (%.1f TFLOP/s, datasheet)\n",
+				100*achieved/(peak*1e3), gpu.Device().Name, gpu.GEMM(), peak)
+		}
+	} else {
+		peak, err := blas.Measure(2048, "f32", 3*time.Second)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "  gemm peak        %.1f GFLOP/s (sgemm n=2048, %s, same run)\n", peak, blas.Impl())
+		fmt.Fprintf(w, "  ratio            %.0f%%\n", 100*achieved/peak)
+	}
 	fmt.Fprintf(w, "  plan             %.1f MiB step program; %s planned in all of a %s budget\n",
 		float64(b.PlanBytes())/(1<<20), training.FormatBytes(b.Plan.Memory.Total), training.FormatBytes(b.Plan.Memory.Budget))
 	return nil

@@ -40,17 +40,23 @@ func TestGPUReport(t *testing.T) {
 	}
 }
 
-// TestDeviceFlag: --device auto trains (on the CPU), cuda is refused with
-// what is missing, and an unknown device is named; nothing is written.
+// TestDeviceFlag: --device auto trains (on the CPU here), cuda is refused
+// with what is missing where no GPU is usable, bf16 is refused on the CPU,
+// and an unknown device is named; nothing is written.
 func TestDeviceFlag(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
 	if got, code := rpac(t, "train", "--dataset", "synthetic", "--d-model", "32", "--layers", "1", "--heads", "2", "--steps", "1",
 		"--eval-batches", "1", "--device", "auto", "--out", out); code != 0 {
 		t.Fatalf("auto: exit %d:\n%s", code, got)
 	}
-	for dev, want := range map[string]string{"cuda": "CUDA training backend is not complete", "tpu": "want cpu, cuda or auto"} {
+	cases := map[string]string{"tpu": "want cpu, cuda or auto", "cpu --precision bf16": "needs --device cuda"}
+	if cuda.Available() != nil {
+		cases["cuda"] = "--device cuda: the CUDA"
+	}
+	for dev, want := range cases {
 		out := filepath.Join(t.TempDir(), "run")
-		got, code := rpac(t, "train", "--dataset", "synthetic", "--steps", "1", "--device", dev, "--out", out)
+		args := append([]string{"train", "--dataset", "synthetic", "--steps", "1", "--out", out, "--device"}, strings.Fields(dev)...)
+		got, code := rpac(t, args...)
 		if code == 0 || !strings.Contains(got, want) {
 			t.Fatalf("--device %s: exit %d:\n%s", dev, code, got)
 		}

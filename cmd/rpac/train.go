@@ -126,7 +126,7 @@ func trainCommand() *cli.Command {
 		&cli.Uint64Flag{Name: "seed", Value: 1},
 		&cli.StringFlag{Name: "out", Usage: "run directory (checkpoint, metrics.jsonl)", Required: true},
 		&cli.BoolFlag{Name: "resume", Usage: "continue the run in --out (give the same flags)"},
-		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu | auto | cuda (the CUDA training backend is not complete yet: cuda is refused with what is missing)"},
+		&cli.IntFlag{Name: "stop-after", Usage: "end this invocation after N steps with a checkpoint (continue with --resume); 0: run to the end"},
 		&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
 		&cli.Float64Flag{Name: "dropout", Value: -1, Usage: "dropout (default: the preset's)"},
 		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
@@ -161,6 +161,10 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			device, precision, err := deviceFlags(c)
+			if err != nil {
+				return err
+			}
 			syn, err := syntheticFromFlags(c)
 			if err != nil {
 				return err
@@ -177,8 +181,8 @@ func trainCommand() *cli.Command {
 				Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
 				Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
 				FinalEvalBatches: c.Int("final-eval-batches"),
-				EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"),
-				Device: c.String("device"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
+				EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"), StopAfter: c.Int("stop-after"),
+				Device: device, Precision: precision, LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
 				GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl,
 				Log: logger(c), Progress: c.App.ErrWriter,
 			}
@@ -261,6 +265,8 @@ func sizesFromFlags(c *cli.Context) model.Overrides {
 // memoryFlagDefs are the flags of the memory plan (train, bench train).
 func memoryFlagDefs() []cli.Flag {
 	return []cli.Flag{
+		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu | cuda (the first GPU) | auto (cuda when a GPU is usable)"},
+		&cli.StringFlag{Name: "precision", Usage: "GEMM inputs on CUDA: bf16 (default there) | fp32 (exact parity with the CPU backend); the CPU computes in fp32"},
 		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
 		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process, cgroup limits included)"},
 	}
@@ -273,6 +279,16 @@ func memoryFlags(c *cli.Context) (micro int, budget int64, err error) {
 	}
 	budget, err = parseMemBudget(c.String("mem-budget"))
 	return micro, budget, err
+}
+
+// deviceFlags reads --device and --precision.
+func deviceFlags(c *cli.Context) (training.Device, training.Precision, error) {
+	d, err := training.ParseDevice(c.String("device"))
+	if err != nil {
+		return 0, 0, err
+	}
+	p, err := training.ParsePrecision(c.String("precision"))
+	return d, p, err
 }
 
 // parseMicroBatch reads --micro-batch: auto (0) or a positive count.

@@ -245,15 +245,9 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 // bindStored points a Param/Buffer tensor at its store data.
 func (p *program[T]) bindStored(t *tensor[T]) error {
 	v := t.v
-	if p.store == nil {
-		return fmt.Errorf("%s %q: no store given", v.Kind, v.Name)
-	}
-	st := p.store.Get(v.Name)
-	if st == nil {
-		return fmt.Errorf("%s %q%v is not in the store (initialise or load it first)", v.Kind, v.Name, v.Shape)
-	}
-	if !st.Shape.Equal(v.Shape) {
-		return fmt.Errorf("%s %q has shape %v in the store, graph wants %v", v.Kind, v.Name, st.Shape, v.Shape)
+	st, err := p.store.Bind(v)
+	if err != nil {
+		return err
 	}
 	data := floatsOf[T](st)
 	if data == nil || len(data) != v.Shape.Numel() {
@@ -271,22 +265,9 @@ func (p *program[T]) bindStored(t *tensor[T]) error {
 func (p *program[T]) resolveAliases(n *ir.Node, in, out []*tensor[T], used map[int]bool) ([]*tensor[T], func()) {
 	var copies [][2]*tensor[T]
 	res := append([]*tensor[T](nil), out...)
+	slot := func(v *ir.Value) int { return p.vals[v.ID].slot }
 	for i, o := range out {
-		if o.slot < 0 {
-			continue
-		}
-		clash := false
-		for _, x := range in {
-			if x.slot == o.slot && !(inPlaceOK(n.Op) && x.shape.Equal(o.shape)) {
-				clash = true
-			}
-		}
-		for j, o2 := range out {
-			if j != i && o2.slot == o.slot {
-				clash = true
-			}
-		}
-		if !clash {
+		if !kernels.SlotClash(n, i, slot) {
 			continue
 		}
 		tmp := &tensor[T]{v: o.v, shape: o.shape, f: make([]T, o.numel()), slot: -1}
@@ -305,18 +286,6 @@ func (p *program[T]) resolveAliases(n *ir.Node, in, out []*tensor[T], used map[i
 			copy(c[1].f, c[0].f)
 		}
 	}
-}
-
-// inPlaceOK lists ops whose kernels may write an output over an input of
-// the same shape.
-func inPlaceOK(op string) bool {
-	switch op {
-	case "Add", "Sub", "Mul", "Div", "Scale", "Neg", "Exp", "Log", "Sigmoid", "Tanh", "GELU", "ReLU",
-		"StopGradient", "Clamp", "NanToNum", "SigmoidGrad", "TanhGrad", "GELUGrad", "ReLUGrad",
-		"ClampGrad", "NanToNumGrad", "Reshape", "Softmax", "SoftmaxGrad", "CausalMask":
-		return true
-	}
-	return false
 }
 
 // floatsOf returns t's data of precision T, or nil.

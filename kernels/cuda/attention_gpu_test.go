@@ -63,7 +63,7 @@ func attentionRef(q, k, v, bias, dO []float32, BH, T, Hd int, scale float64) (o,
 // gradient) against float64, at the paper's head size 85 and a length that
 // is not a multiple of the block.
 func TestGPUAttention(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(13, 14))
 	const B, H, T, Hd = 2, 3, 67, 85
 	BH, n := B*H, B*H*T*Hd

@@ -8,7 +8,7 @@ import (
 // TestGPUGemm: cuBLASLt GEMM in fp32 for every transpose combination and
 // odd sizes, against float64 row-major products (C = 0.5·op(A)op(B) + 2·C).
 func TestGPUGemm(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	b, err := LoadBLAS()
 	if err != nil {
 		t.Fatalf("a GPU is present but cuBLASLt is not: %v", err)

@@ -9,10 +9,10 @@ import (
 	"unsafe"
 )
 
-// gpu returns a context with every kernel source loaded, or skips the test
+// gpuContext returns a context with every kernel source loaded, or skips the test
 // when no GPU is visible (RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh sets
 // it, makes that a failure).
-func gpu(t *testing.T) *Context {
+func gpuContext(t *testing.T) *Context {
 	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
@@ -98,9 +98,11 @@ var (
 	block1D = [3]uint32{256, 1, 1}
 )
 
-// TestGPUElementwise: elementwise kernels against float64 references.
+// TestGPUElementwise: the generic unary and gradient kernels against
+// float64 references (the broadcasting binary kernel runs through the
+// backend's op parity test).
 func TestGPUElementwise(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(1, 2))
 	const n = 10007
 	a, b := randF32(r, n, 2), randF32(r, n, 2)
@@ -121,13 +123,12 @@ func TestGPUElementwise(t *testing.T) {
 		args   []any
 		want   []float64
 	}{
-		{"add_f32", []any{dout.Ptr, da.Ptr, db.Ptr, int64(n)}, ref(func(x, y float64) float64 { return x + y })},
-		{"mul_f32", []any{dout.Ptr, da.Ptr, db.Ptr, int64(n)}, ref(func(x, y float64) float64 { return x * y })},
-		{"scale_f32", []any{dout.Ptr, da.Ptr, float32(0.5), float32(-1), int64(n)}, ref(func(x, _ float64) float64 { return 0.5*x - 1 })},
-		{"gelu_fwd_f32", []any{dout.Ptr, da.Ptr, int64(n)}, ref(func(x, _ float64) float64 { return gelu(x) })},
-		{"gelu_bwd_f32", []any{dout.Ptr, db.Ptr, da.Ptr, int64(n)}, ref(func(x, y float64) float64 { return y * dgelu(x) })},
-		{"relu_fwd_f32", []any{dout.Ptr, da.Ptr, int64(n)}, ref(func(x, _ float64) float64 { return math.Max(0, x) })},
-		{"sigmoid_fwd_f32", []any{dout.Ptr, da.Ptr, int64(n)}, ref(func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, uScale, float32(0.5), float32(-1), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return 0.5*x - 1 })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, uGELU, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return gelu(x) })},
+		{"grad_unary_f32", []any{dout.Ptr, db.Ptr, da.Ptr, gGELU, float32(0), float32(0), int64(n)}, ref(func(x, y float64) float64 { return y * dgelu(x) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, uReLU, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return math.Max(0, x) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, uSigmoid, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, uTanh, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return math.Tanh(x) })},
 	}
 	for _, tc := range cases {
 		if err := c.Launch(tc.kernel, grid1D, block1D, 0, tc.args...); err != nil {
@@ -139,7 +140,7 @@ func TestGPUElementwise(t *testing.T) {
 
 // TestGPUBF16RoundTrip: the bf16 conversion rounds to nearest even.
 func TestGPUBF16RoundTrip(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	const n = 4096
 	x := randF32(r, n, 10)
@@ -163,7 +164,7 @@ func TestGPUBF16RoundTrip(t *testing.T) {
 
 // TestGPULayerNorm: forward and backward against float64 references.
 func TestGPULayerNorm(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(5, 6))
 	const rows, D = 37, 510
 	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, D, 1), randF32(r, D, 1), randF32(r, rows*D, 1)
@@ -203,8 +204,20 @@ func TestGPULayerNorm(t *testing.T) {
 	closeTo(t, "layernorm forward", hostF32(t, c, dout, rows*D), want, 1e-5)
 	ddy, ddx := devF32(t, c, dy), devF32(t, c, make([]float32, rows*D))
 	ddg, ddb := devF32(t, c, make([]float32, D)), devF32(t, c, make([]float32, D))
-	if err := c.Launch("layernorm_bwd_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
-		ddx.Ptr, ddg.Ptr, ddb.Ptr, ddy.Ptr, dx_.Ptr, dmean.Ptr, drstd.Ptr, dg_.Ptr, int32(rows), int32(D)); err != nil {
+	const chunk = 16 // several partial sums over the 37 rows
+	chunks := (rows + chunk - 1) / chunk
+	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 2*chunks*D))
+	if err := c.Launch("layernorm_bwd_dx_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
+		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
+		t.Fatal(err)
+	}
+	cols := uint32((D + 127) / 128)
+	if err := c.Launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
+		part.Ptr, ddy.Ptr, dx_.Ptr, stats.Ptr, int32(rows), int32(D), int32(chunk)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Launch("layernorm_bwd_sum_f32", [3]uint32{cols, 1, 1}, [3]uint32{128, 1, 1}, 0,
+		ddg.Ptr, ddb.Ptr, part.Ptr, int32(chunks), int32(D)); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "layernorm dx", hostF32(t, c, ddx, rows*D), wdx, 1e-4)
@@ -214,7 +227,7 @@ func TestGPULayerNorm(t *testing.T) {
 
 // TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient.
 func TestGPUSoftmaxCE(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(7, 8))
 	const rows, V = 9, 50257
 	const ls, scale = 0.015, 0.25
@@ -268,7 +281,7 @@ func TestGPUSoftmaxCE(t *testing.T) {
 
 // TestGPUAdamWAndNorm: the fused AdamW step and the gradient's sum of squares.
 func TestGPUAdamWAndNorm(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(9, 10))
 	const n = 20011
 	p, g, m, v := randF32(r, n, 1), randF32(r, n, 0.1), randF32(r, n, 0.01), make([]float32, n)
@@ -303,9 +316,10 @@ func TestGPUAdamWAndNorm(t *testing.T) {
 	}
 }
 
-// TestGPUGather: embedding gather and its scatter-add backward.
+// TestGPUGather: embedding gather and its backward (rows grouped by id on
+// the host, summed in order on the GPU).
 func TestGPUGather(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(11, 12))
 	const V, D, rows = 100, 64, 300
 	W, dy := randF32(r, V*D, 1), randF32(r, rows*D, 1)
@@ -327,7 +341,17 @@ func TestGPUGather(t *testing.T) {
 	}
 	closeTo(t, "gather", hostF32(t, c, dout, rows*D), want, 0)
 	ddW, ddy := devF32(t, c, make([]float32, V*D)), devF32(t, c, dy)
-	if err := c.Launch("gather_rows_bwd_f32", [3]uint32{rows, 1, 1}, [3]uint32{64, 1, 1}, 0, ddW.Ptr, ddy.Ptr, dids.Ptr, int32(rows), int32(D)); err != nil {
+	csr, err := csrOf(ids, V)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cw := make([]float32, len(csr))
+	for i, v := range csr {
+		cw[i] = math.Float32frombits(uint32(v))
+	}
+	uniq := (len(csr) - 1 - rows) / 2
+	if err := c.Launch("gather_grad_csr_f32", [3]uint32{uint32(uniq), 1, 1}, [3]uint32{64, 1, 1}, 0, ddW.Ptr, ddy.Ptr,
+		devF32(t, c, cw).Ptr, int32(uniq), int32(D)); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "gather backward", hostF32(t, c, ddW, V*D), wdW, 1e-5)

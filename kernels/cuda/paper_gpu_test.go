@@ -48,7 +48,7 @@ func cpuOp(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ins ...[]floa
 // TestGPUPaperOps: softmax, z-score, clamp, nan_to_num, top-k mask and
 // Sinkhorn against the CPU backend (float64).
 func TestGPUPaperOps(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(17, 18))
 	const rows, n = 33, 1000
 	x, dy := randF32(r, rows*n, 2), randF32(r, rows*n, 1)
@@ -156,7 +156,7 @@ func TestCPUReferenceHarness(t *testing.T) {
 // TestGPUMembershipAndSinkhornGrad: GaussianMembership forward and
 // backward and Sinkhorn's backward against the CPU backend.
 func TestGPUMembershipAndSinkhornGrad(t *testing.T) {
-	c := gpu(t)
+	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(21, 22))
 	const N, D, R = 300, 85, 4
 	z, cen, ls, dmu := randF32(r, N*D, 1), randF32(r, R*D, 1), randF32(r, R, 0.3), randF32(r, N*R, 1)
@@ -170,14 +170,14 @@ func TestGPUMembershipAndSinkhornGrad(t *testing.T) {
 	shapes := []ir.Shape{{N, D}, {R, D}, {R}}
 	closeTo(t, "membership", mu, cpuOp(t, "GaussianMembership", nil, shapes, z, cen, ls)[0], 1e-5)
 	gdz, gdz2 := devF32(t, c, make([]float32, N*D)), devF32(t, c, make([]float32, N*R))
-	sums, dss := devF32(t, c, make([]float32, R)), devF32(t, c, make([]float32, R))
+	dss := devF32(t, c, make([]float32, N*R))
 	gdc, gdls := devF32(t, c, make([]float32, R*D)), devF32(t, c, make([]float32, R))
-	if err := c.Launch("gaussian_membership_bwd_rows_f32", warps, block1D, 0, gdz.Ptr, gdz2.Ptr, sums.Ptr, dss.Ptr,
+	if err := c.Launch("gaussian_membership_bwd_rows_f32", warps, block1D, 0, gdz.Ptr, gdz2.Ptr, dss.Ptr,
 		dmu_.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, gmu.Ptr, int32(N), int32(D), int32(R)); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Launch("gaussian_membership_bwd_params_f32", [3]uint32{R, 1, 1}, [3]uint32{128, 1, 1}, 0, gdc.Ptr, gdls.Ptr,
-		gdz2.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, sums.Ptr, dss.Ptr, int32(N), int32(D), int32(R)); err != nil {
+		gdz2.Ptr, dss.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, int32(N), int32(D), int32(R)); err != nil {
 		t.Fatal(err)
 	}
 	want := cpuOp(t, "GaussianMembershipGrad", nil, []ir.Shape{{N, R}, {N, D}, {R, D}, {R}, {N, R}}, dmu, z, cen, ls, mu)

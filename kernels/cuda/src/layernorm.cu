@@ -1,5 +1,6 @@
 // LayerNorm over the last axis (biased variance), one block per row.
-// The forward keeps each row's mean and 1/std for the backward.
+// The backward recomputes each row's statistics and sums the parameters'
+// gradients over fixed chunks of rows (no atomics: a step repeats bit for bit).
 
 extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
                                              const float* g, const float* b, int rows, int D, float eps) {
@@ -18,29 +19,66 @@ extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rst
     if (threadIdx.x == 0) { mean[r] = mu; rstd[r] = rs; }
 }
 
-// dx per row; dg and db accumulate over rows with atomics (zero them first).
-extern "C" __global__ void layernorm_bwd_f32(float* dx, float* dg, float* db, const float* dy, const float* x,
-                                             const float* mean, const float* rstd, const float* g, int rows, int D) {
-    __shared__ float shared[32];
+// layernorm_bwd_dx_f32: dx per row, recomputing the row's mean and 1/std
+// (stored in stats[2r], stats[2r+1] for the parameters' kernel).
+extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const float* dy, const float* x, const float* g,
+                                                int rows, int D, float eps) {
+    __shared__ float red[32];
     int r = blockIdx.x;
     if (r >= rows) return;
     const float* xr = x + (i64)r * D;
     const float* dyr = dy + (i64)r * D;
-    float mu = mean[r], rs = rstd[r];
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
+    float mu = block_sum(s, red) / D;
+    float q = 0.0f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { float d = xr[j] - mu; q += d * d; }
+    float rs = rsqrtf(block_sum(q, red) / D + eps);
     float a = 0.0f, c = 0.0f;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
         float xh = (xr[j] - mu) * rs;
         float dxh = dyr[j] * g[j];
         a += dxh;
         c += dxh * xh;
-        atomicAdd(&dg[j], dyr[j] * xh);
-        atomicAdd(&db[j], dyr[j]);
     }
-    a = block_sum(a, shared) / D;
-    c = block_sum(c, shared) / D;
+    a = block_sum(a, red) / D;
+    c = block_sum(c, red) / D;
     float* dxr = dx + (i64)r * D;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
         float xh = (xr[j] - mu) * rs;
         dxr[j] = (dyr[j] * g[j] - a - xh * c) * rs;
     }
+    if (threadIdx.x == 0) { stats[2 * r] = mu; stats[2 * r + 1] = rs; }
+}
+
+// layernorm_bwd_params_f32: partial dg, db over the rows of chunk
+// blockIdx.y (chunk rows each): part[2·(y·D + j)] = Σ dy·x̂, part[…+1] = Σ dy.
+extern "C" __global__ void layernorm_bwd_params_f32(float* part, const float* dy, const float* x, const float* stats,
+                                                    int rows, int D, int chunk) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= D) return;
+    int r0 = blockIdx.y * chunk, r1 = min(rows, r0 + chunk);
+    float sg = 0.0f, sb = 0.0f;
+    for (int r = r0; r < r1; r++) {
+        float d = dy[(i64)r * D + j];
+        float xh = (x[(i64)r * D + j] - stats[2 * r]) * stats[2 * r + 1];
+        sg += d * xh;
+        sb += d;
+    }
+    i64 o = 2 * ((i64)blockIdx.y * D + j);
+    part[o] = sg;
+    part[o + 1] = sb;
+}
+
+// layernorm_bwd_sum_f32: dg[j], db[j] = Σ over chunks of the partials.
+extern "C" __global__ void layernorm_bwd_sum_f32(float* dg, float* db, const float* part, int chunks, int D) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= D) return;
+    float sg = 0.0f, sb = 0.0f;
+    for (int c = 0; c < chunks; c++) {
+        sg += part[2 * ((i64)c * D + j)];
+        sb += part[2 * ((i64)c * D + j) + 1];
+    }
+    dg[j] = sg;
+    db[j] = sb;
 }

@@ -245,9 +245,9 @@ extern "C" __global__ void gaussian_membership_f32(float* mu, const float* z, co
     }
 }
 
-// Per row: dz, and dz2[n,r] = g_r·(−½ s_r) kept for the parameters' kernel;
-// sums[r] += dz2 and dss[r] += g_r·(−½‖z−c_r‖²) (atomics; zero them first).
-extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz2, float* sums, float* dss,
+// Per row: dz, dz2[n,r] = g_r·(−½ s_r) and dss[n,r] = g_r·(−½‖z−c_r‖²), kept
+// for the parameters' kernel (which sums them over rows in a fixed order).
+extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz2, float* dss,
                                                             const float* dmu, const float* z, const float* c,
                                                             const float* ls, const float* mu, int N, int D, int R) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -261,7 +261,7 @@ extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz
     float* dzr = dz + (i64)warp * D;
     if (nan) {
         for (int d = lane; d < D; d += 32) dzr[d] = 0.0f;
-        if (lane < R) dz2[(i64)warp * R + lane] = 0.0f;
+        if (lane < R) { dz2[(i64)warp * R + lane] = 0.0f; dss[(i64)warp * R + lane] = 0.0f; }
         return;
     }
     float dm = lane < R ? dmu[(i64)warp * R + lane] : 0.0f;
@@ -273,8 +273,7 @@ extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz
     float k = g * (-0.5f * s);
     if (lane < R) {
         dz2[(i64)warp * R + lane] = k;
-        atomicAdd(&sums[lane], k);
-        atomicAdd(&dss[lane], g * (-0.5f * z2));
+        dss[(i64)warp * R + lane] = g * (-0.5f * z2);
     }
     for (int d0 = 0; d0 < D; d0 += 32) {  // every lane takes part in the shuffles
         int d = d0 + lane;
@@ -287,20 +286,29 @@ extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz
     }
 }
 
-// dcenters[r,d] = −2·Σ_n dz2[n,r]·z[n,d] + 2·sums[r]·c[r,d] and
-// dlog_sigma[r] = dss[r]·(−2·e_r) inside the clamp; grid = R blocks.
-extern "C" __global__ void gaussian_membership_bwd_params_f32(float* dc, float* dls, const float* dz2, const float* z,
-                                                              const float* c, const float* ls, const float* sums,
-                                                              const float* dss, int N, int D, int R) {
+// dcenters[r,d] = −2·Σ_n dz2[n,r]·z[n,d] + 2·(Σ_n dz2[n,r])·c[r,d] and
+// dlog_sigma[r] = (Σ_n dss[n,r])·(−2·e_r) inside the clamp; grid = R blocks,
+// blockDim.x a multiple of 32. Every sum runs in a fixed order.
+extern "C" __global__ void gaussian_membership_bwd_params_f32(float* dc, float* dls, const float* dz2, const float* dss,
+                                                              const float* z, const float* c, const float* ls,
+                                                              int N, int D, int R) {
+    __shared__ float red[32];
     int r = blockIdx.x;
     if (r >= R) return;
+    float s = 0.0f, q = 0.0f;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        s += dz2[(i64)n * R + r];
+        q += dss[(i64)n * R + r];
+    }
+    s = block_sum(s, red);
+    q = block_sum(q, red);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float a = 0.0f;
         for (int n = 0; n < N; n++) a += dz2[(i64)n * R + r] * z[(i64)n * D + d];
-        dc[(i64)r * D + d] = -2.0f * a + 2.0f * sums[r] * c[(i64)r * D + d];
+        dc[(i64)r * D + d] = -2.0f * a + 2.0f * s * c[(i64)r * D + d];
     }
     if (threadIdx.x == 0) {
         float e = expf(-2.0f * ls[r]);
-        dls[r] = (e >= 1e-3f && e <= 1e3f) ? dss[r] * -2.0f * e : 0.0f;
+        dls[r] = (e >= 1e-3f && e <= 1e3f) ? q * -2.0f * e : 0.0f;
     }
 }

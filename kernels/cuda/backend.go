@@ -1,0 +1,622 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+// GEMMPrecision is the element type of the GEMM inputs. Everything else
+// (activations between ops, accumulation, master weights) is float32.
+type GEMMPrecision uint8
+
+const (
+	// GEMMF32 multiplies float32 inputs (parity with the CPU backend).
+	GEMMF32 GEMMPrecision = iota
+	// GEMMBF16 rounds both inputs of every GEMM to bfloat16 and accumulates
+	// in float32 (the tensor cores' fast path).
+	GEMMBF16
+)
+
+func (p GEMMPrecision) String() string {
+	if p == GEMMBF16 {
+		return "bf16"
+	}
+	return "fp32"
+}
+
+// ParseGEMMPrecision reads --precision (bf16|fp32).
+func ParseGEMMPrecision(s string) (GEMMPrecision, error) {
+	switch s {
+	case "bf16":
+		return GEMMBF16, nil
+	case "fp32", "f32":
+		return GEMMF32, nil
+	}
+	return 0, fmt.Errorf("precision %q: want bf16 or fp32", s)
+}
+
+// Backend runs IR graphs on one NVIDIA GPU. Parameters and buffers live on
+// the host in the Store (the optimizer and the controllers work there);
+// each Run uploads them into a device mirror shared by every program of the
+// backend, and Output downloads what the caller asks for.
+type Backend struct {
+	dev  device
+	gemm GEMMPrecision
+
+	mu     sync.Mutex
+	mirror map[mirrorKey]*mirrorEntry
+}
+
+type mirrorKey struct {
+	store *kernels.Store
+	name  string
+}
+
+type mirrorEntry struct {
+	buf   Buffer
+	shape ir.Shape
+}
+
+// New opens device ordinal, loads every kernel (compiled by NVRTC for the
+// device, cached on disk) and cuBLASLt.
+func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
+	d, err := LoadDriver()
+	if err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c, err := d.NewContext(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	n, err := LoadNVRTC()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.LoadKernels(n); err != nil {
+		return nil, err
+	}
+	b, err := LoadBLAS()
+	if err != nil {
+		return nil, err
+	}
+	return newBackend(&gpu{ctx: c, blas: b}, gemm), nil
+}
+
+func newBackend(dev device, gemm GEMMPrecision) *Backend {
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}}
+}
+
+// Name says "cuda" and the device.
+func (b *Backend) Name() string {
+	d := b.dev.Info()
+	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, b.gemm)
+}
+
+// Precision is F32: the backend has no float64 kernels.
+func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
+
+// Device describes the GPU.
+func (b *Backend) Device() DeviceInfo { return b.dev.Info() }
+
+// bind makes the device current for the calling goroutine.
+func (b *Backend) bind() (func(), error) { return b.dev.bind() }
+
+// stored returns the device mirror of a store tensor, allocating it once.
+func (b *Backend) stored(st *kernels.Store, name string, shape ir.Shape) (Buffer, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := mirrorKey{st, name}
+	if e, ok := b.mirror[k]; ok {
+		if !e.shape.Equal(shape) {
+			return Buffer{}, fmt.Errorf("%s: device copy has shape %v, graph wants %v", name, e.shape, shape)
+		}
+		return e.buf, nil
+	}
+	buf, err := b.dev.alloc(uint64(4 * shape.Numel()))
+	if err != nil {
+		return Buffer{}, err
+	}
+	b.mirror[k] = &mirrorEntry{buf: buf, shape: shape.Clone()}
+	return buf, nil
+}
+
+// Release frees the device copies of st's tensors (after the programs that
+// read them are closed).
+func (b *Backend) Release(st *kernels.Store) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k, e := range b.mirror {
+		if k.store == st {
+			b.dev.free(e.buf)
+			delete(b.mirror, k)
+		}
+	}
+}
+
+// dval is the device storage of one IR value.
+type dval struct {
+	v    *ir.Value
+	buf  Buffer
+	n    int
+	slot int // plan slot, or -1
+}
+
+func (d *dval) i32() bool { return d.v.DType == ir.I32 }
+
+type program struct {
+	be     *Backend
+	g      *ir.Graph
+	store  *kernels.Store
+	vals   map[int]*dval
+	inputs []*dval
+	stored []*dval
+	steps  []step
+	owned  []Buffer // freed by Close
+	arena  Buffer
+
+	feeds map[string][]int32 // this Run's i32 feeds (for host-side id work)
+	pre   []func() error     // host work after the feeds are bound, before the steps
+	outs  map[string]*kernels.Tensor
+	outV  map[string]*dval
+	fresh map[string]bool // output downloaded since the last Run
+	seed  uint64
+
+	producer map[int]*ir.Node // value ID -> the node that defines it
+	lmHeads  map[int]*lmHead  // LMHeadCrossEntropy node ID -> its state
+	// GEMM input staging for GEMMBF16: the largest A and B operand (in
+	// elements) of any GEMM, and their bf16 buffers.
+	bf16Need [2]int
+	bf16     [2]Buffer
+}
+
+type step struct {
+	node *ir.Node
+	exec func() error
+}
+
+// Compile lays the graph's values out in device memory (plan slots in one
+// arena) and prepares one launch sequence per node.
+func (b *Backend) Compile(g *ir.Graph, plan *kernels.Plan, store *kernels.Store) (kernels.Program, error) {
+	if g == nil {
+		return nil, errors.New("cuda: nil graph")
+	}
+	if err := ir.Verify(g, false); err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	unbind, err := b.bind()
+	if err != nil {
+		return nil, err
+	}
+	defer unbind()
+	p := &program{be: b, g: g, store: store, vals: map[int]*dval{}, outs: map[string]*kernels.Tensor{},
+		outV: map[string]*dval{}, fresh: map[string]bool{}}
+	if err := p.layout(plan); err != nil {
+		p.free()
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
+	}
+	if err := p.buildSteps(plan); err != nil {
+		p.free()
+		return nil, fmt.Errorf("cuda: compile %s: %w", g.Name, err)
+	}
+	for name, v := range g.Outputs {
+		p.outV[name] = p.vals[v.ID]
+		p.outs[name] = &kernels.Tensor{Shape: v.Shape.Clone()}
+	}
+	return p, nil
+}
+
+// alloc allocates device memory owned by the program.
+func (p *program) alloc(elems int) (Buffer, error) {
+	b, err := p.be.dev.alloc(uint64(4 * max(1, elems)))
+	if err != nil {
+		return Buffer{}, err
+	}
+	p.owned = append(p.owned, b)
+	return b, nil
+}
+
+// upload copies host words (float32 or int32 or int64 data) into a new
+// program-owned buffer.
+func (p *program) uploadNew(ptr unsafe.Pointer, bytes int) (Buffer, error) {
+	b, err := p.be.dev.alloc(uint64(max(1, bytes)))
+	if err != nil {
+		return Buffer{}, err
+	}
+	p.owned = append(p.owned, b)
+	if bytes > 0 {
+		if err := p.be.dev.upload(b, ptr, uint64(bytes)); err != nil {
+			return Buffer{}, err
+		}
+	}
+	return b, nil
+}
+
+// allValues lists every value the graph mentions, by ID.
+func allValues(g *ir.Graph) []*ir.Value {
+	seen := map[int]*ir.Value{}
+	for _, v := range g.Values {
+		seen[v.ID] = v
+	}
+	for _, n := range g.Nodes {
+		for _, v := range n.Inputs {
+			seen[v.ID] = v
+		}
+		for _, v := range n.Outputs {
+			seen[v.ID] = v
+		}
+	}
+	for _, v := range g.Outputs {
+		seen[v.ID] = v
+	}
+	ids := make([]int, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	out := make([]*ir.Value, len(ids))
+	for i, id := range ids {
+		out[i] = seen[id]
+	}
+	return out
+}
+
+// layout gives every value its device memory: plan slots are carved from
+// one arena; stored tensors point at the backend's mirror; consts are
+// uploaded once; inputs and unplanned intermediates get their own buffers.
+func (p *program) layout(plan *kernels.Plan) error {
+	var slotOff []uint64
+	if plan != nil {
+		var total uint64
+		for s, n := range plan.SlotElems {
+			if n < 0 {
+				return fmt.Errorf("plan slot %d has %d elements", s, n)
+			}
+			slotOff = append(slotOff, total)
+			total += align256(uint64(4 * n))
+		}
+		if total > 0 {
+			a, err := p.be.dev.alloc(total)
+			if err != nil {
+				return fmt.Errorf("arena of %d bytes: %w", total, err)
+			}
+			p.arena = a
+		}
+	}
+	readers := map[int]bool{}
+	for _, n := range p.g.Nodes {
+		for _, v := range n.Inputs {
+			readers[v.ID] = true
+		}
+	}
+	for _, v := range p.g.Outputs {
+		readers[v.ID] = true
+	}
+	var problems []string
+	for _, v := range allValues(p.g) {
+		d := &dval{v: v, n: v.Shape.Numel(), slot: -1}
+		p.vals[v.ID] = d
+		var err error
+		switch v.Kind {
+		case ir.Input:
+			d.buf, err = p.alloc(d.n)
+			if readers[v.ID] {
+				p.inputs = append(p.inputs, d)
+			}
+		case ir.Param, ir.Buffer:
+			err = p.bindStored(d)
+			p.stored = append(p.stored, d)
+		case ir.Const:
+			if len(v.Data) != d.n {
+				err = fmt.Errorf("const %s has %d values for shape %v", v, len(v.Data), v.Shape)
+				break
+			}
+			f := make([]float32, d.n)
+			for i, x := range v.Data {
+				f[i] = float32(x)
+			}
+			d.buf, err = p.uploadNew(f32Ptr(f), 4*len(f))
+		case ir.Intermediate:
+			s, ok := -1, false
+			if plan != nil && v.DType != ir.I32 {
+				s, ok = plan.Slot[v.ID]
+			}
+			if !ok {
+				d.buf, err = p.alloc(d.n)
+				break
+			}
+			if s < 0 || s >= len(plan.SlotElems) {
+				err = fmt.Errorf("value %s: plan slot %d out of range (%d slots)", v, s, len(plan.SlotElems))
+				break
+			}
+			if plan.SlotElems[s] < d.n {
+				err = fmt.Errorf("value %s%v needs %d elements, plan slot %d has %d", v, v.Shape, d.n, s, plan.SlotElems[s])
+				break
+			}
+			d.slot = s
+			d.buf = Buffer{Ptr: p.arena.Ptr + slotOff[s], Bytes: uint64(4 * d.n)}
+		}
+		if err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func align256(n uint64) uint64 { return (n + 255) &^ 255 }
+
+func f32Ptr(f []float32) unsafe.Pointer {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&f[0])
+}
+
+func i32Ptr(f []int32) unsafe.Pointer {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&f[0])
+}
+
+// bindStored points a Param/Buffer value at its device mirror.
+func (p *program) bindStored(d *dval) error {
+	v := d.v
+	st, err := p.store.Bind(v)
+	if err != nil {
+		return err
+	}
+	if st.F32 == nil || len(st.F32) != d.n {
+		return fmt.Errorf("%s %q: store tensor is not float32 data of %d elements", v.Kind, v.Name, d.n)
+	}
+	buf, err := p.be.stored(p.store, v.Name, v.Shape)
+	if err != nil {
+		return err
+	}
+	d.buf = buf
+	return nil
+}
+
+// buildSteps compiles each node (resolving plan-slot clashes between a
+// node's outputs and inputs as the CPU backend does: in-place ops run in
+// place, others write a private temporary copied into the slot).
+func (p *program) buildSteps(plan *kernels.Plan) error {
+	used := map[int]bool{}
+	for _, n := range p.g.Nodes {
+		for _, v := range n.Inputs {
+			used[v.ID] = true
+		}
+	}
+	for _, v := range p.g.Outputs {
+		used[v.ID] = true
+	}
+	p.producer = map[int]*ir.Node{}
+	for _, n := range p.g.Nodes {
+		for _, v := range n.Outputs {
+			p.producer[v.ID] = n
+		}
+	}
+	missing := map[string]bool{}
+	for _, n := range p.g.Nodes {
+		in := make([]*dval, len(n.Inputs))
+		for i, v := range n.Inputs {
+			in[i] = p.vals[v.ID]
+		}
+		out := make([]*dval, len(n.Outputs))
+		for i, v := range n.Outputs {
+			out[i] = p.vals[v.ID]
+		}
+		out, post, err := p.resolveAliases(n, in, out, used)
+		if err != nil {
+			return err
+		}
+		exec, err := p.build(n, in, out)
+		if errors.Is(err, errUnsupported) {
+			missing[n.Op] = true
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s node %d: %w", n.Op, n.ID, err)
+		}
+		if post != nil {
+			run := exec
+			exec = func() error {
+				if err := run(); err != nil {
+					return err
+				}
+				return post()
+			}
+		}
+		p.steps = append(p.steps, step{node: n, exec: exec})
+	}
+	if len(missing) > 0 {
+		var ops []string
+		for op := range missing {
+			ops = append(ops, op)
+		}
+		sort.Strings(ops)
+		return fmt.Errorf("no cuda kernel for op(s) %s", strings.Join(ops, ", "))
+	}
+	return p.stageBF16()
+}
+
+func (p *program) resolveAliases(n *ir.Node, in, out []*dval, used map[int]bool) ([]*dval, func() error, error) {
+	res := append([]*dval(nil), out...)
+	var copies [][2]*dval
+	slot := func(v *ir.Value) int { return p.vals[v.ID].slot }
+	for i, o := range out {
+		if !kernels.SlotClash(n, i, slot) {
+			continue
+		}
+		buf, err := p.alloc(o.n)
+		if err != nil {
+			return nil, nil, err
+		}
+		tmp := &dval{v: o.v, buf: buf, n: o.n, slot: -1}
+		res[i] = tmp
+		if used[o.v.ID] {
+			copies = append(copies, [2]*dval{tmp, o})
+		} else {
+			p.vals[o.v.ID] = tmp
+		}
+	}
+	if len(copies) == 0 {
+		return res, nil, nil
+	}
+	return res, func() error {
+		for _, c := range copies {
+			if err := p.copy(c[1].buf, c[0].buf, c[0].n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil
+}
+
+// Run uploads the stored tensors and the feeds, then launches every node.
+func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
+	if p.vals == nil {
+		return errors.New("cuda: Run on a closed program")
+	}
+	unbind, err := p.be.bind()
+	if err != nil {
+		return err
+	}
+	defer unbind()
+	p.seed = seed
+	clear(p.fresh)
+	if err := p.uploadStored(); err != nil {
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	p.feeds = map[string][]int32{}
+	for _, d := range p.inputs {
+		if err := p.uploadFeed(d, feeds); err != nil {
+			return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		}
+	}
+	for _, f := range p.pre {
+		if err := f(); err != nil {
+			return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		}
+	}
+	for _, s := range p.steps {
+		if err := s.exec(); err != nil {
+			return fmt.Errorf("cuda: run %s: %s node %d: %w", p.g.Name, s.node.Op, s.node.ID, err)
+		}
+	}
+	if err := p.be.dev.sync(); err != nil {
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	return nil
+}
+
+func (p *program) uploadStored() error {
+	for _, d := range p.stored {
+		st := p.store.Get(d.v.Name)
+		if st == nil || len(st.F32) != d.n {
+			return fmt.Errorf("%s %q is missing from the store or changed size", d.v.Kind, d.v.Name)
+		}
+		if err := p.be.dev.upload(d.buf, f32Ptr(st.F32), uint64(4*d.n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *program) uploadFeed(d *dval, feeds map[string]*kernels.Tensor) error {
+	v := d.v
+	ft, ok := feeds[v.Name]
+	if !ok || ft == nil {
+		return fmt.Errorf("input %q (%s%v) is not fed", v.Name, v.DType, v.Shape)
+	}
+	if !ft.Shape.Equal(v.Shape) {
+		return fmt.Errorf("input %q fed with shape %v, graph wants %v", v.Name, ft.Shape, v.Shape)
+	}
+	if v.DType == ir.I32 {
+		if len(ft.I32) != d.n {
+			return fmt.Errorf("input %q wants i32 data of %d elements (%v)", v.Name, d.n, v.Shape)
+		}
+		p.feeds[v.Name] = ft.I32
+		return p.be.dev.upload(d.buf, i32Ptr(ft.I32), uint64(4*d.n))
+	}
+	f := ft.F32
+	if f == nil && ft.F64 != nil {
+		f = ft.Float32s()
+	}
+	if len(f) != d.n {
+		return fmt.Errorf("input %q wants float data of %d elements (%v)", v.Name, d.n, v.Shape)
+	}
+	return p.be.dev.upload(d.buf, f32Ptr(f), uint64(4*d.n))
+}
+
+// Output downloads a named output (once per Run) and returns it; nil for a
+// name the graph does not output or when the download fails.
+func (p *program) Output(name string) *kernels.Tensor {
+	o, d := p.outs[name], p.outV[name]
+	if o == nil || d == nil || p.vals == nil {
+		return nil
+	}
+	if p.fresh[name] {
+		return o
+	}
+	unbind, err := p.be.bind()
+	if err != nil {
+		return nil
+	}
+	defer unbind()
+	var ptr unsafe.Pointer
+	if d.i32() {
+		if len(o.I32) != d.n {
+			o.I32 = make([]int32, d.n)
+		}
+		ptr = i32Ptr(o.I32)
+	} else {
+		if len(o.F32) != d.n {
+			o.F32 = make([]float32, d.n)
+		}
+		ptr = f32Ptr(o.F32)
+	}
+	if d.n > 0 {
+		if err := p.be.dev.download(ptr, d.buf, uint64(4*d.n)); err != nil {
+			return nil
+		}
+	}
+	p.fresh[name] = true
+	return o
+}
+
+// Close frees the program's device memory (the stored tensors' mirror
+// stays with the backend).
+func (p *program) Close() {
+	if p.vals == nil {
+		return
+	}
+	if unbind, err := p.be.bind(); err == nil {
+		p.free()
+		unbind()
+	}
+	p.vals, p.steps, p.inputs, p.stored = nil, nil, nil, nil
+}
+
+func (p *program) free() {
+	for _, b := range p.owned {
+		p.be.dev.free(b)
+	}
+	p.owned = nil
+	if p.arena.Ptr != 0 {
+		p.be.dev.free(p.arena)
+		p.arena = Buffer{}
+	}
+}

@@ -1,0 +1,880 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+var errUnsupported = errors.New("no cuda kernel")
+
+// Op codes of src/graph.cu.
+const (
+	uCopy int32 = iota
+	uNeg
+	uExp
+	uLog
+	uSigmoid
+	uTanh
+	uGELU
+	uReLU
+	uScale
+	uClamp
+	uNanToNum
+)
+
+const (
+	gSigmoid int32 = iota
+	gTanh
+	gGELU
+	gReLU
+	gClamp
+	gNanToNum
+)
+
+var binaryCode = map[string]int32{"Add": 0, "Sub": 1, "Mul": 2, "Div": 3}
+
+var unaryCode = map[string]int32{"Neg": uNeg, "Exp": uExp, "Log": uLog, "Sigmoid": uSigmoid, "Tanh": uTanh,
+	"GELU": uGELU, "ReLU": uReLU, "Scale": uScale, "Clamp": uClamp, "NanToNum": uNanToNum}
+
+var gradCode = map[string]int32{"SigmoidGrad": gSigmoid, "TanhGrad": gTanh, "GELUGrad": gGELU, "ReLUGrad": gReLU,
+	"ClampGrad": gClamp, "NanToNumGrad": gNanToNum}
+
+const threads = 256
+
+// grid1 is the grid of a grid-stride kernel over n elements.
+func grid1(n int) [3]uint32 {
+	b := (n + threads - 1) / threads
+	return [3]uint32{uint32(min(max(b, 1), 8192)), 1, 1}
+}
+
+var block1 = [3]uint32{threads, 1, 1}
+
+func blocks(n int, per int) [3]uint32 { return [3]uint32{uint32(max(1, (n+per-1)/per)), 1, 1} }
+
+func (p *program) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
+	return p.be.dev.launch(name, grid, block, shared, args...)
+}
+
+// each launches a grid-stride kernel over n elements.
+func (p *program) each(name string, n int, args ...any) error {
+	if n == 0 {
+		return nil
+	}
+	return p.launch(name, grid1(n), block1, 0, args...)
+}
+
+// copy copies n 32-bit words from src to dst.
+func (p *program) copy(dst, src Buffer, n int) error {
+	if dst.Ptr == src.Ptr {
+		return nil
+	}
+	return p.each("copy_words", n, dst.Ptr, src.Ptr, int64(n))
+}
+
+func (p *program) zero(b Buffer, n int) error {
+	return p.be.dev.zero(b, uint64(4*n))
+}
+
+// uploadView puts a view's packed form in device memory for the node.
+func (p *program) uploadView(v view) (Buffer, error) {
+	packed := v.pack()
+	return p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
+}
+
+// build returns the launches of one node.
+func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
+	if err := checkI32Inputs(n, in); err != nil {
+		return nil, err
+	}
+	a := n.Attrs
+	if code, ok := binaryCode[n.Op]; ok {
+		return p.buildBinary(code, in, out)
+	}
+	if code, ok := unaryCode[n.Op]; ok {
+		return p.buildUnary(n, code, in, out)
+	}
+	if code, ok := gradCode[n.Op]; ok {
+		lo, hi := float32(a.Float("lo", math.Inf(-1))), float32(a.Float("hi", math.Inf(1)))
+		x, dy, o := in[1], in[0], out[0]
+		return func() error {
+			return p.each("grad_unary_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, code, lo, hi, int64(o.n))
+		}, nil
+	}
+	switch n.Op {
+	case "Reshape", "StopGradient":
+		x, o := in[0], out[0]
+		return func() error { return p.copy(o.buf, x.buf, o.n) }, nil
+	case "Gather":
+		return p.buildGather(in, out)
+	case "GatherGrad":
+		return p.buildGatherGrad(n, in, out)
+	case "Slice":
+		v, err := sliceView(in[0].v.Shape, a.Int("axis", 0), a.Int("start", 0), a.Int("end", 0))
+		if err != nil {
+			return nil, err
+		}
+		return p.gatherView(v, in[0], out[0])
+	case "SliceGrad":
+		return p.buildSliceGrad(n, in, out)
+	case "Transpose":
+		v, err := transposeView(in[0].v.Shape, a.Ints("perm"))
+		if err != nil {
+			return nil, err
+		}
+		return p.gatherView(v, in[0], out[0])
+	case "BroadcastTo":
+		v, err := broadcastToView(in[0].v.Shape, out[0].v.Shape)
+		if err != nil {
+			return nil, err
+		}
+		return p.gatherView(v, in[0], out[0])
+	case "SumTo":
+		red, err := sumToAxes(in[0].v.Shape, ir.Shape(a.Ints("shape")))
+		if err != nil {
+			return nil, err
+		}
+		return p.reduce(in[0], out[0], red, false)
+	case "ReduceSum", "ReduceMean":
+		red, err := reduceAxes(in[0].v.Shape, a.Ints("axes"))
+		if err != nil {
+			return nil, err
+		}
+		return p.reduce(in[0], out[0], red, n.Op == "ReduceMean")
+	case "Linear":
+		return p.buildLinear(in, out)
+	case "LinearGradX":
+		return p.buildLinearGradX(in, out)
+	case "LinearGradW":
+		return p.buildLinearGradW(in, out)
+	case "MatMul":
+		return p.buildMatMul(n, in, out)
+	case "Softmax", "SoftmaxGrad":
+		return p.buildSoftmax(n, in, out)
+	case "CausalMask":
+		x, o := in[0], out[0]
+		s := x.v.Shape
+		T := s[len(s)-1]
+		fill := float32(a.Float("fill", math.Inf(-1)))
+		return func() error {
+			return p.each("causal_mask_f32", o.n, o.buf.Ptr, x.buf.Ptr, int32(T), fill, int64(o.n))
+		}, nil
+	case "LayerNorm":
+		return p.buildLayerNorm(n, in, out)
+	case "LayerNormGrad":
+		return p.buildLayerNormGrad(n, in, out)
+	case "Dropout":
+		return p.buildDropout(n, in, out)
+	case "GumbelNoise":
+		x, o, id := in[0], out[0], n.ID
+		return func() error {
+			return p.each("gumbel_f32", o.n, o.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), int64(o.n))
+		}, nil
+	case "TopKMask":
+		x, o := in[0], out[0]
+		s := x.v.Shape
+		cols := s[len(s)-1]
+		rows, k := x.n/max(1, cols), a.Int("k", 1)
+		return func() error {
+			return p.each("topk_mask_f32", rows, o.buf.Ptr, x.buf.Ptr, int32(rows), int32(cols), int32(k))
+		}, nil
+	case "CrossEntropy":
+		return p.buildCrossEntropy(n, in, out)
+	case "CrossEntropyGrad":
+		return p.buildCrossEntropyGrad(n, in, out)
+	case "LMHeadCrossEntropy":
+		return p.buildLMHead(n, in, out)
+	case "LMHeadCrossEntropyGrad":
+		return p.buildLMHeadGrad(n, in, out)
+	case "GaussianMembership", "GaussianMembershipGrad":
+		return p.buildMembership(n, in, out)
+	case "Sinkhorn", "SinkhornGrad":
+		return p.buildSinkhorn(n, in, out)
+	case "ZScore", "ZScoreGrad":
+		return p.buildZScore(n, in, out)
+	case "FusedAttention":
+		return p.buildFusedAttention(n, in, out)
+	}
+	return nil, errUnsupported
+}
+
+// checkI32Inputs allows i32 data only where the op table takes ids.
+func checkI32Inputs(n *ir.Node, in []*dval) error {
+	ids := map[string]int{"Gather": 1, "GatherGrad": 1, "CrossEntropy": 1, "CrossEntropyGrad": 2,
+		"LMHeadCrossEntropy": 2, "LMHeadCrossEntropyGrad": 3}
+	for i, x := range in {
+		if !x.i32() {
+			continue
+		}
+		if j, ok := ids[n.Op]; (ok && j == i) || n.Op == "Reshape" {
+			continue
+		}
+		return fmt.Errorf("input %s is i32; %s takes float data there", x.v, n.Op)
+	}
+	return nil
+}
+
+func (p *program) buildBinary(code int32, in, out []*dval) (func() error, error) {
+	v, err := binaryView(out[0].v.Shape, in[0].v.Shape, in[1].v.Shape)
+	if err != nil {
+		return nil, err
+	}
+	meta, err := p.uploadView(v)
+	if err != nil {
+		return nil, err
+	}
+	a, b, o := in[0], in[1], out[0]
+	return func() error {
+		return p.each("binary_f32", o.n, o.buf.Ptr, a.buf.Ptr, b.buf.Ptr, meta.Ptr, int32(v.rank()), code, int64(o.n))
+	}, nil
+}
+
+func (p *program) buildUnary(n *ir.Node, code int32, in, out []*dval) (func() error, error) {
+	a := n.Attrs
+	var k [3]float32
+	switch code {
+	case uScale:
+		k[0], k[1] = float32(a.Float("alpha", 1)), float32(a.Float("beta", 0))
+	case uClamp:
+		k[0], k[1] = float32(a.Float("lo", math.Inf(-1))), float32(a.Float("hi", math.Inf(1)))
+	case uNanToNum:
+		m := float64(math.MaxFloat32)
+		k[0], k[1], k[2] = float32(a.Float("nan", 0)), float32(a.Float("posinf", m)), float32(a.Float("neginf", -m))
+	}
+	x, o := in[0], out[0]
+	return func() error {
+		return p.each("unary_f32", o.n, o.buf.Ptr, x.buf.Ptr, code, k[0], k[1], k[2], int64(o.n))
+	}, nil
+}
+
+func (p *program) gatherView(v view, x, o *dval) (func() error, error) {
+	meta, err := p.uploadView(v)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		return p.each("gather_view_f32", o.n, o.buf.Ptr, x.buf.Ptr, meta.Ptr, int32(v.rank()), int64(o.n))
+	}, nil
+}
+
+func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	a := n.Attrs
+	v, err := sliceView(out[0].v.Shape, a.Int("axis", 0), a.Int("start", 0), a.Int("end", 0))
+	if err != nil {
+		return nil, err
+	}
+	meta, err := p.uploadView(v)
+	if err != nil {
+		return nil, err
+	}
+	dy, o := in[0], out[0]
+	return func() error {
+		if err := p.zero(o.buf, o.n); err != nil {
+			return err
+		}
+		return p.each("scatter_view_f32", dy.n, o.buf.Ptr, dy.buf.Ptr, meta.Ptr, int32(v.rank()), int64(dy.n))
+	}, nil
+}
+
+// reduce sums x over the marked axes into o (scaled to a mean when asked).
+func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error) {
+	ov, rv := reduceViews(x.v.Shape, red)
+	nred := 1
+	for _, d := range rv.dims {
+		nred *= int(d)
+	}
+	if nout := x.n / max(1, nred); nout != o.n {
+		return nil, fmt.Errorf("reduction of %v gives %d elements, output %v has %d", x.v.Shape, nout, o.v.Shape, o.n)
+	}
+	packed := append(append(append(append([]int64(nil), ov.dims...), ov.strides[0]...), rv.dims...), rv.strides[0]...)
+	meta, err := p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
+	if err != nil {
+		return nil, err
+	}
+	scale := float32(1)
+	if mean {
+		scale = float32(1 / float64(nred))
+	}
+	return func() error {
+		return p.each("reduce_view_f32", o.n, o.buf.Ptr, x.buf.Ptr, meta.Ptr, int32(ov.rank()), int32(rv.rank()),
+			int64(nred), scale, int64(o.n))
+	}, nil
+}
+
+// ---- ids known to the host ----
+
+// feedOf returns the name of the Input an i32 value comes from (through
+// Reshapes): its data is on the host before the kernels run.
+func (p *program) feedOf(v *ir.Value) (string, error) {
+	for {
+		if v.Kind == ir.Input {
+			return v.Name, nil
+		}
+		n := p.producer[v.ID]
+		if n == nil || n.Op != "Reshape" {
+			return "", fmt.Errorf("ids %s are computed on the device; this backend takes ids only from inputs", v)
+		}
+		v = n.Inputs[0]
+	}
+}
+
+// checkIDs adds a pre-run check that the ids of v lie in [0, V).
+func (p *program) checkIDs(v *ir.Value, V int, what string) error {
+	name, err := p.feedOf(v)
+	if err != nil {
+		return err
+	}
+	p.pre = append(p.pre, func() error {
+		for i, id := range p.feeds[name] {
+			if id < 0 || int(id) >= V {
+				return fmt.Errorf("%s %d at position %d is outside [0, %d)", what, id, i, V)
+			}
+		}
+		return nil
+	})
+	return nil
+}
+
+func (p *program) buildGather(in, out []*dval) (func() error, error) {
+	W, ids, o := in[0], in[1], out[0]
+	V, D := W.v.Shape[0], W.v.Shape[1]
+	if err := p.checkIDs(ids.v, V, "id"); err != nil {
+		return nil, err
+	}
+	rows := ids.n
+	return func() error {
+		if rows == 0 {
+			return nil
+		}
+		return p.launch("gather_rows_f32", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, W.buf.Ptr, ids.buf.Ptr, int32(rows), int32(D))
+	}, nil
+}
+
+// csrOf groups the rows of ids by id: packed as [distinct ids ascending |
+// starts (len+1) | rows in increasing order within each id].
+func csrOf(ids []int32, V int) ([]int32, error) {
+	count := make([]int32, V+1)
+	for i, id := range ids {
+		if id < 0 || int(id) >= V {
+			return nil, fmt.Errorf("id %d at position %d is outside [0, %d)", id, i, V)
+		}
+		count[id+1]++
+	}
+	var uniq []int32
+	for v := 0; v < V; v++ {
+		if count[v+1] > 0 {
+			uniq = append(uniq, int32(v))
+		}
+		count[v+1] += count[v]
+	}
+	U := len(uniq)
+	out := make([]int32, 2*U+1+len(ids))
+	copy(out, uniq)
+	for u, v := range uniq {
+		out[U+u] = count[v]
+	}
+	out[2*U] = int32(len(ids))
+	rows := out[2*U+1:]
+	next := append([]int32(nil), count[:V]...)
+	for r, id := range ids {
+		rows[next[id]] = int32(r)
+		next[id]++
+	}
+	return out, nil
+}
+
+func (p *program) buildGatherGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	dy, ids, o := in[0], in[1], out[0]
+	V, D := o.v.Shape[0], o.v.Shape[1]
+	name, err := p.feedOf(ids.v)
+	if err != nil {
+		return nil, err
+	}
+	csrBuf, err := p.alloc(3*ids.n + 1)
+	if err != nil {
+		return nil, err
+	}
+	var uniq int
+	p.pre = append(p.pre, func() error {
+		csr, err := csrOf(p.feeds[name], V)
+		if err != nil {
+			return err
+		}
+		uniq = (len(csr) - 1 - ids.n) / 2
+		return p.be.dev.upload(csrBuf, i32Ptr(csr), uint64(4*len(csr)))
+	})
+	return func() error {
+		if err := p.zero(o.buf, o.n); err != nil {
+			return err
+		}
+		if uniq == 0 {
+			return nil
+		}
+		return p.launch("gather_grad_csr_f32", blocks(uniq, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, dy.buf.Ptr, csrBuf.Ptr, int32(uniq), int32(D))
+	}, nil
+}
+
+// ---- GEMMs ----
+
+// gemm runs a strided batch of GEMMs in the backend's GEMM precision.
+func (p *program) gemm(s GemmShape, A, B Buffer, beta float32, C Buffer) error {
+	if p.be.gemm == GEMMF32 {
+		return p.be.dev.gemm(s, 1, A, B, F32, beta, C)
+	}
+	na, nb := gemmElems(s)
+	if err := p.each("f32_to_bf16_kernel", na, p.bf16[0].Ptr, A.Ptr, int64(na)); err != nil {
+		return err
+	}
+	if err := p.each("f32_to_bf16_kernel", nb, p.bf16[1].Ptr, B.Ptr, int64(nb)); err != nil {
+		return err
+	}
+	return p.be.dev.gemm(s, 1, p.bf16[0], p.bf16[1], BF16, beta, C)
+}
+
+// gemmElems is the element count of A and B over the batch.
+func gemmElems(s GemmShape) (int, int) {
+	span := func(stride int64, one int) int {
+		if s.Batch <= 1 || stride == 0 {
+			return one
+		}
+		return int(stride)*(s.Batch-1) + one
+	}
+	return span(s.StrideA, s.M*s.K), span(s.StrideB, s.K*s.N)
+}
+
+// needGEMM records a GEMM's operand sizes for the bf16 staging buffers.
+func (p *program) needGEMM(s GemmShape) {
+	na, nb := gemmElems(s)
+	p.bf16Need[0] = max(p.bf16Need[0], na)
+	p.bf16Need[1] = max(p.bf16Need[1], nb)
+}
+
+// stageBF16 allocates the bf16 staging buffers (2 bytes per element).
+func (p *program) stageBF16() error {
+	if p.be.gemm != GEMMBF16 {
+		return nil
+	}
+	for i, n := range p.bf16Need {
+		b, err := p.alloc((n + 1) / 2)
+		if err != nil {
+			return err
+		}
+		p.bf16[i] = b
+	}
+	return nil
+}
+
+func (p *program) gemmStep(s GemmShape, A, B, C *dval) func() error {
+	p.needGEMM(s)
+	return func() error { return p.gemm(s, A.buf, B.buf, 0, C.buf) }
+}
+
+func lastDim(s ir.Shape) int { return s[len(s)-1] }
+
+func (p *program) buildLinear(in, out []*dval) (func() error, error) {
+	x, W, o := in[0], in[1], out[0]
+	N, K := W.v.Shape[0], W.v.Shape[1]
+	R := x.n / max(1, K)
+	mm := p.gemmStep(GemmShape{TransB: true, M: R, N: N, K: K, Batch: 1}, x, W, o)
+	if len(in) == 2 {
+		return mm, nil
+	}
+	b := in[2]
+	return func() error {
+		if err := mm(); err != nil {
+			return err
+		}
+		return p.each("add_rows_f32", o.n, o.buf.Ptr, b.buf.Ptr, int32(N), int64(o.n))
+	}, nil
+}
+
+func (p *program) buildLinearGradX(in, out []*dval) (func() error, error) {
+	dy, W, o := in[0], in[1], out[0]
+	N, K := W.v.Shape[0], W.v.Shape[1]
+	return p.gemmStep(GemmShape{M: dy.n / max(1, N), N: K, K: N, Batch: 1}, dy, W, o), nil
+}
+
+func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
+	dy, x, o := in[0], in[1], out[0]
+	N, K := lastDim(dy.v.Shape), lastDim(x.v.Shape)
+	return p.gemmStep(GemmShape{TransA: true, M: N, N: K, K: dy.n / max(1, N), Batch: 1}, dy, x, o), nil
+}
+
+func (p *program) buildMatMul(n *ir.Node, in, out []*dval) (func() error, error) {
+	a, b, o := in[0], in[1], out[0]
+	sa, sb := a.v.Shape, b.v.Shape
+	r := len(sa)
+	s := GemmShape{TransA: n.Attrs.Bool("transA", false), TransB: n.Attrs.Bool("transB", false)}
+	s.M, s.K = sa[r-2], sa[r-1]
+	if s.TransA {
+		s.M, s.K = s.K, s.M
+	}
+	s.N = sb[r-1]
+	if s.TransB {
+		s.N = sb[r-2]
+	}
+	s.Batch = 1
+	for _, d := range sa[:r-2] {
+		s.Batch *= d
+	}
+	s.StrideA, s.StrideB, s.StrideC = int64(sa[r-2]*sa[r-1]), int64(sb[r-2]*sb[r-1]), int64(s.M*s.N)
+	return p.gemmStep(s, a, b, o), nil
+}
+
+// ---- rows ----
+
+func (p *program) buildSoftmax(n *ir.Node, in, out []*dval) (func() error, error) {
+	o := out[0]
+	cols := lastDim(o.v.Shape)
+	rows := o.n / max(1, cols)
+	if n.Op == "Softmax" {
+		x := in[0]
+		return func() error {
+			return p.launch("softmax_rows_f32", blocks(rows, 1), block1, 0, o.buf.Ptr, x.buf.Ptr, int32(rows), int32(cols))
+		}, nil
+	}
+	dy, y := in[0], in[1]
+	return func() error {
+		return p.launch("softmax_rows_bwd_f32", blocks(rows, 1), block1, 0, o.buf.Ptr, dy.buf.Ptr, y.buf.Ptr, int32(rows), int32(cols))
+	}, nil
+}
+
+func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, error) {
+	x, g, b, o := in[0], in[1], in[2], out[0]
+	D := lastDim(x.v.Shape)
+	rows := x.n / max(1, D)
+	stats, err := p.alloc(2 * rows)
+	if err != nil {
+		return nil, err
+	}
+	eps := float32(n.Attrs.Float("eps", 1e-5))
+	return func() error {
+		return p.launch("layernorm_fwd_f32", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, stats.Ptr,
+			stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), eps)
+	}, nil
+}
+
+// lnChunk is the number of rows of one partial sum of LayerNorm's
+// parameter gradients.
+const lnChunk = 256
+
+func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	dy, x, g := in[0], in[1], in[2]
+	dx, dg, db := out[0], out[1], out[2]
+	D := lastDim(x.v.Shape)
+	rows := x.n / max(1, D)
+	chunks := max(1, (rows+lnChunk-1)/lnChunk)
+	stats, err := p.alloc(2 * rows)
+	if err != nil {
+		return nil, err
+	}
+	part, err := p.alloc(2 * chunks * D)
+	if err != nil {
+		return nil, err
+	}
+	eps := float32(n.Attrs.Float("eps", 1e-5))
+	cols := uint32((D + 127) / 128)
+	return func() error {
+		if err := p.launch("layernorm_bwd_dx_f32", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, dx.buf.Ptr, stats.Ptr,
+			dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), eps); err != nil {
+			return err
+		}
+		if err := p.launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
+			part.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), int32(lnChunk)); err != nil {
+			return err
+		}
+		return p.launch("layernorm_bwd_sum_f32", [3]uint32{cols, 1, 1}, [3]uint32{128, 1, 1}, 0, dg.buf.Ptr, db.buf.Ptr,
+			part.Ptr, int32(chunks), int32(D))
+	}, nil
+}
+
+// dropoutThreshold mirrors the CPU backend: element i keeps when its 32-bit
+// draw is below keep·2³²; kept elements are scaled by 1/keep.
+func dropoutThreshold(p float64) (thresh uint64, scale float32) {
+	keep := 1 - p
+	switch {
+	case p <= 0:
+		thresh = 1 << 32
+	case keep > 0:
+		thresh = uint64(keep * (1 << 32))
+	}
+	if keep > 0 {
+		scale = float32(1 / keep)
+	}
+	return thresh, scale
+}
+
+func (p *program) buildDropout(n *ir.Node, in, out []*dval) (func() error, error) {
+	x, y, mask, id := in[0], out[0], out[1], n.ID
+	thresh, scale := dropoutThreshold(n.Attrs.Float("p", 0))
+	return func() error {
+		return p.each("dropout_f32", y.n, y.buf.Ptr, mask.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), thresh, scale, int64(y.n))
+	}, nil
+}
+
+// ---- losses ----
+
+// sumRows adds n per-row values into one scalar.
+func (p *program) sumRows(dst, rows Buffer, n int) error {
+	return p.launch("sum_f32", [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, dst.Ptr, rows.Ptr, int64(n))
+}
+
+func (p *program) buildCrossEntropy(n *ir.Node, in, out []*dval) (func() error, error) {
+	lg, tg := in[0], in[1]
+	rows, V := lg.v.Shape[0], lg.v.Shape[1]
+	if err := p.checkIDs(tg.v, V, "target"); err != nil {
+		return nil, err
+	}
+	per, err := p.alloc(2 * rows)
+	if err != nil {
+		return nil, err
+	}
+	ls := float32(n.Attrs.Float("label_smoothing", 0))
+	ceRows := Buffer{Ptr: per.Ptr + uint64(4*rows), Bytes: uint64(4 * rows)}
+	return func() error {
+		if err := p.launch("ce_rows_f32", blocks(rows, 1), [3]uint32{512, 1, 1}, 0, per.Ptr, ceRows.Ptr, lg.buf.Ptr, tg.buf.Ptr,
+			int32(rows), int32(V), ls); err != nil {
+			return err
+		}
+		if err := p.sumRows(out[0].buf, per, rows); err != nil {
+			return err
+		}
+		return p.sumRows(out[1].buf, ceRows, rows)
+	}, nil
+}
+
+func (p *program) buildCrossEntropyGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	dl, lg, tg, o := in[0], in[1], in[2], out[0]
+	rows, V := lg.v.Shape[0], lg.v.Shape[1]
+	if err := p.checkIDs(tg.v, V, "target"); err != nil {
+		return nil, err
+	}
+	ls := float32(n.Attrs.Float("label_smoothing", 0))
+	return func() error {
+		return p.launch("ce_grad_f32", blocks(rows, 1), [3]uint32{512, 1, 1}, 0, o.buf.Ptr, lg.buf.Ptr, tg.buf.Ptr, dl.buf.Ptr,
+			int32(rows), int32(V), ls)
+	}, nil
+}
+
+// lmHead is the device state of one LMHeadCrossEntropy node: the chunk of
+// logits, the per-row losses and, when the graph also asks for the
+// gradient, the unscaled dx and dW accumulated while the forward runs.
+type lmHead struct {
+	logits, rows Buffer
+	dx, dW       Buffer // zero Ptr when no gradient is wanted
+}
+
+// lmHeadGradOf finds the LMHeadCrossEntropyGrad node on the same inputs.
+func (p *program) lmHeadGradOf(n *ir.Node) *ir.Node {
+	for _, m := range p.g.Nodes {
+		if m.Op == "LMHeadCrossEntropyGrad" && m.Inputs[1] == n.Inputs[0] && m.Inputs[2] == n.Inputs[1] && m.Inputs[3] == n.Inputs[2] {
+			return m
+		}
+	}
+	return nil
+}
+
+func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error) {
+	x, W, tg := in[0], in[1], in[2]
+	N, D, V := x.v.Shape[0], x.v.Shape[1], W.v.Shape[0]
+	if err := p.checkIDs(tg.v, V, "target"); err != nil {
+		return nil, err
+	}
+	chunk := ir.LMHeadChunkRows(n)
+	st := &lmHead{}
+	var err error
+	if st.logits, err = p.alloc(chunk * V); err != nil {
+		return nil, err
+	}
+	if st.rows, err = p.alloc(2 * N); err != nil {
+		return nil, err
+	}
+	if p.lmHeadGradOf(n) != nil {
+		if st.dx, err = p.alloc(N * D); err != nil {
+			return nil, err
+		}
+		if st.dW, err = p.alloc(V * D); err != nil {
+			return nil, err
+		}
+	}
+	if p.lmHeads == nil {
+		p.lmHeads = map[int]*lmHead{}
+	}
+	p.lmHeads[n.ID] = st
+	ls := float32(n.Attrs.Float("label_smoothing", 0))
+	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1})
+	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1})
+	sm, ce, pred := out[0], out[1], out[2]
+	ceRows := Buffer{Ptr: st.rows.Ptr + uint64(4*N), Bytes: uint64(4 * N)}
+	return func() error {
+		for lo := 0; lo < N; lo += chunk {
+			c := min(chunk, N-lo)
+			xc := Buffer{Ptr: x.buf.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
+			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1}, xc, W.buf, 0, st.logits); err != nil {
+				return err
+			}
+			if err := p.launch("softmax_ce_fused_f32", blocks(c, 1), [3]uint32{512, 1, 1}, 0, st.logits.Ptr,
+				st.rows.Ptr+uint64(4*lo), ceRows.Ptr+uint64(4*lo), pred.buf.Ptr+uint64(4*lo), tg.buf.Ptr+uint64(4*lo),
+				int32(c), int32(V), ls, float32(1)); err != nil {
+				return err
+			}
+			if st.dx.Ptr == 0 {
+				continue
+			}
+			dxc := Buffer{Ptr: st.dx.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
+			if err := p.gemm(GemmShape{M: c, N: D, K: V, Batch: 1}, st.logits, W.buf, 0, dxc); err != nil {
+				return err
+			}
+			beta := float32(1)
+			if lo == 0 {
+				beta = 0
+			}
+			if err := p.gemm(GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}, st.logits, xc, beta, st.dW); err != nil {
+				return err
+			}
+		}
+		if err := p.sumRows(sm.buf, st.rows, N); err != nil {
+			return err
+		}
+		return p.sumRows(ce.buf, ceRows, N)
+	}, nil
+}
+
+func (p *program) buildLMHeadGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	var st *lmHead
+	for _, m := range p.g.Nodes {
+		if m.Op == "LMHeadCrossEntropy" && p.lmHeadGradOf(m) == n {
+			st = p.lmHeads[m.ID]
+		}
+	}
+	if st == nil || st.dx.Ptr == 0 {
+		return nil, fmt.Errorf("LMHeadCrossEntropyGrad without its LMHeadCrossEntropy on the same inputs earlier in the graph")
+	}
+	dsm, dx, dW := in[0], out[0], out[1]
+	return func() error {
+		if err := p.each("scale_ptr_f32", dx.n, dx.buf.Ptr, st.dx.Ptr, dsm.buf.Ptr, int64(dx.n)); err != nil {
+			return err
+		}
+		return p.each("scale_ptr_f32", dW.n, dW.buf.Ptr, st.dW.Ptr, dsm.buf.Ptr, int64(dW.n))
+	}, nil
+}
+
+// ---- the paper's ops ----
+
+func (p *program) buildMembership(n *ir.Node, in, out []*dval) (func() error, error) {
+	if n.Op == "GaussianMembership" {
+		z, c, ls, mu := in[0], in[1], in[2], out[0]
+		R, D := c.v.Shape[0], c.v.Shape[1]
+		if R > 32 {
+			return nil, fmt.Errorf("%d regimes: the CUDA kernel takes at most 32", R)
+		}
+		N := z.n / max(1, D)
+		return func() error {
+			return p.launch("gaussian_membership_f32", blocks(N*32, threads), block1, 0, mu.buf.Ptr, z.buf.Ptr, c.buf.Ptr,
+				ls.buf.Ptr, int32(N), int32(D), int32(R))
+		}, nil
+	}
+	dmu, z, c, ls, mu := in[0], in[1], in[2], in[3], in[4]
+	dz, dc, dls := out[0], out[1], out[2]
+	R, D := c.v.Shape[0], c.v.Shape[1]
+	if R > 32 {
+		return nil, fmt.Errorf("%d regimes: the CUDA kernel takes at most 32", R)
+	}
+	N := z.n / max(1, D)
+	work, err := p.alloc(2 * N * R) // dz2 and dss per row, summed by the parameters' kernel
+	if err != nil {
+		return nil, err
+	}
+	dss := work.Ptr + uint64(4*N*R)
+	return func() error {
+		if err := p.launch("gaussian_membership_bwd_rows_f32", blocks(N*32, threads), block1, 0, dz.buf.Ptr, work.Ptr, dss,
+			dmu.buf.Ptr, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, mu.buf.Ptr, int32(N), int32(D), int32(R)); err != nil {
+			return err
+		}
+		return p.launch("gaussian_membership_bwd_params_f32", [3]uint32{uint32(R), 1, 1}, [3]uint32{128, 1, 1}, 0, dc.buf.Ptr,
+			dls.buf.Ptr, work.Ptr, dss, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, int32(N), int32(D), int32(R))
+	}, nil
+}
+
+func (p *program) buildSinkhorn(n *ir.Node, in, out []*dval) (func() error, error) {
+	iters := n.Attrs.Int("iters", 1)
+	o := out[0]
+	R, K := o.v.Shape[0], o.v.Shape[1]
+	one := [3]uint32{1, 1, 1}
+	if n.Op == "Sinkhorn" {
+		X := in[0]
+		work, err := p.alloc(2 * R * K) // R·K doubles
+		if err != nil {
+			return nil, err
+		}
+		return func() error {
+			return p.launch("sinkhorn_f32", one, [3]uint32{32, 1, 1}, 0, o.buf.Ptr, X.buf.Ptr, work.Ptr, int32(R), int32(K), int32(iters))
+		}, nil
+	}
+	dP, X := in[0], in[1]
+	work, err := p.alloc(2 * (2*R*K + iters*(2*R*K+R+K))) // doubles
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		return p.launch("sinkhorn_bwd_f32", one, [3]uint32{32, 1, 1}, 0, o.buf.Ptr, dP.buf.Ptr, X.buf.Ptr, work.Ptr,
+			int32(R), int32(K), int32(iters))
+	}, nil
+}
+
+func (p *program) buildZScore(n *ir.Node, in, out []*dval) (func() error, error) {
+	o := out[0]
+	N := int64(o.n)
+	work, err := p.alloc(8) // stats and sums: 4 doubles
+	if err != nil {
+		return nil, err
+	}
+	stats, sums := work.Ptr, work.Ptr+16
+	one, wide := [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}
+	if n.Op == "ZScore" {
+		x := in[0]
+		return func() error {
+			if err := p.launch("zscore_stats_f32", one, wide, 0, stats, x.buf.Ptr, N); err != nil {
+				return err
+			}
+			return p.each("zscore_fwd_f32", o.n, o.buf.Ptr, x.buf.Ptr, stats, N)
+		}, nil
+	}
+	dy, x := in[0], in[1]
+	return func() error {
+		if err := p.launch("zscore_stats_f32", one, wide, 0, stats, x.buf.Ptr, N); err != nil {
+			return err
+		}
+		if err := p.launch("zscore_grad_sums_f32", one, wide, 0, sums, dy.buf.Ptr, x.buf.Ptr, stats, N); err != nil {
+			return err
+		}
+		return p.each("zscore_bwd_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, stats, sums, N)
+	}, nil
+}
+
+func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error, error) {
+	q, k, v, o := in[0], in[1], in[2], out[0]
+	s := q.v.Shape
+	B, H, T, Hd := s[0], s[1], s[2], s[3]
+	if !n.Attrs.Bool("causal", false) || k.v.Shape[2] != T {
+		return nil, fmt.Errorf("the CUDA attention kernel is causal over equal lengths; got causal=%v, T=%d, S=%d",
+			n.Attrs.Bool("causal", false), T, k.v.Shape[2])
+	}
+	var bias uint64
+	if len(in) == 4 {
+		bias = in[3].buf.Ptr
+	}
+	lse, err := p.alloc(B * H * T)
+	if err != nil {
+		return nil, err
+	}
+	scale := float32(n.Attrs.Float("scale", 1/math.Sqrt(float64(Hd))))
+	return func() error {
+		return p.launch("attention_fwd_f32", [3]uint32{uint32(T), uint32(B * H), 1}, [3]uint32{128, 1, 1}, uint32(4*(32+T)),
+			o.buf.Ptr, lse.Ptr, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, bias, int32(T), int32(Hd), scale)
+	}, nil
+}

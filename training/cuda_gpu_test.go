@@ -1,0 +1,113 @@
+package training
+
+import (
+	"math"
+	"os"
+	"testing"
+
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/kernels/cuda"
+)
+
+// cudaOrSkip opens the CUDA backend, or skips without a GPU (fails under
+// RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh sets it).
+func cudaOrSkip(t *testing.T, gemm cuda.GEMMPrecision) *cuda.Backend {
+	t.Helper()
+	be, err := cuda.New(0, gemm)
+	if err != nil {
+		if os.Getenv("RPAC_REQUIRE_GPU") == "1" {
+			t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	return be
+}
+
+// stepOn runs one step of f on be and returns copies of loss, CE and grads.
+func (f *stepFixture) stepOn(t *testing.T, be kernels.Backend, micro int, seed uint64) (float64, float64, map[string][]float32) {
+	t.Helper()
+	s, err := CompileStep(&f.cfg, f.store, be, f.T, f.B, micro, f.cfg.Dropout, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out, err := s.Run(f.x, f.y, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grads := map[string][]float32{}
+	for n, g := range out.Grads {
+		grads[n] = append([]float32(nil), g...)
+	}
+	return out.Loss, out.CE, grads
+}
+
+// relDiff is ‖a − b‖/‖b‖ (0 when both are zero).
+func relDiff(a, b []float32) float64 {
+	var d, n float64
+	for i := range b {
+		x := float64(a[i]) - float64(b[i])
+		d += x * x
+		n += float64(b[i]) * float64(b[i])
+	}
+	if n == 0 {
+		return math.Sqrt(d)
+	}
+	return math.Sqrt(d / n)
+}
+
+// TestGPUStepMatchesCPU: the whole fuzzy and baseline training steps (with
+// dropout, micro-batches and the Gumbel top-k gate) give the CPU backend's
+// loss and gradients on the GPU in fp32, and stay close in bf16.
+func TestGPUStepMatchesCPU(t *testing.T) {
+	f32 := cudaOrSkip(t, cuda.GEMMF32)
+	bf16 := cudaOrSkip(t, cuda.GEMMBF16)
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		f := newStepFixture(t, kind, 24, 4)
+		f.cfg.Dropout = 0.1
+		loss, ce, grads := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
+		for _, tc := range []struct {
+			be             kernels.Backend
+			lossTol, gradT float64
+		}{{f32, 1e-5, 1e-4}, {bf16, 2e-2, 5e-2}} {
+			gl, gce, gg := f.stepOn(t, tc.be, 2, 11)
+			if d := math.Abs(gl-loss) / math.Abs(loss); d > tc.lossTol {
+				t.Errorf("%s on %s: loss %.7f, cpu %.7f (rel %.2g > %.2g)", kind, tc.be.Name(), gl, loss, d, tc.lossTol)
+			}
+			if d := math.Abs(gce-ce) / math.Abs(ce); d > tc.lossTol {
+				t.Errorf("%s on %s: CE %.7f, cpu %.7f", kind, tc.be.Name(), gce, ce)
+			}
+			worst, at := 0.0, ""
+			for n, g := range grads {
+				if d := relDiff(gg[n], g); d > worst {
+					worst, at = d, n
+				}
+			}
+			t.Logf("%s on %s: loss %.7f (cpu %.7f), worst gradient %s rel %.2g", kind, tc.be.Name(), gl, loss, at, worst)
+			if worst > tc.gradT {
+				t.Errorf("%s on %s: gradient of %s differs by %.2g (> %.2g) from the CPU's", kind, tc.be.Name(), at, worst, tc.gradT)
+			}
+		}
+	}
+}
+
+// TestGPUStepRepeats: two runs of the same step on the GPU agree bit for
+// bit (no atomics in any reduction), which exact resume relies on.
+func TestGPUStepRepeats(t *testing.T) {
+	be := cudaOrSkip(t, cuda.GEMMF32)
+	f := newStepFixture(t, "fuzzy", 24, 4)
+	f.cfg.Dropout = 0.1
+	l1, _, g1 := f.stepOn(t, be, 2, 5)
+	l2, _, g2 := f.stepOn(t, be, 2, 5)
+	if l1 != l2 {
+		t.Errorf("loss %v then %v", l1, l2)
+	}
+	for n, g := range g1 {
+		for i := range g {
+			if g[i] != g2[n][i] {
+				t.Fatalf("gradient %s[%d]: %v then %v", n, i, g[i], g2[n][i])
+			}
+		}
+	}
+}
