@@ -74,3 +74,17 @@ func TestLdConf(t *testing.T) {
 		t.Errorf("ldConf: %q", got)
 	}
 }
+
+// A provider without a kernel for the export's precision points at the
+// CUDA provider or another dtype, not at a fresh export.
+func TestLoadHint(t *testing.T) {
+	for _, c := range []struct{ msg, want string }{
+		{"Could not find an implementation for Add(14) node with name 'Add_2'", "--provider cuda"},
+		{"Type Error: Type parameter (T) of Optype (Add) bound to different types (tensor(bfloat16) and tensor(float) in node ().", "--dtype"},
+		{"Protobuf parsing failed.", "export it again"},
+	} {
+		if got := loadHint(errors.New(c.msg)); !strings.Contains(got, c.want) {
+			t.Errorf("%q: hint %q, want %q in it", c.msg, got, c.want)
+		}
+	}
+}

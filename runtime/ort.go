@@ -111,7 +111,7 @@ func (be *ortBackend) newRunner(path string, batch, length, vocab int) (runner, 
 	defer so.Destroy()
 	sess, err := ort.NewDynamicAdvancedSession(path, []string{"input_ids"}, []string{"logits"}, so)
 	if err != nil {
-		return nil, fmt.Errorf("runtime: onnxruntime cannot load %s: %v (export it again)", path, err)
+		return nil, fmt.Errorf("runtime: onnxruntime cannot load %s: %v (%s)", path, err, loadHint(err))
 	}
 	par := be.opts.Parallel
 	if par <= 0 {
