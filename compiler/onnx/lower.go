@@ -232,7 +232,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 
 	m := &onnxpb.ModelProto{
 		IrVersion:       opts.IRVersion,
-		OpsetImport:     []*onnxpb.OperatorSetIdProto{{Domain: "", Version: opts.Opset}},
+		OpsetImport:     append([]*onnxpb.OperatorSetIdProto{{Domain: "", Version: opts.Opset}}, b.extraOpsets()...),
 		ProducerName:    opts.ProducerName,
 		ProducerVersion: opts.ProducerVersion,
 		Graph:           b.gp,
@@ -282,6 +282,8 @@ type builder struct {
 	uses   map[*ir.Value][]*ir.Node
 	final  *ir.Value // the value that is written as "logits" directly
 	nodeID int
+	// domains are the operator sets besides ai.onnx the nodes use.
+	domains map[string]int64
 }
 
 func (b *builder) reserve(name string) { b.used[name] = true }
