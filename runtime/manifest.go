@@ -46,6 +46,9 @@ type Manifest struct {
 	Fold json.RawMessage `json:"fold,omitempty"`
 	// Model names the model kind (e.g. "fuzzy", "baseline").
 	Model string `json:"model"`
+	// KVCache describes the KV-cache graphs (`rpac export --kv-cache`):
+	// nil when the export has none. See KVCache.
+	KVCache *KVCache `json:"kv_cache,omitempty"`
 }
 
 // File is one file of an export.
@@ -54,6 +57,10 @@ type File struct {
 	Path   string `json:"path"`   // relative to the export folder, slash-separated
 	SHA256 string `json:"sha256"` // lower-case hex
 	Bytes  int64  `json:"bytes"`
+	// Graph says which graph of its length an .onnx file is: GraphFull
+	// (omitted; the [B,T] graph), GraphPrefill or GraphDecode. External
+	// tensor data files carry their graph's kind.
+	Graph GraphKind `json:"graph,omitempty"`
 }
 
 // ReadManifest reads and validates dir/manifest.json (file hashes are not
@@ -156,6 +163,7 @@ func (m *Manifest) Validate() error {
 		return fmt.Errorf("manifest eos %d is outside [0,%d)", m.EOS, m.VocabSize)
 	}
 	models := map[int]int{}
+	kv := map[kvKey]int{}
 	paths := map[string]bool{}
 	for _, f := range m.Files {
 		if !seen[f.Length] {
@@ -174,16 +182,22 @@ func (m *Manifest) Validate() error {
 		if f.Bytes < 0 {
 			return fmt.Errorf("manifest file %q: negative size %d", f.Path, f.Bytes)
 		}
+		if !f.Graph.valid() {
+			return fmt.Errorf("manifest file %q: unknown graph %q (want %q, %q or none)", f.Path, f.Graph, GraphPrefill, GraphDecode)
+		}
 		if strings.HasSuffix(f.Path, ".onnx") {
 			models[f.Length]++
+			if f.Graph != GraphFull {
+				kv[kvKey{f.Length, f.Graph}]++
+			}
 		}
 	}
 	for _, L := range m.Lengths {
-		if models[L] != 1 {
-			return fmt.Errorf("manifest has %d .onnx files for length %d, want exactly one", models[L], L)
+		if n := models[L] - kv[kvKey{L, GraphPrefill}] - kv[kvKey{L, GraphDecode}]; n != 1 {
+			return fmt.Errorf("manifest has %d .onnx files for length %d, want exactly one", n, L)
 		}
 	}
-	return nil
+	return m.validateKV(kv)
 }
 
 // SortedLengths returns the lengths in increasing order.
@@ -193,10 +207,15 @@ func (m *Manifest) SortedLengths() []int {
 	return out
 }
 
-// ModelFile returns the .onnx file entry for length L.
+// ModelFile returns the .onnx file entry of the full graph for length L.
 func (m *Manifest) ModelFile(L int) (File, bool) {
+	return m.GraphFile(L, GraphFull)
+}
+
+// GraphFile returns the .onnx file entry of graph kind g for length L.
+func (m *Manifest) GraphFile(L int, g GraphKind) (File, bool) {
 	for _, f := range m.Files {
-		if f.Length == L && strings.HasSuffix(f.Path, ".onnx") {
+		if f.Length == L && f.Graph == g && strings.HasSuffix(f.Path, ".onnx") {
 			return f, true
 		}
 	}

@@ -179,30 +179,7 @@ func (r *ortRunner) run(ctx context.Context, fill func([]int64), read func([]flo
 		return err
 	}
 	fill(buf.ids)
-
-	var ropts *ort.RunOptions
-	var stop, stopped chan struct{}
-	if ctx.Done() != nil {
-		var err error
-		if ropts, err = ort.NewRunOptions(); err != nil {
-			return fmt.Errorf("runtime: run options: %w", err)
-		}
-		stop, stopped = make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(stopped)
-			select {
-			case <-ctx.Done():
-				ropts.Terminate()
-			case <-stop:
-			}
-		}()
-	}
-	err := r.sess.RunWithOptions([]ort.Value{buf.in}, []ort.Value{buf.out}, ropts)
-	if ropts != nil {
-		close(stop)
-		<-stopped
-		ropts.Destroy()
-	}
+	err := runCancellable(ctx, r.sess, []ort.Value{buf.in}, []ort.Value{buf.out})
 	goruntime.KeepAlive(buf)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -212,6 +189,31 @@ func (r *ortRunner) run(ctx context.Context, fill func([]int64), read func([]flo
 	}
 	read(buf.logits)
 	return nil
+}
+
+// runCancellable runs sess and terminates the run when ctx ends.
+func runCancellable(ctx context.Context, sess *ort.DynamicAdvancedSession, in, out []ort.Value) error {
+	if ctx.Done() == nil {
+		return sess.RunWithOptions(in, out, nil)
+	}
+	ropts, err := ort.NewRunOptions()
+	if err != nil {
+		return fmt.Errorf("runtime: run options: %w", err)
+	}
+	defer ropts.Destroy()
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+			ropts.Terminate()
+		case <-stop:
+		}
+	}()
+	err = sess.RunWithOptions(in, out, ropts)
+	close(stop)
+	<-stopped
+	return err
 }
 
 func (r *ortRunner) close() error {

@@ -19,6 +19,10 @@
 // The graphs have a static batch size; larger batches run in chunks and
 // smaller ones are filled with padding rows.
 //
+// An export written with `rpac export --kv-cache` also holds, per length, a
+// prefill and a decode graph: Model.NewDecoder returns a KV cache over them
+// (Decoder: Prefill, batched Step, Release), and Generate decodes on it.
+//
 // The onnxruntime shared library is found through Options.Library, then
 // $ORT_LIB, then the cache path of scripts/fetch-onnxruntime.sh. A binary
 // built without cgo compiles but Open returns an error saying so.
@@ -102,6 +106,9 @@ type Model struct {
 
 	mu     sync.RWMutex // runs hold it shared, Close exclusively
 	closed bool
+
+	kvMu sync.Mutex        // guards kv
+	kv   map[int]*kvGraphs // KV-cache sessions by length, opened on first use
 }
 
 // Open opens the export in dir: it reads and validates manifest.json,
@@ -147,6 +154,9 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*Model, error) 
 		}
 		plans = append(plans, plan{path, L, B})
 	}
+	if err := checkKVFiles(dir, man); err != nil {
+		return nil, err
+	}
 	be, err := openBackend(opts)
 	if err != nil {
 		return nil, err
@@ -184,7 +194,7 @@ func Check(ctx context.Context, dir string) error {
 			return err
 		}
 	}
-	return nil
+	return checkKVFiles(dir, man)
 }
 
 // checkIO checks a graph's declared input and output against the manifest
@@ -273,7 +283,7 @@ func (m *Model) Close() error {
 		return nil
 	}
 	m.closed = true
-	var errs []error
+	errs := []error{m.closeKV()}
 	for _, g := range m.graphs {
 		errs = append(errs, g.r.close())
 	}
@@ -304,6 +314,11 @@ func (m *Model) Manifest() Manifest {
 	c := m.man
 	c.Lengths = append([]int(nil), m.man.Lengths...)
 	c.Files = append([]File(nil), m.man.Files...)
+	if m.man.KVCache != nil {
+		k := *m.man.KVCache
+		k.Lengths = append([]int(nil), k.Lengths...)
+		c.KVCache = &k
+	}
 	return c
 }
 
@@ -366,6 +381,11 @@ func (m *Model) validate(batch [][]int32) error {
 // forEach runs the batch and calls fn with each sequence's logits rows
 // (at least len(batch[i])·V values, valid while fn runs).
 func (m *Model) forEach(ctx context.Context, batch [][]int32, fn func(i int, logits []float32) error) error {
+	return m.forEachAt(ctx, batch, 0, fn)
+}
+
+// forEachAt is forEach on graphs of at least minLen (at most MaxLength).
+func (m *Model) forEachAt(ctx context.Context, batch [][]int32, minLen int, fn func(i int, logits []float32) error) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {
@@ -377,7 +397,7 @@ func (m *Model) forEach(ctx context.Context, batch [][]int32, fn func(i int, log
 	groups := map[*graph][]int{}
 	var order []*graph
 	for i, seq := range batch {
-		g := m.graphFor(len(seq))
+		g := m.graphFor(max(len(seq), min(minLen, m.MaxLength())))
 		if groups[g] == nil {
 			order = append(order, g)
 		}
@@ -513,11 +533,19 @@ type GenerateOptions struct {
 	Seed uint64
 	// StopAtEOS ends generation after an EOS token (which is returned).
 	StopAtEOS bool
+	// Recompute runs the full graph for every new token even when the
+	// export has KV-cache graphs (for parity checks and benchmarks).
+	Recompute bool
 }
 
 // Generate samples up to MaxNewTokens tokens after prompt and returns them.
-// An empty prompt starts from EOS. When prompt plus generated tokens exceed
-// MaxLength, the context slides: the model sees the last MaxLength tokens.
+// An empty prompt starts from EOS. A generation runs at one length T, the
+// smallest exported length that holds the prompt plus MaxNewTokens
+// (LengthFor): with the KV cache when the export has one for T (a prefill
+// and one decode step per further token), else by running the full graph
+// of length T for every token. When no length holds them, the full graph
+// of MaxLength runs and the context slides: the model sees the last
+// MaxLength tokens.
 func (m *Model) Generate(ctx context.Context, prompt []int32, o GenerateOptions) ([]int32, error) {
 	if o.MaxNewTokens < 0 {
 		return nil, fmt.Errorf("runtime: MaxNewTokens %d is negative", o.MaxNewTokens)
@@ -539,6 +567,11 @@ func (m *Model) Generate(ctx context.Context, prompt []int32, o GenerateOptions)
 		}
 	}
 	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
+	draw := func(row []float32) (int32, error) { return sample(row, o, rng) }
+	T, fitErr := m.LengthFor(len(seq) + min(o.MaxNewTokens, m.MaxLength()+1))
+	if fitErr == nil && o.MaxNewTokens > 0 && !o.Recompute && m.man.HasKVCache(T) {
+		return m.generateCached(ctx, seq, T, o, draw)
+	}
 	maxL := m.MaxLength()
 	V := m.man.VocabSize
 	row := make([]float32, V)
@@ -549,14 +582,14 @@ func (m *Model) Generate(ctx context.Context, prompt []int32, o GenerateOptions)
 		}
 		window := seq[max(0, len(seq)-maxL):]
 		n := len(window)
-		err := m.forEach(ctx, [][]int32{window}, func(_ int, logits []float32) error {
+		err := m.forEachAt(ctx, [][]int32{window}, T, func(_ int, logits []float32) error {
 			copy(row, logits[(n-1)*V:n*V])
 			return nil
 		})
 		if err != nil {
 			return out, err
 		}
-		next, err := sample(row, o, rng)
+		next, err := draw(row)
 		if err != nil {
 			return out, err
 		}

@@ -15,7 +15,7 @@ import (
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this machine: gemm | train",
+		Usage: "measure this machine: gemm | train | infer | generate",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "gemm",
@@ -51,6 +51,7 @@ func benchCommand() *cli.Command {
 				Action: benchTrain,
 			},
 			benchInferCommand(),
+			benchGenerateCommand(),
 		},
 	}
 }

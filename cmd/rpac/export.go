@@ -33,6 +33,7 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
 			&cli.StringFlag{Name: "quantize", Value: "none", Usage: "none | int8 (int8 weights per output column and activations per token in every Linear layer, int32 accumulation: for onnxruntime's CPU provider; --verify reports the CE cost)"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
+			&cli.BoolFlag{Name: "kv-cache", Usage: "also write, per length, the prefill and decode graphs of KV-cached decoding (past_key_values.{i}.key|value in, present.{i}.key|value out); rpac generate uses them"},
 			&cli.IntFlag{Name: "calib-batches", Value: export.DefaultCalibBatches, Usage: "batches to calibrate running statistics on, for lengths the checkpoint has none for"},
 			&cli.IntFlag{Name: "calib-batch", Value: export.DefaultCalibBatch, Usage: "sequences per calibration batch"},
 			&cli.StringFlag{Name: "calib-split", Usage: "split to calibrate on (default: the run's training split)"},
@@ -160,7 +161,7 @@ func exportAction(c *cli.Context) error {
 	o := export.Options{
 		DType:  dtype,
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
-		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize,
+		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize, KVCache: c.Bool("kv-cache"),
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
 		Out: c.String("out"), Tokenizer: tok, EOS: eos, Meta: meta,
 		DumpIR: c.String("dump-ir"), Dump: c.App.Writer, Log: log,
@@ -186,6 +187,9 @@ func exportAction(c *cli.Context) error {
 			cal = fmt.Sprintf(", running statistics calibrated on %d×%d chunks (%s)", o.CalibBatches, o.CalibBatch, o.CalibSource)
 		}
 		fmt.Fprintf(w, "  L=%d  %s  %.1f MiB  %d nodes  %.1fs%s\n", lr.T, lr.File, float64(lr.Bytes)/(1<<20), lr.Nodes, lr.Seconds, cal)
+		if len(lr.KVFiles) > 0 {
+			fmt.Fprintf(w, "        KV cache: %s  %.1f MiB\n", strings.Join(lr.KVFiles, ", "), float64(lr.KVBytes)/(1<<20))
+		}
 		for _, f := range lr.Fold {
 			rank := ""
 			if f.Rank > 0 {
@@ -211,6 +215,9 @@ func exportAction(c *cli.Context) error {
 	for _, r := range vr {
 		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f\n",
 			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEExport-r.CEEval, r.CEBatchStats)
+		if r.KVSteps > 0 {
+			fmt.Fprintf(w, "        KV cache: %d decode steps, max|Δlogit| %.2e\n", r.KVSteps, r.KVMaxAbsDiff)
+		}
 	}
 	return nil
 }

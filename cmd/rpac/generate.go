@@ -25,6 +25,7 @@ func generateCommand() *cli.Command {
 			&cli.IntFlag{Name: "top-k", Value: 40, Usage: "sample among the K most likely tokens (0: all)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1},
 			&cli.BoolFlag{Name: "stop-at-eos", Usage: "stop after an end-of-sequence token"},
+			&cli.BoolFlag{Name: "recompute", Usage: "run the full graph for every token even when the export has KV-cache graphs (--kv-cache)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
 			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
 		},
@@ -83,7 +84,7 @@ func generateAction(c *cli.Context) error {
 	}
 	defer m.Close()
 	out, err := m.Generate(c.Context, prompt, runtime.GenerateOptions{MaxNewTokens: c.Int("max-new-tokens"),
-		Temperature: c.Float64("temperature"), TopK: c.Int("top-k"), Seed: c.Uint64("seed"), StopAtEOS: c.Bool("stop-at-eos")})
+		Temperature: c.Float64("temperature"), TopK: c.Int("top-k"), Seed: c.Uint64("seed"), StopAtEOS: c.Bool("stop-at-eos"), Recompute: c.Bool("recompute")})
 	if err != nil {
 		return err
 	}

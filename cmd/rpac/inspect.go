@@ -119,8 +119,15 @@ func inspectExport(w io.Writer, dir string) error {
 			printFold(w, fold)
 		}
 	}
+	if k := man.KVCache; k != nil {
+		fmt.Fprintf(w, "kv cache   %s, %d layers × %d heads × head size %d, prefill and decode graphs at %v\n", k.Layout, k.Layers, k.Heads, k.HeadSize, k.Lengths)
+	}
 	for _, f := range man.Files {
-		fmt.Fprintf(w, "file       L=%-5d %s  %.1f MiB  sha256 %s\n", f.Length, f.Path, float64(f.Bytes)/(1<<20), f.SHA256[:min(16, len(f.SHA256))])
+		kind := ""
+		if f.Graph != runtime.GraphFull {
+			kind = "  (" + string(f.Graph) + ")"
+		}
+		fmt.Fprintf(w, "file       L=%-5d %s  %.1f MiB  sha256 %s%s\n", f.Length, f.Path, float64(f.Bytes)/(1<<20), f.SHA256[:min(16, len(f.SHA256))], kind)
 	}
 	if err := runtime.Check(context.Background(), dir); err != nil {
 		return err

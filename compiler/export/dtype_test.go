@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
@@ -147,5 +148,26 @@ func TestInt8CECost(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(t.TempDir(), "x")); err == nil {
 		t.Error("the refused export wrote its folder")
+	}
+}
+
+// The KV-cache graphs are fp32 with the dense prior: a reduced dtype or a
+// rank fold with --kv-cache is refused before anything is written.
+func TestKVCacheRefusesDTypeAndRank(t *testing.T) {
+	cfg := smallCfg("fuzzy")
+	st := smallStore(t, &cfg, 8)
+	for _, c := range []struct {
+		dt   onnx.Precision
+		fold string
+	}{{onnx.FP16, passes.FoldRPAMode}, {onnx.FP32, passes.FoldRankMode}, {onnx.FP32, passes.FoldRankApproxMode}} {
+		out := filepath.Join(t.TempDir(), "x")
+		_, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: []int{8}, KVCache: true,
+			DType: c.dt, Fold: c.fold, Out: out, Tokenizer: "test"})
+		if err == nil || !strings.Contains(err.Error(), "KV-cache") {
+			t.Errorf("%s %s with the KV cache: want a refusal, got %v", c.dt, c.fold, err)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("%s %s: the refused export wrote its folder", c.dt, c.fold)
+		}
 	}
 }

@@ -74,8 +74,12 @@ type Options struct {
 	Quantize string
 	// DType is the type of weights and activations (onnx.FP32 default,
 	// onnx.FP16, onnx.BF16; LayerNorm, softmax and the reductions stay
-	// float32, logits are float32). Not with Quantize.
+	// float32, logits are float32). Not with Quantize or KVCache.
 	DType onnx.Precision
+	// KVCache also writes, for every length, the prefill and decode graphs
+	// of KV-cached decoding (runtime.KVCache; not with DropBias, Quantize,
+	// DType or a rank fold).
+	KVCache bool
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
 	Opset, IRVersion int64
@@ -112,6 +116,10 @@ type LengthResult struct {
 	Calibrated bool           // running statistics came from calibration
 	Fold       []passes.FoldLayer
 	Seconds    float64
+	// KVFiles are the prefill and decode graphs (Options.KVCache) and
+	// KVBytes their size with external data.
+	KVFiles []string
+	KVBytes int64
 }
 
 // Result is the outcome of Export.
@@ -218,6 +226,12 @@ func (o *Options) defaults() error {
 	}
 	if o.Attention == "" {
 		o.Attention = passes.DefaultAttention
+	}
+	if o.KVCache && (o.DropBias || o.Quantize != onnx.QuantizeNone) {
+		return errors.New("export: the KV-cache graphs are written without quantization and with the model's prior; drop --quantize (or --kv-cache)")
+	}
+	if o.KVCache && (o.DType != onnx.FP32 || o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode) {
+		return fmt.Errorf("export: the KV-cache graphs are written in fp32 with the dense folded prior; drop --dtype %s or --fold %s (or --kv-cache)", o.DType, o.Fold)
 	}
 	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain {
 		return fmt.Errorf("export: attention lowering %q: want %s or %s", o.Attention, passes.AttentionOp, passes.AttentionPlain)
@@ -346,6 +360,20 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			man.Files = append(man.Files, df)
 			lr.Bytes += df.Bytes
 		}
+		if o.KVCache {
+			lay, files, err := exportKV(&o, T, g, meta)
+			if err != nil {
+				return nil, fmt.Errorf("export: length %d: %w", T, err)
+			}
+			man.Files = append(man.Files, files...)
+			man.KVCache = runtime.NewKVCache(lay.Layers, lay.Heads, lay.HeadSize, lengths)
+			for _, f := range files {
+				lr.KVBytes += f.Bytes
+				if f.Graph != runtime.GraphFull && strings.HasSuffix(f.Path, ".onnx") {
+					lr.KVFiles = append(lr.KVFiles, f.Path)
+				}
+			}
+		}
 		lr.Seconds = time.Since(t0).Seconds()
 		o.Log.Debug("exported", "T", T, "file", lr.File, "bytes", lr.Bytes, "nodes", lr.Nodes, "seconds", lr.Seconds)
 		res.Lengths = append(res.Lengths, lr)
@@ -411,7 +439,12 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 
 // Lower lowers an export graph to ONNX with the weights of st.
 func Lower(g *ir.Graph, st *kernels.Store, o onnx.Options) (*onnxpb.ModelProto, error) {
-	return onnx.Lower(g, func(v *ir.Value) ([]float32, error) {
+	return onnx.Lower(g, storeWeights(st), o)
+}
+
+// storeWeights supplies the lowering with the tensors of st.
+func storeWeights(st *kernels.Store) onnx.WeightFunc {
+	return func(v *ir.Value) ([]float32, error) {
 		t := st.Get(v.Name)
 		if t == nil {
 			return nil, fmt.Errorf("%s %q is not in the checkpoint", v.Kind, v.Name)
@@ -423,7 +456,7 @@ func Lower(g *ir.Graph, st *kernels.Store, o onnx.Options) (*onnxpb.ModelProto, 
 			return t.F32, nil
 		}
 		return t.Float32s(), nil
-	}, o)
+	}
 }
 
 // RunningBuffers maps the running-statistics buffers of cfg at length T to

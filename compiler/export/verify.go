@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
@@ -41,6 +42,11 @@ type VerifyResult struct {
 	// and of the Go executor evaluating the paper's way (statistics of the
 	// evaluated batch: not causal, not servable).
 	CEExport, CEEval, CEBatchStats float64
+	// KVSteps decode steps of the KV-cache graphs (none without them) on
+	// the first batch, each sequence at its own position, differ from the
+	// Go executor's logits by at most KVMaxAbsDiff.
+	KVSteps      int
+	KVMaxAbsDiff float64
 }
 
 // Verify runs every exported graph in onnxruntime on held-out batches and
@@ -125,6 +131,11 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 		}
 		sumEval += ev.Output("ce_sum").At(0)
 		goLogits := ev.Output("logits").F32
+		if k == 0 && slices.Contains(m.KVCacheLengths(), T) {
+			if err := verifyKV(ctx, m, T, seqs, goLogits, V, &res); err != nil {
+				return res, fmt.Errorf("KV cache: %w", err)
+			}
+		}
 		got, err := m.Logits(ctx, seqs)
 		if err != nil {
 			return res, err
@@ -164,4 +175,53 @@ func NLL(row []float32, target int) float64 {
 		s += math.Exp(float64(x) - mx)
 	}
 	return math.Log(s) + mx - float64(row[target])
+}
+
+// kvVerifySteps is how many of the last positions of each sequence
+// verifyKV decodes one by one.
+const kvVerifySteps = 16
+
+// verifyKV decodes the last positions of seqs on the KV cache of length T
+// (sequence r prefilled with all but its last kvVerifySteps+r tokens, so
+// one Step holds sequences at different positions) and compares every
+// step's logits with ref, the Go executor's [B,T,V] logits.
+func verifyKV(ctx context.Context, m *runtime.Model, T int, seqs [][]int32, ref []float32, V int, res *VerifyResult) error {
+	d, err := m.NewDecoder(T, len(seqs))
+	if err != nil {
+		return err
+	}
+	slots := make([]int, len(seqs))
+	n := make([]int, len(seqs))
+	for r, seq := range seqs {
+		n[r] = max(1, T-kvVerifySteps-r)
+		if slots[r], _, err = d.Prefill(ctx, seq[:n[r]]); err != nil {
+			return err
+		}
+	}
+	for {
+		var ss, rows []int
+		var toks []int32
+		for r := range seqs {
+			if n[r] < T {
+				ss, rows, toks = append(ss, slots[r]), append(rows, r), append(toks, seqs[r][n[r]])
+			}
+		}
+		if len(ss) == 0 {
+			return nil
+		}
+		got, err := d.Step(ctx, ss, toks)
+		if err != nil {
+			return err
+		}
+		for i, r := range rows {
+			want := ref[(r*T+n[r])*V : (r*T+n[r]+1)*V]
+			for j, g := range got[i] {
+				if dd := math.Abs(float64(g) - float64(want[j])); dd > res.KVMaxAbsDiff || dd != dd {
+					res.KVMaxAbsDiff = dd
+				}
+			}
+			n[r]++
+			res.KVSteps++
+		}
+	}
 }

@@ -178,25 +178,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 		return nil, fmt.Errorf("onnx: output %q is %s, want f32", OutputName, out.DType)
 	}
 
-	b := &builder{
-		g:       g,
-		opts:    opts,
-		weights: weights,
-		gp:      &onnxpb.GraphProto{Name: opts.GraphName},
-		used:    map[string]bool{},
-		names:   map[*ir.Value]string{},
-		inits:   map[*ir.Value]string{},
-		initsT:  map[*ir.Value]string{},
-		initsQ:  map[*ir.Value][2]string{},
-		consts:  map[string]string{},
-		uses:    g.Uses(),
-	}
-	if b.gp.Name == "" {
-		b.gp.Name = g.Name
-	}
-	if b.gp.Name == "" {
-		b.gp.Name = "rpac"
-	}
+	b := newBuilder(g, weights, opts)
 	b.reserve(InputName)
 	b.reserve(OutputName)
 	b.names[ids] = InputName
@@ -230,6 +212,41 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	}
 	b.gp.Output = append(b.gp.Output, valueInfo(OutputName, onnxpb.TensorProto_FLOAT, []int64{int64(B), int64(T), int64(V)}))
 
+	m := b.model()
+	if err := ConvertPrecision(m, opts.Precision); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// newBuilder returns a builder for lowering g.
+func newBuilder(g *ir.Graph, weights WeightFunc, opts Options) *builder {
+	b := &builder{
+		g:       g,
+		opts:    opts,
+		weights: weights,
+		gp:      &onnxpb.GraphProto{Name: opts.GraphName},
+		used:    map[string]bool{},
+		names:   map[*ir.Value]string{},
+		inits:   map[*ir.Value]string{},
+		initsT:  map[*ir.Value]string{},
+		initsQ:  map[*ir.Value][2]string{},
+		consts:  map[string]string{},
+		uses:    g.Uses(),
+	}
+	if b.gp.Name == "" {
+		b.gp.Name = g.Name
+	}
+	if b.gp.Name == "" {
+		b.gp.Name = "rpac"
+	}
+	return b
+}
+
+// model wraps the lowered graph in a ModelProto with the options' opset,
+// producer and metadata.
+func (b *builder) model() *onnxpb.ModelProto {
+	opts := b.opts
 	m := &onnxpb.ModelProto{
 		IrVersion:       opts.IRVersion,
 		OpsetImport:     append([]*onnxpb.OperatorSetIdProto{{Domain: "", Version: opts.Opset}}, b.extraOpsets()...),
@@ -245,10 +262,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	for _, k := range keys {
 		m.MetadataProps = append(m.MetadataProps, &onnxpb.StringStringEntryProto{Key: k, Value: opts.Metadata[k]})
 	}
-	if err := ConvertPrecision(m, opts.Precision); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return m
 }
 
 // liveNodes marks the nodes that out depends on.
@@ -282,6 +296,7 @@ type builder struct {
 	uses   map[*ir.Value][]*ir.Node
 	final  *ir.Value // the value that is written as "logits" directly
 	nodeID int
+	kv     *kvState // set by LowerKV: the KV-cache graphs' lowerings
 	// domains are the operator sets besides ai.onnx the nodes use.
 	domains map[string]int64
 }

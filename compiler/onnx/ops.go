@@ -68,6 +68,9 @@ func (b *builder) lowerNode(n *ir.Node) error {
 			"an export graph computes logits (model.Build with Logits and NoLoss)", n.Op)
 	}
 	f, ok := lowerings[n.Op]
+	if kf := b.kv.override(n); kf != nil {
+		f, ok = kf, true
+	}
 	if !ok {
 		return fmt.Errorf("op %s has no ONNX lowering (only forward inference ops are exported)", n.Op)
 	}
