@@ -44,8 +44,8 @@ type ExportOptions struct {
 	// Fold is FoldRPAMode (default), FoldRankMode, FoldRankApproxMode or
 	// FoldNoneMode.
 	Fold string
-	// Attention is AttentionOp, AttentionPlain or AttentionNone (default
-	// DefaultAttention).
+	// Attention is AttentionOp, AttentionOpPadded, AttentionPlain or
+	// AttentionNone (default DefaultAttention).
 	Attention string
 	// Report receives FoldRPA's per-layer statistics.
 	Report *FoldReport
@@ -74,9 +74,9 @@ func exportOptions(c *Context) (*ExportOptions, error) {
 		o.Attention = DefaultAttention
 	}
 	switch o.Attention {
-	case AttentionOp, AttentionPlain, AttentionNone:
+	case AttentionOp, AttentionOpPadded, AttentionPlain, AttentionNone:
 	default:
-		return nil, fmt.Errorf("attention lowering %q: want %q, %q or %q", o.Attention, AttentionOp, AttentionPlain, AttentionNone)
+		return nil, fmt.Errorf("attention lowering %q: want %q, %q, %q or %q", o.Attention, AttentionOp, AttentionOpPadded, AttentionPlain, AttentionNone)
 	}
 	return o, nil
 }
@@ -133,6 +133,12 @@ var ExportPipeline = []Pass{
 		o, err := exportOptions(c)
 		if err != nil {
 			return err
+		}
+		if o.Attention == AttentionOpPadded {
+			if err := FuseAttention(g, AttentionOp); err != nil {
+				return err
+			}
+			return PadAttentionHeads(g, HeadAlign)
 		}
 		return FuseAttention(g, o.Attention)
 	}},

@@ -162,3 +162,36 @@ func TestFoldRankCausal(t *testing.T) {
 		}
 	}
 }
+
+// op8 pads q, k and v to one head size, a multiple of 8, and keeps the
+// logits of op, for the dense and the rank fold.
+func TestPadAttentionHeads(t *testing.T) {
+	for _, fold := range []string{passes.FoldRPAMode, passes.FoldRankMode} {
+		cfg := rankCfg(2)
+		const T, B = 10, 2
+		st := exportStore(t, &cfg, T)
+		ids := randIDs(rand.New(rand.NewPCG(13, 14)), B*T, cfg.Vocab)
+		want := logitsOf(t, evalGraph(t, &cfg, T, B, model.Eval, false), st, ids)
+		g := evalGraph(t, &cfg, T, B, model.Eval, false)
+		if err := passes.Run(g, passes.ExportPipeline, exportCtx(g, st, fold, passes.AttentionOpPadded, nil)); err != nil {
+			t.Fatal(err)
+		}
+		if d := maxAbsDiff(logitsOf(t, g, st, ids), want); d > 1e-5 {
+			t.Errorf("%s op8: logits differ from eval mode by %g", fold, d)
+		}
+		n := 0
+		for _, nd := range g.Nodes {
+			if nd.Op != "FusedAttention" {
+				continue
+			}
+			n++
+			q, k, v := nd.Inputs[0].Shape[3], nd.Inputs[1].Shape[3], nd.Inputs[2].Shape[3]
+			if q != k || k != v || v%passes.HeadAlign != 0 {
+				t.Errorf("%s op8: head sizes q %d, k %d, v %d, want one multiple of %d", fold, q, k, v, passes.HeadAlign)
+			}
+		}
+		if n != cfg.Layers {
+			t.Errorf("%s op8: %d FusedAttention nodes, want %d", fold, n, cfg.Layers)
+		}
+	}
+}

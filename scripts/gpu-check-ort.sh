@@ -41,14 +41,17 @@
 #        |CE cost| < 0.01 nats), one GPUPARITY line each.
 #    bench runs rpac bench infer on the CUDA provider: paper preset, fuzzy
 #    model, fp32/fp16/bf16, dense (rpa) against rank fold (rank-approx: a
-#    randomly initialised model's clip cuts a few entries), attention op,
-#    p50/p95/p99 and tokens/s, for every L:B of RPAC_ORT_BENCH (default
-#    "384:1 384:8 384:32 768:1 768:8 768:32"; each pair exports six models,
-#    so a short lease takes a subset, e.g. RPAC_ORT_BENCH="384:1 768:8"),
-#    RPAC_ORT_RUNS timed runs per model (default 30). RPAC_ORT_PROVIDER,
-#    RPAC_ORT_PRESET and RPAC_ORT_DTYPES (defaults cuda, paper,
-#    fp32,fp16,bf16) change what bench runs, e.g. a dry run on a CPU
-#    machine: RPAC_ORT_PROVIDER=cpu RPAC_ORT_PRESET=tiny RPAC_ORT_DTYPES=fp32,fp16.
+#    randomly initialised model's clip cuts a few entries), attention op
+#    and op8 (heads padded to one multiple of 8, which flash attention
+#    needs: the dense fold's mask rules it out anyway, the rank fold's does
+#    not), p50/p95/p99 and tokens/s, for every L:B of RPAC_ORT_BENCH
+#    (default "384:1 384:8 384:32 768:1 768:8 768:32"; each pair exports
+#    twelve models, so a short lease takes a subset, e.g.
+#    RPAC_ORT_BENCH="384:1 768:8" RPAC_ORT_DTYPES=fp16), RPAC_ORT_RUNS timed
+#    runs per model (default 20). RPAC_ORT_PROVIDER, RPAC_ORT_PRESET,
+#    RPAC_ORT_DTYPES and RPAC_ORT_ATTENTION (defaults cuda, paper,
+#    fp32,fp16,bf16, op,op8) change what bench runs, e.g. a dry run on a
+#    CPU machine: RPAC_ORT_PROVIDER=cpu RPAC_ORT_PRESET=tiny RPAC_ORT_DTYPES=fp32,fp16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -124,13 +127,13 @@ bench() {
 	local out="$1"
 	# shellcheck disable=SC1091
 	source "$out/env.sh"
-	local runs="${RPAC_ORT_RUNS:-30}" lb L B rc=0
+	local runs="${RPAC_ORT_RUNS:-20}" lb L B rc=0
 	for lb in ${RPAC_ORT_BENCH:-384:1 384:8 384:32 768:1 768:8 768:32}; do
 		L="${lb%%:*}" B="${lb##*:}"
 		log "bench ${RPAC_ORT_PRESET:-paper} L=$L B=$B"
 		"$ORT/bin/rpac" bench infer --provider "${RPAC_ORT_PROVIDER:-cuda}" --preset "${RPAC_ORT_PRESET:-paper}" --model fuzzy \
 			--fold rpa,rank-approx --dtype "${RPAC_ORT_DTYPES:-fp32,fp16,bf16}" \
-			--attention op --length "$L" --batch "$B" --runs "$runs" --block 5 --gemm-time 0 \
+			--attention "${RPAC_ORT_ATTENTION:-op,op8}" --length "$L" --batch "$B" --runs "$runs" --block 5 --gemm-time 0 \
 			--json "$out/bench_L${L}_B${B}.json" >"$out/bench_L${L}_B${B}.txt" 2>"$out/bench_L${L}_B${B}.err" || {
 			rc=1
 			tail -n 5 "$out/bench_L${L}_B${B}.err" >&2

@@ -43,7 +43,7 @@ func benchInferCommand() *cli.Command {
 			&cli.StringFlag{Name: "model", Value: "fuzzy,baseline", Usage: "comma-separated: fuzzy, baseline"},
 			&cli.StringFlag{Name: "fold", Value: passes.FoldRPAMode + "," + foldNoBias,
 				Usage: "comma-separated fold modes for the fuzzy model: rpa (folded bias), rank or rank-approx (the prior as extra query/key components), nobias (the same folded graph with its bias dropped; benchmark only), none (RPA computed in the graph)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op, op8 (op with padded heads)"},
 			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "comma-separated precisions: fp32, fp16, bf16 (rpac export --dtype), int8 (rpac export --quantize int8)"},
 			&cli.StringFlag{Name: "json", Usage: "also write the rows as JSON to this file"},
 			&cli.IntFlag{Name: "length", Usage: "context length T (default: each preset's first training context)"},
@@ -192,7 +192,7 @@ func benchInfer(c *cli.Context) error {
 		}
 	}
 	for _, a := range splitList(c.String("attention")) {
-		if a != passes.AttentionPlain && a != passes.AttentionOp {
+		if a != passes.AttentionPlain && a != passes.AttentionOp && a != passes.AttentionOpPadded {
 			return fmt.Errorf("--attention %q: want plain or op", a)
 		}
 	}

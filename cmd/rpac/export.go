@@ -29,7 +29,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "fp32 | fp16 | bf16: type of weights and activations (LayerNorm, softmax, reductions stay fp32; logits fp32)"},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | plain (MatMul, Add of one constant mask, Softmax)"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | op8 (op with q, k and v padded to one head size, a multiple of 8: what onnxruntime's CUDA flash attention needs) | plain (MatMul, Add of one constant mask, Softmax)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
 			&cli.StringFlag{Name: "quantize", Value: "none", Usage: "none | int8 (int8 weights per output column and activations per token in every Linear layer, int32 accumulation: for onnxruntime's CPU provider; --verify reports the CE cost)"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
@@ -67,8 +67,8 @@ func exportAction(c *cli.Context) error {
 	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != passes.FoldRankMode && f != passes.FoldRankApproxMode {
 		return fmt.Errorf("--fold %q: want rpa, rank, rank-approx or none", f)
 	}
-	if a := c.String("attention"); a != passes.AttentionOp && a != passes.AttentionPlain {
-		return fmt.Errorf("--attention %q: want plain or op", a)
+	if a := c.String("attention"); a != passes.AttentionOp && a != passes.AttentionPlain && a != passes.AttentionOpPadded {
+		return fmt.Errorf("--attention %q: want op, op8 or plain", a)
 	}
 	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.ExportPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the export pipeline (%s, or all)", d, strings.Join(passes.Names(passes.ExportPipeline), ", "))

@@ -233,8 +233,11 @@ func (o *Options) defaults() error {
 	if o.KVCache && (o.DType != onnx.FP32 || o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode) {
 		return fmt.Errorf("export: the KV-cache graphs are written in fp32 with the dense folded prior; drop --dtype %s or --fold %s (or --kv-cache)", o.DType, o.Fold)
 	}
-	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain {
-		return fmt.Errorf("export: attention lowering %q: want %s or %s", o.Attention, passes.AttentionOp, passes.AttentionPlain)
+	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain && o.Attention != passes.AttentionOpPadded {
+		return fmt.Errorf("export: attention lowering %q: want %s, %s or %s", o.Attention, passes.AttentionOp, passes.AttentionOpPadded, passes.AttentionPlain)
+	}
+	if o.KVCache && o.Attention == passes.AttentionOpPadded {
+		return fmt.Errorf("export: the KV-cache graphs have no %s lowering; use --attention op or plain", passes.AttentionOpPadded)
 	}
 	if o.Opset == 0 {
 		o.Opset = onnx.DefaultOpset

@@ -33,6 +33,7 @@ func requireCUDAProvider(t *testing.T, dir string) *runtime.Model {
 type gpuParity struct {
 	DType      string  `json:"dtype"`
 	Fold       string  `json:"fold"`
+	Attention  string  `json:"attention"`
 	T          int     `json:"T"`
 	MaxAbsDiff float64 `json:"max_abs_diff_vs_go_fp32"`
 	CPUvsCUDA  float64 `json:"max_abs_diff_cpu_vs_cuda,omitempty"`
@@ -43,14 +44,17 @@ type gpuParity struct {
 
 // On the CUDA provider: fp32 matches the Go executor within 1e-4 (and the
 // CPU provider), fp16 and bf16 cost less CE than the budget, for the dense
-// and the rank fold.
+// fold, the rank fold and the rank fold with padded heads (op8).
 func TestGPUProviderParity(t *testing.T) {
 	if os.Getenv("RPAC_GPU_ORT") != "1" {
 		t.Skip("set RPAC_GPU_ORT=1 on a GPU machine (scripts/gpu-check-ort.sh)")
 	}
 	for _, dt := range []onnx.Precision{onnx.FP32, onnx.FP16, onnx.BF16} {
-		for _, fold := range []string{passes.FoldRPAMode, passes.FoldRankMode} {
-			e := dtypeExport(t, dt, "", fold, passes.AttentionOp)
+		for _, c := range []struct{ fold, att string }{
+			{passes.FoldRPAMode, passes.AttentionOp}, {passes.FoldRankMode, passes.AttentionOp}, {passes.FoldRankMode, passes.AttentionOpPadded},
+		} {
+			fold := c.fold
+			e := dtypeExport(t, dt, "", fold, c.att)
 			m := requireCUDAProvider(t, e.dir)
 			r := rand.New(rand.NewPCG(91, 92))
 			var cpuDiff map[int]float64
@@ -82,7 +86,7 @@ func TestGPUProviderParity(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, x := range res {
-				p := gpuParity{DType: dt.String(), Fold: fold, T: x.T, MaxAbsDiff: x.MaxAbsDiff, CPUvsCUDA: cpuDiff[x.T], CECost: x.CEExport - x.CEEval}
+				p := gpuParity{DType: dt.String(), Fold: fold, Attention: c.att, T: x.T, MaxAbsDiff: x.MaxAbsDiff, CPUvsCUDA: cpuDiff[x.T], CECost: x.CEExport - x.CEEval}
 				if dt == onnx.FP32 {
 					p.Budget = 1e-4
 					p.OK = x.MaxAbsDiff <= 1e-4 && cpuDiff[x.T] <= 1e-4
@@ -93,7 +97,7 @@ func TestGPUProviderParity(t *testing.T) {
 				js, _ := json.Marshal(p)
 				t.Logf("GPUPARITY %s", js)
 				if !p.OK {
-					t.Errorf("%s %s T=%d on the CUDA provider: %+v", dt, fold, x.T, p)
+					t.Errorf("%s %s %s T=%d on the CUDA provider: %+v", dt, fold, c.att, x.T, p)
 				}
 			}
 		}

@@ -170,3 +170,28 @@ func TestRankFoldClip(t *testing.T) {
 	}
 	checkCausal(t, e)
 }
+
+// op8 (padded heads) computes the logits of op in onnxruntime, for the
+// dense and the rank fold, and its Attention nodes read one head size that
+// is a multiple of 8.
+func TestPaddedHeadsParity(t *testing.T) {
+	requireORT(t)
+	for _, fold := range []string{passes.FoldRPAMode, passes.FoldRankMode} {
+		ref, err := rankExport(t, 50, fold, passes.AttentionOp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pad, err := rankExport(t, 50, fold, passes.AttentionOpPadded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(57, 58))
+		for _, T := range lengths {
+			seqs := randSeqs(r, 2, T, ref.cfg.Vocab)
+			if d := maxDiff(logitsIn(t, pad.dir, seqs), flat(logitsIn(t, ref.dir, seqs))); d > 1e-4 {
+				t.Errorf("%s T=%d: op8 vs op: max |Δlogit| %g > 1e-4", fold, T, d)
+			}
+		}
+		checkCausal(t, pad)
+	}
+}
