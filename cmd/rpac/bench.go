@@ -15,7 +15,7 @@ import (
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this machine: gemm | train | infer | generate",
+		Usage: "measure this machine: gemm | train | infer | generate | serve",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "gemm",
@@ -52,6 +52,7 @@ func benchCommand() *cli.Command {
 			},
 			benchInferCommand(),
 			benchGenerateCommand(),
+			benchServeCommand(),
 		},
 	}
 }

@@ -25,7 +25,9 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "run", Usage: "run directory (holds checkpoint/)"},
 			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory or its model.safetensors (instead of --run)"},
 			&cli.StringFlag{Name: "lengths", Usage: "context lengths to export, e.g. 384,768 (default: the trained contexts)"},
-			&cli.StringFlag{Name: "out", Usage: "export folder", Required: true},
+			&cli.StringFlag{Name: "out", Usage: "export folder (--format triton: the model repository)", Required: true},
+			&cli.StringFlag{Name: "format", Value: "onnx", Usage: "onnx (model_L{T}.onnx and manifest.json for rpac/runtime) | triton (a Triton Inference Server model repository: NAME_L{T}/config.pbtxt and 1/model.onnx with a variable batch; --batch sets max_batch_size, default 8)"},
+			&cli.StringFlag{Name: "name", Value: export.DefaultTritonName, Usage: "--format triton: model name prefix (models NAME_L{T})"},
 			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "fp32 | fp16 | bf16: type of weights and activations (LayerNorm, softmax, reductions stay fp32; logits fp32)"},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
@@ -72,6 +74,13 @@ func exportAction(c *cli.Context) error {
 	}
 	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.ExportPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the export pipeline (%s, or all)", d, strings.Join(passes.Names(passes.ExportPipeline), ", "))
+	}
+	format := c.String("format")
+	if format != "onnx" && format != "triton" {
+		return fmt.Errorf("--format %q: want onnx or triton", format)
+	}
+	if format == "triton" && c.Bool("verify") {
+		return errors.New("--verify checks a runtime export; use it with --format onnx")
 	}
 	if c.Bool("verify") {
 		if err := runtime.Available(); err != nil {
@@ -174,6 +183,9 @@ func exportAction(c *cli.Context) error {
 		}
 	}
 	t0 := time.Now()
+	if format == "triton" {
+		return exportTriton(c, o, t0)
+	}
 	res, err := export.Export(c.Context, o)
 	if err != nil {
 		return err
@@ -261,4 +273,27 @@ func openRun(run, ckpt, weights string) (*training.Run, error) {
 		return nil, fmt.Errorf("--weights: %w", err)
 	}
 	return r, nil
+}
+
+// exportTriton writes a Triton model repository and prints how to serve it.
+func exportTriton(c *cli.Context, o export.Options, t0 time.Time) error {
+	to := export.TritonOptions{Options: o, Name: c.String("name")}
+	if c.IsSet("batch") {
+		to.MaxBatch = c.Int("batch")
+	}
+	models, err := export.Triton(c.Context, to)
+	if err != nil {
+		return err
+	}
+	w := c.App.Writer
+	fmt.Fprintf(w, "wrote a Triton model repository to %s in %.1fs (fold %s, attention %s):\n", o.Out, time.Since(t0).Seconds(), o.Fold, o.Attention)
+	for _, m := range models {
+		fmt.Fprintf(w, "  %s  L=%d  %.1f MiB  %d nodes  %s\n", m.Name, m.T, float64(m.Bytes)/(1<<20), m.Nodes, m.Config)
+	}
+	abs, err := filepath.Abs(o.Out)
+	if err != nil {
+		abs = o.Out
+	}
+	fmt.Fprintf(w, "serve it with: docker run --rm --gpus=all -p8000:8000 -p8001:8001 -p8002:8002 -v %s:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver --model-repository=/models\n", abs)
+	return nil
 }

@@ -31,6 +31,7 @@ func main() {
 			exportCommand(),
 			evalCommand(),
 			generateCommand(),
+			serveCommand(),
 			inspectCommand(),
 			gpuCommand(),
 		},

@@ -171,3 +171,20 @@ func TestKVCacheRefusesDTypeAndRank(t *testing.T) {
 		}
 	}
 }
+
+// A Triton repository is fp32 with the dense prior for now: --dtype and
+// the rank fold are refused with --format triton.
+func TestTritonRefusesDTypeAndRank(t *testing.T) {
+	cfg := smallCfg("fuzzy")
+	st := smallStore(t, &cfg, 8)
+	for _, c := range []struct {
+		dt   onnx.Precision
+		fold string
+	}{{onnx.FP16, passes.FoldRPAMode}, {onnx.FP32, passes.FoldRankMode}} {
+		_, err := export.Triton(context.Background(), export.TritonOptions{Options: export.Options{Config: cfg, Store: st, Lengths: []int{8},
+			DType: c.dt, Fold: c.fold, Out: filepath.Join(t.TempDir(), "x"), Tokenizer: "test"}})
+		if err == nil || !strings.Contains(err.Error(), "not available for Triton") {
+			t.Errorf("%s %s for Triton: want a refusal, got %v", c.dt, c.fold, err)
+		}
+	}
+}

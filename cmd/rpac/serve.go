@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/serve"
+	"github.com/rpac-dev/rpac/training/data"
+	"github.com/urfave/cli/v2"
+)
+
+// serveFlags are the server's limits and batching flags (rpac serve and
+// rpac bench serve).
+func serveFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "max-batch", Value: serve.DefaultMaxBatch, Usage: "most sequences in one batched model step (and decoding slots)"},
+		&cli.DurationFlag{Name: "max-wait", Value: serve.DefaultMaxWait, Usage: "how long a batch waits for more work after its first request"},
+		&cli.IntFlag{Name: "queue", Value: serve.DefaultQueue, Usage: "requests that may wait for a slot (and sequences waiting to be scored); beyond it: 429"},
+		&cli.Int64Flag{Name: "max-body", Value: serve.DefaultMaxBodyBytes, Usage: "request body limit in bytes (413 beyond it)"},
+		&cli.IntFlag{Name: "max-tokens", Value: serve.DefaultMaxTokens, Usage: "largest max_tokens a completion may ask for"},
+		&cli.DurationFlag{Name: "timeout", Value: serve.DefaultTimeout, Usage: "per-request time limit (504 beyond it)"},
+		&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
+		&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
+	}
+}
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "serve an exported model over HTTP: OpenAI-style completions (streaming), score, KServe v2, Prometheus metrics",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
+			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "address to listen on"},
+			&cli.StringFlag{Name: "name", Usage: "model name in the API (default: the export folder's name)"},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: serve.DefaultShutdown, Usage: "on SIGTERM, how long requests in flight may take to finish"},
+		}, serveFlags()...),
+		Action: serveAction,
+	}
+}
+
+// serveConfig reads the shared flags.
+func serveConfig(c *cli.Context) (serve.Config, error) {
+	for _, n := range []string{"max-batch", "queue", "max-tokens", "threads"} {
+		if c.Int(n) < 0 {
+			return serve.Config{}, fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
+		}
+	}
+	if c.Int("max-batch") == 0 {
+		return serve.Config{}, errors.New("--max-batch must be positive")
+	}
+	if c.Int64("max-body") <= 0 || c.Duration("max-wait") < 0 || c.Duration("timeout") <= 0 {
+		return serve.Config{}, errors.New("--max-body and --timeout must be positive, --max-wait not negative")
+	}
+	return serve.Config{MaxBatch: c.Int("max-batch"), MaxWait: c.Duration("max-wait"), Queue: c.Int("queue"),
+		MaxBodyBytes: c.Int64("max-body"), MaxTokens: c.Int("max-tokens"), Timeout: c.Duration("timeout"), Log: logger(c)}, nil
+}
+
+func serveAction(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
+	}
+	cfg, err := serveConfig(c)
+	if err != nil {
+		return err
+	}
+	cfg.ShutdownTimeout = c.Duration("shutdown-timeout")
+	dir := c.String("model")
+	cfg.Name = c.String("name")
+	if cfg.Name == "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return err
+		}
+		cfg.Name = filepath.Base(abs)
+	}
+	man, err := runtime.ReadManifest(dir)
+	if err != nil {
+		return err
+	}
+	if man.Tokenizer == data.GPT2TokenizerName {
+		cfg.Tokenizer = data.NewTokenizer()
+	}
+	m, err := openModel(c.Context, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: cfg.Tokenizer})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	s, err := serve.New(m, cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.String("addr"))
+	if err != nil {
+		return fmt.Errorf("--addr: %w", err)
+	}
+	w := c.App.Writer
+	fmt.Fprintf(w, "serving %s (%s, lengths %v, graph batch %d) on http://%s: max batch %d, max wait %v, queue %d\n",
+		cfg.Name, dir, m.Lengths(), m.BatchSize(), ln.Addr(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue)
+	if cfg.Tokenizer == nil {
+		fmt.Fprintf(w, "  tokenizer %q: prompts must be token ids\n", man.Tokenizer)
+	}
+	if kv := m.KVCacheLengths(); len(kv) > 0 {
+		fmt.Fprintf(w, "  completions decode on the KV cache (lengths %v)\n", kv)
+	} else {
+		fmt.Fprintf(w, "  completions recompute the whole context at every step: export with --kv-cache to decode on a cache\n")
+	}
+	t0 := time.Now()
+	err = s.Serve(c.Context, ln)
+	fmt.Fprintf(w, "stopped after %v\n", time.Since(t0).Round(time.Second))
+	return err
+}

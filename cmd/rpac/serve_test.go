@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestServeCommand: rpac serve, on an export with KV-cache graphs, answers
+// a completion and a score on a port it picked, and exits 0 on SIGTERM.
+func TestServeCommand(t *testing.T) {
+	env := []string{"ORT_LIB=" + ortLib(t)}
+	run := writeRun(t)
+	out := filepath.Join(t.TempDir(), "export")
+	if got, code := rpacEnv(t, env, "export", "--run", run, "--lengths", "16", "--batch", "2", "--kv-cache", "--out", out); code != 0 {
+		t.Fatalf("export: %s", got)
+	}
+	cmd := exec.Command(bin, "serve", "--model", out, "--addr", "127.0.0.1:0", "--max-batch", "2", "--name", "tiny")
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		t.Fatal("rpac serve printed nothing")
+	}
+	first := lines.Text()
+	url := regexp.MustCompile(`http://127\.0\.0\.1:\d+`).FindString(first)
+	if url == "" {
+		t.Fatalf("no address in %q", first)
+	}
+	var rest []string // the tokenizer and engine lines
+	for len(rest) < 2 && lines.Scan() {
+		rest = append(rest, lines.Text())
+	}
+	if !strings.Contains(strings.Join(rest, "\n"), "decode on the KV cache") {
+		t.Fatalf("rpac serve on a --kv-cache export printed %q", rest)
+	}
+	go io.Copy(io.Discard, stdout)
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/completions", `{"prompt": [0, 17, 113], "max_tokens": 4, "temperature": 0}`, `"model":"tiny"`},
+		{"/v1/score", `{"ids": [0, 17, 113, 5]}`, `"perplexity":`},
+	} {
+		resp, err := http.Post(url+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), c.want) {
+			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, b)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("rpac serve after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("rpac serve did not stop on SIGTERM")
+	}
+}
+
+func TestExportTritonCommand(t *testing.T) {
+	run := writeRun(t)
+	repo := filepath.Join(t.TempDir(), "repo")
+	got, code := rpac(t, "export", "--run", run, "--lengths", "16", "--format", "triton", "--name", "tiny", "--batch", "4", "--out", repo)
+	if code != 0 || !strings.Contains(got, "tritonserver --model-repository=/models") {
+		t.Fatalf("export --format triton: exit %d:\n%s", code, got)
+	}
+	for _, f := range []string{"tiny_L16/config.pbtxt", "tiny_L16/1/model.onnx"} {
+		if _, err := os.Stat(filepath.Join(repo, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(repo, "tiny_L16", "config.pbtxt"))
+	if !strings.Contains(string(b), "max_batch_size: 4") {
+		t.Fatalf("config.pbtxt:\n%s", b)
+	}
+	for _, args := range [][]string{{"--format", "tflite"}, {"--format", "triton", "--verify"}} {
+		got, code := rpac(t, append([]string{"export", "--run", run, "--lengths", "16", "--out", t.TempDir()}, args...)...)
+		if code == 0 || !strings.Contains(got, "--") {
+			t.Errorf("%v: exit %d:\n%s", args, code, got)
+		}
+	}
+}

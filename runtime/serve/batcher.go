@@ -1,0 +1,452 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	goruntime "runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// errFull is returned when a bounded queue has no room (HTTP 429).
+var errFull = errors.New("the server's queue is full; retry later")
+
+// errClosed is returned for work that arrives after Close (HTTP 503).
+var errClosed = errors.New("the server is shutting down")
+
+// collect gathers a batch: it blocks for the first item, then takes more
+// until the batch holds max items or wait has passed since the first item
+// arrived. It returns nil when stop is closed.
+func collect[T any](in <-chan T, stop <-chan struct{}, max int, wait time.Duration) []T {
+	var batch []T
+	select {
+	case x := <-in:
+		batch = append(batch, x)
+	case <-stop:
+		return nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for len(batch) < max {
+		select {
+		case x := <-in:
+			batch = append(batch, x)
+		case <-timer.C:
+			return batch
+		case <-stop:
+			return batch
+		}
+	}
+	return batch
+}
+
+// genRequest is one completion handed to the decoder: its prompt, how
+// many tokens to draw and how. The decoder sends every drawn token on
+// events (buffered for all of them, so a slow client never holds up a
+// step) and ends with an event that has done or err set.
+type genRequest struct {
+	prompt    []int32
+	maxTokens int
+	sampler   *runtime.Sampler
+	events    chan genEvent
+	cancelled atomic.Bool // set by the request's goroutine; the decoder drops the sequence at its next step
+}
+
+// genEvent is a drawn token, or the end of the sequence: done with eos
+// when it drew EOS (not sent as a token), done alone after maxTokens,
+// or err.
+type genEvent struct {
+	id   int32
+	done bool
+	eos  bool
+	err  error
+}
+
+// cancel stops the sequence at the decoder's next step (the client left,
+// or it reached a stop string).
+func (g *genRequest) cancel() { g.cancelled.Store(true) }
+
+// seqState is the decoder's view of an open sequence.
+type seqState struct {
+	req     *genRequest
+	slot    int
+	pending []int32 // tokens to append at the next step
+	drawn   int
+}
+
+// decoder runs the decoding loop: each step appends the pending tokens of
+// the open sequences with one Engine.Step call, draws each sequence's next
+// token and sends it to the sequence's request. Sequences join between
+// steps; a step that would take in new sequences waits up to maxWait for
+// more to arrive, while the batch has room (dynamic batching).
+type decoder struct {
+	eng      Engine
+	eos      int32
+	maxBatch int
+	maxWait  time.Duration
+	join     chan *seqState
+	slots    chan struct{} // one token per free engine slot
+	open     atomic.Int64  // sequences holding a slot
+	waiting  atomic.Int64  // requests waiting for a slot
+	queue    int64         // most requests that may wait for a slot
+	metrics  *metrics
+	ctx      context.Context
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+func newDecoder(eng Engine, eos int32, maxBatch int, maxWait time.Duration, queue int, m *metrics) *decoder {
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &decoder{eng: eng, eos: eos, maxBatch: maxBatch, maxWait: maxWait, queue: int64(queue), metrics: m,
+		join: make(chan *seqState, eng.Capacity()), slots: make(chan struct{}, eng.Capacity()),
+		ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	for range eng.Capacity() {
+		d.slots <- struct{}{}
+	}
+	go d.loop()
+	return d
+}
+
+// start opens a sequence for req, waiting for a free slot in the bounded
+// queue: errFull when the queue is full, errClosed after close, the
+// context's error when it ends first.
+func (d *decoder) start(ctx context.Context, req *genRequest) error {
+	if d.ctx.Err() != nil {
+		return errClosed
+	}
+	select {
+	case <-d.slots:
+	default:
+		if d.waiting.Add(1) > d.queue {
+			d.waiting.Add(-1)
+			return errFull
+		}
+		d.metrics.queueDepth.Inc()
+		var err error
+		select {
+		case <-d.slots:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-d.ctx.Done():
+			err = errClosed
+		}
+		d.waiting.Add(-1)
+		d.metrics.queueDepth.Dec()
+		if err != nil {
+			return err
+		}
+	}
+	slot, err := d.eng.Open(len(req.prompt) + req.maxTokens)
+	if err != nil {
+		d.slots <- struct{}{}
+		return err
+	}
+	d.open.Add(1)
+	d.metrics.active.Inc()
+	select {
+	case d.join <- &seqState{req: req, slot: slot, pending: req.prompt}: // room for every slot
+	case <-d.ctx.Done():
+		d.release(&seqState{slot: slot})
+		return errClosed
+	}
+	return nil
+}
+
+// release frees a sequence's slot.
+func (d *decoder) release(s *seqState) {
+	d.eng.Release(s.slot)
+	d.open.Add(-1)
+	d.metrics.active.Dec()
+	d.slots <- struct{}{}
+}
+
+func (d *decoder) loop() {
+	defer close(d.done)
+	var active []*seqState
+	defer func() {
+		for _, s := range active {
+			s.req.events <- genEvent{err: errClosed}
+			d.release(s)
+		}
+	}()
+	for {
+		if len(active) == 0 {
+			select {
+			case s := <-d.join:
+				active = append(active, s)
+			case <-d.ctx.Done():
+				return
+			}
+		}
+		active = d.admit(active)
+		if d.ctx.Err() != nil {
+			return
+		}
+		active = d.step(active)
+	}
+}
+
+// admit takes in the sequences waiting to join. When every sequence of
+// the coming step is new (none is decoding yet) and the batch has room,
+// it waits up to maxWait for more to arrive; sequences that are decoding
+// are never held up, and later arrivals join the next step.
+func (d *decoder) admit(active []*seqState) []*seqState {
+	for {
+		select {
+		case s := <-d.join:
+			active = append(active, s)
+			continue
+		default:
+		}
+		break
+	}
+	for _, s := range active {
+		if s.drawn > 0 {
+			return active
+		}
+	}
+	if len(active) >= d.maxBatch {
+		return active
+	}
+	timer := time.NewTimer(d.maxWait)
+	defer timer.Stop()
+	for len(active) < d.maxBatch {
+		select {
+		case s := <-d.join:
+			active = append(active, s)
+		case <-timer.C:
+			return active
+		case <-d.ctx.Done():
+			return active
+		}
+	}
+	return active
+}
+
+// step advances up to maxBatch sequences (cancelled ones are dropped
+// first) and returns the sequences still open, the stepped ones last so
+// that a longer list takes turns.
+func (d *decoder) step(active []*seqState) []*seqState {
+	live := active[:0]
+	for _, s := range active {
+		if s.req.cancelled.Load() {
+			s.req.events <- genEvent{err: context.Canceled}
+			d.release(s)
+			continue
+		}
+		live = append(live, s)
+	}
+	active = live
+	if len(active) == 0 {
+		return active
+	}
+	batch, rest := active, []*seqState(nil)
+	if len(batch) > d.maxBatch {
+		batch, rest = active[:d.maxBatch], append([]*seqState(nil), active[d.maxBatch:]...)
+	}
+	slots := make([]int, len(batch))
+	tokens := make([][]int32, len(batch))
+	for i, s := range batch {
+		slots[i], tokens[i] = s.slot, s.pending
+	}
+	d.metrics.batchSize.WithLabelValues("decode").Observe(float64(len(batch)))
+	logits, err := d.eng.Step(d.ctx, slots, tokens)
+	if err != nil && d.ctx.Err() != nil {
+		err = errClosed
+	}
+	evs := make([]genEvent, len(batch))
+	if err == nil {
+		d.drawAll(batch, logits, evs)
+	}
+	for i, s := range batch {
+		ev := evs[i]
+		if err != nil {
+			ev = genEvent{err: err}
+		}
+		if ev.err == nil && !ev.done {
+			s.req.events <- ev // a token
+			if s.drawn < s.req.maxTokens {
+				rest = append(rest, s)
+				continue
+			}
+			ev = genEvent{done: true}
+		}
+		s.req.events <- ev // the end
+		d.release(s)
+	}
+	return rest
+}
+
+// drawAll samples every sequence's next token, on as many goroutines as
+// there are processors (the model is idle meanwhile).
+func (d *decoder) drawAll(batch []*seqState, logits [][]float32, evs []genEvent) {
+	workers := min(goruntime.GOMAXPROCS(0), (len(batch)+3)/4)
+	if workers <= 1 {
+		for i, s := range batch {
+			evs[i] = d.draw(s, logits[i])
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(batch); i += workers {
+				evs[i] = d.draw(batch[i], logits[i])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// draw samples a sequence's next token.
+func (d *decoder) draw(s *seqState, logits []float32) genEvent {
+	id, err := s.req.sampler.Next(logits)
+	if err != nil {
+		return genEvent{err: err}
+	}
+	s.drawn++
+	d.metrics.tokens.Inc()
+	if id == d.eos {
+		return genEvent{done: true, eos: true}
+	}
+	s.pending = []int32{id}
+	return genEvent{id: id}
+}
+
+// close stops the loop after the step in flight; open sequences end
+// with errClosed.
+func (d *decoder) close() {
+	d.cancel()
+	<-d.done
+}
+
+// scoreJob runs one sequence through the model; fn sees its logits on the
+// scorer's goroutine.
+type scoreJob struct {
+	ctx  context.Context
+	seq  []int32
+	fn   func(l runtime.Logits) error
+	done chan error
+}
+
+// scorer batches whole-sequence runs (scores, KServe inference) into
+// Model.Each calls: it waits up to maxWait after the first job for up to
+// maxBatch jobs.
+type scorer struct {
+	m        Model
+	maxBatch int
+	maxWait  time.Duration
+	in       chan *scoreJob
+	metrics  *metrics
+	ctx      context.Context
+	cancel   context.CancelFunc
+	done     chan struct{}
+	mu       sync.RWMutex // held for reading by submitters, for writing by close
+	closed   bool
+}
+
+func newScorer(m Model, maxBatch int, maxWait time.Duration, queue int, mt *metrics) *scorer {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &scorer{m: m, maxBatch: maxBatch, maxWait: maxWait, in: make(chan *scoreJob, queue), metrics: mt,
+		ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	go s.loop()
+	return s
+}
+
+// run submits the jobs (all or none: errFull when the queue has no room
+// for them) and waits for them.
+func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runtime.Logits) error) error {
+	jobs := make([]*scoreJob, len(seqs))
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return errClosed
+	}
+	if len(seqs) > cap(s.in)-len(s.in) {
+		s.mu.RUnlock()
+		return errFull
+	}
+	for i, seq := range seqs {
+		jobs[i] = &scoreJob{ctx: ctx, seq: seq, fn: func(l runtime.Logits) error { return fn(i, l) }, done: make(chan error, 1)}
+		select {
+		case s.in <- jobs[i]:
+			s.metrics.queueDepth.Inc()
+		default: // another submitter took the room: fail the rest
+			jobs[i].done <- errFull
+		}
+	}
+	s.mu.RUnlock()
+	var first error
+	for _, j := range jobs {
+		if err := <-j.done; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (s *scorer) loop() {
+	defer close(s.done)
+	for {
+		batch := collect(s.in, s.ctx.Done(), s.maxBatch, s.maxWait)
+		if batch == nil {
+			return
+		}
+		s.metrics.queueDepth.Sub(float64(len(batch)))
+		s.runBatch(batch)
+	}
+}
+
+func (s *scorer) runBatch(batch []*scoreJob) {
+	var live []*scoreJob
+	for _, j := range batch {
+		if err := j.ctx.Err(); err != nil {
+			j.done <- err
+			continue
+		}
+		live = append(live, j)
+	}
+	if len(live) == 0 {
+		return
+	}
+	s.metrics.batchSize.WithLabelValues("score").Observe(float64(len(live)))
+	seqs := make([][]int32, len(live))
+	for i, j := range live {
+		seqs[i] = j.seq
+	}
+	errs := make([]error, len(live))
+	err := s.m.Each(s.ctx, seqs, func(i int, l runtime.Logits) error {
+		errs[i] = live[i].fn(l)
+		return nil
+	})
+	for i, j := range live {
+		if err != nil {
+			j.done <- err
+		} else {
+			j.done <- errs[i]
+		}
+	}
+}
+
+// close refuses new jobs, then fails the queued ones and stops the loop.
+func (s *scorer) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	<-s.done
+	for {
+		select {
+		case j := <-s.in:
+			s.metrics.queueDepth.Dec()
+			j.done <- errClosed
+		default:
+			return
+		}
+	}
+}

@@ -1,0 +1,373 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// completionRequest is the body of POST /v1/completions (OpenAI's
+// fields; others are ignored).
+type completionRequest struct {
+	Model       string          `json:"model"`
+	Prompt      json.RawMessage `json:"prompt"` // a string, or an array of token ids
+	MaxTokens   *int            `json:"max_tokens"`
+	Temperature *float64        `json:"temperature"`
+	TopK        int             `json:"top_k"`
+	TopP        *float64        `json:"top_p"`
+	Seed        *uint64         `json:"seed"`
+	Stop        json.RawMessage `json:"stop"` // a string or an array of strings
+	Stream      bool            `json:"stream"`
+	N           *int            `json:"n"`
+}
+
+// maxStops bounds the stop strings of a request.
+const maxStops = 4
+
+// defaultMaxTokens is max_tokens when a request leaves it out (OpenAI's
+// default), cut to the server's limit and to the room the prompt leaves.
+const defaultMaxTokens = 16
+
+// completion is a validated request.
+type completion struct {
+	prompt    []int32
+	maxTokens int
+	sample    runtime.SampleOptions
+	seed      uint64
+	stop      []string
+	stream    bool
+}
+
+type choice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	TokenIDs     []int32 `json:"token_ids"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type completionResponse struct {
+	ID      string   `json:"id"`
+	Object  string   `json:"object"`
+	Created int64    `json:"created"`
+	Model   string   `json:"model"`
+	Choices []choice `json:"choices"`
+	Usage   *usage   `json:"usage,omitempty"`
+}
+
+// parse validates a request against the model and the server's limits.
+func (s *Server) parse(req *completionRequest) (*completion, error) {
+	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
+	if req.Model != "" && req.Model != s.cfg.Name {
+		return nil, &apiError{http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", req.Model, s.cfg.Name)}
+	}
+	if req.N != nil && *req.N != 1 {
+		return nil, badRequest("n %d: this server returns one choice per request (n 1)", *req.N)
+	}
+	if req.MaxTokens != nil {
+		c.maxTokens = *req.MaxTokens
+	} else {
+		c.maxTokens = min(c.maxTokens, s.cfg.MaxTokens)
+	}
+	if c.maxTokens < 0 || c.maxTokens > s.cfg.MaxTokens {
+		return nil, badRequest("max_tokens %d: want 0..%d (the server's limit)", c.maxTokens, s.cfg.MaxTokens)
+	}
+	if req.Temperature != nil {
+		c.sample.Temperature = *req.Temperature
+	}
+	if t := c.sample.Temperature; t < 0 || t > 100 || math.IsNaN(t) {
+		return nil, badRequest("temperature %v: want a number in [0,100] (0: greedy)", t)
+	}
+	if req.TopP != nil {
+		if p := *req.TopP; !(p > 0 && p <= 1) {
+			return nil, badRequest("top_p %v: want a number in (0,1]", p)
+		}
+		c.sample.TopP = *req.TopP
+	}
+	if err := c.sample.Validate(); err != nil {
+		return nil, badRequest("%v", err)
+	}
+	if req.Seed != nil {
+		c.seed = *req.Seed
+	} else {
+		c.seed = rand.Uint64()
+	}
+	var err error
+	if c.stop, err = parseStop(req.Stop); err != nil {
+		return nil, err
+	}
+	if len(c.stop) > 0 && s.cfg.Tokenizer == nil {
+		return nil, badRequest("stop strings need a tokenizer, and this model's tokenizer cannot decode text here; leave stop out")
+	}
+	if c.prompt, err = s.parsePrompt(req.Prompt); err != nil {
+		return nil, err
+	}
+	if req.MaxTokens == nil { // the default never overflows the context
+		c.maxTokens = max(0, min(c.maxTokens, s.cfg.Engine.Context()-len(c.prompt)))
+	}
+	if n, ctx := len(c.prompt)+c.maxTokens, s.cfg.Engine.Context(); n > ctx {
+		return nil, badRequest("the prompt (%d tokens) plus max_tokens (%d) is %d tokens, more than the model's context of %d; shorten the prompt or lower max_tokens", len(c.prompt), c.maxTokens, n, ctx)
+	}
+	return c, nil
+}
+
+func parseStop(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		raw, _ = json.Marshal([]string{one})
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, badRequest("stop: want a string or an array of strings")
+	}
+	if len(list) > maxStops {
+		return nil, badRequest("stop: %d strings, at most %d", len(list), maxStops)
+	}
+	for _, s := range list {
+		if s == "" {
+			return nil, badRequest("stop: empty strings are not allowed")
+		}
+	}
+	return list, nil
+}
+
+// parsePrompt accepts a string (encoded with the tokenizer) or an array of
+// token ids; an empty prompt starts from EOS.
+func (s *Server) parsePrompt(raw json.RawMessage) ([]int32, error) {
+	var ids []int32
+	var text string
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+	case json.Unmarshal(raw, &text) == nil:
+		if text != "" {
+			if s.cfg.Tokenizer == nil {
+				return nil, badRequest("this model's tokenizer cannot encode text here; send the prompt as an array of token ids")
+			}
+			ids = s.cfg.Tokenizer.Encode(text)
+		}
+	default:
+		var nums []int64
+		if err := json.Unmarshal(raw, &nums); err != nil {
+			return nil, badRequest("prompt: want a string or an array of token ids")
+		}
+		V := int64(s.m.VocabSize())
+		for i, id := range nums {
+			if id < 0 || id >= V {
+				return nil, badRequest("prompt token %d: id %d is outside the vocabulary [0,%d)", i, id, V)
+			}
+			ids = append(ids, int32(id))
+		}
+	}
+	if len(ids) == 0 {
+		ids = []int32{s.m.EOS()}
+	}
+	return ids, nil
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	c, err := s.parse(&req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
+	defer cancel()
+	g := &generation{s: s, c: c, ids: []int32{}, finish: "length", resp: completionResponse{
+		ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion", Created: time.Now().Unix(), Model: s.cfg.Name}}
+	if c.maxTokens > 0 {
+		sampler, err := runtime.NewSampler(c.sample, c.seed)
+		if err != nil {
+			s.fail(w, r, badRequest("%v", err))
+			return
+		}
+		g.req = &genRequest{prompt: c.prompt, maxTokens: c.maxTokens, sampler: sampler, events: make(chan genEvent, c.maxTokens+1)}
+		if err := s.dec.start(ctx, g.req); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		defer g.req.cancel() // ends the sequence if this handler returns early
+	}
+	if c.stream {
+		g.streamTo(ctx, w, r)
+		return
+	}
+	if err := g.run(ctx, nil); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	finish := g.finish
+	g.resp.Choices = []choice{{Text: g.text(true), TokenIDs: g.ids, FinishReason: &finish}}
+	g.resp.Usage = &usage{len(c.prompt), len(g.ids), len(c.prompt) + len(g.ids)}
+	writeJSON(w, http.StatusOK, g.resp)
+}
+
+// generation is one completion as its handler sees it.
+type generation struct {
+	s      *Server
+	c      *completion
+	req    *genRequest // nil when max_tokens is 0
+	resp   completionResponse
+	ids    []int32 // generated, without a final EOS
+	full   string  // decoded text of ids, cut at a stop string
+	sent   int     // bytes of full already streamed
+	finish string  // "length" or "stop"
+}
+
+// run receives the decoder's tokens until max_tokens, EOS or a stop
+// string, calling emit (if set) after each token but the last.
+func (g *generation) run(ctx context.Context, emit func() error) error {
+	if g.req == nil {
+		return nil
+	}
+	for {
+		var ev genEvent
+		select {
+		case ev = <-g.req.events:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-g.s.dec.done: // the decoder stopped; take what it sent before
+			select {
+			case ev = <-g.req.events:
+			default:
+				return errClosed
+			}
+		}
+		switch {
+		case ev.err != nil:
+			return ev.err
+		case ev.eos:
+			g.finish = "stop"
+			return nil
+		case ev.done:
+			return nil
+		}
+		g.ids = append(g.ids, ev.id)
+		if g.decode() {
+			g.finish = "stop"
+			g.req.cancel()
+			return nil
+		}
+		if emit != nil && len(g.ids) < g.c.maxTokens { // the last token goes with the finish reason
+			if err := emit(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// decode refreshes the text and reports whether it reached a stop string
+// (the text is then cut before it).
+func (g *generation) decode() bool {
+	if g.s.cfg.Tokenizer == nil {
+		return false
+	}
+	g.full = g.s.cfg.Tokenizer.Decode(g.ids)
+	for _, st := range g.c.stop {
+		if i := strings.Index(g.full, st); i >= 0 {
+			g.full = g.full[:i]
+			return true
+		}
+	}
+	return false
+}
+
+// text returns the text not yet sent: all of it at the end, else the part
+// that can no longer change (it holds back a partial UTF-8 character and
+// a tail that may begin a stop string).
+func (g *generation) text(final bool) string {
+	end := len(g.full)
+	if !final {
+		for end > g.sent {
+			r, size := utf8.DecodeLastRuneInString(g.full[:end])
+			if r != utf8.RuneError {
+				break
+			}
+			end -= size
+		}
+		end = g.sent + safePrefix(g.full[g.sent:end], g.c.stop)
+	}
+	if end < g.sent {
+		end = g.sent
+	}
+	t := g.full[g.sent:end]
+	g.sent = end
+	return t
+}
+
+// safePrefix is the length of s without its longest suffix that begins
+// one of the stop strings.
+func safePrefix(s string, stops []string) int {
+	cut := len(s)
+	for _, st := range stops {
+		for k := min(len(st)-1, len(s)); k > 0; k-- {
+			if strings.HasSuffix(s, st[:k]) {
+				cut = min(cut, len(s)-k)
+				break
+			}
+		}
+	}
+	return cut
+}
+
+// streamTo sends the completion as server-sent events: one event per
+// token, a last event with the finish reason, then "data: [DONE]".
+func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	sent := 0
+	event := func(v any) error {
+		b, _ := json.Marshal(v)
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	chunk := func(text string, ids []int32, finish *string) completionResponse {
+		c := g.resp
+		c.Choices = []choice{{Text: text, TokenIDs: ids, FinishReason: finish}}
+		return c
+	}
+	err := g.run(ctx, func() error {
+		ids := g.ids[sent:]
+		sent = len(g.ids)
+		return event(chunk(g.text(false), ids, nil))
+	})
+	if err != nil {
+		if ctx.Err() != nil && r.Context().Err() != nil {
+			return // the client left
+		}
+		code, msg := statusOf(err, g.s.cfg.Timeout)
+		_ = event(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": code}})
+		return
+	}
+	finish := g.finish
+	last := chunk(g.text(true), g.ids[sent:], &finish)
+	last.Usage = &usage{len(g.c.prompt), len(g.ids), len(g.c.prompt) + len(g.ids)}
+	if event(last) == nil {
+		_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
+		_ = rc.Flush()
+	}
+}
