@@ -390,8 +390,8 @@ func init() {
 
 	// ---- inference-only fusions (passes.FuseAttention) ----
 	reg(&OpDef{Name: "FusedAttention", NumIn: -1,
-		Doc: "FusedAttention(q[B,H,T,Hd], k[B,H,S,Hd], v[B,H,S,Hd], mask[T,S]?; scale, causal) -> " +
-			"softmax(scale·q·kᵀ + mask)·v, [B,H,T,Hd]. mask is an additive float mask (-Inf entries are masked out); " +
+		Doc: "FusedAttention(q[B,H,T,Hd], k[B,H,S,Hd], v[B,H,S,Hv], mask[T,S]?; scale, causal) -> " +
+			"softmax(scale·q·kᵀ + mask)·v, [B,H,T,Hv]. mask is an additive float mask (-Inf entries are masked out); " +
 			"causal sets entries j > i to -Inf before the softmax. A row that is entirely -Inf gives zeros. " +
 			"Inference only: it has no gradient rule.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
@@ -402,7 +402,7 @@ func init() {
 			if len(q) != 4 || len(k) != 4 || len(v) != 4 {
 				return nil, nil, errors.New("want rank-4 q, k, v [B,H,T,Hd]")
 			}
-			if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] || !k.Equal(v) {
+			if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] || !k[:3].Equal(v[:3]) {
 				return nil, nil, fmt.Errorf("q %v, k %v, v %v do not agree", q, k, v)
 			}
 			if len(in) == 4 {
@@ -413,7 +413,7 @@ func init() {
 			if a.Bool("causal", false) && q[2] != k[2] {
 				return nil, nil, errors.New("causal attention wants T == S")
 			}
-			return one(q)
+			return one(Shape{q[0], q[1], q[2], v[3]})
 		}})
 }
 

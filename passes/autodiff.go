@@ -148,6 +148,7 @@ func init() {
 			}
 			return []*ir.Value{g.Op1("Transpose", ir.Attrs{"perm": inv}, d[0])}
 		},
+		"Concat": concatGrad,
 		"BroadcastTo": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			return []*ir.Value{sumTo(g, d[0], n.Inputs[0].Shape)}
 		},
@@ -285,6 +286,22 @@ func GradOps() []string {
 	out := make([]string, 0, len(gradRules))
 	for k := range gradRules {
 		out = append(out, k)
+	}
+	return out
+}
+
+// concatGrad hands each input its slice of dy along the concatenation axis.
+func concatGrad(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
+	ax := n.Attrs.Int("axis", 0)
+	if ax < 0 {
+		ax += len(n.Outputs[0].Shape)
+	}
+	out := make([]*ir.Value, len(n.Inputs))
+	at := 0
+	for i, in := range n.Inputs {
+		w := in.Shape[ax]
+		out[i] = g.Op1("Slice", ir.Attrs{"axis": ax, "start": at, "end": at + w}, d[0])
+		at += w
 	}
 	return out
 }

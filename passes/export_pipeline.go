@@ -12,6 +12,8 @@ import (
 const (
 	FoldRPAMode  = "rpa"  // the RPA subgraph of every layer becomes a constant bias
 	FoldNoneMode = "none" // the RPA computation stays in the graph (parity checks, measuring the fold)
+	// FoldRankMode and FoldRankApproxMode (fold_rank.go) write the prior
+	// into the attention dot product.
 )
 
 // Attention lowerings of the export pipeline.
@@ -39,10 +41,11 @@ type ExportOptions struct {
 	// constants (kernels/cpu in F32, so that folded values equal what the
 	// eval-mode executor computes).
 	Backend kernels.Backend
-	// Fold is FoldRPAMode (default) or FoldNoneMode.
+	// Fold is FoldRPAMode (default), FoldRankMode, FoldRankApproxMode or
+	// FoldNoneMode.
 	Fold string
-	// Attention is AttentionOp, AttentionPlain or AttentionNone (default
-	// DefaultAttention).
+	// Attention is AttentionOp, AttentionOpPadded, AttentionPlain or
+	// AttentionNone (default DefaultAttention).
 	Attention string
 	// Report receives FoldRPA's per-layer statistics.
 	Report *FoldReport
@@ -62,16 +65,18 @@ func exportOptions(c *Context) (*ExportOptions, error) {
 	if o.Fold == "" {
 		o.Fold = FoldRPAMode
 	}
-	if o.Fold != FoldRPAMode && o.Fold != FoldNoneMode {
-		return nil, fmt.Errorf("fold mode %q: want %q or %q", o.Fold, FoldRPAMode, FoldNoneMode)
+	switch o.Fold {
+	case FoldRPAMode, FoldNoneMode, FoldRankMode, FoldRankApproxMode:
+	default:
+		return nil, fmt.Errorf("fold mode %q: want %q, %q, %q or %q", o.Fold, FoldRPAMode, FoldRankMode, FoldRankApproxMode, FoldNoneMode)
 	}
 	if o.Attention == "" {
 		o.Attention = DefaultAttention
 	}
 	switch o.Attention {
-	case AttentionOp, AttentionPlain, AttentionNone:
+	case AttentionOp, AttentionOpPadded, AttentionPlain, AttentionNone:
 	default:
-		return nil, fmt.Errorf("attention lowering %q: want %q, %q or %q", o.Attention, AttentionOp, AttentionPlain, AttentionNone)
+		return nil, fmt.Errorf("attention lowering %q: want %q, %q, %q or %q", o.Attention, AttentionOp, AttentionOpPadded, AttentionPlain, AttentionNone)
 	}
 	return o, nil
 }
@@ -99,12 +104,20 @@ var ExportPipeline = []Pass{
 		if o.Fold == FoldNoneMode {
 			return nil
 		}
+		var layers []FoldLayer
+		if o.Fold == FoldRankMode || o.Fold == FoldRankApproxMode {
+			rr, err := FoldRank(g, c.Model, o.Store, o.Backend, o.Fold == FoldRankApproxMode)
+			if err != nil {
+				return err
+			}
+			layers = rr.Layers
+		}
 		rep, err := FoldRPA(g, c.Model, o.Store, o.Backend)
 		if err != nil {
 			return err
 		}
 		if o.Report != nil {
-			o.Report.Layers = append(o.Report.Layers, rep.Layers...)
+			o.Report.Layers = append(append(o.Report.Layers, layers...), rep.Layers...)
 		}
 		return nil
 	}},
@@ -120,6 +133,12 @@ var ExportPipeline = []Pass{
 		o, err := exportOptions(c)
 		if err != nil {
 			return err
+		}
+		if o.Attention == AttentionOpPadded {
+			if err := FuseAttention(g, AttentionOp); err != nil {
+				return err
+			}
+			return PadAttentionHeads(g, HeadAlign)
 		}
 		return FuseAttention(g, o.Attention)
 	}},

@@ -22,9 +22,9 @@ func Flops(g *ir.Graph) int64 {
 			dy := n.Inputs[0].Shape
 			rows := dy.Numel() / dy[len(dy)-1]
 			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(rows)
-		case "FusedAttention": // q·kᵀ and p·v: 2 · (2·B·H·T·S·Hd)
-			q, k := n.Inputs[0].Shape, n.Inputs[1].Shape
-			f += 4 * int64(q.Numel()) * int64(k[2])
+		case "FusedAttention": // q·kᵀ and p·v: 2·B·H·T·S·Hd + 2·B·H·T·S·Hv
+			q, k, o := n.Inputs[0].Shape, n.Inputs[1].Shape, n.Outputs[0].Shape
+			f += 2 * (int64(q.Numel()) + int64(o.Numel())) * int64(k[2])
 		case "LMHeadCrossEntropy": // x[N,D]·W[V,D]ᵀ
 			x, w := n.Inputs[0].Shape, n.Inputs[1].Shape
 			f += 2 * int64(x[0]) * int64(w[0]) * int64(w[1])

@@ -26,6 +26,12 @@ type FoldLayer struct {
 	// beyond it (|x| > Clip).
 	Clip     float64 `json:"clip"`
 	ClipFrac float64 `json:"clip_frac"`
+	// Rank is the number of components a rank fold (FoldRank) adds to q
+	// and k, and RankErr the largest deviation of that form from the
+	// dense bias on the visible entries (each row's constant aside); zero
+	// for the dense fold. Name is then the q-side constant.
+	Rank    int     `json:"rank,omitempty"`
+	RankErr float64 `json:"rank_err,omitempty"`
 }
 
 // FoldReport collects FoldLayer entries (per layer, per length).
@@ -56,29 +62,19 @@ func FoldRPA(g *ir.Graph, info *ModelInfo, st *kernels.Store, be kernels.Backend
 	if !info.Eval || info.BatchStats {
 		return nil, fmt.Errorf("fold rpa: graph %s is built for training or with batch statistics; folding needs an eval graph with running statistics (model.Eval without BatchStats)", g.Name)
 	}
+	if err := checkRunning(g, info, st); err != nil {
+		return nil, fmt.Errorf("fold rpa: %w", err)
+	}
 	// Running statistics become constants.
 	layerOf := map[*ir.Value]int{}
-	var missing []string
 	for _, rb := range info.Running {
 		v := g.Lookup(rb.Name)
 		if v == nil || v.Kind != ir.Buffer {
 			continue // a layer whose statistic the graph no longer reads
 		}
-		var t *kernels.Tensor
-		if st != nil {
-			t = st.Get(v.Name)
-		}
-		if t == nil || !t.Shape.Equal(v.Shape) {
-			missing = append(missing, v.Name)
-			continue
-		}
 		v.Kind = ir.Const
-		v.Data = t.Float64s()
+		v.Data = st.Get(v.Name).Float64s()
 		layerOf[v] = rb.Layer
-	}
-	if len(missing) > 0 {
-		sort.Strings(missing)
-		return nil, fmt.Errorf("fold rpa: no running statistics %s; calibrate them on data first (rpac export --calib-batches N)", strings.Join(missing, ", "))
 	}
 	rep := &FoldReport{}
 	if len(layerOf) == 0 {

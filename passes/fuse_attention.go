@@ -151,7 +151,8 @@ func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node) (att
 		return m, false
 	}
 	m.q, m.k = mm.Inputs[0], mm.Inputs[1]
-	if !m.q.Shape.Equal(m.k.Shape) || !m.k.Shape.Equal(m.v.Shape) {
+	// v may be narrower than q and k (a rank-folded prior widens q and k).
+	if !m.q.Shape.Equal(m.k.Shape) || len(m.v.Shape) != 4 || !m.k.Shape[:3].Equal(m.v.Shape[:3]) {
 		return m, false
 	}
 	return m, true

@@ -185,6 +185,26 @@ func opCases() []opCase {
 			o := g.Op1("FusedAttention", ir.Attrs{"scale": 0.5, "causal": true}, h4, h4, h4, g.Const("attn_bias", ir.Shape{T, T}, bias))
 			return g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, opV}}, o)
 		}},
+		{name: "concat", f: func(g *ir.Graph, h *ir.Value, B, T int) *ir.Value {
+			sl := g.Op1("Slice", ir.Attrs{"axis": -1, "start": 1, "end": 4}, h)
+			return g.Op1("Concat", ir.Attrs{"axis": -1}, sl, h, g.Op1("Scale", ir.Attrs{"alpha": 2.0}, sl))
+		}},
+		{name: "fused_attention_rank", f: func(g *ir.Graph, h *ir.Value, B, T int) *ir.Value {
+			// q and k widened by broadcast constants (a rank-folded prior), v narrower.
+			h4 := g.Op1("Reshape", ir.Attrs{"shape": []int{B, 1, T, opV}}, h)
+			ext := func(name string, off float64) *ir.Value {
+				d := make([]float64, T*3)
+				for i := range d {
+					d[i] = off + 0.2*float64(i%7)
+				}
+				return g.Op1("BroadcastTo", ir.Attrs{"shape": []int{B, 1, T, 3}}, g.Const(name, ir.Shape{T, 3}, d))
+			}
+			q := g.Op1("Concat", ir.Attrs{"axis": 3}, h4, ext("qe", -0.3))
+			k := g.Op1("Concat", ir.Attrs{"axis": 3}, h4, ext("ke", 0.1))
+			v := g.Op1("Slice", ir.Attrs{"axis": 3, "start": 0, "end": 5}, h4)
+			o := g.Op1("FusedAttention", ir.Attrs{"scale": 0.5, "causal": true}, q, k, v)
+			return g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, 5}}, o)
+		}},
 		{name: "causal_fill", f: func(g *ir.Graph, h *ir.Value, B, T int) *ir.Value {
 			return g.Op1("CausalMask", ir.Attrs{"fill": -5.0}, g.Op1("MatMul", ir.Attrs{"transB": true}, h, h))
 		}},

@@ -47,6 +47,7 @@ func openBackend(opts Options) (backend, error) {
 			env.owned = true
 		}
 		env.lib = lib
+		recordVersion(ort.GetVersion())
 	} else if env.lib != lib {
 		return nil, fmt.Errorf("runtime: onnxruntime is already loaded from %s in this process; it cannot also load %s (close every Model first)", env.lib, lib)
 	}
@@ -92,8 +93,11 @@ func (be *ortBackend) sessionOptions() (*ort.SessionOptions, error) {
 			cuda.Destroy()
 		}
 		if err != nil {
+			err = appendCUDAV1(be.lib, so, be.opts.DeviceID, err)
+		}
+		if err != nil {
 			so.Destroy()
-			return nil, fmt.Errorf("runtime: the onnxruntime library %s cannot use the CUDA provider (%v); point %s at an onnxruntime %s build with CUDA (the library from scripts/fetch-onnxruntime.sh is CPU-only) or use the CPU provider", be.lib, err, LibraryEnv, ORTVersion)
+			return nil, cudaProviderError(be.lib, err)
 		}
 	}
 	return so, nil
@@ -107,7 +111,7 @@ func (be *ortBackend) newRunner(path string, batch, length, vocab int) (runner, 
 	defer so.Destroy()
 	sess, err := ort.NewDynamicAdvancedSession(path, []string{"input_ids"}, []string{"logits"}, so)
 	if err != nil {
-		return nil, fmt.Errorf("runtime: onnxruntime cannot load %s: %v (export it again)", path, err)
+		return nil, fmt.Errorf("runtime: onnxruntime cannot load %s: %v (%s)", path, err, loadHint(err))
 	}
 	par := be.opts.Parallel
 	if par <= 0 {

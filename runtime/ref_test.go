@@ -147,6 +147,22 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 		}
 	case "Reshape", "StopGradient":
 		copy(out.data, x.data)
+	case "Concat":
+		ax := a.Int("axis", 0)
+		if ax < 0 {
+			ax += len(out.shape)
+		}
+		idx := make([]int, len(out.shape))
+		for i := range out.data {
+			unravel(i, out.shape, idx)
+			for _, t := range in {
+				if idx[ax] < t.shape[ax] {
+					out.data[i] = t.data[ravel(idx, t.shape)]
+					break
+				}
+				idx[ax] -= t.shape[ax]
+			}
+		}
 	case "Transpose":
 		p := a.Ints("perm")
 		idx := make([]int, len(out.shape))
@@ -348,8 +364,9 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 					row[j] = d
 					mx = math.Max(mx, d)
 				}
-				for e := 0; e < Hd; e++ {
-					out.data[(bh*T+i)*Hd+e] = 0
+				Hv := v.shape[3]
+				for e := 0; e < Hv; e++ {
+					out.data[(bh*T+i)*Hv+e] = 0
 				}
 				if math.IsInf(mx, -1) {
 					continue
@@ -360,8 +377,8 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 					sum += row[j]
 				}
 				for j := 0; j < S; j++ {
-					for e := 0; e < Hd; e++ {
-						out.data[(bh*T+i)*Hd+e] += row[j] / sum * v.data[(bh*S+j)*Hd+e]
+					for e := 0; e < Hv; e++ {
+						out.data[(bh*T+i)*Hv+e] += row[j] / sum * v.data[(bh*S+j)*Hv+e]
 					}
 				}
 			}

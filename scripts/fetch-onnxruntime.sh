@@ -19,7 +19,34 @@
 #
 # points the runtime at it (the runtime also finds the cache path by itself).
 # Progress and npm's own output go to stderr.
+#
+# --cuda fetches instead an onnxruntime with the CUDA provider (1.29.0, linux
+# x86-64, built against CUDA 13 and cuDNN 9) from two npm packages:
+# com.github.asus4.onnxruntime@0.4.9 (Plugins/Linux/x64/libonnxruntime.so,
+# onnxruntime 1.29.0) and com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9
+# (libonnxruntime_providers_cuda.so, 229 MB, and the
+# libonnxruntime_providers_shared.so built with it). Each tarball's sha512 is
+# checked against the registry's dist.integrity and the value pinned below,
+# each extracted library against its pinned sha256; the three files are
+# cached together (onnxruntime loads the providers from the folder of
+# libonnxruntime.so) under
+#
+#     ${XDG_CACHE_HOME:-$HOME/.cache}/rpac/onnxruntime-1.29.0-cuda/
+#
+# and the last line printed is that folder's libonnxruntime.so (for ORT_LIB).
+# The CUDA provider needs, at run time, libcudart.so.13, libcublas.so.13,
+# libcublasLt.so.13, libcurand.so.10, cuDNN 9 (libcudnn.so.9) and the
+# driver's libcuda.so.1 on the library path (pip's nvidia-* packages hold
+# all but the driver; add their lib folders to LD_LIBRARY_PATH). The
+# download is about 330 MB; CI does not fetch it.
 set -euo pipefail
+
+if [[ "${1:-}" == "--cuda" ]]; then
+	exec bash "$(dirname "$0")/fetch-onnxruntime-cuda.sh"
+elif [[ $# -gt 0 ]]; then
+	printf 'fetch-onnxruntime: unknown argument %s (want none, or --cuda)\n' "$1" >&2
+	exit 2
+fi
 
 VERSION=1.30.0
 PKG="onnxruntime-node@${VERSION}"

@@ -42,8 +42,10 @@ func benchInferCommand() *cli.Command {
 			&cli.StringFlag{Name: "preset", Value: "tiny,paper", Usage: "comma-separated presets (" + strings.Join(model.PresetNames(), ", ") + ")"},
 			&cli.StringFlag{Name: "model", Value: "fuzzy,baseline", Usage: "comma-separated: fuzzy, baseline"},
 			&cli.StringFlag{Name: "fold", Value: passes.FoldRPAMode + "," + foldNoBias,
-				Usage: "comma-separated fold modes for the fuzzy model: rpa (folded bias), nobias (the same folded graph with its bias dropped; benchmark only), none (RPA computed in the graph)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op"},
+				Usage: "comma-separated fold modes for the fuzzy model: rpa (folded bias), rank or rank-approx (the prior as extra query/key components), nobias (the same folded graph with its bias dropped; benchmark only), none (RPA computed in the graph)"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op, op8 (op with padded heads)"},
+			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "comma-separated precisions: fp32, fp16, bf16 (rpac export --dtype), int8 (rpac export --quantize int8)"},
+			&cli.StringFlag{Name: "json", Usage: "also write the rows as JSON to this file"},
 			&cli.IntFlag{Name: "length", Usage: "context length T (default: each preset's first training context)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "sequences per run"},
 			&cli.IntFlag{Name: "runs", Value: 60, Usage: "timed runs per model"},
@@ -60,7 +62,7 @@ func benchInferCommand() *cli.Command {
 
 // latency summarises timed runs.
 type latency struct {
-	p50, p95, mean time.Duration
+	p50, p95, p99, mean time.Duration
 	// fast is the mean of the fastest half of the runs: a background load
 	// only ever adds time, so the fastest runs are the least disturbed.
 	fast time.Duration
@@ -81,12 +83,13 @@ func summarize(ts []time.Duration) latency {
 	for _, d := range s[:h] {
 		fast += d
 	}
-	return latency{p50: s[len(s)/2], p95: s[min(len(s)-1, (len(s)*95+99)/100-1)],
+	return latency{p50: s[len(s)/2], p95: s[min(len(s)-1, (len(s)*95+99)/100-1)], p99: s[min(len(s)-1, (len(s)*99+99)/100-1)],
 		mean: total / time.Duration(len(s)), fast: fast / time.Duration(h), n: len(s)}
 }
 
 type inferRow struct {
 	preset, model, fold, attention string
+	dtype                          string // "fp32", "fp16", "bf16" or "int8"
 	T, B                           int
 	lat                            latency
 	// halves: the runs of the first and of the second half of the blocks,
@@ -179,12 +182,17 @@ func benchInfer(c *cli.Context) error {
 		}
 	}
 	for _, f := range splitList(c.String("fold")) {
-		if f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != foldNoBias {
-			return fmt.Errorf("--fold %q: want rpa, nobias or none", f)
+		if f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != foldNoBias && f != passes.FoldRankMode && f != passes.FoldRankApproxMode {
+			return fmt.Errorf("--fold %q: want rpa, rank, rank-approx, nobias or none", f)
+		}
+	}
+	for _, d := range splitList(c.String("dtype")) {
+		if _, _, err := benchPrecision(d); err != nil {
+			return err
 		}
 	}
 	for _, a := range splitList(c.String("attention")) {
-		if a != passes.AttentionPlain && a != passes.AttentionOp {
+		if a != passes.AttentionPlain && a != passes.AttentionOp && a != passes.AttentionOpPadded {
 			return fmt.Errorf("--attention %q: want plain or op", a)
 		}
 	}
@@ -229,7 +237,12 @@ func benchInfer(c *cli.Context) error {
 			return err
 		}
 	}
-	printInferRows(w, rows, peak, c.Int("threads"), c.Int("block"))
+	printInferRows(w, rows, peak, c.Int("threads"), c.Int("block"), c.String("provider"))
+	if f := c.String("json"); f != "" {
+		if err := writeInferJSON(f, rows, c.String("provider")); err != nil {
+			return err
+		}
+	}
 	printPriorCosts(w, costs)
 	fmt.Fprintf(w, "load average (1 min) before the timed runs %s, during them %s, after %s (this benchmark itself keeps about %d runnable)\n",
 		load0, loadRange(loads), load1, benchThreads(c.Int("threads")))
@@ -282,12 +295,14 @@ func benchPreset(c *cli.Context, work string, p model.Preset) ([]inferRow, []pri
 				folds = slices.Insert(slices.DeleteFunc(slices.Clone(folds), func(f string) bool { return f == passes.FoldRPAMode }), 0, foldControl, passes.FoldRPAMode)
 			}
 			for _, fold := range folds {
-				ic, err := prepareInfer(c, work, p.Name, &b.cfg, b.st, fold, att, T, flops)
-				if err != nil {
-					return nil, nil, nil, err
+				for _, dt := range splitList(c.String("dtype")) {
+					ic, err := prepareInfer(c, work, p.Name, &b.cfg, b.st, fold, att, dt, T, flops)
+					if err != nil {
+						return nil, nil, nil, err
+					}
+					cases = append(cases, ic)
+					fmt.Fprintf(c.App.ErrWriter, "exported %s %s fold=%s attention=%s dtype=%s T=%d (%d nodes)\n", p.Name, b.cfg.Model, fold, att, dt, T, ic.r.nodes)
 				}
-				cases = append(cases, ic)
-				fmt.Fprintf(c.App.ErrWriter, "exported %s %s fold=%s attention=%s T=%d (%d nodes)\n", p.Name, b.cfg.Model, fold, att, T, ic.r.nodes)
 			}
 		}
 	}
@@ -329,7 +344,7 @@ func benchPreset(c *cli.Context, work string, p model.Preset) ([]inferRow, []pri
 	for _, att := range splitList(c.String("attention")) {
 		var with, without, control, base *inferCase
 		for _, ic := range cases {
-			if ic.r.attention != att {
+			if ic.r.attention != att || ic.r.dtype != "fp32" {
 				continue
 			}
 			switch {
@@ -444,10 +459,14 @@ func randomStore(cfg *model.Config, T int, seed uint64) (*kernels.Store, error) 
 	return st, nil
 }
 
-func prepareInfer(c *cli.Context, work, preset string, cfg *model.Config, st *kernels.Store, fold, att string, T int, flops map[string]int64) (*inferCase, error) {
+func prepareInfer(c *cli.Context, work, preset string, cfg *model.Config, st *kernels.Store, fold, att, dtype string, T int, flops map[string]int64) (*inferCase, error) {
 	ctx := c.Context
 	B := c.Int("batch")
-	r := inferRow{preset: preset, model: cfg.Model, fold: fold, attention: att, T: T, B: B}
+	prec, quant, err := benchPrecision(dtype)
+	if err != nil {
+		return nil, err
+	}
+	r := inferRow{preset: preset, model: cfg.Model, fold: fold, attention: att, dtype: dtype, T: T, B: B}
 	ef, drop := fold, false
 	switch fold {
 	case "-":
@@ -458,8 +477,11 @@ func prepareInfer(c *cli.Context, work, preset string, cfg *model.Config, st *ke
 		ef = passes.FoldRPAMode
 	}
 	dir := fmt.Sprintf("%s/%s_%s_%s_%s_L%d", work, preset, cfg.Model, strings.NewReplacer("-", "", "#", "_").Replace(fold), att, T)
+	if dtype != "fp32" {
+		dir += "_" + dtype
+	}
 	res, err := export.Export(ctx, export.Options{Config: *cfg, Store: st, Lengths: []int{T}, Batch: B,
-		Fold: ef, DropBias: drop, Attention: att, Out: dir, Tokenizer: "none", EOS: 0})
+		Fold: ef, DropBias: drop, Attention: att, DType: prec, Quantize: quant, Out: dir, Tokenizer: "none", EOS: 0})
 	if err != nil {
 		return nil, err
 	}
@@ -494,18 +516,22 @@ func prepareInfer(c *cli.Context, work, preset string, cfg *model.Config, st *ke
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func printInferRows(w io.Writer, rows []inferRow, peak float64, threads, block int) {
+func printInferRows(w io.Writer, rows []inferRow, peak float64, threads, block int, provider string) {
 	th := "one per core"
 	if threads > 0 {
 		th = fmt.Sprint(threads)
 	}
-	fmt.Fprintf(w, "onnxruntime %s CPU, threads %s; latency of one run of [B,T] token ids (logits included)\n", runtime.ORTVersion, th)
+	fmt.Fprintf(w, "onnxruntime %s %s, threads %s; latency of one run of [B,T] token ids (logits included)\n", runtime.LoadedVersion(), strings.ToUpper(provider), th)
+	fw := 6
+	for _, r := range rows {
+		fw = max(fw, len(r.label()))
+	}
 	if len(rows) > 0 {
 		fmt.Fprintf(w, "%d timed runs per model in blocks of %d that alternate between the models; fast½: mean of the fastest half; noise: p50 spread between the first and the second half of the blocks\n",
 			rows[0].lat.n, block)
 	}
-	fmt.Fprintf(w, "%-6s %-8s %-6s %-6s %5s %2s %9s %9s %9s %6s %9s %8s %8s %6s %6s %5s\n",
-		"preset", "model", "fold", "attn", "T", "B", "p50 ms", "p95 ms", "fast½ ms", "noise", "tokens/s", "GFLOP", "GFLOP/s", "%peak", "MiB", "nodes")
+	fmt.Fprintf(w, "%-6s %-8s %-*s %-6s %5s %2s %9s %9s %9s %9s %6s %9s %8s %8s %6s %6s %5s\n",
+		"preset", "model", fw, "fold", "attn", "T", "B", "p50 ms", "p95 ms", "p99 ms", "fast½ ms", "noise", "tokens/s", "GFLOP", "GFLOP/s", "%peak", "MiB", "nodes")
 	// The GEMM runs on every core: %peak only when onnxruntime does too.
 	allCores := benchThreads(threads) >= goruntime.NumCPU()
 	for _, r := range rows {
@@ -519,8 +545,8 @@ func printInferRows(w io.Writer, rows []inferRow, peak float64, threads, block i
 			noise = fmt.Sprintf("%.1f%%", n)
 		}
 		tps := float64(r.B*r.T) / r.lat.mean.Seconds()
-		fmt.Fprintf(w, "%-6s %-8s %-6s %-6s %5d %2d %9.2f %9.2f %9.2f %6s %9.0f %8.2f %8.1f %6s %6.1f %5d\n",
-			r.preset, r.model, r.fold, r.attention, r.T, r.B, ms(r.lat.p50), ms(r.lat.p95), ms(r.lat.fast), noise, tps,
+		fmt.Fprintf(w, "%-6s %-8s %-*s %-6s %5d %2d %9.2f %9.2f %9.2f %9.2f %6s %9.0f %8.2f %8.1f %6s %6.1f %5d\n",
+			r.preset, r.model, fw, r.label(), r.attention, r.T, r.B, ms(r.lat.p50), ms(r.lat.p95), ms(r.lat.p99), ms(r.lat.fast), noise, tps,
 			float64(r.flops)/1e9, gfs, pct, float64(r.bytes)/(1<<20), r.nodes)
 	}
 	if peak > 0 {

@@ -111,7 +111,7 @@ func evalAction(c *cli.Context) error {
 	el := time.Since(t0).Seconds()
 	ce := nll / float64(tokens)
 	fmt.Fprintf(c.App.Writer, "%s, L=%d, %d chunks (%d tokens): CE %.4f nats, perplexity %.2f; %.0f tokens/s in the model (onnxruntime %s, %s), %.0f tokens/s with scoring\n",
-		name, T, chunks, tokens, ce, math.Exp(ce), float64(tokens)/inModel.Seconds(), runtime.ORTVersion, c.String("provider"), float64(tokens)/el)
+		name, T, chunks, tokens, ce, math.Exp(ce), float64(tokens)/inModel.Seconds(), runtime.LoadedVersion(), c.String("provider"), float64(tokens)/el)
 	return nil
 }
 

@@ -28,9 +28,10 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "out", Usage: "export folder (--format triton: the model repository)", Required: true},
 			&cli.StringFlag{Name: "format", Value: "onnx", Usage: "onnx (model_L{T}.onnx and manifest.json for rpac/runtime) | triton (a Triton Inference Server model repository: NAME_L{T}/config.pbtxt and 1/model.onnx with a variable batch; --batch sets max_batch_size, default 8)"},
 			&cli.StringFlag{Name: "name", Value: export.DefaultTritonName, Usage: "--format triton: model name prefix (models NAME_L{T})"},
-			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | none (RPA computed in the graph)"},
+			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "fp32 | fp16 | bf16: type of weights and activations (LayerNorm, softmax, reductions stay fp32; logits fp32)"},
+			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | plain (MatMul, Add of one constant mask, Softmax)"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | op8 (op with q, k and v padded to one head size, a multiple of 8: what onnxruntime's CUDA flash attention needs) | plain (MatMul, Add of one constant mask, Softmax)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
 			&cli.StringFlag{Name: "quantize", Value: "none", Usage: "none | int8 (int8 weights per output column and activations per token in every Linear layer, int32 accumulation: for onnxruntime's CPU provider; --verify reports the CE cost)"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
@@ -65,11 +66,11 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("--%s must be positive", n)
 		}
 	}
-	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode {
-		return fmt.Errorf("--fold %q: want rpa or none", f)
+	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != passes.FoldRankMode && f != passes.FoldRankApproxMode {
+		return fmt.Errorf("--fold %q: want rpa, rank, rank-approx or none", f)
 	}
-	if a := c.String("attention"); a != passes.AttentionOp && a != passes.AttentionPlain {
-		return fmt.Errorf("--attention %q: want plain or op", a)
+	if a := c.String("attention"); a != passes.AttentionOp && a != passes.AttentionPlain && a != passes.AttentionOpPadded {
+		return fmt.Errorf("--attention %q: want op, op8 or plain", a)
 	}
 	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.ExportPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the export pipeline (%s, or all)", d, strings.Join(passes.Names(passes.ExportPipeline), ", "))
@@ -162,7 +163,12 @@ func exportAction(c *cli.Context) error {
 		js, _ := json.Marshal(spec.Synthetic)
 		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
 	}
+	dtype, err := onnx.ParsePrecision(c.String("dtype"))
+	if err != nil {
+		return fmt.Errorf("--dtype: %w", err)
+	}
 	o := export.Options{
+		DType:  dtype,
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize, KVCache: c.Bool("kv-cache"),
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
@@ -197,7 +203,11 @@ func exportAction(c *cli.Context) error {
 			fmt.Fprintf(w, "        KV cache: %s  %.1f MiB\n", strings.Join(lr.KVFiles, ", "), float64(lr.KVBytes)/(1<<20))
 		}
 		for _, f := range lr.Fold {
-			fmt.Fprintf(w, "    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)\n", f.Layer, f.Min, f.Max, f.Mean, 100*f.ClipFrac, f.Clip)
+			rank := ""
+			if f.Rank > 0 {
+				rank = fmt.Sprintf("  rank form: %d extra q/k components, max deviation %.1e", f.Rank, f.RankErr)
+			}
+			fmt.Fprintf(w, "    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)%s\n", f.Layer, f.Min, f.Max, f.Mean, 100*f.ClipFrac, f.Clip, rank)
 		}
 	}
 	fmt.Fprintf(w, "  %s\n", filepath.Join(res.Dir, runtime.ManifestName))
@@ -215,8 +225,8 @@ func exportAction(c *cli.Context) error {
 	}
 	fmt.Fprintf(w, "verify on %s (%s):\n", ds.EvalName, ds.Protocol)
 	for _, r := range vr {
-		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f  CE batch-stats (paper's way) %.5f\n",
-			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEBatchStats)
+		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f\n",
+			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEExport-r.CEEval, r.CEBatchStats)
 		if r.KVSteps > 0 {
 			fmt.Fprintf(w, "        KV cache: %d decode steps, max|Δlogit| %.2e\n", r.KVSteps, r.KVMaxAbsDiff)
 		}

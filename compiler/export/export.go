@@ -55,7 +55,8 @@ type Options struct {
 	Lengths []int
 	// Batch is the static batch size of the exported graphs (default 1).
 	Batch int
-	// Fold is passes.FoldRPAMode (default) or passes.FoldNoneMode.
+	// Fold is passes.FoldRPAMode (default), passes.FoldRankMode,
+	// passes.FoldRankApproxMode or passes.FoldNoneMode.
 	Fold string
 	// Attention is passes.AttentionOp or passes.AttentionPlain (default
 	// passes.DefaultAttention). Below opset 23, which has no Attention op,
@@ -71,9 +72,13 @@ type Options struct {
 	// products in every Linear layer, for CPU serving; recorded in the
 	// manifest's fold meta as "quantize").
 	Quantize string
+	// DType is the type of weights and activations (onnx.FP32 default,
+	// onnx.FP16, onnx.BF16; LayerNorm, softmax and the reductions stay
+	// float32, logits are float32). Not with Quantize or KVCache.
+	DType onnx.Precision
 	// KVCache also writes, for every length, the prefill and decode graphs
-	// of KV-cached decoding (runtime.KVCache; not with DropBias or
-	// Quantize).
+	// of KV-cached decoding (runtime.KVCache; not with DropBias, Quantize,
+	// DType or a rank fold).
 	KVCache bool
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
 	// shipped with the opset).
@@ -139,6 +144,10 @@ type Fold struct {
 	// BiasDropped marks an export without the folded biases
 	// (Options.DropBias): not the model, a benchmark's reference.
 	BiasDropped bool `json:"bias_dropped,omitempty"`
+	// DType and IO describe a reduced-precision export (onnx.Precision,
+	// onnx.LowPrecisionNote); absent for float32.
+	DType string `json:"dtype,omitempty"`
+	IO    string `json:"io,omitempty"`
 }
 
 // FileName is the ONNX file of length T.
@@ -204,11 +213,16 @@ func (o *Options) defaults() error {
 	if o.Fold == "" {
 		o.Fold = passes.FoldRPAMode
 	}
-	if o.Fold != passes.FoldRPAMode && o.Fold != passes.FoldNoneMode {
-		return fmt.Errorf("export: --fold %q: want rpa or none", o.Fold)
+	switch o.Fold {
+	case passes.FoldRPAMode, passes.FoldNoneMode, passes.FoldRankMode, passes.FoldRankApproxMode:
+	default:
+		return fmt.Errorf("export: --fold %q: want rpa, rank, rank-approx or none", o.Fold)
 	}
 	if o.DropBias && o.Fold != passes.FoldRPAMode {
 		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %q", o.Fold)
+	}
+	if o.DType != onnx.FP32 && o.Quantize != onnx.QuantizeNone {
+		return fmt.Errorf("export: --dtype %s and --quantize %s do not combine (int8 products read float32 activations)", o.DType, o.Quantize)
 	}
 	if o.Attention == "" {
 		o.Attention = passes.DefaultAttention
@@ -216,8 +230,14 @@ func (o *Options) defaults() error {
 	if o.KVCache && (o.DropBias || o.Quantize != onnx.QuantizeNone) {
 		return errors.New("export: the KV-cache graphs are written without quantization and with the model's prior; drop --quantize (or --kv-cache)")
 	}
-	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain {
-		return fmt.Errorf("export: attention lowering %q: want %s or %s", o.Attention, passes.AttentionOp, passes.AttentionPlain)
+	if o.KVCache && (o.DType != onnx.FP32 || o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode) {
+		return fmt.Errorf("export: the KV-cache graphs are written in fp32 with the dense folded prior; drop --dtype %s or --fold %s (or --kv-cache)", o.DType, o.Fold)
+	}
+	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain && o.Attention != passes.AttentionOpPadded {
+		return fmt.Errorf("export: attention lowering %q: want %s, %s or %s", o.Attention, passes.AttentionOp, passes.AttentionOpPadded, passes.AttentionPlain)
+	}
+	if o.KVCache && o.Attention == passes.AttentionOpPadded {
+		return fmt.Errorf("export: the KV-cache graphs have no %s lowering; use --attention op or plain", passes.AttentionOpPadded)
 	}
 	if o.Opset == 0 {
 		o.Opset = onnx.DefaultOpset
@@ -272,6 +292,9 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
 		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model}
 	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta, BiasDropped: o.DropBias}
+	if o.DType != onnx.FP32 {
+		fold.DType, fold.IO = o.DType.String(), onnx.LowPrecisionNote
+	}
 	for _, T := range lengths {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -311,8 +334,11 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		if o.Quantize != onnx.QuantizeNone {
 			meta["quantize"] = o.Quantize
 		}
+		if o.DType != onnx.FP32 {
+			meta["dtype"] = o.DType.String()
+		}
 		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
-			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize})
+			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize, Precision: o.DType})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/passes"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -85,6 +86,12 @@ func Triton(ctx context.Context, o TritonOptions) ([]TritonModel, error) {
 	}
 	if o.Quantize != onnx.QuantizeNone {
 		return nil, fmt.Errorf("export: --quantize %s is not available for Triton: the int8 graph's per-token zero points are sized by the batch, which Triton varies; export fp32", o.Quantize)
+	}
+	if o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode {
+		return nil, fmt.Errorf("export: --fold %s is not available for Triton yet (its broadcast query/key components fix the batch); use --fold rpa", o.Fold)
+	}
+	if o.DType != onnx.FP32 {
+		return nil, fmt.Errorf("export: --dtype %s is not available for Triton yet; export fp32 (--format onnx takes it)", o.DType)
 	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("export: %w", err)

@@ -71,6 +71,9 @@ type Options struct {
 	// int8 activations per token, int32 accumulation: MatMulInteger, which
 	// onnxruntime's CPU provider runs on its integer GEMM).
 	Quantize string
+	// Precision is the type of weights and activations (FP32 default,
+	// FP16, BF16; see ConvertPrecision).
+	Precision Precision
 }
 
 // Quantization modes.
@@ -209,7 +212,11 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	}
 	b.gp.Output = append(b.gp.Output, valueInfo(OutputName, onnxpb.TensorProto_FLOAT, []int64{int64(B), int64(T), int64(V)}))
 
-	return b.model(), nil
+	m := b.model()
+	if err := ConvertPrecision(m, opts.Precision); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // newBuilder returns a builder for lowering g.
@@ -242,7 +249,7 @@ func (b *builder) model() *onnxpb.ModelProto {
 	opts := b.opts
 	m := &onnxpb.ModelProto{
 		IrVersion:       opts.IRVersion,
-		OpsetImport:     []*onnxpb.OperatorSetIdProto{{Domain: "", Version: opts.Opset}},
+		OpsetImport:     append([]*onnxpb.OperatorSetIdProto{{Domain: "", Version: opts.Opset}}, b.extraOpsets()...),
 		ProducerName:    opts.ProducerName,
 		ProducerVersion: opts.ProducerVersion,
 		Graph:           b.gp,
@@ -290,6 +297,8 @@ type builder struct {
 	final  *ir.Value // the value that is written as "logits" directly
 	nodeID int
 	kv     *kvState // set by LowerKV: the KV-cache graphs' lowerings
+	// domains are the operator sets besides ai.onnx the nodes use.
+	domains map[string]int64
 }
 
 func (b *builder) reserve(name string) { b.used[name] = true }

@@ -3,6 +3,7 @@ package onnx
 import (
 	"fmt"
 	"math"
+	"sort"
 
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
 	"github.com/rpac-dev/rpac/ir"
@@ -13,10 +14,17 @@ import (
 //	W → Wq int8 [K,N] with one symmetric scale per output column, ws[n] = max|W[n,:]|/127;
 //	x → rows [M,K]; per row s = max(max|x_row|, 1e-12)/127 and
 //	    xq = QuantizeLinear(x, s, zero point 128, axis 0) (uint8);
-//	y = MatMulInteger(xq, Wq, a_zero_point 128) · s · ws (+ b), reshaped back.
+//	y = MatMulIntegerToFloat(xq, Wq, 1, ws, a_zero_point 128) (int32
+//	    accumulation, the column scales applied as it writes floats;
+//	    onnxruntime's com.microsoft domain), reshaped back without a copy,
+//	    times s per row (+ b).
 //
 // The activation scale is per token (row), so a position's output depends
-// on its own row only and the exported graph stays causal.
+// on its own row only and the exported graph stays causal. The fused op
+// saves the int32 result's Cast and one Mul over the output, and the last
+// Mul writes the output in its final shape (no Reshape copy): on the LM
+// head, whose output is [B·T, V], those passes cost more than the integer
+// product saves.
 func lowerLinearInt8(b *builder, n *ir.Node, in []string, out string) (string, error) {
 	wq, ws, err := b.int8Weight(n.Inputs[1])
 	if err != nil {
@@ -29,14 +37,35 @@ func lowerLinearInt8(b *builder, n *ir.Node, in []string, out string) (string, e
 	absmax := b.emit(out+".absmax", "ReduceMax", []string{b.emit(out+".abs", "Abs", []string{x}), b.constI64(1)}, attrInt("keepdims", 0))
 	scale := b.emit(out+".xs", "Div", []string{b.emit(out+".amax", "Max", []string{absmax, b.scalar(1e-12)}), b.scalar(127)})
 	xq := b.emit(out+".xq", "QuantizeLinear", []string{x, scale, b.uint8Fill(M, 128)}, attrInt("axis", 0))
-	acc := b.emit(out+".acc", "MatMulInteger", []string{xq, wq, b.uint8Scalar(128)})
-	y := b.emit(out+".yf", "Cast", []string{acc}, attrInt("to", int64(onnxpb.TensorProto_FLOAT)))
-	y = b.emit(out+".ys", "Mul", []string{y, b.emit(out+".xs1", "Unsqueeze", []string{scale, b.constI64(1)})})
-	y = b.emit(out+".yw", "Mul", []string{y, ws})
+	b.useDomain(MSDomain, 1)
+	y := b.emitDomain(out+".yw", MSDomain, "MatMulIntegerToFloat", []string{xq, wq, b.scalar(1), ws, b.uint8Scalar(128)})
+	os := dims64(n.Outputs[0].Shape)
+	rowScale := append(append([]int64(nil), os[:len(os)-1]...), 1)
+	y = b.emit(out+".y", "Reshape", []string{y, b.constI64(os...)})
+	s3 := b.emit(out+".xs1", "Reshape", []string{scale, b.constI64(rowScale...)})
 	if len(n.Inputs) == 3 {
-		y = b.emit(out+".yb", "Add", []string{y, in[2]})
+		y = b.emit(out+".ys", "Mul", []string{y, s3})
+		return b.emitTo(out, "Add", []string{y, in[2]}), nil
 	}
-	return b.emitTo(out, "Reshape", []string{y, b.constI64(dims64(n.Outputs[0].Shape)...)}), nil
+	return b.emitTo(out, "Mul", []string{y, s3}), nil
+}
+
+// MSDomain is onnxruntime's contrib operator domain.
+const MSDomain = "com.microsoft"
+
+// useDomain records that the model uses an operator set besides ai.onnx.
+func (b *builder) useDomain(domain string, version int64) {
+	if b.domains == nil {
+		b.domains = map[string]int64{}
+	}
+	b.domains[domain] = max(b.domains[domain], version)
+}
+
+// emitDomain adds a node of another operator domain.
+func (b *builder) emitDomain(hint, domain, op string, in []string, attrs ...*onnxpb.AttributeProto) string {
+	out := b.emit(hint, op, in, attrs...)
+	b.gp.Node[len(b.gp.Node)-1].Domain = domain
+	return out
 }
 
 // int8Weight stores W [N,K] as Wq int8 [K,N] and its per-column scales
@@ -102,4 +131,18 @@ func (b *builder) uint8Scalar(v byte) string {
 	b.addInit(name, onnxpb.TensorProto_UINT8, nil, []byte{v})
 	b.consts[key] = name
 	return name
+}
+
+// extraOpsets lists the operator sets besides ai.onnx, sorted by domain.
+func (b *builder) extraOpsets() []*onnxpb.OperatorSetIdProto {
+	names := make([]string, 0, len(b.domains))
+	for d := range b.domains {
+		names = append(names, d)
+	}
+	sort.Strings(names)
+	out := make([]*onnxpb.OperatorSetIdProto, len(names))
+	for i, d := range names {
+		out[i] = &onnxpb.OperatorSetIdProto{Domain: d, Version: b.domains[d]}
+	}
+	return out
 }

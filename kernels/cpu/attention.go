@@ -7,7 +7,8 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 )
 
-// FusedAttention: softmax(scale·q·kᵀ + mask, causal)·v per (batch, head),
+// FusedAttention: softmax(scale·q·kᵀ + mask, causal)·v per (batch, head)
+// (v's head size may differ from q's and k's),
 // with the T×S score matrix in a per-worker scratch buffer. The scale
 // defaults to 1/sqrt(Hd).
 func (p *program[T]) buildFusedAttention(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
@@ -16,10 +17,10 @@ func (p *program[T]) buildFusedAttention(n *ir.Node, in, out []*tensor[T]) (func
 	}
 	q, k, v, o := in[0], in[1], in[2], out[0]
 	qs, ks := q.shape, k.shape
-	if len(qs) != 4 || len(ks) != 4 || !ks.Equal(v.shape) || qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3] {
+	if len(qs) != 4 || len(ks) != 4 || len(v.shape) != 4 || !ks[:3].Equal(v.shape[:3]) || qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3] {
 		return nil, fmt.Errorf("q %v, k %v, v %v do not agree", qs, ks, v.shape)
 	}
-	BH, Tq, S, Hd := qs[0]*qs[1], qs[2], ks[2], qs[3]
+	BH, Tq, S, Hd, Hv := qs[0]*qs[1], qs[2], ks[2], qs[3], v.shape[3]
 	var mask *tensor[T]
 	if len(in) == 4 {
 		mask = in[3]
@@ -53,8 +54,8 @@ func (p *program[T]) buildFusedAttention(n *ir.Node, in, out []*tensor[T]) (func
 			for bh := lo; bh < hi; bh++ {
 				qb := Q[bh*Tq*Hd : (bh+1)*Tq*Hd]
 				kb := K[bh*S*Hd : (bh+1)*S*Hd]
-				vb := V[bh*S*Hd : (bh+1)*S*Hd]
-				ob := O[bh*Tq*Hd : (bh+1)*Tq*Hd]
+				vb := V[bh*S*Hv : (bh+1)*S*Hv]
+				ob := O[bh*Tq*Hv : (bh+1)*Tq*Hv]
 				if S == 0 {
 					clear(ob)
 					continue
@@ -75,7 +76,7 @@ func (p *program[T]) buildFusedAttention(n *ir.Node, in, out []*tensor[T]) (func
 					}
 					softmaxRow(row, row)
 				}
-				gemm(false, false, Tq, Hd, S, 1, sc, S, vb, Hd, 0, ob, Hd)
+				gemm(false, false, Tq, Hv, S, 1, sc, S, vb, Hv, 0, ob, Hv)
 			}
 		})
 		return nil

@@ -878,18 +878,25 @@ func TestFusedAttention(t *testing.T) {
 		causal    bool
 		scale     any
 		maskedRow bool
+		hv        int // v's head size (0: Hd)
 	}{
-		{"causal+mask", 5, 5, true, true, 0.3, false},
-		{"causal/default-scale", 6, 6, false, true, nil, false},
-		{"cross+mask", 4, 7, true, false, 0.5, true},
-		{"plain", 3, 4, false, false, 1.0, false},
+		{"causal+mask", 5, 5, true, true, 0.3, false, 0},
+		{"causal/default-scale", 6, 6, false, true, nil, false, 0},
+		{"cross+mask", 4, 7, true, false, 0.5, true, 0},
+		{"plain", 3, 4, false, false, 1.0, false, 0},
+		{"causal/narrow-v", 6, 6, false, true, 0.4, false, 2},
+		{"causal+mask/wide-v", 5, 5, true, true, 0.3, false, 7},
 	} {
 		const B, H, Hd = 2, 3, 4
+		Hv := Hd
+		if tc.hv > 0 {
+			Hv = tc.hv
+		}
 		r := rand.New(rand.NewPCG(31, 32))
 		g := ir.New("attn")
 		q := g.Input("q", ir.Shape{B, H, tc.T, Hd}, ir.F32)
 		k := g.Input("k", ir.Shape{B, H, tc.S, Hd}, ir.F32)
-		v := g.Input("v", ir.Shape{B, H, tc.S, Hd}, ir.F32)
+		v := g.Input("v", ir.Shape{B, H, tc.S, Hv}, ir.F32)
 		feeds := map[string]*kernels.Tensor{
 			"q": f64Tensor(q.Shape, randData(r, q.Shape.Numel(), 1)...),
 			"k": f64Tensor(k.Shape, randData(r, k.Shape.Numel(), 1)...),

@@ -815,6 +815,7 @@ func allGradCases() []gradCase {
 	cs = append(cs, nnCases()...)
 	cs = append(cs, paperCases()...)
 	cs = append(cs, lmHeadCases()...)
+	cs = append(cs, concatCases()...)
 	return cs
 }
 

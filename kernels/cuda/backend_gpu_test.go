@@ -76,6 +76,8 @@ func opCases() []opCase {
 		{op: "ZScore", in: []ir.Shape{{9, 9}}},
 		{op: "ZScoreGrad", in: []ir.Shape{{9, 9}, {9, 9}}},
 		{op: "FusedAttention", attrs: ir.Attrs{"scale": 0.4, "causal": true}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
+		{op: "Concat", attrs: ir.Attrs{"axis": 1}, in: []ir.Shape{{3, 2, 7}, s357, {3, 1, 7}}},
+		{op: "Concat", attrs: ir.Attrs{"axis": -1}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 3}}},
 	}
 	for _, op := range []string{"Neg", "Exp", "Sigmoid", "Tanh", "GELU", "ReLU", "StopGradient"} {
 		cases = append(cases, opCase{op: op, in: []ir.Shape{s357}})

@@ -198,6 +198,8 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		return p.buildZScore(n, in, out)
 	case "FusedAttention":
 		return p.buildFusedAttention(n, in, out)
+	case "Concat":
+		return p.buildConcat(n, in, out)
 	}
 	return nil, errUnsupported
 }
@@ -860,6 +862,9 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	q, k, v, o := in[0], in[1], in[2], out[0]
 	s := q.v.Shape
 	B, H, T, Hd := s[0], s[1], s[2], s[3]
+	if v.v.Shape[3] != Hd {
+		return nil, fmt.Errorf("the CUDA attention kernel wants v's head size (%d) equal to q's and k's (%d)", v.v.Shape[3], Hd)
+	}
 	if !n.Attrs.Bool("causal", false) || k.v.Shape[2] != T {
 		return nil, fmt.Errorf("the CUDA attention kernel is causal over equal lengths; got causal=%v, T=%d, S=%d",
 			n.Attrs.Bool("causal", false), T, k.v.Shape[2])

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# gpu-check-ort.sh — exported models on onnxruntime's CUDA provider, checked
+# on a GPU machine from binaries and libraries prepared elsewhere (the GPU
+# machine has no Go toolchain and no network).
+#
+# 1. Where Go is installed (x86-64), after
+#        bash scripts/fetch-onnxruntime.sh --cuda
+#    run
+#        bash scripts/gpu-check-ort.sh --build
+#    It builds bin/ort/bin/{rpac,export.test,runtime.test} (stripped) and
+#    copies the cached onnxruntime 1.29.0 with the CUDA provider into
+#    bin/ort/lib/, the 229 MB libonnxruntime_providers_cuda.so split with
+#    `split -b 60M` into parts .part-aa .. .part-ad (bin/ is git-ignored).
+#
+# 2. Carry bin/ort to the GPU machine. A device call carries at most 64 MiB
+#    (the working tree included), so carry it in pieces, one call each,
+#    into the same warm machine (paths already there are kept between
+#    calls): bin/ort/bin (about 38 MB), then bin/ort/lib/libonnxruntime.so
+#    with bin/ort/lib/libonnxruntime_providers_shared.so and
+#    bin/ort/lib/SHA256SUMS (about 29 MB), then each
+#    bin/ort/lib/libonnxruntime_providers_cuda.so.part-a? on its own.
+#
+# 3. On the GPU machine:
+#        bash scripts/gpu-check-ort.sh setup          # join the parts, check every sha256
+#        bash scripts/gpu-check-ort.sh check [OUT]    # the provider loads; parity per dtype
+#        bash scripts/gpu-check-ort.sh bench [OUT]    # latency benchmarks
+#        bash scripts/gpu-check-ort.sh report [OUT]   # OUT/report.txt and OUT/report.json
+#    or all four at once with no argument (OUT defaults to gpu-report/ort).
+#    setup finds the CUDA 13 and cuDNN 9 libraries (the Python nvidia-*
+#    packages included) and writes OUT/env.sh with LD_LIBRARY_PATH, ORT_LIB
+#    and RPAC_ORT_CUDA for the later steps.
+#
+#    check runs, with RPAC_REQUIRE_GPU=1 (a provider that does not load
+#    fails) and NVIDIA_TF32_OVERRIDE=0 (fp32 products in fp32):
+#      - runtime.test TestCUDAProviderLoadOrExplain: a model runs on the
+#        CUDA provider; TestCUDAFetchRunsOnCPU: the same library on the CPU
+#        provider matches the float64 reference;
+#      - export.test TestGPUProviderParity: for fp32, fp16 and bf16, dense
+#        and rank fold, the CUDA provider against the Go executor (fp32:
+#        max |Δlogit| <= 1e-4, also against the CPU provider; fp16/bf16:
+#        |CE cost| < 0.01 nats), one GPUPARITY line each.
+#    bench runs rpac bench infer on the CUDA provider: paper preset, fuzzy
+#    model, fp32/fp16/bf16, dense (rpa) against rank fold (rank-approx: a
+#    randomly initialised model's clip cuts a few entries), attention op
+#    and op8 (heads padded to one multiple of 8, which flash attention
+#    needs: the dense fold's mask rules it out anyway, the rank fold's does
+#    not), p50/p95/p99 and tokens/s, for every L:B of RPAC_ORT_BENCH
+#    (default "384:1 384:8 384:32 768:1 768:8 768:32"; each pair exports
+#    twelve models, so a short lease takes a subset, e.g.
+#    RPAC_ORT_BENCH="384:1 768:8" RPAC_ORT_DTYPES=fp16), RPAC_ORT_RUNS timed
+#    runs per model (default 20). RPAC_ORT_PROVIDER, RPAC_ORT_PRESET,
+#    RPAC_ORT_DTYPES and RPAC_ORT_ATTENTION (defaults cuda, paper,
+#    fp32,fp16,bf16, op,op8) change what bench runs, e.g. a dry run on a
+#    CPU machine: RPAC_ORT_PROVIDER=cpu RPAC_ORT_PRESET=tiny RPAC_ORT_DTYPES=fp32,fp16.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ORT=bin/ort
+PARTS_OF=libonnxruntime_providers_cuda.so
+FILES=(libonnxruntime.so libonnxruntime_providers_shared.so libonnxruntime_providers_cuda.so)
+
+log() { printf 'gpu-check-ort: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+build() {
+	local cache
+	cache="$(bash scripts/fetch-onnxruntime.sh --cuda | tail -n1)"
+	cache="$(dirname "$cache")"
+	rm -rf "$ORT"
+	mkdir -p "$ORT/bin" "$ORT/lib"
+	go build -ldflags "-s -w" -o "$ORT/bin/rpac" ./cmd/rpac
+	go test -c -ldflags "-s -w" -o "$ORT/bin/export.test" ./compiler/export
+	go test -c -ldflags "-s -w" -o "$ORT/bin/runtime.test" ./runtime
+	cp "$cache/libonnxruntime.so" "$cache/libonnxruntime_providers_shared.so" "$ORT/lib/"
+	(cd "$cache" && sha256sum "${FILES[@]}") >"$ORT/lib/SHA256SUMS"
+	split -b 60M "$cache/$PARTS_OF" "$ORT/lib/$PARTS_OF.part-"
+	log "built $ORT ($(go env GOOS)/$(go env GOARCH)):"
+	(cd "$ORT" && find . -type f -printf '  %p %s bytes\n' | sort) >&2
+	log "carry in pieces of at most 64 MiB: $ORT/bin; $ORT/lib/libonnxruntime.so + $ORT/lib/libonnxruntime_providers_shared.so + $ORT/lib/SHA256SUMS; then each $ORT/lib/$PARTS_OF.part-a? alone"
+}
+
+# cuda_dirs lists the folders holding the CUDA 13 and cuDNN 9 libraries
+# the provider needs (and the driver's libcuda.so.1).
+cuda_dirs() {
+	find / -xdev \( -name 'libcublasLt.so.13*' -o -name 'libcublas.so.13*' -o -name 'libcudart.so.13*' -o -name 'libcurand.so.10*' \
+		-o -name 'libcudnn*.so.9*' -o -name 'libcuda.so.1' -o -name 'libnvrtc.so.13*' \) 2>/dev/null |
+		{ grep -v "/$ORT/" || true; } | xargs -r -n1 dirname | sort -u | paste -sd: -
+}
+
+setup() {
+	local out="$1"
+	mkdir -p "$out"
+	[[ -x "$ORT/bin/rpac" && -x "$ORT/bin/export.test" && -x "$ORT/bin/runtime.test" ]] ||
+		die "$ORT/bin is incomplete: run 'bash scripts/gpu-check-ort.sh --build' where Go is installed and carry $ORT/bin"
+	[[ -f "$ORT/lib/SHA256SUMS" ]] || die "$ORT/lib/SHA256SUMS is missing: carry it with libonnxruntime.so"
+	if [[ ! -f "$ORT/lib/$PARTS_OF" ]]; then
+		compgen -G "$ORT/lib/$PARTS_OF.part-*" >/dev/null || die "no $PARTS_OF.part-* in $ORT/lib: carry every part"
+		cat "$ORT/lib/$PARTS_OF".part-* >"$ORT/lib/$PARTS_OF.tmp"
+		mv "$ORT/lib/$PARTS_OF.tmp" "$ORT/lib/$PARTS_OF"
+	fi
+	(cd "$ORT/lib" && sha256sum -c SHA256SUMS >&2) ||
+		{ rm -f "$ORT/lib/$PARTS_OF"; die "a library does not match its sha256 (a part missing or cut short?): carry the parts again"; }
+	local dirs
+	dirs="$(cuda_dirs)"
+	{
+		printf 'export LD_LIBRARY_PATH=%q\n' "$PWD/$ORT/lib${dirs:+:$dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+		printf 'export ORT_LIB=%q\n' "$PWD/$ORT/lib/libonnxruntime.so"
+		printf 'export RPAC_ORT_CUDA=%q\n' "$PWD/$ORT/lib/libonnxruntime.so"
+	} >"$out/env.sh"
+	log "libraries joined and checked; CUDA library folders: ${dirs:-none found}"
+}
+
+check() {
+	local out="$1"
+	# shellcheck disable=SC1091
+	source "$out/env.sh"
+	export RPAC_REQUIRE_GPU=1 RPAC_GPU_ORT=1 NVIDIA_TF32_OVERRIDE=0 CI=true
+	local rc=0
+	"$ORT/bin/runtime.test" -test.v -test.count=1 -test.run '^(TestCUDAProviderLoadOrExplain|TestCUDAFetchRunsOnCPU)$' >"$out/runtime.log" 2>&1 || rc=1
+	"$ORT/bin/export.test" -test.v -test.count=1 -test.run '^TestGPUProviderParity$' -test.timeout 20m >"$out/parity.log" 2>&1 || rc=1
+	grep -h -E -- "--- (PASS|FAIL|SKIP)|GPUPARITY|CUDA provider" "$out/runtime.log" "$out/parity.log" >&2 || true
+	echo "$rc" >"$out/check.rc"
+	return "$rc"
+}
+
+bench() {
+	local out="$1"
+	# shellcheck disable=SC1091
+	source "$out/env.sh"
+	local runs="${RPAC_ORT_RUNS:-20}" lb L B rc=0
+	for lb in ${RPAC_ORT_BENCH:-384:1 384:8 384:32 768:1 768:8 768:32}; do
+		L="${lb%%:*}" B="${lb##*:}"
+		log "bench ${RPAC_ORT_PRESET:-paper} L=$L B=$B"
+		"$ORT/bin/rpac" bench infer --provider "${RPAC_ORT_PROVIDER:-cuda}" --preset "${RPAC_ORT_PRESET:-paper}" --model fuzzy \
+			--fold rpa,rank-approx --dtype "${RPAC_ORT_DTYPES:-fp32,fp16,bf16}" \
+			--attention "${RPAC_ORT_ATTENTION:-op,op8}" --length "$L" --batch "$B" --runs "$runs" --block 5 --gemm-time 0 \
+			--json "$out/bench_L${L}_B${B}.json" >"$out/bench_L${L}_B${B}.txt" 2>"$out/bench_L${L}_B${B}.err" || {
+			rc=1
+			tail -n 5 "$out/bench_L${L}_B${B}.err" >&2
+		}
+	done
+	return "$rc"
+}
+
+report() {
+	local out="$1"
+	{
+		echo "# rpac onnxruntime CUDA check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+		echo "host: $(uname -m), $(nproc) cores"
+		nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || echo "gpu: nvidia-smi not available"
+		echo
+		echo "## checks (exit $(cat "$out/check.rc" 2>/dev/null || echo '?'))"
+		grep -h -E -- "--- (PASS|FAIL|SKIP)|GPUPARITY" "$out/runtime.log" "$out/parity.log" 2>/dev/null || echo "no check logs"
+		echo
+		echo "## latency (rpac bench infer --provider ${RPAC_ORT_PROVIDER:-cuda})"
+		for f in "$out"/bench_L*_B*.txt; do
+			[[ -f "$f" ]] && cat "$f"
+		done
+	} >"$out/report.txt"
+	python3 - "$out" <<'PY' || log "python3 missing: no report.json"
+import glob, json, re, subprocess, sys
+out = sys.argv[1]
+parity, tests = [], []
+for name in ("runtime.log", "parity.log"):
+    try:
+        lines = open(f"{out}/{name}").read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        m = re.search(r"GPUPARITY (\{.*\})", line)
+        if m:
+            parity.append(json.loads(m.group(1)))
+        m = re.match(r"\s*--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)", line)
+        if m:
+            tests.append({"test": m.group(2), "result": m.group(1), "seconds": float(m.group(3))})
+bench = []
+for f in sorted(glob.glob(f"{out}/bench_L*_B*.json")):
+    bench += json.load(open(f))
+gpu = ""
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+except Exception:
+    pass
+json.dump({"gpu": gpu, "tests": tests, "parity": parity, "bench": bench}, open(f"{out}/report.json", "w"), indent=2)
+PY
+	log "$out/report.txt, $out/report.json"
+}
+
+case "${1:-all}" in
+--build) build ;;
+setup) setup "${2:-gpu-report/ort}" ;;
+check) check "${2:-gpu-report/ort}" ;;
+bench) bench "${2:-gpu-report/ort}" ;;
+report) report "${2:-gpu-report/ort}" ;;
+all)
+	out="${2:-gpu-report/ort}"
+	setup "$out"
+	rc=0
+	check "$out" || rc=1
+	bench "$out" || rc=1
+	report "$out"
+	exit "$rc"
+	;;
+*) die "unknown step $1 (want --build, setup, check, bench, report, or none for all)" ;;
+esac
