@@ -21,6 +21,10 @@
 #   4. exact resume on CUDA (10 steps + 10 resumed = 20 straight, bit for bit);
 #   5. the benchmarks: rpac bench train --device cuda, paper and baseline
 #      presets, bf16 and fp32.
+# The exported models on onnxruntime's CUDA provider have their own check,
+# scripts/gpu-check-ort.sh: its provider library (229 MB) is carried in
+# parts over several calls, so it runs separately (see that script's header).
+#
 # RPAC_CHECKS="kernels steps runs resume bench" (the default: all) picks
 # groups, so a machine with a per-command time limit can run them in parts.
 # It writes OUTDIR/report.txt and OUTDIR/report.json (device, driver, each
