@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -36,13 +37,16 @@ type Options struct {
 	Out              string
 	Resume           bool
 	Device           Device
-	Precision        Precision // GEMM arithmetic (CUDA: bf16 by default)
-	LR               float64   // 0 = preset
-	Dropout          float64   // <0 = preset
-	WarmIn           int       // <0 = preset
-	GradClip         float64
-	EvalStats        string // running | batch
-	DumpIR           string
+	// Backend, when set, replaces the backend Device would open (tests
+	// drive a run through the CUDA backend's dry-run device with it).
+	Backend   kernels.Backend
+	Precision Precision // GEMM arithmetic (CUDA: bf16 by default)
+	LR        float64   // 0 = preset
+	Dropout   float64   // <0 = preset
+	WarmIn    int       // <0 = preset
+	GradClip  float64
+	EvalStats string // running | batch
+	DumpIR    string
 	// NoAlign trains the fuzzy model without the RPA alignment (the
 	// listing's legacy bias from fuzz_sim = mean_b μμᵀ): the ablation's
 	// baseline.

@@ -218,9 +218,11 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	backend, err := OpenBackend(o.Device, o.Precision)
-	if err != nil {
-		return nil, err
+	backend := o.Backend
+	if backend == nil {
+		if backend, err = OpenBackend(o.Device, o.Precision); err != nil {
+			return nil, err
+		}
 	}
 	r := &run{o: o, plan: plan, ds: ds, backend: backend, steps: map[stepKey]*Step{},
 		ckDir: filepath.Join(o.Out, "checkpoint")}

@@ -1,6 +1,7 @@
 package training
 
 import (
+	"context"
 	"math"
 	"os"
 	"testing"
@@ -109,5 +110,49 @@ func TestGPUStepRepeats(t *testing.T) {
 				t.Fatalf("gradient %s[%d]: %v then %v", n, i, g[i], g2[n][i])
 			}
 		}
+	}
+}
+
+// TestTrainDryRunOnCUDABackend drives whole runs through the CUDA backend
+// on its dry-run device (no GPU): every graph the trainer compiles (steps of
+// each game context, micro-batches, evaluation, EMA and SWA evaluation) and
+// every launch of each is checked against the kernels' signatures and the
+// allocations. The dry-run device computes zeros, so the numbers are not
+// checked here (TestGPUStepMatchesCPU does that on a GPU).
+func TestTrainDryRunOnCUDABackend(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(o *Options)
+	}{
+		{"fuzzy", func(o *Options) {}},
+		{"baseline", func(o *Options) { o.Model = "baseline" }},
+		{"micro-batches and controllers", func(o *Options) {
+			o.MicroBatch = 2
+			o.Control.Controller = "guardian"
+			o.Control.EMA, o.Control.SWA = true, true
+			o.Control.Contexts = []int{16, 32}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be, err := cuda.NewDryRun(cuda.GEMMBF16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := microOptions(t.TempDir())
+			o.Backend = be
+			tc.mod(&o)
+			res, err := Train(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Steps != o.Steps {
+				t.Fatalf("ran %d of %d steps", res.Steps, o.Steps)
+			}
+			n := cuda.DryRunLaunches(be)
+			if n < 1000 {
+				t.Fatalf("only %d launches and GEMMs went through the CUDA backend", n)
+			}
+			t.Logf("%d launches and GEMMs checked", n)
+		})
 	}
 }

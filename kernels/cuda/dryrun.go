@@ -1,0 +1,215 @@
+package cuda
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"unsafe"
+)
+
+// fakeDevice is the dry-run device: it allocates address ranges, and checks
+// each launch against the kernel's C signature (argument count and types)
+// and each pointer, copy and GEMM operand against the live allocations. The
+// numbers the programs compute are zeros; what it checks is that every
+// launch the backend makes is well formed.
+type fakeDevice struct {
+	next     uint64
+	live     map[uint64]uint64 // base -> bytes
+	sigs     map[string][]param
+	launches map[string]int
+	gemms    int
+}
+
+type param struct {
+	name string
+	kind string // ptr, i32, i64, u64, f32
+}
+
+var sigRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(([^)]*)\)`)
+
+// kernelSignatures parses every embedded kernel's parameter list.
+func kernelSignatures() (map[string][]param, error) {
+	sigs := map[string][]param{}
+	for _, name := range SourceNames() {
+		src, err := Source(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range sigRE.FindAllStringSubmatch(src, -1) {
+			var ps []param
+			for _, raw := range strings.Split(m[2], ",") {
+				f := strings.Fields(strings.TrimSpace(raw))
+				if len(f) < 2 {
+					return nil, fmt.Errorf("kernel %s: cannot read parameter %q", m[1], raw)
+				}
+				typ, pname := strings.Join(f[:len(f)-1], " "), strings.TrimLeft(f[len(f)-1], "*")
+				if strings.HasPrefix(f[len(f)-1], "*") {
+					typ += "*"
+				}
+				var kind string
+				switch {
+				case strings.Contains(typ, "*"):
+					kind = "ptr"
+				case typ == "unsigned long long":
+					kind = "u64"
+				case typ == "i64" || typ == "long long":
+					kind = "i64"
+				case typ == "int":
+					kind = "i32"
+				case typ == "float":
+					kind = "f32"
+				default:
+					return nil, fmt.Errorf("kernel %s: parameter type %q", m[1], typ)
+				}
+				ps = append(ps, param{pname, kind})
+			}
+			sigs[m[1]] = ps
+		}
+	}
+	return sigs, nil
+}
+
+func newFakeDevice() (*fakeDevice, error) {
+	sigs, err := kernelSignatures()
+	if err != nil {
+		return nil, err
+	}
+	return &fakeDevice{next: 1 << 32, live: map[uint64]uint64{}, sigs: sigs, launches: map[string]int{}}, nil
+}
+
+// NewDryRun returns a backend on a device that computes nothing: it checks
+// each launch against its kernel's C signature (argument count and types),
+// each pointer, copy and GEMM operand against the live allocations, and
+// downloads zeros. It runs the backend's whole host side without a GPU, so
+// tests can drive training and evaluation through it.
+func NewDryRun(gemm GEMMPrecision) (*Backend, error) {
+	f, err := newFakeDevice()
+	if err != nil {
+		return nil, err
+	}
+	return newBackend(f, gemm), nil
+}
+
+func (f *fakeDevice) Info() DeviceInfo {
+	return DeviceInfo{Name: "fake", Arch: "compute_90", Major: 9, SMs: 132, TotalMemory: 80 << 30}
+}
+func (f *fakeDevice) bind() (func(), error) { return func() {}, nil }
+
+func (f *fakeDevice) alloc(bytes uint64) (Buffer, error) {
+	p := f.next
+	f.next += align256(max(bytes, 1)) + 256 // a gap, so overruns land outside every allocation
+	f.live[p] = bytes
+	return Buffer{Ptr: p, Bytes: bytes}, nil
+}
+
+func (f *fakeDevice) free(b Buffer) { delete(f.live, b.Ptr) }
+
+// within checks that [ptr, ptr+bytes) lies inside one live allocation.
+func (f *fakeDevice) within(ptr, bytes uint64) error {
+	for base, n := range f.live {
+		if ptr >= base && ptr+bytes <= base+max(n, 1) && (bytes > 0 || ptr < base+max(n, 1)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("address range [%#x, +%d) is outside every allocation", ptr, bytes)
+}
+
+func (f *fakeDevice) upload(b Buffer, _ unsafe.Pointer, bytes uint64) error {
+	return f.within(b.Ptr, bytes)
+}
+
+func (f *fakeDevice) download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
+	clear(unsafe.Slice((*byte)(dst), bytes))
+	return f.within(b.Ptr, bytes)
+}
+
+func (f *fakeDevice) zero(b Buffer, bytes uint64) error { return f.within(b.Ptr, bytes) }
+func (f *fakeDevice) sync() error                       { return nil }
+
+func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
+	sig, ok := f.sigs[name]
+	if !ok {
+		return fmt.Errorf("launch of %s: no such kernel", name)
+	}
+	if len(args) != len(sig) {
+		return fmt.Errorf("launch of %s: %d arguments, the kernel takes %d", name, len(args), len(sig))
+	}
+	for i, a := range args {
+		want := sig[i]
+		var got string
+		switch a.(type) {
+		case uint64:
+			got = "ptr|u64"
+		case int64:
+			got = "i64"
+		case int32:
+			got = "i32"
+		case float32:
+			got = "f32"
+		default:
+			got = fmt.Sprintf("%T", a)
+		}
+		if !strings.Contains(got, want.kind) {
+			return fmt.Errorf("launch of %s: argument %d (%s) is %s, the kernel takes %s", name, i, want.name, got, want.kind)
+		}
+		if want.kind == "ptr" {
+			p := a.(uint64)
+			if p == 0 && want.name == "bias" {
+				continue
+			}
+			if err := f.within(p, 0); err != nil {
+				return fmt.Errorf("launch of %s: pointer argument %d (%s): %w", name, i, want.name, err)
+			}
+		}
+	}
+	for d := 0; d < 3; d++ {
+		if grid[d] == 0 || block[d] == 0 {
+			return fmt.Errorf("launch of %s: empty grid %v or block %v", name, grid, block)
+		}
+	}
+	if block[0]*block[1]*block[2] > 1024 || shared > 48<<10 {
+		return fmt.Errorf("launch of %s: block %v, %d bytes of shared memory", name, block, shared)
+	}
+	f.launches[name]++
+	return nil
+}
+
+func (f *fakeDevice) gemm(s GemmShape, _ float32, A, B Buffer, ab DType, _ float32, C Buffer) error {
+	size := uint64(4)
+	if ab == BF16 {
+		size = 2
+	}
+	na, nb := gemmElems(s)
+	nc := s.M * s.N
+	if s.Batch > 1 {
+		nc += int(s.StrideC) * (s.Batch - 1)
+	}
+	if s.M <= 0 || s.N <= 0 || s.K <= 0 || s.Batch <= 0 {
+		return fmt.Errorf("gemm %+v: empty shape", s)
+	}
+	for _, c := range []struct {
+		what string
+		b    Buffer
+		n    uint64
+	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}} {
+		if err := f.within(c.b.Ptr, c.n); err != nil {
+			return fmt.Errorf("gemm %+v operand %s: %w", s, c.what, err)
+		}
+	}
+	f.gemms++
+	return nil
+}
+
+// DryRunLaunches is the number of kernel launches and GEMMs a dry-run
+// backend has checked (0 for a backend on a GPU).
+func DryRunLaunches(b *Backend) int {
+	f, ok := b.dev.(*fakeDevice)
+	if !ok {
+		return 0
+	}
+	n := f.gemms
+	for _, c := range f.launches {
+		n += c
+	}
+	return n
+}

@@ -1,0 +1,163 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+// TestFakeDeviceSignatures: the parser reads every kernel (a kernel it
+// cannot read fails here, not on a GPU).
+func TestFakeDeviceSignatures(t *testing.T) {
+	sigs, err := kernelSignatures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, name := range SourceNames() {
+		e, _ := Entries(name)
+		n += len(e)
+	}
+	if len(sigs) != n || len(sigs) < 30 {
+		t.Fatalf("%d signatures for %d kernels", len(sigs), n)
+	}
+	if got := sigs["dropout_f32"]; len(got) != 7 || got[3].kind != "u64" || got[6].kind != "i64" {
+		t.Fatalf("dropout_f32 signature %v", got)
+	}
+}
+
+// TestFakeDeviceCatchesBadLaunches: the checks themselves fail when they
+// should.
+func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
+	f := mustFake(t)
+	b, _ := f.alloc(400)
+	one := [3]uint32{1, 1, 1}
+	for _, bad := range [][]any{
+		{b.Ptr, b.Ptr, int32(3)},                     // too few arguments
+		{b.Ptr, b.Ptr, int32(3), int32(4)},           // i64 passed as i32
+		{b.Ptr + 400, b.Ptr, int64(3)},               // pointer past the allocation
+		{b.Ptr, uint64(12345), int64(3)},             // pointer to nothing
+		{b.Ptr, b.Ptr, 3},                            // a Go int
+		{b.Ptr, b.Ptr, int64(3), float32(0), 1, "x"}, // too many
+	} {
+		if err := f.launch("copy_words", one, one, 0, bad...); err == nil {
+			t.Errorf("launch copy_words %v accepted", bad)
+		}
+	}
+	if err := f.launch("copy_words", one, one, 0, b.Ptr, b.Ptr, int64(100)); err != nil {
+		t.Errorf("a good launch: %v", err)
+	}
+	if err := f.gemm(GemmShape{M: 10, N: 10, K: 2, Batch: 1}, 1, b, b, F32, 0, b); err != nil {
+		t.Errorf("a GEMM that fits: %v", err)
+	}
+	if err := f.gemm(GemmShape{M: 10, N: 11, K: 2, Batch: 1}, 1, b, b, F32, 0, b); err == nil {
+		t.Error("a GEMM whose C overruns its buffer was accepted")
+	}
+}
+
+// TestBackendLaunchesEveryOpOnFakeDevice: every op case compiles and runs
+// on the fake device in both GEMM precisions; every launch matches its
+// kernel's signature and stays inside the allocations.
+func TestBackendLaunchesEveryOpOnFakeDevice(t *testing.T) {
+	for _, gemm := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+		f := mustFake(t)
+		be := newBackend(f, gemm)
+		r := rand.New(rand.NewPCG(31, 32))
+		for _, c := range opCases() {
+			g, feeds := caseGraph(c, r)
+			p, err := be.Compile(g, nil, kernels.NewStore(kernels.F32))
+			if err != nil {
+				t.Fatalf("%s (%s): compile: %v", c.op, gemm, err)
+			}
+			if err := p.Run(feeds, 7); err != nil {
+				t.Fatalf("%s (%s): run: %v", c.op, gemm, err)
+			}
+			for name := range g.Outputs {
+				if p.Output(name) == nil {
+					t.Fatalf("%s (%s): output %s missing", c.op, gemm, name)
+				}
+			}
+			p.Close()
+		}
+		if len(f.live) != 0 {
+			t.Errorf("%s: %d allocations outlive their programs", gemm, len(f.live))
+		}
+		var used []string
+		for k := range f.launches {
+			used = append(used, k)
+		}
+		sort.Strings(used)
+		t.Logf("%s: %d kernels launched, %d GEMMs: %s", gemm, len(used), f.gemms, strings.Join(used, " "))
+	}
+}
+
+// TestBackendRunsTrainingStepsOnFakeDevice: the fuzzy and baseline models'
+// planned training graphs (plan slots shared in one arena) and eval graphs
+// compile and run on the fake device: every launch and GEMM of a real step
+// is well formed.
+func TestBackendRunsTrainingStepsOnFakeDevice(t *testing.T) {
+	p, err := model.LookupPreset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		for _, mode := range []model.Mode{model.Train, model.Eval} {
+			cfg := p.Config
+			cfg.Model, cfg.Vocab, cfg.DModel, cfg.Layers, cfg.Heads, cfg.MaxLen, cfg.Dropout = kind, 97, 16, 2, 2, 24, 0.1
+			const T, B = 24, 3
+			mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pipe, pc := passes.EvalPipeline, &passes.Context{Model: mg.Info()}
+			if mode == model.Train {
+				pipe, pc.Loss = passes.TrainPipeline, "loss"
+			}
+			if err := passes.Run(mg.Graph, pipe, pc); err != nil {
+				t.Fatal(err)
+			}
+			st := kernels.NewStore(kernels.F32)
+			if err := model.InitStore(mg.Specs, st, 7); err != nil {
+				t.Fatal(err)
+			}
+			f := mustFake(t)
+			be := newBackend(f, GEMMBF16)
+			prog, err := be.Compile(mg.Graph, passes.Plan(mg.Graph), st)
+			if err != nil {
+				t.Fatalf("%s %v: %v", kind, mode, err)
+			}
+			ids := make([]int32, B*T)
+			for i := range ids {
+				ids[i] = int32(i % cfg.Vocab)
+			}
+			feeds := map[string]*kernels.Tensor{
+				"input_ids": kernels.IntTensor(ir.Shape{B, T}, ids),
+				"targets":   kernels.IntTensor(ir.Shape{B * T}, ids),
+			}
+			if err := prog.Run(feeds, 3); err != nil {
+				t.Fatalf("%s %v: %v", kind, mode, err)
+			}
+			prog.Close()
+			be.Release(st)
+			if len(f.live) != 0 {
+				t.Errorf("%s %v: %d allocations left after Close and Release", kind, mode, len(f.live))
+			}
+			t.Logf("%s %v: %d nodes, %d GEMMs", kind, mode, len(mg.Graph.Nodes), f.gemms)
+		}
+	}
+}
+
+func mustFake(t *testing.T) *fakeDevice {
+	t.Helper()
+	f, err := newFakeDevice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
