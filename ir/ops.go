@@ -388,33 +388,67 @@ func init() {
 	reg(&OpDef{Name: "ZScore", NumIn: 1, Infer: same(0), Doc: "ZScore(x) -> (x - mean(x)) / (std(x) + 1e-6) over all elements, std unbiased (N-1) as torch.std."})
 	reg(&OpDef{Name: "ZScoreGrad", NumIn: 2, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
 
-	// ---- inference-only fusions (passes.FuseAttention) ----
-	reg(&OpDef{Name: "FusedAttention", NumIn: -1,
-		Doc: "FusedAttention(q[B,H,T,Hd], k[B,H,S,Hd], v[B,H,S,Hv], mask[T,S]?; scale, causal) -> " +
-			"softmax(scale·q·kᵀ + mask)·v, [B,H,T,Hv]. mask is an additive float mask (-Inf entries are masked out); " +
+	// ---- attention fusions (passes.FuseAttention, passes.FuseTrainingAttention) ----
+	reg(&OpDef{Name: "FusedAttention", NumIn: -1, Infer: inferAttention(false),
+		Doc: "FusedAttention(q[B,H,T,Hd], k[B,H,S,Hd], v[B,H,S,Hv], mask[T,S]?; scale, causal, dropout, stream) -> " +
+			"(softmax(scale·q·kᵀ + mask) ∘ D)·v, [B,H,T,Hv]. mask is an additive float mask (-Inf entries are masked out); " +
 			"causal sets entries j > i to -Inf before the softmax. A row that is entirely -Inf gives zeros. " +
-			"Inference only: it has no gradient rule.",
-		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
-			if len(in) != 3 && len(in) != 4 {
-				return nil, nil, errors.New("want q, k, v and an optional mask")
+			"D is 1 without dropout (export graphs); with dropout p > 0 (training graphs) it is the mask a Dropout node " +
+			"with ID stream draws over the [B,H,T,S] weights (element ((b·H+h)·T+i)·S+j of that node's stream), so the " +
+			"fused core equals the unfused one draw for draw (stream absent: this node's own ID)."})
+	reg(&OpDef{Name: "FusedAttentionGrad", NumIn: -1, Infer: inferAttention(true),
+		Doc: "FusedAttentionGrad(dO[B,H,T,Hv], q, k, v, mask?; scale, causal, dropout, stream) -> (dq, dk, dv, dmask?): " +
+			"the gradient of Σ dO·FusedAttention(q, k, v, mask) (same attributes); dmask [T,S] sums over B and H. " +
+			"The weights are recomputed, never stored."})
+}
+
+// inferAttention checks FusedAttention's inputs (grad: after a leading
+// dO) and gives its output, or the gradient's outputs (one per input).
+func inferAttention(grad bool) func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+	return func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+		var dO *Value
+		if grad {
+			if len(in) < 1 {
+				return nil, nil, errors.New("want dO, q, k, v and an optional mask")
 			}
-			q, k, v := in[0].Shape, in[1].Shape, in[2].Shape
-			if len(q) != 4 || len(k) != 4 || len(v) != 4 {
-				return nil, nil, errors.New("want rank-4 q, k, v [B,H,T,Hd]")
+			dO, in = in[0], in[1:]
+		}
+		if len(in) != 3 && len(in) != 4 {
+			return nil, nil, errors.New("want q, k, v and an optional mask")
+		}
+		q, k, v := in[0].Shape, in[1].Shape, in[2].Shape
+		if len(q) != 4 || len(k) != 4 || len(v) != 4 {
+			return nil, nil, errors.New("want rank-4 q, k, v [B,H,T,Hd]")
+		}
+		if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] || !k[:3].Equal(v[:3]) {
+			return nil, nil, fmt.Errorf("q %v, k %v, v %v do not agree", q, k, v)
+		}
+		if len(in) == 4 {
+			if m := in[3].Shape; len(m) != 2 || m[0] != q[2] || m[1] != k[2] {
+				return nil, nil, fmt.Errorf("mask %v, want [%d,%d]", m, q[2], k[2])
 			}
-			if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] || !k[:3].Equal(v[:3]) {
-				return nil, nil, fmt.Errorf("q %v, k %v, v %v do not agree", q, k, v)
-			}
-			if len(in) == 4 {
-				if m := in[3].Shape; len(m) != 2 || m[0] != q[2] || m[1] != k[2] {
-					return nil, nil, fmt.Errorf("mask %v, want [%d,%d]", m, q[2], k[2])
-				}
-			}
-			if a.Bool("causal", false) && q[2] != k[2] {
-				return nil, nil, errors.New("causal attention wants T == S")
-			}
-			return one(Shape{q[0], q[1], q[2], v[3]})
-		}})
+		}
+		if a.Bool("causal", false) && q[2] != k[2] {
+			return nil, nil, errors.New("causal attention wants T == S")
+		}
+		if p := a.Float("dropout", 0); p < 0 || p >= 1 {
+			return nil, nil, fmt.Errorf("dropout %g, want [0, 1)", p)
+		} else if p > 0 && grad && a.Int("stream", -1) < 0 {
+			return nil, nil, errors.New("with dropout the gradient needs the forward's stream attribute (the node ID whose draws it repeats)")
+		}
+		out := Shape{q[0], q[1], q[2], v[3]}
+		if !grad {
+			return one(out)
+		}
+		if !dO.Shape.Equal(out) {
+			return nil, nil, fmt.Errorf("dO %v, want %v", dO.Shape, out)
+		}
+		shapes, dts := []Shape{q.Clone(), k.Clone(), v.Clone()}, []DType{F32, F32, F32}
+		if len(in) == 4 {
+			shapes, dts = append(shapes, in[3].Shape.Clone()), append(dts, F32)
+		}
+		return shapes, dts, nil
+	}
 }
 
 // LMHeadChunk is the default largest number of rows LMHeadCrossEntropy

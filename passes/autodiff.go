@@ -246,6 +246,16 @@ func init() {
 			return []*ir.Value{g.Op1("Mul", nil, d[0], n.Outputs[1])}
 		},
 		"GumbelNoise": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value { return []*ir.Value{d[0]} },
+		"FusedAttention": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
+			if d[0] == nil {
+				return nil
+			}
+			a := n.Attrs.Clone()
+			if _, ok := a["stream"]; !ok {
+				a["stream"] = n.ID // the gradient repeats this node's dropout draws
+			}
+			return g.Apply("FusedAttentionGrad", a, append([]*ir.Value{d[0]}, n.Inputs...)...)
+		},
 		"CrossEntropy": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			if d[0] == nil {
 				return nil // only the smoothed sum is differentiated

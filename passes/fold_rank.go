@@ -75,7 +75,7 @@ func FoldRank(g *ir.Graph, info *ModelInfo, st *kernels.Store, be kernels.Backen
 	rep := &FoldReport{}
 	var cores []attnMatch
 	for _, n := range g.Nodes {
-		if m, ok := matchAttention(g, n, uses); ok && m.bias != nil {
+		if m, ok := matchAttention(g, n, uses, false); ok && m.bias != nil {
 			cores = append(cores, m)
 		}
 	}

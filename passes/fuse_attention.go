@@ -22,6 +22,7 @@ type attnMatch struct {
 	scale         float64
 	add, mask     *ir.Node // add may be nil
 	soft, out     *ir.Node
+	drop          *ir.Node // Dropout on the weights (training graphs), or nil
 }
 
 // FuseAttention rewrites each causal attention core of g for the chosen
@@ -48,7 +49,7 @@ func FuseAttention(g *ir.Graph, mode string) error {
 	uses := g.Uses()
 	masks := map[*ir.Value]*ir.Value{} // bias (nil: none) -> causal constant mask
 	for _, n := range append([]*ir.Node(nil), g.Nodes...) {
-		m, ok := matchAttention(g, n, uses)
+		m, ok := matchAttention(g, n, uses, false)
 		if !ok {
 			continue
 		}
@@ -108,8 +109,10 @@ func FuseAttention(g *ir.Graph, mode string) error {
 	return nil
 }
 
-// matchAttention matches the core whose final MatMul is n.
-func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node) (attnMatch, bool) {
+// matchAttention matches the core whose final MatMul is n; withDropout
+// also accepts a Dropout on the weights between the Softmax and the MatMul
+// (whose mask output nothing reads yet: before autodiff).
+func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node, withDropout bool) (attnMatch, bool) {
 	var m attnMatch
 	if n.Op != "MatMul" || n.Attrs.Bool("transA", false) || n.Attrs.Bool("transB", false) || len(n.Inputs[0].Shape) != 4 {
 		return m, false
@@ -121,7 +124,11 @@ func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node) (att
 		}
 		return v.Def
 	}
-	if m.soft = single(n.Inputs[0], "Softmax"); m.soft == nil {
+	w := n.Inputs[0]
+	if d := single(w, "Dropout"); withDropout && d != nil && len(uses[d.Outputs[1]]) == 0 && !isOutput(g, d.Outputs[1]) {
+		m.drop, w = d, d.Inputs[0]
+	}
+	if m.soft = single(w, "Softmax"); m.soft == nil {
 		return m, false
 	}
 	if m.mask = single(m.soft.Inputs[0], "CausalMask"); m.mask == nil {
@@ -156,4 +163,38 @@ func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node) (att
 		return m, false
 	}
 	return m, true
+}
+
+// FuseTrainingAttention rewrites each causal attention core of a forward
+// graph that is to be differentiated (training) or evaluated into one
+// FusedAttention node, the Dropout on its weights included (the node's
+// dropout and stream attributes repeat that Dropout's draws, so the fused
+// graph computes what the unfused one does). Autodiff then emits
+// FusedAttentionGrad, and no [B,H,T,T] tensor is left in the graph for a
+// backend whose attention kernels recompute the weights. Cores that do not
+// match exactly are left alone.
+func FuseTrainingAttention(g *ir.Graph) error {
+	uses := g.Uses()
+	for _, n := range append([]*ir.Node(nil), g.Nodes...) {
+		m, ok := matchAttention(g, n, uses, true)
+		if !ok {
+			continue
+		}
+		ins := []*ir.Value{m.q, m.k, m.v}
+		if m.bias != nil {
+			ins = append(ins, m.bias)
+		}
+		a := ir.Attrs{"scale": m.scale, "causal": true}
+		if m.drop != nil {
+			if p := m.drop.Attrs.Float("p", 0); p > 0 {
+				a["dropout"], a["stream"] = p, m.drop.ID
+			}
+		}
+		o, err := insertAt(g, nodeIndex(g, m.out), "FusedAttention", a, ins...)
+		if err != nil {
+			return fmt.Errorf("fuse training attention: %w", err)
+		}
+		replaceUses(g, m.out.Outputs[0], o)
+	}
+	return nil
 }

@@ -18,6 +18,10 @@ type Context struct {
 	DumpAfter string    // pass name after which to print the graph ("all" for every pass)
 	Dump      io.Writer // where dumps go
 	Export    bool      // verify as an export graph (no training-only ops)
+	// FuseAttention asks the train and eval pipelines to fuse each
+	// attention core (FuseTrainingAttention), for backends whose attention
+	// kernels never hold the [B,H,T,T] weights.
+	FuseAttention bool
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -55,13 +59,22 @@ type Pass struct {
 
 // TrainPipeline turns a forward graph into a training step.
 var TrainPipeline = []Pass{
+	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "autodiff", Fn: func(g *ir.Graph, c *Context) error { return Autodiff(g, c.Loss) }},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
 }
 
 // EvalPipeline cleans a forward graph for evaluation.
 var EvalPipeline = []Pass{
+	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+}
+
+func fuseIfAsked(g *ir.Graph, c *Context) error {
+	if !c.FuseAttention {
+		return nil
+	}
+	return FuseTrainingAttention(g)
 }
 
 // Constraint says pass A must run before pass B in any pipeline holding both.
@@ -70,6 +83,7 @@ type Constraint struct{ A, B, Why string }
 // Constraints are checked against every pipeline at start-up.
 var Constraints = []Constraint{
 	{"autodiff", "dce", "autodiff adds gradient outputs; dce must see them or it drops the backward pass"},
+	{"fuse training attention", "autodiff", "the fused core's gradient is FusedAttentionGrad; fusing after autodiff would leave the unfused backward"},
 	{"strip training", "fold rpa", "the fold must see frozen scales (bias warm-in, chaos) and no dropout"},
 	{"fold rpa", "const fold", "the folded bias is what makes the RPA subgraph constant"},
 	{"const fold", "dce", "folding leaves the old subgraph dead"},

@@ -41,8 +41,9 @@ type EvalResult struct {
 	Bias [][]float32
 }
 
-// evalGraph builds and plans the eval graph at T with micro sequences.
-func evalGraph(cfg *model.Config, T, micro int, batchStats bool) (*model.Graph, *kernels.Plan, error) {
+// evalGraph builds and plans the eval graph at T with micro sequences
+// (attention fused for backends that ask for it).
+func evalGraph(cfg *model.Config, T, micro int, batchStats, fuse bool) (*model.Graph, *kernels.Plan, error) {
 	mg, err := model.Build(cfg, model.Opts{T: T, B: micro, Mode: model.Eval, BatchStats: batchStats})
 	if err != nil {
 		return nil, nil, err
@@ -50,7 +51,7 @@ func evalGraph(cfg *model.Config, T, micro int, batchStats bool) (*model.Graph, 
 	for _, l := range mg.Layers {
 		mg.SetOutput(probeBias(l.Index), l.Bias)
 	}
-	if err := passes.Run(mg.Graph, passes.EvalPipeline, &passes.Context{Model: mg.Info()}); err != nil {
+	if err := passes.Run(mg.Graph, passes.EvalPipeline, &passes.Context{Model: mg.Info(), FuseAttention: fuse}); err != nil {
 		return nil, nil, err
 	}
 	return mg, passes.Plan(mg.Graph), nil
@@ -60,7 +61,7 @@ func compileEvaluator(cfg *model.Config, store *kernels.Store, be kernels.Backen
 	if micro < 1 || batch%micro != 0 {
 		return nil, fmt.Errorf("evaluation micro-batch %d does not divide the batch of %d", micro, batch)
 	}
-	mg, plan, err := evalGraph(cfg, T, micro, batchStats)
+	mg, plan, err := evalGraph(cfg, T, micro, batchStats, fusesAttention(be))
 	if err != nil {
 		return nil, err
 	}

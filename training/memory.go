@@ -97,7 +97,7 @@ func (e *memEstimator) eval(T, micro int) (int64, error) {
 	if b, ok := e.evals[micro]; ok {
 		return b, nil
 	}
-	_, plan, err := evalGraph(e.cfg, T, micro, e.batch)
+	_, plan, err := evalGraph(e.cfg, T, micro, e.batch, false)
 	if err != nil {
 		return 0, err
 	}

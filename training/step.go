@@ -63,6 +63,16 @@ type LayerStats struct {
 func probeMu(layer int) string   { return fmt.Sprintf("probe:blocks.%d.mu", layer) }
 func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", layer) }
 
+// fusesAttention reports whether be's attention kernels recompute the
+// weights (the CUDA backend): its step and eval graphs then fuse each
+// attention core (passes.FuseTrainingAttention), so that no [B,H,T,T]
+// tensor is planned. The CPU backend runs the unfused core, whose
+// GEMMs are its fastest path.
+func fusesAttention(be kernels.Backend) bool {
+	f, ok := be.(interface{ FusesAttention() bool })
+	return ok && f.FusesAttention()
+}
+
 // stepGraph builds and plans the training graph of a step.
 func stepGraph(cfg *model.Config, T, micro int, dropout float64, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
 	c := *cfg
@@ -91,6 +101,10 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 	if micro < 1 || batch%micro != 0 {
 		return nil, fmt.Errorf("micro-batch %d does not divide the batch of %d sequences", micro, batch)
 	}
+	if pc == nil {
+		pc = &passes.Context{}
+	}
+	pc.FuseAttention = fusesAttention(be)
 	mg, plan, err := stepGraph(cfg, T, micro, dropout, pc)
 	if err != nil {
 		return nil, err

@@ -132,6 +132,8 @@ func (p *program[T]) build(n *ir.Node, in, out []*tensor[T]) (func() error, erro
 		return p.buildZScoreGrad(in, out)
 	case "FusedAttention":
 		return p.buildFusedAttention(n, in, out)
+	case "FusedAttentionGrad":
+		return p.buildFusedAttentionGrad(n, in, out)
 	case "Concat":
 		return p.buildConcat(n, in, out)
 	}

@@ -816,6 +816,42 @@ func allGradCases() []gradCase {
 	cs = append(cs, paperCases()...)
 	cs = append(cs, lmHeadCases()...)
 	cs = append(cs, concatCases()...)
+	cs = append(cs, attentionCases()...)
+	return cs
+}
+
+// attentionCases: FusedAttention's gradient (FusedAttentionGrad) with and
+// without a mask, causal or not, with dropout, and with a v head size of
+// its own.
+func attentionCases() []gradCase {
+	var cs []gradCase
+	for _, tc := range []struct {
+		name    string
+		attrs   ir.Attrs
+		mask    bool
+		hd, hv  int
+		t, s    int
+		dropout float64
+	}{
+		{"causal+mask", ir.Attrs{"scale": 0.4, "causal": true}, true, 4, 4, 5, 5, 0},
+		{"causal+mask+dropout", ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.3, "stream": 77}, true, 4, 4, 5, 5, 0.3},
+		{"cross", ir.Attrs{"scale": 0.5}, false, 3, 5, 4, 6, 0},
+		{"dropout, narrow v", ir.Attrs{"causal": true, "dropout": 0.5, "stream": 3}, false, 5, 2, 6, 6, 0.5},
+	} {
+		ins := []spec{in(2, 2, tc.t, tc.hd), in(2, 2, tc.s, tc.hd), in(2, 2, tc.s, tc.hv)}
+		if tc.mask {
+			ins = append(ins, in(tc.t, tc.s))
+		}
+		a := tc.attrs
+		cs = append(cs, gradCase{
+			name: "FusedAttention/" + tc.name,
+			ins:  ins,
+			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "FusedAttention", a, x...) },
+			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+				return g.Apply("FusedAttentionGrad", a, append([]*ir.Value{dy}, x...)...)
+			},
+		})
+	}
 	return cs
 }
 
@@ -835,7 +871,7 @@ func TestGradientsLarge(t *testing.T) {
 // tests of this package, and compiles on this backend.
 func TestEveryOpHasKernelAndCheck(t *testing.T) {
 	// forward tests (no gradient rule)
-	seen := map[string]bool{"StopGradient": true, "TopKMask": true, "FusedAttention": true}
+	seen := map[string]bool{"StopGradient": true, "TopKMask": true}
 	for _, c := range append(allGradCases(), bigCases()...) {
 		b := buildCase(c, 1)
 		for _, n := range b.g.Nodes {

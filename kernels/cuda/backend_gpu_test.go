@@ -76,6 +76,11 @@ func opCases() []opCase {
 		{op: "ZScore", in: []ir.Shape{{9, 9}}},
 		{op: "ZScoreGrad", in: []ir.Shape{{9, 9}, {9, 9}}},
 		{op: "FusedAttention", attrs: ir.Attrs{"scale": 0.4, "causal": true}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
+		{op: "FusedAttention", attrs: ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.25, "stream": 5}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}}},
+		{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.4, "causal": true},
+			in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
+		{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.25, "stream": 5},
+			in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": 1}, in: []ir.Shape{{3, 2, 7}, s357, {3, 1, 7}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": -1}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 3}}},
 	}

@@ -115,7 +115,7 @@ func TestBackendRunsTrainingStepsOnFakeDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pipe, pc := passes.EvalPipeline, &passes.Context{Model: mg.Info()}
+			pipe, pc := passes.EvalPipeline, &passes.Context{Model: mg.Info(), FuseAttention: true}
 			if mode == model.Train {
 				pipe, pc.Loss = passes.TrainPipeline, "loss"
 			}

@@ -198,6 +198,8 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		return p.buildZScore(n, in, out)
 	case "FusedAttention":
 		return p.buildFusedAttention(n, in, out)
+	case "FusedAttentionGrad":
+		return p.buildFusedAttentionGrad(n, in, out)
 	case "Concat":
 		return p.buildConcat(n, in, out)
 	}
@@ -858,28 +860,109 @@ func (p *program) buildZScore(n *ir.Node, in, out []*dval) (func() error, error)
 	}, nil
 }
 
-func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error, error) {
-	q, k, v, o := in[0], in[1], in[2], out[0]
+// attention is a FusedAttention or FusedAttentionGrad node's geometry on
+// the CUDA kernels (causal, T == S, v's head size equal to q's).
+type attention struct {
+	BH, T, Hd int
+	scale     float32
+	bias      *dval // nil without a mask
+	stream    int
+	thresh    uint64
+	keep      float32 // 0: no dropout
+}
+
+func newAttention(n *ir.Node, q, k, v *dval, mask *dval) (*attention, error) {
 	s := q.v.Shape
-	B, H, T, Hd := s[0], s[1], s[2], s[3]
-	if v.v.Shape[3] != Hd {
-		return nil, fmt.Errorf("the CUDA attention kernel wants v's head size (%d) equal to q's and k's (%d)", v.v.Shape[3], Hd)
+	a := &attention{BH: s[0] * s[1], T: s[2], Hd: s[3], bias: mask, stream: n.Attrs.Int("stream", n.ID)}
+	if v.v.Shape[3] != a.Hd {
+		return nil, fmt.Errorf("the CUDA attention kernels want v's head size (%d) equal to q's and k's (%d)", v.v.Shape[3], a.Hd)
 	}
-	if !n.Attrs.Bool("causal", false) || k.v.Shape[2] != T {
-		return nil, fmt.Errorf("the CUDA attention kernel is causal over equal lengths; got causal=%v, T=%d, S=%d",
-			n.Attrs.Bool("causal", false), T, k.v.Shape[2])
+	if !n.Attrs.Bool("causal", false) || k.v.Shape[2] != a.T {
+		return nil, fmt.Errorf("the CUDA attention kernels are causal over equal lengths; got causal=%v, T=%d, S=%d",
+			n.Attrs.Bool("causal", false), a.T, k.v.Shape[2])
 	}
-	var bias uint64
+	a.scale = float32(n.Attrs.Float("scale", 1/math.Sqrt(float64(a.Hd))))
+	if pr := n.Attrs.Float("dropout", 0); pr > 0 {
+		a.thresh, a.keep = dropoutThreshold(pr)
+	}
+	return a, nil
+}
+
+func (a *attention) biasPtr() uint64 {
+	if a.bias == nil {
+		return 0
+	}
+	return a.bias.buf.Ptr
+}
+
+// dropoutArgs are the kernels' trailing (key, thresh, keep) for this run.
+func (a *attention) dropoutArgs(seed uint64) []any {
+	return []any{kernels.StreamKey(seed, a.stream), a.thresh, a.keep}
+}
+
+func (a *attention) rows() [3]uint32 { return [3]uint32{uint32(a.T), uint32(a.BH), 1} }
+
+// forward launches attention_fwd_f32: o and the rows' log-sum-exp.
+func (p *program) attentionForward(a *attention, o, lse uint64, q, k, v *dval) error {
+	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), a.scale}, a.dropoutArgs(p.seed)...)
+	return p.launch("attention_fwd_f32", a.rows(), [3]uint32{128, 1, 1}, uint32(4*(32+a.T)), args...)
+}
+
+func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error, error) {
+	var mask *dval
 	if len(in) == 4 {
-		bias = in[3].buf.Ptr
+		mask = in[3]
 	}
-	lse, err := p.alloc(B * H * T)
+	a, err := newAttention(n, in[0], in[1], in[2], mask)
 	if err != nil {
 		return nil, err
 	}
-	scale := float32(n.Attrs.Float("scale", 1/math.Sqrt(float64(Hd))))
+	lse, err := p.alloc(a.BH * a.T)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return p.attentionForward(a, out[0].buf.Ptr, lse.Ptr, in[0], in[1], in[2]) }, nil
+}
+
+// buildFusedAttentionGrad recomputes the forward (o and lse, the weights
+// never stored), then dq (with D_i = dO_i·o_i), dk and dv, and the bias
+// gradient summed over heads in a fixed order.
+func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	dO, q, k, v := in[0], in[1], in[2], in[3]
+	var mask *dval
+	if len(in) == 5 {
+		mask = in[4]
+	}
+	a, err := newAttention(n, q, k, v, mask)
+	if err != nil {
+		return nil, err
+	}
+	work, err := p.alloc(a.BH*a.T*a.Hd + 2*a.BH*a.T) // o, lse, D
+	if err != nil {
+		return nil, err
+	}
+	o := work.Ptr
+	lse := o + uint64(4*a.BH*a.T*a.Hd)
+	D := lse + uint64(4*a.BH*a.T)
+	block := [3]uint32{128, 1, 1}
 	return func() error {
-		return p.launch("attention_fwd_f32", [3]uint32{uint32(T), uint32(B * H), 1}, [3]uint32{128, 1, 1}, uint32(4*(32+T)),
-			o.buf.Ptr, lse.Ptr, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, bias, int32(T), int32(Hd), scale)
+		if err := p.attentionForward(a, o, lse, q, k, v); err != nil {
+			return err
+		}
+		drop := a.dropoutArgs(p.seed)
+		common := []any{int32(a.T), int32(a.Hd), a.scale}
+		dq := append(append([]any{out[0].buf.Ptr, D, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, o, dO.buf.Ptr, lse, a.biasPtr()}, common...), drop...)
+		if err := p.launch("attention_bwd_dq_f32", a.rows(), block, uint32(4*(32+a.T)), dq...); err != nil {
+			return err
+		}
+		dkdv := append(append([]any{out[1].buf.Ptr, out[2].buf.Ptr, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, dO.buf.Ptr, lse, D, a.biasPtr()}, common...), drop...)
+		if err := p.launch("attention_bwd_dkdv_f32", a.rows(), block, uint32(4*2*a.T), dkdv...); err != nil {
+			return err
+		}
+		if mask == nil {
+			return nil
+		}
+		db := append(append([]any{out[3].buf.Ptr, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, dO.buf.Ptr, lse, D, a.biasPtr(), int32(a.BH)}, common...), drop...)
+		return p.launch("attention_bwd_dbias_f32", [3]uint32{uint32(a.T), 1, 1}, block, 0, db...)
 	}, nil
 }

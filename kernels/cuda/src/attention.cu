@@ -1,9 +1,13 @@
 // Causal multi-head attention with an optional additive [T,T] bias (the
-// folded or live RPA prior, shared by every sequence and head), for any head
-// size. q, k, v, o, dO, dq, dk, dv are [B,H,T,Hd]; lse and D are [B,H,T].
-// The [B,H,T,T] scores never exist in device memory: each block handles one
-// row and keeps that row's T scores in shared memory (dynamic shared memory
-// of T floats, plus 32 for reductions).
+// folded or live RPA prior, shared by every sequence and head) and optional
+// dropout on the weights (training), for any head size. q, k, v, o, dO, dq,
+// dk, dv are [B,H,T,Hd]; lse and D are [B,H,T]. The [B,H,T,T] weights never
+// exist in device memory: each block handles one row and keeps that row's T
+// weights in shared memory (dynamic shared memory of T floats, plus 32 for
+// reductions), and the backward recomputes them from lse.
+//
+// Dropout repeats the Dropout op's draws over the [B,H,T,T] weights:
+// element ((bh·T)+i)·T+j of stream key (see dropout_keep); keep = 0: none.
 //
 // grid = (T, B·H), blockDim.x a multiple of 32.
 
@@ -17,7 +21,8 @@ __device__ __forceinline__ float attn_score(const float* q, const float* k, int 
 }
 
 extern "C" __global__ void attention_fwd_f32(float* o, float* lse, const float* q, const float* k, const float* v,
-                                             const float* bias, int T, int Hd, float scale) {
+                                             const float* bias, int T, int Hd, float scale,
+                                             unsigned long long key, unsigned long long thresh, float keep) {
     extern __shared__ float sh[];
     float* red = sh;        // 32 floats
     float* p = sh + 32;     // T floats
@@ -34,10 +39,11 @@ extern "C" __global__ void attention_fwd_f32(float* o, float* lse, const float* 
     }
     m = block_max(m, red);
     float sum = 0.0f;
+    i64 row = (bh * T + i) * T;
     for (int j = threadIdx.x; j <= i; j += blockDim.x) {
         float e = expf(p[j] - m);
-        p[j] = e;
         sum += e;
+        p[j] = e * dropout_keep(key, row + j, thresh, keep);
     }
     sum = block_sum(sum, red);  // synchronises: p is complete
     float inv = 1.0f / sum;
@@ -50,12 +56,22 @@ extern "C" __global__ void attention_fwd_f32(float* o, float* lse, const float* 
     if (threadIdx.x == 0) lse[bh * T + i] = m + logf(sum);
 }
 
-// dq for row i, D_i = dO_i·O_i (kept for attention_bwd_dkdv_f32), and the
-// bias gradient dB[i,j] += dS_ij summed over sequences and heads (atomics;
-// zero dbias first; pass dbias = 0 without a bias).
-extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, float* dbias, const float* q, const float* k,
+// attn_ds: dS_ij = P_ij·(D_ij·(dO_i·v_j) − D_i) for one (row i, key j).
+__device__ __forceinline__ float attn_ds(const float* qi, const float* kj, const float* vj, const float* doi, int Hd,
+                                         float scale, const float* bias, int T, int i, int j, float L, float Di,
+                                         float drop, float* pij_out) {
+    float pij = expf(attn_score(qi, kj, Hd, scale, bias, T, i, j) - L);
+    float dp = 0.0f;
+    for (int d = 0; d < Hd; d++) dp += doi[d] * vj[d];
+    *pij_out = pij;
+    return pij * (drop * dp - Di);
+}
+
+// dq for row i, and D_i = dO_i·O_i (kept for the other backward kernels).
+extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, const float* q, const float* k,
                                                 const float* v, const float* o, const float* dO, const float* lse,
-                                                const float* bias, int T, int Hd, float scale) {
+                                                const float* bias, int T, int Hd, float scale,
+                                                unsigned long long key, unsigned long long thresh, float keep) {
     extern __shared__ float sh[];
     float* red = sh;
     float* ds = sh + 32;
@@ -72,12 +88,9 @@ extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, float* d
     float Di = block_sum(part, red);
     float L = lse[row];
     for (int j = threadIdx.x; j <= i; j += blockDim.x) {
-        float pij = expf(attn_score(qi, kb + (i64)j * Hd, Hd, scale, bias, T, i, j) - L);
-        float dp = 0.0f;
-        for (int d = 0; d < Hd; d++) dp += doi[d] * vb[(i64)j * Hd + d];
-        float dsij = pij * (dp - Di);
-        ds[j] = dsij;
-        if (dbias) atomicAdd(&dbias[(i64)i * T + j], dsij);
+        float pij;
+        ds[j] = attn_ds(qi, kb + (i64)j * Hd, vb + (i64)j * Hd, doi, Hd, scale, bias, T, i, j, L, Di,
+                        dropout_keep(key, row * T + j, thresh, keep), &pij);
     }
     __syncthreads();
     float* dqi = dq + row * Hd;
@@ -92,9 +105,10 @@ extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, float* d
 // dk and dv for key row j (blockIdx.x), from the rows i ≥ j that see it.
 extern "C" __global__ void attention_bwd_dkdv_f32(float* dk, float* dv, const float* q, const float* k, const float* v,
                                                   const float* dO, const float* lse, const float* Dbuf,
-                                                  const float* bias, int T, int Hd, float scale) {
+                                                  const float* bias, int T, int Hd, float scale,
+                                                  unsigned long long key, unsigned long long thresh, float keep) {
     extern __shared__ float sh[];
-    float* p = sh;           // T floats: p_ij
+    float* p = sh;           // T floats: D_ij·p_ij
     float* ds = sh + T;      // T floats: dS_ij
     int j = blockIdx.x;
     i64 bh = blockIdx.y;
@@ -104,11 +118,11 @@ extern "C" __global__ void attention_bwd_dkdv_f32(float* dk, float* dv, const fl
     const float* dob = dO + bh * T * Hd;
     for (int i = j + threadIdx.x; i < T; i += blockDim.x) {
         i64 row = bh * T + i;
-        float pij = expf(attn_score(qb + (i64)i * Hd, kj, Hd, scale, bias, T, i, j) - lse[row]);
-        float dp = 0.0f;
-        for (int d = 0; d < Hd; d++) dp += dob[(i64)i * Hd + d] * vj[d];
-        p[i] = pij;
-        ds[i] = pij * (dp - Dbuf[row]);
+        float drop = dropout_keep(key, row * T + j, thresh, keep);
+        float pij;
+        ds[i] = attn_ds(qb + (i64)i * Hd, kj, vj, dob + (i64)i * Hd, Hd, scale, bias, T, i, j, lse[row], Dbuf[row],
+                        drop, &pij);
+        p[i] = drop * pij;
     }
     __syncthreads();
     float* dkj = dk + (bh * T + j) * Hd;
@@ -121,5 +135,28 @@ extern "C" __global__ void attention_bwd_dkdv_f32(float* dk, float* dv, const fl
         }
         dkj[d] = ak * scale;
         dvj[d] = av;
+    }
+}
+
+// The bias gradient dB[i,j] = Σ_bh dS_ij, for row i (blockIdx.x): each
+// thread owns columns j and adds the heads in order, so the sum is the same
+// every run (no atomics). BH is the number of (sequence, head) pairs.
+extern "C" __global__ void attention_bwd_dbias_f32(float* dbias, const float* q, const float* k, const float* v,
+                                                   const float* dO, const float* lse, const float* Dbuf,
+                                                   const float* bias, int BH, int T, int Hd, float scale,
+                                                   unsigned long long key, unsigned long long thresh, float keep) {
+    int i = blockIdx.x;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) {
+        float acc = 0.0f;
+        if (j <= i) {
+            for (int bh = 0; bh < BH; bh++) {
+                i64 row = (i64)bh * T + i;
+                float pij;
+                acc += attn_ds(q + row * Hd, k + ((i64)bh * T + j) * Hd, v + ((i64)bh * T + j) * Hd, dO + row * Hd, Hd,
+                               scale, bias, T, i, j, lse[row], Dbuf[row], dropout_keep(key, row * T + j, thresh, keep),
+                               &pij);
+            }
+        }
+        dbias[(i64)i * T + j] = acc;
     }
 }

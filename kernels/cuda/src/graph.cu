@@ -180,15 +180,6 @@ extern "C" __global__ void causal_mask_f32(float* y, const float* x, int T, floa
     }
 }
 
-// Counter-based randomness, bit-identical to kernels/cpu/rand.go: draw i of
-// stream key is mix64(key + (i+1)·golden).
-#define RPAC_GOLDEN 0x9E3779B97F4A7C15ull
-__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 // dropout_f32: element i keeps when the 32-bit half (i&1) of draw i>>1 is
 // below thresh; kept elements are scaled by scale; mask holds 0 or scale.
 extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, unsigned long long key,

@@ -59,3 +59,22 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 }
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+// Counter-based randomness, bit-identical to kernels/rand.go: draw i of
+// stream key is mix64(key + (i+1)·golden).
+#define RPAC_GOLDEN 0x9E3779B97F4A7C15ull
+__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// dropout_keep: the Dropout multiplier of element e (0 or keep): element e
+// keeps when the 32-bit half (e&1) of draw e>>1 is below thresh. keep == 0
+// means no dropout (multiplier 1).
+__device__ __forceinline__ float dropout_keep(unsigned long long key, i64 e, unsigned long long thresh, float keep) {
+    if (keep == 0.0f) return 1.0f;
+    unsigned long long h = mix64(key + (unsigned long long)((e >> 1) + 1) * RPAC_GOLDEN);
+    unsigned int half = (unsigned int)(h >> (32 * (e & 1)));
+    return ((unsigned long long)half < thresh) ? keep : 0.0f;
+}

@@ -1,0 +1,91 @@
+package training
+
+import (
+	"math"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+)
+
+// fusingCPU is the CPU backend asking for fused attention, as the CUDA
+// backend does: the fused graphs then run on the CPU's FusedAttention and
+// FusedAttentionGrad kernels.
+type fusingCPU struct{ kernels.Backend }
+
+func (fusingCPU) FusesAttention() bool { return true }
+
+// TestFusedAttentionStepMatchesUnfused: with attention fused (the CUDA
+// backend's graphs), a training step of the fuzzy and baseline models, with
+// dropout on the attention weights and micro-batches, gives the unfused
+// step's loss and gradients, and its graph holds no [B,H,T,T] tensor.
+func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		f := newStepFixture(t, kind, 24, 4)
+		f.cfg.Dropout = 0.2
+		loss, ce, grads := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
+		fused := fusingCPU{cpu.New(kernels.F32)}
+		s, err := CompileStep(&f.cfg, f.store, fused, f.T, f.B, 2, f.cfg.Dropout, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nf := 0
+		for _, n := range s.graph.Graph.Nodes {
+			if n.Op == "FusedAttention" || n.Op == "FusedAttentionGrad" {
+				nf++
+			}
+			for _, v := range n.Outputs {
+				if r := len(v.Shape); r == 4 && v.Shape[r-1] == f.T && v.Shape[r-2] == f.T {
+					t.Errorf("%s: the fused step still holds %s%v (%s)", kind, v, v.Shape, n.Op)
+				}
+			}
+		}
+		s.Close()
+		if nf != 2*f.cfg.Layers {
+			t.Fatalf("%s: %d fused attention nodes, want %d", kind, nf, 2*f.cfg.Layers)
+		}
+		fl, fce, fg := f.stepOn(t, fused, 2, 11)
+		if d := math.Abs(fl-loss) / math.Abs(loss); d > 1e-6 {
+			t.Errorf("%s: fused loss %.8f, unfused %.8f", kind, fl, loss)
+		}
+		if d := math.Abs(fce-ce) / math.Abs(ce); d > 1e-6 {
+			t.Errorf("%s: fused CE %.8f, unfused %.8f", kind, fce, ce)
+		}
+		worst, at := 0.0, ""
+		for n, g := range grads {
+			if d := relDiff(fg[n], g); d > worst {
+				worst, at = d, n
+			}
+		}
+		t.Logf("%s: loss %.7f both ways; worst gradient %s rel %.2g", kind, loss, at, worst)
+		if worst > 1e-5 {
+			t.Errorf("%s: gradient of %s differs by %.2g between the fused and unfused steps", kind, at, worst)
+		}
+	}
+}
+
+// TestFusedAttentionEvalMatchesUnfused: the evaluator's fused graph gives
+// the unfused one's CE.
+func TestFusedAttentionEvalMatchesUnfused(t *testing.T) {
+	f := newStepFixture(t, "fuzzy", 24, 4)
+	var ces []float64
+	for _, be := range []kernels.Backend{cpu.New(kernels.F32), fusingCPU{cpu.New(kernels.F32)}} {
+		ev, err := compileEvaluator(&f.cfg, f.store, be, f.T, f.B, f.B, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		feeds := map[string]*kernels.Tensor{
+			"input_ids": kernels.IntTensor(ir.Shape{f.B, f.T}, f.x),
+			"targets":   kernels.IntTensor(ir.Shape{f.B * f.T}, f.y),
+		}
+		if err := ev.prog.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+		ces = append(ces, ev.prog.Output("ce_sum").At(0))
+		ev.prog.Close()
+	}
+	if d := math.Abs(ces[1]-ces[0]) / ces[0]; d > 1e-6 {
+		t.Errorf("eval CE sum: fused %.8f, unfused %.8f", ces[1], ces[0])
+	}
+}
