@@ -158,6 +158,9 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 			"input_ids": kernels.IntTensor(ir.Shape{s.Micro, s.T}, x[lo:hi]),
 			"targets":   kernels.IntTensor(ir.Shape{s.Micro * s.T}, y[lo:hi]),
 		}
+		if r, ok := s.prog.(interface{ ReuseStored() }); ok && k > 0 {
+			r.ReuseStored() // the weights are those of micro-batch 0: no second upload
+		}
 		if err := s.prog.Run(feeds, seed+uint64(k)*0x9e3779b97f4a7c15); err != nil {
 			return nil, err
 		}

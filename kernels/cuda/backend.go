@@ -165,6 +165,8 @@ type program struct {
 	arena  Buffer
 
 	feeds map[string][]int32 // this Run's i32 feeds (for host-side id work)
+	// reuse: the next Run skips uploading the stored tensors (ReuseStored)
+	reuse bool
 	pre   []func() error     // host work after the feeds are bound, before the steps
 	outs  map[string]*kernels.Tensor
 	outV  map[string]*dval
@@ -497,9 +499,12 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 	defer unbind()
 	p.seed = seed
 	clear(p.fresh)
-	if err := p.uploadStored(); err != nil {
-		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	if !p.reuse {
+		if err := p.uploadStored(); err != nil {
+			return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		}
 	}
+	p.reuse = false
 	p.feeds = map[string][]int32{}
 	for _, d := range p.inputs {
 		if err := p.uploadFeed(d, feeds); err != nil {
@@ -560,6 +565,12 @@ func (p *program) uploadFeed(d *dval, feeds map[string]*kernels.Tensor) error {
 	}
 	return p.be.dev.upload(d.buf, f32Ptr(f), uint64(4*d.n))
 }
+
+// ReuseStored says that the store has not changed since this program's
+// last Run and that no other program of the backend ran in between (the
+// next micro-batch of a step): the next Run skips uploading the stored
+// tensors. It applies to one Run.
+func (p *program) ReuseStored() { p.reuse = true }
 
 // Output downloads a named output (once per Run) and returns it; nil for a
 // name the graph does not output or when the download fails.

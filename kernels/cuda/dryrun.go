@@ -18,6 +18,7 @@ type fakeDevice struct {
 	sigs     map[string][]param
 	launches map[string]int
 	gemms    int
+	uploads  int
 }
 
 type param struct {
@@ -115,6 +116,7 @@ func (f *fakeDevice) within(ptr, bytes uint64) error {
 }
 
 func (f *fakeDevice) upload(b Buffer, _ unsafe.Pointer, bytes uint64) error {
+	f.uploads++
 	return f.within(b.Ptr, bytes)
 }
 

@@ -161,3 +161,36 @@ func mustFake(t *testing.T) *fakeDevice {
 	}
 	return f
 }
+
+// TestReuseStoredSkipsOneUpload: after ReuseStored the next Run uploads
+// only the feeds, and the Run after it the weights again.
+func TestReuseStoredSkipsOneUpload(t *testing.T) {
+	f := mustFake(t)
+	be := newBackend(f, GEMMF32)
+	g := ir.New("linear")
+	x := g.Input("x", ir.Shape{2, 3}, ir.F32)
+	g.SetOutput("y", g.Op1("Linear", nil, x, g.Param("w", ir.Shape{4, 3}), g.Param("b", ir.Shape{4})))
+	st := kernels.NewStore(kernels.F32)
+	st.Ensure("w", ir.Shape{4, 3})
+	st.Ensure("b", ir.Shape{4})
+	p, err := be.Compile(g, nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{2, 3})}
+	var per []int
+	for i, reuse := range []bool{false, true, false} {
+		if reuse {
+			p.(interface{ ReuseStored() }).ReuseStored()
+		}
+		before := f.uploads
+		if err := p.Run(feeds, uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+		per = append(per, f.uploads-before)
+	}
+	if per[0] != 3 || per[1] != 1 || per[2] != 3 {
+		t.Fatalf("uploads per run %v, want [3 1 3] (weights, bias and the feed; then the feed alone)", per)
+	}
+}
