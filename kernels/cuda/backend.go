@@ -167,7 +167,7 @@ type program struct {
 	feeds map[string][]int32 // this Run's i32 feeds (for host-side id work)
 	// reuse: the next Run skips uploading the stored tensors (ReuseStored)
 	reuse bool
-	pre   []func() error     // host work after the feeds are bound, before the steps
+	pre   []func() error // host work after the feeds are bound, before the steps
 	outs  map[string]*kernels.Tensor
 	outV  map[string]*dval
 	fresh map[string]bool // output downloaded since the last Run
