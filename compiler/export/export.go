@@ -333,6 +333,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		}
 		if o.Quantize != onnx.QuantizeNone {
 			meta["quantize"] = o.Quantize
+			meta["int8_weight_max"] = strconv.Itoa(onnx.Int8WeightMax)
 		}
 		if o.DType != onnx.FP32 {
 			meta["dtype"] = o.DType.String()
@@ -341,6 +342,13 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize, Precision: o.DType})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
+		}
+		if o.Quantize != onnx.QuantizeNone {
+			// Refuse to write an integer product that any onnxruntime CPU
+			// kernel could overflow.
+			if _, err := onnx.CheckInt8Bound(m); err != nil {
+				return nil, fmt.Errorf("export: length %d: %w", T, err)
+			}
 		}
 		s := onnx.Inspect(m)
 		lr.Nodes, lr.Ops = s.Nodes, s.Ops

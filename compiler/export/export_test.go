@@ -232,6 +232,7 @@ func TestParity(t *testing.T) {
 				}
 				if v.quantize != "" {
 					t.Logf("%s T=%d: max |Δlogit| %.2e", v, T, d)
+					checkInt8File(t, e, T)
 					continue
 				}
 				if v.fold == passes.FoldRPAMode {
@@ -527,4 +528,41 @@ func TestOldOpset(t *testing.T) {
 	if d := maxDiff(got, goLogits(t, evalMode(t, &cfg, 8, 1), st, seqs)); d > 1e-4 {
 		t.Fatalf("opset 18: max |Δlogit| %g", d)
 	}
+}
+
+// checkInt8File proves, on the exported file of length T, that no integer
+// product can overflow an onnxruntime CPU kernel (onnx.CheckInt8Bound), and
+// that every Linear layer of the model became one.
+func checkInt8File(t *testing.T, e exported, T int) {
+	t.Helper()
+	for _, lr := range e.res.Lengths {
+		if lr.T != T {
+			continue
+		}
+		m, err := onnx.Read(filepath.Join(e.dir, lr.File))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := onnx.CheckInt8Bound(m)
+		if err != nil {
+			t.Fatalf("T=%d: %v", T, err)
+		}
+		n := 0
+		for _, node := range m.Graph.Node {
+			if node.OpType == "MatMulIntegerToFloat" {
+				n++
+			}
+		}
+		if n == 0 || len(ps) != n {
+			t.Fatalf("T=%d: %d products checked, %d in the graph", T, len(ps), n)
+		}
+		for _, p := range ps {
+			if p.PairMax > 1<<15-1 || p.WeightMax > onnx.Int8WeightMax {
+				t.Errorf("T=%d: %s: %+v", T, p.Node, p)
+			}
+		}
+		t.Logf("T=%d: %d integer products, pair sums ≤ %d, row sums ≤ %d", T, len(ps), ps[0].PairMax, ps[0].RowMax)
+		return
+	}
+	t.Fatalf("no exported file of length %d", T)
 }

@@ -11,7 +11,8 @@ import (
 
 // lowerLinearInt8 lowers y = x·Wᵀ (+ b) with int8 products:
 //
-//	W → Wq int8 [K,N] with one symmetric scale per output column, ws[n] = max|W[n,:]|/127;
+//	W → Wq int8 [K,N] with one symmetric scale per output column,
+//	    ws[n] = max|W[n,:]|/Int8WeightMax, so |Wq| ≤ Int8WeightMax (64);
 //	x → rows [M,K]; per row s = max(max|x_row|, 1e-12)/127 and
 //	    xq = QuantizeLinear(x, s, zero point 128, axis 0) (uint8);
 //	y = MatMulIntegerToFloat(xq, Wq, 1, ws, a_zero_point 128) (int32
@@ -50,6 +51,22 @@ func lowerLinearInt8(b *builder, n *ir.Node, in []string, out string) (string, e
 	return b.emitTo(out, "Mul", []string{y, s3}), nil
 }
 
+// Int8WeightMax bounds the quantized weights: |Wq| ≤ 64 (7 bits and a
+// sign), while activations use all 8 bits (uint8, zero point 128).
+//
+// onnxruntime's CPU kernels for uint8 × int8 differ by CPU. With AVX2 and
+// no VNNI (and with AVX-512BW without VNNI) the product instruction
+// multiplies adjacent pairs a₀w₀ + a₁w₁ into a *saturating* int16 before
+// widening to int32, so full-range weights (|w| ≤ 127) against
+// activations up to 255 overflow it (2·255·127 = 64,770 > 32,767) and give
+// wrong sums with no error; VNNI (4 products into int32), arm64's dot
+// product and widening kernels accumulate in int32 and cannot overflow.
+// With |w| ≤ 64 a pair is at most 2·255·64 = 32,640, so every kernel
+// computes the same exact integer sum (CheckInt8Bound proves it for an
+// exported graph). The price is one bit of weight resolution, which the
+// per-column scales make small (see docs/EXPORT.md for the measured CE).
+const Int8WeightMax = 64
+
 // MSDomain is onnxruntime's contrib operator domain.
 const MSDomain = "com.microsoft"
 
@@ -79,30 +96,39 @@ func (b *builder) int8Weight(w *ir.Value) (wq, ws string, err error) {
 		return "", "", err
 	}
 	N, K := w.Shape[0], w.Shape[1]
-	q := make([]byte, N*K)
-	scales := make([]float32, N)
-	for r := 0; r < N; r++ {
-		row := data[r*K : (r+1)*K]
-		var m float64
-		for _, x := range row {
-			m = math.Max(m, math.Abs(float64(x)))
-		}
-		s := m / 127
-		if s == 0 {
-			s = 1
-		}
-		scales[r] = float32(s)
-		for k, x := range row {
-			v := math.RoundToEven(float64(x) / s)
-			q[k*N+r] = byte(int8(max(-127, min(127, v))))
-		}
-	}
+	q, scales := QuantizeColumns(data, N, K)
 	wq = b.fresh(initName(w) + ".int8")
 	b.addInit(wq, onnxpb.TensorProto_INT8, []int64{int64(K), int64(N)}, q)
 	ws = b.fresh(initName(w) + ".scale")
 	b.addInit(ws, onnxpb.TensorProto_FLOAT, []int64{int64(N)}, f32Bytes(scales))
 	b.initsQ[w] = [2]string{wq, ws}
 	return wq, ws, nil
+}
+
+// QuantizeColumns quantizes W [N,K] (row-major, one row per output column
+// of the product) to Wq [K,N] int8 with one symmetric scale per column:
+// scale[n] = max|W[n,:]|/Int8WeightMax (1 for an all-zero row) and
+// Wq[k,n] = round-half-even(W[n,k]/scale[n]) ∈ [-Int8WeightMax, Int8WeightMax].
+func QuantizeColumns(w []float32, N, K int) (q []byte, scales []float32) {
+	q = make([]byte, N*K)
+	scales = make([]float32, N)
+	for r := 0; r < N; r++ {
+		row := w[r*K : (r+1)*K]
+		var m float64
+		for _, x := range row {
+			m = math.Max(m, math.Abs(float64(x)))
+		}
+		s := m / Int8WeightMax
+		if s == 0 {
+			s = 1
+		}
+		scales[r] = float32(s)
+		for k, x := range row {
+			v := math.RoundToEven(float64(x) / s)
+			q[k*N+r] = byte(int8(max(-Int8WeightMax, min(Int8WeightMax, v))))
+		}
+	}
+	return q, scales
 }
 
 // uint8Fill adds a uint8 vector of n copies of v.
