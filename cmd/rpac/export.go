@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"time"
@@ -46,6 +47,8 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "verify-batches", Value: 4, Usage: "batches per length for --verify (0: the whole split)"},
 			&cli.IntFlag{Name: "verify-batch", Value: 4, Usage: "sequences per --verify batch (also the batch of the batch-statistics CE)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime provider for --verify: cpu|cuda"},
+			&cli.Float64Flag{Name: "verify-max-diff", Usage: "--verify fails above this max |Δlogit| (default by precision: fp32 1e-2, fp16 0.25, bf16 1, int8 0.25)"},
+			&cli.Float64Flag{Name: "verify-max-ce-cost", Usage: "--verify fails above this CE cost in nats (default by precision: fp32 1e-3, fp16 and bf16 0.01, int8 0.05)"},
 			&cli.StringFlag{Name: "dump-ir", Usage: "print the graph after the named pass (" + strings.Join(passes.Names(passes.ExportPipeline), ", ") + ", or all)"},
 		},
 		Action: exportAction,
@@ -64,6 +67,11 @@ func exportAction(c *cli.Context) error {
 	for _, n := range []string{"batch", "calib-batch", "verify-batch"} {
 		if c.Int(n) == 0 {
 			return fmt.Errorf("--%s must be positive", n)
+		}
+	}
+	for _, n := range []string{"verify-max-diff", "verify-max-ce-cost"} {
+		if v := c.Float64(n); c.IsSet(n) && !(v > 0 && !math.IsInf(v, 1)) {
+			return fmt.Errorf("--%s must be a positive number (got %g)", n, v)
 		}
 	}
 	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != passes.FoldRankMode && f != passes.FoldRankApproxMode {
@@ -224,13 +232,28 @@ func exportAction(c *cli.Context) error {
 		return err
 	}
 	fmt.Fprintf(w, "verify on %s (%s):\n", ds.EvalName, ds.Protocol)
+	limits := export.DefaultVerifyLimits(dtype, quantize)
+	if c.IsSet("verify-max-diff") {
+		limits.MaxAbsDiff = c.Float64("verify-max-diff")
+	}
+	if c.IsSet("verify-max-ce-cost") {
+		limits.MaxCECost = c.Float64("verify-max-ce-cost")
+	}
+	var failed error
 	for _, r := range vr {
+		if err := r.Check(limits); err != nil && failed == nil {
+			failed = err
+		}
 		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f\n",
 			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEExport-r.CEEval, r.CEBatchStats)
 		if r.KVSteps > 0 {
 			fmt.Fprintf(w, "        KV cache: %d decode steps, max|Δlogit| %.2e\n", r.KVSteps, r.KVMaxAbsDiff)
 		}
 	}
+	if failed != nil {
+		return fmt.Errorf("%w (limits: max |Δlogit| %g, CE cost %g nats; --verify-max-diff and --verify-max-ce-cost set them)", failed, limits.MaxAbsDiff, limits.MaxCECost)
+	}
+	fmt.Fprintf(w, "  within the limits: max |Δlogit| %g, CE cost %g nats\n", limits.MaxAbsDiff, limits.MaxCECost)
 	return nil
 }
 

@@ -71,6 +71,12 @@ func DgemmGo(transA, transB bool, m, n, k int, alpha float64, a []float64, lda i
 // Impl names the implementation in use: "openblas" or "pure-go".
 func Impl() string { return implName }
 
+// Core names OpenBLAS's kernel family for this CPU ("Haswell",
+// "SkylakeX", "Zen", "NeoverseV2", ...; OPENBLAS_CORETYPE overrides it),
+// or "" without OpenBLAS. Results of tests and benchmarks depend on it, so
+// reports name it.
+func Core() string { return coreName() }
+
 // useNative reports whether a product is large enough to be worth the cgo
 // call and fits OpenBLAS's 32-bit integer arguments.
 func useNative(m, n, k, lda, ldb, ldc int) bool {

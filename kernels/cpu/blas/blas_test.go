@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -266,6 +268,29 @@ func TestImpl(t *testing.T) {
 	}
 	if got := Impl(); got != want {
 		t.Errorf("Impl() = %q, want %q", got, want)
+	}
+}
+
+// OPENBLAS_CORETYPE (CI sets Haswell so an AVX-512 machine also runs the
+// AVX2 kernels) is honoured: otherwise that CI stage would test nothing
+// new.
+func TestCoreType(t *testing.T) {
+	if !haveNative {
+		if Core() != "" {
+			t.Errorf("Core() = %q without OpenBLAS", Core())
+		}
+		return
+	}
+	t.Logf("OpenBLAS core: %s", Core())
+	want := os.Getenv("OPENBLAS_CORETYPE")
+	if want == "" {
+		if Core() == "" {
+			t.Error("OpenBLAS reports no core name")
+		}
+		return
+	}
+	if !strings.EqualFold(Core(), want) {
+		t.Errorf("OPENBLAS_CORETYPE=%s but OpenBLAS runs %q kernels", want, Core())
 	}
 }
 

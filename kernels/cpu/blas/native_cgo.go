@@ -24,6 +24,11 @@ static void rpac_dgemm(int ta, int tb, int m, int n, int k, double alpha,
 */
 import "C"
 
+// coreName is the kernel family OpenBLAS chose for this CPU (or the one
+// OPENBLAS_CORETYPE forced), e.g. "Haswell", "SkylakeX", "Zen",
+// "NeoverseV2".
+func coreName() string { return C.GoString(C.openblas_get_corename()) }
+
 const (
 	haveNative = true
 	implName   = "openblas"

@@ -14,3 +14,5 @@ func nativeSgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, l
 func nativeDgemm(transA, transB bool, m, n, k int, alpha float64, a []float64, lda int, b []float64, ldb int, beta float64, c []float64, ldc int) {
 	panic("blas: built without OpenBLAS")
 }
+
+func coreName() string { return "" }
