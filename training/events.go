@@ -125,7 +125,11 @@ func (e StartEvent) Text() string {
 	if e.From > 0 {
 		verb = fmt.Sprintf("resuming after step %d of", e.From)
 	}
-	fmt.Fprintf(&b, "; %s %d steps × %d tokens on %s (%s), eval at T=%d", verb, e.Steps, e.TokensPerStep, e.Dataset, e.Protocol, e.Context)
+	data := e.Dataset + " (" + e.Protocol + ")"
+	if strings.HasPrefix(e.Protocol, e.Dataset) {
+		data = e.Protocol
+	}
+	fmt.Fprintf(&b, "; %s %d steps × %d tokens on %s, eval at T=%d", verb, e.Steps, e.TokensPerStep, data, e.Context)
 	if on := e.controls(); len(on) > 0 {
 		b.WriteString("; " + strings.Join(on, ", "))
 	}

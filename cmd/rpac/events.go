@@ -211,12 +211,12 @@ func (e foldLayerEvent) Text() string {
 	return fmt.Sprintf("    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)%s", e.Layer, e.Min, e.Max, e.Mean, 100*e.ClipFrac, e.Clip, rank)
 }
 
-// noteEvent is advice about the result ("note").
-type noteEvent struct{ Text_ string }
+// exportNoteEvent is advice about an export ("export.note").
+type exportNoteEvent struct{ Note string }
 
-func (e noteEvent) Name() string       { return "note" }
-func (e noteEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("note", e.Text_)} }
-func (e noteEvent) Text() string       { return "  note: " + e.Text_ }
+func (e exportNoteEvent) Name() string       { return "export.note" }
+func (e exportNoteEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("note", e.Note)} }
+func (e exportNoteEvent) Text() string       { return "  note: " + e.Note }
 
 // verifyEvent starts `export --verify`'s report ("export.verify").
 type verifyEvent struct{ Split, Protocol string }

@@ -204,7 +204,7 @@ func exportAction(c *cli.Context) error {
 		}
 	}
 	if run.Weights != "last" && calibrate == "auto" && run.Config.Model == "fuzzy" {
-		report(c, noteEvent{fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
+		report(c, exportNoteEvent{fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}
 	if !c.Bool("verify") {
 		return nil
