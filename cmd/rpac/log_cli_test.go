@@ -229,7 +229,7 @@ func TestTrainLogJSON(t *testing.T) {
 	var steps []float64
 	for _, ev := range prog {
 		steps = append(steps, ev["step"].(float64))
-		hasKeys(t, ev, []string{"step", "total", "loss", "lr"}, nil)
+		hasKeys(t, ev, []string{"step", "steps", "loss", "lr"}, nil)
 	}
 	if len(prog) < 2 || !slices.IsSorted(steps) || len(slices.Compact(slices.Clone(steps))) != len(steps) || steps[len(steps)-1] != 4 {
 		t.Fatalf("progress steps %v: want each at most once, from the first to 4", steps)

@@ -249,7 +249,7 @@ func TestProgressJSON(t *testing.T) {
 		t.Fatalf("%d records:\n%s", len(recs), buf.String())
 	}
 	for i, m := range recs {
-		if m["msg"] != "train.progress" || m["level"] != "INFO" || m["total"] != 4.0 || m["loss"] != 5.0 || m["step"] != float64(min(i+1, 4)) {
+		if m["msg"] != "train.progress" || m["level"] != "INFO" || m["steps"] != 4.0 || m["loss"] != 5.0 || m["step"] != float64(min(i+1, 4)) {
 			t.Errorf("record %d: %v", i, m)
 		}
 		_, rate := m["step_per_s"]

@@ -173,12 +173,12 @@ func (e ProgressEvent) Name() string { return e.Event }
 // Live implements logging.Live: only the final event ends the line.
 func (e ProgressEvent) Live() bool { return !e.Final }
 
-// Attrs are "<unit>" (units done), "total", "<unit>_per_s", "tok_per_s",
-// "eta_s", "elapsed_s" and the extra fields, those that apply.
+// Attrs are "<unit>" (units done), "<unit>s" (the total), "<unit>_per_s",
+// "tok_per_s", "eta_s", "elapsed_s" and the extra fields, those that apply.
 func (e ProgressEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int(e.Unit, e.Done)}
 	if e.Total > 0 {
-		a = append(a, slog.Int("total", e.Total))
+		a = append(a, slog.Int(e.Unit+"s", e.Total))
 	}
 	for _, f := range []struct {
 		key string
