@@ -9,9 +9,9 @@
 // Info/Warn/Debug on the *slog.Logger they are given; a plain slog record
 // (slog.Warn("...", "k", v)) is rendered too, as its message and fields.
 //
-//	logging.Info(log, training.Eval{Step: 100, Split: "valid", CE: 7.396, ...})
+//	logging.Info(log, training.EvalEvent{Step: 100, Steps: 200, Split: "valid", CE: 7.396, Tokens: 249856, ...})
 //
-// Text:  eval step 100/200 on valid: CE 7.3960 (ppl 1630.2), 249,856 tokens
+// Text:  eval step 100/200 on valid: CE 7.3960 (ppl 1630.2) over 249856 tokens
 // JSON:  {"time":"…","level":"INFO","msg":"train.eval","step":100,"steps":200,"split":"valid","val_ce":7.396,…}
 //
 // On a terminal the text handler draws Live events (progress) in place on
