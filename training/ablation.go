@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 // Stage is one step of the paper's stepwise ablation path (Table "Stepwise
@@ -101,8 +103,10 @@ type AblationOptions struct {
 	Stages   []string // subset of stage names (nil: all)
 	// KeepCheckpoints keeps each run's checkpoint (about 140 MB for tiny).
 	KeepCheckpoints bool
-	Log             *slog.Logger
-	Progress        io.Writer
+	// Log receives the events of the ablation and its runs (nil: one
+	// human-readable line each on Progress, which is nil for stderr).
+	Log      *slog.Logger
+	Progress io.Writer
 }
 
 // RunResult is one finished run of the ablation (also its result.json).
@@ -142,11 +146,11 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 	if ao.Base.Out == "" {
 		return nil, errors.New("--out is required: the directory for the ablation's runs and tables")
 	}
-	if ao.Log == nil {
-		ao.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
 	if ao.Progress == nil {
 		ao.Progress = os.Stderr
+	}
+	if ao.Log == nil {
+		ao.Log = logging.New(ao.Progress, logging.Text, slog.LevelInfo)
 	}
 	stages := AblationStages()
 	if len(ao.Stages) > 0 {
@@ -186,7 +190,7 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 			seed := seed0 + uint64(k)
 			dir := filepath.Join(ao.Base.Out, st.Name, fmt.Sprintf("seed%d", seed))
 			if rr, err := readRunResult(dir); err == nil {
-				ao.Log.Info("ablation: reusing a finished run", "stage", st.Name, "seed", seed, "val_ce", rr.ValCE)
+				logging.Info(ao.Log, AblationReuseEvent{Stage: st.Name, Seed: seed, CE: rr.ValCE})
 				sr.Runs = append(sr.Runs, *rr)
 				continue
 			}
@@ -200,7 +204,7 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 			o.Progress, o.Log = ao.Progress, ao.Log
 			o.SaveFinalOnly = true
 			st.apply(&o, contexts)
-			fmt.Fprintf(ao.Progress, "ablation: %s, seed %d → %s\n", st.Label, seed, dir)
+			logging.Info(ao.Log, AblationRunEvent{Stage: st.Name, Label: st.Label, Seed: seed, Dir: dir})
 			t0 := time.Now()
 			res, err := Train(ctx, o)
 			if err != nil {

@@ -3,7 +3,7 @@ package training
 import (
 	"context"
 	"fmt"
-	"io"
+	"log/slog"
 	"path/filepath"
 
 	"github.com/rpac-dev/rpac/training/data"
@@ -32,7 +32,8 @@ type DataSpec struct {
 }
 
 // LoadDataset resolves and encodes the data of a run.
-func LoadDataset(ctx context.Context, spec DataSpec, progress io.Writer) (*Dataset, error) {
+// Downloads report on log (nil: slog.Default()).
+func LoadDataset(ctx context.Context, spec DataSpec, log *slog.Logger) (*Dataset, error) {
 	name, dir, trainSplit, evalSplit, seed := spec.Name, spec.Dir, spec.TrainSplit, spec.EvalSplit, spec.Seed
 	switch name {
 	case "", "wikitext2":
@@ -47,7 +48,7 @@ func LoadDataset(ctx context.Context, spec DataSpec, progress io.Writer) (*Datas
 				return nil, err
 			}
 		}
-		loc := data.Locator{DataDir: dir, Progress: progress}
+		loc := data.Locator{DataDir: dir, Log: log}
 		d, err := loc.Locate(ctx)
 		if err != nil {
 			return nil, err

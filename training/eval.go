@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/passes"
@@ -199,11 +200,19 @@ func (r *run) evaluate(lr float64) error {
 		}
 	}
 	r.ctl.endOfInterval(r.st.Step, ce, final, usage, rec)
-	r.o.Log.Info("eval", "step", r.st.Step, "split", r.ds.EvalName, "val_ce", ce, "val_ppl", math.Exp(ce),
-		"recall", rec["recall_acc"], "ema", rec["val_ce_ema"], "swa", rec["val_ce_swa"])
-	if res.Recall != nil {
-		fmt.Fprintf(r.o.Progress, "\neval step %d: val CE %.4f, recall %.4f (%d answers)\n", r.st.Step, ce, res.Recall.Accuracy(), res.Recall.Total)
+	ev := EvalEvent{Step: r.st.Step, Steps: r.plan.Steps, Split: r.ds.EvalName, CE: ce, Tokens: res.Tokens,
+		EMACE: math.NaN(), SWACE: math.NaN()}
+	if res.Recall != nil && res.Recall.Total > 0 { // no answers in the evaluated chunks: no recall
+		acc := res.Recall.Accuracy()
+		ev.Recall, ev.RecallN = &acc, res.Recall.Total
 	}
+	if r.w.ema != nil {
+		ev.EMACE = r.res.FinalEMACE
+	}
+	if r.w.swa != nil {
+		ev.SWACE, ev.SWACount = r.res.FinalSWACE, cs.SWA.Count()
+	}
+	logging.Info(r.o.Log, ev)
 	return r.metrics.WriteEval(rec)
 }
 

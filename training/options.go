@@ -50,10 +50,14 @@ type Options struct {
 	// NoAlign trains the fuzzy model without the RPA alignment (the
 	// listing's legacy bias from fuzz_sim = mean_b μμᵀ): the ablation's
 	// baseline.
-	NoAlign  bool
-	Control  Controls
-	Log      *slog.Logger
-	Progress io.Writer // nil = stderr
+	NoAlign bool
+	Control Controls
+	// Log receives the run's events (see events.go): nil means one
+	// human-readable line each on Progress.
+	Log *slog.Logger
+	// Progress is where --dump-ir prints, and the events go when Log is
+	// nil (nil: stderr).
+	Progress io.Writer
 	// Config, when set, replaces the preset's model configuration (tests,
 	// experiments); Model and Dropout still apply on top.
 	Config *model.Config

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/control"
@@ -178,9 +179,7 @@ func (r *run) sameData(prev *Run) error {
 		return fmt.Errorf("--resume: these flags differ from the run's: %s; a resumed run must read the same data", strings.Join(diffs, ", "))
 	}
 	if was := prev.State.PeakLR; was != 0 && was != r.plan.Schedule.Peak {
-		msg := fmt.Sprintf("--resume with another peak LR: %g (the run: %g); the schedule continues at the new peak", r.plan.Schedule.Peak, was)
-		r.o.Log.Warn(msg)
-		fmt.Fprintln(r.o.Progress, "warning: "+msg)
+		logging.Warn(r.o.Log, ResumeLREvent{LR: r.plan.Schedule.Peak, Was: was})
 	}
 	return nil
 }

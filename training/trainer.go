@@ -27,7 +27,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -36,6 +35,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/control"
@@ -46,11 +46,13 @@ import (
 
 // Result summarises a finished run.
 type Result struct {
-	Steps       int
-	FinalValCE  float64 // raw weights
-	FinalEMACE  float64 // NaN without EMA
-	FinalSWACE  float64 // NaN without SWA members
-	SWAMembers  []int
+	Steps      int
+	FinalValCE float64 // raw weights; NaN when no evaluation ran
+	FinalEMACE float64 // NaN without EMA
+	FinalSWACE float64 // NaN without SWA members
+	SWAMembers []int
+	// InitialLoss and FinalLoss are the train CE of this invocation's
+	// first and last steps (NaN when it ran none).
 	InitialLoss float64
 	FinalLoss   float64
 	// FinalRecall is the last evaluation's recall accuracy on the synthetic
@@ -175,7 +177,7 @@ func (r *run) skipStep(set stepSettings, out *StepResult, gnorm float64) error {
 	if err := r.metrics.Write(rec); err != nil {
 		return err
 	}
-	r.o.Log.Warn("skipped a step with a non-finite loss or gradient norm", "step", r.st.Step, "loss", out.Loss, "grad_norm", gnorm)
+	logging.Warn(r.o.Log, SkippedStepEvent{Step: r.st.Step, Loss: out.Loss, GradNorm: gnorm, Skipped: r.st.SkippedSteps})
 	if r.badRun >= maxBadSteps {
 		return fmt.Errorf("step %d: %d steps in a row had a non-finite loss or gradient norm (last: loss %v, gradient norm %v); the run stopped with its last good checkpoint in %s untouched: lower --lr (peak %g) or check the data",
 			r.st.Step, r.badRun, out.Loss, gnorm, r.ckDir, r.plan.Schedule.Peak)
@@ -194,11 +196,11 @@ type stepKey struct {
 // newRun resolves the plan, opens or creates the run directory, loads the
 // data and builds everything the loop uses.
 func newRun(ctx context.Context, o Options) (*run, error) {
-	if o.Log == nil {
-		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
 	if o.Progress == nil {
 		o.Progress = os.Stderr
+	}
+	if o.Log == nil {
+		o.Log = logging.New(o.Progress, logging.Text, slog.LevelInfo)
 	}
 	if o.Out == "" {
 		return nil, errors.New("--out is required: the run directory for checkpoints and metrics")
@@ -210,7 +212,7 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	ds, err := LoadDataset(ctx, o.DataSpec(), o.Progress)
+	ds, err := LoadDataset(ctx, o.DataSpec(), o.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -266,22 +268,11 @@ func (r *run) limitMemory() {
 		debug.SetMemoryLimit(r.plan.Memory.Budget)
 	}
 	m := r.plan.Memory
+	ev := MemoryEvent{Planned: m.Total, Budget: m.Budget, Static: m.Static, Eval: m.Eval}
 	for i, l := range r.plan.Lengths {
-		r.o.Log.Info("memory plan", "context", l.T, "batch", l.Batch, "micro_batch", l.Micro, "step_program", FormatBytes(m.Steps[i]))
+		ev.Lengths = append(ev.Lengths, LengthMemory{Context: l.T, Batch: l.Batch, MicroBatch: l.Micro, StepBytes: m.Steps[i]})
 	}
-	r.o.Log.Info("memory plan", "static", FormatBytes(m.Static), "eval", FormatBytes(m.Eval), "total", FormatBytes(m.Total), "budget", FormatBytes(m.Budget))
-	fmt.Fprintf(r.o.Progress, "memory: %s planned of a %s budget; micro-batch %s\n", FormatBytes(m.Total), FormatBytes(m.Budget), microSummary(r.plan))
-}
-
-func microSummary(p *Plan) string {
-	s := ""
-	for i, l := range p.Lengths {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%d of %d sequences at T=%d", l.Micro, l.Batch, l.T)
-	}
-	return s
+	logging.Info(r.o.Log, ev)
 }
 
 // initState builds the store, the optimizer, the run state, the
@@ -329,8 +320,8 @@ func (r *run) initState(prev *Run) error {
 	if r.w, err = newWeightSets(r.store, mg.Params(), cs); err != nil {
 		return err
 	}
-	r.res = &Result{Params: model.CountParams(mg.Specs), Out: o.Out, InitialLoss: math.NaN(), FinalEMACE: math.NaN(),
-		FinalSWACE: math.NaN(), FinalRecall: math.NaN(), Plan: p}
+	r.res = &Result{Params: model.CountParams(mg.Specs), Out: o.Out, InitialLoss: math.NaN(), FinalLoss: math.NaN(),
+		FinalValCE: math.NaN(), FinalEMACE: math.NaN(), FinalSWACE: math.NaN(), FinalRecall: math.NaN(), Plan: p}
 	return nil
 }
 
@@ -398,7 +389,8 @@ func (r *run) openOutputs() error {
 		return err
 	}
 	r.logStart()
-	r.progress = metrics.NewProgress(r.o.Progress, p.Steps, "step")
+	r.progress = metrics.NewProgress(r.o.Log, p.Steps, "step")
+	r.progress.Event = "train.progress"
 	r.progress.TokensPerStep = p.TokensPerStep
 	r.started, r.tokens0 = time.Now(), r.st.Tokens
 	return nil
@@ -407,10 +399,14 @@ func (r *run) openOutputs() error {
 func (r *run) logStart() {
 	p, o, ctl := r.plan, r.o, r.o.Control
 	cfg := &p.Config
-	o.Log.Info("run", "model", cfg.Summary(), "align", cfg.UseRPA, "preset", p.Preset, "params", r.res.Params, "context", p.EvalT,
-		"contexts", p.Contexts, "tokens_per_step", p.TokensPerStep, "steps", p.Steps, "dataset", r.ds.Name, "protocol", r.ds.Protocol,
-		"controller", ctl.controller(), "ema", ctl.EMA, "swa", ctl.SWA, "chaos", ctl.Chaos, "glide", ctl.DropoutGlide, "gemm", r.backend.Name())
-	fmt.Fprintf(o.Progress, "model: %s, %d parameters\n", cfg.Summary(), r.res.Params)
+	ev := StartEvent{Model: cfg.Model, Config: cfg.Summary(), Align: cfg.UseRPA, Preset: p.Preset, Params: r.res.Params,
+		Context: p.EvalT, TokensPerStep: p.TokensPerStep, Steps: p.Steps, From: r.st.Step, Dataset: r.ds.Name,
+		Protocol: r.ds.Protocol, Backend: r.backend.Name(), Controller: ctl.controller(), EMA: ctl.EMA, SWA: ctl.SWA,
+		Chaos: ctl.Chaos, Glide: ctl.DropoutGlide}
+	if p.Game() {
+		ev.Games = p.Contexts
+	}
+	logging.Info(o.Log, ev)
 	if r.st.Step == 0 {
 		_ = r.metrics.Write(map[string]any{"event": "start", "model": cfg.Model, "align": cfg.UseRPA, "preset": p.Preset, "params": r.res.Params,
 			"config": cfg, "context": p.EvalT, "contexts": p.Contexts, "batch": r.st.Batch, "lengths": p.Lengths,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/passes"
@@ -301,7 +302,7 @@ func benchPreset(c *cli.Context, work string, p model.Preset) ([]inferRow, []pri
 						return nil, nil, nil, err
 					}
 					cases = append(cases, ic)
-					fmt.Fprintf(c.App.ErrWriter, "exported %s %s fold=%s attention=%s dtype=%s T=%d (%d nodes)\n", p.Name, b.cfg.Model, fold, att, dt, T, ic.r.nodes)
+					logging.Info(logger(c), benchExportEvent{Preset: p.Name, Model: b.cfg.Model, Fold: fold, Attention: att, DType: dt, T: T, Nodes: ic.r.nodes})
 				}
 			}
 		}

@@ -101,6 +101,21 @@ func TestBenchInferPriorCost(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
 	}
+	// Each exported case is one log line, once.
+	exported := map[string]int{}
+	for _, l := range strings.Split(got, "\n") {
+		if strings.HasPrefix(l, "exported tiny ") {
+			exported[l]++
+		}
+	}
+	if len(exported) != 4 {
+		t.Errorf("%d export lines, want 4 (rpa, nobias, rpa#2, baseline):\n%s", len(exported), got)
+	}
+	for l, n := range exported {
+		if n != 1 || strings.Contains(l, "<nil>") {
+			t.Errorf("%q written %d times", l, n)
+		}
+	}
 	for _, f := range []struct {
 		dir  string
 		want bool

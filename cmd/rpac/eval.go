@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -110,8 +109,8 @@ func evalAction(c *cli.Context) error {
 	}
 	el := time.Since(t0).Seconds()
 	ce := nll / float64(tokens)
-	fmt.Fprintf(c.App.Writer, "%s, L=%d, %d chunks (%d tokens): CE %.4f nats, perplexity %.2f; %.0f tokens/s in the model (onnxruntime %s, %s), %.0f tokens/s with scoring\n",
-		name, T, chunks, tokens, ce, math.Exp(ce), float64(tokens)/inModel.Seconds(), runtime.LoadedVersion(), c.String("provider"), float64(tokens)/el)
+	report(c, evaluatedEvent{Data: name, T: T, Chunks: chunks, Tokens: tokens, CE: ce, ModelTokPerS: float64(tokens) / inModel.Seconds(),
+		TokPerS: float64(tokens) / el, Runtime: runtime.LoadedVersion(), Provider: c.String("provider")})
 	return nil
 }
 
@@ -141,7 +140,7 @@ func loadSplit(c *cli.Context, tokenizer string, meta map[string]string) ([]int3
 		if _, err := os.Stat(meta["data_dir"]); dir == "" && err == nil {
 			dir = meta["data_dir"]
 		}
-		loc := data.Locator{DataDir: dir, Progress: c.App.ErrWriter}
+		loc := data.Locator{DataDir: dir, Log: logger(c)}
 		dir, err := loc.Locate(c.Context)
 		if err != nil {
 			return nil, "", err

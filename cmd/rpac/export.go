@@ -153,7 +153,7 @@ func exportAction(c *cli.Context) error {
 		if c.IsSet("eval-split") {
 			evalSplit = c.String("eval-split")
 		}
-		ds, err = training.LoadDataset(c.Context, run.DataSpec(c.String("data-dir"), c.String("calib-split"), evalSplit), c.App.ErrWriter)
+		ds, err = training.LoadDataset(c.Context, run.DataSpec(c.String("data-dir"), c.String("calib-split"), evalSplit), log)
 		if err != nil {
 			return fmt.Errorf("loading data for calibration/verification: %w", err)
 		}
@@ -198,40 +198,32 @@ func exportAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	w := c.App.Writer
-	fmt.Fprintf(w, "exported %s model (%s weights, step %d) to %s in %.1fs: fold %s, attention %s, batch %d\n",
-		run.Config.Model, run.Weights, run.State.Step, res.Dir, time.Since(t0).Seconds(), o.Fold, o.Attention, o.Batch)
+	report(c, exportedEvent{Model: run.Config.Model, Weights: run.Weights, Step: run.State.Step, Dir: res.Dir,
+		Manifest: filepath.Join(res.Dir, runtime.ManifestName), Seconds: time.Since(t0).Seconds(), Fold: o.Fold, Attention: o.Attention,
+		Batch: o.Batch, DType: o.DType, Quantize: o.Quantize, KVCache: o.KVCache, Lengths: lengths})
 	for _, lr := range res.Lengths {
-		cal := ""
+		ev := exportedLengthEvent{T: lr.T, File: lr.File, Bytes: lr.Bytes, Nodes: lr.Nodes, Seconds: lr.Seconds, KVFiles: lr.KVFiles, KVBytes: lr.KVBytes}
 		if lr.Calibrated {
-			cal = fmt.Sprintf(", running statistics calibrated on %d×%d chunks (%s)", o.CalibBatches, o.CalibBatch, o.CalibSource)
+			ev.Calibrated, ev.CalibBatches, ev.CalibBatch, ev.CalibSource = true, o.CalibBatches, o.CalibBatch, o.CalibSource
 		}
-		fmt.Fprintf(w, "  L=%d  %s  %.1f MiB  %d nodes  %.1fs%s\n", lr.T, lr.File, float64(lr.Bytes)/(1<<20), lr.Nodes, lr.Seconds, cal)
-		if len(lr.KVFiles) > 0 {
-			fmt.Fprintf(w, "        KV cache: %s  %.1f MiB\n", strings.Join(lr.KVFiles, ", "), float64(lr.KVBytes)/(1<<20))
-		}
+		report(c, ev)
 		for _, f := range lr.Fold {
-			rank := ""
-			if f.Rank > 0 {
-				rank = fmt.Sprintf("  rank form: %d extra q/k components, max deviation %.1e", f.Rank, f.RankErr)
-			}
-			fmt.Fprintf(w, "    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)%s\n", f.Layer, f.Min, f.Max, f.Mean, 100*f.ClipFrac, f.Clip, rank)
+			report(c, foldLayerEvent{f})
 		}
 	}
-	fmt.Fprintf(w, "  %s\n", filepath.Join(res.Dir, runtime.ManifestName))
 	if run.Weights != "last" && calibrate == "auto" && run.Config.Model == "fuzzy" {
-		fmt.Fprintf(w, "  note: the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights\n", run.Weights)
+		report(c, exportNoteEvent{fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}
 	if !c.Bool("verify") {
 		return nil
 	}
+	report(c, verifyEvent{Split: ds.EvalName, Protocol: ds.Protocol})
 	vr, err := export.Verify(c.Context, export.VerifyOptions{Dir: res.Dir, Config: run.Config, Store: run.Store,
 		IDs: ds.Eval, Batches: c.Int("verify-batches"), Batch: c.Int("verify-batch"),
 		Runtime: runtime.Options{Provider: c.String("provider")}})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "verify on %s (%s):\n", ds.EvalName, ds.Protocol)
 	limits := export.DefaultVerifyLimits(dtype, quantize)
 	if c.IsSet("verify-max-diff") {
 		limits.MaxAbsDiff = c.Float64("verify-max-diff")
@@ -244,16 +236,13 @@ func exportAction(c *cli.Context) error {
 		if err := r.Check(limits); err != nil && failed == nil {
 			failed = err
 		}
-		fmt.Fprintf(w, "  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f\n",
-			r.T, r.Tokens, r.Batches, r.Batch, r.MaxAbsDiff, r.CEExport, r.CEEval, r.CEExport-r.CEEval, r.CEBatchStats)
-		if r.KVSteps > 0 {
-			fmt.Fprintf(w, "        KV cache: %d decode steps, max|Δlogit| %.2e\n", r.KVSteps, r.KVMaxAbsDiff)
-		}
+		report(c, verifiedEvent{T: r.T, Tokens: r.Tokens, Batches: r.Batches, Batch: r.Batch, MaxAbsDiff: r.MaxAbsDiff,
+			CEExport: r.CEExport, CEEval: r.CEEval, CEBatch: r.CEBatchStats, KVSteps: r.KVSteps, KVMaxAbsDiff: r.KVMaxAbsDiff})
 	}
 	if failed != nil {
 		return fmt.Errorf("%w (limits: max |Δlogit| %g, CE cost %g nats; --verify-max-diff and --verify-max-ce-cost set them)", failed, limits.MaxAbsDiff, limits.MaxCECost)
 	}
-	fmt.Fprintf(w, "  within the limits: max |Δlogit| %g, CE cost %g nats\n", limits.MaxAbsDiff, limits.MaxCECost)
+	report(c, verifyLimitsEvent{limits})
 	return nil
 }
 
@@ -308,15 +297,14 @@ func exportTriton(c *cli.Context, o export.Options, t0 time.Time) error {
 	if err != nil {
 		return err
 	}
-	w := c.App.Writer
-	fmt.Fprintf(w, "wrote a Triton model repository to %s in %.1fs (fold %s, attention %s):\n", o.Out, time.Since(t0).Seconds(), o.Fold, o.Attention)
+	report(c, tritonEvent{Out: o.Out, Seconds: time.Since(t0).Seconds(), Fold: o.Fold, Attention: o.Attention})
 	for _, m := range models {
-		fmt.Fprintf(w, "  %s  L=%d  %.1f MiB  %d nodes  %s\n", m.Name, m.T, float64(m.Bytes)/(1<<20), m.Nodes, m.Config)
+		report(c, tritonModelEvent{Model: m.Name, T: m.T, Bytes: m.Bytes, Nodes: m.Nodes, Config: m.Config})
 	}
 	abs, err := filepath.Abs(o.Out)
 	if err != nil {
 		abs = o.Out
 	}
-	fmt.Fprintf(w, "serve it with: docker run --rm --gpus=all -p8000:8000 -p8001:8001 -p8002:8002 -v %s:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver --model-repository=/models\n", abs)
+	report(c, tritonServeEvent{Command: fmt.Sprintf("docker run --rm --gpus=all -p8000:8000 -p8001:8001 -p8002:8002 -v %s:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver --model-repository=/models", abs)})
 	return nil
 }

@@ -13,16 +13,16 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/urfave/cli/v2"
 )
 
 func main() {
 	app := &cli.App{
-		Name:  "rpac",
-		Usage: "train, export and serve transformers with a length-aware attention prior (RPA)",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug|info|warn|error"},
-		},
+		Name:   "rpac",
+		Usage:  "train, export and serve transformers with a length-aware attention prior (RPA)",
+		Flags:  logFlags(),
+		Before: setupLogs,
 		Commands: []*cli.Command{
 			trainCommand(),
 			benchCommand(),
@@ -40,9 +40,20 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := app.RunContext(ctx, os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "rpac:", cleanErr(err))
+		fail(cleanErr(err))
 		os.Exit(exitCode(err))
 	}
+}
+
+// fail reports a failed command on stderr: "rpac: <reason>", or an
+// "error" event with --log-format json.
+func fail(msg string) {
+	if active.format == logging.JSON {
+		logging.Log(context.Background(), active.log, slog.LevelError, failedEvent{Err: msg})
+		return
+	}
+	logging.End(active.log) // a progress line drawn in place keeps its line
+	fmt.Fprintln(os.Stderr, "rpac:", msg)
 }
 
 func cleanErr(err error) string {
@@ -50,6 +61,9 @@ func cleanErr(err error) string {
 	// urfave/cli reports a non-numeric value as: invalid value "x" for flag -steps: parse error
 	if strings.Contains(s, "parse error") || strings.Contains(s, "invalid syntax") {
 		s += " (the flag wants a number)"
+	}
+	if strings.Contains(s, "flag provided but not defined: -log-") {
+		s += " (--log-format and --log-level are global flags: give them before the command, e.g. rpac --log-format json train ...)"
 	}
 	return s
 }
@@ -60,10 +74,4 @@ func exitCode(err error) int {
 		return ec.ExitCode()
 	}
 	return 1
-}
-
-func logger(c *cli.Context) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(c.String("log-level")))
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 }

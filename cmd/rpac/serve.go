@@ -97,19 +97,11 @@ func serveAction(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}
-	w := c.App.Writer
-	fmt.Fprintf(w, "serving %s (%s, lengths %v, graph batch %d) on http://%s: max batch %d, max wait %v, queue %d\n",
-		cfg.Name, dir, m.Lengths(), m.BatchSize(), ln.Addr(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue)
-	if cfg.Tokenizer == nil {
-		fmt.Fprintf(w, "  tokenizer %q: prompts must be token ids\n", man.Tokenizer)
-	}
-	if kv := m.KVCacheLengths(); len(kv) > 0 {
-		fmt.Fprintf(w, "  completions decode on the KV cache (lengths %v)\n", kv)
-	} else {
-		fmt.Fprintf(w, "  completions recompute the whole context at every step: export with --kv-cache to decode on a cache\n")
-	}
+	report(c, servingEvent{Model: cfg.Name, Dir: dir, Lengths: m.Lengths(), Batch: m.BatchSize(), URL: "http://" + ln.Addr().String(),
+		MaxBatch: cfg.MaxBatch, MaxWait: cfg.MaxWait, Queue: cfg.Queue, Tokenizer: man.Tokenizer, Tokenizes: cfg.Tokenizer != nil,
+		KVCacheLength: m.KVCacheLengths()})
 	t0 := time.Now()
 	err = s.Serve(c.Context, ln)
-	fmt.Fprintf(w, "stopped after %v\n", time.Since(t0).Round(time.Second))
+	report(c, stoppedEvent{After: time.Since(t0)})
 	return err
 }

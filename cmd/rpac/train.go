@@ -191,21 +191,12 @@ func trainCommand() *cli.Command {
 				return err
 			}
 			if o.InitOnly {
-				fmt.Fprintf(c.App.Writer, "wrote the initial checkpoint (%d parameters, step 0) to %s\n", res.Params, res.Out)
+				report(c, initialisedEvent{Params: res.Params, Out: res.Out})
 				return nil
 			}
-			fmt.Fprintf(c.App.Writer, "trained %d steps (%d parameters): train CE %.4f -> %.4f, final %s CE %.4f (ppl %.1f)",
-				res.Steps, res.Params, res.InitialLoss, res.FinalLoss, "eval", res.FinalValCE, math.Exp(res.FinalValCE))
-			if !math.IsNaN(res.FinalEMACE) {
-				fmt.Fprintf(c.App.Writer, ", EMA %.4f", res.FinalEMACE)
-			}
-			if !math.IsNaN(res.FinalRecall) {
-				fmt.Fprintf(c.App.Writer, ", recall %.4f", res.FinalRecall)
-			}
-			if !math.IsNaN(res.FinalSWACE) {
-				fmt.Fprintf(c.App.Writer, ", SWA %.4f (%d members)", res.FinalSWACE, len(res.SWAMembers))
-			}
-			fmt.Fprintf(c.App.Writer, ", %.0f tokens/s; run in %s\n", res.TokensPerS, res.Out)
+			report(c, trainedEvent{Steps: res.Steps, Params: res.Params, FirstCE: res.InitialLoss, LastCE: res.FinalLoss,
+				ValCE: res.FinalValCE, EMACE: res.FinalEMACE, SWACE: res.FinalSWACE, SWAMembers: len(res.SWAMembers),
+				Recall: res.FinalRecall, RecallN: res.FinalRecallN, TokensPerS: res.TokensPerS, Out: res.Out})
 			return nil
 		},
 	}

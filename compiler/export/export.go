@@ -27,6 +27,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
@@ -103,7 +104,7 @@ type Options struct {
 	// printed to Dump ("all": after every pass).
 	DumpIR string
 	Dump   io.Writer
-	Log    *slog.Logger
+	Log    *slog.Logger // debug events (events.go); nil: none
 }
 
 // LengthResult is what Export did for one length.
@@ -261,7 +262,7 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("export: eos %d is outside the vocabulary [0,%d)", o.EOS, o.Config.Vocab)
 	}
 	if o.Log == nil {
-		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		o.Log = logging.Discard()
 	}
 	return nil
 }
@@ -310,7 +311,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			lr.Calibrated = true
 			fold.Calibrated = append(fold.Calibrated, T)
 			fold.CalibBatches, fold.CalibBatch, fold.CalibSource = o.CalibBatches, o.CalibBatch, o.CalibSource
-			o.Log.Info("calibrated running statistics", "T", T, "batches", o.CalibBatches, "batch", o.CalibBatch, "source", o.CalibSource)
+			logging.Debug(o.Log, CalibratedEvent{T: T, Batches: o.CalibBatches, Batch: o.CalibBatch, Source: o.CalibSource})
 		}
 		g, rep, err := Graph(&o.Config, T, o.Batch, o.Store, GraphOptions{Fold: o.Fold, Attention: o.Attention, DropBias: o.DropBias, DumpIR: o.DumpIR, Dump: o.Dump})
 		if err != nil {
@@ -386,7 +387,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			}
 		}
 		lr.Seconds = time.Since(t0).Seconds()
-		o.Log.Debug("exported", "T", T, "file", lr.File, "bytes", lr.Bytes, "nodes", lr.Nodes, "seconds", lr.Seconds)
+		logging.Debug(o.Log, CompiledEvent{T: T, File: lr.File, Bytes: lr.Bytes, Nodes: lr.Nodes, Seconds: lr.Seconds})
 		res.Lengths = append(res.Lengths, lr)
 	}
 	fj, err := json.Marshal(fold)

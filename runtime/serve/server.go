@@ -38,6 +38,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/runtime"
 )
 
@@ -85,7 +86,7 @@ type Config struct {
 	// Registry receives the metrics (default: a new registry that also
 	// holds the Go runtime's and the process's collectors).
 	Registry *prometheus.Registry
-	// Log receives the server's log lines (default: discarded).
+	// Log receives the server's events (events.go; default: discarded).
 	Log *slog.Logger
 }
 
@@ -128,7 +129,7 @@ func (c *Config) defaults() error {
 		c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	if c.Log == nil {
-		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Log = logging.Discard()
 	}
 	return nil
 }
@@ -232,7 +233,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	s.cfg.Log.Info("shutting down: refusing new connections, finishing requests in flight")
+	logging.Info(s.cfg.Log, ShutdownEvent{Timeout: s.cfg.ShutdownTimeout})
 	s.drain.Do(func() { close(s.draining) })
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
@@ -315,7 +316,7 @@ func writeError(w http.ResponseWriter, r *http.Request, code int, msg string) {
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	code, msg := statusOf(err, s.cfg.Timeout)
 	if code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusGatewayTimeout {
-		s.cfg.Log.Error("request failed", "path", r.URL.Path, "err", err)
+		logging.Log(r.Context(), s.cfg.Log, slog.LevelError, RequestFailedEvent{Path: r.URL.Path, Status: code, Err: err})
 	}
 	writeError(w, r, code, msg)
 }

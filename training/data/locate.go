@@ -7,11 +7,14 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 // EnvDataDir names the environment variable consulted by Locate after the
@@ -46,8 +49,8 @@ type Locator struct {
 	Client *http.Client
 	// NoDownload makes Locate fail instead of downloading.
 	NoDownload bool
-	// Progress, if set, receives human-readable progress lines.
-	Progress io.Writer
+	// Log receives the download's events (nil: slog.Default()).
+	Log *slog.Logger
 	// OnProgress, if set, is called as the archive arrives with the bytes
 	// received so far and the expected total.
 	OnProgress func(done, total int64)
@@ -56,11 +59,11 @@ type Locator struct {
 // Locate returns the WikiText-2 data directory, trying in order: dataDir (the
 // --data-dir value) if not empty, then $RPAC_DATA if set, then the user cache
 // directory if it holds all three splits, and finally a download of the
-// official archive into the user cache (progress lines go to stderr). An
+// official archive into the user cache (its events go to slog.Default()). An
 // explicit directory or $RPAC_DATA that is missing, unreadable or holds no
 // split file is an error; Locate does not fall through past it.
 func Locate(dataDir string) (string, error) {
-	l := Locator{DataDir: dataDir, Progress: os.Stderr}
+	l := Locator{DataDir: dataDir}
 	return l.Locate(context.Background())
 }
 
@@ -180,7 +183,7 @@ func (l *Locator) Download(ctx context.Context, dest string) (err error) {
 		return err
 	}
 	if err := os.Rename(staging, dest); err == nil {
-		l.progressf("wikitext-2: files ready in %s\n", dest)
+		logging.Info(l.log(), DataReadyEvent{Dir: dest})
 		return nil
 	}
 	if err := os.MkdirAll(dest, 0o755); err != nil {
@@ -191,14 +194,15 @@ func (l *Locator) Download(ctx context.Context, dest string) (err error) {
 			return fmt.Errorf("wikitext-2: cannot move %s into %s: %w", f.Name, dest, err)
 		}
 	}
-	l.progressf("wikitext-2: files ready in %s\n", dest)
+	logging.Info(l.log(), DataReadyEvent{Dir: dest})
 	return nil
 }
 
-func (l *Locator) progressf(format string, args ...any) {
-	if l.Progress != nil {
-		fmt.Fprintf(l.Progress, format, args...)
+func (l *Locator) log() *slog.Logger {
+	if l.Log != nil {
+		return l.Log
 	}
+	return slog.Default()
 }
 
 // fetch streams url into f, reporting progress, and verifies size and hash.
@@ -225,7 +229,7 @@ func (l *Locator) fetch(ctx context.Context, url string, spec *ArchiveSpec, f *o
 		return fmt.Errorf("wikitext-2: downloading %s: the server announces %d bytes, but the official archive has %d; "+
 			"the URL serves a different file: %s", url, resp.ContentLength, spec.Size, offline)
 	}
-	l.progressf("wikitext-2: downloading %s (%.1f MiB)\n", url, float64(spec.Size)/(1<<20))
+	logging.Info(l.log(), DownloadEvent{URL: url, Bytes: spec.Size})
 	h := sha256.New()
 	pw := &progressWriter{l: l, total: spec.Size, last: -1}
 	// Read at most one byte more than expected, so an oversized body is
@@ -259,7 +263,7 @@ func (p *progressWriter) Write(b []byte) (int, error) {
 	if p.total > 0 {
 		if tenth := p.done * 10 / p.total; tenth > p.last {
 			p.last = tenth
-			p.l.progressf("wikitext-2: %d/%d bytes (%d%%)\n", p.done, p.total, p.done*100/p.total)
+			logging.Info(p.l.log(), DownloadProgressEvent{Done: p.done, Total: p.total})
 		}
 	}
 	return len(b), nil

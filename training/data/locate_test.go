@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 func sha(b []byte) string {
@@ -84,7 +86,7 @@ func TestLocateDownload(t *testing.T) {
 	cache := filepath.Join(parent, "wikitext-2-raw-v1")
 	var progress bytes.Buffer
 	var lastDone, lastTotal int64
-	l := Locator{Getenv: noEnv, CacheDir: cache, BaseURL: srv.URL + "/", Archive: spec, Progress: &progress,
+	l := Locator{Getenv: noEnv, CacheDir: cache, BaseURL: srv.URL + "/", Archive: spec, Log: logging.New(&progress, logging.Text, nil),
 		OnProgress: func(done, total int64) { lastDone, lastTotal = done, total }}
 	dir, err := l.Locate(context.Background())
 	if err != nil {
@@ -102,7 +104,8 @@ func TestLocateDownload(t *testing.T) {
 	if lastDone != spec.Size || lastTotal != spec.Size {
 		t.Errorf("progress callback ended at %d/%d, want %d", lastDone, lastTotal, spec.Size)
 	}
-	if !strings.Contains(progress.String(), "downloading") || !strings.Contains(progress.String(), "(100%)") {
+	if !strings.Contains(progress.String(), "wikitext-2: downloading") || strings.Count(progress.String(), "(100%)") != 1 ||
+		!strings.HasSuffix(progress.String(), "wikitext-2: files ready in "+cache+"\n") {
 		t.Errorf("progress lines: %q", progress.String())
 	}
 	// Only the cache directory remains next to it: no temporary files.

@@ -2,12 +2,16 @@ package metrics
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 type fakeClock struct{ t time.Time }
@@ -153,8 +157,8 @@ func TestReadJSONL(t *testing.T) {
 
 func TestProgressPlain(t *testing.T) {
 	var buf bytes.Buffer
-	p := NewProgress(&buf, 100, "step")
-	if p.Terminal {
+	p := NewProgress(logging.New(&buf, logging.Text, nil), 100, "step")
+	if p.Redraw {
 		t.Fatal("a bytes.Buffer is not a terminal")
 	}
 	clock := newClock()
@@ -184,8 +188,8 @@ func TestProgressPlain(t *testing.T) {
 			t.Errorf("line %q lacks %q", l, want)
 		}
 	}
-	if !strings.HasPrefix(lines[0], "step 0/100 [") || !strings.Contains(lines[0], "loss=9.5") {
-		t.Errorf("first line %q", lines[0])
+	if !strings.HasPrefix(lines[0], "step 0/100 [") || !strings.Contains(lines[0], "loss=9.5") || strings.Contains(lines[0], "/s") {
+		t.Errorf("first line %q (no rate before the second update)", lines[0])
 	}
 	final := lines[4]
 	if !strings.Contains(final, "step 60/100") || !strings.Contains(final, "in 30s") || strings.Contains(final, "ETA") {
@@ -193,11 +197,82 @@ func TestProgressPlain(t *testing.T) {
 	}
 }
 
+// TestProgressLastStepOnce: the last unit is reported once, by Finish,
+// even when its Update comes after the interval.
+func TestProgressLastStepOnce(t *testing.T) {
+	var buf bytes.Buffer
+	p := NewProgress(logging.New(&buf, logging.Text, nil), 3, "step")
+	clock := newClock()
+	p.now = clock.now
+	p.created = clock.now()
+	for i := 1; i <= 3; i++ {
+		clock.add(time.Minute)
+		p.Update(i, nil)
+	}
+	p.Finish()
+	p.Finish()
+	out := buf.String()
+	for i := 1; i <= 3; i++ {
+		if n := strings.Count(out, fmt.Sprintf("step %d/3 ", i)); n != 1 {
+			t.Errorf("step %d reported %d times:\n%s", i, n, out)
+		}
+	}
+	if !strings.Contains(out, "step 3/3 [####################] 100.0%") || !strings.Contains(out, " in 3m00s") {
+		t.Errorf("final line:\n%s", out)
+	}
+}
+
+// TestProgressJSON: on a JSON logger each report is one object with the
+// fields that apply: no rate before the second update, an ETA until the
+// end, the elapsed time only on the final one.
+func TestProgressJSON(t *testing.T) {
+	var buf bytes.Buffer
+	p := NewProgress(logging.New(&buf, logging.JSON, nil), 4, "step")
+	p.Event, p.TokensPerStep, p.LogEvery = "train.progress", 100, time.Second
+	clock := newClock()
+	p.now = clock.now
+	p.created = clock.now()
+	for i := 1; i <= 4; i++ {
+		p.Update(i, Fields{F("loss", 5)})
+		clock.add(2 * time.Second)
+	}
+	p.Finish()
+	var recs []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("not JSON: %q: %v", line, err)
+		}
+		recs = append(recs, m)
+	}
+	if len(recs) != 4 { // steps 1, 2, 3 and the final one
+		t.Fatalf("%d records:\n%s", len(recs), buf.String())
+	}
+	for i, m := range recs {
+		if m["msg"] != "train.progress" || m["level"] != "INFO" || m["steps"] != 4.0 || m["loss"] != 5.0 || m["step"] != float64(min(i+1, 4)) {
+			t.Errorf("record %d: %v", i, m)
+		}
+		_, rate := m["step_per_s"]
+		_, tok := m["tok_per_s"]
+		_, eta := m["eta_s"]
+		_, el := m["elapsed_s"]
+		final := i == 3
+		if rate != (i > 0) || tok != (i > 0) || eta != (i > 0 && !final) || el != final {
+			t.Errorf("record %d has rate %v, tok/s %v, ETA %v, elapsed %v: %v", i, rate, tok, eta, el, m)
+		}
+	}
+	if recs[1]["step_per_s"] != 0.5 || recs[3]["elapsed_s"] != 8.0 {
+		t.Errorf("rate %v, elapsed %v", recs[1]["step_per_s"], recs[3]["elapsed_s"])
+	}
+}
+
 func TestProgressTerminal(t *testing.T) {
 	var buf bytes.Buffer
-	p := NewProgress(&buf, 10, "step")
-	p.Terminal = true
-	p.Width = 60
+	t.Setenv("COLUMNS", "60")
+	p := NewProgress(logging.NewText(&buf, nil, true), 10, "step")
+	if !p.Redraw {
+		t.Fatal("a terminal logger does not redraw")
+	}
 	clock := newClock()
 	p.now = clock.now
 	p.created = clock.now()
@@ -217,37 +292,14 @@ func TestProgressTerminal(t *testing.T) {
 			t.Errorf("line %q is wider than the terminal", seg)
 		}
 	}
-	p.Clear()
-	if !strings.HasSuffix(buf.String(), "\r\x1b[K") {
-		t.Error("Clear did not erase the line")
-	}
 	p.Finish()
 	out = buf.String()
-	if !strings.HasSuffix(out, "\x1b[K\n") || !strings.Contains(out, "step 10/10") {
+	if !strings.HasSuffix(out, "\n") || strings.Count(out, "\n") != 1 || !strings.Contains(out, "step 10/10") {
 		t.Errorf("final draw %q", out)
 	}
 	p.Finish()
 	if buf.String() != out {
 		t.Error("second Finish wrote again")
-	}
-}
-
-func TestIsTerminal(t *testing.T) {
-	if IsTerminal(&bytes.Buffer{}) {
-		t.Error("bytes.Buffer is a terminal")
-	}
-	f, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Skip(err)
-	}
-	defer f.Close()
-	if IsTerminal(f) {
-		t.Error("the null device is a terminal")
-	}
-	tmp, _ := os.CreateTemp(t.TempDir(), "x")
-	defer tmp.Close()
-	if IsTerminal(tmp) {
-		t.Error("a regular file is a terminal")
 	}
 }
 

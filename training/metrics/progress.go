@@ -2,13 +2,13 @@ package metrics
 
 import (
 	"fmt"
-	"io"
+	"log/slog"
 	"math"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 // Field is one extra value shown on the progress line.
@@ -25,30 +25,31 @@ func F(key string, value float64) Field { return Field{Key: key, Value: value} }
 // Fields are shown in the order given.
 type Fields []Field
 
-// Progress reports the advance of long work. On a terminal it redraws one
-// line in place (at most every RedrawEvery); elsewhere (a log file, a pipe)
-// it prints a plain line at most every LogEvery. Finish always shows the
-// final line.
+// Progress reports the advance of long work as ProgressEvents on a logger.
+// A text logger on a terminal redraws one line in place (at most every
+// RedrawEvery); any other logger (a text log file or pipe, JSON) gets an
+// event at most every LogEvery. Finish always reports the final state, and
+// each state is reported once: the last unit is left to Finish.
 //
 //	step 1200/5000 [#####...............] 24.0%  3.10 step/s  76.2k tok/s  ETA 20m25s  loss=4.123 lr=0.0003
 //
 // Set the exported fields before the first Update. A Progress is safe for
 // concurrent use.
 type Progress struct {
-	// Terminal selects in-place redrawing; NewProgress sets it with
-	// IsTerminal.
-	Terminal bool
+	// Event names the events (default "progress").
+	Event string
+	// Redraw selects the terminal cadence; NewProgress sets it when the
+	// logger redraws in place.
+	Redraw bool
 	// TokensPerStep, when positive, adds a tokens/s rate.
 	TokensPerStep int
-	// LogEvery is the interval of plain lines (default 10 s).
+	// LogEvery is the interval of events on a log (default 10 s).
 	LogEvery time.Duration
 	// RedrawEvery is the interval of terminal redraws (default 100 ms).
 	RedrawEvery time.Duration
-	// Width is the terminal width lines are cut to (default $COLUMNS, else 120).
-	Width int
 
 	mu       sync.Mutex
-	w        io.Writer
+	log      *slog.Logger
 	total    int
 	unit     string
 	now      func() time.Time
@@ -60,49 +61,29 @@ type Progress struct {
 	fields   []Field
 	lastOut  time.Time
 	printed  bool
-	dirty    bool // terminal line drawn and not yet ended by a newline
 	finished bool
 }
 
-// NewProgress reports on w for work of total units (e.g. "step").
-func NewProgress(w io.Writer, total int, unit string) *Progress {
+// NewProgress reports on log for work of total units (e.g. "step").
+func NewProgress(log *slog.Logger, total int, unit string) *Progress {
 	if unit == "" {
 		unit = "it"
 	}
 	p := &Progress{
-		Terminal:    IsTerminal(w),
+		Event:       "progress",
+		Redraw:      logging.Redraws(log),
 		LogEvery:    10 * time.Second,
 		RedrawEvery: 100 * time.Millisecond,
-		w:           w,
+		log:         log,
 		total:       total,
 		unit:        unit,
 		now:         time.Now,
-	}
-	if c, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && c > 20 {
-		p.Width = c
 	}
 	p.created = p.now()
 	return p
 }
 
-// IsTerminal reports whether w is an interactive terminal: an *os.File that
-// is a character device other than the null device, with TERM not "dumb".
-func IsTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok || f == nil {
-		return false
-	}
-	fi, err := f.Stat()
-	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-		return false
-	}
-	if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
-		return false
-	}
-	return os.Getenv("TERM") != "dumb"
-}
-
-// Update records that done units are complete and shows the line if it is
+// Update records that done units are complete and reports it if it is
 // time to. Rates count from the first Update, so set-up time and the units
 // done before a resume do not distort them.
 func (p *Progress) Update(done int, fields Fields) {
@@ -119,29 +100,20 @@ func (p *Progress) Update(done int, fields Fields) {
 	p.done = done
 	p.fields = append(p.fields[:0], fields...)
 	every := p.LogEvery
-	if p.Terminal {
+	if p.Redraw {
 		every = p.RedrawEvery
 	}
 	if p.printed && now.Sub(p.lastOut) < every {
 		return
 	}
+	if p.total > 0 && done >= p.total && !p.Redraw {
+		return // Finish reports the last unit
+	}
 	p.emit(now, false)
 }
 
-// Clear erases the terminal line so other output can be printed; the next
-// Update draws it again. It does nothing in plain mode.
-func (p *Progress) Clear() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.Terminal && p.dirty {
-		io.WriteString(p.w, "\r\x1b[K")
-		p.dirty = false
-		p.printed = false
-	}
-}
-
-// Finish shows the final line (with the total time) and ends it with a
-// newline. Later calls and Updates do nothing.
+// Finish reports the final state (with the total time). Later calls and
+// Updates do nothing.
 func (p *Progress) Finish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -152,62 +124,101 @@ func (p *Progress) Finish() {
 	p.finished = true
 }
 
-// emit writes the current line.
+// emit logs the current state.
 func (p *Progress) emit(now time.Time, final bool) {
-	line := p.render(now, final)
-	if p.Terminal {
-		if w := p.width(); len(line) > w-1 {
-			line = line[:w-1]
-		}
-		s := "\r" + line + "\x1b[K"
-		if final {
-			s += "\n"
-		}
-		io.WriteString(p.w, s)
-		p.dirty = !final
-	} else {
-		io.WriteString(p.w, line+"\n")
-	}
+	logging.Info(p.log, p.event(now, final))
 	p.printed = true
 	p.lastOut = now
 }
 
-func (p *Progress) width() int {
-	if p.Width > 20 {
-		return p.Width
-	}
-	return 120
-}
-
-func (p *Progress) render(now time.Time, final bool) string {
-	var b strings.Builder
-	if p.total > 0 {
-		frac := math.Min(1, math.Max(0, float64(p.done)/float64(p.total)))
-		const barWidth = 20
-		fill := int(frac * barWidth)
-		fmt.Fprintf(&b, "%s %d/%d [%s%s] %5.1f%%", p.unit, p.done, p.total,
-			strings.Repeat("#", fill), strings.Repeat(".", barWidth-fill), 100*frac)
-	} else {
-		fmt.Fprintf(&b, "%s %d", p.unit, p.done)
-	}
+// event is the current state.
+func (p *Progress) event(now time.Time, final bool) ProgressEvent {
+	e := ProgressEvent{Event: p.Event, Unit: p.unit, Done: p.done, Total: p.total, Fields: append(Fields(nil), p.fields...),
+		Rate: math.NaN(), TokensPerS: math.NaN(), ETA: math.NaN(), Elapsed: math.NaN(), Final: final}
 	elapsed := now.Sub(p.t0).Seconds()
-	rate := math.NaN()
 	if p.started && elapsed > 0 && p.done > p.done0 {
-		rate = float64(p.done-p.done0) / elapsed
-	}
-	if !math.IsNaN(rate) {
-		fmt.Fprintf(&b, "  %.3g %s/s", rate, p.unit)
+		e.Rate = float64(p.done-p.done0) / elapsed
 		if p.TokensPerStep > 0 {
-			fmt.Fprintf(&b, "  %s tok/s", si(rate*float64(p.TokensPerStep)))
+			e.TokensPerS = e.Rate * float64(p.TokensPerStep)
 		}
 	}
 	switch {
 	case final:
-		fmt.Fprintf(&b, "  in %s", duration(now.Sub(p.created).Seconds()))
-	case p.total > 0 && !math.IsNaN(rate) && p.done < p.total:
-		fmt.Fprintf(&b, "  ETA %s", duration(float64(p.total-p.done)/rate))
+		e.Elapsed = now.Sub(p.created).Seconds()
+	case p.total > 0 && !math.IsNaN(e.Rate) && p.done < p.total:
+		e.ETA = float64(p.total-p.done) / e.Rate
 	}
-	for i, f := range p.fields {
+	return e
+}
+
+// ProgressEvent is the state of work in progress. Rates, ETA and elapsed
+// time are NaN (and left out) when they do not apply: no rate before the
+// second update, no ETA on the final event, the elapsed time only there.
+type ProgressEvent struct {
+	Event      string // the event's name
+	Unit       string // what is counted, e.g. "step"
+	Done       int
+	Total      int // 0: unknown
+	Rate       float64
+	TokensPerS float64
+	ETA        float64 // seconds
+	Elapsed    float64 // seconds since the Progress was created (final only)
+	Final      bool
+	Fields     Fields
+}
+
+// Name implements logging.Event.
+func (e ProgressEvent) Name() string { return e.Event }
+
+// Live implements logging.Live: only the final event ends the line.
+func (e ProgressEvent) Live() bool { return !e.Final }
+
+// Attrs are "<unit>" (units done), "<unit>s" (the total), "<unit>_per_s",
+// "tok_per_s", "eta_s", "elapsed_s" and the extra fields, those that apply.
+func (e ProgressEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.Int(e.Unit, e.Done)}
+	if e.Total > 0 {
+		a = append(a, slog.Int(e.Unit+"s", e.Total))
+	}
+	for _, f := range []struct {
+		key string
+		v   float64
+	}{{e.Unit + "_per_s", e.Rate}, {"tok_per_s", e.TokensPerS}, {"eta_s", e.ETA}, {"elapsed_s", e.Elapsed}} {
+		if !math.IsNaN(f.v) {
+			a = append(a, slog.Float64(f.key, f.v))
+		}
+	}
+	for _, f := range e.Fields {
+		a = append(a, slog.Float64(f.Key, f.Value))
+	}
+	return a
+}
+
+// Text is the progress line.
+func (e ProgressEvent) Text() string {
+	var b strings.Builder
+	if e.Total > 0 {
+		frac := math.Min(1, math.Max(0, float64(e.Done)/float64(e.Total)))
+		const barWidth = 20
+		fill := int(frac * barWidth)
+		fmt.Fprintf(&b, "%s %d/%d [%s%s] %5.1f%%", e.Unit, e.Done, e.Total,
+			strings.Repeat("#", fill), strings.Repeat(".", barWidth-fill), 100*frac)
+	} else {
+		fmt.Fprintf(&b, "%s %d", e.Unit, e.Done)
+	}
+	if !math.IsNaN(e.Rate) {
+		fmt.Fprintf(&b, "  %.3g %s/s", e.Rate, e.Unit)
+	}
+	if !math.IsNaN(e.TokensPerS) {
+		fmt.Fprintf(&b, "  %s tok/s", si(e.TokensPerS))
+	}
+	if !math.IsNaN(e.Elapsed) {
+		fmt.Fprintf(&b, "  in %s", duration(e.Elapsed))
+	}
+	if !math.IsNaN(e.ETA) {
+		fmt.Fprintf(&b, "  ETA %s", duration(e.ETA))
+	}
+	for i, f := range e.Fields {
 		if i == 0 {
 			b.WriteString(" ")
 		}

@@ -1,0 +1,410 @@
+package main
+
+import (
+	"fmt"
+	"github.com/rpac-dev/rpac/compiler/export"
+	"log/slog"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+// The result events of the commands, written on stdout (see logs.go): one
+// line each for people, one JSON object each with --log-format json.
+
+// failedEvent is a command that failed ("error", on stderr).
+type failedEvent struct{ Err string }
+
+func (e failedEvent) Name() string       { return "error" }
+func (e failedEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("err", e.Err)} }
+func (e failedEvent) Text() string       { return "rpac: " + e.Err }
+
+// trainedEvent ends a training run ("train.done"). NaN fields did not
+// happen in this invocation and are left out.
+type trainedEvent struct {
+	Steps, Params   int
+	FirstCE, LastCE float64 // this invocation's first and last train CE
+	ValCE           float64
+	EMACE, SWACE    float64
+	SWAMembers      int
+	Recall          float64 // NaN or RecallN 0: no recall
+	RecallN         int
+	TokensPerS      float64
+	Out             string
+}
+
+func (e trainedEvent) Name() string { return "train.done" }
+
+func (e trainedEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.Int("steps", e.Steps), slog.Int("params", e.Params)}
+	for _, f := range []struct {
+		key string
+		v   float64
+	}{{"train_ce_first", e.FirstCE}, {"train_ce", e.LastCE}, {"val_ce", e.ValCE}, {"val_ppl", math.Exp(e.ValCE)},
+		{"val_ce_ema", e.EMACE}, {"val_ce_swa", e.SWACE}} {
+		if !math.IsNaN(f.v) {
+			a = append(a, slog.Float64(f.key, f.v))
+		}
+	}
+	if !math.IsNaN(e.SWACE) {
+		a = append(a, slog.Int("swa_count", e.SWAMembers))
+	}
+	if e.hasRecall() {
+		a = append(a, slog.Float64("recall_acc", e.Recall), slog.Int("recall_n", e.RecallN))
+	}
+	if e.TokensPerS > 0 {
+		a = append(a, slog.Float64("tok_per_s", e.TokensPerS))
+	}
+	return append(a, slog.String("out", e.Out))
+}
+
+func (e trainedEvent) hasRecall() bool { return !math.IsNaN(e.Recall) && e.RecallN > 0 }
+
+func (e trainedEvent) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "trained %d steps (%d parameters)", e.Steps, e.Params)
+	var parts []string
+	if !math.IsNaN(e.FirstCE) {
+		parts = append(parts, fmt.Sprintf("train CE %.4f -> %.4f", e.FirstCE, e.LastCE))
+	}
+	if !math.IsNaN(e.ValCE) {
+		parts = append(parts, fmt.Sprintf("final eval CE %.4f (ppl %.1f)", e.ValCE, math.Exp(e.ValCE)))
+	}
+	if !math.IsNaN(e.EMACE) {
+		parts = append(parts, fmt.Sprintf("EMA %.4f", e.EMACE))
+	}
+	if e.hasRecall() {
+		parts = append(parts, fmt.Sprintf("recall %.4f (%d answers)", e.Recall, e.RecallN))
+	}
+	if !math.IsNaN(e.SWACE) {
+		parts = append(parts, fmt.Sprintf("SWA %.4f (%d members)", e.SWACE, e.SWAMembers))
+	}
+	if e.TokensPerS > 0 {
+		parts = append(parts, fmt.Sprintf("%.0f tokens/s", e.TokensPerS))
+	}
+	if len(parts) > 0 {
+		b.WriteString(": " + strings.Join(parts, ", "))
+	}
+	b.WriteString("; run in " + e.Out)
+	return b.String()
+}
+
+// initialisedEvent: `rpac train --steps 0` wrote the initial checkpoint
+// ("train.init").
+type initialisedEvent struct {
+	Params int
+	Out    string
+}
+
+func (e initialisedEvent) Name() string { return "train.init" }
+
+func (e initialisedEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.Int("params", e.Params), slog.Int("step", 0), slog.String("out", e.Out)}
+}
+
+func (e initialisedEvent) Text() string {
+	return fmt.Sprintf("wrote the initial checkpoint (%d parameters, step 0) to %s", e.Params, e.Out)
+}
+
+// exportedEvent summarises an export ("export.done").
+type exportedEvent struct {
+	Model, Weights  string
+	Step            int
+	Dir, Manifest   string
+	Seconds         float64
+	Fold, Attention string
+	Batch           int
+	DType           onnx.Precision
+	Quantize        string
+	KVCache         bool
+	Lengths         []int
+}
+
+func (e exportedEvent) Name() string { return "export.done" }
+
+func (e exportedEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.String("model", e.Model), slog.String("weights", e.Weights), slog.Int("step", e.Step),
+		slog.String("dir", e.Dir), slog.String("manifest", e.Manifest), slog.Any("lengths", e.Lengths), slog.Float64("seconds", e.Seconds),
+		slog.String("fold", e.Fold), slog.String("attention", e.Attention), slog.Int("batch", e.Batch), slog.String("dtype", e.DType.String())}
+	if e.Quantize != "" && e.Quantize != onnx.QuantizeNone {
+		a = append(a, slog.String("quantize", e.Quantize))
+	}
+	if e.KVCache {
+		a = append(a, slog.Bool("kv_cache", true))
+	}
+	return a
+}
+
+func (e exportedEvent) Text() string {
+	extra := ""
+	if e.DType != onnx.FP32 {
+		extra += ", dtype " + e.DType.String()
+	}
+	if e.Quantize != "" && e.Quantize != onnx.QuantizeNone {
+		extra += ", quantized " + e.Quantize
+	}
+	return fmt.Sprintf("exported %s model (%s weights, step %d) to %s in %.1fs: fold %s, attention %s, batch %d%s",
+		e.Model, e.Weights, e.Step, e.Dir, e.Seconds, e.Fold, e.Attention, e.Batch, extra)
+}
+
+// exportedLengthEvent is one length's graphs ("export.length").
+type exportedLengthEvent struct {
+	T                        int
+	File                     string
+	Bytes                    int64
+	Nodes                    int
+	Seconds                  float64
+	Calibrated               bool
+	CalibBatches, CalibBatch int
+	CalibSource              string
+	KVFiles                  []string
+	KVBytes                  int64
+}
+
+func (e exportedLengthEvent) Name() string { return "export.length" }
+
+func (e exportedLengthEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.Int("T", e.T), slog.String("file", e.File), slog.Int64("bytes", e.Bytes), slog.Int("nodes", e.Nodes),
+		slog.Float64("seconds", e.Seconds)}
+	if e.Calibrated {
+		a = append(a, slog.Bool("calibrated", true), slog.Int("calib_batches", e.CalibBatches), slog.Int("calib_batch", e.CalibBatch),
+			slog.String("calib_source", e.CalibSource))
+	}
+	if len(e.KVFiles) > 0 {
+		a = append(a, slog.Any("kv_files", e.KVFiles), slog.Int64("kv_bytes", e.KVBytes))
+	}
+	return a
+}
+
+func (e exportedLengthEvent) Text() string {
+	s := fmt.Sprintf("  L=%d  %s  %.1f MiB  %d nodes  %.1fs", e.T, e.File, float64(e.Bytes)/(1<<20), e.Nodes, e.Seconds)
+	if e.Calibrated {
+		s += fmt.Sprintf(", running statistics calibrated on %d×%d chunks (%s)", e.CalibBatches, e.CalibBatch, e.CalibSource)
+	}
+	if len(e.KVFiles) > 0 {
+		s += fmt.Sprintf("; KV cache: %s  %.1f MiB", strings.Join(e.KVFiles, ", "), float64(e.KVBytes)/(1<<20))
+	}
+	return s
+}
+
+// foldLayerEvent is one layer's folded prior at one length ("export.fold").
+type foldLayerEvent struct{ passes.FoldLayer }
+
+func (e foldLayerEvent) Name() string { return "export.fold" }
+
+func (e foldLayerEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.Int("T", e.T), slog.Int("layer", e.Layer), slog.Float64("bias_min", e.Min), slog.Float64("bias_max", e.Max),
+		slog.Float64("bias_mean", e.Mean), slog.Float64("clip_frac", e.ClipFrac), slog.Float64("clip", e.Clip)}
+	if e.Rank > 0 {
+		a = append(a, slog.Int("rank", e.Rank), slog.Float64("rank_err", e.RankErr))
+	}
+	return a
+}
+
+func (e foldLayerEvent) Text() string {
+	rank := ""
+	if e.Rank > 0 {
+		rank = fmt.Sprintf("  rank form: %d extra q/k components, max deviation %.1e", e.Rank, e.RankErr)
+	}
+	return fmt.Sprintf("    layer %2d  bias [%+.3f, %+.3f] mean %+.3f  clipped %.2f%% (|x| > %g)%s", e.Layer, e.Min, e.Max, e.Mean, 100*e.ClipFrac, e.Clip, rank)
+}
+
+// exportNoteEvent is advice about an export ("export.note").
+type exportNoteEvent struct{ Note string }
+
+func (e exportNoteEvent) Name() string       { return "export.note" }
+func (e exportNoteEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("note", e.Note)} }
+func (e exportNoteEvent) Text() string       { return "  note: " + e.Note }
+
+// verifyEvent starts `export --verify`'s report ("export.verify").
+type verifyEvent struct{ Split, Protocol string }
+
+func (e verifyEvent) Name() string { return "export.verify" }
+
+func (e verifyEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("split", e.Split), slog.String("protocol", e.Protocol)}
+}
+
+func (e verifyEvent) Text() string { return fmt.Sprintf("verify on %s (%s):", e.Split, e.Protocol) }
+
+// verifyLimitsEvent ends a passing `export --verify` with the limits it
+// held ("export.verify_limits").
+type verifyLimitsEvent struct{ export.VerifyLimits }
+
+func (e verifyLimitsEvent) Name() string { return "export.verify_limits" }
+
+func (e verifyLimitsEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.Float64("max_abs_logit_diff", e.MaxAbsDiff), slog.Float64("max_ce_cost", e.MaxCECost)}
+}
+
+func (e verifyLimitsEvent) Text() string {
+	return fmt.Sprintf("  within the limits: max |Δlogit| %g, CE cost %g nats", e.MaxAbsDiff, e.MaxCECost)
+}
+
+// verifiedEvent is one length's check against the Go executor
+// ("export.verified").
+type verifiedEvent struct {
+	T, Tokens, Batches, Batch int
+	MaxAbsDiff                float64
+	CEExport, CEEval, CEBatch float64
+	KVSteps                   int
+	KVMaxAbsDiff              float64
+}
+
+func (e verifiedEvent) Name() string { return "export.verified" }
+
+func (e verifiedEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.Int("T", e.T), slog.Int("tokens", e.Tokens), slog.Int("batches", e.Batches), slog.Int("batch", e.Batch),
+		slog.Float64("max_abs_logit_diff", e.MaxAbsDiff), slog.Float64("ce_onnxruntime", e.CEExport), slog.Float64("ce_go_eval", e.CEEval),
+		slog.Float64("export_cost", e.CEExport-e.CEEval), slog.Float64("ce_batch_stats", e.CEBatch)}
+	if e.KVSteps > 0 {
+		a = append(a, slog.Int("kv_steps", e.KVSteps), slog.Float64("kv_max_abs_logit_diff", e.KVMaxAbsDiff))
+	}
+	return a
+}
+
+func (e verifiedEvent) Text() string {
+	s := fmt.Sprintf("  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f",
+		e.T, e.Tokens, e.Batches, e.Batch, e.MaxAbsDiff, e.CEExport, e.CEEval, e.CEExport-e.CEEval, e.CEBatch)
+	if e.KVSteps > 0 {
+		s += fmt.Sprintf("; KV cache: %d decode steps, max|Δlogit| %.2e", e.KVSteps, e.KVMaxAbsDiff)
+	}
+	return s
+}
+
+// tritonEvent summarises a Triton model repository ("export.triton").
+type tritonEvent struct {
+	Out             string
+	Seconds         float64
+	Fold, Attention string
+}
+
+func (e tritonEvent) Name() string { return "export.triton" }
+
+func (e tritonEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("dir", e.Out), slog.Float64("seconds", e.Seconds), slog.String("fold", e.Fold), slog.String("attention", e.Attention)}
+}
+
+func (e tritonEvent) Text() string {
+	return fmt.Sprintf("wrote a Triton model repository to %s in %.1fs (fold %s, attention %s):", e.Out, e.Seconds, e.Fold, e.Attention)
+}
+
+// tritonModelEvent is one model of the repository ("export.triton.model").
+type tritonModelEvent struct {
+	Model  string
+	T      int
+	Bytes  int64
+	Nodes  int
+	Config string
+}
+
+func (e tritonModelEvent) Name() string { return "export.triton.model" }
+
+func (e tritonModelEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("model", e.Model), slog.Int("T", e.T), slog.Int64("bytes", e.Bytes), slog.Int("nodes", e.Nodes), slog.String("config", e.Config)}
+}
+
+func (e tritonModelEvent) Text() string {
+	return fmt.Sprintf("  %s  L=%d  %.1f MiB  %d nodes  %s", e.Model, e.T, float64(e.Bytes)/(1<<20), e.Nodes, e.Config)
+}
+
+// tritonServeEvent says how to serve the repository ("export.triton.serve").
+type tritonServeEvent struct{ Command string }
+
+func (e tritonServeEvent) Name() string       { return "export.triton.serve" }
+func (e tritonServeEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("command", e.Command)} }
+func (e tritonServeEvent) Text() string       { return "serve it with: " + e.Command }
+
+// evaluatedEvent is `rpac eval`'s score ("eval.done").
+type evaluatedEvent struct {
+	Data                  string // e.g. "wikitext2 valid"
+	T, Chunks, Tokens     int
+	CE                    float64
+	ModelTokPerS, TokPerS float64
+	Runtime, Provider     string
+}
+
+func (e evaluatedEvent) Name() string { return "eval.done" }
+
+func (e evaluatedEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("data", e.Data), slog.Int("T", e.T), slog.Int("chunks", e.Chunks), slog.Int("tokens", e.Tokens),
+		slog.Float64("ce", e.CE), slog.Float64("ppl", math.Exp(e.CE)), slog.Float64("model_tok_per_s", e.ModelTokPerS),
+		slog.Float64("tok_per_s", e.TokPerS), slog.String("onnxruntime", e.Runtime), slog.String("provider", e.Provider)}
+}
+
+func (e evaluatedEvent) Text() string {
+	return fmt.Sprintf("%s, L=%d, %d chunks (%d tokens): CE %.4f nats, perplexity %.2f; %.0f tokens/s in the model (onnxruntime %s, %s), %.0f tokens/s with scoring",
+		e.Data, e.T, e.Chunks, e.Tokens, e.CE, math.Exp(e.CE), e.ModelTokPerS, e.Runtime, e.Provider, e.TokPerS)
+}
+
+// servingEvent: rpac serve listens ("serve.start").
+type servingEvent struct {
+	Model, Dir    string
+	Lengths       []int
+	Batch         int
+	URL           string
+	MaxBatch      int
+	MaxWait       time.Duration
+	Queue         int
+	Tokenizer     string // the manifest's
+	Tokenizes     bool   // false: prompts must be token ids
+	KVCacheLength []int  // nil: completions recompute the context
+}
+
+func (e servingEvent) Name() string { return "serve.start" }
+
+func (e servingEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.String("model", e.Model), slog.String("dir", e.Dir), slog.Any("lengths", e.Lengths), slog.Int("batch", e.Batch),
+		slog.String("url", e.URL), slog.Int("max_batch", e.MaxBatch), slog.Float64("max_wait_s", e.MaxWait.Seconds()), slog.Int("queue", e.Queue),
+		slog.String("tokenizer", e.Tokenizer), slog.Bool("text_prompts", e.Tokenizes)}
+	if len(e.KVCacheLength) > 0 {
+		a = append(a, slog.Any("kv_cache_lengths", e.KVCacheLength))
+	}
+	return a
+}
+
+func (e servingEvent) Text() string {
+	s := fmt.Sprintf("serving %s (%s, lengths %v, graph batch %d) on %s: max batch %d, max wait %v, queue %d",
+		e.Model, e.Dir, e.Lengths, e.Batch, e.URL, e.MaxBatch, e.MaxWait, e.Queue)
+	if len(e.KVCacheLength) > 0 {
+		s += fmt.Sprintf("; completions decode on the KV cache (lengths %v)", e.KVCacheLength)
+	} else {
+		s += "; completions recompute the whole context at every step (export with --kv-cache to decode on a cache)"
+	}
+	if !e.Tokenizes {
+		s += fmt.Sprintf("; tokenizer %q: prompts must be token ids", e.Tokenizer)
+	}
+	return s
+}
+
+// stoppedEvent: rpac serve stopped ("serve.stop").
+type stoppedEvent struct{ After time.Duration }
+
+func (e stoppedEvent) Name() string { return "serve.stop" }
+func (e stoppedEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.Float64("uptime_s", e.After.Seconds())}
+}
+func (e stoppedEvent) Text() string {
+	return fmt.Sprintf("stopped after %v", e.After.Round(time.Second))
+}
+
+// benchExportEvent: bench infer exported one case ("bench.export", on
+// stderr: the table on stdout is the report).
+type benchExportEvent struct {
+	Preset, Model, Fold, Attention, DType string
+	T, Nodes                              int
+}
+
+func (e benchExportEvent) Name() string { return "bench.export" }
+
+func (e benchExportEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("preset", e.Preset), slog.String("model", e.Model), slog.String("fold", e.Fold),
+		slog.String("attention", e.Attention), slog.String("dtype", e.DType), slog.Int("T", e.T), slog.Int("nodes", e.Nodes)}
+}
+
+func (e benchExportEvent) Text() string {
+	return fmt.Sprintf("exported %s %s fold=%s attention=%s dtype=%s T=%d (%d nodes)", e.Preset, e.Model, e.Fold, e.Attention, e.DType, e.T, e.Nodes)
+}

@@ -1,0 +1,252 @@
+package training
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+)
+
+// The events of a training run, logged through Options.Log (see
+// internal/logging): each has the fields that apply to it and a line for
+// people. metrics.jsonl keeps the full per-step record; these are what a
+// person (or a log collector) watches.
+
+// LengthMemory is the memory plan of one training length.
+type LengthMemory struct {
+	Context    int   `json:"context"`
+	Batch      int   `json:"batch"`
+	MicroBatch int   `json:"micro_batch"`
+	StepBytes  int64 `json:"step_bytes"`
+}
+
+// MemoryEvent is the run's memory plan ("train.memory").
+type MemoryEvent struct {
+	Planned, Budget, Static, Eval int64
+	Lengths                       []LengthMemory
+}
+
+func (e MemoryEvent) Name() string { return "train.memory" }
+
+func (e MemoryEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.Int64("planned_bytes", e.Planned), slog.Int64("budget_bytes", e.Budget),
+		slog.Int64("static_bytes", e.Static), slog.Int64("eval_bytes", e.Eval), slog.Any("lengths", e.Lengths)}
+}
+
+func (e MemoryEvent) Text() string {
+	var steps, micro []string
+	for _, l := range e.Lengths {
+		steps = append(steps, FormatBytes(l.StepBytes))
+		micro = append(micro, fmt.Sprintf("%d of %d sequences at T=%d", l.MicroBatch, l.Batch, l.Context))
+	}
+	return fmt.Sprintf("memory: %s planned of a %s budget (static %s, step %s, eval %s); micro-batch %s",
+		FormatBytes(e.Planned), FormatBytes(e.Budget), FormatBytes(e.Static), strings.Join(steps, ", "), FormatBytes(e.Eval),
+		strings.Join(micro, ", "))
+}
+
+// StartEvent describes the run as it starts or resumes ("train.start").
+// Controls that are off are left out.
+type StartEvent struct {
+	Model   string // fuzzy | baseline
+	Config  string // the model's size, model.Config.Summary
+	Align   bool   // RPA alignment (fuzzy only)
+	Preset  string
+	Params  int
+	Context int   // evaluation length
+	Games   []int // the context game's lengths (nil: no game)
+	// TokensPerStep and Steps: the whole run's; From is the step it
+	// resumes after (0: a fresh run).
+	TokensPerStep, Steps, From int
+	Dataset, Protocol          string
+	Backend                    string
+	Controller                 string // "" or none: no controller
+	EMA, SWA, Chaos, Glide     bool
+}
+
+func (e StartEvent) Name() string { return "train.start" }
+
+func (e StartEvent) controls() []string {
+	var on []string
+	if e.Controller != "" && e.Controller != "none" {
+		on = append(on, "controller "+e.Controller)
+	}
+	if len(e.Games) > 0 {
+		on = append(on, fmt.Sprintf("context game %v", e.Games))
+	}
+	for _, c := range []struct {
+		on   bool
+		name string
+	}{{e.EMA, "EMA"}, {e.SWA, "SWA-select"}, {e.Chaos, "chaos"}, {e.Glide, "dropout glide"}} {
+		if c.on {
+			on = append(on, c.name)
+		}
+	}
+	return on
+}
+
+func (e StartEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.String("model", e.Model), slog.String("config", e.Config)}
+	if e.Model == "fuzzy" {
+		a = append(a, slog.Bool("align", e.Align))
+	}
+	if e.Preset != "" {
+		a = append(a, slog.String("preset", e.Preset))
+	}
+	a = append(a, slog.Int("params", e.Params), slog.Int("context", e.Context))
+	if len(e.Games) > 0 {
+		a = append(a, slog.Any("contexts", e.Games))
+	}
+	a = append(a, slog.Int("tokens_per_step", e.TokensPerStep), slog.Int("steps", e.Steps))
+	if e.From > 0 {
+		a = append(a, slog.Int("resume_from", e.From))
+	}
+	a = append(a, slog.String("dataset", e.Dataset), slog.String("protocol", e.Protocol), slog.String("backend", e.Backend))
+	if e.Controller != "" && e.Controller != "none" {
+		a = append(a, slog.String("controller", e.Controller))
+	}
+	for _, c := range []struct {
+		on  bool
+		key string
+	}{{e.EMA, "ema"}, {e.SWA, "swa"}, {e.Chaos, "chaos"}, {e.Glide, "dropout_glide"}} {
+		if c.on {
+			a = append(a, slog.Bool(c.key, true))
+		}
+	}
+	return a
+}
+
+func (e StartEvent) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "model: %s, %d parameters", e.Config, e.Params)
+	if e.Model == "fuzzy" && !e.Align {
+		b.WriteString(" (legacy bias, no RPA alignment)")
+	}
+	verb := "training"
+	if e.From > 0 {
+		verb = fmt.Sprintf("resuming after step %d of", e.From)
+	}
+	data := e.Dataset + " (" + e.Protocol + ")"
+	if strings.HasPrefix(e.Protocol, e.Dataset) {
+		data = e.Protocol
+	}
+	fmt.Fprintf(&b, "; %s %d steps × %d tokens on %s, eval at T=%d", verb, e.Steps, e.TokensPerStep, data, e.Context)
+	if on := e.controls(); len(on) > 0 {
+		b.WriteString("; " + strings.Join(on, ", "))
+	}
+	fmt.Fprintf(&b, "; backend %s", e.Backend)
+	return b.String()
+}
+
+// EvalEvent is one evaluation during training ("train.eval"). NaN fields
+// (EMA, SWA) and a nil Recall are left out.
+type EvalEvent struct {
+	Step, Steps int
+	Split       string
+	CE          float64
+	Tokens      int
+	Recall      *float64 // accuracy on the synthetic corpus's answers (nil: none were scored)
+	RecallN     int
+	EMACE       float64 // NaN: no EMA
+	SWACE       float64 // NaN: no SWA average yet
+	SWACount    int
+}
+
+func (e EvalEvent) Name() string { return "train.eval" }
+
+func (e EvalEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.Int("step", e.Step), slog.Int("steps", e.Steps), slog.String("split", e.Split),
+		slog.Float64("val_ce", e.CE), slog.Float64("val_ppl", math.Exp(e.CE)), slog.Int("val_tokens", e.Tokens)}
+	if e.Recall != nil {
+		a = append(a, slog.Float64("recall_acc", *e.Recall), slog.Int("recall_n", e.RecallN))
+	}
+	if !math.IsNaN(e.EMACE) {
+		a = append(a, slog.Float64("val_ce_ema", e.EMACE), slog.Float64("val_ppl_ema", math.Exp(e.EMACE)))
+	}
+	if !math.IsNaN(e.SWACE) {
+		a = append(a, slog.Float64("val_ce_swa", e.SWACE), slog.Float64("val_ppl_swa", math.Exp(e.SWACE)), slog.Int("swa_count", e.SWACount))
+	}
+	return a
+}
+
+func (e EvalEvent) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "eval step %d/%d on %s: CE %.4f (ppl %.1f) over %d tokens", e.Step, e.Steps, e.Split, e.CE, math.Exp(e.CE), e.Tokens)
+	if e.Recall != nil {
+		fmt.Fprintf(&b, ", recall %.4f (%d answers)", *e.Recall, e.RecallN)
+	}
+	if !math.IsNaN(e.EMACE) {
+		fmt.Fprintf(&b, ", EMA CE %.4f", e.EMACE)
+	}
+	if !math.IsNaN(e.SWACE) {
+		fmt.Fprintf(&b, ", SWA CE %.4f (%d epochs)", e.SWACE, e.SWACount)
+	}
+	return b.String()
+}
+
+// SkippedStepEvent is a step whose loss or gradient norm was not finite
+// ("train.skipped_step", a warning).
+type SkippedStepEvent struct {
+	Step           int
+	Loss, GradNorm float64
+	Skipped        int // steps skipped so far
+}
+
+func (e SkippedStepEvent) Name() string { return "train.skipped_step" }
+
+func (e SkippedStepEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.Int("step", e.Step), slog.Float64("loss", e.Loss), slog.Float64("grad_norm", e.GradNorm),
+		slog.Int("skipped_total", e.Skipped)}
+}
+
+func (e SkippedStepEvent) Text() string {
+	return fmt.Sprintf("step %d skipped: loss %v, gradient norm %v (the weights are unchanged; %d skipped so far)",
+		e.Step, e.Loss, e.GradNorm, e.Skipped)
+}
+
+// ResumeLREvent is a resume with another peak learning rate
+// ("train.resume_lr", a warning).
+type ResumeLREvent struct{ LR, Was float64 }
+
+func (e ResumeLREvent) Name() string { return "train.resume_lr" }
+
+func (e ResumeLREvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.Float64("lr", e.LR), slog.Float64("run_lr", e.Was)}
+}
+
+func (e ResumeLREvent) Text() string {
+	return fmt.Sprintf("--resume with another peak LR: %g (the run: %g); the schedule continues at the new peak", e.LR, e.Was)
+}
+
+// AblationRunEvent starts one run of an ablation ("ablate.run").
+type AblationRunEvent struct {
+	Stage, Label string
+	Seed         uint64
+	Dir          string
+}
+
+func (e AblationRunEvent) Name() string { return "ablate.run" }
+
+func (e AblationRunEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("stage", e.Stage), slog.String("label", e.Label), slog.Uint64("seed", e.Seed), slog.String("dir", e.Dir)}
+}
+
+func (e AblationRunEvent) Text() string {
+	return fmt.Sprintf("ablation: %s, seed %d → %s", e.Label, e.Seed, e.Dir)
+}
+
+// AblationReuseEvent is an ablation run found finished ("ablate.reuse").
+type AblationReuseEvent struct {
+	Stage string
+	Seed  uint64
+	CE    float64
+}
+
+func (e AblationReuseEvent) Name() string { return "ablate.reuse" }
+
+func (e AblationReuseEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("stage", e.Stage), slog.Uint64("seed", e.Seed), slog.Float64("val_ce", e.CE)}
+}
+
+func (e AblationReuseEvent) Text() string {
+	return fmt.Sprintf("ablation: %s, seed %d already finished (val CE %.4f); reusing it", e.Stage, e.Seed, e.CE)
+}
