@@ -134,6 +134,35 @@ func TestExportServe(t *testing.T) {
 	}
 }
 
+// TestExportVerifyLimits: --verify fails, naming the limit, when a length's
+// max |Δlogit| or CE cost is above it, and says which limits held when it
+// passes; a limit that is not a positive number is refused.
+func TestExportVerifyLimits(t *testing.T) {
+	env := []string{"ORT_LIB=" + ortLib(t)}
+	run := writeRun(t)
+	args := func(extra ...string) []string {
+		return append([]string{"export", "--run", run, "--lengths", "16", "--out", filepath.Join(t.TempDir(), "e"),
+			"--verify", "--verify-batches", "1", "--verify-batch", "2", "--calib-batches", "2"}, extra...)
+	}
+	got, code := rpacEnv(t, env, args("--quantize", "int8")...)
+	if code != 0 || !strings.Contains(got, "within the limits: max |Δlogit| 0.25, CE cost 0.05 nats") {
+		t.Fatalf("int8 within its default limits: exit %d:\n%s", code, got)
+	}
+	for _, tc := range []struct{ flag, val, want string }{
+		{"--verify-max-diff", "1e-12", "max |Δlogit|"},
+		{"--verify-max-ce-cost", "-1", "must be a positive number"},
+		{"--verify-max-diff", "NaN", "must be a positive number"},
+	} {
+		got, code := rpacEnv(t, env, args("--quantize", "int8", tc.flag, tc.val)...)
+		if code == 0 || !strings.Contains(got, tc.want) {
+			t.Errorf("%s %s: exit %d, want %q:\n%s", tc.flag, tc.val, code, tc.want, got)
+		}
+		if tc.val == "1e-12" && !strings.Contains(got, "exceeds the limit 1e-12") {
+			t.Errorf("the failure does not name the limit:\n%s", got)
+		}
+	}
+}
+
 // TestExportBadInput: clear errors, non-zero exits, no panics.
 func TestExportBadInput(t *testing.T) {
 	run := writeRun(t)

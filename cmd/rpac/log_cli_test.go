@@ -287,13 +287,13 @@ func TestExportEvalLog(t *testing.T) {
 		t.Fatalf("export: exit %d:\n%s%s", code, stdout, stderr)
 	}
 	evs := jsonEvents(t, "export stdout", stdout)
-	for msg, n := range map[string]int{"export.done": 1, "export.length": 2, "export.fold": 4, "export.verify": 1, "export.verified": 2} {
+	for msg, n := range map[string]int{"export.done": 1, "export.length": 2, "export.fold": 4, "export.verify": 1, "export.verified": 2, "export.verify_limits": 1} {
 		if got := len(named(evs, msg)); got != n {
 			t.Errorf("%d %s events, want %d:\n%s", got, msg, n, stdout)
 		}
 	}
-	if len(evs) != 10 {
-		t.Errorf("%d events on stdout, want 10:\n%s", len(evs), stdout)
+	if len(evs) != 11 {
+		t.Errorf("%d events on stdout, want 11:\n%s", len(evs), stdout)
 	}
 	hasKeys(t, named(evs, "export.done")[0], []string{"model", "weights", "step", "dir", "manifest", "lengths", "fold", "attention", "batch", "dtype"},
 		[]string{"quantize", "kv_cache"})
