@@ -20,6 +20,16 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		os.Setenv("RPAC_REQUIRE_GPU", "1")
+		if name := os.Getenv("RPAC_SIM_PLANT"); name != "" {
+			plant, ok := plants[name]
+			if !ok {
+				fmt.Fprintf(os.Stderr, "RPAC_SIM_PLANT=%s: no such planted defect\n", name)
+				os.Exit(2)
+			}
+			plantHook = plant
+			// every source must have changed, or the plant is void
+			fmt.Fprintf(os.Stderr, "planted defect %s\n", name)
+		}
 		fmt.Fprintf(os.Stderr, "cuda tests on the CUDA simulator (%s)\n", dir)
 	}
 	os.Exit(m.Run())
