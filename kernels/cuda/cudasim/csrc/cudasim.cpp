@@ -339,6 +339,8 @@ struct Worker {
     const char* bar_file = nullptr;
     int bar_line = 0;
     uint64_t ready[kMaxThreads / 64];
+    unsigned warp_arrived[kMaxThreads / 32];  // lanes waiting at a warp op
+    unsigned warp_exited[kMaxThreads / 32];   // lanes that have exited
     bool reverse = false;
     std::string error;  // a block's failure
     int error_code = 0;
@@ -348,7 +350,7 @@ struct Worker {
     volatile uintptr_t fault_pc = 0;
 };
 
-thread_local Worker* t_worker = nullptr;
+thread_local Worker* t_worker __attribute__((tls_model("initial-exec"))) = nullptr;
 
 void set_ready(Worker* w, int i) { w->ready[i >> 6] |= 1ull << (i & 63); }
 void clear_ready(Worker* w, int i) { w->ready[i >> 6] &= ~(1ull << (i & 63)); }
@@ -457,6 +459,9 @@ void try_complete_warp(Worker* w, Fiber* f) {
     int base = warp * 32;
     unsigned mask = f->mask;
     int lanes = std::min(32, w->nthreads - base);
+    w->warp_arrived[warp] |= 1u << (f->lin & 31);
+    if ((w->warp_arrived[warp] & mask) != mask && !(w->warp_exited[warp] & mask) &&
+        (lanes == 32 || !(mask >> lanes))) return;  // others still to come
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1)) continue;
         if (l >= lanes) {
@@ -532,6 +537,26 @@ void try_complete_warp(Worker* w, Fiber* f) {
             w->fibers[base + l].state = F_READY;
             set_ready(w, base + l);
         }
+    w->warp_arrived[warp] &= ~mask;
+}
+
+// lane_exited: a lane that exits while lanes of its warp wait for it at a
+// warp op is an error.
+void lane_exited(Worker* w, Fiber* f) {
+    int warp = f->lin >> 5, base = warp * 32;
+    unsigned bit = 1u << (f->lin & 31);
+    w->warp_exited[warp] |= bit;
+    unsigned waiting = w->warp_arrived[warp];
+    for (int l = 0; waiting && l < 32; l++) {
+        if (!(waiting >> l & 1)) continue;
+        Fiber* o = &w->fibers[base + l];
+        if (o->mask & bit) {
+            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION,
+                        fmt("%s at %s:%d in %s: lane %d of mask %#x has exited", op_name(o->op), o->file, o->line,
+                            where(o).c_str(), f->lin & 31, o->mask));
+            return;
+        }
+    }
 }
 
 void try_complete_barrier(Worker* w) {
@@ -583,6 +608,8 @@ bool run_block(Worker* w, LaunchJob* job, long lin_block) {
     w->bar_line = 0;
     w->reverse = job->reverse;
     memset(w->ready, 0, sizeof w->ready);
+    memset(w->warp_arrived, 0, sizeof w->warp_arrived);
+    memset(w->warp_exited, 0, sizeof w->warp_exited);
     // shared memory: static (the module's TLS block) and dynamic, poisoned
     Module* m = job->fn->mod;
     if (m->tls_anchor) {
@@ -665,7 +692,10 @@ bool run_block(Worker* w, LaunchJob* job, long lin_block) {
         w->cur = nullptr;
         if (f->state == F_WARP) {
             try_complete_warp(w, f);
-        } else if (f->state == F_BARRIER || f->state == F_EXITED) {
+        } else if (f->state == F_BARRIER) {
+            try_complete_barrier(w);
+        } else if (f->state == F_EXITED) {
+            lane_exited(w, f);
             try_complete_barrier(w);
         }
     }

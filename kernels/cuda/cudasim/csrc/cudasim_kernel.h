@@ -38,7 +38,8 @@ struct rpac_sim_view {
 };
 
 extern "C" {
-const rpac_sim_view* rpac_sim_self(void);
+// constant for a CUDA thread (a fiber runs one thread of one block)
+const rpac_sim_view* rpac_sim_self(void) __attribute__((const));
 void rpac_sim_barrier(const char* file, int line);
 unsigned long long rpac_sim_warp(int op, unsigned mask, unsigned long long v, int arg, int width, const char* file,
                                  int line);
