@@ -8,7 +8,8 @@
 # Packages: libopenblas-dev (cblas.h and libopenblas, which the kernels link
 # through cgo), pkg-config, and gcc with libc6-dev (cgo's C toolchain; without
 # it Go builds rpac with cgo off, that is without OpenBLAS and without the
-# onnxruntime runtime). Each is checked with dpkg and installed only when
+# onnxruntime runtime), and g++ (builds the CUDA simulator, which runs the
+# CUDA backend on the CPU: --device cuda-sim). Each is checked with dpkg and installed only when
 # missing, after an `apt-get update`; apt-get runs directly as root and
 # through sudo otherwise. A second run installs nothing and rebuilds.
 # Go itself (the version go.mod names, or newer) must already be on PATH.
@@ -19,7 +20,7 @@ dry=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
-    -h | --help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown argument $arg (want --dry-run or --help)" >&2; exit 2 ;;
   esac
 done
@@ -31,7 +32,7 @@ run() {
 }
 
 # --- Debian packages --------------------------------------------------------
-packages=(libopenblas-dev pkg-config gcc libc6-dev)
+packages=(libopenblas-dev pkg-config gcc libc6-dev g++)
 if ! command -v dpkg-query >/dev/null 2>&1; then
   say "dpkg not found (not Debian or Ubuntu): not checking packages; install OpenBLAS" \
     "(cblas.h, libopenblas) and a C compiler with your package manager"
@@ -66,6 +67,14 @@ if [ "$(go env CGO_ENABLED)" != 1 ]; then
     "rpac will build without OpenBLAS and without the onnxruntime runtime"
 fi
 run go build -o rpac ./cmd/rpac
+# The CUDA simulator (kernels/cuda/cudasim), built once into the user cache.
+if [ "$dry" = 1 ]; then
+  say "would run: ./rpac cuda-sim build"
+elif command -v g++ >/dev/null 2>&1; then
+  run ./rpac cuda-sim build
+else
+  say "warning: g++ not found: the CUDA simulator (--device cuda-sim) is not built"
+fi
 if [ "$dry" = 1 ]; then
   say "dry run: nothing installed or built"
 else

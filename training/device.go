@@ -6,6 +6,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/cudasim"
 )
 
 // Device is where a run computes.
@@ -15,7 +16,14 @@ const (
 	DeviceCPU  Device = iota
 	DeviceCUDA        // one NVIDIA GPU (the first visible)
 	DeviceAuto        // CUDA when a GPU is usable, else the CPU
+	// DeviceCUDASim is the CUDA backend on rpac's CUDA simulator: every
+	// kernel runs on the CPU from its CUDA source (kernels/cuda/cudasim).
+	// It checks the CUDA code; it says nothing of a GPU's speed.
+	DeviceCUDASim
 )
+
+// isCUDA: the device runs the CUDA backend (on a GPU or the simulator).
+func (d Device) isCUDA() bool { return d == DeviceCUDA || d == DeviceCUDASim }
 
 func (d Device) String() string {
 	switch d {
@@ -23,6 +31,8 @@ func (d Device) String() string {
 		return "cuda"
 	case DeviceAuto:
 		return "auto"
+	case DeviceCUDASim:
+		return "cuda-sim"
 	}
 	return "cpu"
 }
@@ -36,8 +46,10 @@ func ParseDevice(s string) (Device, error) {
 		return DeviceCUDA, nil
 	case "auto":
 		return DeviceAuto, nil
+	case "cuda-sim":
+		return DeviceCUDASim, nil
 	}
-	return 0, fmt.Errorf("--device %q: want cpu, cuda or auto", s)
+	return 0, fmt.Errorf("--device %q: want cpu, cuda, cuda-sim or auto", s)
 }
 
 // Precision is the arithmetic of a run's GEMMs.
@@ -82,8 +94,8 @@ func resolveDevice(d Device, p Precision) (Device, Precision, error) {
 		}
 	}
 	switch {
-	case d > DeviceAuto:
-		return 0, 0, fmt.Errorf("device %d: want cpu, cuda or auto", d)
+	case d > DeviceCUDASim:
+		return 0, 0, fmt.Errorf("device %d: want cpu, cuda, cuda-sim or auto", d)
 	case d == DeviceCPU && p == PrecisionBF16:
 		return 0, 0, fmt.Errorf("--precision bf16 needs --device cuda (the CPU backend computes in fp32)")
 	case d == DeviceCPU:
@@ -103,7 +115,19 @@ func CheckDevice(d Device, p Precision) error {
 	}
 	if d == DeviceCUDA {
 		if err := cuda.Available(); err != nil {
-			return fmt.Errorf("--device cuda: %w. Use --device cpu (or auto)", err)
+			return fmt.Errorf("--device cuda: %w. Use --device cpu (or auto, or cuda-sim to run the CUDA code on the CPU)", err)
+		}
+	}
+	if d == DeviceCUDASim {
+		if _, err := cudasim.Enable(); err != nil {
+			return fmt.Errorf("--device cuda-sim: %w", err)
+		}
+		drv, err := cuda.LoadDriver()
+		if err != nil {
+			return fmt.Errorf("--device cuda-sim: %w", err)
+		}
+		if !drv.Simulated() {
+			return fmt.Errorf("--device cuda-sim: the CUDA driver this process loaded is not the simulator's (a real driver was loaded first)")
 		}
 	}
 	return nil
@@ -122,11 +146,29 @@ func OpenBackend(d Device, p Precision) (kernels.Backend, error) {
 	if p == PrecisionBF16 {
 		gemm = cuda.GEMMBF16
 	}
+	if d == DeviceCUDASim {
+		if err := CheckDevice(d, p); err != nil {
+			return nil, err
+		}
+	}
 	be, err := cuda.New(0, gemm)
 	if err != nil {
-		return nil, fmt.Errorf("--device cuda: %w", err)
+		return nil, fmt.Errorf("--device %s: %w", d, err)
+	}
+	if d == DeviceCUDASim && !be.Simulated() {
+		return nil, fmt.Errorf("--device cuda-sim: the CUDA backend did not open the simulator")
 	}
 	return be, nil
+}
+
+// SimulatorNote is the line a run on the CUDA simulator prints ("" for
+// any other backend).
+func SimulatorNote(be kernels.Backend) string {
+	if c, ok := be.(*cuda.Backend); ok && c.Simulated() {
+		return "device: rpac's CUDA simulator (--device cuda-sim): the CUDA backend's kernels run on this CPU from their CUDA sources, " +
+			"one fiber per CUDA thread, with bounds and barrier checks; no GPU is used, and its speed says nothing of a GPU's"
+	}
+	return ""
 }
 
 // gpuBudgetFraction is the share of the GPU's memory a CUDA run plans for
@@ -142,8 +184,13 @@ func memBudget(d Device, p Precision) (int64, error) {
 		return 0, err
 	}
 	d, _, err = resolveDevice(d, p)
-	if err != nil || d != DeviceCUDA {
+	if err != nil || !d.isCUDA() {
 		return budget, err
+	}
+	if d == DeviceCUDASim {
+		if err := CheckDevice(d, p); err != nil {
+			return 0, err
+		}
 	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
@@ -151,7 +198,7 @@ func memBudget(d Device, p Precision) (int64, error) {
 	}
 	devs, err := drv.Devices()
 	if err != nil || len(devs) == 0 {
-		return 0, fmt.Errorf("--device cuda: no GPU visible (%v)", err)
+		return 0, fmt.Errorf("--device %s: no GPU visible (%v)", d, err)
 	}
 	return min(budget, int64(gpuBudgetFraction*float64(devs[0].TotalMemory))), nil
 }

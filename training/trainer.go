@@ -226,6 +226,9 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 			return nil, err
 		}
 	}
+	if note := SimulatorNote(backend); note != "" && o.Progress != nil {
+		fmt.Fprintln(o.Progress, note)
+	}
 	r := &run{o: o, plan: plan, ds: ds, backend: backend, steps: map[stepKey]*Step{},
 		ckDir: filepath.Join(o.Out, "checkpoint")}
 	r.limitMemory()

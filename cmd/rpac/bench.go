@@ -102,6 +102,9 @@ func benchTrain(c *cli.Context) error {
 	}
 	dt := time.Since(t0).Seconds() / float64(steps)
 	w, l := c.App.Writer, b.Length()
+	if note := training.SimulatorNote(b.Backend()); note != "" {
+		fmt.Fprintln(w, note)
+	}
 	fmt.Fprintf(w, "bench train: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s (forward, backward, clip, AdamW)\n",
 		b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T, b.Backend().Name())
 	fmt.Fprintf(w, "  step time        %.3f s  (%d steps)\n", dt, steps)

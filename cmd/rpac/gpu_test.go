@@ -49,7 +49,7 @@ func TestDeviceFlag(t *testing.T) {
 		"--eval-batches", "1", "--device", "auto", "--out", out); code != 0 {
 		t.Fatalf("auto: exit %d:\n%s", code, got)
 	}
-	cases := map[string]string{"tpu": "want cpu, cuda or auto", "cpu --precision bf16": "needs --device cuda"}
+	cases := map[string]string{"tpu": "want cpu, cuda, cuda-sim or auto", "cpu --precision bf16": "needs --device cuda"}
 	if cuda.Available() != nil {
 		cases["cuda"] = "--device cuda: the CUDA"
 	}

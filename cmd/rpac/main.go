@@ -34,6 +34,7 @@ func main() {
 			serveCommand(),
 			inspectCommand(),
 			gpuCommand(),
+			cudaSimCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

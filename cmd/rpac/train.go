@@ -256,7 +256,7 @@ func sizesFromFlags(c *cli.Context) model.Overrides {
 // memoryFlagDefs are the flags of the memory plan (train, bench train).
 func memoryFlagDefs() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu | cuda (the first GPU) | auto (cuda when a GPU is usable)"},
+		&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu | cuda (the first GPU) | cuda-sim (the CUDA backend on rpac's CUDA simulator, on the CPU) | auto (cuda when a GPU is usable)"},
 		&cli.StringFlag{Name: "precision", Usage: "GEMM inputs on CUDA: bf16 (default there) | fp32 (exact parity with the CPU backend); the CPU computes in fp32"},
 		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
 		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process, cgroup limits included)"},

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sort"
 	"strings"
@@ -89,7 +90,7 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBackend(&gpu{ctx: c, blas: b}, gemm), nil
+	return newBackend(&gpu{ctx: c, blas: b, syncEach: os.Getenv("RPAC_CUDA_SYNC") == "1"}, gemm), nil
 }
 
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
@@ -130,9 +131,20 @@ func (b *Backend) stored(st *kernels.Store, name string, shape ir.Shape) (Buffer
 	return buf, nil
 }
 
+// Simulated reports whether the backend runs on rpac's CUDA simulator.
+func (b *Backend) Simulated() bool {
+	g, ok := b.dev.(*gpu)
+	return ok && g.ctx.d.Simulated()
+}
+
 // Release frees the device copies of st's tensors (after the programs that
 // read them are closed).
 func (b *Backend) Release(st *kernels.Store) {
+	unbind, err := b.bind()
+	if err != nil {
+		return
+	}
+	defer unbind()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for k, e := range b.mirror {
@@ -277,6 +289,8 @@ func allValues(g *ir.Graph) []*ir.Value {
 // uploaded once; inputs and unplanned intermediates get their own buffers.
 func (p *program) layout(plan *kernels.Plan) error {
 	var slotOff []uint64
+	var slotBuf []Buffer // separate slots: one allocation per slot
+	separate := p.be.dev.separateSlots()
 	if plan != nil {
 		var total uint64
 		for s, n := range plan.SlotElems {
@@ -285,8 +299,15 @@ func (p *program) layout(plan *kernels.Plan) error {
 			}
 			slotOff = append(slotOff, total)
 			total += align256(uint64(4 * n))
+			if separate {
+				b, err := p.alloc(n)
+				if err != nil {
+					return fmt.Errorf("plan slot %d of %d elements: %w", s, n, err)
+				}
+				slotBuf = append(slotBuf, b)
+			}
 		}
-		if total > 0 {
+		if total > 0 && !separate {
 			a, err := p.be.dev.alloc(total)
 			if err != nil {
 				return fmt.Errorf("arena of %d bytes: %w", total, err)
@@ -345,7 +366,11 @@ func (p *program) layout(plan *kernels.Plan) error {
 				break
 			}
 			d.slot = s
-			d.buf = Buffer{Ptr: p.arena.Ptr + slotOff[s], Bytes: uint64(4 * d.n)}
+			if separate {
+				d.buf = Buffer{Ptr: slotBuf[s].Ptr, Bytes: uint64(4 * d.n)}
+			} else {
+				d.buf = Buffer{Ptr: p.arena.Ptr + slotOff[s], Bytes: uint64(4 * d.n)}
+			}
 		}
 		if err != nil {
 			problems = append(problems, err.Error())

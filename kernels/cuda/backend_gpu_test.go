@@ -22,6 +22,9 @@ type opCase struct {
 	// build, when set, builds the graph instead of one Apply (ops that come
 	// in pairs).
 	build func(g *ir.Graph, in []*ir.Value) []*ir.Value
+	// tol is the case's bound on the error relative to max(1, |cpu|)
+	// (0: 1e-5).
+	tol float64
 }
 
 // opCases covers every op of the IR table (TestOpCasesCoverTable checks).

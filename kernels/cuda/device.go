@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"runtime"
 	"unsafe"
 )
@@ -21,13 +22,22 @@ type device interface {
 	launch(name string, grid, block [3]uint32, shared uint32, args ...any) error
 	gemm(s GemmShape, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error
 	sync() error
+	// separateSlots: give every plan slot its own allocation (on the
+	// simulator, whose allocations end at a guard page, so an overrun from
+	// one slot into the next faults).
+	separateSlots() bool
 }
 
 // gpu is a device behind the driver API and cuBLASLt.
 type gpu struct {
 	ctx  *Context
 	blas *BLAS
+	// syncEach (RPAC_CUDA_SYNC=1): synchronize after every launch and GEMM
+	// and name the kernel that failed.
+	syncEach bool
 }
+
+func (g *gpu) separateSlots() bool { return g.ctx.d.Simulated() }
 
 func (g *gpu) Info() DeviceInfo { return g.ctx.Dev }
 
@@ -52,9 +62,25 @@ func (g *gpu) zero(b Buffer, bytes uint64) error {
 	return g.ctx.d.check(g.ctx.d.memsetD8(b.Ptr, 0, bytes), "cuMemsetD8")
 }
 func (g *gpu) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
-	return g.ctx.Launch(name, grid, block, shared, args...)
+	if err := g.ctx.Launch(name, grid, block, shared, args...); err != nil {
+		return err
+	}
+	if g.syncEach {
+		if err := g.ctx.Sync(); err != nil {
+			return fmt.Errorf("kernel %s (grid %v, block %v, %d bytes shared; RPAC_CUDA_SYNC=1): %w", name, grid, block, shared, err)
+		}
+	}
+	return nil
 }
 func (g *gpu) gemm(s GemmShape, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
-	return g.blas.GemmBatched(s, alpha, A, B, ab, beta, C)
+	if err := g.blas.GemmBatched(s, alpha, A, B, ab, beta, C); err != nil {
+		return err
+	}
+	if g.syncEach {
+		if err := g.ctx.Sync(); err != nil {
+			return fmt.Errorf("GEMM %+v (RPAC_CUDA_SYNC=1): %w", s, err)
+		}
+	}
+	return nil
 }
 func (g *gpu) sync() error { return g.ctx.Sync() }

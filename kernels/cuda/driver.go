@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // Driver is the CUDA driver API, bound at run time.
@@ -31,6 +33,11 @@ type Driver struct {
 	memsetD8       func(dst uint64, v uint8, n uint64) int32
 	launchKernel   func(fn uintptr, gx, gy, gz, bx, by, bz, shared uint32, stream uintptr, params, extra unsafe.Pointer) int32
 	getErrorString func(r int32, s **byte) int32
+
+	// The CUDA simulator's own controls (kernels/cuda/cudasim), bound when
+	// the library loaded is the simulator; nil for a real driver.
+	simConfig func(key string, v int64) int64
+	simStat   func(key string) int64
 }
 
 // Device attributes (CUdevice_attribute).
@@ -64,6 +71,10 @@ func LoadDriver() (*Driver, error) {
 			driverErr = err
 			return
 		}
+		if _, err := purego.Dlsym(d.handle, "rpacsim_version"); err == nil {
+			purego.RegisterLibFunc(&d.simConfig, d.handle, "rpacsim_config")
+			purego.RegisterLibFunc(&d.simStat, d.handle, "rpacsim_stat")
+		}
 		if err := d.check(d.init(0), "cuInit"); err != nil {
 			driverErr = fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)
 			return
@@ -71,6 +82,30 @@ func LoadDriver() (*Driver, error) {
 		driverLib = d
 	})
 	return driverLib, driverErr
+}
+
+// Simulated reports whether the driver is rpac's CUDA simulator.
+func (d *Driver) Simulated() bool { return d.simConfig != nil }
+
+// SimConfig sets one of the simulator's settings ("diff": 1 runs every
+// launch twice, in another block and thread order with another shared
+// memory poison, and compares) and returns the previous value; -1 on a real
+// driver or for an unknown key.
+func (d *Driver) SimConfig(key string, v int64) int64 {
+	if d.simConfig == nil {
+		return -1
+	}
+	return d.simConfig(key, v)
+}
+
+// SimStat reads one of the simulator's counters ("allocs", "alloc_bytes",
+// "launches", "blocks", "gemms", "diff_launches", "sticky"); -1 on a real
+// driver.
+func (d *Driver) SimStat(key string) int64 {
+	if d.simStat == nil {
+		return -1
+	}
+	return d.simStat(key)
 }
 
 func (d *Driver) check(r int32, what string) error {

@@ -127,6 +127,7 @@ func (f *fakeDevice) download(dst unsafe.Pointer, b Buffer, bytes uint64) error 
 
 func (f *fakeDevice) zero(b Buffer, bytes uint64) error { return f.within(b.Ptr, bytes) }
 func (f *fakeDevice) sync() error                       { return nil }
+func (f *fakeDevice) separateSlots() bool               { return false }
 
 func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	sig, ok := f.sigs[name]

@@ -60,14 +60,28 @@ func SearchDirs() []string {
 		arch = "aarch64-linux-gnu"
 	}
 	add("/usr/lib/"+arch, "/usr/lib64", "/usr/lib", "/usr/lib/wsl/lib", "/usr/local/nvidia/lib64")
-	for _, pattern := range []string{
+	patterns := []string{
 		"/usr/local/lib/python3*/dist-packages/nvidia/*/lib",
 		"/usr/lib/python3*/site-packages/nvidia/*/lib",
 		"/usr/local/lib/python3*/site-packages/nvidia/*/lib",
 		"/opt/*/lib/python3*/site-packages/nvidia/*/lib",
 		"/root/.local/lib/python3*/site-packages/nvidia/*/lib",
 		"/root/.pyenv/versions/*/lib/python3*/site-packages/nvidia/*/lib",
-	} {
+	}
+	// virtual environments: $VIRTUAL_ENV, $CONDA_PREFIX and any under the
+	// home directory (~/venv, ~/.venv, ~/*/.venv, ~/.virtualenvs/*, ...)
+	var venvs []string
+	for _, v := range []string{os.Getenv("VIRTUAL_ENV"), os.Getenv("CONDA_PREFIX")} {
+		if v != "" {
+			venvs = append(venvs, v+"/lib/python3*/site-packages/nvidia/*/lib")
+		}
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		for _, v := range []string{"*", ".*", "*/*", "*/.*", ".virtualenvs/*", ".local", "miniconda3", "anaconda3", "miniconda3/envs/*"} {
+			venvs = append(venvs, filepath.Join(home, v, "lib/python3*/site-packages/nvidia/*/lib"))
+		}
+	}
+	for _, pattern := range append(patterns, venvs...) {
 		m, _ := filepath.Glob(pattern)
 		add(m...)
 	}
@@ -113,7 +127,8 @@ func (e *MissingError) Error() string {
 		}
 		fmt.Fprintf(&b, "%s %s (%s: %s)", sep, l.Name, e.Reasons[i], l.Provide)
 	}
-	fmt.Fprintf(&b, ". Searched $RPAC_CUDA_LIBS, $LD_LIBRARY_PATH and %d usual folders; set RPAC_CUDA_LIBS=dir1:dir2 to add folders", len(e.Dirs))
+	fmt.Fprintf(&b, ". Searched $RPAC_CUDA_LIBS, $LD_LIBRARY_PATH, the usual folders and Python virtual environments (%s), then the loader's own path; set RPAC_CUDA_LIBS=dir1:dir2 to add folders",
+		strings.Join(e.Dirs, ", "))
 	return b.String()
 }
 

@@ -50,6 +50,13 @@ func LoadNVRTC() (*NVRTC, error) {
 	return nvrtcLib, nvrtcErr
 }
 
+// Simulated reports whether this is the CUDA simulator's NVRTC (it
+// reports version 0.N and compiles for the CPU; see kernels/cuda/cudasim).
+func (n *NVRTC) Simulated() bool {
+	major, _ := n.Version()
+	return major == 0
+}
+
 // Version is NVRTC's version (e.g. 11, 8).
 func (n *NVRTC) Version() (major, minor int) {
 	var a, b int32

@@ -424,9 +424,19 @@ func (p *program) buildGatherGrad(n *ir.Node, in, out []*dval) (func() error, er
 
 // ---- GEMMs ----
 
+// SmallGEMMDim: under GEMMBF16, a GEMM with M, N or K at most this stays
+// in fp32. Those are the fuzzy path's products over the R regimes, the K
+// soft blocks and the E experts (R = E = 4): [T,R]×[R,K], μ·P·Φᵀ, the gate
+// and value_gamma's projections, and their gradients, whose reductions
+// over a dimension of 4 give bf16's rounding of every input no chance to
+// average out (the RPA prior's parameters, pos_beta and tau_att, were off
+// by a relative 3.5 and 0.2 with them in bf16). They are a negligible share
+// of the FLOPs, and no tensor core needs them.
+const SmallGEMMDim = 8
+
 // gemm runs a strided batch of GEMMs in the backend's GEMM precision.
 func (p *program) gemm(s GemmShape, A, B Buffer, beta float32, C Buffer) error {
-	if p.be.gemm == GEMMF32 {
+	if p.be.gemm == GEMMF32 || min(s.M, s.N, s.K) <= SmallGEMMDim {
 		return p.be.dev.gemm(s, 1, A, B, F32, beta, C)
 	}
 	na, nb := gemmElems(s)

@@ -1,0 +1,237 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+// The simulator's own tests: they run only on the CUDA simulator
+// (RPAC_CUDA_SIM=1, as .ci/run sets it) and skip elsewhere.
+
+func simOnly(t *testing.T) *Driver {
+	t.Helper()
+	if os.Getenv("RPAC_CUDA_SIM") != "1" {
+		t.Skip("simulator test: run with RPAC_CUDA_SIM=1")
+	}
+	d, err := LoadDriver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Simulated() {
+		t.Fatal("RPAC_CUDA_SIM=1 but the driver loaded is not the simulator")
+	}
+	return d
+}
+
+// awkwardCases are shapes the tiny preset never has: head size 85 (the
+// paper preset's), lengths that are not a multiple of any block size, rows
+// longer than a block, batch one.
+func awkwardCases() []opCase {
+	att := ir.Shape{1, 2, 37, 85}
+	return []opCase{
+		{op: "FusedAttention", attrs: ir.Attrs{"scale": 0.11, "causal": true}, in: []ir.Shape{att, att, att, {37, 37}}},
+		{op: "FusedAttention", attrs: ir.Attrs{"scale": 0.11, "causal": true, "dropout": 0.1, "stream": 3}, in: []ir.Shape{att, att, att}},
+		{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.11, "causal": true}, in: []ir.Shape{att, att, att, att, {37, 37}}},
+		{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.11, "causal": true, "dropout": 0.1, "stream": 3}, in: []ir.Shape{att, att, att, att, {37, 37}}},
+		{op: "LayerNorm", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{37, 85}, {85}, {85}}},
+		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{37, 85}, {37, 85}, {85}}},
+		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{1, 1029}, {1, 1029}, {1029}}},
+		{op: "Softmax", in: []ir.Shape{{3, 1029}}},
+		// The inputs are N(0,1), not a softmax: Σ dy·y over 1,029 entries is
+		// about 32 in size, summed in fp32 in another order than the CPU's.
+		{op: "SoftmaxGrad", in: []ir.Shape{{3, 1029}, {3, 1029}}, tol: 1e-4},
+		{op: "CrossEntropy", attrs: ir.Attrs{"label_smoothing": 0.1}, in: []ir.Shape{{5, 1111}, {5}}, ids: map[int]int{1: 1111}},
+		{op: "CrossEntropyGrad", attrs: ir.Attrs{"label_smoothing": 0.1}, in: []ir.Shape{{}, {5, 1111}, {5}}, ids: map[int]int{2: 1111}},
+		{op: "GaussianMembership", in: []ir.Shape{{37, 85}, {4, 85}, {4}}},
+		{op: "GaussianMembershipGrad", in: []ir.Shape{{37, 4}, {37, 85}, {4, 85}, {4}, {37, 4}}},
+		{op: "ZScore", in: []ir.Shape{{37, 37}}},
+		{op: "ZScoreGrad", in: []ir.Shape{{37, 37}, {37, 37}}},
+		{op: "Linear", in: []ir.Shape{{1, 37, 85}, {9, 85}, {9}}},
+		{op: "MatMul", attrs: ir.Attrs{"transB": true}, in: []ir.Shape{{1, 2, 37, 85}, {1, 2, 37, 85}}},
+		{op: "Transpose", attrs: ir.Attrs{"perm": []int{0, 2, 1, 3}}, in: []ir.Shape{att}},
+		{op: "ReduceSum", attrs: ir.Attrs{"axes": []int{0, 1}}, in: []ir.Shape{{1, 37, 85}}},
+		{op: "Dropout", attrs: ir.Attrs{"p": 0.1}, in: []ir.Shape{{1, 37, 85}}},
+		{op: "GELU", in: []ir.Shape{{1, 257}}},
+		{op: "Gather", in: []ir.Shape{{1111, 85}, {1, 37}}, ids: map[int]int{1: 1111}},
+		{op: "GatherGrad", attrs: ir.Attrs{"vocab": 1111}, in: []ir.Shape{{1, 37, 85}, {1, 37}}, ids: map[int]int{1: 1111}},
+		{op: "LMHeadCrossEntropy", in: []ir.Shape{{37, 85}, {1111, 85}, {37}}, ids: map[int]int{2: 1111},
+			build: func(g *ir.Graph, in []*ir.Value) []*ir.Value {
+				a := ir.Attrs{"label_smoothing": 0.1, "chunk": 16}
+				out := g.Apply("LMHeadCrossEntropy", a, in[0], in[1], in[2])
+				return append(out, g.Apply("LMHeadCrossEntropyGrad", a, g.Scalar(0.3), in[0], in[1], in[2])...)
+			}},
+	}
+}
+
+// checkParity runs cases on be and the CPU and compares every output.
+func checkParity(t *testing.T, be *Backend, cases []opCase, seed uint64) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 32))
+	for _, c := range cases {
+		g, feeds := caseGraph(c, r)
+		for name, pair := range runBoth(t, c.op, g, feeds, be) {
+			want, got := pair[0], pair[1]
+			if got == nil {
+				t.Fatalf("%s output %s: no result from the CUDA backend", c.op, name)
+			}
+			if want.I32 != nil {
+				for i := range want.I32 {
+					if want.I32[i] != got.I32[i] {
+						t.Errorf("%s output %s[%d]: cuda %d, cpu %d", c.op, name, i, got.I32[i], want.I32[i])
+						break
+					}
+				}
+				continue
+			}
+			tol := c.tol
+			if tol == 0 {
+				tol = 1e-5
+			}
+			closeTo(t, c.op+" output "+name, got.F32, want.Float64s(), tol)
+		}
+	}
+}
+
+// TestSimOpParity: every op of the IR table (and the awkward shapes) on the
+// simulator against the CPU backend, then again in differential mode
+// (each launch run twice, in reverse block and thread order with another
+// shared-memory poison, results compared bit for bit).
+func TestSimOpParity(t *testing.T) {
+	d := simOnly(t)
+	be := gpuBackend(t, GEMMF32)
+	cases := append(opCases(), awkwardCases()...)
+	t0 := time.Now()
+	checkParity(t, be, cases, 31)
+	t.Logf("%d cases in normal mode: %v", len(cases), time.Since(t0))
+	if t.Failed() {
+		return
+	}
+	d.SimConfig("diff", 1)
+	defer d.SimConfig("diff", 0)
+	before := d.SimStat("diff_launches")
+	t0 = time.Now()
+	checkParity(t, be, cases, 31)
+	n := d.SimStat("diff_launches") - before
+	t.Logf("%d cases in differential mode (%d launches compared): %v", len(cases), n, time.Since(t0))
+	if n < int64(len(cases)) {
+		t.Errorf("only %d launches ran in differential mode", n)
+	}
+}
+
+// TestSimReleaseFrees: Backend.Release frees the stored tensors' device
+// copies (it binds the context first; unbound frees fail).
+func TestSimReleaseFrees(t *testing.T) {
+	d := simOnly(t)
+	be := gpuBackend(t, GEMMF32)
+	base := d.SimStat("allocs")
+	g := ir.New("params")
+	w := g.Param("w", ir.Shape{7, 5})
+	x := g.Input("x", ir.Shape{3, 5}, ir.F32)
+	g.SetOutput("y", g.Op1("Linear", nil, x, w))
+	st := kernels.NewStore(kernels.F32)
+	if _, err := st.Ensure("w", ir.Shape{7, 5}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := be.Compile(g, nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5})}, 0); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if n := d.SimStat("allocs"); n != base+1 {
+		t.Fatalf("after Close: %d allocations, want %d (the parameter's device copy)", n, base+1)
+	}
+	be.Release(st)
+	if n := d.SimStat("allocs"); n != base {
+		t.Fatalf("after Release: %d allocations, want %d", n, base)
+	}
+}
+
+// plants are defects planted in the kernel sources; each must make the
+// parity test fail.
+var plants = map[string]func(string) string{
+	// every grid-stride loop runs one element past its end
+	"grid-stride": func(s string) string {
+		return strings.Replace(s, "i < (n); i += (i64)gridDim.x", "i <= (n); i += (i64)gridDim.x", 1)
+	},
+	// one of block_sum's three __syncthreads removed
+	"block_sum-sync1": func(s string) string { return removeSync(s, 0) },
+	"block_sum-sync2": func(s string) string { return removeSync(s, 1) },
+	"block_sum-sync3": func(s string) string { return removeSync(s, 2) },
+}
+
+func removeSync(s string, k int) string {
+	i := strings.Index(s, "float block_sum(")
+	j := strings.Index(s[i:], "float block_max(")
+	body := s[i : i+j]
+	parts := strings.Split(body, "__syncthreads();")
+	if len(parts) != 4 {
+		return s + "\n#error block_sum does not have three __syncthreads\n"
+	}
+	out := ""
+	for n, p := range parts {
+		out += p
+		if n < 3 && n != k {
+			out += "__syncthreads();"
+		}
+	}
+	return s[:i] + out + s[i+j:]
+}
+
+// TestSimCatchesPlantedDefects runs the parity test in a child process per
+// planted defect and requires each to fail.
+func TestSimCatchesPlantedDefects(t *testing.T) {
+	simOnly(t)
+	if os.Getenv("RPAC_SIM_PLANT") != "" {
+		t.Skip("child")
+	}
+	for name, plant := range plants {
+		src, err := Source("graph.cu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := plant(src); p == src || strings.Contains(p, "#error") {
+			t.Fatalf("planted defect %s does not apply to the sources", name)
+		}
+		t.Run(name, func(t *testing.T) {
+			t0 := time.Now()
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestSimOpParity$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "RPAC_SIM_PLANT="+name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the parity test passed with the planted defect %q:\n%s", name, tail(string(out), 1500))
+			}
+			t.Logf("caught in %v: %s", time.Since(t0).Round(time.Millisecond), firstLines(string(out), "cudasim:", "worst error", "differential"))
+		})
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// firstLines returns the first line containing each marker.
+func firstLines(s string, markers ...string) string {
+	var out []string
+	for _, m := range markers {
+		for _, l := range strings.Split(s, "\n") {
+			if l = strings.TrimSpace(l); strings.Contains(l, m) && !contains(out, l) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, " | ")
+}
