@@ -194,6 +194,15 @@ func trainCommand() *cli.Command {
 				fmt.Fprintf(c.App.Writer, "wrote the initial checkpoint (%d parameters, step 0) to %s\n", res.Params, res.Out)
 				return nil
 			}
+			if res.Ran == 0 {
+				// A finished run resumed: nothing trained, nothing evaluated.
+				fmt.Fprintf(c.App.Writer, "the run in %s already finished at step %d; nothing to train", res.Out, res.Steps)
+				if !math.IsNaN(res.FinalValCE) {
+					fmt.Fprintf(c.App.Writer, " (last eval CE %.4f, ppl %.1f)", res.FinalValCE, math.Exp(res.FinalValCE))
+				}
+				fmt.Fprintln(c.App.Writer, "; pass a larger --steps to train further")
+				return nil
+			}
 			fmt.Fprintf(c.App.Writer, "trained %d steps (%d parameters): train CE %.4f -> %.4f, final %s CE %.4f (ppl %.1f)",
 				res.Steps, res.Params, res.InitialLoss, res.FinalLoss, "eval", res.FinalValCE, math.Exp(res.FinalValCE))
 			if !math.IsNaN(res.FinalEMACE) {
