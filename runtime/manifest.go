@@ -195,8 +195,8 @@ func (m *Manifest) Validate() error {
 		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(f.SHA256) != f.SHA256 {
 			return fmt.Errorf("manifest file %q: sha256 %q is not 64 lower-case hex digits", f.Path, f.SHA256)
 		}
-		if f.Bytes < 1 || f.Bytes > MaxFileBytes {
-			return fmt.Errorf("manifest file %q: size %d is outside 1..%d bytes", f.Path, f.Bytes, int64(MaxFileBytes))
+		if f.Bytes < 0 || f.Bytes > MaxFileBytes {
+			return fmt.Errorf("manifest file %q: size %d is outside 0..%d bytes", f.Path, f.Bytes, int64(MaxFileBytes))
 		}
 		if !f.Graph.valid() {
 			return fmt.Errorf("manifest file %q: unknown graph %q (want %q, %q or none)", f.Path, f.Graph, GraphPrefill, GraphDecode)
