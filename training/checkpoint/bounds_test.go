@@ -79,7 +79,9 @@ func TestLoadSizeFirst(t *testing.T) {
 		mod  func(m map[string]any)
 		want string
 	}{
-		{func(m map[string]any) { m["files"].(map[string]any)["extra.bin"] = map[string]any{"size": 1, "sha256": strings.Repeat("0", 64)} }, "extra.bin"},
+		{func(m map[string]any) {
+			m["files"].(map[string]any)["extra.bin"] = map[string]any{"size": 1, "sha256": strings.Repeat("0", 64)}
+		}, "extra.bin"},
 		{func(m map[string]any) { m["files"].(map[string]any)[ModelFile].(map[string]any)["size"] = -1 }, "size -1"},
 		{func(m map[string]any) { m["files"].(map[string]any)[ModelFile].(map[string]any)["size"] = 1 << 50 }, "outside"},
 		{func(m map[string]any) { m["files"].(map[string]any)[StateFile].(map[string]any)["size"] = 1 << 30 }, "limit"},
