@@ -1,8 +1,11 @@
 package training
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -243,28 +246,110 @@ func (s *RunState) runLengths() []int {
 // evaluation graphs at the run's lengths, and the EMA and SWA copies of
 // the parameters; in optim.safetensors AdamW's moments and step count of
 // each parameter. All float32, of the model's shapes.
+//
+// Building a graph takes time in proportion to its length and depth, so
+// the graphs are built at two short lengths only and the per-length
+// buffers ("<name>.T<length>", with dimensions that follow the length)
+// derived for the run's lengths; a model whose tensors do not follow that
+// pattern is built at every length instead.
 func checkpointSchemas(s *RunState) (weights, moments checkpoint.Schema, err error) {
 	weights, moments = checkpoint.Schema{}, checkpoint.Schema{}
-	for _, T := range s.runLengths() {
-		for _, mode := range []model.Mode{model.Train, model.Eval} {
-			mg, err := model.Build(&s.Config, model.Opts{T: T, B: 1, Mode: mode})
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, sp := range mg.Specs {
-				shape := append([]int{}, sp.Shape...)
-				weights[sp.Name] = shape
-				if !sp.Param {
-					continue
+	lengths := s.runLengths()
+	for _, mode := range []model.Mode{model.Train, model.Eval} {
+		if err := derivedSpecs(&s.Config, mode, lengths, weights, moments); err == errNoPattern {
+			for _, T := range lengths {
+				mg, err := model.Build(&s.Config, model.Opts{T: T, B: 1, Mode: mode})
+				if err != nil {
+					return nil, nil, err
 				}
-				weights[control.EMAPrefix+sp.Name] = shape
-				weights[control.SWAPrefix+sp.Name] = shape
-				n := []int{sp.Shape.Numel()}
-				moments[optim.PrefixM+sp.Name] = n
-				moments[optim.PrefixV+sp.Name] = n
-				moments[optim.PrefixStep+sp.Name] = []int{}
+				addSpecs(mg.Specs, weights, moments)
 			}
+		} else if err != nil {
+			return nil, nil, err
 		}
 	}
 	return weights, moments, nil
+}
+
+var errNoPattern = errors.New("tensors do not follow the per-length pattern")
+
+// derivedSpecs adds the tensors of the graphs of mode at lengths, derived
+// from builds at lengths 2 and 3 (errNoPattern when they cannot be).
+func derivedSpecs(cfg *model.Config, mode model.Mode, lengths []int, weights, moments checkpoint.Schema) error {
+	if cfg.MaxLen < 3 {
+		return errNoPattern
+	}
+	var specs [2][]model.Spec
+	for i, T := range []int{2, 3} {
+		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: mode})
+		if err != nil {
+			return err
+		}
+		specs[i] = mg.Specs
+	}
+	a, b := specs[0], specs[1]
+	if len(a) != len(b) {
+		return errNoPattern
+	}
+	var static []model.Spec
+	type perLength struct {
+		base  string
+		shape []int
+		track []bool
+	}
+	var varying []perLength
+	for i := range a {
+		sa, sb := a[i], b[i]
+		if sa.Name == sb.Name && slices.Equal(sa.Shape, sb.Shape) {
+			static = append(static, sa)
+			continue
+		}
+		base, ok2 := strings.CutSuffix(sa.Name, ".T2")
+		baseB, ok3 := strings.CutSuffix(sb.Name, ".T3")
+		if !ok2 || !ok3 || base != baseB || sa.Param || len(sa.Shape) != len(sb.Shape) {
+			return errNoPattern
+		}
+		v := perLength{base: base, shape: append([]int{}, sa.Shape...), track: make([]bool, len(sa.Shape))}
+		for j := range sa.Shape {
+			switch {
+			case sa.Shape[j] == sb.Shape[j]:
+			case sa.Shape[j] == 2 && sb.Shape[j] == 3:
+				v.track[j] = true
+			default:
+				return errNoPattern
+			}
+		}
+		varying = append(varying, v)
+	}
+	addSpecs(static, weights, moments)
+	for _, v := range varying {
+		for _, T := range lengths {
+			shape := append([]int{}, v.shape...)
+			for j, t := range v.track {
+				if t {
+					shape[j] = T
+				}
+			}
+			weights[v.base+".T"+strconv.Itoa(T)] = shape
+		}
+	}
+	return nil
+}
+
+// addSpecs adds a graph's tensors (and the copies and optimizer state of
+// its parameters).
+func addSpecs(specs []model.Spec, weights, moments checkpoint.Schema) {
+	for _, sp := range specs {
+		shape := append([]int{}, sp.Shape...)
+		weights[sp.Name] = shape
+		if !sp.Param {
+			continue
+		}
+		weights[control.EMAPrefix+sp.Name] = shape
+		weights[control.SWAPrefix+sp.Name] = shape
+		n := []int{sp.Shape.Numel()}
+		moments[optim.PrefixM+sp.Name] = n
+		moments[optim.PrefixV+sp.Name] = n
+		moments[optim.PrefixStep+sp.Name] = []int{}
+	}
 }
