@@ -1,15 +1,11 @@
 package runtime
 
 import (
+	"github.com/rpac-dev/rpac/internal/fuzzlimit"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
-
-// fuzzLimit is how long one fuzz input may take: a slower input is a
-// failure (and is saved as a regression case like a crasher).
-const fuzzLimit = 2 * time.Second
 
 // FuzzReadIO: the ONNX reader and its tensor checks return (an error or a
 // result) on any bytes, never panic or loop, in an export folder whose
@@ -38,16 +34,13 @@ func FuzzReadIO(f *testing.F) {
 	}
 	sc := &scanConfig{dir: dir, rel: "m.onnx", files: map[string]int64{"m.onnx": 0, "w.data": int64(len(data))}}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		start := time.Now()
+		defer fuzzlimit.Start().Check(t) // a slow input fails like a crash
 		path := filepath.Join(dir, "m.onnx")
 		if err := os.WriteFile(path, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		readIO(path, true)
 		readIOScan(path, sc)
-		if d := time.Since(start); d > fuzzLimit {
-			t.Fatalf("slow input: %v", d)
-		}
 	})
 }
 

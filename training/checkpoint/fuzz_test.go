@@ -1,15 +1,11 @@
 package checkpoint
 
 import (
+	"github.com/rpac-dev/rpac/internal/fuzzlimit"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
-
-// fuzzLimit is how long one fuzz input may take: a slower input is a
-// failure (and is saved as a regression case like a crasher).
-const fuzzLimit = 2 * time.Second
 
 // FuzzCheckpointManifest: any checkpoint.json parses to an error or a
 // manifest within its ranges, and loading a checkpoint under it never
@@ -29,7 +25,7 @@ func FuzzCheckpointManifest(f *testing.F) {
 	f.Add([]byte(`{"format":"rpac-checkpoint","version":1,"files":{"model.safetensors":{"size":1099511627776,"sha256":""},"optim.safetensors":{},"state.json":{},"../x":{}}}`))
 	f.Add([]byte(`[`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		start := time.Now()
+		defer fuzzlimit.Start().Check(t) // a slow input fails like a crash
 		m, err := ParseManifest(b)
 		if err == nil {
 			for name, fi := range m.Files {
@@ -42,8 +38,5 @@ func FuzzCheckpointManifest(f *testing.F) {
 			t.Fatal(err)
 		}
 		LoadWith(dir, LoadOptions{Optim: true, Finite: true})
-		if d := time.Since(start); d > fuzzLimit {
-			t.Fatalf("slow input: %v", d)
-		}
 	})
 }
