@@ -61,10 +61,10 @@ func kvNames(k *KVCache, g GraphKind) (in, out []string) {
 
 // checkKVIO checks a KV-cache graph's declared inputs and outputs against
 // the manifest (names, element types, ranks and the static sizes).
-func checkKVIO(path string, k *KVCache, g GraphKind, V int) error {
-	in, out, err := readIO(path, false)
+func checkKVIO(path string, k *KVCache, g GraphKind, V int, sc *scanConfig) error {
+	in, out, err := readIOScan(path, sc)
 	if err != nil {
-		return fmt.Errorf("runtime: %s is not a readable ONNX model (%v); export it again", path, err)
+		return ioError(path, err)
 	}
 	const any = -2
 	seq := int64(any)
@@ -115,14 +115,15 @@ func checkKVIO(path string, k *KVCache, g GraphKind, V int) error {
 }
 
 // checkKVFiles checks the declared inputs and outputs of every KV-cache graph.
-func checkKVFiles(dir string, man *Manifest) error {
+// With scan, their tensors are checked as the full graphs' are.
+func checkKVFiles(dir string, man *Manifest, scan bool) error {
 	if man.KVCache == nil {
 		return nil
 	}
 	for _, L := range man.KVCache.Lengths {
 		for _, g := range []GraphKind{GraphPrefill, GraphDecode} {
 			f, _ := man.GraphFile(L, g)
-			if err := checkKVIO(filepath.Join(dir, filepath.FromSlash(f.Path)), man.KVCache, g, man.VocabSize); err != nil {
+			if err := checkKVIO(filepath.Join(dir, filepath.FromSlash(f.Path)), man.KVCache, g, man.VocabSize, scanOf(dir, man, f, scan)); err != nil {
 				return err
 			}
 		}

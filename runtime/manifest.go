@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 )
 
 // ManifestName is the manifest's file name inside an export folder.
@@ -84,8 +87,15 @@ func ReadManifest(dir string) (*Manifest, error) {
 	return parseManifest(path, buf)
 }
 
-// MaxManifestBytes bounds manifest.json (real ones are a few KiB).
-const MaxManifestBytes = 4 << 20
+// Bounds on a manifest: far above any real export (a few KiB, a handful of
+// lengths and files, files of at most a few GiB).
+const (
+	MaxManifestBytes   = 4 << 20
+	MaxManifestLengths = 64
+	MaxManifestFiles   = 1024
+	MaxFileBytes       = 1 << 40
+	maxPathLen         = 1024
+)
 
 // parseManifest decodes and validates a manifest's bytes.
 func parseManifest(path string, buf []byte) (*Manifest, error) {
@@ -143,6 +153,9 @@ func (m *Manifest) Validate() error {
 	if len(m.Lengths) == 0 {
 		return errors.New("manifest lists no lengths")
 	}
+	if len(m.Lengths) > MaxManifestLengths || len(m.Files) > MaxManifestFiles {
+		return fmt.Errorf("manifest lists %d lengths and %d files; at most %d and %d", len(m.Lengths), len(m.Files), MaxManifestLengths, MaxManifestFiles)
+	}
 	seen := map[int]bool{}
 	for _, L := range m.Lengths {
 		if L <= 0 {
@@ -172,6 +185,9 @@ func (m *Manifest) Validate() error {
 		if f.Path == "" || strings.Contains(f.Path, `\`) || !filepath.IsLocal(filepath.FromSlash(f.Path)) {
 			return fmt.Errorf("manifest file path %q must be a relative path inside the model folder", f.Path)
 		}
+		if len(f.Path) > maxPathLen || path.Clean(f.Path) != f.Path || slices.Contains(strings.Split(f.Path, "/"), "..") {
+			return fmt.Errorf("manifest file path %q must be a relative path inside the model folder in its plain form (no \".\" or \"..\" components, no repeated or trailing \"/\", at most %d bytes)", f.Path, maxPathLen)
+		}
 		if paths[f.Path] {
 			return fmt.Errorf("manifest lists file %q twice", f.Path)
 		}
@@ -179,8 +195,8 @@ func (m *Manifest) Validate() error {
 		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(f.SHA256) != f.SHA256 {
 			return fmt.Errorf("manifest file %q: sha256 %q is not 64 lower-case hex digits", f.Path, f.SHA256)
 		}
-		if f.Bytes < 0 {
-			return fmt.Errorf("manifest file %q: negative size %d", f.Path, f.Bytes)
+		if f.Bytes < 0 || f.Bytes > MaxFileBytes {
+			return fmt.Errorf("manifest file %q: size %d is outside 0..%d bytes", f.Path, f.Bytes, int64(MaxFileBytes))
 		}
 		if !f.Graph.valid() {
 			return fmt.Errorf("manifest file %q: unknown graph %q (want %q, %q or none)", f.Path, f.Graph, GraphPrefill, GraphDecode)
@@ -223,35 +239,106 @@ func (m *Manifest) GraphFile(L int, g GraphKind) (File, bool) {
 }
 
 // VerifyFiles checks every listed file's size and sha256 under dir, and
-// that it is a regular file inside dir (a symbolic link is refused: it
-// could point out of the export folder).
+// that it is a regular file inside dir reached without a symbolic link (a
+// link, to a file or to a directory on the way, could point out of the
+// export folder).
 func (m *Manifest) VerifyFiles(dir string) error {
 	return m.VerifyFilesContext(context.Background(), dir)
 }
 
 // VerifyFilesContext is VerifyFiles that stops between files when ctx ends.
+//
+// Every path is resolved once, inside dir through an os.Root (so no
+// component can lead out of the folder, by a link or by a race), its size
+// is compared with the manifest's before a byte is read, and each file is
+// hashed once: a second entry naming the same file (a hard link) reuses the
+// first one's hash.
 func (m *Manifest) VerifyFilesContext(ctx context.Context, dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("runtime: %w", err)
+	}
+	defer root.Close()
+	type hashed struct {
+		st  os.FileInfo
+		sum string
+	}
+	var done []hashed
 	for _, f := range m.Files {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("runtime: verifying %s: %w", dir, err)
 		}
-		path := filepath.Join(dir, filepath.FromSlash(f.Path))
-		st, err := os.Lstat(path)
+		rel := filepath.FromSlash(f.Path)
+		path := filepath.Join(dir, rel)
+		if err := noLinks(root, dir, rel); err != nil {
+			return err
+		}
+		fh, err := root.Open(rel)
 		if err != nil {
 			return fmt.Errorf("runtime: %w", err)
 		}
-		if !st.Mode().IsRegular() {
-			return fmt.Errorf("runtime: %s is not a regular file (a link or a device): an export folder holds its files itself; export it again", path)
-		}
-		sum, n, err := HashFile(path)
+		sum, err := func() (string, error) {
+			defer fh.Close()
+			st, err := fh.Stat()
+			if err != nil {
+				return "", fmt.Errorf("runtime: %w", err)
+			}
+			if !st.Mode().IsRegular() {
+				return "", fmt.Errorf("runtime: %s is not a regular file (a link or a device): an export folder holds its files itself; export it again", path)
+			}
+			if st.Size() != f.Bytes {
+				return "", fmt.Errorf("runtime: %s has %d bytes, the manifest says %d: the export is incomplete or was changed; export it again", path, st.Size(), f.Bytes)
+			}
+			for _, h := range done {
+				if os.SameFile(h.st, st) {
+					return h.sum, nil
+				}
+			}
+			h := sha256.New()
+			n, err := io.Copy(h, io.LimitReader(fh, f.Bytes+1))
+			if err != nil {
+				return "", fmt.Errorf("runtime: reading %s: %w", path, err)
+			}
+			if n != f.Bytes {
+				return "", fmt.Errorf("runtime: %s has %d bytes, the manifest says %d: the file changed while it was read; export it again", path, n, f.Bytes)
+			}
+			sum := hex.EncodeToString(h.Sum(nil))
+			done = append(done, hashed{st, sum})
+			filesHashed.Add(1)
+			return sum, nil
+		}()
 		if err != nil {
-			return fmt.Errorf("runtime: %w", err)
-		}
-		if f.Bytes > 0 && n != f.Bytes {
-			return fmt.Errorf("runtime: %s has %d bytes, the manifest says %d: the export is incomplete or was changed; export it again", path, n, f.Bytes)
+			return err
 		}
 		if sum != f.SHA256 {
 			return fmt.Errorf("runtime: %s has sha256 %s, the manifest says %s: the file is corrupt or was changed; export it again", path, sum, f.SHA256)
+		}
+	}
+	return nil
+}
+
+// filesHashed counts the files VerifyFilesContext read (for tests).
+var filesHashed atomic.Int64
+
+// noLinks refuses a path under root whose directories are not plain
+// directories or whose last component is not a regular file (symbolic
+// links included, wherever they point).
+func noLinks(root *os.Root, dir, rel string) error {
+	parts := strings.Split(rel, string(filepath.Separator))
+	for i := range parts {
+		sub := filepath.Join(parts[:i+1]...)
+		st, err := root.Lstat(sub)
+		if err != nil {
+			return fmt.Errorf("runtime: %w", err)
+		}
+		last := i == len(parts)-1
+		switch {
+		case st.Mode()&os.ModeSymlink != 0:
+			return fmt.Errorf("runtime: %s is a symbolic link, not a regular file: an export folder holds its files itself, not links that may lead out of it; export it again", filepath.Join(dir, sub))
+		case !last && !st.IsDir():
+			return fmt.Errorf("runtime: %s is not a directory", filepath.Join(dir, sub))
+		case last && !st.Mode().IsRegular():
+			return fmt.Errorf("runtime: %s is not a regular file (a link or a device): an export folder holds its files itself; export it again", filepath.Join(dir, sub))
 		}
 	}
 	return nil

@@ -441,6 +441,7 @@ func rehash(t *testing.T, dir, name string) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				nf.Graph = f.Graph
 				m.Files[i] = nf
 			}
 		}

@@ -24,11 +24,21 @@ const (
 // readIO reads the declared graph inputs and outputs of an ONNX file. It
 // walks the protobuf wire format directly (ModelProto.graph = 7,
 // GraphProto.input = 11, GraphProto.output = 12) and seeks over everything
-// else, so large initializers are never read.
+// else, so large initializers are never held in memory.
 //
-// With scan, every float32 initializer is also streamed and a NaN or +Inf
-// value refused.
+// With scan, every tensor the file stores is also checked (see scanConfig;
+// external data is refused, there being no export folder).
 func readIO(path string, scan bool) (in, out []ioInfo, err error) {
+	var sc *scanConfig
+	if scan {
+		sc = &scanConfig{}
+	}
+	return readIOScan(path, sc)
+}
+
+// readIOScan is readIO that checks the file's tensors as sc says (nil:
+// not at all).
+func readIOScan(path string, sc *scanConfig) (in, out []ioInfo, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
@@ -45,7 +55,7 @@ func readIO(path string, scan bool) (in, out []ioInfo, err error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if field != 7 || wt != 2 {
+		if (field != 7 && field != 25) || wt != 2 {
 			if err := top.skip(wt); err != nil {
 				return nil, nil, err
 			}
@@ -60,17 +70,27 @@ func readIO(path string, scan bool) (in, out []ioInfo, err error) {
 		}
 		g := &wire{r: f, off: top.off, end: top.off + int64(n)}
 		top.off = g.end
+		if field == 25 { // a FunctionProto: its Constant nodes hold tensors
+			if sc != nil {
+				if err := sc.scanFunction(f, g.off, g.end); err != nil {
+					return nil, nil, err
+				}
+			}
+			continue
+		}
+		if found {
+			return nil, nil, errors.New("more than one graph")
+		}
 		found = true
+		if sc != nil {
+			if err := sc.scanGraph(f, g.off, g.end, 0); err != nil {
+				return nil, nil, err
+			}
+		}
 		for !g.done() {
 			field, wt, err := g.tag()
 			if err != nil {
 				return nil, nil, err
-			}
-			if field == 5 && wt == 2 && scan { // an initializer: its values must be finite
-				if err := checkInitializer(f, g); err != nil {
-					return nil, nil, err
-				}
-				continue
 			}
 			if (field != 11 && field != 12) || wt != 2 {
 				if err := g.skip(wt); err != nil {
@@ -100,81 +120,6 @@ func readIO(path string, scan bool) (in, out []ioInfo, err error) {
 }
 
 var errTruncated = errors.New("truncated protobuf")
-
-// checkInitializer reads the TensorProto at g's offset (a length-delimited
-// field) and, for float32 data, refuses a NaN or +Inf value, naming the
-// tensor (−Inf is allowed: masks use it). The values are streamed, never
-// held whole.
-func checkInitializer(r io.ReaderAt, g *wire) error {
-	n, err := g.varint()
-	if err != nil {
-		return err
-	}
-	if n > uint64(g.end-g.off) {
-		return errTruncated
-	}
-	t := &wire{r: r, off: g.off, end: g.off + int64(n)}
-	g.off = t.end
-	var name string
-	var dtype uint64
-	var dataOff, dataLen int64
-	for !t.done() {
-		field, wt, err := t.tag()
-		if err != nil {
-			return err
-		}
-		switch {
-		case field == 2 && wt == 0:
-			if dtype, err = t.varint(); err != nil {
-				return err
-			}
-		case field == 8 && wt == 2:
-			b, err := t.bytes()
-			if err != nil {
-				return err
-			}
-			name = string(b)
-		case (field == 9 || field == 4) && wt == 2: // raw_data, or packed float_data
-			l, err := t.varint()
-			if err != nil {
-				return err
-			}
-			if l > uint64(t.end-t.off) {
-				return errTruncated
-			}
-			dataOff, dataLen = t.off, int64(l)
-			t.off += int64(l)
-		default:
-			if err := t.skip(wt); err != nil {
-				return err
-			}
-		}
-	}
-	if dtype != onnxFloat || dataLen == 0 {
-		return nil
-	}
-	return scanFinite(r, dataOff, dataLen, name)
-}
-
-// scanFinite refuses a NaN or +Inf among the little-endian float32 values
-// at [off, off+n).
-func scanFinite(r io.ReaderAt, off, n int64, name string) error {
-	buf := make([]byte, 1<<20)
-	for done := int64(0); done+4 <= n; {
-		k := min(int64(len(buf)), (n-done)/4*4)
-		if _, err := r.ReadAt(buf[:k], off+done); err != nil && err != io.EOF {
-			return err
-		}
-		for i := int64(0); i+4 <= k; i += 4 {
-			u := uint32(buf[i]) | uint32(buf[i+1])<<8 | uint32(buf[i+2])<<16 | uint32(buf[i+3])<<24
-			if u&0x7f800000 == 0x7f800000 && u != 0xff800000 { // NaN or +Inf (−Inf masks are fine)
-				return fmt.Errorf("%w: initializer %q holds a NaN or +Inf value (element %d): the weights diverged", errNonFinite, name, (done+i)/4)
-			}
-		}
-		done += k
-	}
-	return nil
-}
 
 var errNonFinite = errors.New("non-finite weights")
 

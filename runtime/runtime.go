@@ -148,13 +148,13 @@ func OpenContext(ctx context.Context, dir string, opts Options) (*Model, error) 
 	for _, L := range man.SortedLengths() {
 		f, _ := man.ModelFile(L)
 		path := filepath.Join(dir, filepath.FromSlash(f.Path))
-		B, err := checkIO(path, L, man.VocabSize, !opts.AllowNonFiniteWeights)
+		B, err := checkIO(path, L, man.VocabSize, scanOf(dir, man, f, !opts.AllowNonFiniteWeights))
 		if err != nil {
 			return nil, err
 		}
 		plans = append(plans, plan{path, L, B})
 	}
-	if err := checkKVFiles(dir, man); err != nil {
+	if err := checkKVFiles(dir, man, !opts.AllowNonFiniteWeights); err != nil {
 		return nil, err
 	}
 	be, err := openBackend(opts)
@@ -190,19 +190,36 @@ func Check(ctx context.Context, dir string) error {
 	}
 	for _, L := range man.SortedLengths() {
 		f, _ := man.ModelFile(L)
-		if _, err := checkIO(filepath.Join(dir, filepath.FromSlash(f.Path)), L, man.VocabSize, true); err != nil {
+		if _, err := checkIO(filepath.Join(dir, filepath.FromSlash(f.Path)), L, man.VocabSize, newScan(dir, man, f)); err != nil {
 			return err
 		}
 	}
-	return checkKVFiles(dir, man)
+	return checkKVFiles(dir, man, true)
+}
+
+// scanOf is the tensor check of manifest file f (nil when scan is off).
+func scanOf(dir string, man *Manifest, f File, scan bool) *scanConfig {
+	if !scan {
+		return nil
+	}
+	return newScan(dir, man, f)
+}
+
+// ioError reports a graph file that failed to read or whose tensors were
+// refused.
+func ioError(path string, err error) error {
+	if errors.Is(err, errNonFinite) || errors.Is(err, errBadTensor) {
+		return fmt.Errorf("runtime: %s: %w; export it again from a sound checkpoint", path, err)
+	}
+	return fmt.Errorf("runtime: %s is not a readable ONNX model (%v); export it again", path, err)
 }
 
 // checkIO checks a graph's declared input and output against the manifest
 // and returns its batch size.
-func checkIO(path string, L, V int, scan bool) (int, error) {
-	in, out, err := readIO(path, scan)
+func checkIO(path string, L, V int, sc *scanConfig) (int, error) {
+	in, out, err := readIOScan(path, sc)
 	if err != nil {
-		return 0, fmt.Errorf("runtime: %s is not a readable ONNX model (%v); export it again", path, err)
+		return 0, ioError(path, err)
 	}
 	if len(in) != 1 || in[0].Name != "input_ids" || in[0].Elem != onnxInt64 || len(in[0].Dims) != 2 {
 		return 0, fmt.Errorf("runtime: %s: want one input input_ids int64 [B,%d], have %s", path, L, describeIO(in))

@@ -66,24 +66,30 @@ func openRun(path string, withOptim bool) (*Run, error) {
 	if ckDir, err = checkpoint.Resolve(ckDir); err != nil {
 		return nil, err
 	}
-	ck, err := checkpoint.LoadParts(ckDir, withOptim)
+	r := &Run{Dir: runDir, Checkpoint: ckDir, Weights: "last"}
+	statePath := filepath.Join(ckDir, checkpoint.StateFile)
+	// state.json is read and checked first; its config and lengths say
+	// what the tensor files may hold, which is checked against their
+	// headers before their data is read.
+	ck, err := checkpoint.LoadWith(ckDir, checkpoint.LoadOptions{Optim: withOptim, Finite: true,
+		Expect: func(state []byte) (checkpoint.Schema, checkpoint.Schema, error) {
+			if err := json.Unmarshal(state, &r.State); err != nil {
+				return nil, nil, fmt.Errorf("%s: %v", statePath, err)
+			}
+			if err := r.State.Validate(); err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", statePath, err)
+			}
+			w, m, err := checkpointSchemas(&r.State)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", statePath, err)
+			}
+			return w, m, nil
+		}})
 	if err != nil {
 		return nil, err
 	}
-	r := &Run{Dir: runDir, Checkpoint: ckDir, Optim: ck.Optim, Weights: "last"}
-	if err := json.Unmarshal(ck.State, &r.State); err != nil {
-		return nil, fmt.Errorf("%s: %v", filepath.Join(ckDir, checkpoint.StateFile), err)
-	}
-	if r.State.Format != 1 && r.State.Format != stateFormat {
-		return nil, fmt.Errorf("%s: run state format %d is not supported (this build reads 1..%d)", filepath.Join(ckDir, checkpoint.StateFile), r.State.Format, stateFormat)
-	}
-	if r.State.Config.Model == "" {
-		return nil, fmt.Errorf("%s has no model config; it was not written by rpac train", filepath.Join(ckDir, checkpoint.StateFile))
-	}
+	r.Optim = ck.Optim
 	r.Config = r.State.Config
-	if err := r.Config.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(ckDir, checkpoint.StateFile), err)
-	}
 	if len(r.State.Options) > 0 {
 		_ = json.Unmarshal(r.State.Options, &r.options) // optional facts; older runs lack some
 	}

@@ -46,8 +46,11 @@ import (
 
 // Result summarises a finished run.
 type Result struct {
+	// Steps is the step the run reached; Ran how many of them this call
+	// trained (0 when a finished run is resumed).
 	Steps      int
-	FinalValCE float64 // raw weights; NaN when no evaluation ran
+	Ran        int
+	FinalValCE float64 // raw weights (a resumed run starts from its last evaluation's; NaN when none)
 	FinalEMACE float64 // NaN without EMA
 	FinalSWACE float64 // NaN without SWA members
 	SWAMembers []int
@@ -154,6 +157,8 @@ type run struct {
 	tokens0  int64
 	dumped   bool
 	badRun   int // consecutive skipped steps
+	lock     *runLock
+	step0    int // the step the run started (or resumed) at
 }
 
 // maxBadSteps is how many steps in a row may have a non-finite loss or
@@ -195,7 +200,7 @@ type stepKey struct {
 
 // newRun resolves the plan, opens or creates the run directory, loads the
 // data and builds everything the loop uses.
-func newRun(ctx context.Context, o Options) (*run, error) {
+func newRun(ctx context.Context, o Options) (_ *run, err error) {
 	if o.Progress == nil {
 		o.Progress = os.Stderr
 	}
@@ -207,6 +212,20 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	}
 	if err := CheckDevice(o.Device, o.Precision); err != nil {
 		return nil, err
+	}
+	// One process writes a run directory at a time. An existing directory
+	// is locked before anything in it is read; a new one right after it
+	// is created (and then checked again: another run may have filled it).
+	var lock *runLock
+	defer func() {
+		if err != nil {
+			lock.unlock()
+		}
+	}()
+	if st, serr := os.Stat(o.Out); serr == nil && st.IsDir() {
+		if lock, err = lockRunDir(o.Out); err != nil {
+			return nil, err
+		}
 	}
 	prev, err := openPrevious(o)
 	if err != nil {
@@ -238,6 +257,15 @@ func newRun(ctx context.Context, o Options) (*run, error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
+	if lock == nil {
+		if lock, err = lockRunDir(o.Out); err != nil {
+			return nil, err
+		}
+		if _, _, cerr := locateCheckpoint(o.Out); cerr == nil {
+			return nil, fmt.Errorf("%s already holds a run (written while this one started); pass --resume to continue it or choose another --out", o.Out)
+		}
+	}
+	r.lock = lock
 	if err := r.openOutputs(); err != nil {
 		r.close()
 		return nil, err
@@ -324,7 +352,8 @@ func (r *run) initState(prev *Run) error {
 		return err
 	}
 	r.res = &Result{Params: model.CountParams(mg.Specs), Out: o.Out, InitialLoss: math.NaN(), FinalLoss: math.NaN(),
-		FinalValCE: math.NaN(), FinalEMACE: math.NaN(), FinalSWACE: math.NaN(), FinalRecall: math.NaN(), Plan: p}
+		FinalValCE: float64(r.st.LastValCE), FinalEMACE: math.NaN(),
+		FinalSWACE: math.NaN(), FinalRecall: math.NaN(), Plan: p}
 	return nil
 }
 
@@ -383,8 +412,17 @@ func (r *run) openOutputs() error {
 		return err
 	}
 	path := filepath.Join(r.o.Out, "metrics.jsonl")
-	if r.o.Resume { // records after the checkpoint are written again from it
+	// Records after the checkpoint are written again from it. A new run in
+	// a directory without a checkpoint starts the file afresh: what is
+	// there was written by an attempt killed before its first checkpoint,
+	// and appending to it would repeat its steps.
+	if r.o.Resume {
 		if err := metrics.TruncateAfter(path, r.st.Step); err != nil {
+			return fmt.Errorf("metrics.jsonl: %w", err)
+		}
+	} else if st, err := os.Stat(path); err == nil && st.Size() > 0 {
+		r.o.Log.Warn("metrics.jsonl: discarding the records of an earlier attempt that saved no checkpoint", "file", path, "bytes", st.Size())
+		if err := os.Truncate(path, 0); err != nil {
 			return fmt.Errorf("metrics.jsonl: %w", err)
 		}
 	}
@@ -395,7 +433,7 @@ func (r *run) openOutputs() error {
 	r.progress = metrics.NewProgress(r.o.Log, p.Steps, "step")
 	r.progress.Event = "train.progress"
 	r.progress.TokensPerStep = p.TokensPerStep
-	r.started, r.tokens0 = time.Now(), r.st.Tokens
+	r.started, r.tokens0, r.step0 = time.Now(), r.st.Tokens, r.st.Step
 	return nil
 }
 
@@ -430,6 +468,7 @@ func (r *run) close() {
 	if r.metrics != nil {
 		r.metrics.Close()
 	}
+	r.lock.unlock()
 }
 
 // runStep compiles (on first use) and runs the step of the chosen context
@@ -555,7 +594,7 @@ func (r *run) finish(err error) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.res.Steps, r.res.Tokens = r.st.Step, r.st.Tokens
+	r.res.Steps, r.res.Tokens, r.res.Ran = r.st.Step, r.st.Tokens, r.st.Step-r.step0
 	return r.res, nil
 }
 

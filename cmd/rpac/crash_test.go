@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/metrics"
 )
 
 // crashArgs is a small run that checkpoints at every evaluation.
@@ -86,6 +88,33 @@ func TestKilledRunsResumeExactly(t *testing.T) {
 				t.Fatalf("%s[%d]: %v after %d kills and resumes, %v unbroken", name, i, g[i], kills, w[i])
 			}
 		}
+	}
+	// metrics.jsonl holds each step once, although the first kill came
+	// before the first checkpoint and the later ones after steps that were
+	// then trained again.
+	recs, err := metrics.ReadJSONL(filepath.Join(run, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		s, ok := r["step"].(float64)
+		if !ok {
+			continue
+		}
+		key := fmt.Sprint("step ", s)
+		if _, eval := r["val_ce"]; eval {
+			key = fmt.Sprint("eval ", s)
+		} else if _, train := r["loss"]; !train {
+			continue
+		}
+		if seen[key] {
+			t.Fatalf("metrics.jsonl holds %s twice after %d kills", key, kills)
+		}
+		seen[key] = true
+	}
+	if !seen["step 24"] || !seen["step 1"] {
+		t.Fatalf("metrics.jsonl lacks steps 1 or 24: %v", seen)
 	}
 	t.Logf("%d kills (%d inside saves), final state identical to the unbroken run", kills, len(stages))
 }

@@ -38,6 +38,32 @@ type trainedEvent struct {
 
 func (e trainedEvent) Name() string { return "train.done" }
 
+// alreadyFinishedEvent: a finished run was resumed with no more steps to
+// train ("train.finished").
+type alreadyFinishedEvent struct {
+	Out   string
+	Steps int
+	ValCE float64 // the last evaluation's; NaN when none ran
+}
+
+func (e alreadyFinishedEvent) Name() string { return "train.finished" }
+
+func (e alreadyFinishedEvent) Attrs() []slog.Attr {
+	a := []slog.Attr{slog.String("run", e.Out), slog.Int("steps", e.Steps)}
+	if !math.IsNaN(e.ValCE) {
+		a = append(a, slog.Float64("val_ce", e.ValCE))
+	}
+	return a
+}
+
+func (e alreadyFinishedEvent) Text() string {
+	s := fmt.Sprintf("the run in %s already finished at step %d; nothing to train", e.Out, e.Steps)
+	if !math.IsNaN(e.ValCE) {
+		s += fmt.Sprintf(" (last eval CE %.4f, ppl %.1f)", e.ValCE, math.Exp(e.ValCE))
+	}
+	return s + "; pass a larger --steps to train further"
+}
+
 func (e trainedEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int("steps", e.Steps), slog.Int("params", e.Params)}
 	for _, f := range []struct {

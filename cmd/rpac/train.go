@@ -194,6 +194,10 @@ func trainCommand() *cli.Command {
 				report(c, initialisedEvent{Params: res.Params, Out: res.Out})
 				return nil
 			}
+			if res.Ran == 0 {
+				report(c, alreadyFinishedEvent{Out: res.Out, Steps: res.Steps, ValCE: res.FinalValCE})
+				return nil
+			}
 			report(c, trainedEvent{Steps: res.Steps, Params: res.Params, FirstCE: res.InitialLoss, LastCE: res.FinalLoss,
 				ValCE: res.FinalValCE, EMACE: res.FinalEMACE, SWACE: res.FinalSWACE, SWAMembers: len(res.SWAMembers),
 				Recall: res.FinalRecall, RecallN: res.FinalRecallN, TokensPerS: res.TokensPerS, Out: res.Out})

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestTrainAnySize: size flags build any model and report its parameter
@@ -129,5 +133,53 @@ func TestInspectRefusesBrokenCheckpoint(t *testing.T) {
 	got, code := rpac(t, "inspect", filepath.Join(out, "checkpoint"))
 	if code == 0 || !strings.Contains(got, "blocks.0.attn.Wq.weight") || !strings.Contains(got, "state.json") {
 		t.Fatalf("inspect of a damaged checkpoint: exit %d:\n%q", code, got)
+	}
+}
+
+// TestTrainRunDirLocked: a second `rpac train` on the --out of a running one
+// fails at once, naming the first process; once that one is done, resuming
+// the finished run trains nothing and says so (no "eval CE 0.0000").
+func TestTrainRunDirLocked(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"train", "--dataset", "synthetic", "--d-model", "32", "--layers", "1", "--heads", "2", "--context", "32",
+		"--tokens-per-step", "128", "--eval-every", "2", "--eval-batches", "1", "--seed", "3", "--out", out}
+	first := exec.Command(bin, append(args, "--steps", "100000")...)
+	first.Env = append(os.Environ(), "RPAC_DATA=", "XDG_CACHE_HOME="+t.TempDir())
+	var firstOut bytes.Buffer
+	first.Stdout, first.Stderr = &firstOut, &firstOut
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		first.Process.Kill()
+		first.Wait()
+	}()
+	lock := filepath.Join(out, "train.lock")
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(lock); err == nil && bytes.Contains(b, []byte(`"pid"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first run never locked %s:\n%s", out, firstOut.String())
+		}
+	}
+	for _, extra := range [][]string{{"--steps", "4"}, {"--steps", "4", "--resume"}} {
+		got, code := rpac(t, append(args, extra...)...)
+		want := fmt.Sprintf("process %d on host", first.Process.Pid)
+		if code == 0 || !strings.Contains(got, want) || !strings.Contains(got, "in use") {
+			t.Fatalf("second run %v: exit %d, want a refusal naming %q:\n%s", extra, code, want, got)
+		}
+	}
+	first.Process.Kill()
+	first.Wait()
+
+	// The lock died with its process: the directory is free again.
+	os.RemoveAll(out)
+	if got, code := rpac(t, append(args, "--steps", "4")...); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, got)
+	}
+	got, code := rpac(t, append(args, "--steps", "4", "--resume")...)
+	if code != 0 || !strings.Contains(got, "already finished at step 4") || strings.Contains(got, "0.0000") || !regexp.MustCompile(`last eval CE \d+\.\d{4}`).MatchString(got) {
+		t.Fatalf("resuming a finished run: exit %d:\n%s", code, got)
 	}
 }

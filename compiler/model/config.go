@@ -71,6 +71,16 @@ const (
 	MaxExperts = 1 << 10
 	MaxFFMult  = 1 << 8
 	MaxLength  = 1 << 17
+	// MaxSinkhornIters bounds the Sinkhorn loop run per attention layer
+	// (the paper uses 6).
+	MaxSinkhornIters = 100
+	// MaxParams bounds the parameter count of the whole model (about 16
+	// GiB of float32; the paper preset has 91M).
+	MaxParams = 1 << 32
+	// MaxScalar bounds the magnitude of the model's scalar settings whose
+	// range the model does not fix otherwise (tau_align, tau_max, bias_clip,
+	// pos_beta, kappa_init, ent_floor_eta, ent_floor_alpha).
+	MaxScalar = 1e3
 )
 
 // Validate reports every field of a config that cannot build (or would build
@@ -128,8 +138,28 @@ func (c *Config) Validate() error {
 	if !(c.LabelSmooth >= 0 && c.LabelSmooth < 1) {
 		bad("label_smooth %g is outside [0, 1)", c.LabelSmooth)
 	}
+	if len(errs) == 0 {
+		if n := c.paramEstimate(); n > MaxParams {
+			bad("the model would have about %.3g parameters, beyond this build's limit of %d (vocab, d_model, layers, experts and ff_mult together)", n, int64(MaxParams))
+		}
+	}
 	if !fuzzy {
 		return validationError(errs)
+	}
+	scalar := func(name string, v, lo float64) {
+		if !(v >= lo && v <= MaxScalar) {
+			bad("%s %g is outside [%g, %g]", name, v, lo, MaxScalar)
+		}
+	}
+	scalar("pos_beta", c.PosBeta, -MaxScalar)
+	scalar("kappa_init", c.KappaInit, -MaxScalar)
+	scalar("ent_floor_alpha", c.EntFloorAlpha, 0)
+	scalar("ent_floor_eta", c.EntFloorEta, 0)
+	if c.SinkhornIters > MaxSinkhornIters {
+		bad("sinkhorn_iters %d is beyond this build's limit of %d (the paper uses 6)", c.SinkhornIters, MaxSinkhornIters)
+	}
+	if c.TauAlign > MaxScalar || c.BiasClip > MaxScalar || c.TauMax > MaxScalar {
+		bad("tau_align %g, bias_clip %g and tau_max %g must be at most %g", c.TauAlign, c.BiasClip, c.TauMax, MaxScalar)
 	}
 	// With one regime the membership softmax is identically 1: the residual
 	// gate, the expert router and the RPA prior see a constant, and the
@@ -169,6 +199,18 @@ func (c *Config) Validate() error {
 		bad("tau_att_init %g is outside [%g, tau_max %g]", c.TauAttInit, tauAttMin, c.TauMax)
 	}
 	return validationError(errs)
+}
+
+// paramEstimate is an upper estimate of the parameter count (float64: it
+// must not overflow for any field values Validate lets through to it).
+func (c *Config) paramEstimate() float64 {
+	d, L := float64(c.DModel), float64(c.Layers)
+	ffn := 2 * float64(c.FFMult) * d * d
+	if c.Model == "fuzzy" {
+		ffn *= float64(max(c.Experts, 1))
+	}
+	perLayer := 4*d*d + ffn + 16*d + 4*float64(max(c.R, 1))*(d+float64(max(c.K(), 1)))
+	return float64(c.Vocab)*d + float64(c.MaxLen)*d + L*perLayer
 }
 
 // tauAttMin is the lowest initial attention temperature Validate accepts

@@ -67,15 +67,28 @@ func Resolve(base Config, file string, ov Overrides) (Config, error) {
 // error that names the file (and line:column where the JSON is at fault).
 // The result is not validated; Resolve does that.
 func ApplyConfigFile(base Config, path string) (Config, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Config{}, fmt.Errorf("model config file %s does not exist", path)
 	}
 	if err != nil {
 		return Config{}, fmt.Errorf("model config file: %w", err)
 	}
+	defer f.Close()
+	// A config is a few hundred bytes; a larger file is not one (and is
+	// not read whole: it could be a device or a huge file).
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigFileBytes+1))
+	if err != nil {
+		return Config{}, fmt.Errorf("model config file: %w", err)
+	}
+	if len(data) > MaxConfigFileBytes {
+		return Config{}, fmt.Errorf("model config file %s is more than %d bytes; it is not a model config", path, MaxConfigFileBytes)
+	}
 	return applyConfigJSON(base, path, data)
 }
+
+// MaxConfigFileBytes bounds a --config file.
+const MaxConfigFileBytes = 1 << 20
 
 func applyConfigJSON(base Config, path string, data []byte) (Config, error) {
 	// at names the byte encoding/json had just read after off bytes.

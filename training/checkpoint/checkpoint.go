@@ -23,6 +23,7 @@
 package checkpoint
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -213,16 +214,37 @@ func Save(dir string, c *Checkpoint) (err error) {
 // Load reads and verifies the checkpoint in dir. If dir is missing but
 // "<dir>.prev" holds a checkpoint (a save was interrupted between its two
 // renames), that one is loaded and a warning is logged.
-func Load(dir string) (*Checkpoint, error) { return LoadParts(dir, true) }
+func Load(dir string) (*Checkpoint, error) { return LoadWith(dir, LoadOptions{Optim: true}) }
 
 // LoadParts is Load that reads the optimizer state only when withOptim is
 // set (export and inspection need the weights and the state alone).
 func LoadParts(dir string, withOptim bool) (*Checkpoint, error) {
+	return LoadWith(dir, LoadOptions{Optim: withOptim})
+}
+
+// LoadOptions control LoadWith.
+type LoadOptions struct {
+	// Optim reads the optimizer state as well.
+	Optim bool
+	// Expect, when set, receives state.json (verified) before either
+	// safetensors file is read, and returns the schemas the model and the
+	// optimizer files must meet (nil: not checked); an error stops the load.
+	Expect func(state []byte) (model, optim Schema, err error)
+	// Finite refuses a tensor holding NaN or ±Inf, naming it (rpac never
+	// writes one: training refuses to save non-finite weights).
+	Finite bool
+}
+
+// LoadWith is Load with options. Each file is checked against
+// checkpoint.json's size before a byte of it is read; the safetensors files
+// are streamed (hashed while parsed, never held whole) and their headers
+// checked before their data.
+func LoadWith(dir string, o LoadOptions) (*Checkpoint, error) {
 	dir, err := Resolve(dir)
 	if err != nil {
 		return nil, err
 	}
-	return load(dir, withOptim)
+	return load(dir, o)
 }
 
 // Resolve returns the directory Load would read: dir itself, or
@@ -243,53 +265,78 @@ func Resolve(dir string) (string, error) {
 	return dir, nil
 }
 
-func load(dir string, withOptim bool) (*Checkpoint, error) {
+// Bounds on checkpoint files: far above what rpac writes.
+const (
+	// MaxFileBytes bounds any file a checkpoint.json may list.
+	MaxFileBytes = 1 << 40
+	// MaxStateBytes bounds state.json (real ones are a few KiB) and
+	// MaxManifestBytes checkpoint.json.
+	MaxStateBytes    = 64 << 20
+	MaxManifestBytes = 1 << 20
+)
+
+// validate checks checkpoint.json's fields: the format and version, the
+// three files and no other, each with a size in 0..MaxFileBytes (state.json
+// in 0..MaxStateBytes) and a sha256 of 64 hex digits.
+func (m *Manifest) validate() error {
+	if m.Format != formatName {
+		return fmt.Errorf("format is %q, want %q", m.Format, formatName)
+	}
+	if m.Version < 1 || m.Version > FormatVersion {
+		return fmt.Errorf("format version %d is not supported (this build reads 1..%d); use a newer rpac", m.Version, FormatVersion)
+	}
+	for _, name := range []string{ModelFile, OptimFile, StateFile} {
+		if _, ok := m.Files[name]; !ok {
+			return fmt.Errorf("does not list %s", name)
+		}
+	}
+	for name, f := range m.Files {
+		switch name {
+		case ModelFile, OptimFile, StateFile:
+		default:
+			return fmt.Errorf("lists %q, which is not a checkpoint file (want %s, %s and %s)", name, ModelFile, OptimFile, StateFile)
+		}
+		if f.Size < 0 || f.Size > MaxFileBytes {
+			return fmt.Errorf("%s: size %d is outside 0..%d", name, f.Size, int64(MaxFileBytes))
+		}
+		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("%s: sha256 %q is not 64 hex digits", name, f.SHA256)
+		}
+	}
+	if s := m.Files[StateFile].Size; s > MaxStateBytes {
+		return fmt.Errorf("%s: size %d is more than a state file's limit of %d", StateFile, s, MaxStateBytes)
+	}
+	return nil
+}
+
+// ParseManifest decodes and validates checkpoint.json's bytes.
+func ParseManifest(b []byte) (*Manifest, error) {
+	var man Manifest
+	if err := json.Unmarshal(b, &man); err != nil {
+		return nil, fmt.Errorf("bad JSON: %v", err)
+	}
+	if err := man.validate(); err != nil {
+		return nil, err
+	}
+	return &man, nil
+}
+
+func load(dir string, o LoadOptions) (*Checkpoint, error) {
 	manPath := filepath.Join(dir, ManifestFile)
-	mj, err := os.ReadFile(manPath)
+	mj, err := readBounded(manPath, MaxManifestBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("checkpoint: %s: missing file: not a checkpoint directory, or its save never finished", manPath)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	var man Manifest
-	if err := json.Unmarshal(mj, &man); err != nil {
-		return nil, fmt.Errorf("checkpoint: %s: bad JSON: %v", manPath, err)
-	}
-	if man.Format != formatName {
-		return nil, fmt.Errorf("checkpoint: %s: format is %q, want %q", manPath, man.Format, formatName)
-	}
-	if man.Version < 1 || man.Version > FormatVersion {
-		return nil, fmt.Errorf("checkpoint: %s: format version %d is not supported (this build reads 1..%d); use a newer rpac", manPath, man.Version, FormatVersion)
-	}
-	for _, name := range []string{ModelFile, OptimFile, StateFile} {
-		if _, ok := man.Files[name]; !ok {
-			return nil, fmt.Errorf("checkpoint: %s: does not list %s", manPath, name)
-		}
-	}
-	read := func(name string) ([]byte, error) {
-		return readVerified(filepath.Join(dir, name), man.Files[name])
+	man, err := ParseManifest(mj)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %s: %w", manPath, err)
 	}
 
 	c := &Checkpoint{}
-	for _, f := range []struct {
-		name string
-		dst  *[]Named
-	}{{ModelFile, &c.Weights}, {OptimFile, &c.Optim}} {
-		if f.name == OptimFile && !withOptim {
-			continue
-		}
-		data, err := read(f.name)
-		if err != nil {
-			return nil, err
-		}
-		ts, _, err := ReadSafetensors(data)
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: %s: %w", filepath.Join(dir, f.name), err)
-		}
-		*f.dst = ts
-	}
-	state, err := read(StateFile)
+	state, err := readVerified(filepath.Join(dir, StateFile), man.Files[StateFile])
 	if err != nil {
 		return nil, err
 	}
@@ -297,29 +344,135 @@ func load(dir string, withOptim bool) (*Checkpoint, error) {
 		return nil, fmt.Errorf("checkpoint: %s: %w", filepath.Join(dir, StateFile), err)
 	}
 	c.State = json.RawMessage(state)
+	var schemas [2]Schema
+	if o.Expect != nil {
+		if schemas[0], schemas[1], err = o.Expect(state); err != nil {
+			return nil, err
+		}
+	}
+	for i, f := range []struct {
+		name string
+		dst  *[]Named
+	}{{ModelFile, &c.Weights}, {OptimFile, &c.Optim}} {
+		if f.name == OptimFile && !o.Optim {
+			continue
+		}
+		ts, err := readTensors(filepath.Join(dir, f.name), man.Files[f.name], schemas[i], o.Finite)
+		if err != nil {
+			return nil, err
+		}
+		*f.dst = ts
+	}
 	return c, nil
 }
 
-// readVerified reads a file and checks it against its manifest entry.
-func readVerified(path string, want FileInfo) ([]byte, error) {
-	data, err := os.ReadFile(path)
+// readBounded reads a file of at most limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%s is %d bytes, more than the limit of %d for this file", path, st.Size(), limit)
+	}
+	return io.ReadAll(io.LimitReader(f, limit))
+}
+
+// openVerified opens path and checks its size against its manifest entry
+// before anything is read.
+func openVerified(path string, want FileInfo) (*os.File, error) {
+	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("checkpoint: %s: missing file (listed in %s); the checkpoint is incomplete: resume from another one", path, ManifestFile)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	if got := int64(len(data)); got != want.Size {
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("checkpoint: %s is not a regular file", path)
+	}
+	if got := st.Size(); got != want.Size {
+		f.Close()
 		if got < want.Size {
 			return nil, fmt.Errorf("checkpoint: %s: truncated: %d bytes, %s records %d; the file was cut short: resume from another checkpoint", path, got, ManifestFile, want.Size)
 		}
 		return nil, fmt.Errorf("checkpoint: %s: size %d bytes, %s records %d; the file was modified: resume from another checkpoint", path, got, ManifestFile, want.Size)
 	}
+	return f, nil
+}
+
+func checksumError(path, got string, want FileInfo) error {
+	return fmt.Errorf("checkpoint: %s: checksum mismatch: sha256 %s, %s records %s; the file is corrupt: resume from another checkpoint", path, got, ManifestFile, want.SHA256)
+}
+
+// readVerified reads a small file (state.json) and checks it against its
+// manifest entry, its size first.
+func readVerified(path string, want FileInfo) ([]byte, error) {
+	f, err := openVerified(path, want)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, want.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
 	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); !strings.EqualFold(got, want.SHA256) {
-		return nil, fmt.Errorf("checkpoint: %s: checksum mismatch: sha256 %s, %s records %s; the file is corrupt: resume from another checkpoint", path, got, ManifestFile, want.SHA256)
+	if got := hex.EncodeToString(sum[:]); int64(len(data)) != want.Size || !strings.EqualFold(got, want.SHA256) {
+		return nil, checksumError(path, got, want)
 	}
 	return data, nil
+}
+
+// readTensors streams a safetensors file of a checkpoint: its size against
+// the manifest (and the schema's largest file) before reading, the header
+// against the schema before the data, values finite if asked, and the sha256
+// of the whole file computed while it is parsed. A file that fails to parse
+// is hashed to its end, so that damage is reported as such.
+func readTensors(path string, want FileInfo, schema Schema, finite bool) ([]Named, error) {
+	f, err := openVerified(path, want)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ro := readOptions{finite: finite}
+	if schema != nil {
+		if max := schema.maxFileBytes(); want.Size > max {
+			return nil, fmt.Errorf("checkpoint: %s: %d bytes, more than the %d a checkpoint of this model takes; the file does not belong to this run", path, want.Size, max)
+		}
+		ro.check = schema.check
+	} else {
+		ro.limit = memoryLimit()
+	}
+	h := sha256.New()
+	r := io.TeeReader(bufio.NewReaderSize(f, 1<<20), h)
+	ts, _, perr := readSafetensors(r, want.Size, ro)
+	if perr != nil && errors.Is(perr, errSchema) {
+		return nil, fmt.Errorf("checkpoint: %s: %w", path, perr)
+	}
+	if perr != nil {
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return nil, fmt.Errorf("checkpoint: %s: %w", path, err)
+		}
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, want.SHA256) {
+		return nil, checksumError(path, got, want)
+	}
+	if perr != nil {
+		return nil, fmt.Errorf("checkpoint: %s: %w", path, perr)
+	}
+	return ts, nil
 }
 
 // checkObject reports whether b is one valid JSON object.

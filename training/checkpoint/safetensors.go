@@ -10,6 +10,8 @@ import (
 	"math"
 	"os"
 	"sort"
+
+	"github.com/rpac-dev/rpac/internal/sysmem"
 )
 
 // Named is one tensor of a checkpoint: a name (a PyTorch module path such as
@@ -173,25 +175,109 @@ func WriteSafetensors(w io.Writer, tensors []Named, meta map[string]string) erro
 // entries, an unknown dtype, a shape that does not match its byte range,
 // offsets out of bounds, overlapping or leaving gaps.
 func ReadSafetensors(data []byte) ([]Named, map[string]string, error) {
-	if len(data) < 8 {
-		return nil, nil, fmt.Errorf("safetensors: file is %d bytes, shorter than the 8-byte header length", len(data))
+	return readSafetensors(bytes.NewReader(data), int64(len(data)), readOptions{})
+}
+
+// TensorInfo is one tensor as a safetensors header declares it.
+type TensorInfo struct {
+	Name  string
+	Dtype string
+	Shape []int
+}
+
+// readOptions control readSafetensors.
+type readOptions struct {
+	// check, when set, sees the declared tensors before any data is read.
+	check func([]TensorInfo) error
+	// limit bounds the memory the decoded tensors may take (0: none).
+	limit int64
+	// finite refuses a NaN or ±Inf value of a floating tensor.
+	finite bool
+}
+
+// readSafetensors reads a safetensors file of size bytes from r, in one
+// pass: the header first, checked (offsets against size, then o.check),
+// and only then the data it declares, decoded tensor by tensor, never held
+// whole.
+func readSafetensors(r io.Reader, size int64, o readOptions) ([]Named, map[string]string, error) {
+	if size < 8 {
+		return nil, nil, fmt.Errorf("safetensors: file is %d bytes, shorter than the 8-byte header length", size)
 	}
-	n := binary.LittleEndian.Uint64(data[:8])
+	var lenBuf [8]byte
+	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
+		return nil, nil, fmt.Errorf("safetensors: reading the header length: %w", err)
+	}
+	n := binary.LittleEndian.Uint64(lenBuf[:])
 	if n < 2 || n > maxHeaderLen {
 		return nil, nil, fmt.Errorf("safetensors: header length %d is out of range (2..%d); not a safetensors file?", n, maxHeaderLen)
 	}
-	if n > uint64(len(data)-8) {
-		return nil, nil, fmt.Errorf("safetensors: header length %d exceeds the %d bytes after it; the file is truncated", n, len(data)-8)
+	if n > uint64(size-8) {
+		return nil, nil, fmt.Errorf("safetensors: header length %d exceeds the %d bytes after it; the file is truncated", n, size-8)
 	}
-	header := data[8 : 8+n]
-	body := data[8+n:]
+	header := make([]byte, n)
+	if _, err := io.ReadFull(r, header); err != nil {
+		return nil, nil, fmt.Errorf("safetensors: reading the header: %w", err)
+	}
+	entries, meta, err := parseHeader(header, size-8-int64(n))
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.check != nil {
+		infos := make([]TensorInfo, len(entries))
+		for i, e := range entries {
+			infos[i] = TensorInfo{Name: e.name, Dtype: e.Dtype, Shape: e.Shape}
+		}
+		if err := o.check(infos); err != nil {
+			return nil, nil, fmt.Errorf("safetensors: %w", err)
+		}
+	}
+	if o.limit > 0 {
+		var need int64
+		for _, e := range entries {
+			need += 4 * ((e.DataOffsets[1] - e.DataOffsets[0]) / int64(dtypeSize[e.Dtype]))
+		}
+		if need > o.limit {
+			return nil, nil, fmt.Errorf("safetensors: the tensors would take %d MiB as float32, more than the %d MiB this process can spare", need>>20, o.limit>>20)
+		}
+	}
+	out := make([]Named, len(entries))
+	buf := make([]byte, 1<<20)
+	for i, e := range entries {
+		t := Named{Name: e.name, Shape: append([]int{}, e.Shape...)}
+		size := int64(dtypeSize[e.Dtype])
+		t.Data = make([]float32, (e.DataOffsets[1]-e.DataOffsets[0])/size)
+		for done := 0; done < len(t.Data); {
+			k := min(len(t.Data)-done, len(buf)/int(size))
+			raw := buf[:k*int(size)]
+			if _, err := io.ReadFull(r, raw); err != nil {
+				return nil, nil, fmt.Errorf("safetensors: reading tensor %q: %w", e.name, err)
+			}
+			decodeInto(t.Data[done:done+k], e.Dtype, raw)
+			done += k
+		}
+		if o.finite {
+			for j, v := range t.Data {
+				if v != v || math.IsInf(float64(v), 0) {
+					return nil, nil, fmt.Errorf("safetensors: tensor %q holds a non-finite value (%v at element %d); no checkpoint is written so: the file was altered or damaged", e.name, v, j)
+				}
+			}
+		}
+		out[i] = t
+	}
+	return out, meta, nil
+}
+
+// entry is one tensor of a parsed header.
+type entry struct {
+	name string
+	headerEntry
+}
+
+// parseHeader parses and checks a header against the bodyLen data bytes
+// after it; the entries come back in data order.
+func parseHeader(header []byte, bodyLen int64) ([]entry, map[string]string, error) {
 	if header[0] != '{' {
 		return nil, nil, fmt.Errorf("safetensors: header does not start with '{'")
-	}
-
-	type entry struct {
-		name string
-		headerEntry
 	}
 	var entries []entry
 	var meta map[string]string
@@ -235,7 +321,6 @@ func ReadSafetensors(data []byte) ([]Named, map[string]string, error) {
 		return nil, nil, fmt.Errorf("safetensors: %d stray bytes after the header object", len(rest))
 	}
 
-	bodyLen := int64(len(body))
 	for _, e := range entries {
 		size, ok := dtypeSize[e.Dtype]
 		if !ok {
@@ -289,19 +374,13 @@ func ReadSafetensors(data []byte) ([]Named, map[string]string, error) {
 		return nil, nil, fmt.Errorf("safetensors: %d data bytes after the last tensor (expected %d bytes of data, file has %d)", bodyLen-pos, pos, bodyLen)
 	}
 
-	out := make([]Named, len(entries))
-	for i, e := range entries {
-		raw := body[e.DataOffsets[0]:e.DataOffsets[1]]
-		out[i] = Named{Name: e.name, Shape: append([]int{}, e.Shape...), Data: decode(e.Dtype, raw)}
-	}
-	return out, meta, nil
+	return entries, meta, nil
 }
 
-// decode converts little-endian raw data of a known dtype to float32.
-func decode(dtype string, raw []byte) []float32 {
+// decodeInto converts little-endian raw data of a known dtype to float32,
+// len(out) values.
+func decodeInto(out []float32, dtype string, raw []byte) {
 	le := binary.LittleEndian
-	n := len(raw) / dtypeSize[dtype]
-	out := make([]float32, n)
 	switch dtype {
 	case "F32":
 		for i := range out {
@@ -340,7 +419,6 @@ func decode(dtype string, raw []byte) []float32 {
 			out[i] = float32(raw[i])
 		}
 	}
-	return out
 }
 
 // f16ToF32 converts an IEEE 754 half-precision value exactly.
@@ -367,16 +445,37 @@ func f16ToF32(h uint16) float32 {
 // LoadWeightsFile reads a bare .safetensors file (for example a PyTorch state
 // dict saved with safetensors.torch.save_file) and returns its tensors as
 // float32 in file order, plus the header metadata. Errors name the file.
+// The file is streamed: its header is checked against its size before any
+// data is read, and tensors that would not fit in half the memory this
+// process can still take are refused unread.
 func LoadWeightsFile(path string) ([]Named, map[string]string, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	ts, meta, err := ReadSafetensors(data)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("checkpoint: %s is not a regular file", path)
+	}
+	ts, meta, err := readSafetensors(bufio.NewReaderSize(f, 1<<20), st.Size(), readOptions{limit: memoryLimit()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint: %s: %w", path, err)
 	}
 	return ts, meta, nil
+}
+
+// memoryLimit is half the memory this process can still take (0 when
+// unknown: no limit).
+func memoryLimit() int64 {
+	avail, err := sysmem.Available()
+	if err != nil || avail <= 0 {
+		return 0
+	}
+	return avail / 2
 }
 
 // SaveWeightsFile writes tensors as a bare .safetensors file, atomically: the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,6 +95,23 @@ func decodeCache(b []byte, sum [32]byte, tokName string) (rows int, ids []int32,
 		ids[i] = int32(binary.LittleEndian.Uint32(b[p+4*i:]))
 	}
 	return int(r), ids, nil
+}
+
+// readCacheFile reads a token cache file of at most limit bytes.
+func readCacheFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() || st.Size() > limit {
+		return nil, fmt.Errorf("%w: %d bytes, more than the %d its source can give", errBadCache, st.Size(), limit)
+	}
+	return io.ReadAll(io.LimitReader(f, limit))
 }
 
 // writeFileAtomic writes data to path through a temporary file in the same

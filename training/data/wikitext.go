@@ -3,7 +3,9 @@ package data
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -104,12 +106,20 @@ func EncodeFile(path string, enc TextEncoder, opts LoadOptions) (*Encoded, error
 		}
 	}
 	if cacheFile != "" {
-		if b, err := os.ReadFile(cacheFile); err == nil {
-			rows, ids, err := decodeCache(b, sum, enc.Name())
-			if err == nil {
+		// Each id covers at least one byte of the source or ends a row, so
+		// a real cache file is at most about 8 bytes per source byte; a
+		// larger one is not read.
+		limit := int64(len(cacheMagic)+32+2+len(enc.Name())+16+4) + 4*(2*int64(len(raw))+1)
+		b, err := readCacheFile(cacheFile, limit)
+		if err == nil {
+			var rows int
+			var ids []int32
+			if rows, ids, err = decodeCache(b, sum, enc.Name()); err == nil {
 				out.Rows, out.IDs, out.Cached = rows, ids, true
 				return out, nil
 			}
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
 			log.Warn("wikitext-2: ignoring the token cache file; re-encoding", "file", cacheFile, "err", err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -158,6 +159,31 @@ func TestTokenCache(t *testing.T) {
 			}
 		})
 	}
+	// A cache file larger than its source can give is ignored unread (a
+	// sparse 4 GiB file here), then rewritten.
+	t.Run("oversized", func(t *testing.T) {
+		logs.Reset()
+		os.WriteFile(files[0], good, 0o644)
+		if err := os.Truncate(files[0], 4<<30); err != nil {
+			t.Skip(err)
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		e, err := EncodeFile(path, tok, opts)
+		runtime.ReadMemStats(&after)
+		if err != nil || e.Cached || !slices.Equal(e.IDs, first.IDs) {
+			t.Fatalf("err %v cached %v", err, e != nil && e.Cached)
+		}
+		if a := after.TotalAlloc - before.TotalAlloc; a > 64<<20 {
+			t.Fatalf("the oversized cache file was read: %d MiB allocated", a>>20)
+		}
+		if !strings.Contains(logs.String(), "ignoring the token cache") {
+			t.Errorf("no warning: %q", logs.String())
+		}
+		if b, _ := os.ReadFile(files[0]); !bytes.Equal(b, good) {
+			t.Errorf("cache file not rewritten")
+		}
+	})
 	// No temporary files are left behind.
 	all, _ := os.ReadDir(opts.CacheDir)
 	for _, f := range all {
