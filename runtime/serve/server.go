@@ -33,6 +33,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -380,13 +381,25 @@ func (s *Server) encode(ctx context.Context, text string, max int) ([]int32, err
 			return nil, ctx.Err()
 		}
 	}
+	var ids []int32
 	if ce, ok := s.cfg.Tokenizer.(ContextEncoder); ok {
-		return ce.EncodeContext(ctx, text, max)
+		var err error
+		if ids, err = ce.EncodeContext(ctx, text, max); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ids = s.cfg.Tokenizer.Encode(text)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	V := int32(s.m.VocabSize())
+	for _, id := range ids {
+		if id < 0 || id >= V { // the tokenizer does not fit the model: the server's fault
+			return nil, fmt.Errorf("the tokenizer gave the id %d, outside the model's vocabulary [0,%d)", id, V)
+		}
 	}
-	return s.cfg.Tokenizer.Encode(text), nil
+	return ids, nil
 }
 
 // reserve takes n bytes of response memory; release gives them back.
@@ -500,7 +513,10 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	dec := json.NewDecoder(body)
 	err := dec.Decode(v)
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	var rest []byte
+	if err == nil { // read the body to its end, under the read deadline
+		rest, err = io.ReadAll(io.MultiReader(dec.Buffered(), body))
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		var ne net.Error
@@ -515,9 +531,12 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error
 		}
 		return badRequest("the request body is not valid JSON for this route: %v", err)
 	}
-	if dec.More() {
+	if len(bytes.TrimSpace(rest)) > 0 {
 		return badRequest("the request body holds more than one JSON value")
 	}
+	// The whole body is in: the deadline may go (only now: with a body
+	// left to read, net/http reads it after the handler).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return nil
 }
 
