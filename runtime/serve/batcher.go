@@ -356,11 +356,10 @@ type scorer struct {
 	done     chan struct{}
 	wake     chan struct{} // signalled (without blocking) when jobs arrive
 
-	mu      sync.Mutex
-	closed  bool
-	groups  []*scoreGroup // requests with jobs queued, in turn order
-	queued  int           // jobs in groups
-	running atomic.Int64  // jobs taken and not finished (tests)
+	mu     sync.Mutex
+	closed bool
+	groups []*scoreGroup // requests with jobs queued, in turn order
+	queued int           // jobs in groups
 }
 
 func newScorer(m Model, maxBatch int, maxWait time.Duration, queue int, mt *metrics) *scorer {
@@ -423,6 +422,12 @@ func (s *scorer) take(n int) []*scoreJob {
 			if len(batch) == n {
 				break
 			}
+			for len(g.jobs) > 0 && g.jobs[0].ctx.Err() != nil { // its request is over: no turn
+				g.jobs[0].done <- g.jobs[0].ctx.Err()
+				g.jobs = g.jobs[1:]
+				s.queued--
+				s.metrics.queueDepth.Dec()
+			}
 			if len(g.jobs) > 0 {
 				batch = append(batch, g.jobs[0])
 				g.jobs = g.jobs[1:]
@@ -441,7 +446,6 @@ func (s *scorer) take(n int) []*scoreJob {
 	}
 	s.groups = order
 	s.metrics.queueDepth.Sub(float64(len(batch)))
-	s.running.Add(int64(len(batch)))
 	return batch
 }
 
@@ -471,9 +475,7 @@ func (s *scorer) loop() {
 			}
 			timer.Stop()
 		}
-		batch := s.take(s.maxBatch)
-		s.runBatch(batch)
-		s.running.Add(-int64(len(batch)))
+		s.runBatch(s.take(s.maxBatch))
 	}
 }
 

@@ -38,8 +38,9 @@ var outputNames = []string{outLogits, outLastLogits, outTopKIDs, outTopKLogits, 
 // and its comma, an id of the vocabulary and its comma, and room for the
 // fields around the values.
 const (
-	floatJSONBytes = 15
-	jsonOverhead   = 512
+	floatJSONBytes   = 15
+	float64JSONBytes = 25 // a score's log-probabilities
+	jsonOverhead     = 512
 )
 
 func idJSONBytes(V int) int64 { return int64(len(strconv.Itoa(max(V-1, 0)))) + 1 }

@@ -52,8 +52,8 @@ func (s *Server) score(w http.ResponseWriter, r *http.Request) {
 		windows = append(windows, ids[st:min(st+L, len(ids))])
 		starts = append(starts, st)
 	}
-	// The answer: about 30 bytes per token (its id and log-probability).
-	release, err := s.reserve(int64(len(ids))*(floatJSONBytes+idJSONBytes(s.m.VocabSize()))+jsonOverhead, fmt.Sprintf("the score of %d tokens", len(ids)))
+	// The answer: at most about 31 bytes per token (its id and log-probability).
+	release, err := s.reserve(int64(len(ids))*(float64JSONBytes+idJSONBytes(s.m.VocabSize()))+jsonOverhead, fmt.Sprintf("the score of %d tokens", len(ids)))
 	if err != nil {
 		s.fail(w, r, err)
 		return
