@@ -474,3 +474,53 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// deadlineRecorder is a ResponseWriter that records the write deadlines
+// set on it and what was written after each.
+type deadlineRecorder struct {
+	h      http.Header
+	code   int
+	events []string // "deadline D" and "write", in order
+}
+
+func (d *deadlineRecorder) Header() http.Header { return d.h }
+func (d *deadlineRecorder) WriteHeader(code int) {
+	if d.code == 0 {
+		d.code = code
+	}
+}
+func (d *deadlineRecorder) Write(b []byte) (int, error) {
+	d.WriteHeader(200)
+	d.events = append(d.events, "write")
+	return len(b), nil
+}
+func (d *deadlineRecorder) Flush() {}
+func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	d.events = append(d.events, fmt.Sprintf("deadline %v", time.Until(t).Round(time.Second)))
+	return nil
+}
+func (d *deadlineRecorder) SetReadDeadline(time.Time) error { return nil }
+
+// TestWriteDeadlines: an answer's write deadline is set when it is ready
+// (WriteTimeout ahead), and each event of a stream gets its own
+// (StreamIdleTimeout ahead) before it is written.
+func TestWriteDeadlines(t *testing.T) {
+	s, _ := newTest(t, &countModel{}, Config{WriteTimeout: 7 * time.Second, StreamIdleTimeout: 3 * time.Second})
+	do := func(body string) *deadlineRecorder {
+		rec := &deadlineRecorder{h: http.Header{}}
+		s.Handler().ServeHTTP(rec, httptestRequest("/v1/completions", body))
+		return rec
+	}
+	if got := strings.Join(do(`{"prompt": "a", "max_tokens": 2}`).events, ", "); got != "deadline 7s, write" {
+		t.Errorf("completion: %s", got)
+	}
+	got := strings.Join(do(`{"prompt": "a", "max_tokens": 3, "temperature": 0, "stream": true}`).events, ", ")
+	if want := "deadline 7s, deadline 3s, write, deadline 3s, write, deadline 3s, write, write"; got != want { // 3 events, then [DONE]
+		t.Errorf("stream: %s\nwant %s", got, want)
+	}
+}
+
+func httptestRequest(path, body string) *http.Request {
+	r, _ := http.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	return r
+}
