@@ -152,24 +152,33 @@ func bpe(piece string, ranks map[string]int32, out []int32, stop func() bool) ([
 	return bpeHeap(piece, ranks, out, stop)
 }
 
-// bpeScan is bpe by rescanning every pair after each merge.
+// bpeScan is bpe by scanning the pairs' ranks for the lowest after each
+// merge; a merge looks up only the two pairs it changes.
 func bpeScan(piece string, ranks map[string]int32, out []int32) []int32 {
-	// bounds[i] is the start of part i; the last entry is len(piece).
-	var buf [scanMergeMax + 1]int
-	bounds := buf[:0]
+	// bounds[i] is the start of part i, the last entry len(piece);
+	// pair[i] is the rank of merging parts i and i+1.
+	var bbuf [scanMergeMax + 1]int
+	var pbuf [scanMergeMax]int32
+	bounds, pair := bbuf[:0], pbuf[:0]
 	for i := 0; i <= len(piece); i++ {
 		bounds = append(bounds, i)
 	}
-	rankOf := func(i int) int32 { // rank of merging parts i and i+1
+	rankOf := func(i int) int32 {
+		if i+2 >= len(bounds) {
+			return noMerge
+		}
 		if id, ok := ranks[piece[bounds[i]:bounds[i+2]]]; ok {
 			return id
 		}
-		return math.MaxInt32
+		return noMerge
 	}
-	for len(bounds) > 2 {
-		best, at := int32(math.MaxInt32), -1
-		for i := 0; i+2 < len(bounds); i++ {
-			if r := rankOf(i); r < best {
+	for i := 0; i+1 < len(bounds); i++ {
+		pair = append(pair, rankOf(i))
+	}
+	for {
+		best, at := int32(noMerge), -1
+		for i, r := range pair {
+			if r < best {
 				best, at = r, i
 			}
 		}
@@ -177,6 +186,11 @@ func bpeScan(piece string, ranks map[string]int32, out []int32) []int32 {
 			break
 		}
 		bounds = append(bounds[:at+1], bounds[at+2:]...)
+		pair = append(pair[:at+1], pair[at+2:]...)
+		pair[at] = rankOf(at)
+		if at > 0 {
+			pair[at-1] = rankOf(at - 1)
+		}
 	}
 	for i := 0; i+1 < len(bounds); i++ {
 		out = append(out, ranks[piece[bounds[i]:bounds[i+1]]])
