@@ -21,7 +21,7 @@ import (
 // one ends (the requests take turns in the batches instead of queueing
 // behind each other).
 func TestScoreTakesTurns(t *testing.T) {
-	m := &countModel{maxLen: 8, delay: 20 * time.Millisecond}
+	m := &countModel{maxLen: 8, delay: 100 * time.Millisecond} // 2 s in all: far more than an HTTP round trip
 	_, ts := newTest(t, m, Config{MaxBatch: 2, MaxWait: time.Millisecond})
 	ids := make([]string, 7*40+1) // 40 windows of 8 overlapping by one
 	for i := range ids {
@@ -429,7 +429,7 @@ func TestMaxConns(t *testing.T) {
 // names the limit.
 func TestStreamFailureMetrics(t *testing.T) {
 	_, ts := newTest(t, &countModel{delay: 40 * time.Millisecond}, Config{Timeout: 150 * time.Millisecond, MaxBodyBytes: 200})
-	resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "a", "max_tokens": 30, "stream": true}`))
+	resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "a", "max_tokens": 30, "temperature": 0, "stream": true}`)) // EOS only after 14 steps
 	if err != nil {
 		t.Fatal(err)
 	}
