@@ -41,7 +41,9 @@ type Sampler struct {
 	o    SampleOptions
 	rng  *rand.Rand
 	mask []float32 // the kept candidates' logits
+	idx  []int     // their indices, increasing
 	h    logitHeap
+	nc   []nucleusCand
 }
 
 // NewSampler returns a sampler for o seeded with seed.
@@ -58,6 +60,9 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 	filter := s.o.Temperature > 0 && ((s.o.TopK > 0 && s.o.TopK < len(row)) || (s.o.TopP > 0 && s.o.TopP < 1))
 	if !filter {
 		return sample(row, plain, s.rng)
+	}
+	if s.o.TopK <= 0 || s.o.TopK >= len(row) {
+		return s.nucleus(row) // top_p alone: O(V), no sort
 	}
 	cand := s.candidates(row)
 	if len(cand) == 0 {
@@ -95,6 +100,123 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 		return 0, err
 	}
 	return int32(kept[j].i), nil
+}
+
+// nucleusCand is an entry of the row in Sampler.nucleus: its logit, index
+// and weight exp((x - max) / temperature).
+type nucleusCand struct {
+	w float64
+	x float32
+	i int32
+}
+
+// before orders candidates by decreasing logit, lower index first on ties
+// (the order of Sampler.candidates).
+func (a nucleusCand) before(b nucleusCand) bool { return a.x > b.x || a.x == b.x && a.i < b.i }
+
+// nucleus draws with TopP and without TopK. It keeps what Next keeps with
+// the sorted candidates, the shortest prefix of the row in decreasing order
+// of logit whose weights reach TopP of the total, without sorting the row: a
+// quickselect finds the last kept entry (expected O(V)), and the kept
+// entries are gathered in index order by comparing with it. The sums are
+// taken in another order than the sorted loop's, so a prefix whose sum lies
+// within rounding (about 1e-16 relative) of the threshold may end one
+// entry apart; the draw among the kept entries is the same.
+func (s *Sampler) nucleus(row []float32) (int32, error) {
+	plain := GenerateOptions{Temperature: s.o.Temperature}
+	mx, found := float32(0), false
+	for _, x := range row {
+		if x == x && (!found || x > mx) {
+			mx, found = x, true
+		}
+	}
+	if !found || math.IsInf(float64(mx), 0) {
+		return sample(row, plain, s.rng) // all NaN (reported), or an infinite maximum
+	}
+	s.nc = s.nc[:0]
+	var total float64
+	for i, x := range row {
+		if x == x {
+			w := math.Exp((float64(x) - float64(mx)) / s.o.Temperature)
+			s.nc = append(s.nc, nucleusCand{w, x, int32(i)})
+			total += w
+		}
+	}
+	last := s.nc[nucleusCut(s.nc, s.o.TopP*total)]
+	s.mask, s.idx = s.mask[:0], s.idx[:0]
+	for i, x := range row {
+		if x == x && !last.before(nucleusCand{x: x, i: int32(i)}) { // kept: last or before it
+			s.mask = append(s.mask, x)
+			s.idx = append(s.idx, i)
+		}
+	}
+	j, err := sample(s.mask, plain, s.rng)
+	if err != nil {
+		return 0, err
+	}
+	return int32(s.idx[j]), nil
+}
+
+// nucleusCut reorders c and returns the position of the last entry, in
+// the order of before, of the shortest prefix whose weights sum to at least
+// target (the last entry of all when rounding leaves every prefix short).
+func nucleusCut(c []nucleusCand, target float64) int {
+	lo, hi := 0, len(c)
+	var acc float64 // weight of the entries before lo, all in the prefix
+	for rounds := 0; hi-lo > 1; rounds++ {
+		if rounds > 64 { // pathological pivots: finish by sorting
+			sort.Slice(c[lo:hi], func(a, b int) bool { return c[lo+a].before(c[lo+b]) })
+			for k := lo; k < hi; k++ {
+				if acc += c[k].w; acc >= target {
+					return k
+				}
+			}
+			return hi - 1
+		}
+		m, better := partition(c, lo, hi)
+		switch {
+		case acc+better >= target:
+			hi = m // the cut is among the entries before the pivot
+		case acc+better+c[m].w >= target:
+			return m
+		default:
+			acc += better + c[m].w
+			lo = m + 1
+		}
+	}
+	if hi > lo {
+		return lo // one entry left: the prefix reaches target with it
+	}
+	return lo - 1 // rounding left the prefix short: the cut is the last entry before hi
+}
+
+// partition reorders c[lo:hi] around a pivot (the median of three
+// entries): the entries before it, then it, then the others. It returns the
+// pivot's position and the summed weight of the entries before it.
+func partition(c []nucleusCand, lo, hi int) (int, float64) {
+	a, b, d := lo, lo+(hi-lo)/2, hi-1
+	if c[b].before(c[a]) {
+		a, b = b, a
+	} // c[a] before c[b]
+	if c[d].before(c[b]) { // the median is the later of a and d
+		b = d
+		if c[b].before(c[a]) {
+			b = a
+		}
+	}
+	c[b], c[hi-1] = c[hi-1], c[b]
+	p := c[hi-1]
+	m := lo
+	var better float64
+	for k := lo; k < hi-1; k++ {
+		if c[k].before(p) {
+			better += c[k].w
+			c[k], c[m] = c[m], c[k]
+			m++
+		}
+	}
+	c[m], c[hi-1] = c[hi-1], c[m]
+	return m, better
 }
 
 // candidates returns the non-NaN entries of row in decreasing order of

@@ -22,7 +22,15 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "queue", Value: serve.DefaultQueue, Usage: "requests that may wait for a slot (and sequences waiting to be scored); beyond it: 429"},
 		&cli.Int64Flag{Name: "max-body", Value: serve.DefaultMaxBodyBytes, Usage: "request body limit in bytes (413 beyond it)"},
 		&cli.IntFlag{Name: "max-tokens", Value: serve.DefaultMaxTokens, Usage: "largest max_tokens a completion may ask for"},
-		&cli.DurationFlag{Name: "timeout", Value: serve.DefaultTimeout, Usage: "per-request time limit (504 beyond it)"},
+		&cli.DurationFlag{Name: "timeout", Value: serve.DefaultTimeout, Usage: "per-request time limit, tokenization and queueing included (504 beyond it)"},
+		&cli.Int64Flag{Name: "max-response", Value: serve.DefaultMaxResponseBytes, Usage: "most bytes of JSON one KServe inference or score may answer, counted at 15 per value before the model runs (413 beyond it)"},
+		&cli.Int64Flag{Name: "response-memory", Value: serve.DefaultResponseMemory, Usage: "most bytes the KServe and score answers in flight may take together (429 beyond it)"},
+		&cli.DurationFlag{Name: "read-header-timeout", Value: serve.DefaultReadHeaderTimeout, Usage: "time a client has to send a request's headers"},
+		&cli.DurationFlag{Name: "read-timeout", Value: serve.DefaultReadTimeout, Usage: "time a client has to send a whole request, body included (408 for a late body)"},
+		&cli.DurationFlag{Name: "write-timeout", Value: serve.DefaultWriteTimeout, Usage: "time a client has to take an answer (on the model routes, from the moment it is ready; streams use --stream-idle-timeout)"},
+		&cli.DurationFlag{Name: "stream-idle-timeout", Value: serve.DefaultStreamIdleTimeout, Usage: "time a streaming client has to take each event before it is cut off"},
+		&cli.DurationFlag{Name: "idle-timeout", Value: serve.DefaultIdleTimeout, Usage: "time a keep-alive connection may wait for its next request"},
+		&cli.IntFlag{Name: "max-conns", Value: serve.DefaultMaxConns, Usage: "most connections open at once (more wait in the listen backlog)"},
 		&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
 		&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
 	}
@@ -55,8 +63,28 @@ func serveConfig(c *cli.Context) (serve.Config, error) {
 	if c.Int64("max-body") <= 0 || c.Duration("max-wait") < 0 || c.Duration("timeout") <= 0 {
 		return serve.Config{}, errors.New("--max-body and --timeout must be positive, --max-wait not negative")
 	}
+	for _, n := range []string{"read-header-timeout", "read-timeout", "write-timeout", "stream-idle-timeout", "idle-timeout"} {
+		if c.Duration(n) <= 0 {
+			return serve.Config{}, fmt.Errorf("--%s must be positive (got %v)", n, c.Duration(n))
+		}
+	}
+	for _, n := range []string{"max-response", "response-memory"} {
+		if c.Int64(n) <= 0 {
+			return serve.Config{}, fmt.Errorf("--%s must be positive (got %d)", n, c.Int64(n))
+		}
+	}
+	if c.Int64("response-memory") < c.Int64("max-response") {
+		return serve.Config{}, fmt.Errorf("--response-memory (%d) must hold at least one answer of --max-response (%d)", c.Int64("response-memory"), c.Int64("max-response"))
+	}
+	if c.Int("max-conns") <= 0 {
+		return serve.Config{}, fmt.Errorf("--max-conns must be positive (got %d)", c.Int("max-conns"))
+	}
 	return serve.Config{MaxBatch: c.Int("max-batch"), MaxWait: c.Duration("max-wait"), Queue: c.Int("queue"),
-		MaxBodyBytes: c.Int64("max-body"), MaxTokens: c.Int("max-tokens"), Timeout: c.Duration("timeout"), Log: logger(c)}, nil
+		MaxBodyBytes: c.Int64("max-body"), MaxTokens: c.Int("max-tokens"), Timeout: c.Duration("timeout"),
+		MaxResponseBytes: c.Int64("max-response"), ResponseMemory: c.Int64("response-memory"),
+		ReadHeaderTimeout: c.Duration("read-header-timeout"), ReadTimeout: c.Duration("read-timeout"),
+		WriteTimeout: c.Duration("write-timeout"), StreamIdleTimeout: c.Duration("stream-idle-timeout"),
+		IdleTimeout: c.Duration("idle-timeout"), MaxConns: c.Int("max-conns"), Log: logger(c)}, nil
 }
 
 func serveAction(c *cli.Context) error {

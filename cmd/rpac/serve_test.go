@@ -98,3 +98,22 @@ func TestExportTritonCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestServeFlagChecks: the connection and answer limits are checked before
+// anything is loaded.
+func TestServeFlagChecks(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-conns", "0"}, "--max-conns must be positive"},
+		{[]string{"--read-timeout", "0s"}, "--read-timeout must be positive"},
+		{[]string{"--stream-idle-timeout", "-1s"}, "--stream-idle-timeout must be positive"},
+		{[]string{"--max-response", "100", "--response-memory", "10"}, "--response-memory (10) must hold at least one answer of --max-response (100)"},
+	} {
+		got, code := rpac(t, append([]string{"serve", "--model", t.TempDir()}, c.args...)...)
+		if code == 0 || !strings.Contains(got, c.want) {
+			t.Errorf("%v: exit %d, %q; want an error with %q", c.args, code, got, c.want)
+		}
+	}
+}

@@ -334,53 +334,74 @@ type scoreJob struct {
 	done chan error
 }
 
+// scoreGroup is one request's jobs not yet taken, in order.
+type scoreGroup struct {
+	jobs []*scoreJob
+}
+
 // scorer batches whole-sequence runs (scores, KServe inference) into
 // Model.Each calls: it waits up to maxWait after the first job for up to
-// maxBatch jobs.
+// maxBatch jobs. The requests take turns: a batch takes one job from each
+// request in the queue in round-robin order (then another from each, while
+// there is room), so a request of one window waits for at most the batch in
+// flight, however many windows the requests queued before it hold.
 type scorer struct {
 	m        Model
 	maxBatch int
 	maxWait  time.Duration
-	in       chan *scoreJob
+	queue    int // most jobs queued at once
 	metrics  *metrics
 	ctx      context.Context
 	cancel   context.CancelFunc
 	done     chan struct{}
-	mu       sync.RWMutex // held for reading by submitters, for writing by close
-	closed   bool
+	wake     chan struct{} // signalled (without blocking) when jobs arrive
+
+	mu     sync.Mutex
+	closed bool
+	groups []*scoreGroup // requests with jobs queued, in turn order
+	queued int           // jobs in groups
 }
 
 func newScorer(m Model, maxBatch int, maxWait time.Duration, queue int, mt *metrics) *scorer {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &scorer{m: m, maxBatch: maxBatch, maxWait: maxWait, in: make(chan *scoreJob, queue), metrics: mt,
-		ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	s := &scorer{m: m, maxBatch: maxBatch, maxWait: maxWait, queue: queue, metrics: mt,
+		ctx: ctx, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	go s.loop()
 	return s
 }
 
+// pending is the number of jobs queued.
+func (s *scorer) pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued
+}
+
 // run submits the jobs (all or none: errFull when the queue has no room
-// for them) and waits for them.
+// for them) as one request and waits for them.
 func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runtime.Logits) error) error {
-	jobs := make([]*scoreJob, len(seqs))
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
-		return errClosed
+	g := &scoreGroup{jobs: make([]*scoreJob, len(seqs))}
+	for i, seq := range seqs {
+		g.jobs[i] = &scoreJob{ctx: ctx, seq: seq, fn: func(l runtime.Logits) error { return fn(i, l) }, done: make(chan error, 1)}
 	}
-	if len(seqs) > cap(s.in)-len(s.in) {
-		s.mu.RUnlock()
+	jobs := g.jobs
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return errClosed
+	case s.queued+len(jobs) > s.queue:
+		s.mu.Unlock()
 		return errFull
 	}
-	for i, seq := range seqs {
-		jobs[i] = &scoreJob{ctx: ctx, seq: seq, fn: func(l runtime.Logits) error { return fn(i, l) }, done: make(chan error, 1)}
-		select {
-		case s.in <- jobs[i]:
-			s.metrics.queueDepth.Inc()
-		default: // another submitter took the room: fail the rest
-			jobs[i].done <- errFull
-		}
+	s.groups = append(s.groups, g)
+	s.queued += len(jobs)
+	s.metrics.queueDepth.Add(float64(len(jobs)))
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
-	s.mu.RUnlock()
 	var first error
 	for _, j := range jobs {
 		if err := <-j.done; err != nil && first == nil {
@@ -390,15 +411,71 @@ func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runti
 	return first
 }
 
+// take removes up to n jobs, one from each request in turn.
+func (s *scorer) take(n int) []*scoreJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var batch []*scoreJob
+	last := -1 // the group served last
+	for len(batch) < n && s.queued > 0 {
+		for gi, g := range s.groups {
+			if len(batch) == n {
+				break
+			}
+			for len(g.jobs) > 0 && g.jobs[0].ctx.Err() != nil { // its request is over: no turn
+				g.jobs[0].done <- g.jobs[0].ctx.Err()
+				g.jobs = g.jobs[1:]
+				s.queued--
+				s.metrics.queueDepth.Dec()
+			}
+			if len(g.jobs) > 0 {
+				batch = append(batch, g.jobs[0])
+				g.jobs = g.jobs[1:]
+				s.queued--
+				last = gi
+			}
+		}
+	}
+	// The next turn begins after the group served last; the requests
+	// whose jobs are all taken leave the turn order.
+	order := make([]*scoreGroup, 0, len(s.groups))
+	for k := range s.groups {
+		if g := s.groups[(last+1+k)%len(s.groups)]; len(g.jobs) > 0 {
+			order = append(order, g)
+		}
+	}
+	s.groups = order
+	s.metrics.queueDepth.Sub(float64(len(batch)))
+	return batch
+}
+
 func (s *scorer) loop() {
 	defer close(s.done)
 	for {
-		batch := collect(s.in, s.ctx.Done(), s.maxBatch, s.maxWait)
-		if batch == nil {
-			return
+		// Wait for work, then up to maxWait for a full batch.
+		for s.pending() == 0 {
+			select {
+			case <-s.wake:
+			case <-s.ctx.Done():
+				return
+			}
 		}
-		s.metrics.queueDepth.Sub(float64(len(batch)))
-		s.runBatch(batch)
+		if s.pending() < s.maxBatch {
+			timer := time.NewTimer(s.maxWait)
+		wait:
+			for s.pending() < s.maxBatch {
+				select {
+				case <-s.wake:
+				case <-timer.C:
+					break wait
+				case <-s.ctx.Done():
+					timer.Stop()
+					return
+				}
+			}
+			timer.Stop()
+		}
+		s.runBatch(s.take(s.maxBatch))
 	}
 }
 
@@ -433,20 +510,20 @@ func (s *scorer) runBatch(batch []*scoreJob) {
 	}
 }
 
-// close refuses new jobs, then fails the queued ones and stops the loop.
+// close refuses new jobs, then stops the loop and fails the queued jobs.
 func (s *scorer) close() {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
 	<-s.done
-	for {
-		select {
-		case j := <-s.in:
-			s.metrics.queueDepth.Dec()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.groups {
+		for _, j := range g.jobs {
 			j.done <- errClosed
-		default:
-			return
 		}
 	}
+	s.metrics.queueDepth.Sub(float64(s.queued))
+	s.groups, s.queued = nil, 0
 }

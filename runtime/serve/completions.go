@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -68,8 +69,9 @@ type completionResponse struct {
 	Usage   *usage   `json:"usage,omitempty"`
 }
 
-// parse validates a request against the model and the server's limits.
-func (s *Server) parse(req *completionRequest) (*completion, error) {
+// parse validates a request against the model and the server's limits; a
+// text prompt is tokenized under ctx.
+func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion, error) {
 	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
 	if req.Model != "" && req.Model != s.cfg.Name {
 		return nil, &apiError{http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", req.Model, s.cfg.Name)}
@@ -112,7 +114,7 @@ func (s *Server) parse(req *completionRequest) (*completion, error) {
 	if len(c.stop) > 0 && s.cfg.Tokenizer == nil {
 		return nil, badRequest("stop strings need a tokenizer, and this model's tokenizer cannot decode text here; leave stop out")
 	}
-	if c.prompt, err = s.parsePrompt(req.Prompt); err != nil {
+	if c.prompt, err = s.parsePrompt(ctx, req.Prompt); err != nil {
 		return nil, err
 	}
 	if req.MaxTokens == nil { // the default never overflows the context
@@ -147,9 +149,9 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	return list, nil
 }
 
-// parsePrompt accepts a string (encoded with the tokenizer) or an array of
-// token ids; an empty prompt starts from EOS.
-func (s *Server) parsePrompt(raw json.RawMessage) ([]int32, error) {
+// parsePrompt accepts a string (encoded with the tokenizer, under ctx) or
+// an array of token ids; an empty prompt starts from EOS.
+func (s *Server) parsePrompt(ctx context.Context, raw json.RawMessage) ([]int32, error) {
 	var ids []int32
 	var text string
 	switch {
@@ -159,7 +161,14 @@ func (s *Server) parsePrompt(raw json.RawMessage) ([]int32, error) {
 			if s.cfg.Tokenizer == nil {
 				return nil, badRequest("this model's tokenizer cannot encode text here; send the prompt as an array of token ids")
 			}
-			ids = s.cfg.Tokenizer.Encode(text)
+			n := s.cfg.Engine.Context()
+			var err error
+			if ids, err = s.encode(ctx, text, n); err != nil {
+				return nil, err
+			}
+			if len(ids) > n {
+				return nil, badRequest("the prompt has more than %d tokens, the model's context; shorten it", n)
+			}
 		}
 	default:
 		var nums []int64
@@ -186,13 +195,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	c, err := s.parse(&req)
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	c, err := s.parse(ctx, &req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
-	defer cancel()
 	g := &generation{s: s, c: c, ids: []int32{}, finish: "length", resp: completionResponse{
 		ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion", Created: time.Now().Unix(), Model: s.cfg.Name}}
 	if c.maxTokens > 0 {
@@ -331,15 +340,20 @@ func safePrefix(s string, stops []string) int {
 }
 
 // streamTo sends the completion as server-sent events: one event per
-// token, a last event with the finish reason, then "data: [DONE]".
+// token, a last event with the finish reason, then "data: [DONE]". Each
+// event must reach the client within StreamIdleTimeout (in place of the
+// connection's write timeout); a stream that fails after its 200 header
+// is counted in the metrics under its failure's status.
 func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	sent := 0
+	idle := g.s.cfg.StreamIdleTimeout
 	event := func(v any) error {
 		b, _ := json.Marshal(v)
+		_ = rc.SetWriteDeadline(time.Now().Add(idle))
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
 			return err
 		}
@@ -356,18 +370,25 @@ func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *htt
 		return event(chunk(g.text(false), ids, nil))
 	})
 	if err != nil {
-		if ctx.Err() != nil && r.Context().Err() != nil {
-			return // the client left
+		if r.Context().Err() != nil {
+			setOutcome(w, 499) // the client left
+			return
+		}
+		if errors.Is(err, context.Canceled) && g.s.closing.Err() != nil {
+			err = errClosed
 		}
 		code, msg := statusOf(err, g.s.cfg.Timeout)
+		setOutcome(w, code)
 		_ = event(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": code}})
 		return
 	}
 	finish := g.finish
 	last := chunk(g.text(true), g.ids[sent:], &finish)
 	last.Usage = &usage{len(g.c.prompt), len(g.ids), len(g.c.prompt) + len(g.ids)}
-	if event(last) == nil {
-		_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
-		_ = rc.Flush()
+	if event(last) != nil {
+		setOutcome(w, 499) // the client stopped reading
+		return
 	}
+	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
+	_ = rc.Flush()
 }

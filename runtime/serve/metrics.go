@@ -21,6 +21,8 @@ type metrics struct {
 	queueDepth prometheus.Gauge
 	active     prometheus.Gauge
 	batchSize  *prometheus.HistogramVec // kind: decode | score
+
+	responseMemory prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -46,8 +48,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "rpac_batch_size", Help: "Sequences per batched model step (decode) or run (score).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}, []string{"kind"}),
+		responseMemory: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rpac_response_memory_bytes", Help: "Response memory reserved by KServe inferences and scores in flight.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.tokens, m.queueDepth, m.active, m.batchSize)
+	reg.MustRegister(m.requests, m.latency, m.tokens, m.queueDepth, m.active, m.batchSize, m.responseMemory)
 	return m
 }
 
@@ -55,13 +60,17 @@ func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
-// instrument counts and times the requests of one route.
-func (m *metrics) instrument(route string, h http.Handler) http.Handler {
+// instrument counts and times the requests of one route, and arms the
+// connection's write deadline, writeTimeout ahead, when the answer starts.
+func (m *metrics) instrument(route string, writeTimeout time.Duration, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t0 := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &statusRecorder{ResponseWriter: w, writeTimeout: writeTimeout}
 		h.ServeHTTP(rec, r)
 		code := rec.code
+		if rec.outcome != 0 {
+			code = rec.outcome
+		}
 		if code == 0 {
 			code = http.StatusOK
 		}
@@ -71,24 +80,52 @@ func (m *metrics) instrument(route string, h http.Handler) http.Handler {
 }
 
 // statusRecorder remembers the status code written; it passes Flush and
-// Hijack through (server-sent events flush after every event).
+// Hijack through (server-sent events flush after every event). When the
+// answer starts, it sets the connection's write deadline writeTimeout
+// ahead: the time a model request spent computing does not count against
+// the writing of its answer.
 type statusRecorder struct {
 	http.ResponseWriter
-	code int
+	code         int
+	outcome      int // set by setOutcome: the status the metrics count
+	writeTimeout time.Duration
+}
+
+func (s *statusRecorder) start(code int) {
+	if s.code != 0 {
+		return
+	}
+	s.code = code
+	if s.writeTimeout > 0 {
+		_ = http.NewResponseController(s.ResponseWriter).SetWriteDeadline(time.Now().Add(s.writeTimeout))
+	}
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
-	if s.code == 0 {
-		s.code = code
-	}
+	s.start(code)
 	s.ResponseWriter.WriteHeader(code)
 }
 
 func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.code == 0 {
-		s.code = http.StatusOK
-	}
+	s.start(http.StatusOK)
 	return s.ResponseWriter.Write(b)
+}
+
+// setOutcome makes the metrics count a request under code rather than the
+// status it was answered with: a stream that began 200 and then failed (a
+// timeout, the client leaving) counts as that failure.
+func setOutcome(w http.ResponseWriter, code int) {
+	for {
+		switch x := w.(type) {
+		case *statusRecorder:
+			x.outcome = code
+			return
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return
+		}
+	}
 }
 
 func (s *statusRecorder) Flush() {

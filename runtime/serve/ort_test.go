@@ -144,6 +144,53 @@ func TestWindowEngineOnnxruntime(t *testing.T) {
 	if sr.Tokens != res.Tokens || math.Abs(sr.CE-res.MeanCE) > 1e-9 || math.Abs(sr.Perplexity-res.Perplexity) > 1e-9*res.Perplexity {
 		t.Errorf("score %+v, runtime says CE %v perplexity %v over %d tokens", sr, res.MeanCE, res.Perplexity, res.Tokens)
 	}
+	// KServe's derived outputs are the model's logits, selected.
+	rows := [][]int32{{3, 1, 4, 1, 5}, {9, 2, 6, 5, 3}}
+	targets := [][]int32{{1, 4, 1, 5, 9}, {2, 6, 5, 3, 5}}
+	logits, err := m.Logits(context.Background(), rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = recorder(h, http.MethodPost, "/v2/models/rpac/infer", `{"inputs": [
+		{"name": "input_ids", "shape": [2, 5], "datatype": "INT64", "data": [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]},
+		{"name": "target_ids", "shape": [2, 5], "datatype": "INT64", "data": [[1, 4, 1, 5, 9], [2, 6, 5, 3, 5]]}],
+		"outputs": [{"name": "last_logits"}, {"name": "top_k_ids", "parameters": {"top_k": 3}}, {"name": "target_logprobs"}]}`)
+	var ir struct {
+		Outputs []struct {
+			Name string
+			Data []float64
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &ir); err != nil || len(ir.Outputs) != 3 {
+		t.Fatalf("infer answer %.300s: %v", body, err)
+	}
+	V := m.VocabSize()
+	for b, l := range logits {
+		last := l.Row(4)
+		for v := range V {
+			if got := ir.Outputs[0].Data[b*V+v]; float32(got) != last[v] { // the shortest text of a float32 reads back exactly
+				t.Fatalf("last_logits[%d,%d] = %v, the model's %v", b, v, got, last[v])
+			}
+		}
+		for tt := range 5 {
+			row := l.Row(tt)
+			top := ir.Outputs[1].Data[(b*5+tt)*3 : (b*5+tt)*3+3]
+			for j := 1; j < 3; j++ {
+				if row[int(top[j])] > row[int(top[j-1])] {
+					t.Errorf("top_k_ids[%d,%d] = %v: not in decreasing order of logit", b, tt, top)
+				}
+			}
+			for v := range V {
+				if row[v] > row[int(top[2])] && v != int(top[0]) && v != int(top[1]) {
+					t.Errorf("top_k_ids[%d,%d] = %v leaves out id %d", b, tt, top, v)
+				}
+			}
+			want := runtime.LogProb(row, int(targets[b][tt]))
+			if got := ir.Outputs[2].Data[b*5+tt]; math.Abs(got-want) > 1e-6 {
+				t.Errorf("target_logprobs[%d,%d] = %v, want %v", b, tt, got, want)
+			}
+		}
+	}
 }
 
 // recorder runs one request through h and returns the body.

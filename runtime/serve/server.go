@@ -17,14 +17,23 @@
 // batched into Model.Each calls: up to MaxBatch sequences, waiting at most
 // MaxWait after the first.
 //
-// Limits: the request body size, max_tokens, a per-request timeout, and a
-// bounded queue that answers 429 when full. A client's mistake gets a 4xx
-// with a JSON error body. Serve shuts down gracefully when its context
-// ends: the listener closes (new connections are refused) and requests in
-// flight, streams included, run to completion.
+// Scores and inferences take turns: each batch takes one sequence from
+// each request in the queue in turn, so a small request is not held up by
+// a large one queued before it.
+//
+// Limits: the request body size, max_tokens, a per-request timeout (which
+// also bounds tokenization), a bounded queue that answers 429 when full,
+// the size of a KServe answer and the memory that answers in flight may
+// take, the concurrent connections, and read, write and idle timeouts on
+// every connection (a stream has its own limit per event instead of the
+// write timeout). A client's mistake gets a 4xx with a JSON error body.
+// Serve shuts down gracefully when its context ends: the listener closes
+// (new connections are refused) and requests in flight, streams included,
+// run to completion.
 package serve
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,6 +42,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	goruntime "runtime"
 	"sync"
 	"time"
 
@@ -52,6 +62,15 @@ const (
 	DefaultTimeout        = 60 * time.Second
 	DefaultMaxInferValues = 1 << 22
 	DefaultShutdown       = 30 * time.Second
+
+	DefaultMaxResponseBytes  = 16 << 20
+	DefaultResponseMemory    = 256 << 20
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultStreamIdleTimeout = 30 * time.Second
+	DefaultMaxConns          = 1024
 )
 
 // Config configures a Server; zero fields take the defaults above.
@@ -78,8 +97,34 @@ type Config struct {
 	MaxTokens int
 	// Timeout bounds the time of one request (504 beyond it).
 	Timeout time.Duration
-	// MaxInferValues bounds the logits of one KServe inference (B·T·V).
+	// MaxInferValues bounds the logits one KServe inference computes
+	// (B·T·V), whichever outputs it asks for.
 	MaxInferValues int
+	// MaxResponseBytes bounds the JSON answer of one KServe inference or
+	// score, counted before the model runs at its largest (15 bytes per FP32
+	// value); a request whose answer could be larger gets 413.
+	MaxResponseBytes int64
+	// ResponseMemory bounds the answers of KServe inferences and scores in
+	// flight together (counted as for MaxResponseBytes); a request that
+	// finds no room gets 429.
+	ResponseMemory int64
+	// ReadHeaderTimeout bounds the reading of a request's headers,
+	// ReadTimeout the reading of a whole request (headers and body; 408
+	// when the body is late).
+	ReadHeaderTimeout, ReadTimeout time.Duration
+	// WriteTimeout bounds the writing of an answer: from the end of the
+	// request's headers on routes that answer at once, from the moment the
+	// answer is ready on the model routes (whose computation Timeout
+	// bounds). Streams are exempt: StreamIdleTimeout bounds each of their
+	// events instead (a client that takes no event for that long is cut
+	// off).
+	WriteTimeout, StreamIdleTimeout time.Duration
+	// IdleTimeout bounds how long a keep-alive connection waits for its
+	// next request.
+	IdleTimeout time.Duration
+	// MaxConns bounds the connections Serve holds open at once; beyond it
+	// new connections wait in the listen backlog.
+	MaxConns int
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends.
 	ShutdownTimeout time.Duration
@@ -118,11 +163,35 @@ func (c *Config) defaults() error {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdown
 	}
+	for _, d := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{{&c.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&c.ReadTimeout, DefaultReadTimeout}, {&c.WriteTimeout, DefaultWriteTimeout},
+		{&c.IdleTimeout, DefaultIdleTimeout}, {&c.StreamIdleTimeout, DefaultStreamIdleTimeout}} {
+		if *d.p == 0 {
+			*d.p = d.def
+		}
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.ResponseMemory == 0 {
+		c.ResponseMemory = max(DefaultResponseMemory, c.MaxResponseBytes)
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
 	switch {
-	case c.MaxBatch < 0 || c.Queue < 0 || c.MaxTokens < 0 || c.MaxInferValues < 0:
-		return errors.New("serve: max batch, queue, max tokens and max infer values must not be negative")
+	case c.MaxBatch < 0 || c.Queue < 0 || c.MaxTokens < 0 || c.MaxInferValues < 0 || c.MaxConns < 0:
+		return errors.New("serve: max batch, queue, max tokens, max infer values and max connections must not be negative")
 	case c.MaxWait < 0 || c.Timeout < 0 || c.ShutdownTimeout < 0 || c.MaxBodyBytes < 0:
 		return errors.New("serve: durations and the body limit must not be negative")
+	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.StreamIdleTimeout < 0:
+		return errors.New("serve: the connection timeouts must not be negative")
+	case c.MaxResponseBytes < 0 || c.ResponseMemory < 0:
+		return errors.New("serve: the response limits must not be negative")
+	case c.ResponseMemory < c.MaxResponseBytes:
+		return fmt.Errorf("serve: the response memory (%d bytes) must hold at least one answer of the largest size (%d bytes)", c.ResponseMemory, c.MaxResponseBytes)
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
@@ -146,6 +215,16 @@ type Server struct {
 	draining chan struct{}
 	drain    sync.Once
 	created  int64
+	// closing ends when Close is called: it cuts the requests still in
+	// flight (tokenization included).
+	closing     context.Context
+	closeCancel context.CancelFunc
+	// encodeSlots bounds the long texts tokenized at once (one per core),
+	// and so the memory and CPU that tokenization takes.
+	encodeSlots chan struct{}
+	// respMem is the response memory taken by answers in flight.
+	respMu  sync.Mutex
+	respMem int64
 }
 
 // New returns a server for m.
@@ -169,7 +248,9 @@ func New(m Model, cfg Config) (*Server, error) {
 		}
 		cfg.Engine = eng
 	}
-	s := &Server{cfg: cfg, m: m, metrics: newMetrics(cfg.Registry), draining: make(chan struct{}), created: time.Now().Unix()}
+	s := &Server{cfg: cfg, m: m, metrics: newMetrics(cfg.Registry), draining: make(chan struct{}), created: time.Now().Unix(),
+		encodeSlots: make(chan struct{}, max(1, goruntime.GOMAXPROCS(0)))}
+	s.closing, s.closeCancel = context.WithCancel(context.Background())
 	s.dec = newDecoder(cfg.Engine, m.EOS(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
 	s.sc = newScorer(m, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
 	s.routes()
@@ -182,7 +263,7 @@ type route map[string]http.HandlerFunc
 func (s *Server) routes() {
 	s.mux = http.NewServeMux()
 	add := func(path, label string, r route) {
-		s.mux.Handle(path, s.metrics.instrument(label, s.methods(r)))
+		s.mux.Handle(path, s.metrics.instrument(label, s.cfg.WriteTimeout, s.methods(r)))
 	}
 	add("/v1/completions", "/v1/completions", route{http.MethodPost: s.completions})
 	add("/v1/score", "/v1/score", route{http.MethodPost: s.score})
@@ -191,8 +272,8 @@ func (s *Server) routes() {
 	add("/v2/models/{name}/ready", "/v2/models/{name}/ready", route{http.MethodGet: s.modelReady})
 	add("/v2/health/live", "/v2/health/live", route{http.MethodGet: s.live})
 	add("/v2/health/ready", "/v2/health/ready", route{http.MethodGet: s.ready})
-	s.mux.Handle("/metrics", s.metrics.instrument("/metrics", s.methods(route{http.MethodGet: s.metrics.handler().ServeHTTP})))
-	s.mux.Handle("/", s.metrics.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/metrics", s.metrics.instrument("/metrics", s.cfg.WriteTimeout, s.methods(route{http.MethodGet: s.metrics.handler().ServeHTTP})))
+	s.mux.Handle("/", s.metrics.instrument("other", s.cfg.WriteTimeout, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusNotFound, fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/score, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name))
 	})))
 }
@@ -218,13 +299,13 @@ func (s *Server) methods(r route) http.HandlerFunc {
 // Handler is the server's HTTP handler (all routes).
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Serve accepts connections on ln until ctx ends, then shuts down
-// gracefully: readiness turns false, the listener closes, requests in
-// flight finish (within ShutdownTimeout), and the batchers stop. It
-// returns nil after a clean shutdown.
+// Serve accepts connections on ln (at most MaxConns at once) until ctx
+// ends, then shuts down gracefully: readiness turns false, the listener
+// closes, requests in flight finish (within ShutdownTimeout), and the
+// batchers stop. It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	srv := s.httpServer(ctx)
+	ln = limitListener(ln, s.cfg.MaxConns)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -246,10 +327,102 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Close stops the batchers; requests still waiting get 503.
+// httpServer is the http.Server that Serve runs, with the connection
+// timeouts of the configuration.
+func (s *Server) httpServer(ctx context.Context) *http.Server {
+	return &http.Server{Handler: s.mux,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
+		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ErrorLog:    slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelDebug)}
+}
+
+// Close stops the batchers and cuts the requests still in flight (their
+// tokenization included); requests still waiting get 503.
 func (s *Server) Close() {
+	s.closeCancel()
 	s.dec.close()
 	s.sc.close()
+}
+
+// requestContext is the context of a model request: it ends after
+// Timeout, when the client leaves, or when the server is closed.
+func (s *Server) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
+	stop := context.AfterFunc(s.closing, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// ContextEncoder is a Tokenizer that can encode under a context and stop
+// early (*data.Tokenizer is one). The server uses it when its Tokenizer
+// implements it, so that tokenization runs under the request's deadline
+// and the server's shutdown and stops once a text is too long to use.
+type ContextEncoder interface {
+	// EncodeContext returns the ids of text, or ctx's error when ctx ends
+	// first. With max > 0 it may stop once the text holds more than max
+	// tokens, returning only the ids so far (more than max of them).
+	EncodeContext(ctx context.Context, text string, max int) ([]int32, error)
+}
+
+// longText is the length from which a text waits for one of encodeSlots
+// before it is tokenized (shorter ones take microseconds).
+const longText = 64 << 10
+
+// encode tokenizes text under ctx; with max > 0, a result longer than max
+// means the text has more than max tokens.
+func (s *Server) encode(ctx context.Context, text string, max int) ([]int32, error) {
+	if len(text) >= longText {
+		select {
+		case s.encodeSlots <- struct{}{}:
+			defer func() { <-s.encodeSlots }()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	var ids []int32
+	if ce, ok := s.cfg.Tokenizer.(ContextEncoder); ok {
+		var err error
+		if ids, err = ce.EncodeContext(ctx, text, max); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ids = s.cfg.Tokenizer.Encode(text)
+	}
+	V := int32(s.m.VocabSize())
+	for _, id := range ids {
+		if id < 0 || id >= V { // the tokenizer does not fit the model: the server's fault
+			return nil, fmt.Errorf("the tokenizer gave the id %d, outside the model's vocabulary [0,%d)", id, V)
+		}
+	}
+	return ids, nil
+}
+
+// reserve takes n bytes of response memory; release gives them back.
+// It fails with 413 when n is above MaxResponseBytes and with 429 when the
+// memory is taken by other answers.
+func (s *Server) reserve(n int64, what string) (release func(), err error) {
+	if n > s.cfg.MaxResponseBytes {
+		return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s could take up to %d bytes of JSON, more than the server's limit of %d bytes per answer (rpac serve --max-response)", what, n, s.cfg.MaxResponseBytes)}
+	}
+	s.respMu.Lock()
+	defer s.respMu.Unlock()
+	if s.respMem+n > s.cfg.ResponseMemory {
+		return nil, &apiError{http.StatusTooManyRequests, fmt.Sprintf("the server's memory for answers (%d bytes) is taken by answers in flight; retry later", s.cfg.ResponseMemory)}
+	}
+	s.respMem += n
+	s.metrics.responseMemory.Add(float64(n))
+	return func() {
+		s.respMu.Lock()
+		s.respMem -= n
+		s.respMu.Unlock()
+		s.metrics.responseMemory.Sub(float64(n))
+	}, nil
 }
 
 func (s *Server) isDraining() bool {
@@ -282,7 +455,7 @@ func statusOf(err error, timeout time.Duration) (int, string) {
 	case errors.As(err, &ae):
 		return ae.code, ae.msg
 	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than the server's limit of %d bytes", mbe.Limit)
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes, the most this server accepts (rpac serve --max-body); send a smaller body", mbe.Limit)
 	case errors.Is(err, errFull):
 		return http.StatusTooManyRequests, err.Error()
 	case errors.Is(err, errClosed):
@@ -314,6 +487,9 @@ func writeError(w http.ResponseWriter, r *http.Request, code int, msg string) {
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && s.closing.Err() != nil {
+		err = errClosed // cut by Close, not by the client
+	}
 	code, msg := statusOf(err, s.cfg.Timeout)
 	if code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusGatewayTimeout {
 		logging.Log(r.Context(), s.cfg.Log, slog.LevelError, RequestFailedEvent{Path: r.URL.Path, Status: code, Err: err})
@@ -327,23 +503,41 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// decodeJSON reads a JSON body of at most MaxBodyBytes into v.
+// decodeJSON reads a JSON body of at most MaxBodyBytes into v. Once the
+// body is read, it lifts the connection's read deadline (ReadTimeout
+// bounds the request's arrival, not the computation: net/http would end
+// the request's context when a deadline passes during it).
 func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is %d bytes, more than the %d bytes this server accepts (rpac serve --max-body); send a smaller body", r.ContentLength, s.cfg.MaxBodyBytes)}
+	}
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	var rest []byte
+	if err == nil { // read the body to its end, under the read deadline
+		rest, err = io.ReadAll(io.MultiReader(dec.Buffered(), body))
+	}
+	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		var ne net.Error
+		switch {
+		case errors.As(err, &mbe):
 			return err
+		case errors.As(err, &ne) && ne.Timeout():
+			return &apiError{http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within the server's read timeout of %v", s.cfg.ReadTimeout)}
 		}
 		if errors.Is(err, io.EOF) {
 			return badRequest("the request body is empty; send a JSON object")
 		}
 		return badRequest("the request body is not valid JSON for this route: %v", err)
 	}
-	if dec.More() {
+	if len(bytes.TrimSpace(rest)) > 0 {
 		return badRequest("the request body holds more than one JSON value")
 	}
+	// The whole body is in: the deadline may go (only now: with a body
+	// left to read, net/http reads it after the handler).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return nil
 }
 
@@ -385,9 +579,15 @@ func (s *Server) modelMetadata(w http.ResponseWriter, r *http.Request) {
 	if !s.checkName(w, r) {
 		return
 	}
+	V := int64(s.m.VocabSize())
 	writeJSON(w, http.StatusOK, map[string]any{
 		"name": s.cfg.Name, "versions": []string{"1"}, "platform": "onnxruntime_onnx",
-		"inputs":  []tensorMeta{{Name: "input_ids", Datatype: "INT64", Shape: []int64{-1, -1}}},
-		"outputs": []tensorMeta{{Name: "logits", Datatype: "FP32", Shape: []int64{-1, -1, int64(s.m.VocabSize())}}},
+		"inputs": []tensorMeta{{Name: inInputIDs, Datatype: "INT64", Shape: []int64{-1, -1}},
+			{Name: inTargetIDs, Datatype: "INT64", Shape: []int64{-1, -1}}},
+		"outputs": []tensorMeta{{Name: outLogits, Datatype: "FP32", Shape: []int64{-1, -1, V}},
+			{Name: outLastLogits, Datatype: "FP32", Shape: []int64{-1, V}},
+			{Name: outTopKIDs, Datatype: "INT64", Shape: []int64{-1, -1, -1}},
+			{Name: outTopKLogits, Datatype: "FP32", Shape: []int64{-1, -1, -1}},
+			{Name: outTargetLogprobs, Datatype: "FP32", Shape: []int64{-1, -1}}},
 	})
 }

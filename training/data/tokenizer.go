@@ -1,6 +1,7 @@
 package data
 
 import (
+	"context"
 	"strings"
 	"sync"
 
@@ -67,32 +68,26 @@ func (t *Tokenizer) EOS() int32 { return GPT2EOS }
 // encoded as ordinary text; WikiText-2 never contains it).
 //
 // Input that is not valid UTF-8 is read rune by rune, so each invalid byte
-// is encoded as U+FFFD.
+// is encoded as U+FFFD. Encoding takes time close to linear in the length of
+// s, whatever s holds: well under a second per MB at worst (invalid UTF-8,
+// long runs of one character; BenchmarkEncode1MB), far less for prose.
 func (t *Tokenizer) Encode(s string) []int32 {
-	if strings.IndexByte(s, 0x7f) >= 0 {
-		return t.encodeExact(s)
-	}
-	ids, err := t.encode(s)
-	if err != nil {
-		// The codec fails only if its regexp engine does (it runs without a
-		// timeout); the exact path gives the same ids without the codec's
-		// matcher.
-		return t.encodeExact(s)
-	}
+	ids, _ := t.EncodeContext(context.Background(), s, 0)
 	return ids
 }
 
-// encodeExact encodes with this package's own pre-tokenizer and merge loop
-// over the codec's vocabulary (see pretokenize.go).
-func (t *Tokenizer) encodeExact(s string) []int32 {
+// EncodeContext is Encode under ctx: it returns ctx's error (and the ids so
+// far) when ctx ends first. With max > 0 it stops early once the text has
+// more than max tokens and returns only the ids it has (more than max of
+// them, and no error), so that a caller with a token limit never encodes
+// more text than the limit can use.
+func (t *Tokenizer) EncodeContext(ctx context.Context, s string, max int) ([]int32, error) {
 	t.piecesOnce.Do(t.buildPieces)
-	var out []int32
-	for _, p := range gpt2Split(s) {
-		out = bpe(p, t.ranks, out)
-	}
-	return out
+	return encodeContext(ctx, s, t.ranks, max)
 }
 
+// encode encodes with the tiktoken-go codec (the tests' reference; it
+// drops DEL, see pretokenize.go).
 func (t *Tokenizer) encode(s string) ([]int32, error) {
 	t.init()
 	if s == "" {

@@ -298,22 +298,25 @@ func TestWikiText2Figures(t *testing.T) {
 	}
 }
 
-// TestWikiText2ExactMatchesCodec runs the package's own encoder over every
-// row of the real validation file and compares with the codec.
+// TestWikiText2ExactMatchesCodec runs Encode (the package's own
+// pre-tokenizer and merge) over every row of the real validation and test
+// files, and over each whole file, and compares with the codec.
 func TestWikiText2ExactMatchesCodec(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
 	dir := wikiDataDir(t, "wiki.valid.raw")
-	b, err := os.ReadFile(filepath.Join(dir, "wiki.valid.raw"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	tok := NewTokenizer()
-	for _, row := range Rows(string(b)) {
-		want, _ := tok.encode(row)
-		if got := tok.encodeExact(row); !slices.Equal(got, want) {
-			t.Fatalf("row %q: exact %v, codec %v", row, got, want)
+	for _, name := range []string{"wiki.valid.raw", "wiki.test.raw"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, row := range append(Rows(string(b)), string(b)) {
+			want, _ := tok.encode(row)
+			if got := tok.Encode(row); !slices.Equal(got, want) {
+				t.Fatalf("%s: row %.200q: Encode %v, codec %v", name, row, got, want)
+			}
 		}
 	}
 }

@@ -1,0 +1,536 @@
+package serve
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// The outputs of a KServe inference. logits is the graph's output; the
+// others are computed from it on request, so that a client that needs a
+// little of it does not receive T·V numbers per row.
+const (
+	outLogits         = "logits"          // FP32 [B,T,V]
+	outLastLogits     = "last_logits"     // FP32 [B,V]: the logits after each row's last token
+	outTopKIDs        = "top_k_ids"       // INT64 [B,T,k]: each position's k most likely ids, most likely first
+	outTopKLogits     = "top_k_logits"    // FP32 [B,T,k]: their logits
+	outTargetLogprobs = "target_logprobs" // FP32 [B,T]: log p(target_ids[b,t] | input_ids[b,..t])
+
+	inInputIDs  = "input_ids"
+	inTargetIDs = "target_ids"
+
+	defaultTopK = 10
+	maxTopK     = 1000
+)
+
+// outputNames lists the outputs in the order of the model's metadata.
+var outputNames = []string{outLogits, outLastLogits, outTopKIDs, outTopKLogits, outTargetLogprobs}
+
+// Bytes of JSON counted per value when a response is sized before the
+// model runs: the longest FP32 value strconv writes ("-1.2345678e-38")
+// and its comma, an id of the vocabulary and its comma, and room for the
+// fields around the values.
+const (
+	floatJSONBytes   = 15
+	float64JSONBytes = 25 // a score's log-probabilities
+	jsonOverhead     = 512
+)
+
+func idJSONBytes(V int) int64 { return int64(len(strconv.Itoa(max(V-1, 0)))) + 1 }
+
+// inferTensor is a KServe v2 input tensor.
+type inferTensor struct {
+	Name       string                     `json:"name"`
+	Shape      []int64                    `json:"shape"`
+	Datatype   string                     `json:"datatype"`
+	Data       json.RawMessage            `json:"data,omitempty"`
+	Parameters map[string]json.RawMessage `json:"parameters,omitempty"`
+}
+
+// requestedOutput is a KServe v2 $request_output.
+type requestedOutput struct {
+	Name       string                     `json:"name"`
+	Parameters map[string]json.RawMessage `json:"parameters,omitempty"`
+}
+
+type inferRequest struct {
+	ID         string                     `json:"id,omitempty"`
+	Parameters map[string]json.RawMessage `json:"parameters,omitempty"`
+	Inputs     []inferTensor              `json:"inputs"`
+	Outputs    []requestedOutput          `json:"outputs,omitempty"`
+}
+
+// inferPlan is a validated inference: the rows, the targets (with
+// target_logprobs), the outputs in the order asked for, and k.
+type inferPlan struct {
+	seqs, targets [][]int32
+	outs          []string
+	k             int
+	B, T, V       int
+}
+
+// values is the number of values of output name.
+func (p *inferPlan) values(name string) int64 {
+	B, T, V, k := int64(p.B), int64(p.T), int64(p.V), int64(p.k)
+	switch name {
+	case outLogits:
+		return B * T * V
+	case outLastLogits:
+		return B * V
+	case outTopKIDs, outTopKLogits:
+		return B * T * k
+	}
+	return B * T // target_logprobs
+}
+
+func (p *inferPlan) shape(name string) []int64 {
+	B, T, V, k := int64(p.B), int64(p.T), int64(p.V), int64(p.k)
+	switch name {
+	case outLogits:
+		return []int64{B, T, V}
+	case outLastLogits:
+		return []int64{B, V}
+	case outTopKIDs, outTopKLogits:
+		return []int64{B, T, k}
+	}
+	return []int64{B, T}
+}
+
+// responseBytes is the most JSON the answer can take.
+func (p *inferPlan) responseBytes() int64 {
+	n := int64(jsonOverhead)
+	for _, o := range p.outs {
+		per := int64(floatJSONBytes)
+		if o == outTopKIDs {
+			per = idJSONBytes(p.V)
+		}
+		n += p.values(o)*per + 128
+	}
+	return n
+}
+
+// infer answers a KServe v2 inference: input_ids [B,T] (INT64 or INT32,
+// flat or nested row-major data) gives the outputs asked for (logits
+// [B,T,V] when the request names none). An answer that could be larger
+// than MaxResponseBytes is refused (413) before the model runs; the
+// answer is written as it is rendered, without a copy of its JSON.
+func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
+	if !s.checkName(w, r) {
+		return
+	}
+	var req inferRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, err := s.inferPlan(&req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	release, err := s.reserve(p.responseBytes(), fmt.Sprintf("the answer (%s)", p.describe()))
+	if err != nil {
+		if ae, ok := err.(*apiError); ok && ae.code == http.StatusRequestEntityTooLarge {
+			ae.msg += "; ask for less with \"outputs\": last_logits, top_k_logits and top_k_ids (parameter top_k), or target_logprobs (with the input target_ids)"
+		}
+		s.fail(w, r, err)
+		return
+	}
+	defer release()
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	res, err := s.runInfer(ctx, p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.writeInfer(w, &req, p, res)
+}
+
+// describe names the outputs and their shapes, for messages.
+func (p *inferPlan) describe() string {
+	var b bytes.Buffer
+	for i, o := range p.outs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %v: %d values", o, p.shape(o), p.values(o))
+	}
+	return b.String()
+}
+
+// inferResult holds the outputs' values.
+type inferResult struct {
+	floats map[string][]float32
+	ids    []int32 // top_k_ids
+}
+
+func (s *Server) runInfer(ctx context.Context, p *inferPlan) (*inferResult, error) {
+	res := &inferResult{floats: map[string][]float32{}}
+	for _, o := range p.outs {
+		if o == outTopKIDs {
+			res.ids = make([]int32, p.values(o))
+		} else {
+			res.floats[o] = make([]float32, p.values(o))
+		}
+	}
+	T, V, k := p.T, p.V, p.k
+	var top topK
+	err := s.sc.run(ctx, p.seqs, func(i int, l runtime.Logits) error {
+		if out := res.floats[outLogits]; out != nil {
+			copy(out[i*T*V:(i+1)*T*V], l.Data)
+		}
+		if out := res.floats[outLastLogits]; out != nil {
+			copy(out[i*V:(i+1)*V], l.Row(T-1))
+		}
+		ids, vals := res.ids, res.floats[outTopKLogits]
+		if ids != nil || vals != nil {
+			for t := range T {
+				if top.of(l.Row(t), k); len(top.c) < k {
+					return fmt.Errorf("the model's logits at [%d,%d] hold NaN", i, t)
+				}
+				for j, c := range top.c {
+					if ids != nil {
+						ids[(i*T+t)*k+j] = int32(c.i)
+					}
+					if vals != nil {
+						vals[(i*T+t)*k+j] = c.x
+					}
+				}
+			}
+		}
+		if out := res.floats[outTargetLogprobs]; out != nil {
+			for t := range T {
+				out[i*T+t] = float32(runtime.LogProb(l.Row(t), int(p.targets[i][t])))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for name, xs := range res.floats {
+		for i, x := range xs {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return nil, fmt.Errorf("%s value %d is %v, which JSON cannot carry", name, i, x)
+			}
+		}
+	}
+	return res, nil
+}
+
+// writeInfer writes the answer, rendering the values straight into the
+// connection's buffer.
+func (s *Server) writeInfer(w http.ResponseWriter, req *inferRequest, p *inferPlan, res *inferResult) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 64<<10)
+	head, _ := json.Marshal(map[string]string{"model_name": s.cfg.Name, "model_version": "1", "id": req.ID})
+	bw.Write(head[:len(head)-1])
+	bw.WriteString(`,"outputs":[`)
+	var num []byte
+	for i, o := range p.outs {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		dt := "FP32"
+		if o == outTopKIDs {
+			dt = "INT64"
+		}
+		meta, _ := json.Marshal(struct {
+			Name     string  `json:"name"`
+			Datatype string  `json:"datatype"`
+			Shape    []int64 `json:"shape"`
+		}{o, dt, p.shape(o)})
+		bw.Write(meta[:len(meta)-1])
+		bw.WriteString(`,"data":[`)
+		if o == outTopKIDs {
+			for j, id := range res.ids {
+				if j > 0 {
+					bw.WriteByte(',')
+				}
+				num = strconv.AppendInt(num[:0], int64(id), 10)
+				bw.Write(num)
+			}
+		} else {
+			for j, x := range res.floats[o] {
+				if j > 0 {
+					bw.WriteByte(',')
+				}
+				num = strconv.AppendFloat(num[:0], float64(x), 'g', -1, 32)
+				bw.Write(num)
+			}
+		}
+		bw.WriteString("]}")
+	}
+	bw.WriteString("]}\n")
+	_ = bw.Flush()
+}
+
+// inferPlan validates the request: its inputs, the outputs it asks for,
+// and the server's limits.
+func (s *Server) inferPlan(req *inferRequest) (*inferPlan, error) {
+	if err := noBinary(req.Parameters, "binary_data_output"); err != nil {
+		return nil, err
+	}
+	var input, target *inferTensor
+	for i := range req.Inputs {
+		in := &req.Inputs[i]
+		switch {
+		case in.Name == inInputIDs && input == nil:
+			input = in
+		case in.Name == inTargetIDs && target == nil:
+			target = in
+		case in.Name == inInputIDs || in.Name == inTargetIDs:
+			return nil, badRequest("the input %s is given twice", in.Name)
+		default:
+			return nil, badRequest("unknown input %q; the model takes input_ids (INT64 [B,T]) and, for the output target_logprobs, target_ids (INT64 [B,T])", in.Name)
+		}
+		if err := noBinary(in.Parameters, "binary_data_size"); err != nil {
+			return nil, err
+		}
+	}
+	if input == nil {
+		return nil, badRequest("want the input input_ids (INT64 [B,T])")
+	}
+	p := &inferPlan{V: s.m.VocabSize(), k: 0}
+	seen := map[string]bool{}
+	for _, o := range req.Outputs {
+		if !known(o.Name) {
+			return nil, badRequest("unknown output %q; the outputs are %v", o.Name, outputNames)
+		}
+		if seen[o.Name] {
+			return nil, badRequest("the output %s is asked for twice", o.Name)
+		}
+		seen[o.Name] = true
+		if err := noBinary(o.Parameters, "binary_data"); err != nil {
+			return nil, err
+		}
+		if raw, ok := o.Parameters["top_k"]; ok {
+			if o.Name != outTopKIDs && o.Name != outTopKLogits {
+				return nil, badRequest("the parameter top_k belongs to the outputs top_k_ids and top_k_logits, not %s", o.Name)
+			}
+			var k int
+			if err := json.Unmarshal(raw, &k); err != nil || k < 1 || k > min(maxTopK, p.V) {
+				return nil, badRequest("%s: top_k %s: want an integer in 1..%d", o.Name, raw, min(maxTopK, p.V))
+			}
+			if p.k != 0 && p.k != k {
+				return nil, badRequest("top_k_ids and top_k_logits ask for different top_k (%d and %d)", p.k, k)
+			}
+			p.k = k
+		}
+		p.outs = append(p.outs, o.Name)
+	}
+	if len(p.outs) == 0 {
+		p.outs = []string{outLogits}
+	}
+	if p.k == 0 {
+		p.k = min(defaultTopK, p.V)
+	}
+	if seen[outTargetLogprobs] != (target != nil) {
+		return nil, badRequest("the output target_logprobs and the input target_ids go together: give both or neither")
+	}
+	if sh := input.Shape; len(sh) == 2 && sh[0] > 0 && sh[1] > 0 && sh[1] <= int64(s.m.MaxLength()) && sh[0] <= int64(s.cfg.Queue) {
+		if B, T, V := sh[0], sh[1], int64(p.V); B*T*V > int64(s.cfg.MaxInferValues) {
+			return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("input_ids [%d,%d] makes the model compute %d logits, more than the server's limit of %d per request (B·T·V logits are computed whichever outputs are asked for); send fewer rows", B, T, B*T*V, s.cfg.MaxInferValues)}
+		}
+	}
+	seqs, err := s.inferIDs(input, "")
+	if err != nil {
+		return nil, err
+	}
+	p.seqs, p.B, p.T = seqs, len(seqs), len(seqs[0])
+	if target != nil {
+		if p.targets, err = s.inferIDs(target, fmt.Sprint([]int{p.B, p.T})); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func known(name string) bool {
+	for _, n := range outputNames {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// noBinary refuses the binary tensor data extension's parameter key when
+// it asks for binary data: this server reads and writes JSON only.
+func noBinary(params map[string]json.RawMessage, key string) error {
+	raw, ok := params[key]
+	if !ok {
+		return nil
+	}
+	var on bool
+	if key == "binary_data_size" || json.Unmarshal(raw, &on) != nil || on {
+		return badRequest("%s: this server supports no binary tensor data; send and receive JSON", key)
+	}
+	return nil
+}
+
+// inferIDs validates an INT64 (or INT32) [B,T] input of token ids and
+// returns its rows; want, when set, is the shape it must have.
+func (s *Server) inferIDs(in *inferTensor, want string) ([][]int32, error) {
+	if in.Datatype != "INT64" && in.Datatype != "INT32" {
+		return nil, badRequest("%s datatype %q: want INT64 (or INT32)", in.Name, in.Datatype)
+	}
+	if len(in.Shape) != 2 || in.Shape[0] < 1 || in.Shape[1] < 1 {
+		return nil, badRequest("%s shape %v: want [B,T] with B, T >= 1", in.Name, in.Shape)
+	}
+	B, T, V := in.Shape[0], in.Shape[1], int64(s.m.VocabSize())
+	if want != "" && fmt.Sprint(in.Shape) != want {
+		return nil, badRequest("%s shape %v: want input_ids' shape %s", in.Name, in.Shape, want)
+	}
+	if T > int64(s.m.MaxLength()) {
+		return nil, badRequest("%s has T=%d; the longest exported length is %d", in.Name, T, s.m.MaxLength())
+	}
+	if B > int64(s.cfg.Queue) {
+		return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s has %d rows; the server's queue holds %d per request", in.Name, B, s.cfg.Queue)}
+	}
+	flat, err := flatInts(in.Data, int(B*T))
+	if err != nil {
+		return nil, badRequest("%s data: %v", in.Name, err)
+	}
+	if int64(len(flat)) != B*T {
+		return nil, badRequest("%s data holds %d values, the shape [%d,%d] needs %d", in.Name, len(flat), B, T, B*T)
+	}
+	seqs := make([][]int32, B)
+	for b := range seqs {
+		seqs[b] = make([]int32, T)
+		for t := range seqs[b] {
+			id := flat[int64(b)*T+int64(t)]
+			if id < 0 || id >= V {
+				return nil, badRequest("%s[%d,%d] = %d is outside the vocabulary [0,%d)", in.Name, b, t, id, V)
+			}
+			seqs[b][t] = int32(id)
+		}
+	}
+	return seqs, nil
+}
+
+// flatInts reads a JSON array of integers, possibly nested (row-major),
+// of at most limit values.
+func flatInts(raw json.RawMessage, limit int) ([]int64, error) {
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("missing")
+	}
+	var out []int64
+	var walk func(b json.RawMessage, depth int) error
+	walk = func(b json.RawMessage, depth int) error {
+		b = bytes.TrimSpace(b)
+		if len(b) > 0 && b[0] == '[' {
+			if depth > 8 {
+				return fmt.Errorf("nested deeper than the tensor's rank")
+			}
+			var items []json.RawMessage
+			if err := json.Unmarshal(b, &items); err != nil {
+				return err
+			}
+			for _, it := range items {
+				if err := walk(it, depth+1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		var x int64
+		if err := json.Unmarshal(b, &x); err != nil {
+			return fmt.Errorf("%s is not an integer", b)
+		}
+		if len(out) >= limit {
+			return fmt.Errorf("more values than the shape holds")
+		}
+		out = append(out, x)
+		return nil
+	}
+	if err := walk(raw, 0); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// topK selects the k largest logits of a row, most likely first (lower
+// index first on ties), with a min-heap of the k best so far.
+type topK struct {
+	c []logitIdx
+}
+
+type logitIdx struct {
+	x float32
+	i int
+}
+
+// worse orders candidates from least to most likely.
+func worse(a, b logitIdx) bool { return a.x < b.x || a.x == b.x && a.i > b.i }
+
+func (h *topK) of(row []float32, k int) {
+	c := h.c[:0]
+	down := func(j int) {
+		for {
+			l := 2*j + 1
+			if l >= len(c) {
+				return
+			}
+			if r := l + 1; r < len(c) && worse(c[r], c[l]) {
+				l = r
+			}
+			if !worse(c[l], c[j]) {
+				return
+			}
+			c[j], c[l] = c[l], c[j]
+			j = l
+		}
+	}
+	for i, x := range row {
+		e := logitIdx{x, i}
+		if x != x { // NaN: never selected (runInfer refuses a NaN logit anyway)
+			continue
+		}
+		switch {
+		case len(c) < k:
+			c = append(c, e)
+			for j := len(c) - 1; j > 0; {
+				p := (j - 1) / 2
+				if !worse(c[j], c[p]) {
+					break
+				}
+				c[j], c[p] = c[p], c[j]
+				j = p
+			}
+		case worse(c[0], e):
+			c[0] = e
+			down(0)
+		}
+	}
+	// Pop the heap from the back: least likely last.
+	for n := len(c) - 1; n > 0; n-- {
+		c[0], c[n] = c[n], c[0]
+		sub := c[:n]
+		j := 0
+		for {
+			l := 2*j + 1
+			if l >= len(sub) {
+				break
+			}
+			if r := l + 1; r < len(sub) && worse(sub[r], sub[l]) {
+				l = r
+			}
+			if !worse(sub[l], sub[j]) {
+				break
+			}
+			sub[j], sub[l] = sub[l], sub[j]
+			j = l
+		}
+	}
+	h.c = c
+}
