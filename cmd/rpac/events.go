@@ -274,7 +274,7 @@ func (e verifyLimitsEvent) Text() string {
 // ("export.verified").
 type verifiedEvent struct {
 	T, Tokens, Batches, Batch int
-	MaxAbsDiff                float64
+	MaxAbsDiff, MeanKL        float64
 	CEExport, CEEval, CEBatch float64
 	KVSteps                   int
 	KVMaxAbsDiff              float64
@@ -284,7 +284,7 @@ func (e verifiedEvent) Name() string { return "export.verified" }
 
 func (e verifiedEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int("T", e.T), slog.Int("tokens", e.Tokens), slog.Int("batches", e.Batches), slog.Int("batch", e.Batch),
-		slog.Float64("max_abs_logit_diff", e.MaxAbsDiff), slog.Float64("ce_onnxruntime", e.CEExport), slog.Float64("ce_go_eval", e.CEEval),
+		slog.Float64("max_abs_logit_diff", e.MaxAbsDiff), slog.Float64("mean_kl", e.MeanKL), slog.Float64("ce_onnxruntime", e.CEExport), slog.Float64("ce_go_eval", e.CEEval),
 		slog.Float64("export_cost", e.CEExport-e.CEEval), slog.Float64("ce_batch_stats", e.CEBatch)}
 	if e.KVSteps > 0 {
 		a = append(a, slog.Int("kv_steps", e.KVSteps), slog.Float64("kv_max_abs_logit_diff", e.KVMaxAbsDiff))
@@ -293,8 +293,8 @@ func (e verifiedEvent) Attrs() []slog.Attr {
 }
 
 func (e verifiedEvent) Text() string {
-	s := fmt.Sprintf("  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f",
-		e.T, e.Tokens, e.Batches, e.Batch, e.MaxAbsDiff, e.CEExport, e.CEEval, e.CEExport-e.CEEval, e.CEBatch)
+	s := fmt.Sprintf("  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  KL %.1e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f",
+		e.T, e.Tokens, e.Batches, e.Batch, e.MaxAbsDiff, e.MeanKL, e.CEExport, e.CEEval, e.CEExport-e.CEEval, e.CEBatch)
 	if e.KVSteps > 0 {
 		s += fmt.Sprintf("; KV cache: %d decode steps, max|Δlogit| %.2e", e.KVSteps, e.KVMaxAbsDiff)
 	}

@@ -236,7 +236,7 @@ func exportAction(c *cli.Context) error {
 		if err := r.Check(limits); err != nil && failed == nil {
 			failed = err
 		}
-		report(c, verifiedEvent{T: r.T, Tokens: r.Tokens, Batches: r.Batches, Batch: r.Batch, MaxAbsDiff: r.MaxAbsDiff,
+		report(c, verifiedEvent{T: r.T, Tokens: r.Tokens, Batches: r.Batches, Batch: r.Batch, MaxAbsDiff: r.MaxAbsDiff, MeanKL: r.MeanKL,
 			CEExport: r.CEExport, CEEval: r.CEEval, CEBatch: r.CEBatchStats, KVSteps: r.KVSteps, KVMaxAbsDiff: r.KVMaxAbsDiff})
 	}
 	if failed != nil {

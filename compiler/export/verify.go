@@ -38,6 +38,11 @@ type VerifyResult struct {
 	T, Batch, Batches, Tokens int
 	// MaxAbsDiff is max |logit(onnxruntime) - logit(Go, eval mode)|.
 	MaxAbsDiff float64
+	// MeanKL is the mean over positions of KL(p_Go ‖ p_onnxruntime), the
+	// divergence of the next-token distributions (nats). Unlike the CE
+	// cost it cannot cancel across positions, and unlike MaxAbsDiff it is
+	// not set by one outlying logit.
+	MeanKL float64
 	// Mean next-token cross-entropy (nats) of the exported graph in
 	// onnxruntime, of the Go executor in eval mode (running statistics),
 	// and of the Go executor evaluating the paper's way (statistics of the
@@ -153,7 +158,7 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 		return res, err
 	}
 	defer bsp.Close()
-	var nllExport, sumEval, sumBS float64
+	var nllExport, sumEval, sumBS, klSum float64
 	for k := 0; k < nb; k++ {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -196,6 +201,7 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 					}
 				}
 				nllExport += NLL(row, int(y[r*T+t]))
+				klSum += KL(ref, row)
 			}
 		}
 		if err := bsp.Run(feeds, 0); err != nil {
@@ -206,20 +212,37 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 	}
 	n := float64(res.Tokens)
 	res.CEExport, res.CEEval, res.CEBatchStats = nllExport/n, sumEval/n, sumBS/n
+	res.MeanKL = klSum / n
 	return res, nil
+}
+
+// KL is KL(softmax(p) ‖ softmax(q)) in float64 (nats).
+func KL(p, q []float32) float64 {
+	lp, lq := logSumExp(p), logSumExp(q)
+	var kl float64
+	for i := range p {
+		a := float64(p[i]) - lp
+		kl += math.Exp(a) * (a - (float64(q[i]) - lq))
+	}
+	return max(kl, 0)
+}
+
+// logSumExp is log Σ exp(x) in float64.
+func logSumExp(x []float32) float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = math.Max(mx, float64(v))
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(float64(v) - mx)
+	}
+	return math.Log(s) + mx
 }
 
 // NLL is -log softmax(row)[target] in float64.
 func NLL(row []float32, target int) float64 {
-	mx := math.Inf(-1)
-	for _, x := range row {
-		mx = math.Max(mx, float64(x))
-	}
-	var s float64
-	for _, x := range row {
-		s += math.Exp(float64(x) - mx)
-	}
-	return math.Log(s) + mx - float64(row[target])
+	return logSumExp(row) - float64(row[target])
 }
 
 // kvVerifySteps is how many of the last positions of each sequence
