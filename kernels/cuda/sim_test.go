@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +236,108 @@ func firstLines(s string, markers ...string) string {
 		}
 	}
 	return strings.Join(out, " | ")
+}
+
+// TestSimCubinAndPTXFallback: LoadKernels loads every source as a cubin for
+// the device's sm_NN (the simulator counts the modules it loads of each
+// kind), and with NVRTC unable to give a cubin (the simulator's no_cubin
+// switch) falls back to PTX for compute_NN, says why, and the kernels
+// still run. The cache keeps the two apart.
+func TestSimCubinAndPTXFallback(t *testing.T) {
+	d := simOnly(t)
+	n, err := LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(t *testing.T, c *Context) {
+		// one kernel through the context, against its CPU result
+		x := devF32(t, c, []float32{1, -2, 3.5})
+		if err := c.Launch("scale_inplace_f32", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, x.Ptr, float32(2), int64(3)); err != nil {
+			t.Fatal(err)
+		}
+		if got := hostF32(t, c, x, 3); got[0] != 2 || got[1] != -4 || got[2] != 7 {
+			t.Fatalf("scale_inplace_f32 gave %v", got)
+		}
+	}
+	load := func(t *testing.T, cache string) *Context {
+		t.Setenv("RPAC_CUDA_CACHE", cache)
+		c, err := d.NewContext(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.LoadKernels(n); err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Images) != len(SourceNames()) {
+			t.Fatalf("%d images loaded for %d sources", len(c.Images), len(SourceNames()))
+		}
+		return c
+	}
+	t.Run("cubin", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cache := t.TempDir()
+		cubins, ptxs := d.SimStat("cubin_loads"), d.SimStat("ptx_loads")
+		c := load(t, cache)
+		for _, im := range c.Images {
+			if im.Kind != "cubin" || im.Arch != c.Dev.SM || im.Fallback != "" || im.Cached {
+				t.Errorf("%s: %s, want a fresh cubin for %s", im.Source, im, c.Dev.SM)
+			}
+		}
+		if got := d.SimStat("cubin_loads") - cubins; got != int64(len(c.Images)) || d.SimStat("ptx_loads") != ptxs {
+			t.Errorf("the driver loaded %d cubins and %d PTX modules, want %d cubins", got, d.SimStat("ptx_loads")-ptxs, len(c.Images))
+		}
+		run(t, c)
+		if c = load(t, cache); !c.Images[0].Cached || c.Images[0].Kind != "cubin" {
+			t.Errorf("second load: %s, want the cached cubin", c.Images[0])
+		}
+		if m, _ := filepath.Glob(filepath.Join(cache, "nvrtc-*", c.Dev.SM, "*.cubin")); len(m) != len(c.Images) {
+			t.Errorf("%d cubins cached under %s, want %d", len(m), c.Dev.SM, len(c.Images))
+		}
+	})
+	t.Run("ptx-fallback", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		d.SimConfig("no_cubin", 1)
+		defer d.SimConfig("no_cubin", 0)
+		cache := t.TempDir()
+		ptxs := d.SimStat("ptx_loads")
+		c := load(t, cache)
+		for _, im := range c.Images {
+			if im.Kind != "ptx" || im.Arch != c.Dev.Arch || !strings.Contains(im.Fallback, "cubin") {
+				t.Errorf("%s: %s, want PTX for %s with the cubin's failure", im.Source, im, c.Dev.Arch)
+			}
+		}
+		if got := d.SimStat("ptx_loads") - ptxs; got != int64(len(c.Images)) {
+			t.Errorf("the driver loaded %d PTX modules, want %d", got, len(c.Images))
+		}
+		t.Logf("fallback: %s", c.Images[0])
+		run(t, c)
+		if m, _ := filepath.Glob(filepath.Join(cache, "nvrtc-*", c.Dev.SM, "*")); len(m) != 0 {
+			t.Errorf("a failed cubin left cache entries: %v", m)
+		}
+		if m, _ := filepath.Glob(filepath.Join(cache, "nvrtc-*", c.Dev.Arch, "*.ptx")); len(m) != len(c.Images) {
+			t.Errorf("%d PTX images cached, want %d", len(m), len(c.Images))
+		}
+	})
+	t.Run("RPAC_CUDA_PTX", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		t.Setenv("RPAC_CUDA_PTX", "1")
+		c := load(t, t.TempDir())
+		if im := c.Images[0]; im.Kind != "ptx" || !strings.Contains(im.Fallback, "RPAC_CUDA_PTX") {
+			t.Errorf("%s, want PTX because of RPAC_CUDA_PTX=1", im)
+		}
+	})
+	t.Run("probe", func(t *testing.T) {
+		rep := Probe()
+		if rep.Code != "cubin" || rep.DriverVersion == "" || !strings.HasPrefix(rep.NVRTC, "0.") || !rep.Simulated {
+			t.Errorf("probe: code %q, driver %q, NVRTC %q, simulated %v", rep.Code, rep.DriverVersion, rep.NVRTC, rep.Simulated)
+		}
+		for name, k := range rep.Kernels {
+			if !strings.Contains(k, "cubin sm_") {
+				t.Errorf("probe: %s: %s", name, k)
+			}
+		}
+	})
 }

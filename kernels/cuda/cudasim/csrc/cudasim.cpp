@@ -126,7 +126,11 @@ std::string g_err_text;      // cuGetErrorString's text for the sticky error
 // Configuration (rpacsim_config).
 std::atomic<int> cfg_diff{(int)env_long("RPAC_CUDASIM_DIFF", 0)};
 std::atomic<int> cfg_verbose{(int)env_long("RPAC_CUDASIM_VERBOSE", 0)};
+// no_cubin: nvrtcGetCUBINSize/nvrtcGetCUBIN fail, as with an NVRTC that
+// cannot give a cubin (tests the PTX fallback).
+std::atomic<int> cfg_no_cubin{(int)env_long("RPAC_CUDASIM_NO_CUBIN", 0)};
 std::atomic<long> stat_launches{0}, stat_blocks{0}, stat_gemms{0}, stat_diff_launches{0};
+std::atomic<long> stat_cubin_loads{0}, stat_ptx_loads{0};
 
 size_t page_size() {
     static size_t p = (size_t)sysconf(_SC_PAGESIZE);
@@ -1155,9 +1159,11 @@ EXPORT int cuModuleLoadData(void** mod, const void* image) {
     std::string bytes;
     if (memcmp(img, "\x7f" "ELF", 4) == 0) {
         bytes.assign((const char*)img, elf_size(img));
+        stat_cubin_loads++;
     } else if (strncmp((const char*)img, kPTXMagic, strlen(kPTXMagic)) == 0) {
         bytes = unb64((const char*)img + strlen(kPTXMagic));
         if (bytes.size() < 64 || memcmp(bytes.data(), "\x7f" "ELF", 4) != 0) return CUDA_ERROR_INVALID_IMAGE;
+        stat_ptx_loads++;
     } else {
         fprintf(stderr, "cudasim: cuModuleLoadData: the image is neither the simulator's object nor its PTX stand-in "
                         "(real PTX or a real cubin cannot run here)\n");
@@ -1556,6 +1562,7 @@ EXPORT int nvrtcGetPTX(void* prog, char* out) {
 EXPORT int nvrtcGetCUBINSize(void* prog, size_t* n) {
     Program* p = (Program*)prog;
     if (!p || !p->compiled) return NVRTC_ERROR_INVALID_PROGRAM;
+    if (cfg_no_cubin.load()) return NVRTC_ERROR_INVALID_INPUT;
     *n = p->real_arch ? p->image.size() : 0;  // as NVRTC: no cubin for a virtual architecture
     return NVRTC_SUCCESS;
 }
@@ -1563,6 +1570,7 @@ EXPORT int nvrtcGetCUBINSize(void* prog, size_t* n) {
 EXPORT int nvrtcGetCUBIN(void* prog, char* out) {
     Program* p = (Program*)prog;
     if (!p || !p->compiled) return NVRTC_ERROR_INVALID_PROGRAM;
+    if (cfg_no_cubin.load()) return NVRTC_ERROR_INVALID_INPUT;
     if (!p->real_arch) return NVRTC_ERROR_INVALID_INPUT;
     memcpy(out, p->image.data(), p->image.size());
     return NVRTC_SUCCESS;
@@ -1573,17 +1581,19 @@ EXPORT int nvrtcGetCUBIN(void* prog, char* out) {
 EXPORT int rpacsim_version(void) { return RPAC_SIM_REV; }
 
 // rpacsim_config sets a simulator setting: "diff" (differential mode 0/1),
-// "verbose". Returns the previous value, or -1 for an unknown key.
+// "verbose", "no_cubin" (1: NVRTC gives no cubin). Returns the previous
+// value, or -1 for an unknown key.
 EXPORT long rpacsim_config(const char* key, long v) {
     std::string k = key;
+    if (k == "no_cubin") return cfg_no_cubin.exchange((int)v);
     if (k == "diff") return cfg_diff.exchange((int)v);
     if (k == "verbose") return cfg_verbose.exchange((int)v);
     return -1;
 }
 
 // rpacsim_stat reads a counter: "allocs" (live allocations), "alloc_bytes",
-// "launches", "blocks", "gemms", "diff_launches", "sticky" (the sticky
-// error code).
+// "launches", "blocks", "gemms", "diff_launches", "cubin_loads" and
+// "ptx_loads" (modules loaded from each), "sticky" (the sticky error code).
 EXPORT long rpacsim_stat(const char* key) {
     std::string k = key;
     std::lock_guard<std::mutex> lk(g_mu);
@@ -1593,6 +1603,8 @@ EXPORT long rpacsim_stat(const char* key) {
     if (k == "blocks") return stat_blocks.load();
     if (k == "gemms") return stat_gemms.load();
     if (k == "diff_launches") return stat_diff_launches.load();
+    if (k == "cubin_loads") return stat_cubin_loads.load();
+    if (k == "ptx_loads") return stat_ptx_loads.load();
     if (k == "sticky") return g_ctx.sticky;
     return -1;
 }
