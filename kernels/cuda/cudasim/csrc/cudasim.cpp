@@ -309,6 +309,11 @@ struct Fiber {
     unsigned mask;
     unsigned long long val, result;
     int arg, width;
+    // the last warp op this lane completed (to tell a mask mismatch from a
+    // lane that exited or moved on)
+    const char* last_file;
+    int last_line, last_op;
+    unsigned last_mask;
 #if defined(__x86_64__)
     void* sp;
 #else
@@ -456,6 +461,18 @@ void block_error(Worker* w, int code, const std::string& msg) {
     }
 }
 
+// gone_lane describes lane l (of the warp at base), which has exited or
+// moved on while f waits for it at a warp op: when it completed the same op
+// at the same line with another mask, the masks disagree.
+std::string gone_lane(Worker* w, Fiber* f, int base, int l, unsigned mask, const char* what) {
+    Fiber* o = &w->fibers[base + l];
+    if (o->last_file == f->file && o->last_line == f->line && o->last_op == f->op && o->last_mask != mask)
+        return fmt("%s at %s:%d in %s: mismatched masks: lane %d ran it with mask %#x, this lane with mask %#x",
+                   op_name(f->op), f->file, f->line, where(f).c_str(), l, o->last_mask, mask);
+    return fmt("%s at %s:%d in %s: lane %d of mask %#x %s", op_name(f->op), f->file, f->line, where(f).c_str(), l,
+               mask, what);
+}
+
 // try_complete_warp checks whether the warp op lane f waits at can complete
 // and completes it (every lane of the mask arrived at the same op).
 void try_complete_warp(Worker* w, Fiber* f) {
@@ -476,9 +493,7 @@ void try_complete_warp(Worker* w, Fiber* f) {
         }
         Fiber* o = &w->fibers[base + l];
         if (o->state == F_EXITED) {
-            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION,
-                        fmt("%s at %s:%d in %s: lane %d of mask %#x has exited", op_name(f->op), f->file, f->line,
-                            where(f).c_str(), l, mask));
+            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION, gone_lane(w, f, base, l, mask, "has exited"));
             return;
         }
         if (o->state != F_WARP) return;  // not arrived yet (running, or at a barrier: a deadlock shows later)
@@ -538,7 +553,12 @@ void try_complete_warp(Worker* w, Fiber* f) {
     }
     for (int l = 0; l < 32; l++)
         if (mask >> l & 1) {
-            w->fibers[base + l].state = F_READY;
+            Fiber* o = &w->fibers[base + l];
+            o->last_file = o->file;
+            o->last_line = o->line;
+            o->last_op = o->op;
+            o->last_mask = o->mask;
+            o->state = F_READY;
             set_ready(w, base + l);
         }
     w->warp_arrived[warp] &= ~mask;
@@ -555,9 +575,7 @@ void lane_exited(Worker* w, Fiber* f) {
         if (!(waiting >> l & 1)) continue;
         Fiber* o = &w->fibers[base + l];
         if (o->mask & bit) {
-            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION,
-                        fmt("%s at %s:%d in %s: lane %d of mask %#x has exited", op_name(o->op), o->file, o->line,
-                            where(o).c_str(), f->lin & 31, o->mask));
+            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION, gone_lane(w, o, base, f->lin & 31, o->mask, "has exited"));
             return;
         }
     }
@@ -642,6 +660,10 @@ bool run_block(Worker* w, LaunchJob* job, long lin_block) {
         memcpy(f->bdim, job->block, sizeof f->bdim);
         memcpy(f->gdim, job->grid, sizeof f->gdim);
         f->state = F_READY;
+        f->last_file = nullptr;
+        f->last_line = 0;
+        f->last_op = -1;
+        f->last_mask = 0;
         fiber_init(w, f);
         set_ready(w, i);
     }
@@ -1247,7 +1269,9 @@ int launch_once(Function* f, const unsigned grid[3], const unsigned block[3], un
     run_job(&job);
     stat_blocks += job.nblocks;
     if (job.failed.load()) {
-        *err = job.error;
+        // every diagnostic names the kernel
+        *err = job.error.find("kernel " + f->name) == std::string::npos ? "kernel " + f->name + ": " + job.error
+                                                                          : job.error;
         return job.error_code ? job.error_code : CUDA_ERROR_LAUNCH_FAILED;
     }
     return 0;
@@ -1581,11 +1605,24 @@ EXPORT int nvrtcGetCUBIN(void* prog, char* out) {
 EXPORT int rpacsim_version(void) { return RPAC_SIM_REV; }
 
 // rpacsim_config sets a simulator setting: "diff" (differential mode 0/1),
-// "verbose", "no_cubin" (1: NVRTC gives no cubin). Returns the previous
+// "verbose", "no_cubin" (1: NVRTC gives no cubin), "clear_sticky" (1:
+// forget the context's sticky error; returns it). Returns the previous
 // value, or -1 for an unknown key.
 EXPORT long rpacsim_config(const char* key, long v) {
     std::string k = key;
     if (k == "no_cubin") return cfg_no_cubin.exchange((int)v);
+    if (k == "clear_sticky") {
+        // tests of deliberately broken kernels: forget the sticky error (a
+        // real context would have to be destroyed and made again)
+        std::lock_guard<std::mutex> lk(g_mu);
+        long old = g_ctx.sticky;
+        if (v) {
+            g_ctx.sticky = 0;
+            g_ctx.detail.clear();
+            g_err_text.clear();
+        }
+        return old;
+    }
     if (k == "diff") return cfg_diff.exchange((int)v);
     if (k == "verbose") return cfg_verbose.exchange((int)v);
     return -1;
