@@ -92,7 +92,11 @@ def gpu(out, work, rc):
         json.dump(report, f, indent=2)
 
     failed_tests = [t["test"] for t in tests if t["result"] == "FAIL"]
-    md = ["# rpac GPU check: %s" % ("PASSED" if rc == 0 else "FAILED"), ""]
+    skipped = [c["check"] for c in checks if c["result"] == "not run"]
+    head = "PASSED" if rc == 0 else "FAILED"
+    if skipped:
+        head += " (%d of %d checks not run: %s)" % (len(skipped), len(checks), ", ".join(skipped))
+    md = ["# rpac GPU check: %s" % head, ""]
     if ver.get("simulated"):
         md += ["**On the CUDA simulator, not a GPU**: timings say nothing about a GPU.", ""]
     md += ["| | |", "| --- | --- |"]
