@@ -21,14 +21,21 @@
 #    bin/ort/lib/libonnxruntime_providers_cuda.so.part-a? on its own.
 #
 # 3. On the GPU machine:
+#        bash scripts/gpu-check-ort.sh                # all of setup, check, bench, report (OUT: $OUT or gpu-report/ort)
+#        bash scripts/gpu-check.sh --all              # or: the CUDA backend's check, then this one (OUT/ort)
+#    or step by step (one call each, on the same warm machine):
 #        bash scripts/gpu-check-ort.sh setup          # join the parts, check every sha256
-#        bash scripts/gpu-check-ort.sh check [OUT]    # the provider loads; parity per dtype
-#        bash scripts/gpu-check-ort.sh bench [OUT]    # latency benchmarks
-#        bash scripts/gpu-check-ort.sh report [OUT]   # OUT/report.txt and OUT/report.json
-#    or all four at once with no argument (OUT defaults to gpu-report/ort).
+#        bash scripts/gpu-check-ort.sh check          # the provider loads; parity per dtype
+#        bash scripts/gpu-check-ort.sh bench          # latency benchmarks
+#        bash scripts/gpu-check-ort.sh report [OUT]   # the report
+#    The report is three files: OUT/summary.md (which checks ran and passed,
+#    parity, latency; or "NOT RUN: why"), OUT/report.json, OUT/logs.txt.
+#    Logs, env.sh and benchmark data between the steps live in bin/ort/work.
+#    Where bin/ort or the NVIDIA driver is missing, the report says "NOT RUN"
+#    and why, and the script exits 3.
 #    setup finds the CUDA 13 and cuDNN 9 libraries (the Python nvidia-*
-#    packages included) and writes OUT/env.sh with LD_LIBRARY_PATH, ORT_LIB
-#    and RPAC_ORT_CUDA for the later steps.
+#    packages included) and writes bin/ort/work/env.sh with LD_LIBRARY_PATH,
+#    ORT_LIB and RPAC_ORT_CUDA for the later steps.
 #
 #    check runs, with RPAC_REQUIRE_GPU=1 (a provider that does not load
 #    fails) and NVIDIA_TF32_OVERRIDE=0 (fp32 products in fp32):
@@ -56,6 +63,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ORT=bin/ort
+WORK="${RPAC_ORT_WORK:-$ORT/work}"
 PARTS_OF=libonnxruntime_providers_cuda.so
 FILES=(libonnxruntime.so libonnxruntime_providers_shared.so libonnxruntime_providers_cuda.so)
 
@@ -142,63 +150,61 @@ bench() {
 	return "$rc"
 }
 
-report() {
-	local out="$1"
+report() { # report OUT [WHY]: OUT/summary.md, OUT/report.json, OUT/logs.txt from $WORK
+	local out="$1" why="${2:-}" rc
+	mkdir -p "$out"
+	rc="$(cat "$WORK/check.rc" 2>/dev/null || echo 1)"
+	[[ -n "$why" ]] && rc=3
 	{
-		echo "# rpac onnxruntime CUDA check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-		echo "host: $(uname -m), $(nproc) cores"
+		echo "# rpac onnxruntime CUDA check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -m), $(nproc) cores"
 		nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || echo "gpu: nvidia-smi not available"
-		echo
-		echo "## checks (exit $(cat "$out/check.rc" 2>/dev/null || echo '?'))"
-		grep -h -E -- "--- (PASS|FAIL|SKIP)|GPUPARITY" "$out/runtime.log" "$out/parity.log" 2>/dev/null || echo "no check logs"
-		echo
-		echo "## latency (rpac bench infer --provider ${RPAC_ORT_PROVIDER:-cuda})"
-		for f in "$out"/bench_L*_B*.txt; do
-			[[ -f "$f" ]] && cat "$f"
+		[[ -n "$why" ]] && echo "NOT RUN: $why"
+		for f in setup.log runtime.log parity.log "$WORK"/bench_L*_B*.txt "$WORK"/bench_L*_B*.err; do
+			f="$WORK/${f#"$WORK"/}"
+			[[ -f "$f" ]] && { echo; echo "===== ${f#"$WORK"/}"; cat "$f"; }
 		done
-	} >"$out/report.txt"
-	python3 - "$out" <<'PY' || log "python3 missing: no report.json"
-import glob, json, re, subprocess, sys
-out = sys.argv[1]
-parity, tests = [], []
-for name in ("runtime.log", "parity.log"):
-    try:
-        lines = open(f"{out}/{name}").read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        m = re.search(r"GPUPARITY (\{.*\})", line)
-        if m:
-            parity.append(json.loads(m.group(1)))
-        m = re.match(r"\s*--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)", line)
-        if m:
-            tests.append({"test": m.group(2), "result": m.group(1), "seconds": float(m.group(3))})
-bench = []
-for f in sorted(glob.glob(f"{out}/bench_L*_B*.json")):
-    bench += json.load(open(f))
-gpu = ""
-try:
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-except Exception:
-    pass
-json.dump({"gpu": gpu, "tests": tests, "parity": parity, "bench": bench}, open(f"{out}/report.json", "w"), indent=2)
-PY
-	log "$out/report.txt, $out/report.json"
+	} >"$out/logs.txt"
+	python3 scripts/gpu-report.py ort "$out" "$WORK" "$rc" "$why" ||
+		{ printf '# rpac onnxruntime CUDA provider check: exit %s%s\n' "$rc" "${why:+, NOT RUN: $why}" >"$out/summary.md"; log "python3 missing: no report.json"; }
+	log "$out/summary.md"
 }
 
+# not_run_reason says why the check cannot run here ("" when it can).
+not_run_reason() {
+	if [[ ! -x "$ORT/bin/rpac" || ! -x "$ORT/bin/export.test" || ! -x "$ORT/bin/runtime.test" ]]; then
+		echo "$ORT/bin is missing: run 'bash scripts/fetch-onnxruntime.sh --cuda' and 'bash scripts/gpu-check-ort.sh --build' where Go and the network are, and carry bin/ort (in pieces of at most 64 MiB, see this script's header)"
+	elif ! compgen -G "$ORT/lib/libonnxruntime_providers_cuda.so*" >/dev/null; then
+		echo "the CUDA provider library ($ORT/lib/$PARTS_OF or its .part-* pieces) was not carried"
+	elif [[ -z "$(find / -xdev -name 'libcuda.so.1' -not -path "$PWD/*" 2>/dev/null | head -n1)" ]]; then
+		echo "no NVIDIA driver on this machine (libcuda.so.1 not found): the onnxruntime CUDA provider needs a GPU"
+	fi
+}
+
+default_out="${OUT:-gpu-report}/ort"
+[[ -n "${OUT:-}" ]] && default_out="$OUT"
 case "${1:-all}" in
 --build) build ;;
-setup) setup "${2:-gpu-report/ort}" ;;
-check) check "${2:-gpu-report/ort}" ;;
-bench) bench "${2:-gpu-report/ort}" ;;
-report) report "${2:-gpu-report/ort}" ;;
+setup) mkdir -p "$WORK" && setup "$WORK" ;;
+check) check "$WORK" ;;
+bench) bench "$WORK" ;;
+report) report "${2:-$default_out}" ;;
 all)
-	out="${2:-gpu-report/ort}"
-	setup "$out"
+	out="${2:-$default_out}"
+	rm -rf "$WORK"
+	mkdir -p "$WORK"
+	why="$(not_run_reason)"
+	if [[ -n "$why" ]]; then
+		log "not run: $why"
+		report "$out" "$why"
+		exit 3
+	fi
+	if ! (setup "$WORK") 2>"$WORK/setup.log"; then
+		report "$out" "setup failed: $(tail -n1 "$WORK/setup.log")"
+		exit 3
+	fi
 	rc=0
-	check "$out" || rc=1
-	bench "$out" || rc=1
+	check "$WORK" || rc=1
+	bench "$WORK" || rc=1
 	report "$out"
 	exit "$rc"
 	;;

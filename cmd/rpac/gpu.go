@@ -26,9 +26,18 @@ func gpuCommand() *cli.Command {
 				fmt.Fprintf(w, "driver    %s\n", rep.Driver)
 			}
 			for _, d := range rep.Devices {
-				fmt.Fprintf(w, "device %d  %s, %s, %d SMs, %.1f GiB, driver %d\n", d.Ordinal, d.Name, d.Arch, d.SMs, float64(d.TotalMemory)/(1<<30), d.DriverVersion)
+				fmt.Fprintf(w, "device %d  %s, %s, %d SMs, %.1f GiB, driver CUDA %s\n", d.Ordinal, d.Name, d.SM, d.SMs, float64(d.TotalMemory)/(1<<30), d.DriverVersionString())
+			}
+			if rep.DriverVersion != "" {
+				fmt.Fprintf(w, "CUDA      driver supports CUDA %s\n", rep.DriverVersion)
 			}
 			fmt.Fprintf(w, "NVRTC     %s\n", rep.NVRTC)
+			if rep.NVRTCNewer {
+				fmt.Fprintf(w, "          NVRTC is newer than the driver: its PTX would not load; the kernels are loaded as cubins\n")
+			}
+			if rep.Simulated {
+				fmt.Fprintf(w, "          (the CUDA simulator, not a GPU)\n")
+			}
 			fmt.Fprintf(w, "cuBLASLt  %s\n", rep.CublasLt)
 			names := make([]string, 0, len(rep.Kernels))
 			for n := range rep.Kernels {

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
-// CacheDir is where compiled PTX is kept: $RPAC_CUDA_CACHE, else
+// CacheDir is where compiled kernels are kept: $RPAC_CUDA_CACHE, else
 // ${XDG_CACHE_HOME:-~/.cache}/rpac/cuda.
 func CacheDir() string {
 	if d := os.Getenv("RPAC_CUDA_CACHE"); d != "" {
@@ -21,37 +22,105 @@ func CacheDir() string {
 	return filepath.Join(base, "rpac", "cuda")
 }
 
-// CompileCached returns the PTX of kernel source name for arch, from the
-// on-disk cache when the same source was compiled before by the same NVRTC
-// version, else compiling it and storing the result (atomically). hit says
-// which.
-func (n *NVRTC) CompileCached(name, arch string) (ptx string, hit bool, err error) {
-	src, err := Source(name)
+// Image is one kernel source compiled by NVRTC: a cubin for a real
+// architecture (sm_NN) or PTX for a virtual one (compute_NN).
+type Image struct {
+	Kind string // "cubin" or "ptx"
+	Arch string // sm_NN or compute_NN
+	Data []byte
+}
+
+// imageKind is the kind of image NVRTC makes for arch.
+func imageKind(arch string) (string, error) {
+	switch {
+	case strings.HasPrefix(arch, "sm_"):
+		return "cubin", nil
+	case strings.HasPrefix(arch, "compute_"):
+		return "ptx", nil
+	}
+	return "", fmt.Errorf("architecture %q: want sm_NN (cubin) or compute_NN (PTX)", arch)
+}
+
+// CachePath is where the image of source src for arch lives in the cache:
+// CacheDir()/nvrtc-MAJOR.MINOR/ARCH/HASH.{cubin,ptx}, HASH covering the
+// source and NVRTC's options. The NVRTC version, the architecture and the
+// kind (which the architecture implies) all key it, so a cubin and PTX, or
+// the images of two NVRTC versions, never stand in for one another.
+func (n *NVRTC) CachePath(src, arch string) (string, error) {
+	kind, err := imageKind(arch)
 	if err != nil {
-		return "", false, err
+		return "", err
 	}
 	major, minor := n.Version()
-	sum := sha256.Sum256([]byte(src))
-	dir := filepath.Join(CacheDir(), fmt.Sprintf("nvrtc-%d.%d", major, minor), arch)
-	path := filepath.Join(dir, hex.EncodeToString(sum[:16])+".ptx")
-	if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
-		return string(b), true, nil
-	}
-	ptx, err = n.CompilePTX(name, src, arch)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", kind, strings.Join(compileOptions(arch), "\x00"))
+	h.Write([]byte(src))
+	sum := h.Sum(nil)
+	return filepath.Join(CacheDir(), fmt.Sprintf("nvrtc-%d.%d", major, minor), arch, hex.EncodeToString(sum[:16])+"."+kind), nil
+}
+
+// CompileCached returns the image of kernel source name for arch (a cubin
+// for sm_NN, PTX for compute_NN), from the on-disk cache when the same
+// source was compiled before for arch by the same NVRTC version, else
+// compiling it and storing the result (atomically). hit says which.
+func (n *NVRTC) CompileCached(name, arch string) (img Image, hit bool, err error) {
+	kind, err := imageKind(arch)
 	if err != nil {
-		return "", false, err
+		return Image{}, false, err
 	}
-	if err := writeAtomic(dir, path, []byte(ptx)); err != nil {
-		return ptx, false, nil // a read-only cache only costs the next compile
+	src, err := Source(name)
+	if err != nil {
+		return Image{}, false, err
 	}
-	return ptx, false, nil
+	path, err := n.CachePath(src, arch)
+	if err != nil {
+		return Image{}, false, err
+	}
+	img = Image{Kind: kind, Arch: arch}
+	if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+		img.Data = b
+		return img, true, nil
+	}
+	if kind == "cubin" {
+		img.Data, err = n.CompileCUBIN(name, src, arch)
+	} else {
+		var ptx string
+		ptx, err = n.CompilePTX(name, src, arch)
+		img.Data = []byte(ptx)
+	}
+	if err != nil {
+		return Image{}, false, err
+	}
+	// a read-only cache only costs the next compile
+	_ = writeAtomic(filepath.Dir(path), path, img.Data)
+	return img, false, nil
+}
+
+// DeviceImage returns the image of kernel source name for a device: a
+// cubin for its sm_NN, or, when that cannot be had (an NVRTC without
+// nvrtcGetCUBIN or that does not know the architecture, or
+// RPAC_CUDA_PTX=1), PTX for its compute_NN, which the driver compiles
+// itself. cubinErr says why the cubin was not used (nil when it was).
+func (n *NVRTC) DeviceImage(name string, dev DeviceInfo) (img Image, hit bool, cubinErr, err error) {
+	if os.Getenv("RPAC_CUDA_PTX") == "1" {
+		cubinErr = fmt.Errorf("RPAC_CUDA_PTX=1")
+	} else if dev.SM == "" {
+		cubinErr = fmt.Errorf("the device's real architecture is unknown")
+	} else {
+		img, hit, cubinErr = n.CompileCached(name, dev.SM)
+		if cubinErr == nil {
+			return img, hit, nil, nil
+		}
+	}
+	img, hit, err = n.CompileCached(name, dev.Arch)
+	return img, hit, cubinErr, err
 }
 
 func writeAtomic(dir, path string, b []byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".ptx-*")
+	f, err := os.CreateTemp(dir, ".img-*")
 	if err != nil {
 		return err
 	}
@@ -67,21 +136,68 @@ func writeAtomic(dir, path string, b []byte) error {
 	return os.Rename(f.Name(), path)
 }
 
+// LoadedImage says how one kernel source was loaded into a context.
+type LoadedImage struct {
+	Source string `json:"source"`
+	Kind   string `json:"kind"` // "cubin" or "ptx"
+	Arch   string `json:"arch"` // sm_NN or compute_NN
+	Cached bool   `json:"cached"`
+	// Fallback says why PTX was loaded instead of a cubin ("" for a cubin).
+	Fallback string `json:"fallback,omitempty"`
+}
+
+func (l LoadedImage) String() string {
+	s := l.Kind + " " + l.Arch
+	if l.Cached {
+		s += ", cached"
+	}
+	if l.Fallback != "" {
+		s += "; cubin not used: " + firstLine(l.Fallback)
+	}
+	return s
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
 // LoadKernels compiles (or reads from the cache) every kernel source for
-// the context's device and loads it.
+// the context's device, a cubin for its sm_NN with PTX as the fallback
+// (also when the driver refuses the cubin), and loads it. c.Images says
+// what was loaded.
 func (c *Context) LoadKernels(n *NVRTC) error {
+	c.Images = c.Images[:0]
 	for _, name := range SourceNames() {
-		ptx, _, err := n.CompileCached(name, c.Dev.Arch)
+		img, hit, cubinErr, err := n.DeviceImage(name, c.Dev)
 		if err != nil {
+			if cubinErr != nil {
+				return fmt.Errorf("%w (the cubin for %s failed first: %v)", err, c.Dev.SM, cubinErr)
+			}
 			return err
 		}
 		entries, err := Entries(name)
 		if err != nil {
 			return err
 		}
-		if err := c.LoadPTX(ptx, entries); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+		err = c.LoadImage(img.Data, entries)
+		if err != nil && img.Kind == "cubin" {
+			cubinErr = fmt.Errorf("the driver refused the cubin: %w", err)
+			img, hit, err = n.CompileCached(name, c.Dev.Arch)
+			if err == nil {
+				err = c.LoadImage(img.Data, entries)
+			}
 		}
+		if err != nil {
+			return fmt.Errorf("%s (%s %s): %w", name, img.Kind, img.Arch, err)
+		}
+		li := LoadedImage{Source: name, Kind: img.Kind, Arch: img.Arch, Cached: hit}
+		if cubinErr != nil {
+			li.Fallback = cubinErr.Error()
+		}
+		c.Images = append(c.Images, li)
 	}
 	return nil
 }

@@ -99,8 +99,8 @@ func (d *Driver) SimConfig(key string, v int64) int64 {
 }
 
 // SimStat reads one of the simulator's counters ("allocs", "alloc_bytes",
-// "launches", "blocks", "gemms", "diff_launches", "sticky"); -1 on a real
-// driver.
+// "launches", "blocks", "gemms", "diff_launches", "cubin_loads",
+// "ptx_loads", "sticky"); -1 on a real driver.
 func (d *Driver) SimStat(key string) int64 {
 	if d.simStat == nil {
 		return -1
@@ -133,10 +133,26 @@ type DeviceInfo struct {
 	Ordinal       int    `json:"ordinal"`
 	Name          string `json:"name"`
 	Major, Minor  int    `json:"-"`
-	Arch          string `json:"arch"` // compute_NN
+	Arch          string `json:"arch"` // compute_NN: the virtual architecture (PTX)
+	SM            string `json:"sm"`   // sm_NN: the real one (cubin)
 	SMs           int    `json:"sms"`
 	TotalMemory   uint64 `json:"total_memory"`
-	DriverVersion int    `json:"driver_version"`
+	DriverVersion int    `json:"driver_version"` // cuDriverGetVersion: 1000*major + 10*minor
+}
+
+// DriverVersionString is the driver's CUDA version as "12.8".
+func (d DeviceInfo) DriverVersionString() string { return cudaVersion(d.DriverVersion) }
+
+func cudaVersion(v int) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/10) }
+
+// Version is the CUDA version the driver supports (cuDriverGetVersion), e.g.
+// "12.8".
+func (d *Driver) Version() string {
+	var v int32
+	if d.driverVersion(&v) != 0 {
+		return "unknown"
+	}
+	return cudaVersion(int(v))
 }
 
 // Devices lists the GPUs the driver sees.
@@ -162,7 +178,7 @@ func (d *Driver) Devices() ([]DeviceInfo, error) {
 		var mem uint64
 		d.deviceTotalMem(&mem, dev)
 		out = append(out, DeviceInfo{Ordinal: int(i), Name: cString(&name[0]), Major: int(major), Minor: int(minor),
-			Arch: fmt.Sprintf("compute_%d%d", major, minor), SMs: int(sms), TotalMemory: mem, DriverVersion: int(ver)})
+			Arch: fmt.Sprintf("compute_%d%d", major, minor), SM: fmt.Sprintf("sm_%d%d", major, minor), SMs: int(sms), TotalMemory: mem, DriverVersion: int(ver)})
 	}
 	return out, nil
 }
@@ -175,6 +191,9 @@ type Context struct {
 	ctx  uintptr
 	fns  map[string]uintptr
 	lock sync.Mutex
+	// Images says, per kernel source, what LoadKernels loaded (a cubin, or
+	// PTX and why).
+	Images []LoadedImage
 }
 
 // NewContext makes device ordinal's primary context current for the calling
@@ -201,9 +220,15 @@ func (d *Driver) NewContext(ordinal int) (*Context, error) {
 	return c, nil
 }
 
-// LoadPTX loads a module and remembers its kernels by name.
+// LoadPTX loads a module from PTX and remembers its kernels by name.
 func (c *Context) LoadPTX(ptx string, kernels []string) error {
-	img := append([]byte(ptx), 0)
+	return c.LoadImage([]byte(ptx), kernels)
+}
+
+// LoadImage loads a module from a cubin or PTX and remembers its kernels
+// by name.
+func (c *Context) LoadImage(image []byte, kernels []string) error {
+	img := append(append([]byte(nil), image...), 0)
 	var mod uintptr
 	if err := c.d.check(c.d.moduleLoadData(&mod, unsafe.Pointer(&img[0])), "cuModuleLoadData"); err != nil {
 		return err

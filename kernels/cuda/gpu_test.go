@@ -37,8 +37,9 @@ func gpuContext(t *testing.T) *Context {
 	if err := c.LoadKernels(n); err != nil {
 		t.Fatal(err)
 	}
-	arch := c.Dev.Arch
-	t.Logf("GPU %s (%s, %d SMs, driver %d)", c.Dev.Name, arch, c.Dev.SMs, c.Dev.DriverVersion)
+	major, minor := n.Version()
+	t.Logf("GPU %s (%s, %d SMs, driver CUDA %s, NVRTC %d.%d, kernels: %s)", c.Dev.Name, c.Dev.SM, c.Dev.SMs,
+		c.Dev.DriverVersionString(), major, minor, c.Images[0])
 	return c
 }
 

@@ -1,25 +1,30 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // NVRTC is the runtime compiler, bound at run time.
 type NVRTC struct {
 	handle uintptr
 
-	version          func(major, minor *int32) int32
-	createProgram    func(prog *uintptr, src, name string, numHeaders int32, headers, includeNames unsafe.Pointer) int32
-	compileProgram   func(prog uintptr, numOptions int32, options unsafe.Pointer) int32
-	getProgramLogSz  func(prog uintptr, size *uint64) int32
-	getProgramLog    func(prog uintptr, log unsafe.Pointer) int32
-	getPTXSize       func(prog uintptr, size *uint64) int32
-	getPTX           func(prog uintptr, ptx unsafe.Pointer) int32
+	version         func(major, minor *int32) int32
+	createProgram   func(prog *uintptr, src, name string, numHeaders int32, headers, includeNames unsafe.Pointer) int32
+	compileProgram  func(prog uintptr, numOptions int32, options unsafe.Pointer) int32
+	getProgramLogSz func(prog uintptr, size *uint64) int32
+	getProgramLog   func(prog uintptr, log unsafe.Pointer) int32
+	getPTXSize      func(prog uintptr, size *uint64) int32
+	getPTX          func(prog uintptr, ptx unsafe.Pointer) int32
+	// nvrtcGetCUBINSize/nvrtcGetCUBIN (NVRTC 11.1 and later); nil when
+	// the library lacks them, and then only PTX can be had.
+	getCUBINSize     func(prog uintptr, size *uint64) int32
+	getCUBIN         func(prog uintptr, cubin unsafe.Pointer) int32
 	destroyProgram   func(prog *uintptr) int32
 	getErrorString   func(result int32) string
 	compileSerialize sync.Mutex
@@ -44,6 +49,10 @@ func LoadNVRTC() (*NVRTC, error) {
 		}); err != nil {
 			nvrtcErr = err
 			return
+		}
+		if _, err := purego.Dlsym(n.handle, "nvrtcGetCUBIN"); err == nil {
+			purego.RegisterLibFunc(&n.getCUBINSize, n.handle, "nvrtcGetCUBINSize")
+			purego.RegisterLibFunc(&n.getCUBIN, n.handle, "nvrtcGetCUBIN")
 		}
 		nvrtcLib = n
 	})
@@ -82,21 +91,49 @@ func (e *CompileError) Error() string {
 }
 
 // CompilePTX compiles one self-contained CUDA C++ source for a virtual
-// architecture such as "compute_90" and returns the PTX.
+// architecture such as "compute_90" and returns the PTX, which the driver
+// compiles to machine code when it loads it (and cannot, with
+// CUDA_ERROR_UNSUPPORTED_PTX_VERSION, when NVRTC is newer than the driver).
 func (n *NVRTC) CompilePTX(name, src, arch string, extra ...string) (string, error) {
 	if !strings.HasPrefix(arch, "compute_") {
 		return "", fmt.Errorf("architecture %q: want compute_NN", arch)
 	}
+	b, err := n.compile(name, src, arch, extra, "PTX", n.getPTXSize, n.getPTX)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimRight(string(b), "\x00"), nil
+}
+
+// CompileCUBIN compiles one self-contained CUDA C++ source for a real
+// architecture such as "sm_90" and returns the cubin: machine code the
+// driver loads as it is, whatever NVRTC's version (the driver only has to
+// know the architecture).
+func (n *NVRTC) CompileCUBIN(name, src, arch string, extra ...string) ([]byte, error) {
+	if !strings.HasPrefix(arch, "sm_") {
+		return nil, fmt.Errorf("architecture %q: want sm_NN", arch)
+	}
+	if n.getCUBIN == nil {
+		major, minor := n.Version()
+		return nil, fmt.Errorf("NVRTC %d.%d has no nvrtcGetCUBIN (11.1 or later has)", major, minor)
+	}
+	return n.compile(name, src, arch, extra, "cubin", n.getCUBINSize, n.getCUBIN)
+}
+
+// compile runs NVRTC on src for arch and fetches the result with
+// getSize/get (PTX or cubin).
+func (n *NVRTC) compile(name, src, arch string, extra []string, what string,
+	getSize func(uintptr, *uint64) int32, get func(uintptr, unsafe.Pointer) int32) ([]byte, error) {
 	// NVRTC programs are independent, but one at a time keeps the log
 	// handling simple and NVRTC's memory low.
 	n.compileSerialize.Lock()
 	defer n.compileSerialize.Unlock()
 	var prog uintptr
 	if err := n.check(n.createProgram(&prog, src, name, 0, nil, nil), "create program "+name); err != nil {
-		return "", err
+		return nil, err
 	}
 	defer n.destroyProgram(&prog)
-	opts := append([]string{"--gpu-architecture=" + arch, "--std=c++17"}, extra...)
+	opts := append(compileOptions(arch), extra...)
 	cstrs := make([][]byte, len(opts))
 	ptrs := make([]*byte, len(opts))
 	for i, o := range opts {
@@ -107,20 +144,25 @@ func (n *NVRTC) CompilePTX(name, src, arch string, extra ...string) (string, err
 	runtime.KeepAlive(cstrs)
 	runtime.KeepAlive(ptrs)
 	if r != 0 {
-		return "", &CompileError{Name: name, Arch: arch, Log: n.log(prog), Err: n.check(r, "compile")}
+		return nil, &CompileError{Name: name, Arch: arch, Log: n.log(prog), Err: n.check(r, "compile")}
 	}
 	var size uint64
-	if err := n.check(n.getPTXSize(prog, &size), "PTX size"); err != nil {
-		return "", err
+	if err := n.check(getSize(prog, &size), what+" size"); err != nil {
+		return nil, err
 	}
 	if size == 0 {
-		return "", errors.New("NVRTC returned an empty PTX")
+		return nil, fmt.Errorf("NVRTC returned an empty %s for %s", what, arch)
 	}
 	buf := make([]byte, size)
-	if err := n.check(n.getPTX(prog, unsafe.Pointer(&buf[0])), "PTX"); err != nil {
-		return "", err
+	if err := n.check(get(prog, unsafe.Pointer(&buf[0])), what); err != nil {
+		return nil, err
 	}
-	return strings.TrimRight(string(buf), "\x00"), nil
+	return buf, nil
+}
+
+// compileOptions are NVRTC's options for arch (part of the cache key).
+func compileOptions(arch string) []string {
+	return []string{"--gpu-architecture=" + arch, "--std=c++17"}
 }
 
 func (n *NVRTC) log(prog uintptr) string {

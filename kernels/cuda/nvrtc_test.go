@@ -1,7 +1,9 @@
 package cuda
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -57,6 +59,13 @@ func TestKernelSourcesCompile(t *testing.T) {
 					t.Errorf("%s %s: kernel %s missing from the PTX", name, arch, e)
 				}
 			}
+			sm := "sm_" + strings.TrimPrefix(arch, "compute_")
+			cubin, err := n.CompileCUBIN(name, src, sm)
+			if err != nil {
+				t.Errorf("%v", err)
+			} else if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
+				t.Errorf("%s %s: the cubin is not an ELF object", name, sm)
+			}
 		}
 	}
 }
@@ -71,6 +80,9 @@ func TestCompileErrorHasLog(t *testing.T) {
 	}
 	if _, err := n.CompilePTX("k.cu", "", "sm_90"); err == nil {
 		t.Fatal("accepted a real architecture name where a virtual one is needed")
+	}
+	if _, err := n.CompileCUBIN("k.cu", "", "compute_90"); err == nil {
+		t.Fatal("accepted a virtual architecture name where a real one is needed")
 	}
 }
 
@@ -95,20 +107,37 @@ func TestMissingLibrariesNamed(t *testing.T) {
 }
 
 // TestCompileCache: a second compile of the same source reads the cache;
-// a changed cache location compiles again.
+// another architecture, or a cubin where PTX was cached, compiles again.
 func TestCompileCache(t *testing.T) {
 	n := nvrtcOrSkip(t)
 	t.Setenv("RPAC_CUDA_CACHE", t.TempDir())
 	name := SourceNames()[0]
-	first, hit, err := n.CompileCached(name, "compute_80")
-	if err != nil || hit {
-		t.Fatalf("first compile: hit %v, %v", hit, err)
-	}
-	second, hit, err := n.CompileCached(name, "compute_80")
-	if err != nil || !hit || second != first {
-		t.Fatalf("second compile: hit %v, same %v, %v", hit, second == first, err)
+	for _, arch := range []string{"compute_80", "sm_80"} {
+		first, hit, err := n.CompileCached(name, arch)
+		if err != nil || hit {
+			t.Fatalf("%s, first compile: hit %v, %v", arch, hit, err)
+		}
+		second, hit, err := n.CompileCached(name, arch)
+		if err != nil || !hit || !bytes.Equal(second.Data, first.Data) || second.Kind != first.Kind {
+			t.Fatalf("%s, second compile: hit %v, same %v, %v", arch, hit, bytes.Equal(second.Data, first.Data), err)
+		}
+		if want := map[string]string{"compute_80": "ptx", "sm_80": "cubin"}[arch]; first.Kind != want {
+			t.Errorf("%s compiled to %s, want %s", arch, first.Kind, want)
+		}
 	}
 	if _, hit, _ := n.CompileCached(name, "compute_90"); hit {
 		t.Fatal("another architecture hit the cache")
+	}
+	if _, _, err := n.CompileCached(name, "gfx90a"); err == nil {
+		t.Fatal("accepted an architecture that is neither sm_NN nor compute_NN")
+	}
+	src, _ := Source(name)
+	ptxPath, _ := n.CachePath(src, "compute_90")
+	cubinPath, _ := n.CachePath(src, "sm_90")
+	major, minor := n.Version()
+	ver := fmt.Sprintf("nvrtc-%d.%d", major, minor)
+	if !strings.HasSuffix(ptxPath, ".ptx") || !strings.HasSuffix(cubinPath, ".cubin") ||
+		!strings.Contains(ptxPath, "/"+ver+"/compute_90/") || !strings.Contains(cubinPath, "/"+ver+"/sm_90/") {
+		t.Errorf("cache paths not keyed by NVRTC version, architecture and kind: %s, %s", ptxPath, cubinPath)
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +237,251 @@ func firstLines(s string, markers ...string) string {
 		}
 	}
 	return strings.Join(out, " | ")
+}
+
+// TestSimCubinAndPTXFallback: LoadKernels loads every source as a cubin for
+// the device's sm_NN (the simulator counts the modules it loads of each
+// kind), and with NVRTC unable to give a cubin (the simulator's no_cubin
+// switch) falls back to PTX for compute_NN, says why, and the kernels
+// still run. The cache keeps the two apart.
+func TestSimCubinAndPTXFallback(t *testing.T) {
+	d := simOnly(t)
+	n, err := LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(t *testing.T, c *Context) {
+		// one kernel through the context, against its CPU result
+		x := devF32(t, c, []float32{1, -2, 3.5})
+		if err := c.Launch("scale_inplace_f32", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, x.Ptr, float32(2), int64(3)); err != nil {
+			t.Fatal(err)
+		}
+		if got := hostF32(t, c, x, 3); got[0] != 2 || got[1] != -4 || got[2] != 7 {
+			t.Fatalf("scale_inplace_f32 gave %v", got)
+		}
+	}
+	load := func(t *testing.T, cache string) *Context {
+		t.Setenv("RPAC_CUDA_CACHE", cache)
+		c, err := d.NewContext(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.LoadKernels(n); err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Images) != len(SourceNames()) {
+			t.Fatalf("%d images loaded for %d sources", len(c.Images), len(SourceNames()))
+		}
+		return c
+	}
+	t.Run("cubin", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cache := t.TempDir()
+		cubins, ptxs := d.SimStat("cubin_loads"), d.SimStat("ptx_loads")
+		c := load(t, cache)
+		for _, im := range c.Images {
+			if im.Kind != "cubin" || im.Arch != c.Dev.SM || im.Fallback != "" || im.Cached {
+				t.Errorf("%s: %s, want a fresh cubin for %s", im.Source, im, c.Dev.SM)
+			}
+		}
+		if got := d.SimStat("cubin_loads") - cubins; got != int64(len(c.Images)) || d.SimStat("ptx_loads") != ptxs {
+			t.Errorf("the driver loaded %d cubins and %d PTX modules, want %d cubins", got, d.SimStat("ptx_loads")-ptxs, len(c.Images))
+		}
+		run(t, c)
+		if c = load(t, cache); !c.Images[0].Cached || c.Images[0].Kind != "cubin" {
+			t.Errorf("second load: %s, want the cached cubin", c.Images[0])
+		}
+		if m, _ := filepath.Glob(filepath.Join(cache, "nvrtc-*", c.Dev.SM, "*.cubin")); len(m) != len(c.Images) {
+			t.Errorf("%d cubins cached under %s, want %d", len(m), c.Dev.SM, len(c.Images))
+		}
+	})
+	t.Run("ptx-fallback", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		d.SimConfig("no_cubin", 1)
+		defer d.SimConfig("no_cubin", 0)
+		cache := t.TempDir()
+		ptxs := d.SimStat("ptx_loads")
+		c := load(t, cache)
+		for _, im := range c.Images {
+			if im.Kind != "ptx" || im.Arch != c.Dev.Arch || !strings.Contains(im.Fallback, "cubin") {
+				t.Errorf("%s: %s, want PTX for %s with the cubin's failure", im.Source, im, c.Dev.Arch)
+			}
+		}
+		if got := d.SimStat("ptx_loads") - ptxs; got != int64(len(c.Images)) {
+			t.Errorf("the driver loaded %d PTX modules, want %d", got, len(c.Images))
+		}
+		t.Logf("fallback: %s", c.Images[0])
+		run(t, c)
+		if m, _ := filepath.Glob(filepath.Join(cache, "nvrtc-*", c.Dev.SM, "*")); len(m) != 0 {
+			t.Errorf("a failed cubin left cache entries: %v", m)
+		}
+		if m, _ := filepath.Glob(filepath.Join(cache, "nvrtc-*", c.Dev.Arch, "*.ptx")); len(m) != len(c.Images) {
+			t.Errorf("%d PTX images cached, want %d", len(m), len(c.Images))
+		}
+	})
+	t.Run("RPAC_CUDA_PTX", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		t.Setenv("RPAC_CUDA_PTX", "1")
+		c := load(t, t.TempDir())
+		if im := c.Images[0]; im.Kind != "ptx" || !strings.Contains(im.Fallback, "RPAC_CUDA_PTX") {
+			t.Errorf("%s, want PTX because of RPAC_CUDA_PTX=1", im)
+		}
+	})
+	t.Run("probe", func(t *testing.T) {
+		rep := Probe()
+		if rep.Code != "cubin" || rep.DriverVersion == "" || !strings.HasPrefix(rep.NVRTC, "0.") || !rep.Simulated {
+			t.Errorf("probe: code %q, driver %q, NVRTC %q, simulated %v", rep.Code, rep.DriverVersion, rep.NVRTC, rep.Simulated)
+		}
+		for name, k := range rep.Kernels {
+			if !strings.Contains(k, "cubin sm_") {
+				t.Errorf("probe: %s: %s", name, k)
+			}
+		}
+	})
+}
+
+// brokenSource holds deliberately broken kernels (test only), each defect
+// on a line marked "// @NAME".
+const brokenSource = `#line 1 "broken.cu"
+extern "C" __global__ void broken_exited_lane(float* out) {
+    float v = threadIdx.x;
+    if (threadIdx.x == 5) return;
+    v += __shfl_down_sync(0xffffffffu, v, 1); // @exited
+    out[threadIdx.x] = v;
+}
+extern "C" __global__ void broken_masks(float* out) {
+    unsigned m = threadIdx.x < 16 ? 0xffffu : 0xffffffffu;
+    float v = __shfl_sync(m, (float)threadIdx.x, 0); // @masks
+    out[threadIdx.x] = v;
+}
+extern "C" __global__ void broken_divergent_warp(float* out) {
+    float v = threadIdx.x;
+    if ((threadIdx.x & 31) < 16) v = __shfl_xor_sync(0xffffffffu, v, 1); // @warp-a
+    else v = __shfl_xor_sync(0xffffffffu, v, 2); // @warp-b
+    out[threadIdx.x] = v;
+}
+extern "C" __global__ void broken_divergent_sync(float* out) {
+    if (threadIdx.x < 32) {
+        __syncthreads(); // @sync-a
+    } else {
+        __syncthreads(); // @sync-b
+    }
+    out[threadIdx.x] = 1.0f;
+}
+extern "C" __global__ void broken_deadlock(float* out) {
+    float v = threadIdx.x;
+    if (threadIdx.x == 0) v = __shfl_sync(0x3u, v, 1); // @deadlock-warp
+    else __syncthreads(); // @deadlock-bar
+    out[threadIdx.x] = v;
+}
+extern "C" __global__ void broken_uninit_shared(float* out) {
+    __shared__ float s[64];
+    if (threadIdx.x < 32) s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x] > 0.0f ? 1.0f : 0.0f; // reads s[32..63], never written
+}
+`
+
+// brokenLine is "broken.cu:N" for the line marked // @mark.
+func brokenLine(t *testing.T, mark string) string {
+	t.Helper()
+	for i, l := range strings.Split(brokenSource, "\n") {
+		if strings.Contains(l, "// @"+mark) {
+			return "broken.cu:" + strconv.Itoa(i) // line 0 is the #line directive
+		}
+	}
+	t.Fatalf("no line marked @%s", mark)
+	return ""
+}
+
+// TestSimDiagnostics: the simulator's warp, barrier and differential
+// checks each catch a deliberately broken kernel, and the error names the
+// kernel and (where the defect has one) the source line.
+func TestSimDiagnostics(t *testing.T) {
+	d := simOnly(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	n, err := LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.NewContext(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := n.CompileCUBIN("broken.cu", brokenSource, c.Dev.SM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []string
+	for _, m := range entryRE.FindAllStringSubmatch(brokenSource, -1) {
+		entries = append(entries, m[1])
+	}
+	if err := c.LoadImage(img, entries); err != nil {
+		t.Fatal(err)
+	}
+	defer d.SimConfig("clear_sticky", 1)
+	// launch runs kernel on one block of 64 threads and returns the error
+	// its launch left (the context's sticky error), then clears it.
+	out := devF32(t, c, make([]float32, 64))
+	launch := func(t *testing.T, kernel string) error {
+		t.Helper()
+		unbind, err := (&gpu{ctx: c}).bind() // subtests run on other threads
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unbind()
+		if err := c.Launch(kernel, [3]uint32{1, 1, 1}, [3]uint32{64, 1, 1}, 0, out.Ptr); err != nil {
+			return err
+		}
+		err = c.Sync()
+		if code := d.SimConfig("clear_sticky", 1); (code != 0) != (err != nil) {
+			t.Fatalf("sticky error %d, Sync: %v", code, err)
+		}
+		return err
+	}
+	for _, tc := range []struct {
+		kernel string
+		want   []string // in the error, besides the kernel's name
+	}{
+		{"broken_exited_lane", []string{"__shfl_down_sync at " + brokenLine(t, "exited"), "lane 5 of mask 0xffffffff has exited"}},
+		{"broken_masks", []string{"__shfl_sync at " + brokenLine(t, "masks"), "mismatched masks: lane 0 ran it with mask 0xffff, this lane with mask 0xffffffff"}},
+		{"broken_divergent_warp", []string{"__shfl_xor_sync at " + brokenLine(t, "warp-b"), "lane 0 waits at __shfl_xor_sync at " + brokenLine(t, "warp-a") + " (mask 0xffffffff) instead"}},
+		{"broken_divergent_sync", []string{"divergent __syncthreads", brokenLine(t, "sync-a"), brokenLine(t, "sync-b")}},
+		{"broken_deadlock", []string{"deadlock", "__shfl_sync " + brokenLine(t, "deadlock-warp"), "__syncthreads " + brokenLine(t, "deadlock-bar")}},
+	} {
+		t.Run(tc.kernel, func(t *testing.T) {
+			err := launch(t, tc.kernel)
+			if err == nil {
+				t.Fatalf("%s ran without an error", tc.kernel)
+			}
+			for _, w := range append([]string{"kernel " + tc.kernel}, tc.want...) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error lacks %q: %v", w, err)
+				}
+			}
+			t.Logf("%v", err)
+		})
+	}
+	t.Run("broken_uninit_shared", func(t *testing.T) {
+		// the NaN poison reads as "not > 0", like a zero: only the
+		// differential run, whose other poison reads as > 0, sees it
+		if err := launch(t, "broken_uninit_shared"); err != nil {
+			t.Fatalf("normal mode: %v", err)
+		}
+		d.SimConfig("diff", 1)
+		defer d.SimConfig("diff", 0)
+		err := launch(t, "broken_uninit_shared")
+		if err == nil || !strings.Contains(err.Error(), "differential run of kernel broken_uninit_shared") {
+			t.Fatalf("differential mode: %v", err)
+		}
+		t.Logf("%v", err)
+	})
+	// the context works again, with the real kernels
+	if err := launch(t, "broken_divergent_sync"); err == nil {
+		t.Fatal("the divergent barrier passed on a second launch")
+	}
 }

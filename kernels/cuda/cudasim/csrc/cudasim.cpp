@@ -126,7 +126,11 @@ std::string g_err_text;      // cuGetErrorString's text for the sticky error
 // Configuration (rpacsim_config).
 std::atomic<int> cfg_diff{(int)env_long("RPAC_CUDASIM_DIFF", 0)};
 std::atomic<int> cfg_verbose{(int)env_long("RPAC_CUDASIM_VERBOSE", 0)};
+// no_cubin: nvrtcGetCUBINSize/nvrtcGetCUBIN fail, as with an NVRTC that
+// cannot give a cubin (tests the PTX fallback).
+std::atomic<int> cfg_no_cubin{(int)env_long("RPAC_CUDASIM_NO_CUBIN", 0)};
 std::atomic<long> stat_launches{0}, stat_blocks{0}, stat_gemms{0}, stat_diff_launches{0};
+std::atomic<long> stat_cubin_loads{0}, stat_ptx_loads{0};
 
 size_t page_size() {
     static size_t p = (size_t)sysconf(_SC_PAGESIZE);
@@ -305,6 +309,11 @@ struct Fiber {
     unsigned mask;
     unsigned long long val, result;
     int arg, width;
+    // the last warp op this lane completed (to tell a mask mismatch from a
+    // lane that exited or moved on)
+    const char* last_file;
+    int last_line, last_op;
+    unsigned last_mask;
 #if defined(__x86_64__)
     void* sp;
 #else
@@ -452,6 +461,18 @@ void block_error(Worker* w, int code, const std::string& msg) {
     }
 }
 
+// gone_lane describes lane l (of the warp at base), which has exited or
+// moved on while f waits for it at a warp op: when it completed the same op
+// at the same line with another mask, the masks disagree.
+std::string gone_lane(Worker* w, Fiber* f, int base, int l, unsigned mask, const char* what) {
+    Fiber* o = &w->fibers[base + l];
+    if (o->last_file == f->file && o->last_line == f->line && o->last_op == f->op && o->last_mask != mask)
+        return fmt("%s at %s:%d in %s: mismatched masks: lane %d ran it with mask %#x, this lane with mask %#x",
+                   op_name(f->op), f->file, f->line, where(f).c_str(), l, o->last_mask, mask);
+    return fmt("%s at %s:%d in %s: lane %d of mask %#x %s", op_name(f->op), f->file, f->line, where(f).c_str(), l,
+               mask, what);
+}
+
 // try_complete_warp checks whether the warp op lane f waits at can complete
 // and completes it (every lane of the mask arrived at the same op).
 void try_complete_warp(Worker* w, Fiber* f) {
@@ -472,9 +493,7 @@ void try_complete_warp(Worker* w, Fiber* f) {
         }
         Fiber* o = &w->fibers[base + l];
         if (o->state == F_EXITED) {
-            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION,
-                        fmt("%s at %s:%d in %s: lane %d of mask %#x has exited", op_name(f->op), f->file, f->line,
-                            where(f).c_str(), l, mask));
+            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION, gone_lane(w, f, base, l, mask, "has exited"));
             return;
         }
         if (o->state != F_WARP) return;  // not arrived yet (running, or at a barrier: a deadlock shows later)
@@ -534,7 +553,12 @@ void try_complete_warp(Worker* w, Fiber* f) {
     }
     for (int l = 0; l < 32; l++)
         if (mask >> l & 1) {
-            w->fibers[base + l].state = F_READY;
+            Fiber* o = &w->fibers[base + l];
+            o->last_file = o->file;
+            o->last_line = o->line;
+            o->last_op = o->op;
+            o->last_mask = o->mask;
+            o->state = F_READY;
             set_ready(w, base + l);
         }
     w->warp_arrived[warp] &= ~mask;
@@ -551,9 +575,7 @@ void lane_exited(Worker* w, Fiber* f) {
         if (!(waiting >> l & 1)) continue;
         Fiber* o = &w->fibers[base + l];
         if (o->mask & bit) {
-            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION,
-                        fmt("%s at %s:%d in %s: lane %d of mask %#x has exited", op_name(o->op), o->file, o->line,
-                            where(o).c_str(), f->lin & 31, o->mask));
+            block_error(w, CUDA_ERROR_ILLEGAL_INSTRUCTION, gone_lane(w, o, base, f->lin & 31, o->mask, "has exited"));
             return;
         }
     }
@@ -638,6 +660,10 @@ bool run_block(Worker* w, LaunchJob* job, long lin_block) {
         memcpy(f->bdim, job->block, sizeof f->bdim);
         memcpy(f->gdim, job->grid, sizeof f->gdim);
         f->state = F_READY;
+        f->last_file = nullptr;
+        f->last_line = 0;
+        f->last_op = -1;
+        f->last_mask = 0;
         fiber_init(w, f);
         set_ready(w, i);
     }
@@ -1155,9 +1181,11 @@ EXPORT int cuModuleLoadData(void** mod, const void* image) {
     std::string bytes;
     if (memcmp(img, "\x7f" "ELF", 4) == 0) {
         bytes.assign((const char*)img, elf_size(img));
+        stat_cubin_loads++;
     } else if (strncmp((const char*)img, kPTXMagic, strlen(kPTXMagic)) == 0) {
         bytes = unb64((const char*)img + strlen(kPTXMagic));
         if (bytes.size() < 64 || memcmp(bytes.data(), "\x7f" "ELF", 4) != 0) return CUDA_ERROR_INVALID_IMAGE;
+        stat_ptx_loads++;
     } else {
         fprintf(stderr, "cudasim: cuModuleLoadData: the image is neither the simulator's object nor its PTX stand-in "
                         "(real PTX or a real cubin cannot run here)\n");
@@ -1241,7 +1269,9 @@ int launch_once(Function* f, const unsigned grid[3], const unsigned block[3], un
     run_job(&job);
     stat_blocks += job.nblocks;
     if (job.failed.load()) {
-        *err = job.error;
+        // every diagnostic names the kernel
+        *err = job.error.find("kernel " + f->name) == std::string::npos ? "kernel " + f->name + ": " + job.error
+                                                                          : job.error;
         return job.error_code ? job.error_code : CUDA_ERROR_LAUNCH_FAILED;
     }
     return 0;
@@ -1556,6 +1586,7 @@ EXPORT int nvrtcGetPTX(void* prog, char* out) {
 EXPORT int nvrtcGetCUBINSize(void* prog, size_t* n) {
     Program* p = (Program*)prog;
     if (!p || !p->compiled) return NVRTC_ERROR_INVALID_PROGRAM;
+    if (cfg_no_cubin.load()) return NVRTC_ERROR_INVALID_INPUT;
     *n = p->real_arch ? p->image.size() : 0;  // as NVRTC: no cubin for a virtual architecture
     return NVRTC_SUCCESS;
 }
@@ -1563,6 +1594,7 @@ EXPORT int nvrtcGetCUBINSize(void* prog, size_t* n) {
 EXPORT int nvrtcGetCUBIN(void* prog, char* out) {
     Program* p = (Program*)prog;
     if (!p || !p->compiled) return NVRTC_ERROR_INVALID_PROGRAM;
+    if (cfg_no_cubin.load()) return NVRTC_ERROR_INVALID_INPUT;
     if (!p->real_arch) return NVRTC_ERROR_INVALID_INPUT;
     memcpy(out, p->image.data(), p->image.size());
     return NVRTC_SUCCESS;
@@ -1573,17 +1605,32 @@ EXPORT int nvrtcGetCUBIN(void* prog, char* out) {
 EXPORT int rpacsim_version(void) { return RPAC_SIM_REV; }
 
 // rpacsim_config sets a simulator setting: "diff" (differential mode 0/1),
-// "verbose". Returns the previous value, or -1 for an unknown key.
+// "verbose", "no_cubin" (1: NVRTC gives no cubin), "clear_sticky" (1:
+// forget the context's sticky error; returns it). Returns the previous
+// value, or -1 for an unknown key.
 EXPORT long rpacsim_config(const char* key, long v) {
     std::string k = key;
+    if (k == "no_cubin") return cfg_no_cubin.exchange((int)v);
+    if (k == "clear_sticky") {
+        // tests of deliberately broken kernels: forget the sticky error (a
+        // real context would have to be destroyed and made again)
+        std::lock_guard<std::mutex> lk(g_mu);
+        long old = g_ctx.sticky;
+        if (v) {
+            g_ctx.sticky = 0;
+            g_ctx.detail.clear();
+            g_err_text.clear();
+        }
+        return old;
+    }
     if (k == "diff") return cfg_diff.exchange((int)v);
     if (k == "verbose") return cfg_verbose.exchange((int)v);
     return -1;
 }
 
 // rpacsim_stat reads a counter: "allocs" (live allocations), "alloc_bytes",
-// "launches", "blocks", "gemms", "diff_launches", "sticky" (the sticky
-// error code).
+// "launches", "blocks", "gemms", "diff_launches", "cubin_loads" and
+// "ptx_loads" (modules loaded from each), "sticky" (the sticky error code).
 EXPORT long rpacsim_stat(const char* key) {
     std::string k = key;
     std::lock_guard<std::mutex> lk(g_mu);
@@ -1593,6 +1640,8 @@ EXPORT long rpacsim_stat(const char* key) {
     if (k == "blocks") return stat_blocks.load();
     if (k == "gemms") return stat_gemms.load();
     if (k == "diff_launches") return stat_diff_launches.load();
+    if (k == "cubin_loads") return stat_cubin_loads.load();
+    if (k == "ptx_loads") return stat_ptx_loads.load();
     if (k == "sticky") return g_ctx.sticky;
     return -1;
 }
