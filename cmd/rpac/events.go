@@ -263,11 +263,11 @@ type verifyLimitsEvent struct{ export.VerifyLimits }
 func (e verifyLimitsEvent) Name() string { return "export.verify_limits" }
 
 func (e verifyLimitsEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Float64("max_abs_logit_diff", e.MaxAbsDiff), slog.Float64("max_ce_cost", e.MaxCECost)}
+	return []slog.Attr{slog.Float64("max_kl", e.MaxKL), slog.Float64("max_ce_cost", e.MaxCECost), slog.Float64("max_abs_logit_diff", e.MaxAbsDiff)}
 }
 
 func (e verifyLimitsEvent) Text() string {
-	return fmt.Sprintf("  within the limits: max |Δlogit| %g, CE cost %g nats", e.MaxAbsDiff, e.MaxCECost)
+	return fmt.Sprintf("  within the limits: mean KL %g, CE cost %g nats, max |Δlogit| %g", e.MaxKL, e.MaxCECost, e.MaxAbsDiff)
 }
 
 // verifiedEvent is one length's check against the Go executor

@@ -47,8 +47,9 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "verify-batches", Value: 4, Usage: "batches per length for --verify (0: the whole split)"},
 			&cli.IntFlag{Name: "verify-batch", Value: 4, Usage: "sequences per --verify batch (also the batch of the batch-statistics CE)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime provider for --verify: cpu|cuda"},
-			&cli.Float64Flag{Name: "verify-max-diff", Usage: "--verify fails above this max |Δlogit| (default by precision: fp32 1e-2, fp16 0.25, bf16 1, int8 0.25)"},
-			&cli.Float64Flag{Name: "verify-max-ce-cost", Usage: "--verify fails above this CE cost in nats (default by precision: fp32 1e-3, fp16 and bf16 0.01, int8 0.05)"},
+			&cli.Float64Flag{Name: "verify-max-kl", Usage: "--verify fails above this mean KL of the next-token distributions, nats (default by precision: fp32 1e-6, fp16 and int8 1e-3, bf16 1e-2)"},
+			&cli.Float64Flag{Name: "verify-max-ce-cost", Usage: "--verify fails above this CE cost in nats (default by precision: fp32 1e-3, others 0.01)"},
+			&cli.Float64Flag{Name: "verify-max-diff", Usage: "--verify fails above this max |Δlogit| (default by precision: fp32 1e-2, fp16 1, bf16 and int8 2)"},
 			&cli.StringFlag{Name: "dump-ir", Usage: "print the graph after the named pass (" + strings.Join(passes.Names(passes.ExportPipeline), ", ") + ", or all)"},
 		},
 		Action: exportAction,
@@ -69,7 +70,7 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("--%s must be positive", n)
 		}
 	}
-	for _, n := range []string{"verify-max-diff", "verify-max-ce-cost"} {
+	for _, n := range []string{"verify-max-kl", "verify-max-ce-cost", "verify-max-diff"} {
 		if v := c.Float64(n); c.IsSet(n) && !(v > 0 && !math.IsInf(v, 1)) {
 			return fmt.Errorf("--%s must be a positive number (got %g)", n, v)
 		}
@@ -231,6 +232,9 @@ func exportAction(c *cli.Context) error {
 	if c.IsSet("verify-max-ce-cost") {
 		limits.MaxCECost = c.Float64("verify-max-ce-cost")
 	}
+	if c.IsSet("verify-max-kl") {
+		limits.MaxKL = c.Float64("verify-max-kl")
+	}
 	var failed error
 	for _, r := range vr {
 		if err := r.Check(limits); err != nil && failed == nil {
@@ -240,7 +244,7 @@ func exportAction(c *cli.Context) error {
 			CEExport: r.CEExport, CEEval: r.CEEval, CEBatch: r.CEBatchStats, KVSteps: r.KVSteps, KVMaxAbsDiff: r.KVMaxAbsDiff})
 	}
 	if failed != nil {
-		return fmt.Errorf("%w (limits: max |Δlogit| %g, CE cost %g nats; --verify-max-diff and --verify-max-ce-cost set them)", failed, limits.MaxAbsDiff, limits.MaxCECost)
+		return fmt.Errorf("%w (limits: mean KL %g, CE cost %g nats, max |Δlogit| %g; --verify-max-kl, --verify-max-ce-cost and --verify-max-diff set them)", failed, limits.MaxKL, limits.MaxCECost, limits.MaxAbsDiff)
 	}
 	report(c, verifyLimitsEvent{limits})
 	return nil

@@ -145,11 +145,12 @@ func TestExportVerifyLimits(t *testing.T) {
 			"--verify", "--verify-batches", "1", "--verify-batch", "2", "--calib-batches", "2"}, extra...)
 	}
 	got, code := rpacEnv(t, env, args("--quantize", "int8")...)
-	if code != 0 || !strings.Contains(got, "within the limits: max |Δlogit| 0.25, CE cost 0.05 nats") {
+	if code != 0 || !strings.Contains(got, "within the limits: mean KL 0.001, CE cost 0.01 nats, max |Δlogit| 2") {
 		t.Fatalf("int8 within its default limits: exit %d:\n%s", code, got)
 	}
 	for _, tc := range []struct{ flag, val, want string }{
 		{"--verify-max-diff", "1e-12", "max |Δlogit|"},
+		{"--verify-max-kl", "1e-15", "mean KL"},
 		{"--verify-max-ce-cost", "-1", "must be a positive number"},
 		{"--verify-max-diff", "NaN", "must be a positive number"},
 	} {
@@ -157,7 +158,7 @@ func TestExportVerifyLimits(t *testing.T) {
 		if code == 0 || !strings.Contains(got, tc.want) {
 			t.Errorf("%s %s: exit %d, want %q:\n%s", tc.flag, tc.val, code, tc.want, got)
 		}
-		if tc.val == "1e-12" && !strings.Contains(got, "exceeds the limit 1e-12") {
+		if strings.HasPrefix(tc.val, "1e-1") && !strings.Contains(got, "exceeds the limit "+tc.val) {
 			t.Errorf("the failure does not name the limit:\n%s", got)
 		}
 	}
