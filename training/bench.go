@@ -43,9 +43,11 @@ func NewBench(o Options) (*Bench, error) {
 		b.params[n] = b.store.Get(n).F32
 	}
 	b.nparam = model.CountParams(mg.Specs)
-	be, err := OpenBackend(o.Device, o.Precision)
-	if err != nil {
-		return nil, err
+	be := o.Backend
+	if be == nil {
+		if be, err = OpenBackend(o.Device, o.Precision); err != nil {
+			return nil, err
+		}
 	}
 	b.backend = be
 	if b.step, err = CompileStep(&p.Config, b.store, be, l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
@@ -81,6 +83,10 @@ func (b *Bench) Flops() int64 { return b.step.Flops() }
 
 // PlanBytes is the step program's memory.
 func (b *Bench) PlanBytes() int64 { return b.step.PlanBytes() }
+
+// HostOptimized is the number of parameters the host clips and updates
+// each step (0 when the optimizer runs on the device).
+func (b *Bench) HostOptimized() int { return b.nparam }
 
 // Params is the parameter count.
 func (b *Bench) Params() int { return b.nparam }

@@ -133,7 +133,11 @@ func (b *Backend) stored(st *kernels.Store, name string, shape ir.Shape) (Buffer
 
 // Simulated reports whether the backend runs on rpac's CUDA simulator.
 func (b *Backend) Simulated() bool {
-	g, ok := b.dev.(*gpu)
+	dev := b.dev
+	if td, ok := dev.(*tracedDevice); ok {
+		dev = td.device
+	}
+	g, ok := dev.(*gpu)
 	return ok && g.ctx.d.Simulated()
 }
 
