@@ -41,6 +41,9 @@ type Options struct {
 	// drive a run through the CUDA backend's dry-run device with it).
 	Backend   kernels.Backend
 	Precision Precision // GEMM arithmetic (CUDA: bf16 by default)
+	// HostOptimizer keeps the optimizer on the host on CUDA (`rpac bench
+	// train --host-optimizer`: the state before device-resident training).
+	HostOptimizer bool
 	LR        float64   // 0 = preset
 	Dropout   float64   // <0 = preset
 	WarmIn    int       // <0 = preset

@@ -47,6 +47,7 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
+					&cli.BoolFlag{Name: "host-optimizer", Usage: "on CUDA, clip and step AdamW on the host (weights up and gradients down every step) instead of on the device"},
 					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200: trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
 				}, memoryFlagDefs()...),
 				Action: benchTrain,
@@ -78,7 +79,7 @@ func benchTrain(c *cli.Context) error {
 	}
 	o := training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
 		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1,
-		Device: device, Precision: precision}
+		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer")}
 	if c.IsSet("predict") {
 		return benchPredict(c, o)
 	}
