@@ -5,6 +5,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -20,6 +21,9 @@ type Bench struct {
 	x, y    []int32
 	nparam  int
 	backend kernels.Backend
+	// dev: the optimizer state on the CUDA device (nil on the CPU, or with
+	// HostOptimizer).
+	dev *cuda.DeviceAdamW
 }
 
 // NewBench plans and compiles the step of o's first training length.
@@ -43,13 +47,23 @@ func NewBench(o Options) (*Bench, error) {
 		b.params[n] = b.store.Get(n).F32
 	}
 	b.nparam = model.CountParams(mg.Specs)
-	be, err := OpenBackend(o.Device, o.Precision)
-	if err != nil {
-		return nil, err
+	be := o.Backend
+	if be == nil {
+		if be, err = OpenBackend(o.Device, o.Precision); err != nil {
+			return nil, err
+		}
 	}
 	b.backend = be
 	if b.step, err = CompileStep(&p.Config, b.store, be, l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
 		return nil, err
+	}
+	if gpu, ok := be.(*cuda.Backend); ok && !o.HostOptimizer {
+		if b.dev, err = cuda.NewDeviceAdamW(gpu, b.store, acfg, mg.Params()); err != nil {
+			return nil, err
+		}
+		if err := b.step.KeepGradsOnDevice(gpu); err != nil {
+			return nil, err
+		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	b.x, b.y = make([]int32, l.Batch*l.T), make([]int32, l.Batch*l.T)
@@ -65,6 +79,12 @@ func (b *Bench) Step(seed uint64) error {
 	out, err := b.step.Run(b.x, b.y, seed)
 	if err != nil {
 		return err
+	}
+	if b.dev != nil {
+		if _, err := b.dev.ClipGlobalNorm(out.DeviceGrads, 1); err != nil {
+			return err
+		}
+		return b.dev.Step(out.DeviceGrads, 1e-4)
 	}
 	optim.ClipGlobalNorm(out.Grads, 1)
 	return b.opt.Step(b.params, out.Grads, 1e-4)
@@ -82,8 +102,22 @@ func (b *Bench) Flops() int64 { return b.step.Flops() }
 // PlanBytes is the step program's memory.
 func (b *Bench) PlanBytes() int64 { return b.step.PlanBytes() }
 
+// HostOptimized is the number of parameters the host clips and updates
+// each step (0 when the optimizer runs on the device).
+func (b *Bench) HostOptimized() int {
+	if b.dev != nil {
+		return 0
+	}
+	return b.nparam
+}
+
 // Params is the parameter count.
 func (b *Bench) Params() int { return b.nparam }
 
 // Close frees the step.
-func (b *Bench) Close() { b.step.Close() }
+func (b *Bench) Close() {
+	if b.dev != nil {
+		b.dev.Close()
+	}
+	b.step.Close()
+}

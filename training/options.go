@@ -41,12 +41,15 @@ type Options struct {
 	// drive a run through the CUDA backend's dry-run device with it).
 	Backend   kernels.Backend
 	Precision Precision // GEMM arithmetic (CUDA: bf16 by default)
-	LR        float64   // 0 = preset
-	Dropout   float64   // <0 = preset
-	WarmIn    int       // <0 = preset
-	GradClip  float64
-	EvalStats string // running | batch
-	DumpIR    string
+	// HostOptimizer keeps the optimizer on the host on CUDA (`rpac bench
+	// train --host-optimizer`: the state before device-resident training).
+	HostOptimizer bool
+	LR            float64 // 0 = preset
+	Dropout       float64 // <0 = preset
+	WarmIn        int     // <0 = preset
+	GradClip      float64
+	EvalStats     string // running | batch
+	DumpIR        string
 	// NoAlign trains the fuzzy model without the RPA alignment (the
 	// listing's legacy bias from fuzz_sim = mean_b μμᵀ): the ablation's
 	// baseline.

@@ -6,6 +6,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/control"
 )
@@ -34,6 +35,11 @@ type Step struct {
 	acc     map[string][]float32 // gradient accumulators (Micro < Batch)
 	running []model.RunningStat
 	res     StepResult
+	// onDevice: the gradients stay on the CUDA device (DeviceGrads), the
+	// micro-batches accumulated there by devAcc.
+	onDevice bool
+	devAcc   *cuda.GradAccumulator
+	store    *kernels.Store
 }
 
 // StepResult is what one step computed. Its slices are valid until the
@@ -41,8 +47,11 @@ type Step struct {
 type StepResult struct {
 	Loss float64 // the training loss (smoothed CE plus penalties), batch mean
 	CE   float64 // the pure cross-entropy per token
-	// Grads holds each parameter's gradient of Loss.
+	// Grads holds each parameter's gradient of Loss (nil when the step
+	// keeps its gradients on the device).
 	Grads map[string][]float32
+	// DeviceGrads holds them on the CUDA device (KeepGradsOnDevice).
+	DeviceGrads map[string]cuda.Buffer
 	// Layers are the fuzzy blocks' diagnostics (none for the baseline).
 	Layers []LayerStats
 	// Running holds the batch statistics that estimate the fuzzy blocks'
@@ -113,7 +122,7 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 	if err != nil {
 		return nil, err
 	}
-	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, graph: mg, plan: plan, prog: prog, params: mg.Params()}
+	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store}
 	if micro < batch {
 		s.acc = map[string][]float32{}
 		for _, n := range s.params {
@@ -131,8 +140,31 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 	return s, nil
 }
 
+// KeepGradsOnDevice makes Run leave the gradients on the CUDA device
+// (StepResult.DeviceGrads; micro-batches accumulated there): for a
+// DeviceAdamW. be must be the backend the step was compiled for.
+func (s *Step) KeepGradsOnDevice(be *cuda.Backend) error {
+	if _, ok := s.prog.(cuda.DeviceOutput); !ok {
+		return fmt.Errorf("step: the program does not run on the CUDA backend")
+	}
+	if s.Micro < s.Batch && s.devAcc == nil {
+		acc, err := cuda.NewGradAccumulator(be, s.store, s.params)
+		if err != nil {
+			return err
+		}
+		s.devAcc = acc
+	}
+	s.onDevice, s.acc = true, nil
+	return nil
+}
+
 // Close frees the step's program.
-func (s *Step) Close() { s.prog.Close() }
+func (s *Step) Close() {
+	if s.devAcc != nil {
+		s.devAcc.Close()
+	}
+	s.prog.Close()
+}
 
 // Flops is the GEMM work of one step (all micro-batches).
 func (s *Step) Flops() int64 { return passes.Flops(s.graph.Graph) * int64(s.Batch/s.Micro) }
@@ -166,7 +198,13 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 		}
 		s.res.Loss += w * s.prog.Output("loss").At(0)
 		s.res.CE += w * s.prog.Output("ce_sum").At(0) / float64(s.Micro*s.T)
-		s.gatherGrads(k, float32(w))
+		if s.onDevice {
+			if err := s.deviceGrads(k, float32(w)); err != nil {
+				return nil, err
+			}
+		} else {
+			s.gatherGrads(k, float32(w))
+		}
 		s.gatherStats(w)
 	}
 	return &s.res, nil
@@ -211,6 +249,31 @@ func (s *Step) gatherGrads(k int, w float32) {
 		}
 		s.res.Grads[name] = a
 	}
+}
+
+// deviceGrads points DeviceGrads at the program's gradient buffers (one
+// micro-batch) or accumulates micro-batch k's into the device
+// accumulators.
+func (s *Step) deviceGrads(k int, w float32) error {
+	if s.res.DeviceGrads == nil {
+		s.res.DeviceGrads = map[string]cuda.Buffer{}
+	}
+	do := s.prog.(cuda.DeviceOutput)
+	for _, name := range s.params {
+		g, ok := do.DeviceOutput(passes.GradName(name))
+		if !ok {
+			continue
+		}
+		if s.devAcc == nil {
+			s.res.DeviceGrads[name] = g
+			continue
+		}
+		if err := s.devAcc.Add(name, k, w, g); err != nil {
+			return err
+		}
+		s.res.DeviceGrads[name] = s.devAcc.Buffers()[name]
+	}
+	return nil
 }
 
 // gatherStats adds one micro-batch's diagnostics and batch statistics with

@@ -47,6 +47,8 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
+					&cli.BoolFlag{Name: "host-optimizer", Usage: "on CUDA, clip and step AdamW on the host (weights up and gradients down every step) instead of on the device"},
+					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200: trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
 				}, memoryFlagDefs()...),
 				Action: benchTrain,
 			},
@@ -62,8 +64,10 @@ func benchTrain(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := training.CheckDevice(device, precision); err != nil {
-		return err
+	if !c.IsSet("predict") || device != training.DeviceCUDA {
+		if err := training.CheckDevice(device, precision); err != nil {
+			return err
+		}
 	}
 	steps := c.Int("steps")
 	if steps < 1 {
@@ -73,9 +77,13 @@ func benchTrain(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := training.NewBench(training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
+	o := training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
 		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1,
-		Device: device, Precision: precision})
+		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer")}
+	if c.IsSet("predict") {
+		return benchPredict(c, o)
+	}
+	b, err := training.NewBench(o)
 	if err != nil {
 		return err
 	}
@@ -127,5 +135,83 @@ func benchTrain(c *cli.Context) error {
 	}
 	fmt.Fprintf(w, "  plan             %.1f MiB step program; %s planned in all of a %s budget\n",
 		float64(b.PlanBytes())/(1<<20), training.FormatBytes(b.Plan.Memory.Total), training.FormatBytes(b.Plan.Memory.Budget))
+	return nil
+}
+
+// benchPredict traces one training step on the CUDA backend (a GPU, the
+// simulator, or the dry-run device when --device cuda finds no GPU) and
+// predicts its time on the --predict machine. Its last line names the
+// prediction.
+func benchPredict(c *cli.Context, o training.Options) error {
+	hw, err := cuda.LookupMachine(c.String("predict"))
+	if err != nil {
+		return err
+	}
+	w := c.App.Writer
+	switch {
+	case o.Device == training.DeviceCUDA && cuda.Available() != nil:
+		gemm := cuda.GEMMBF16
+		if o.Precision == training.PrecisionFP32 {
+			gemm = cuda.GEMMF32
+		}
+		if o.Backend, err = cuda.NewDryRun(gemm); err != nil {
+			return err
+		}
+		if o.MemBudget == 0 {
+			o.MemBudget = int64(0.9 * hw.MemGiB * (1 << 30))
+		}
+		fmt.Fprintf(w, "no GPU: tracing the step on the dry-run device (every launch checked, nothing computed); memory budget %s (90%% of the %s's %.0f GiB)\n",
+			training.FormatBytes(o.MemBudget), hw.Name, hw.MemGiB)
+	case o.Device == training.DeviceCUDA || o.Device == training.DeviceCUDASim:
+		if err := training.CheckDevice(o.Device, o.Precision); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("--predict traces the CUDA backend: use --device cuda (the dry-run device stands in without a GPU) or cuda-sim")
+	}
+	b, err := training.NewBench(o)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	gpu, ok := b.Backend().(*cuda.Backend)
+	if !ok {
+		return fmt.Errorf("--predict: the step does not run on the CUDA backend")
+	}
+	if err := b.Step(0); err != nil { // warm-up: first-step allocations and uploads
+		return err
+	}
+	tr, err := gpu.StartTrace()
+	if err != nil {
+		return err
+	}
+	tr.Reset()
+	if err := b.Step(1); err != nil {
+		return err
+	}
+	p := cuda.Predict(tr.Events(), hw, b.HostOptimized())
+	l := b.Length()
+	tokens := float64(l.Batch * l.T)
+	fmt.Fprintf(w, "bench train --predict %s: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s\n",
+		hw.Name, b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T, gpu.Name())
+	fmt.Fprintf(w, "  machine          %s: bf16 %.1f TFLOP/s, fp32 %.1f TFLOP/s, HBM %.2f TB/s, %d SMs, %s %.0f GB/s, %d host cores\n",
+		hw.Name, hw.BF16TFLOPS, hw.FP32TFLOPS, hw.HBMTBs, hw.SMs, hw.Bus, hw.BusGBs, hw.HostCores)
+	fmt.Fprintf(w, "  trace            %d launches, %d GEMMs (%.2f TFLOP), host->device %s, device->host %s\n",
+		p.Launches, p.GEMMs, p.GEMMFlops/1e12, cuda.FormatBusBytes(p.H2D), cuda.FormatBusBytes(p.D2H))
+	fmt.Fprintf(w, "  GPU time         %.2f ms (kernels back to back)\n", 1e3*p.GPU)
+	fmt.Fprintf(w, "  host issue       %.2f ms (launches and GEMM calls)\n", 1e3*p.HostIssue)
+	fmt.Fprintf(w, "  copies           %.2f ms\n", 1e3*p.Copies)
+	fmt.Fprintf(w, "  host optimizer   %.2f ms (%d parameters clipped and updated on the host)\n", 1e3*p.HostOptim, p.HostParams)
+	fmt.Fprintf(w, "  ten costliest kernels (GPU time per step):\n")
+	fmt.Fprintf(w, "    %-34s %6s %10s %6s %12s %12s  %s\n", "kernel", "calls", "ms", "share", "GFLOP", "MB", "bound")
+	for i, k := range p.Kernels {
+		if i == 10 {
+			break
+		}
+		fmt.Fprintf(w, "    %-34s %6d %10.3f %5.1f%% %12.1f %12.1f  %s\n", k.Name, k.Calls, 1e3*k.Seconds, 100*k.Seconds/p.GPU,
+			k.Flops/1e9, k.Bytes/1e6, k.Bound)
+	}
+	fmt.Fprintf(w, "predicted %s %s: %.1f ms/step, %.0fk tok/s, MFU %.1f%%, host-device %s/step\n", hw.Name, b.Plan.Preset,
+		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), cuda.FormatBusBytes(p.H2D+p.D2H))
 	return nil
 }

@@ -64,6 +64,28 @@ type mirrorKey struct {
 type mirrorEntry struct {
 	buf   Buffer
 	shape ir.Shape
+	// resident: the device copy is authoritative (a DeviceAdamW owns it);
+	// programs do not upload the store's value.
+	resident bool
+}
+
+// setResident marks store tensors' device copies authoritative or not.
+func (b *Backend) setResident(st *kernels.Store, names []string, on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, n := range names {
+		if e := b.mirror[mirrorKey{st, n}]; e != nil {
+			e.resident = on
+		}
+	}
+}
+
+// resident reports whether a store tensor's device copy is authoritative.
+func (b *Backend) resident(st *kernels.Store, name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.mirror[mirrorKey{st, name}]
+	return e != nil && e.resident
 }
 
 // New opens device ordinal, loads every kernel (compiled by NVRTC for the
@@ -133,7 +155,11 @@ func (b *Backend) stored(st *kernels.Store, name string, shape ir.Shape) (Buffer
 
 // Simulated reports whether the backend runs on rpac's CUDA simulator.
 func (b *Backend) Simulated() bool {
-	g, ok := b.dev.(*gpu)
+	dev := b.dev
+	if td, ok := dev.(*tracedDevice); ok {
+		dev = td.device
+	}
+	g, ok := dev.(*gpu)
 	return ok && g.ctx.d.Simulated()
 }
 
@@ -554,6 +580,9 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 
 func (p *program) uploadStored() error {
 	for _, d := range p.stored {
+		if p.be.resident(p.store, d.v.Name) {
+			continue
+		}
 		st := p.store.Get(d.v.Name)
 		if st == nil || len(st.F32) != d.n {
 			return fmt.Errorf("%s %q is missing from the store or changed size", d.v.Kind, d.v.Name)

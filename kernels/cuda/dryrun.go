@@ -206,7 +206,11 @@ func (f *fakeDevice) gemm(s GemmShape, _ float32, A, B Buffer, ab DType, _ float
 // DryRunLaunches is the number of kernel launches and GEMMs a dry-run
 // backend has checked (0 for a backend on a GPU).
 func DryRunLaunches(b *Backend) int {
-	f, ok := b.dev.(*fakeDevice)
+	dev := b.dev
+	if td, ok := dev.(*tracedDevice); ok {
+		dev = td.device
+	}
+	f, ok := dev.(*fakeDevice)
 	if !ok {
 		return 0
 	}

@@ -30,3 +30,75 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
         p[i] = pi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     }
 }
+
+// ---- device-resident training state (kernels/cuda/optim.go) ----
+
+// sumsq_part_f32: part[blockIdx.x] = Σ g[i]² over the block's chunk
+// [blockIdx.x·chunk, +chunk) ∩ [0, n), in double, in a fixed order (each
+// thread a strided partial, then a tree): the same every run. blockDim.x
+// must be 256.
+extern "C" __global__ void sumsq_part_f32(double* part, const float* g, i64 n, int chunk) {
+    __shared__ double sh[256];
+    i64 lo = (i64)blockIdx.x * chunk;
+    i64 hi = lo + chunk < n ? lo + chunk : n;
+    double s = 0.0;
+    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        double x = (double)g[i];
+        s = __dadd_rn(s, __dmul_rn(x, x));
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) sh[threadIdx.x] = __dadd_rn(sh[threadIdx.x], sh[threadIdx.x + w]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+
+// sum_part_f64: *out = Σ part[0..n) in a fixed order (one block of 1024
+// threads: strided partials, then a tree).
+extern "C" __global__ void sum_part_f64(double* out, const double* part, i64 n) {
+    __shared__ double sh[1024];
+    double s = 0.0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) s = __dadd_rn(s, part[i]);
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) sh[threadIdx.x] = __dadd_rn(sh[threadIdx.x], sh[threadIdx.x + w]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = sh[0];
+}
+
+// axpy_acc_f32: y = a·x (first != 0) or y = y + a·x, each operation
+// rounded on its own (no FMA), as the host accumulates micro-batch
+// gradients.
+extern "C" __global__ void axpy_acc_f32(float* y, const float* x, float a, int first, i64 n) {
+    GRID_STRIDE(i, n) {
+        float t = __fmul_rn(a, x[i]);
+        y[i] = first ? t : __fadd_rn(y[i], t);
+    }
+}
+
+// adamw_f64_f32: training/optim's AdamW element by element, in double with
+// every operation rounded on its own, so it equals the host's update. The
+// coefficients come as the bits of doubles: decay = 1 − lr·λ (or 1), b1,
+// b2, step = lr / (1 − b1ᵗ), bc2 = √(1 − b2ᵗ), eps.
+extern "C" __global__ void adamw_f64_f32(float* p, const float* g, float* m, float* v, i64 n,
+                                         unsigned long long decay_bits, unsigned long long b1_bits,
+                                         unsigned long long b2_bits, unsigned long long step_bits,
+                                         unsigned long long bc2_bits, unsigned long long eps_bits) {
+    double decay = __longlong_as_double((long long)decay_bits), b1 = __longlong_as_double((long long)b1_bits);
+    double b2 = __longlong_as_double((long long)b2_bits), step = __longlong_as_double((long long)step_bits);
+    double bc2 = __longlong_as_double((long long)bc2_bits), eps = __longlong_as_double((long long)eps_bits);
+    double c1 = __dsub_rn(1.0, b1), c2 = __dsub_rn(1.0, b2);
+    GRID_STRIDE(i, n) {
+        double gi = (double)g[i];
+        double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(c1, gi));
+        double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(c2, gi), gi));
+        m[i] = (float)mi;
+        v[i] = (float)vi;
+        double denom = __dadd_rn(__ddiv_rn(__dsqrt_rn(vi), bc2), eps);
+        p[i] = (float)__dsub_rn(__dmul_rn((double)p[i], decay), __ddiv_rn(__dmul_rn(step, mi), denom));
+    }
+}

@@ -1,0 +1,462 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"unsafe"
+
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/optim"
+)
+
+// DeviceAdamW keeps a model's training state on the GPU: the fp32 master
+// weights (the backend's device copies of the store's parameters, which
+// become authoritative: no program uploads them again), the AdamW moments,
+// and the global-norm clipping. It computes what training/optim's AdamW
+// and ClipGlobalNorm compute: the update in double with every operation
+// rounded on its own (adamw_f64_f32), so a step equals the host's for the
+// same gradients, and the norm as fixed-order partial sums (a step repeats
+// bit for bit). Per step only the norm (8 bytes) comes back; the weights
+// come to the host only through SyncToHost.
+type DeviceAdamW struct {
+	be     *Backend
+	store  *kernels.Store
+	cfg    optim.AdamWConfig
+	names  []string // sorted
+	w      map[string]Buffer
+	n      map[string]int
+	st     map[string]*devMoments
+	part   Buffer // one double per chunk of every tensor
+	chunks map[string]int
+	first  map[string]int // each tensor's first chunk
+	total  int            // chunks in all
+	norm   Buffer         // one double
+	steps  int
+	err    error
+}
+
+type devMoments struct {
+	m, v Buffer
+	t    int
+}
+
+// normChunk is the number of elements of one partial sum of squares (the
+// host's GlobalNorm uses the same chunking).
+const normChunk = 1 << 14
+
+// NewDeviceAdamW moves the named parameters of store to the device (their
+// current values) and makes their device copies authoritative.
+func NewDeviceAdamW(be *Backend, store *kernels.Store, cfg optim.AdamWConfig, params []string) (*DeviceAdamW, error) {
+	o := &DeviceAdamW{be: be, store: store, cfg: optim.NewAdamW(cfg).Config(), w: map[string]Buffer{}, n: map[string]int{},
+		st: map[string]*devMoments{}, chunks: map[string]int{}, first: map[string]int{}, err: cfg.Validate()}
+	o.names = append([]string(nil), params...)
+	sort.Strings(o.names)
+	unbind, err := be.bind()
+	if err != nil {
+		return nil, err
+	}
+	defer unbind()
+	for _, name := range o.names {
+		t := store.Get(name)
+		if t == nil || t.F32 == nil {
+			return nil, fmt.Errorf("device AdamW: parameter %q is not float32 data in the store", name)
+		}
+		buf, err := be.stored(store, name, t.Shape)
+		if err != nil {
+			return nil, err
+		}
+		o.w[name], o.n[name] = buf, len(t.F32)
+		o.first[name] = o.total
+		o.chunks[name] = max(1, (len(t.F32)+normChunk-1)/normChunk)
+		o.total += o.chunks[name]
+	}
+	if o.part, err = be.dev.alloc(uint64(8 * max(1, o.total))); err != nil {
+		return nil, err
+	}
+	if o.norm, err = be.dev.alloc(8); err != nil {
+		return nil, err
+	}
+	be.setResident(store, o.names, true)
+	return o, o.uploadLocked()
+}
+
+// Params lists the parameters the optimizer owns, sorted.
+func (o *DeviceAdamW) Params() []string { return o.names }
+
+// Steps is the number of successful Step calls.
+func (o *DeviceAdamW) Steps() int { return o.steps }
+
+// UploadWeights copies the store's values of the parameters to the device
+// (after the host changed them: a resumed checkpoint, a controller).
+func (o *DeviceAdamW) UploadWeights() error {
+	unbind, err := o.be.bind()
+	if err != nil {
+		return err
+	}
+	defer unbind()
+	return o.uploadLocked()
+}
+
+func (o *DeviceAdamW) uploadLocked() error {
+	for _, name := range o.names {
+		t := o.store.Get(name)
+		if t == nil || len(t.F32) != o.n[name] {
+			return fmt.Errorf("device AdamW: %s changed size in the store", name)
+		}
+		if err := o.be.dev.upload(o.w[name], f32Ptr(t.F32), uint64(4*o.n[name])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SyncToHost copies the device weights into the store (for a checkpoint,
+// an evaluation on the host, EMA/SWA).
+func (o *DeviceAdamW) SyncToHost() error {
+	unbind, err := o.be.bind()
+	if err != nil {
+		return err
+	}
+	defer unbind()
+	for _, name := range o.names {
+		t := o.store.Get(name)
+		if err := o.be.dev.download(f32Ptr(t.F32), o.w[name], uint64(4*o.n[name])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ClipGlobalNorm is optim.ClipGlobalNorm on device gradients: the global
+// L2 norm (fixed-order sums in double; only the norm comes back), and when
+// maxNorm > 0 and coef = maxNorm/(norm + 1e-6) < 1, every gradient scaled
+// by float32(coef). A non-finite norm leaves the gradients as they are.
+func (o *DeviceAdamW) ClipGlobalNorm(grads map[string]Buffer, maxNorm float64) (float64, error) {
+	unbind, err := o.be.bind()
+	if err != nil {
+		return 0, err
+	}
+	defer unbind()
+	used := 0
+	for _, name := range o.names {
+		g, ok := grads[name]
+		if !ok {
+			continue
+		}
+		n, c := o.n[name], o.chunks[name]
+		if err := o.be.dev.launch("sumsq_part_f32", [3]uint32{uint32(c), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			o.part.Ptr+uint64(8*used), g.Ptr, int64(n), int32(normChunk)); err != nil {
+			return 0, err
+		}
+		used += c
+	}
+	if err := o.be.dev.launch("sum_part_f64", [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, o.norm.Ptr, o.part.Ptr, int64(used)); err != nil {
+		return 0, err
+	}
+	var sumsq float64
+	if err := o.be.dev.download(unsafe.Pointer(&sumsq), o.norm, 8); err != nil {
+		return 0, err
+	}
+	norm := math.Sqrt(sumsq)
+	if !(maxNorm > 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return norm, nil
+	}
+	coef := maxNorm / (norm + 1e-6)
+	if coef >= 1 {
+		return norm, nil
+	}
+	for _, name := range o.names {
+		if g, ok := grads[name]; ok {
+			n := o.n[name]
+			if err := o.be.dev.launch("scale_inplace_f32", grid1(n), block1, 0, g.Ptr, float32(coef), int64(n)); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return norm, nil
+}
+
+func f64bits(x float64) uint64 { return math.Float64bits(x) }
+
+// Step applies one AdamW update on the device to every parameter with a
+// gradient in grads (device buffers of the parameters' sizes).
+func (o *DeviceAdamW) Step(grads map[string]Buffer, lr float64) error {
+	if o.err != nil {
+		return o.err
+	}
+	if !(lr >= 0) || math.IsInf(lr, 0) {
+		return fmt.Errorf("device AdamW: learning rate %g must be finite and non-negative", lr)
+	}
+	for name := range grads {
+		if _, ok := o.n[name]; !ok {
+			return fmt.Errorf("device AdamW: gradient for %q has no parameter", name)
+		}
+	}
+	unbind, err := o.be.bind()
+	if err != nil {
+		return err
+	}
+	defer unbind()
+	b1, b2 := o.cfg.Beta1, o.cfg.Beta2
+	for _, name := range o.names {
+		g, ok := grads[name]
+		if !ok {
+			continue
+		}
+		n := o.n[name]
+		st := o.st[name]
+		if st == nil {
+			st = &devMoments{}
+			if st.m, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
+				return err
+			}
+			if st.v, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
+				return err
+			}
+			if err := o.be.dev.zero(st.m, uint64(4*n)); err != nil {
+				return err
+			}
+			if err := o.be.dev.zero(st.v, uint64(4*n)); err != nil {
+				return err
+			}
+			o.st[name] = st
+		}
+		st.t++
+		t := float64(st.t)
+		decay := 1.0
+		if o.cfg.WeightDecay != 0 && o.cfg.Decay(name) {
+			decay = 1 - lr*o.cfg.WeightDecay
+		}
+		step := lr / (1 - math.Pow(b1, t))
+		bc2 := math.Sqrt(1 - math.Pow(b2, t))
+		if err := o.be.dev.launch("adamw_f64_f32", grid1(n), block1, 0, o.w[name].Ptr, g.Ptr, st.m.Ptr, st.v.Ptr, int64(n),
+			f64bits(decay), f64bits(b1), f64bits(b2), f64bits(step), f64bits(bc2), f64bits(o.cfg.Eps)); err != nil {
+			return err
+		}
+	}
+	o.steps++
+	return nil
+}
+
+// Export returns the moments and step counts in optim.AdamW's checkpoint
+// form (adam.m.*, adam.v.*, adam.step.*), downloaded from the device: a
+// checkpoint of a device run resumes on the host optimizer and back.
+func (o *DeviceAdamW) Export() ([]checkpoint.Named, int, error) {
+	unbind, err := o.be.bind()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer unbind()
+	var out []checkpoint.Named
+	for _, name := range o.names {
+		st := o.st[name]
+		if st == nil {
+			continue
+		}
+		n := o.n[name]
+		m, v := make([]float32, n), make([]float32, n)
+		if err := o.be.dev.download(f32Ptr(m), st.m, uint64(4*n)); err != nil {
+			return nil, 0, err
+		}
+		if err := o.be.dev.download(f32Ptr(v), st.v, uint64(4*n)); err != nil {
+			return nil, 0, err
+		}
+		out = append(out,
+			checkpoint.Named{Name: optim.PrefixM + name, Shape: []int{n}, Data: m},
+			checkpoint.Named{Name: optim.PrefixStep + name, Shape: []int{}, Data: []float32{float32(st.t)}},
+			checkpoint.Named{Name: optim.PrefixV + name, Shape: []int{n}, Data: v})
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out, o.steps, nil
+}
+
+// Import replaces the moments with an Export of optim.AdamW or of a
+// DeviceAdamW (validated by optim.AdamW.Import first).
+func (o *DeviceAdamW) Import(ts []checkpoint.Named, steps int) error {
+	check := optim.NewAdamW(o.cfg)
+	if err := check.Import(ts, steps); err != nil {
+		return err
+	}
+	state := map[string]*struct {
+		m, v []float32
+		t    int
+	}{}
+	get := func(n string) *struct {
+		m, v []float32
+		t    int
+	} {
+		if state[n] == nil {
+			state[n] = &struct {
+				m, v []float32
+				t    int
+			}{}
+		}
+		return state[n]
+	}
+	for _, t := range ts {
+		switch {
+		case strings.HasPrefix(t.Name, optim.PrefixM):
+			get(t.Name[len(optim.PrefixM):]).m = t.Data
+		case strings.HasPrefix(t.Name, optim.PrefixV):
+			get(t.Name[len(optim.PrefixV):]).v = t.Data
+		case strings.HasPrefix(t.Name, optim.PrefixStep):
+			get(t.Name[len(optim.PrefixStep):]).t = int(t.Data[0])
+		}
+	}
+	for name, s := range state {
+		n, ok := o.n[name]
+		if !ok {
+			return fmt.Errorf("device AdamW: state for %q, which the optimizer does not own", name)
+		}
+		if len(s.m) != n {
+			return fmt.Errorf("device AdamW: state for %s has %d values, the parameter %d", name, len(s.m), n)
+		}
+	}
+	unbind, err := o.be.bind()
+	if err != nil {
+		return err
+	}
+	defer unbind()
+	o.freeMoments()
+	for name, s := range state {
+		n := o.n[name]
+		st := &devMoments{t: s.t}
+		if st.m, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
+			return err
+		}
+		if st.v, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
+			return err
+		}
+		o.st[name] = st
+		if err := o.be.dev.upload(st.m, f32Ptr(s.m), uint64(4*n)); err != nil {
+			return err
+		}
+		if err := o.be.dev.upload(st.v, f32Ptr(s.v), uint64(4*n)); err != nil {
+			return err
+		}
+	}
+	o.steps = steps
+	return nil
+}
+
+func (o *DeviceAdamW) freeMoments() {
+	for name, st := range o.st {
+		o.be.dev.free(st.m)
+		o.be.dev.free(st.v)
+		delete(o.st, name)
+	}
+}
+
+// Close frees the moments and work buffers and hands the parameters back
+// to the host (the store is not updated: SyncToHost first).
+func (o *DeviceAdamW) Close() {
+	unbind, err := o.be.bind()
+	if err != nil {
+		return
+	}
+	defer unbind()
+	o.freeMoments()
+	if o.part.Ptr != 0 {
+		o.be.dev.free(o.part)
+		o.be.dev.free(o.norm)
+		o.part, o.norm = Buffer{}, Buffer{}
+	}
+	o.be.setResident(o.store, o.names, false)
+}
+
+// GradAccumulator holds a step's gradients on the device across
+// micro-batches: Add(k, w, g) sets acc = w·g for k = 0 and acc += w·g
+// after, rounding as the host does.
+type GradAccumulator struct {
+	be  *Backend
+	acc map[string]Buffer
+	n   map[string]int
+}
+
+// NewGradAccumulator allocates one device buffer per parameter of store.
+func NewGradAccumulator(be *Backend, store *kernels.Store, params []string) (*GradAccumulator, error) {
+	unbind, err := be.bind()
+	if err != nil {
+		return nil, err
+	}
+	defer unbind()
+	a := &GradAccumulator{be: be, acc: map[string]Buffer{}, n: map[string]int{}}
+	for _, name := range params {
+		t := store.Get(name)
+		if t == nil {
+			continue
+		}
+		b, err := be.dev.alloc(uint64(4 * max(1, len(t.F32))))
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		a.acc[name], a.n[name] = b, len(t.F32)
+	}
+	return a, nil
+}
+
+// Add accumulates one micro-batch's gradient of name.
+func (a *GradAccumulator) Add(name string, k int, w float32, g Buffer) error {
+	b, ok := a.acc[name]
+	if !ok {
+		return fmt.Errorf("gradient accumulator: no buffer for %q", name)
+	}
+	n := a.n[name]
+	first := int32(0)
+	if k == 0 {
+		first = 1
+	}
+	unbind, err := a.be.bind()
+	if err != nil {
+		return err
+	}
+	defer unbind()
+	return a.be.dev.launch("axpy_acc_f32", grid1(n), block1, 0, b.Ptr, g.Ptr, w, first, int64(n))
+}
+
+// Buffers are the accumulated gradients by parameter name.
+func (a *GradAccumulator) Buffers() map[string]Buffer { return a.acc }
+
+// Close frees the accumulators.
+func (a *GradAccumulator) Close() {
+	unbind, err := a.be.bind()
+	if err != nil {
+		return
+	}
+	defer unbind()
+	for name, b := range a.acc {
+		a.be.dev.free(b)
+		delete(a.acc, name)
+	}
+}
+
+// DeviceOutput is a program's output as a device buffer (no download);
+// ok is false for a name the graph does not output.
+type DeviceOutput interface {
+	DeviceOutput(name string) (Buffer, bool)
+}
+
+// DeviceOutput returns the device buffer of a named output of the last Run.
+func (p *program) DeviceOutput(name string) (Buffer, bool) {
+	d := p.outV[name]
+	if d == nil || p.vals == nil {
+		return Buffer{}, false
+	}
+	return Buffer{Ptr: d.buf.Ptr, Bytes: uint64(4 * d.n)}, true
+}
+
+var errNotCUDA = errors.New("not a CUDA backend")
+
+// AsBackend returns be as a CUDA backend.
+func AsBackend(be kernels.Backend) (*Backend, error) {
+	b, ok := be.(*Backend)
+	if !ok {
+		return nil, errNotCUDA
+	}
+	return b, nil
+}

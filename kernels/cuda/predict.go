@@ -1,0 +1,286 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Hardware is what the performance model knows of a GPU and its host:
+// datasheet figures and the achieved fractions the model applies to them.
+// docs/PERFMODEL.md gives the source of every constant.
+type Hardware struct {
+	Name string
+	// Datasheet (dense, no sparsity).
+	BF16TFLOPS float64 // tensor-core bf16 peak
+	FP32TFLOPS float64 // CUDA-core fp32 peak (no TF32): GEMMF32 and SIMT kernels
+	HBMTBs     float64 // HBM bandwidth, TB/s
+	SMs        int
+	ClockGHz   float64 // boost clock the peaks are quoted at
+	BusGBs     float64 // achieved host↔device bandwidth per direction, GB/s
+	Bus        string
+	HostCores  int     // host cores beside one GPU
+	MemGiB     float64 // device memory
+}
+
+// Achieved fractions and latencies (docs/PERFMODEL.md).
+const (
+	// gemmAligned: cuBLASLt bf16 on Hopper with 16-byte-aligned leading
+	// dimensions reaches ~80% of the dense peak at its best shapes (the
+	// maximum achievable matmul FLOPS, 792 of 989 TFLOP/s on H100 SXM).
+	gemmAligned = 0.80
+	// gemmUnaligned: leading dimensions that are not multiples of 16 bytes
+	// rule out the TMA-based Hopper kernels; estimate half the aligned rate.
+	gemmUnaligned = 0.40
+	// gemmF32: SIMT SGEMM (CUBLAS_COMPUTE_32F without TF32) at ~75% of the
+	// fp32 peak.
+	gemmF32 = 0.75
+	// gemmTile: the output tile of the Hopper bf16 kernels (128×128); a
+	// GEMM with fewer tiles than SMs, or a last partial wave, leaves SMs idle.
+	gemmTile = 128
+	// gemmKOverhead: prologue and epilogue of each tile in units of K
+	// (efficiency K / (K + 192)).
+	gemmKOverhead = 192
+	// hbmStream: streaming kernels reach ~85% of the HBM bandwidth.
+	hbmStream = 0.85
+	// memLatency: the latency of one dependent global load, seconds.
+	memLatency = 600e-9
+	// inflightStream / inflightSerial: bytes in flight per thread for
+	// grid-stride kernels (independent loads) and for serial loops.
+	inflightStream = 32.0
+	inflightSerial = 4.0
+	// residentThreads: threads an SM holds at once (Hopper: 2,048).
+	residentThreads = 2048
+	// simtLoadBound: one L1 load (128 B/clock/SM: 32 floats) per FMA caps
+	// coalesced scalar loops at a quarter of the FMA rate (128/clock/SM).
+	simtLoadBound = 0.25
+	// kernelMin: the shortest a kernel occupies the GPU (launch, ramp-up
+	// and drain), seconds.
+	kernelMin = 2.5e-6
+	// hostLaunch / hostGEMM: CPU time to issue one launch (cuLaunchKernel
+	// through purego) and one GEMM (cuBLASLt: a matmul descriptor and
+	// three layouts created and destroyed per call, heuristic inside
+	// cublasLtMatmul), seconds.
+	hostLaunch = 4e-6
+	hostGEMM   = 12e-6
+	// hostAdamWCoreNs: host clipping + AdamW per parameter, in core-
+	// nanoseconds (measured: 0.69 s + 0.15 s for 91.7M parameters on 2
+	// cores), divided by the host's cores.
+	hostAdamWCoreNs = 18.3
+	// copyLatency: a synchronous cuMemcpy's fixed cost, seconds.
+	copyLatency = 10e-6
+)
+
+// Machines the model knows (`--predict`).
+var Machines = map[string]Hardware{
+	"h100": {Name: "h100", BF16TFLOPS: 989.4, FP32TFLOPS: 66.9, HBMTBs: 3.35, SMs: 132, ClockGHz: 1.98,
+		BusGBs: 25, Bus: "PCIe Gen5 x16, pageable", HostCores: 16, MemGiB: 80},
+	"h200": {Name: "h200", BF16TFLOPS: 989.4, FP32TFLOPS: 66.9, HBMTBs: 4.8, SMs: 132, ClockGHz: 1.98,
+		BusGBs: 25, Bus: "PCIe Gen5 x16, pageable", HostCores: 16, MemGiB: 141},
+	"gh200": {Name: "gh200", BF16TFLOPS: 989.4, FP32TFLOPS: 66.9, HBMTBs: 4.0, SMs: 132, ClockGHz: 1.98,
+		BusGBs: 200, Bus: "NVLink-C2C", HostCores: 72, MemGiB: 96},
+}
+
+// LookupMachine returns a machine of Machines by name.
+func LookupMachine(name string) (Hardware, error) {
+	h, ok := Machines[strings.ToLower(name)]
+	if !ok {
+		var names []string
+		for n := range Machines {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return Hardware{}, fmt.Errorf("--predict %q: want one of %s", name, strings.Join(names, ", "))
+	}
+	return h, nil
+}
+
+// KernelTime is one kernel's (or GEMM group's) share of a predicted step.
+type KernelTime struct {
+	Name    string
+	Calls   int
+	Seconds float64 // GPU time
+	Flops   float64 // FLOPs the roofline counted (GEMM: tensor-core work)
+	Bytes   float64
+	Bound   string // what limits it: compute, memory, latency, launch, strided
+}
+
+// Prediction is a step's predicted time on a machine.
+type Prediction struct {
+	Machine    Hardware
+	GPU        float64 // Σ kernel times
+	HostIssue  float64 // CPU time to issue the launches and GEMMs
+	Copies     float64 // host↔device copies (synchronous)
+	HostOptim  float64 // host-side optimizer
+	Step       float64 // the predicted step time
+	H2D, D2H   float64 // bytes
+	Launches   int
+	GEMMs      int
+	GEMMFlops  float64
+	Kernels    []KernelTime // by GPU time, largest first
+	HostParams int          // parameters updated on the host
+}
+
+// eventTime is the roofline time of one event and what bounds it.
+func (h Hardware) eventTime(e Event) (float64, string) {
+	bw := hbmStream * h.HBMTBs * 1e12
+	switch e.Kind {
+	case EvH2D, EvD2H:
+		return copyLatency + e.Bytes/(h.BusGBs*1e9), "bus"
+	case EvGEMM:
+		return h.gemmTime(e)
+	}
+	threads := math.Min(float64(e.Threads), float64(h.SMs*residentThreads))
+	inflight := inflightStream
+	if e.Class == ClassSerial {
+		inflight = inflightSerial
+	}
+	memBW := math.Min(bw, threads*inflight/memLatency)
+	tMem := e.Bytes / memBW
+	bound := "memory"
+	if memBW < bw {
+		bound = "latency"
+	}
+	t := tMem
+	if e.Flops > 0 || e.Strided > 0 {
+		// fp32 FMAs: coalesced ones at a quarter of the FMA rate, strided
+		// ones at one FMA per SM per clock
+		tc := e.Flops/(simtLoadBound*h.FP32TFLOPS*1e12) + e.Strided/(2*float64(h.SMs)*h.ClockGHz*1e9)
+		if tc > t {
+			t, bound = tc, "compute"
+			if e.Strided > e.Flops {
+				bound = "strided"
+			}
+		}
+	}
+	if t < kernelMin {
+		return kernelMin, "launch"
+	}
+	return t, bound
+}
+
+// gemmEfficiency is the fraction of the peak a GEMM reaches.
+func (h Hardware) gemmEfficiency(s GemmShape, dt DType) float64 {
+	if dt != BF16 {
+		return gemmF32
+	}
+	eff := gemmAligned
+	if !gemmAlignedLD(s) {
+		eff = gemmUnaligned
+	}
+	tiles := math.Ceil(float64(s.M)/gemmTile) * math.Ceil(float64(s.N)/gemmTile) * float64(max(1, s.Batch))
+	waves := math.Ceil(tiles / float64(h.SMs))
+	eff *= tiles / (waves * float64(h.SMs))
+	eff *= float64(s.K) / float64(s.K+gemmKOverhead)
+	return eff
+}
+
+// gemmAlignedLD: every leading dimension and batch stride of the bf16
+// operands is a multiple of 8 elements (16 bytes) and C's of 4.
+func gemmAlignedLD(s GemmShape) bool {
+	lda := s.K // A row-major M×K, or K×M when transposed
+	if s.TransA {
+		lda = s.M
+	}
+	ldb := s.N
+	if s.TransB {
+		ldb = s.K
+	}
+	ok := lda%8 == 0 && ldb%8 == 0 && s.N%4 == 0
+	if s.Batch > 1 {
+		ok = ok && s.StrideA%8 == 0 && s.StrideB%8 == 0 && s.StrideC%4 == 0
+	}
+	return ok
+}
+
+func (h Hardware) gemmTime(e Event) (float64, string) {
+	peak := h.FP32TFLOPS
+	if e.DType == BF16 {
+		peak = h.BF16TFLOPS
+	}
+	tc := e.Flops / (peak * 1e12 * h.gemmEfficiency(e.Shape, e.DType))
+	tm := e.Bytes / (hbmStream * h.HBMTBs * 1e12)
+	switch {
+	case tc >= tm && tc >= kernelMin:
+		return tc, "compute"
+	case tm >= kernelMin:
+		return tm, "memory"
+	}
+	return kernelMin, "launch"
+}
+
+// Predict turns a step's trace into a predicted step time on h. The GPU
+// runs the kernels back to back while the host issues them; the host
+// cannot run ahead of a synchronous copy, so a step costs the larger of
+// the GPU time and the host's issue time, plus the copies and the host
+// optimizer (hostParams parameters clipped and updated on the host).
+func Predict(events []Event, h Hardware, hostParams int) *Prediction {
+	p := &Prediction{Machine: h, HostParams: hostParams}
+	byName := map[string]*KernelTime{}
+	bounds := map[string]map[string]float64{}
+	for _, e := range events {
+		t, bound := h.eventTime(e)
+		switch e.Kind {
+		case EvH2D:
+			p.H2D += e.Bytes
+			p.Copies += t
+			continue
+		case EvD2H:
+			p.D2H += e.Bytes
+			p.Copies += t
+			continue
+		case EvGEMM:
+			p.GEMMs++
+			p.GEMMFlops += e.Flops
+			p.HostIssue += hostGEMM
+		default:
+			p.Launches++
+			p.HostIssue += hostLaunch
+		}
+		p.GPU += t
+		k := byName[e.Name]
+		if k == nil {
+			k = &KernelTime{Name: e.Name}
+			byName[e.Name] = k
+			bounds[e.Name] = map[string]float64{}
+		}
+		k.Calls++
+		k.Seconds += t
+		k.Flops += e.Flops + e.Strided
+		k.Bytes += e.Bytes
+		bounds[e.Name][bound] += t
+	}
+	for name, k := range byName {
+		best := 0.0
+		for b, t := range bounds[name] {
+			if t > best || (t == best && b < k.Bound) {
+				best, k.Bound = t, b
+			}
+		}
+		p.Kernels = append(p.Kernels, *k)
+	}
+	sort.Slice(p.Kernels, func(i, j int) bool {
+		if p.Kernels[i].Seconds != p.Kernels[j].Seconds {
+			return p.Kernels[i].Seconds > p.Kernels[j].Seconds
+		}
+		return p.Kernels[i].Name < p.Kernels[j].Name
+	})
+	p.HostOptim = float64(hostParams) * hostAdamWCoreNs * 1e-9 / float64(max(1, h.HostCores))
+	p.Step = math.Max(p.GPU, p.HostIssue) + p.Copies + p.HostOptim
+	return p
+}
+
+// MFU is the model FLOPs utilisation of a step of modelFlops FLOPs against
+// the bf16 dense peak.
+func (p *Prediction) MFU(modelFlops float64) float64 {
+	return modelFlops / p.Step / (p.Machine.BF16TFLOPS * 1e12)
+}
+
+// FormatBusBytes prints bytes per step as KiB below 1 MiB, else MiB.
+func FormatBusBytes(b float64) string {
+	if b < 1<<20 {
+		return fmt.Sprintf("%.0f KiB", b/1024)
+	}
+	return fmt.Sprintf("%.1f MiB", b/(1<<20))
+}

@@ -1,0 +1,171 @@
+package cuda
+
+import (
+	"math"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+// TestKernelCostCoversEveryKernel: every kernel of src/*.cu has a cost
+// (bytes moved) in kernelCost, so no launch enters a prediction as free.
+func TestKernelCostCoversEveryKernel(t *testing.T) {
+	sigs, err := kernelSignatures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sig := range sigs {
+		args := make([]any, len(sig))
+		for i, p := range sig {
+			switch p.kind {
+			case "ptr", "u64":
+				args[i] = uint64(1 << 32)
+			case "i64":
+				args[i] = int64(1000)
+			case "i32":
+				args[i] = int32(4)
+			case "f32":
+				args[i] = float32(1)
+			}
+		}
+		e := Event{Kind: EvLaunch, Name: name, Threads: 256}
+		kernelCost(&e, kargs{sig, args}, [3]uint32{4, 4, 1})
+		if !(e.Bytes > 0) {
+			t.Errorf("kernel %s: no cost (bytes %v)", name, e.Bytes)
+		}
+	}
+}
+
+// TestPredictRoofline: the model's times for hand-made events follow the
+// constants: a large aligned bf16 GEMM runs at the aligned GEMM rate, an
+// unaligned one slower, a streaming kernel at 85% of HBM, a tiny kernel
+// costs the minimum, copies go over the bus, and the machines differ where
+// their datasheets do.
+func TestPredictRoofline(t *testing.T) {
+	h100, h200, gh200 := Machines["h100"], Machines["h200"], Machines["gh200"]
+	big := GemmShape{M: 8448, N: 8192, K: 8192, Batch: 1} // 66×64 tiles: 32 full waves of 132
+	ev := Event{Kind: EvGEMM, Shape: big, DType: BF16, Flops: 2 * 8448 * 8192 * 8192}
+	got, bound := h100.eventTime(ev)
+	want := ev.Flops / (989.4e12 * gemmAligned * 8192 / (8192 + gemmKOverhead))
+	if math.Abs(got/want-1) > 1e-9 || bound != "compute" {
+		t.Errorf("aligned GEMM: %.6g s (%s), want %.6g s (compute)", got, bound, want)
+	}
+	odd := big
+	odd.K = 8190 // lda 8190: not a multiple of 8 bf16 elements
+	evOdd := ev
+	evOdd.Shape = odd
+	if tOdd, _ := h100.eventTime(evOdd); tOdd < 1.9*got {
+		t.Errorf("unaligned GEMM %.3g s, aligned %.3g s: want about twice as slow", tOdd, got)
+	}
+	small := Event{Kind: EvGEMM, Shape: GemmShape{M: 128, N: 128, K: 8192, Batch: 1}, DType: BF16, Flops: 2 * 128 * 128 * 8192}
+	if eff := h100.gemmEfficiency(small.Shape, BF16); eff > gemmAligned/100 {
+		t.Errorf("one 128×128 tile on 132 SMs: efficiency %.4f, want at most 1/132 of the aligned rate", eff)
+	}
+	stream := Event{Kind: EvLaunch, Name: "copy_words", Class: ClassStream, Threads: 1 << 21, Bytes: 1e9}
+	if got, bound := h100.eventTime(stream); math.Abs(got-1e9/(0.85*3.35e12)) > 1e-12 || bound != "memory" {
+		t.Errorf("1 GB stream on h100: %.4g s (%s)", got, bound)
+	}
+	if a, b := h100.eventTime(stream); true {
+		if c, _ := h200.eventTime(stream); !(c < a) {
+			t.Errorf("h200 streams %.4g s, h100 %.4g s (%s): want h200 faster", c, a, b)
+		}
+	}
+	serial := Event{Kind: EvLaunch, Name: "reduce_view_f32", Class: ClassSerial, Threads: 512, Bytes: 50e6}
+	if got, bound := h100.eventTime(serial); bound != "latency" || math.Abs(got-50e6/(512*inflightSerial/memLatency)) > 1e-9 {
+		t.Errorf("512-thread serial reduction: %.4g s (%s), want latency-bound", got, bound)
+	}
+	tiny := Event{Kind: EvLaunch, Name: "sum_f32", Class: ClassSerial, Threads: 1024, Bytes: 64}
+	if got, bound := h100.eventTime(tiny); got != kernelMin || bound != "launch" {
+		t.Errorf("tiny kernel: %.3g s (%s), want the minimum %.3g s", got, bound, kernelMin)
+	}
+	cp := Event{Kind: EvH2D, Bytes: 1 << 30}
+	pc, _ := h100.eventTime(cp)
+	nv, _ := gh200.eventTime(cp)
+	if !(nv < pc/5) {
+		t.Errorf("1 GiB copy: PCIe %.3g s, NVLink-C2C %.3g s", pc, nv)
+	}
+	p := Predict([]Event{ev, stream, cp, {Kind: EvD2H, Bytes: 4096}}, h100, 1000)
+	if p.Launches != 1 || p.GEMMs != 1 || p.H2D != 1<<30 || p.D2H != 4096 || len(p.Kernels) != 2 || p.Kernels[0].Calls != 1 {
+		t.Errorf("prediction bookkeeping: %+v", p)
+	}
+	if math.Abs(p.Step-(math.Max(p.GPU, p.HostIssue)+p.Copies+p.HostOptim)) > 1e-12 || p.HostOptim <= 0 {
+		t.Errorf("step %.4g s from GPU %.4g, issue %.4g, copies %.4g, host optimizer %.4g", p.Step, p.GPU, p.HostIssue, p.Copies, p.HostOptim)
+	}
+}
+
+// TestTraceRecordsTrainingStep: a traced training step on the dry-run
+// device records every launch and GEMM the device checked, the GEMM FLOPs
+// of the graph (all but the fused attention, whose products run in its own
+// kernels), and the weights going up.
+func TestTraceRecordsTrainingStep(t *testing.T) {
+	p, err := model.LookupPreset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := p.Config
+	cfg.Vocab, cfg.DModel, cfg.Layers, cfg.Heads, cfg.MaxLen = 97, 32, 2, 2, 24
+	const T, B = 24, 3
+	mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := passes.Run(mg.Graph, passes.TrainPipeline, &passes.Context{Model: mg.Info(), FuseAttention: true, Loss: "loss"}); err != nil {
+		t.Fatal(err)
+	}
+	st := kernels.NewStore(kernels.F32)
+	if err := model.InitStore(mg.Specs, st, 7); err != nil {
+		t.Fatal(err)
+	}
+	f := mustFake(t)
+	be := newBackend(f, GEMMF32)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := be.Compile(mg.Graph, passes.Plan(mg.Graph), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	ids := make([]int32, B*T)
+	for i := range ids {
+		ids[i] = int32(i % cfg.Vocab)
+	}
+	feeds := map[string]*kernels.Tensor{"input_ids": kernels.IntTensor(ir.Shape{B, T}, ids), "targets": kernels.IntTensor(ir.Shape{B * T}, ids)}
+	tr.Reset()
+	before := DryRunLaunches(be)
+	if err := prog.Run(feeds, 3); err != nil {
+		t.Fatal(err)
+	}
+	var launches, gemms int
+	var gemmFlops float64
+	for _, e := range tr.Events() {
+		switch e.Kind {
+		case EvLaunch:
+			launches++
+		case EvGEMM:
+			gemms++
+			gemmFlops += e.Flops
+		}
+	}
+	if launches+gemms != DryRunLaunches(be)-before || gemms == 0 {
+		t.Errorf("trace: %d launches + %d GEMMs, the device checked %d", launches, gemms, DryRunLaunches(be)-before)
+	}
+	want := float64(passes.Flops(mg.Graph))
+	for _, n := range mg.Graph.Nodes {
+		if n.Op == "FusedAttention" {
+			q, k, o := n.Inputs[0].Shape, n.Inputs[1].Shape, n.Outputs[0].Shape
+			want -= float64(2 * (q.Numel() + o.Numel()) * k[2])
+		}
+	}
+	if math.Abs(gemmFlops-want) > 1e-9*want {
+		t.Errorf("traced GEMM FLOPs %.6g, the graph's %.6g", gemmFlops, want)
+	}
+	h2d, _ := tr.HostDeviceBytes()
+	if params := float64(4 * model.CountParams(mg.Specs)); h2d < params {
+		t.Errorf("host→device %.0f bytes, below the %.0f bytes of weights uploaded each Run", h2d, params)
+	}
+}

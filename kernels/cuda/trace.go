@@ -1,0 +1,321 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// EventKind is what one traced device call did.
+type EventKind uint8
+
+const (
+	EvLaunch EventKind = iota // a kernel launch
+	EvGEMM                    // a cuBLASLt matmul
+	EvH2D                     // host → device copy
+	EvD2H                     // device → host copy
+	EvMemset                  // cuMemsetD8
+)
+
+func (k EventKind) String() string {
+	return [...]string{"launch", "gemm", "h2d", "d2h", "memset"}[k]
+}
+
+// CostClass says which roofline a kernel runs against (see predict.go).
+type CostClass uint8
+
+const (
+	// ClassStream: memory-bound grid-stride or row kernels; Little's law
+	// with several loads in flight per thread.
+	ClassStream CostClass = iota
+	// ClassSerial: each thread walks a long dependent loop with one load
+	// in flight (reduce_view_f32, sum_f32, single-block reductions):
+	// bandwidth = threads × 4 B / latency.
+	ClassSerial
+	// ClassSIMT: scalar fp32 FMAs with one coalesced L1 load each (at most
+	// a quarter of the CUDA cores' FMA rate).
+	ClassSIMT
+	// ClassGEMM: a cuBLASLt matmul (tensor cores for bf16).
+	ClassGEMM
+	// ClassCopy: a host↔device copy over the bus.
+	ClassCopy
+)
+
+func (c CostClass) String() string {
+	return [...]string{"stream", "serial", "simt", "gemm", "copy"}[c]
+}
+
+// Event is one traced device call with its estimated work: Flops that
+// count toward the roofline's compute side (GEMM: 2·M·N·K·batch), Strided
+// the part of the fp32 FMAs whose warp-wide loads touch 32 cache lines
+// each (per-thread dot products over rows: one FMA per SM per clock), and
+// Bytes the DRAM traffic (or bus traffic for copies).
+type Event struct {
+	Kind    EventKind
+	Name    string
+	Class   CostClass
+	Threads int64 // launched threads (grid × block)
+	Flops   float64
+	Strided float64
+	Bytes   float64
+	// GEMM only.
+	Shape GemmShape
+	DType DType
+}
+
+// Trace records the device calls of a backend (Backend.StartTrace).
+type Trace struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+// Reset drops the recorded events.
+func (t *Trace) Reset() {
+	t.mu.Lock()
+	t.events = t.events[:0]
+	t.mu.Unlock()
+}
+
+// Events returns a copy of the recorded events.
+func (t *Trace) Events() []Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]Event(nil), t.events...)
+}
+
+func (t *Trace) add(e Event) {
+	t.mu.Lock()
+	t.events = append(t.events, e)
+	t.mu.Unlock()
+}
+
+// HostDeviceBytes is the bus traffic of the recorded events.
+func (t *Trace) HostDeviceBytes() (h2d, d2h float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.events {
+		switch e.Kind {
+		case EvH2D:
+			h2d += e.Bytes
+		case EvD2H:
+			d2h += e.Bytes
+		}
+	}
+	return h2d, d2h
+}
+
+// StartTrace makes the backend record every launch, GEMM, copy and
+// memset from now on (on a GPU, the simulator or the dry-run device) and
+// returns the trace. A second call returns the same trace.
+func (b *Backend) StartTrace() (*Trace, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if td, ok := b.dev.(*tracedDevice); ok {
+		return td.t, nil
+	}
+	sigs, err := kernelSignatures()
+	if err != nil {
+		return nil, err
+	}
+	td := &tracedDevice{device: b.dev, t: &Trace{}, sigs: sigs}
+	b.dev = td
+	return td.t, nil
+}
+
+// tracedDevice records each call of the device it wraps.
+type tracedDevice struct {
+	device
+	t    *Trace
+	sigs map[string][]param
+}
+
+func (d *tracedDevice) upload(b Buffer, src unsafe.Pointer, bytes uint64) error {
+	d.t.add(Event{Kind: EvH2D, Name: "memcpy HtoD", Class: ClassCopy, Bytes: float64(bytes)})
+	return d.device.upload(b, src, bytes)
+}
+
+func (d *tracedDevice) download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
+	d.t.add(Event{Kind: EvD2H, Name: "memcpy DtoH", Class: ClassCopy, Bytes: float64(bytes)})
+	return d.device.download(dst, b, bytes)
+}
+
+func (d *tracedDevice) zero(b Buffer, bytes uint64) error {
+	d.t.add(Event{Kind: EvMemset, Name: "memset", Class: ClassStream, Threads: 1 << 20, Bytes: float64(bytes)})
+	return d.device.zero(b, bytes)
+}
+
+func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
+	e := Event{Kind: EvLaunch, Name: name,
+		Threads: int64(grid[0]) * int64(grid[1]) * int64(grid[2]) * int64(block[0]) * int64(block[1]) * int64(block[2])}
+	kernelCost(&e, kargs{d.sigs[name], args}, grid)
+	d.t.add(e)
+	return d.device.launch(name, grid, block, shared, args...)
+}
+
+func (d *tracedDevice) gemm(s GemmShape, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
+	size := 4.0
+	if ab == BF16 {
+		size = 2
+	}
+	batch := float64(max(1, s.Batch))
+	m, n, k := float64(s.M), float64(s.N), float64(s.K)
+	c := 4.0
+	if beta != 0 {
+		c = 8
+	}
+	d.t.add(Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
+		Flops: 2 * m * n * k * batch, Bytes: batch * ((m*k+k*n)*size + m*n*c)})
+	return d.device.gemm(s, alpha, A, B, ab, beta, C)
+}
+
+// gemmName groups GEMMs by precision and transposes ("gemm bf16 NT").
+func gemmName(s GemmShape, ab DType) string {
+	t := func(b bool) byte {
+		if b {
+			return 'T'
+		}
+		return 'N'
+	}
+	p := "fp32"
+	if ab == BF16 {
+		p = "bf16"
+	}
+	return fmt.Sprintf("gemm %s %c%c", p, t(s.TransA), t(s.TransB))
+}
+
+// kargs reads a launch's arguments by the kernel's parameter names.
+type kargs struct {
+	sig  []param
+	args []any
+}
+
+func (a kargs) i(name string) float64 {
+	for j, p := range a.sig {
+		if p.name == name && j < len(a.args) {
+			switch v := a.args[j].(type) {
+			case int32:
+				return float64(v)
+			case int64:
+				return float64(v)
+			case uint64:
+				return float64(v)
+			}
+		}
+	}
+	return 0
+}
+
+func (a kargs) ptr(name string) uint64 {
+	for j, p := range a.sig {
+		if p.name == name && j < len(a.args) {
+			if v, ok := a.args[j].(uint64); ok {
+				return v
+			}
+		}
+	}
+	return 0
+}
+
+// kernelCost fills in an event's class, FLOPs and DRAM bytes from the
+// kernel's arguments. The figures are estimates of each kernel's traffic
+// as written (src/*.cu): compulsory reads and writes of fp32 words, with
+// re-reads that stay in L2 not counted. A kernel missing here is costed
+// as a launch with no work (the table test keeps it complete).
+func kernelCost(e *Event, a kargs, grid [3]uint32) {
+	const w = 4.0 // bytes per fp32 word
+	n := a.i("n")
+	e.Class = ClassStream
+	switch e.Name {
+	case "copy_words", "unary_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "add_rows_f32",
+		"causal_mask_f32", "gumbel_f32", "clamp_f32", "nan_to_num_f32", "scale_inplace_f32", "zscore_fwd_f32":
+		e.Bytes = 2 * w * n
+	case "f32_to_bf16_kernel", "bf16_to_f32_kernel":
+		e.Bytes = 6 * n
+	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32":
+		e.Bytes = 3 * w * n
+	case "adamw_f32":
+		e.Bytes = 7 * w * n // p, g, m, v read; p, m, v written
+	case "adamw_f64_f32":
+		e.Bytes = 7 * w * a.i("n")
+	case "sumsq_f32", "sumsq_part_f32":
+		e.Bytes = w * n
+	case "sum_part_f64":
+		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
+	case "reduce_view_f32":
+		e.Class, e.Bytes = ClassSerial, w*a.i("nout")*(a.i("nred")+1)
+	case "sum_f32", "zscore_stats_f32":
+		e.Class, e.Bytes = ClassSerial, w*n
+	case "zscore_grad_sums_f32":
+		e.Class, e.Bytes = ClassSerial, 2*w*n
+	case "gather_rows_f32":
+		e.Bytes = 2 * w * a.i("rows") * a.i("D")
+	case "gather_grad_csr_f32":
+		e.Bytes = 2 * w * a.i("nuniq") * a.i("D")
+	case "layernorm_fwd_f32":
+		e.Bytes = 2 * w * a.i("rows") * a.i("D")
+	case "layernorm_bwd_dx_f32":
+		e.Bytes = 3 * w * a.i("rows") * a.i("D")
+	case "layernorm_bwd_params_f32":
+		e.Bytes = 2 * w * a.i("rows") * a.i("D")
+	case "layernorm_bwd_sum_f32":
+		e.Class, e.Bytes = ClassSerial, 2*w*a.i("chunks")*a.i("D")
+	case "softmax_rows_f32", "topk_mask_f32":
+		e.Bytes = 2 * w * a.i("rows") * a.i("n")
+	case "softmax_rows_bwd_f32":
+		e.Bytes = 3 * w * a.i("rows") * a.i("n")
+	case "ce_rows_f32":
+		e.Bytes = 2 * w * a.i("rows") * a.i("V")
+	case "ce_grad_f32":
+		e.Bytes = 3 * w * a.i("rows") * a.i("V")
+	case "softmax_ce_fused_f32":
+		// the chunk's logits: read for the max, read for the sum, written as
+		// the gradient (a chunk of rows × 50,257 does not fit in L2)
+		e.Bytes = 3 * w * a.i("rows") * a.i("V")
+	case "gaussian_membership_f32":
+		N, D, R := a.i("N"), a.i("D"), a.i("R")
+		e.Bytes, e.Flops = w*(N*D+N*R), 3*N*D*R
+	case "gaussian_membership_bwd_rows_f32":
+		N, D, R := a.i("N"), a.i("D"), a.i("R")
+		e.Bytes, e.Flops = w*(2*N*D+4*N*R), 6*N*D*R
+	case "gaussian_membership_bwd_params_f32":
+		// one block per regime, each thread a column d walking all N rows
+		N, D, R := a.i("N"), a.i("D"), a.i("R")
+		e.Class, e.Bytes = ClassSerial, w*R*(N*D+2*N)
+	case "sinkhorn_f32", "sinkhorn_bwd_f32":
+		R, K, it := a.i("R"), a.i("K"), a.i("iters")
+		e.Class, e.Bytes = ClassSerial, 8*R*K*(2*it+2)
+	case "attention_fwd_f32", "attention_bwd_dq_f32", "attention_bwd_dkdv_f32", "attention_bwd_dbias_f32":
+		attentionCost(e, a, grid)
+	}
+}
+
+// attentionCost: the scalar attention kernels of attention.cu. P is the
+// number of causal (i, j) pairs over every sequence and head. Products
+// where each thread walks its own row of Hd floats (q·k in every kernel,
+// dO·v in the backward) touch 32 lines per warp-wide load: Strided. The
+// products over j with threads along d (p·v, dS·k, dS·q, p·dO) are
+// coalesced: SIMT.
+func attentionCost(e *Event, a kargs, grid [3]uint32) {
+	T, Hd := a.i("T"), a.i("Hd")
+	BH := float64(grid[1])
+	if e.Name == "attention_bwd_dbias_f32" {
+		BH = a.i("BH")
+	}
+	P := BH * T * (T + 1) / 2
+	rows := BH * T * Hd * 4 // one [B,H,T,Hd] fp32 tensor
+	bias := 0.0
+	if a.ptr("bias") != 0 {
+		bias = T * T * 4
+	}
+	e.Class = ClassSIMT
+	switch e.Name {
+	case "attention_fwd_f32": // s = q·k; o = p·v
+		e.Strided, e.Flops, e.Bytes = 2*P*Hd, 2*P*Hd, 4*rows+bias
+	case "attention_bwd_dq_f32": // q·k, dO·v; dq = dS·k
+		e.Strided, e.Flops, e.Bytes = 4*P*Hd, 2*P*Hd, 6*rows+bias
+	case "attention_bwd_dkdv_f32": // q·k, dO·v; dk = dS·q, dv = p·dO
+		e.Strided, e.Flops, e.Bytes = 4*P*Hd, 4*P*Hd, 6*rows+bias
+	case "attention_bwd_dbias_f32": // q·k, dO·v over every head
+		e.Strided, e.Bytes = 4*P*Hd, 4*rows+2*bias
+	}
+}
