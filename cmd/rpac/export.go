@@ -47,7 +47,7 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "verify-batches", Value: 4, Usage: "batches per length for --verify (0: the whole split)"},
 			&cli.IntFlag{Name: "verify-batch", Value: 4, Usage: "sequences per --verify batch (also the batch of the batch-statistics CE)"},
 			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime provider for --verify: cpu|cuda"},
-			&cli.Float64Flag{Name: "verify-max-kl", Usage: "--verify fails above this mean KL of the next-token distributions, nats (default by precision: fp32 1e-6, fp16 and int8 1e-3, bf16 1e-2)"},
+			&cli.Float64Flag{Name: "verify-max-kl", Usage: "--verify fails above this mean KL of the next-token distributions, nats (default by precision: fp32 1e-6, fp16 1e-4, int8 1e-3, bf16 1e-2)"},
 			&cli.Float64Flag{Name: "verify-max-ce-cost", Usage: "--verify fails above this CE cost in nats (default by precision: fp32 1e-3, others 0.01)"},
 			&cli.Float64Flag{Name: "verify-max-diff", Usage: "--verify fails above this max |Δlogit| (default by precision: fp32 1e-2, fp16 1, bf16 and int8 2)"},
 			&cli.StringFlag{Name: "dump-ir", Usage: "print the graph after the named pass (" + strings.Join(passes.Names(passes.ExportPipeline), ", ") + ", or all)"},

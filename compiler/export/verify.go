@@ -83,7 +83,7 @@ func DefaultVerifyLimits(dt onnx.Precision, quantize string) VerifyLimits {
 	case quantize == onnx.QuantizeInt8:
 		return VerifyLimits{MaxKL: 1e-3, MaxCECost: 0.01, MaxAbsDiff: 2}
 	case dt == onnx.FP16:
-		return VerifyLimits{MaxKL: 1e-3, MaxCECost: 0.01, MaxAbsDiff: 1}
+		return VerifyLimits{MaxKL: 1e-4, MaxCECost: 0.01, MaxAbsDiff: 1}
 	case dt == onnx.BF16:
 		return VerifyLimits{MaxKL: 1e-2, MaxCECost: 0.01, MaxAbsDiff: 2}
 	default:
