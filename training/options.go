@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
@@ -40,10 +41,10 @@ type Options struct {
 	// Backend, when set, replaces the backend Device would open (tests
 	// drive a run through the CUDA backend's dry-run device with it).
 	Backend   kernels.Backend
-	Precision Precision // GEMM arithmetic (CUDA: bf16 by default)
-	LR        float64   // 0 = preset
-	Dropout   float64   // <0 = preset
-	WarmIn    int       // <0 = preset
+	Precision ir.Precision // GEMM arithmetic (CUDA: bf16 by default)
+	LR        float64      // 0 = preset
+	Dropout   float64      // <0 = preset
+	WarmIn    int          // <0 = preset
 	GradClip  float64
 	EvalStats string // running | batch
 	DumpIR    string

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
@@ -171,10 +172,11 @@ func exportAction(c *cli.Context) error {
 		js, _ := json.Marshal(spec.Synthetic)
 		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
 	}
-	dtype, err := onnx.ParsePrecision(c.String("dtype"))
+	dtype, err := ir.ParsePrecision(c.String("dtype"))
 	if err != nil {
 		return fmt.Errorf("--dtype: %w", err)
 	}
+	dtype = dtype.Or(ir.FP32)
 	o := export.Options{
 		DType:  dtype,
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),

@@ -71,13 +71,13 @@ type VerifyLimits struct {
 // reduced precisions and int8 round weights and activations, and their
 // limits sit several times above what correct graphs of trained models
 // measure (docs/EXPORT.md), well below what a wrong kernel gives.
-func DefaultVerifyLimits(dt onnx.Precision, quantize string) VerifyLimits {
+func DefaultVerifyLimits(dt ir.Precision, quantize string) VerifyLimits {
 	switch {
 	case quantize == onnx.QuantizeInt8:
 		return VerifyLimits{MaxAbsDiff: 0.25, MaxCECost: 0.05}
-	case dt == onnx.FP16:
+	case dt == ir.FP16:
 		return VerifyLimits{MaxAbsDiff: 0.25, MaxCECost: 0.01}
-	case dt == onnx.BF16:
+	case dt == ir.BF16:
 		return VerifyLimits{MaxAbsDiff: 1, MaxCECost: 0.01}
 	default:
 		return VerifyLimits{MaxAbsDiff: 1e-2, MaxCECost: 1e-3}
