@@ -429,7 +429,7 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 	g := mg.Graph
 	rep := &passes.FoldReport{}
 	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(kernels.F32), Fold: o.Fold, Attention: o.Attention, Report: rep}
-	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), Extra: map[string]any{passes.ExportKey: eo}}
+	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), ExportOptions: eo}
 	pipe := passes.ExportPipeline
 	if o.DropBias {
 		if o.Fold != "" && o.Fold != passes.FoldRPAMode {
