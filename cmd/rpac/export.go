@@ -189,7 +189,7 @@ func exportAction(c *cli.Context) error {
 		o.CalibIDs = ds.Train
 		o.CalibSource = fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
 		if ds.Name == "wikitext2" {
-			o.CalibSource = "wikitext2 " + strings.TrimSuffix(strings.TrimPrefix(ds.Protocol, "train on "), ", evaluate on "+ds.EvalName)
+			o.CalibSource = "wikitext2 " + ds.TrainSplit
 		}
 	}
 	t0 := time.Now()
