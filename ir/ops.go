@@ -26,15 +26,64 @@ type OpDef struct {
 	Scratch func(n *Node) int
 	// InPlace ops compute each output element from the input elements at
 	// the same index only, so a backend may write an output over an input
-	// of the same shape (a plan slot shared between them).
+	// of the same shape (a plan slot shared between them). Elementwise ops
+	// are InPlace without saying so.
 	InPlace bool
+	// Elementwise ops compute each output element from the input elements
+	// at the same (numpy-broadcast) index: a backend may run them in place,
+	// and a KV cache may run them on the new positions only.
+	Elementwise bool
+	// RowWise ops act along the last axis only: each output row is a
+	// function of the same row of the inputs (Softmax, LayerNorm).
+	RowWise bool
+	// Gradient ops are emitted by passes.Autodiff only: they have no
+	// gradient rule of their own and no place in an export graph.
+	Gradient bool
+	// Loss ops end training and evaluation graphs; an export graph computes
+	// logits instead, so they have no ONNX lowering.
+	Loss bool
+	// IDInputs are the inputs that take i32 ids; every other input takes
+	// float data, unless the op is AnyDType.
+	IDInputs []int
+	// AnyDType ops (Reshape) move data of either dtype.
+	AnyDType bool
+	// ONNX names the ONNX operator of the same semantics for an op that is
+	// lowered one to one ("Relu"); ops with a lowering of their own leave it
+	// empty.
+	ONNX string
 }
+
+// TakesIDs reports whether input i of the op may hold i32 data.
+func (d *OpDef) TakesIDs(i int) bool {
+	if d.AnyDType {
+		return true
+	}
+	for _, j := range d.IDInputs {
+		if i == j {
+			return true
+		}
+	}
+	return false
+}
+
+// Exported reports whether the op may appear in an export graph: a forward
+// op that is neither training-only nor a loss. Every exported op has an
+// ONNX lowering.
+func (d *OpDef) Exported() bool { return !d.TrainingOnly && !d.Gradient && !d.Loss }
 
 // Ops is the op table. Every forward op has a gradient rule in passes/autodiff.go
 // and a kernel in every backend.
 var Ops = map[string]*OpDef{}
 
-func reg(d *OpDef) { Ops[d.Name] = d }
+func reg(d *OpDef) {
+	if _, dup := Ops[d.Name]; dup {
+		panic("ir: op " + d.Name + " registered twice")
+	}
+	if d.Elementwise {
+		d.InPlace = true
+	}
+	Ops[d.Name] = d
+}
 
 func same(i int) func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 	return func(in []*Value, a Attrs) ([]Shape, []DType, error) {
@@ -84,13 +133,15 @@ func binary(in []*Value, a Attrs) ([]Shape, []DType, error) {
 	return one(s)
 }
 
-func unary(name, doc string) {
-	reg(&OpDef{Name: name, NumIn: 1, Infer: same(0), Doc: doc, InPlace: true})
+// unary registers an elementwise op x -> y; onnx names the ONNX operator
+// it lowers to one to one (empty: a lowering of its own).
+func unary(name, onnx, doc string) {
+	reg(&OpDef{Name: name, NumIn: 1, Infer: same(0), Doc: doc, Elementwise: true, ONNX: onnx})
 }
 
-// gradUnary registers an op (dy, x-or-y) -> dx.
+// gradUnary registers an elementwise gradient op (dy, x-or-y) -> dx.
 func gradUnary(name, doc string) {
-	reg(&OpDef{Name: name, NumIn: 2, Infer: same(1), Doc: doc, InPlace: true})
+	reg(&OpDef{Name: name, NumIn: 2, Infer: same(1), Doc: doc, Elementwise: true, Gradient: true})
 }
 
 func normAxes(axes []int, rank int) ([]int, error) {
@@ -140,7 +191,7 @@ func ReduceShape(s Shape, axes []int, keep bool) (Shape, error) {
 
 func init() {
 	// ---- data movement ----
-	reg(&OpDef{Name: "Gather", NumIn: 2, Doc: "Gather(W[V,D], ids[...] i32) -> [...,D]: rows of W. Ids outside [0,V) are an error.",
+	reg(&OpDef{Name: "Gather", NumIn: 2, IDInputs: []int{1}, Doc: "Gather(W[V,D], ids[...] i32) -> [...,D]: rows of W. Ids outside [0,V) are an error.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if len(in[0].Shape) != 2 || in[1].DType != I32 {
 				return nil, nil, errors.New("want W[V,D] and i32 ids")
@@ -148,7 +199,7 @@ func init() {
 			s := append(in[1].Shape.Clone(), in[0].Shape[1])
 			return one(s)
 		}})
-	reg(&OpDef{Name: "GatherGrad", NumIn: 2, Doc: "GatherGrad(dy[...,D], ids[...]; vocab V) -> dW[V,D]: scatter-add of dy rows into zeros.",
+	reg(&OpDef{Name: "GatherGrad", NumIn: 2, IDInputs: []int{1}, Gradient: true, Doc: "GatherGrad(dy[...,D], ids[...]; vocab V) -> dW[V,D]: scatter-add of dy rows into zeros.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			d := in[0].Shape[len(in[0].Shape)-1]
 			return one(Shape{a.Int("vocab", 0), d})
@@ -167,9 +218,9 @@ func init() {
 			s[ax] = en - st
 			return one(s)
 		}})
-	reg(&OpDef{Name: "SliceGrad", NumIn: 1, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
+	reg(&OpDef{Name: "SliceGrad", NumIn: 1, Gradient: true, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(Shape(a.Ints("shape"))) }})
-	reg(&OpDef{Name: "Reshape", NumIn: 1, InPlace: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
+	reg(&OpDef{Name: "Reshape", NumIn: 1, InPlace: true, AnyDType: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := Shape(a.Ints("shape")).Clone()
 			if s.Numel() != in[0].Shape.Numel() {
@@ -223,13 +274,13 @@ func init() {
 			s[len(s)-1] = w[0]
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LinearGradX", NumIn: 2, Doc: "LinearGradX(dy[...,N], W[N,K]) -> dy·W, [...,K].",
+	reg(&OpDef{Name: "LinearGradX", NumIn: 2, Gradient: true, Doc: "LinearGradX(dy[...,N], W[N,K]) -> dy·W, [...,K].",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := in[0].Shape.Clone()
 			s[len(s)-1] = in[1].Shape[1]
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LinearGradW", NumIn: 2, Doc: "LinearGradW(dy[...,N], x[...,K]) -> dyᵀ·x over all leading rows, [N,K].",
+	reg(&OpDef{Name: "LinearGradW", NumIn: 2, Gradient: true, Doc: "LinearGradW(dy[...,N], x[...,K]) -> dyᵀ·x over all leading rows, [N,K].",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return one(Shape{in[0].Shape[len(in[0].Shape)-1], in[1].Shape[len(in[1].Shape)-1]})
 		}})
@@ -263,19 +314,19 @@ func init() {
 
 	// ---- elementwise ----
 	for _, op := range []string{"Add", "Sub", "Mul", "Div"} {
-		reg(&OpDef{Name: op, NumIn: 2, Infer: binary, InPlace: true, Doc: op + "(a, b) elementwise with numpy broadcasting."})
+		reg(&OpDef{Name: op, NumIn: 2, Infer: binary, Elementwise: true, ONNX: op, Doc: op + "(a, b) elementwise with numpy broadcasting."})
 	}
-	reg(&OpDef{Name: "Scale", NumIn: 1, Infer: same(0), InPlace: true, Doc: "Scale(x; alpha, beta) -> alpha·x + beta."})
-	unary("Neg", "Neg(x) -> -x.")
-	unary("Exp", "Exp(x) -> exp(x).")
-	unary("Log", "Log(x) -> log(x).")
-	unary("Sigmoid", "Sigmoid(x) -> 1/(1+exp(-x)).")
-	unary("Tanh", "Tanh(x) -> tanh(x).")
-	unary("GELU", "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).")
-	unary("ReLU", "ReLU(x) -> max(x, 0).")
-	unary("StopGradient", "StopGradient(x) -> x; no gradient flows through (PyTorch .detach()).")
-	reg(&OpDef{Name: "Clamp", NumIn: 1, Infer: same(0), InPlace: true, Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN."})
-	reg(&OpDef{Name: "NanToNum", NumIn: 1, Infer: same(0), InPlace: true, Doc: "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced."})
+	unary("Scale", "", "Scale(x; alpha, beta) -> alpha·x + beta.")
+	unary("Neg", "Neg", "Neg(x) -> -x.")
+	unary("Exp", "Exp", "Exp(x) -> exp(x).")
+	unary("Log", "Log", "Log(x) -> log(x).")
+	unary("Sigmoid", "Sigmoid", "Sigmoid(x) -> 1/(1+exp(-x)).")
+	unary("Tanh", "Tanh", "Tanh(x) -> tanh(x).")
+	unary("GELU", "", "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).")
+	unary("ReLU", "Relu", "ReLU(x) -> max(x, 0).")
+	unary("StopGradient", "", "StopGradient(x) -> x; no gradient flows through (PyTorch .detach()).")
+	unary("Clamp", "", "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN.")
+	unary("NanToNum", "", "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced.")
 	gradUnary("SigmoidGrad", "SigmoidGrad(dy, y) -> dy·y·(1-y).")
 	gradUnary("TanhGrad", "TanhGrad(dy, y) -> dy·(1-y²).")
 	gradUnary("GELUGrad", "GELUGrad(dy, x) -> dy·(Φ(x) + x·φ(x)).")
@@ -296,8 +347,8 @@ func init() {
 	}
 
 	// ---- neural network ----
-	reg(&OpDef{Name: "Softmax", NumIn: 1, Infer: same(0), InPlace: true, Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
-	reg(&OpDef{Name: "SoftmaxGrad", NumIn: 2, Infer: same(1), InPlace: true, Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
+	reg(&OpDef{Name: "Softmax", NumIn: 1, Infer: same(0), InPlace: true, RowWise: true, Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
+	reg(&OpDef{Name: "SoftmaxGrad", NumIn: 2, Infer: same(1), InPlace: true, Gradient: true, Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
 	reg(&OpDef{Name: "CausalMask", NumIn: 1, InPlace: true, Doc: "CausalMask(x[...,T,T]; fill) -> x with entries j > i of the last two axes set to fill (default -Inf).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := in[0].Shape
@@ -306,8 +357,8 @@ func init() {
 			}
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LayerNorm", NumIn: 3, Infer: same(0), Doc: "LayerNorm(x[...,D], g[D], b[D]; eps) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis."})
-	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Doc: "LayerNormGrad(dy, x, g; eps) -> (dx, dg, db).",
+	reg(&OpDef{Name: "LayerNorm", NumIn: 3, Infer: same(0), RowWise: true, Doc: "LayerNorm(x[...,D], g[D], b[D]; eps) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis."})
+	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps) -> (dx, dg, db).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
 		}})
@@ -317,8 +368,8 @@ func init() {
 		}})
 	reg(&OpDef{Name: "GumbelNoise", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
 		Doc: "GumbelNoise(x) -> x - log(-log(u)), u ~ U(0,1) clamped to [1e-6, 1-1e-6], fresh per step; gradient is identity."})
-	reg(&OpDef{Name: "TopKMask", NumIn: 1, Infer: same(0), Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})
-	reg(&OpDef{Name: "CrossEntropy", NumIn: 2, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics.",
+	reg(&OpDef{Name: "TopKMask", NumIn: 1, Infer: same(0), RowWise: true, Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})
+	reg(&OpDef{Name: "CrossEntropy", NumIn: 2, IDInputs: []int{1}, Loss: true, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			l, t := in[0].Shape, in[1].Shape
 			if len(l) != 2 || len(t) != 1 || t[0] != l[0] || in[1].DType != I32 {
@@ -326,7 +377,7 @@ func init() {
 			}
 			return []Shape{{}, {}}, []DType{F32, F32}, nil
 		}})
-	reg(&OpDef{Name: "LMHeadCrossEntropy", NumIn: 3,
+	reg(&OpDef{Name: "LMHeadCrossEntropy", NumIn: 3, IDInputs: []int{2}, Loss: true,
 		Doc: "LMHeadCrossEntropy(x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (sm_sum[], ce_sum[], pred[N] i32): " +
 			"the two sums of CrossEntropy(x·Wᵀ, targets; ls) and pred, the argmax of each row of x·Wᵀ (ties: lower index; NaN ranks last). " +
 			"The [N,V] logits are never held at once: rows are processed chunk at a time (chunk <= 0: LMHeadChunk).",
@@ -339,7 +390,7 @@ func init() {
 		},
 		// a chunk of logits and two float64 per chunk row
 		Scratch: func(n *Node) int { return LMHeadChunkRows(n) * (n.Inputs[1].Shape[0] + 4) }})
-	reg(&OpDef{Name: "LMHeadCrossEntropyGrad", NumIn: 4,
+	reg(&OpDef{Name: "LMHeadCrossEntropyGrad", NumIn: 4, IDInputs: []int{3}, Gradient: true,
 		Doc: "LMHeadCrossEntropyGrad(dsm[], x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (dx[N,D], dW[V,D]): " +
 			"the gradient of dsm·sm_sum of LMHeadCrossEntropy: with dlogits = dsm·(softmax(x·Wᵀ) - ((1-ls)·onehot + ls/V)), " +
 			"dx = dlogits·W and dW = dlogitsᵀ·x. A backend may compute it during the LMHeadCrossEntropy on the same inputs.",
@@ -359,11 +410,11 @@ func init() {
 			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
 			return x.Numel() + w.Numel() + (LMHeadChunkRows(n)+2)*x[1] + 2*x[0]
 		}})
-	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)).",
+	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, IDInputs: []int{2}, Gradient: true, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(in[1].Shape) }})
 
 	// ---- the paper's ops ----
-	reg(&OpDef{Name: "GaussianMembership", NumIn: 3, Doc: "GaussianMembership(z[...,D], centers[R,D], log_sigma[R]) -> μ[...,R] = nan_to_num(softmax(clamp(-0.5·‖z-c_r‖²·clamp(exp(-2·log_sigma),1e-3,1e3), -30, 30)), 1/R).",
+	reg(&OpDef{Name: "GaussianMembership", NumIn: 3, RowWise: true, Doc: "GaussianMembership(z[...,D], centers[R,D], log_sigma[R]) -> μ[...,R] = nan_to_num(softmax(clamp(-0.5·‖z-c_r‖²·clamp(exp(-2·log_sigma),1e-3,1e3), -30, 30)), 1/R).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			z, c, ls := in[0].Shape, in[1].Shape, in[2].Shape
 			if len(c) != 2 || len(ls) != 1 || ls[0] != c[0] || z[len(z)-1] != c[1] {
@@ -373,7 +424,7 @@ func init() {
 			s[len(s)-1] = c[0]
 			return one(s)
 		}})
-	reg(&OpDef{Name: "GaussianMembershipGrad", NumIn: 5, Doc: "GaussianMembershipGrad(dμ, z, centers, log_sigma, μ) -> (dz, dcenters, dlog_sigma); clamps pass gradient only inside their range.",
+	reg(&OpDef{Name: "GaussianMembershipGrad", NumIn: 5, Gradient: true, Doc: "GaussianMembershipGrad(dμ, z, centers, log_sigma, μ) -> (dz, dcenters, dlog_sigma); clamps pass gradient only inside their range.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return []Shape{in[1].Shape, in[2].Shape, in[3].Shape}, []DType{F32, F32, F32}, nil
 		}})
@@ -384,9 +435,9 @@ func init() {
 			}
 			return one(in[0].Shape)
 		}})
-	reg(&OpDef{Name: "SinkhornGrad", NumIn: 2, Infer: same(1), Doc: "SinkhornGrad(dP, X; iters) -> dX through the unrolled iterations."})
+	reg(&OpDef{Name: "SinkhornGrad", NumIn: 2, Gradient: true, Infer: same(1), Doc: "SinkhornGrad(dP, X; iters) -> dX through the unrolled iterations."})
 	reg(&OpDef{Name: "ZScore", NumIn: 1, Infer: same(0), Doc: "ZScore(x) -> (x - mean(x)) / (std(x) + 1e-6) over all elements, std unbiased (N-1) as torch.std."})
-	reg(&OpDef{Name: "ZScoreGrad", NumIn: 2, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
+	reg(&OpDef{Name: "ZScoreGrad", NumIn: 2, Gradient: true, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
 
 	// ---- attention fusions (passes.FuseAttention, passes.FuseTrainingAttention) ----
 	reg(&OpDef{Name: "FusedAttention", NumIn: -1, Infer: inferAttention(false),
@@ -396,7 +447,7 @@ func init() {
 			"D is 1 without dropout (export graphs); with dropout p > 0 (training graphs) it is the mask a Dropout node " +
 			"with ID stream draws over the [B,H,T,S] weights (element ((b·H+h)·T+i)·S+j of that node's stream), so the " +
 			"fused core equals the unfused one draw for draw (stream absent: this node's own ID)."})
-	reg(&OpDef{Name: "FusedAttentionGrad", NumIn: -1, Infer: inferAttention(true),
+	reg(&OpDef{Name: "FusedAttentionGrad", NumIn: -1, Gradient: true, Infer: inferAttention(true),
 		Doc: "FusedAttentionGrad(dO[B,H,T,Hv], q, k, v, mask?; scale, causal, dropout, stream) -> (dq, dk, dv, dmask?): " +
 			"the gradient of Σ dO·FusedAttention(q, k, v, mask) (same attributes); dmask [T,S] sums over B and H. " +
 			"The weights are recomputed, never stored."})

@@ -30,8 +30,7 @@ const (
 // docs/EXPORT.md.
 const DefaultAttention = AttentionOp
 
-// ExportOptions are the inputs of the export passes. Put them in
-// Context.Extra[ExportKey].
+// ExportOptions are the inputs of the export passes (Context.ExportOptions).
 type ExportOptions struct {
 	// Store holds the weights and buffers the export freezes: training-only
 	// buffers (bias warm-in scale, λ_sat), running statistics (FoldRPA) and
@@ -51,17 +50,11 @@ type ExportOptions struct {
 	Report *FoldReport
 }
 
-// ExportKey is the Context.Extra key of *ExportOptions.
-const ExportKey = "export"
-
 func exportOptions(c *Context) (*ExportOptions, error) {
-	if c == nil || c.Extra == nil {
-		return nil, errors.New("no export options (Context.Extra[\"export\"])")
+	if c == nil || c.ExportOptions == nil {
+		return nil, errors.New("no export options (Context.ExportOptions)")
 	}
-	o, ok := c.Extra[ExportKey].(*ExportOptions)
-	if !ok || o == nil {
-		return nil, errors.New("no export options (Context.Extra[\"export\"])")
-	}
+	o := c.ExportOptions
 	if o.Fold == "" {
 		o.Fold = FoldRPAMode
 	}

@@ -93,8 +93,8 @@ func evalGraph(t testing.TB, cfg *model.Config, T, B int, mode model.Mode, batch
 var infos = map[*ir.Graph]*passes.ModelInfo{}
 
 func exportCtx(g *ir.Graph, st *kernels.Store, fold, attention string, rep *passes.FoldReport) *passes.Context {
-	return &passes.Context{Model: infos[g], Extra: map[string]any{passes.ExportKey: &passes.ExportOptions{
-		Store: st, Backend: cpu.New(kernels.F32), Fold: fold, Attention: attention, Report: rep}}}
+	return &passes.Context{Model: infos[g], ExportOptions: &passes.ExportOptions{
+		Store: st, Backend: cpu.New(kernels.F32), Fold: fold, Attention: attention, Report: rep}}
 }
 
 // logitsOf runs g on the CPU backend.

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -86,7 +84,7 @@ func FoldRank(g *ir.Graph, info *ModelInfo, st *kernels.Store, be kernels.Backen
 		if !static[m.bias] {
 			return nil, fmt.Errorf("fold rank: the attention bias of core %d depends on the input; only the eval-mode RPA prior folds", i)
 		}
-		w := &rankWalker{g: g, st: st, be: be, T: m.bias.Shape[0], layer: layerOfBias(m.bias, i), approx: approx, vals: map[*ir.Value][]float64{}}
+		w := &rankWalker{g: g, st: st, be: be, T: m.bias.Shape[0], layer: layerOfBias(m.bias, info, i), approx: approx, vals: map[*ir.Value][]float64{}}
 		fl, err := w.foldCore(m)
 		if err != nil {
 			return nil, fmt.Errorf("fold rank: %w", err)
@@ -145,11 +143,11 @@ func staticValues(g *ir.Graph) map[*ir.Value]bool {
 	return static
 }
 
-var blockName = regexp.MustCompile(`^blocks\.(\d+)\.`)
-
-// layerOfBias is the block index of the first "blocks.<i>." parameter or
-// buffer the bias is computed from, or def when there is none.
-func layerOfBias(b *ir.Value, def int) int {
+// layerOfBias is the layer of the first stored tensor (parameter or
+// buffer) that the model description assigns to a layer among those the
+// bias is computed from, or def when there is none.
+func layerOfBias(b *ir.Value, info *ModelInfo, def int) int {
+	owner := info.layerOwners()
 	seen := map[*ir.Value]bool{}
 	stack := []*ir.Value{b}
 	for len(stack) > 0 {
@@ -159,10 +157,8 @@ func layerOfBias(b *ir.Value, def int) int {
 			continue
 		}
 		seen[v] = true
-		if m := blockName.FindStringSubmatch(v.Name); m != nil && v.Kind != ir.Intermediate {
-			if l, err := strconv.Atoi(m[1]); err == nil {
-				return l
-			}
+		if l, ok := owner[v.Name]; ok && v.Kind != ir.Intermediate {
+			return l
 		}
 		if v.Def != nil {
 			stack = append(stack, v.Def.Inputs...)

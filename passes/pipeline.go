@@ -25,9 +25,10 @@ type Context struct {
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
-	// Extra lets export passes receive their inputs (stores, calibration) without
-	// this package depending on training code.
-	Extra map[string]any
+	// ExportOptions are the inputs of the export passes (the store, the
+	// backend that evaluates folded subgraphs, the fold and attention modes);
+	// the export pipeline refuses to run without them.
+	ExportOptions *ExportOptions
 }
 
 // ModelInfo is what the passes know of a model graph, given as types by
@@ -41,6 +42,28 @@ type ModelInfo struct {
 	Running []RunningBuffer
 	// Hooks are the outputs only training reads (StripTraining drops them).
 	Hooks []string
+	// Layers are the blocks with an attention bias, in order.
+	Layers []LayerInfo
+}
+
+// LayerInfo is one block with an attention bias, as the builder made it.
+type LayerInfo struct {
+	Index int
+	// Stored names the parameters and buffers of the block that its
+	// attention bias is computed from (τ_att, the warm-in scale, the running
+	// statistics).
+	Stored []string
+}
+
+// layerOwners maps each stored tensor of Layers to its layer index.
+func (m *ModelInfo) layerOwners() map[string]int {
+	owner := map[string]int{}
+	for _, l := range m.Layers {
+		for _, name := range l.Stored {
+			owner[name] = l.Index
+		}
+	}
+	return owner
 }
 
 // RunningBuffer is one running-statistics buffer of a layer.

@@ -11,13 +11,16 @@ import (
 
 // Dataset is a training id stream and an evaluation id stream.
 type Dataset struct {
-	Name      string // wikitext2 | synthetic
-	Protocol  string // e.g. "train on test, evaluate on valid"
-	EvalName  string
-	Vocab     int
-	Train     []int32
-	Eval      []int32
-	Synthetic *data.SyntheticCorpus // set for the synthetic corpus (recall accuracy)
+	Name     string // wikitext2 | synthetic
+	Protocol string // for people: e.g. "train on test, evaluate on valid"
+	// TrainSplit is the WikiText-2 split of Train ("" for the synthetic
+	// corpus); EvalName names Eval.
+	TrainSplit string
+	EvalName   string
+	Vocab      int
+	Train      []int32
+	Eval       []int32
+	Synthetic  *data.SyntheticCorpus // set for the synthetic corpus (recall accuracy)
 	// Dir is the WikiText-2 directory the splits came from (absolute).
 	Dir string
 }
@@ -66,7 +69,7 @@ func LoadDataset(ctx context.Context, spec DataSpec, log *slog.Logger) (*Dataset
 			d = abs
 		}
 		return &Dataset{Name: "wikitext2", Protocol: fmt.Sprintf("train on %s, evaluate on %s", trainSplit, evalSplit),
-			EvalName: evalSplit, Vocab: tok.VocabSize(), Train: tr, Eval: ev, Dir: d}, nil
+			TrainSplit: trainSplit, EvalName: evalSplit, Vocab: tok.VocabSize(), Train: tr, Eval: ev, Dir: d}, nil
 	case "synthetic":
 		c, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, spec.Synthetic)
 		if err != nil {

@@ -3,6 +3,7 @@ package training
 import (
 	"fmt"
 
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
@@ -52,41 +53,9 @@ func ParseDevice(s string) (Device, error) {
 	return 0, fmt.Errorf("--device %q: want cpu, cuda, cuda-sim or auto", s)
 }
 
-// Precision is the arithmetic of a run's GEMMs.
-type Precision uint8
-
-const (
-	PrecisionDefault Precision = iota // bf16 on CUDA, fp32 on the CPU
-	PrecisionFP32
-	PrecisionBF16
-)
-
-func (p Precision) String() string {
-	switch p {
-	case PrecisionFP32:
-		return "fp32"
-	case PrecisionBF16:
-		return "bf16"
-	}
-	return "default"
-}
-
-// ParsePrecision reads --precision.
-func ParsePrecision(s string) (Precision, error) {
-	switch s {
-	case "":
-		return PrecisionDefault, nil
-	case "fp32":
-		return PrecisionFP32, nil
-	case "bf16":
-		return PrecisionBF16, nil
-	}
-	return 0, fmt.Errorf("--precision %q: want bf16 or fp32", s)
-}
-
 // resolveDevice turns auto into cpu or cuda, and checks the precision
 // against the device.
-func resolveDevice(d Device, p Precision) (Device, Precision, error) {
+func resolveDevice(d Device, p ir.Precision) (Device, ir.Precision, error) {
 	if d == DeviceAuto {
 		d = DeviceCPU
 		if cuda.Available() == nil {
@@ -94,21 +63,23 @@ func resolveDevice(d Device, p Precision) (Device, Precision, error) {
 		}
 	}
 	switch {
+	case p != ir.PrecisionDefault && p != ir.FP32 && p != ir.BF16:
+		return 0, 0, fmt.Errorf("--precision %s: want bf16 or fp32", p)
 	case d > DeviceCUDASim:
 		return 0, 0, fmt.Errorf("device %d: want cpu, cuda, cuda-sim or auto", d)
-	case d == DeviceCPU && p == PrecisionBF16:
+	case d == DeviceCPU && p == ir.BF16:
 		return 0, 0, fmt.Errorf("--precision bf16 needs --device cuda (the CPU backend computes in fp32)")
 	case d == DeviceCPU:
-		p = PrecisionFP32
-	case p == PrecisionDefault:
-		p = PrecisionBF16
+		p = ir.FP32
+	case p == ir.PrecisionDefault:
+		p = ir.BF16
 	}
 	return d, p, nil
 }
 
 // CheckDevice reports whether the device can be opened (and names what is
 // missing when it cannot).
-func CheckDevice(d Device, p Precision) error {
+func CheckDevice(d Device, p ir.Precision) error {
 	d, _, err := resolveDevice(d, p)
 	if err != nil {
 		return err
@@ -134,7 +105,7 @@ func CheckDevice(d Device, p Precision) error {
 }
 
 // OpenBackend opens the backend of a device.
-func OpenBackend(d Device, p Precision) (kernels.Backend, error) {
+func OpenBackend(d Device, p ir.Precision) (kernels.Backend, error) {
 	d, p, err := resolveDevice(d, p)
 	if err != nil {
 		return nil, err
@@ -143,7 +114,7 @@ func OpenBackend(d Device, p Precision) (kernels.Backend, error) {
 		return cpu.New(kernels.F32), nil
 	}
 	gemm := cuda.GEMMF32
-	if p == PrecisionBF16 {
+	if p == ir.BF16 {
 		gemm = cuda.GEMMBF16
 	}
 	if d == DeviceCUDASim {
@@ -178,7 +149,7 @@ const gpuBudgetFraction = 0.9
 // memBudget is the default memory budget of a run on d: the host's
 // (DefaultMemBudget), lowered on CUDA to gpuBudgetFraction of the GPU's
 // memory, where the step programs live.
-func memBudget(d Device, p Precision) (int64, error) {
+func memBudget(d Device, p ir.Precision) (int64, error) {
 	budget, err := DefaultMemBudget()
 	if err != nil {
 		return 0, err

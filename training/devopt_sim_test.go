@@ -1,6 +1,7 @@
 package training
 
 import (
+	"github.com/rpac-dev/rpac/ir"
 	"math"
 	"testing"
 
@@ -14,7 +15,7 @@ func devBenchOptions(dev Device) Options {
 	c := p.Config
 	c.DModel, c.Layers, c.Heads, c.MaxLen, c.Dropout, c.Vocab = 16, 2, 2, 32, 0.1, 97
 	return Options{Preset: "tiny", Config: &c, Context: 16, TokensPerStep: 64, MicroBatch: 2, Seed: 3, Dropout: -1,
-		Device: dev, Precision: PrecisionFP32, MemBudget: 1 << 30}
+		Device: dev, Precision: ir.FP32, MemBudget: 1 << 30}
 }
 
 func benchWeights(t *testing.T, b *Bench) map[string][]float32 {

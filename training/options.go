@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
@@ -40,7 +41,7 @@ type Options struct {
 	// Backend, when set, replaces the backend Device would open (tests
 	// drive a run through the CUDA backend's dry-run device with it).
 	Backend   kernels.Backend
-	Precision Precision // GEMM arithmetic (CUDA: bf16 by default)
+	Precision ir.Precision // GEMM arithmetic (CUDA: bf16 by default)
 	// HostOptimizer keeps the optimizer on the host on CUDA (`rpac bench
 	// train --host-optimizer`: the state before device-resident training).
 	HostOptimizer bool

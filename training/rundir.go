@@ -200,10 +200,8 @@ func (r *Run) TrainSplit() string {
 	if r.options.TrainSplit != "" {
 		return r.options.TrainSplit
 	}
-	if rest, ok := strings.CutPrefix(r.State.Protocol, "train on "); ok { // "train on test, evaluate on valid"
-		if split, _, ok := strings.Cut(rest, ","); ok && split != "" {
-			return split
-		}
+	if r.State.TrainSplit != "" {
+		return r.State.TrainSplit
 	}
 	return "train"
 }

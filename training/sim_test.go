@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
@@ -36,7 +37,7 @@ func TestSimTrainingMatchesCPU(t *testing.T) {
 			run := func(name string, dev Device, mod func(o *Options)) *Result {
 				o := microOptions(filepath.Join(dir, name))
 				o.Model = model
-				o.Device, o.Precision = dev, PrecisionFP32
+				o.Device, o.Precision = dev, ir.FP32
 				var progress bytes.Buffer
 				o.Progress = &progress
 				if mod != nil {

@@ -37,6 +37,9 @@ type RunState struct {
 	LastValCE  control.F       `json:"last_val_ce"`
 	Dataset    string          `json:"dataset"`
 	Protocol   string          `json:"protocol"`
+	// TrainSplit is the WikiText-2 split the run trained on (absent for
+	// the synthetic corpus).
+	TrainSplit string `json:"train_split,omitempty"`
 	// DataDir is the WikiText-2 directory the run read (absolute); export,
 	// eval and verify use it when no --data-dir is given.
 	DataDir string `json:"data_dir,omitempty"`

@@ -319,7 +319,7 @@ func (r *run) initState(prev *Run) error {
 	acfg.Decay = mg0.Decayed()
 	r.opt = optim.NewAdamW(acfg)
 	r.st = &RunState{Format: stateFormat, Config: p.Config, Preset: p.Preset, Context: p.EvalT, Batch: p.EvalBatchOf(),
-		TotalSteps: p.Steps, RunningOK: map[string]bool{}, Dataset: r.ds.Name, Protocol: r.ds.Protocol,
+		TotalSteps: p.Steps, RunningOK: map[string]bool{}, Dataset: r.ds.Name, Protocol: r.ds.Protocol, TrainSplit: r.ds.TrainSplit,
 		DataDir: r.ds.Dir, LastValCE: control.F(math.NaN()), Lengths: p.Lengths, PeakLR: p.Schedule.Peak}
 	if p.Game() {
 		r.st.Contexts = append([]int(nil), p.Contexts...)

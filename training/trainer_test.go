@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/metrics"
 )
@@ -109,7 +110,7 @@ func TestTrainErrors(t *testing.T) {
 		{"bad SWA zone", func(o *Options) { o.Control.SWA, o.Control.SWAZoneLo, o.Control.SWAZoneHi = true, 3, 2 }, "zone"},
 		{"resume without checkpoint", func(o *Options) { o.Resume = true }, "no checkpoint"},
 		{"bad device", func(o *Options) { o.Device = Device(9) }, "device"},
-		{"bf16 on the CPU", func(o *Options) { o.Precision = PrecisionBF16 }, "needs --device cuda"},
+		{"bf16 on the CPU", func(o *Options) { o.Precision = ir.BF16 }, "needs --device cuda"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

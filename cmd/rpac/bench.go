@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/rpac-dev/rpac/ir"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -151,7 +152,7 @@ func benchPredict(c *cli.Context, o training.Options) error {
 	switch {
 	case o.Device == training.DeviceCUDA && cuda.Available() != nil:
 		gemm := cuda.GEMMBF16
-		if o.Precision == training.PrecisionFP32 {
+		if o.Precision == ir.FP32 {
 			gemm = cuda.GEMMF32
 		}
 		if o.Backend, err = cuda.NewDryRun(gemm); err != nil {

@@ -6,18 +6,19 @@ import (
 	"os"
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/runtime"
 )
 
 // benchPrecision maps a --dtype entry of rpac bench infer to the export's
 // precision and quantization.
-func benchPrecision(d string) (onnx.Precision, string, error) {
+func benchPrecision(d string) (ir.Precision, string, error) {
 	if d == "int8" {
-		return onnx.FP32, onnx.QuantizeInt8, nil
+		return ir.FP32, onnx.QuantizeInt8, nil
 	}
-	p, err := onnx.ParsePrecision(d)
+	p, err := ir.ParsePrecision(d)
 	if err != nil || d == "" {
-		return onnx.FP32, "", fmt.Errorf("--dtype %q: want fp32, fp16, bf16 or int8", d)
+		return ir.FP32, "", fmt.Errorf("--dtype %q: want fp32, fp16, bf16 or int8", d)
 	}
 	return p, onnx.QuantizeNone, nil
 }

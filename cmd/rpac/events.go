@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 )
 
@@ -143,7 +144,7 @@ type exportedEvent struct {
 	Seconds         float64
 	Fold, Attention string
 	Batch           int
-	DType           onnx.Precision
+	DType           ir.Precision
 	Quantize        string
 	KVCache         bool
 	Lengths         []int
@@ -166,7 +167,7 @@ func (e exportedEvent) Attrs() []slog.Attr {
 
 func (e exportedEvent) Text() string {
 	extra := ""
-	if e.DType != onnx.FP32 {
+	if e.DType.Reduced() {
 		extra += ", dtype " + e.DType.String()
 	}
 	if e.Quantize != "" && e.Quantize != onnx.QuantizeNone {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
@@ -172,10 +173,11 @@ func exportAction(c *cli.Context) error {
 		js, _ := json.Marshal(spec.Synthetic)
 		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
 	}
-	dtype, err := onnx.ParsePrecision(c.String("dtype"))
+	dtype, err := ir.ParsePrecision(c.String("dtype"))
 	if err != nil {
 		return fmt.Errorf("--dtype: %w", err)
 	}
+	dtype = dtype.Or(ir.FP32)
 	o := export.Options{
 		DType:  dtype,
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
@@ -188,7 +190,7 @@ func exportAction(c *cli.Context) error {
 		o.CalibIDs = ds.Train
 		o.CalibSource = fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
 		if ds.Name == "wikitext2" {
-			o.CalibSource = "wikitext2 " + strings.TrimSuffix(strings.TrimPrefix(ds.Protocol, "train on "), ", evaluate on "+ds.EvalName)
+			o.CalibSource = "wikitext2 " + ds.TrainSplit
 		}
 	}
 	t0 := time.Now()

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/rpac-dev/rpac/training/data"
@@ -277,13 +278,16 @@ func memoryFlags(c *cli.Context) (micro int, budget int64, err error) {
 }
 
 // deviceFlags reads --device and --precision.
-func deviceFlags(c *cli.Context) (training.Device, training.Precision, error) {
+func deviceFlags(c *cli.Context) (training.Device, ir.Precision, error) {
 	d, err := training.ParseDevice(c.String("device"))
 	if err != nil {
 		return 0, 0, err
 	}
-	p, err := training.ParsePrecision(c.String("precision"))
-	return d, p, err
+	p, err := ir.ParsePrecision(c.String("precision"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("--precision: %w", err)
+	}
+	return d, p, nil
 }
 
 // parseMicroBatch reads --micro-batch: auto (0) or a positive count.

@@ -13,6 +13,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 )
@@ -23,7 +24,7 @@ const (
 	int8CEBudget = 0.05
 )
 
-func dtypeExport(t *testing.T, dt onnx.Precision, quant, fold, att string) exported {
+func dtypeExport(t *testing.T, dt ir.Precision, quant, fold, att string) exported {
 	t.Helper()
 	cfg := smallCfg("fuzzy")
 	if fold == passes.FoldRankMode {
@@ -73,7 +74,7 @@ func TestFP16Export(t *testing.T) {
 	for _, c := range []struct{ fold, att string }{
 		{passes.FoldRPAMode, passes.AttentionOp}, {passes.FoldRPAMode, passes.AttentionPlain}, {passes.FoldRankMode, passes.AttentionOp},
 	} {
-		e := dtypeExport(t, onnx.FP16, "", c.fold, c.att)
+		e := dtypeExport(t, ir.FP16, "", c.fold, c.att)
 		for _, l := range e.res.Lengths {
 			n := initTypes(t, filepath.Join(e.dir, l.File))
 			if n[onnxpb.TensorProto_FLOAT16] == 0 {
@@ -102,7 +103,7 @@ var missingOp = regexp.MustCompile(`(?:Could not find an implementation for |Opt
 func TestBF16Export(t *testing.T) {
 	requireORT(t)
 	for _, att := range []string{passes.AttentionOp, passes.AttentionPlain} {
-		e := dtypeExport(t, onnx.BF16, "", passes.FoldRPAMode, att)
+		e := dtypeExport(t, ir.BF16, "", passes.FoldRPAMode, att)
 		for _, l := range e.res.Lengths {
 			if n := initTypes(t, filepath.Join(e.dir, l.File)); n[onnxpb.TensorProto_BFLOAT16] == 0 {
 				t.Errorf("bf16 %s T=%d: no bfloat16 initializer: %v", att, l.T, n)
@@ -132,7 +133,7 @@ func TestBF16Export(t *testing.T) {
 // dtype do not combine.
 func TestInt8CECost(t *testing.T) {
 	requireORT(t)
-	e := dtypeExport(t, onnx.FP32, onnx.QuantizeInt8, passes.FoldRPAMode, passes.AttentionOp)
+	e := dtypeExport(t, ir.FP32, onnx.QuantizeInt8, passes.FoldRPAMode, passes.AttentionOp)
 	for _, x := range ceCost(t, e) {
 		cost := x.CEExport - x.CEEval
 		if !(math.Abs(cost) < int8CEBudget) {
@@ -142,7 +143,7 @@ func TestInt8CECost(t *testing.T) {
 	}
 	cfg := smallCfg("fuzzy")
 	_, err := export.Export(context.Background(), export.Options{Config: cfg, Store: smallStore(t, &cfg, 8), Lengths: []int{8},
-		DType: onnx.FP16, Quantize: onnx.QuantizeInt8, Out: filepath.Join(t.TempDir(), "x"), Tokenizer: "test"})
+		DType: ir.FP16, Quantize: onnx.QuantizeInt8, Out: filepath.Join(t.TempDir(), "x"), Tokenizer: "test"})
 	if err == nil {
 		t.Fatal("fp16 with int8: want a refusal")
 	}
@@ -157,9 +158,9 @@ func TestKVCacheRefusesDTypeAndRank(t *testing.T) {
 	cfg := smallCfg("fuzzy")
 	st := smallStore(t, &cfg, 8)
 	for _, c := range []struct {
-		dt   onnx.Precision
+		dt   ir.Precision
 		fold string
-	}{{onnx.FP16, passes.FoldRPAMode}, {onnx.FP32, passes.FoldRankMode}, {onnx.FP32, passes.FoldRankApproxMode}} {
+	}{{ir.FP16, passes.FoldRPAMode}, {ir.FP32, passes.FoldRankMode}, {ir.FP32, passes.FoldRankApproxMode}} {
 		out := filepath.Join(t.TempDir(), "x")
 		_, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: []int{8}, KVCache: true,
 			DType: c.dt, Fold: c.fold, Out: out, Tokenizer: "test"})
@@ -178,9 +179,9 @@ func TestTritonRefusesDTypeAndRank(t *testing.T) {
 	cfg := smallCfg("fuzzy")
 	st := smallStore(t, &cfg, 8)
 	for _, c := range []struct {
-		dt   onnx.Precision
+		dt   ir.Precision
 		fold string
-	}{{onnx.FP16, passes.FoldRPAMode}, {onnx.FP32, passes.FoldRankMode}} {
+	}{{ir.FP16, passes.FoldRPAMode}, {ir.FP32, passes.FoldRankMode}} {
 		_, err := export.Triton(context.Background(), export.TritonOptions{Options: export.Options{Config: cfg, Store: st, Lengths: []int{8},
 			DType: c.dt, Fold: c.fold, Out: filepath.Join(t.TempDir(), "x"), Tokenizer: "test"}})
 		if err == nil || !strings.Contains(err.Error(), "not available for Triton") {

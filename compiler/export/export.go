@@ -73,10 +73,10 @@ type Options struct {
 	// products in every Linear layer, for CPU serving; recorded in the
 	// manifest's fold meta as "quantize").
 	Quantize string
-	// DType is the type of weights and activations (onnx.FP32 default,
-	// onnx.FP16, onnx.BF16; LayerNorm, softmax and the reductions stay
+	// DType is the type of weights and activations (ir.FP32 default,
+	// ir.FP16, ir.BF16; LayerNorm, softmax and the reductions stay
 	// float32, logits are float32). Not with Quantize or KVCache.
-	DType onnx.Precision
+	DType ir.Precision
 	// KVCache also writes, for every length, the prefill and decode graphs
 	// of KV-cached decoding (runtime.KVCache; not with DropBias, Quantize,
 	// DType or a rank fold).
@@ -145,7 +145,7 @@ type Fold struct {
 	// BiasDropped marks an export without the folded biases
 	// (Options.DropBias): not the model, a benchmark's reference.
 	BiasDropped bool `json:"bias_dropped,omitempty"`
-	// DType and IO describe a reduced-precision export (onnx.Precision,
+	// DType and IO describe a reduced-precision export (ir.Precision,
 	// onnx.LowPrecisionNote); absent for float32.
 	DType string `json:"dtype,omitempty"`
 	IO    string `json:"io,omitempty"`
@@ -222,7 +222,10 @@ func (o *Options) defaults() error {
 	if o.DropBias && o.Fold != passes.FoldRPAMode {
 		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %q", o.Fold)
 	}
-	if o.DType != onnx.FP32 && o.Quantize != onnx.QuantizeNone {
+	if o.DType = o.DType.Or(ir.FP32); o.DType != ir.FP32 && !o.DType.Reduced() {
+		return fmt.Errorf("export: --dtype %s: want fp32, fp16 or bf16", o.DType)
+	}
+	if o.DType.Reduced() && o.Quantize != onnx.QuantizeNone {
 		return fmt.Errorf("export: --dtype %s and --quantize %s do not combine (int8 products read float32 activations)", o.DType, o.Quantize)
 	}
 	if o.Attention == "" {
@@ -231,7 +234,7 @@ func (o *Options) defaults() error {
 	if o.KVCache && (o.DropBias || o.Quantize != onnx.QuantizeNone) {
 		return errors.New("export: the KV-cache graphs are written without quantization and with the model's prior; drop --quantize (or --kv-cache)")
 	}
-	if o.KVCache && (o.DType != onnx.FP32 || o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode) {
+	if o.KVCache && (o.DType.Reduced() || o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode) {
 		return fmt.Errorf("export: the KV-cache graphs are written in fp32 with the dense folded prior; drop --dtype %s or --fold %s (or --kv-cache)", o.DType, o.Fold)
 	}
 	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain && o.Attention != passes.AttentionOpPadded {
@@ -293,7 +296,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
 		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model}
 	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta, BiasDropped: o.DropBias}
-	if o.DType != onnx.FP32 {
+	if o.DType.Reduced() {
 		fold.DType, fold.IO = o.DType.String(), onnx.LowPrecisionNote
 	}
 	for _, T := range lengths {
@@ -336,7 +339,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			meta["quantize"] = o.Quantize
 			meta["int8_weight_max"] = strconv.Itoa(onnx.Int8WeightMax)
 		}
-		if o.DType != onnx.FP32 {
+		if o.DType.Reduced() {
 			meta["dtype"] = o.DType.String()
 		}
 		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
@@ -426,7 +429,7 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 	g := mg.Graph
 	rep := &passes.FoldReport{}
 	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(kernels.F32), Fold: o.Fold, Attention: o.Attention, Report: rep}
-	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), Extra: map[string]any{passes.ExportKey: eo}}
+	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), ExportOptions: eo}
 	pipe := passes.ExportPipeline
 	if o.DropBias {
 		if o.Fold != "" && o.Fold != passes.FoldRPAMode {

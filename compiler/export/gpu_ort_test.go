@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
-	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 )
@@ -49,7 +49,7 @@ func TestGPUProviderParity(t *testing.T) {
 	if os.Getenv("RPAC_GPU_ORT") != "1" {
 		t.Skip("set RPAC_GPU_ORT=1 on a GPU machine (scripts/gpu-check-ort.sh)")
 	}
-	for _, dt := range []onnx.Precision{onnx.FP32, onnx.FP16, onnx.BF16} {
+	for _, dt := range []ir.Precision{ir.FP32, ir.FP16, ir.BF16} {
 		for _, c := range []struct{ fold, att string }{
 			{passes.FoldRPAMode, passes.AttentionOp}, {passes.FoldRankMode, passes.AttentionOp}, {passes.FoldRankMode, passes.AttentionOpPadded},
 		} {
@@ -58,7 +58,7 @@ func TestGPUProviderParity(t *testing.T) {
 			m := requireCUDAProvider(t, e.dir)
 			r := rand.New(rand.NewPCG(91, 92))
 			var cpuDiff map[int]float64
-			if dt != onnx.BF16 { // the CPU provider has no bfloat16 kernels
+			if dt != ir.BF16 { // the CPU provider has no bfloat16 kernels
 				cpuDiff = map[int]float64{}
 				c, err := runtime.Open(e.dir, runtime.Options{})
 				if err != nil {
@@ -87,7 +87,7 @@ func TestGPUProviderParity(t *testing.T) {
 			}
 			for _, x := range res {
 				p := gpuParity{DType: dt.String(), Fold: fold, Attention: c.att, T: x.T, MaxAbsDiff: x.MaxAbsDiff, CPUvsCUDA: cpuDiff[x.T], CECost: x.CEExport - x.CEEval}
-				if dt == onnx.FP32 {
+				if dt == ir.FP32 {
 					p.Budget = 1e-4
 					p.OK = x.MaxAbsDiff <= 1e-4 && cpuDiff[x.T] <= 1e-4
 				} else {

@@ -90,7 +90,7 @@ func Triton(ctx context.Context, o TritonOptions) ([]TritonModel, error) {
 	if o.Fold == passes.FoldRankMode || o.Fold == passes.FoldRankApproxMode {
 		return nil, fmt.Errorf("export: --fold %s is not available for Triton yet (its broadcast query/key components fix the batch); use --fold rpa", o.Fold)
 	}
-	if o.DType != onnx.FP32 {
+	if o.DType.Reduced() {
 		return nil, fmt.Errorf("export: --dtype %s is not available for Triton yet; export fp32 (--format onnx takes it)", o.DType)
 	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {

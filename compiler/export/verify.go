@@ -78,13 +78,13 @@ type VerifyLimits struct {
 // precisions and int8 round weights and activations, and their limits sit
 // well above what correct graphs of trained models measure and well below
 // what a wrong kernel gives (docs/EXPORT.md).
-func DefaultVerifyLimits(dt onnx.Precision, quantize string) VerifyLimits {
+func DefaultVerifyLimits(dt ir.Precision, quantize string) VerifyLimits {
 	switch {
 	case quantize == onnx.QuantizeInt8:
 		return VerifyLimits{MaxKL: 1e-3, MaxCECost: 0.01, MaxAbsDiff: 2}
-	case dt == onnx.FP16:
+	case dt == ir.FP16:
 		return VerifyLimits{MaxKL: 1e-4, MaxCECost: 0.01, MaxAbsDiff: 1}
-	case dt == onnx.BF16:
+	case dt == ir.BF16:
 		return VerifyLimits{MaxKL: 1e-2, MaxCECost: 0.01, MaxAbsDiff: 2}
 	default:
 		return VerifyLimits{MaxKL: 1e-6, MaxCECost: 1e-3, MaxAbsDiff: 1e-2}

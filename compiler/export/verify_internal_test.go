@@ -1,6 +1,7 @@
 package export
 
 import (
+	"github.com/rpac-dev/rpac/ir"
 	"math"
 	"strings"
 	"testing"
@@ -31,7 +32,7 @@ func TestKL(t *testing.T) {
 
 // Check names the first limit exceeded, and a NaN exceeds every limit.
 func TestVerifyCheck(t *testing.T) {
-	l := DefaultVerifyLimits(onnx.FP32, onnx.QuantizeInt8)
+	l := DefaultVerifyLimits(ir.FP32, onnx.QuantizeInt8)
 	ok := VerifyResult{T: 128, MeanKL: 5e-5, CEExport: 7.1, CEEval: 7.0999, MaxAbsDiff: 0.6}
 	if err := ok.Check(l); err != nil {
 		t.Fatalf("a correct int8 graph's figures: %v", err)
@@ -52,7 +53,7 @@ func TestVerifyCheck(t *testing.T) {
 			t.Errorf("%+v: %v, want an error naming %q", r, err, tc.want)
 		}
 	}
-	if f := DefaultVerifyLimits(onnx.FP32, onnx.QuantizeNone); !(f.MaxKL < l.MaxKL && f.MaxAbsDiff < l.MaxAbsDiff) {
+	if f := DefaultVerifyLimits(ir.FP32, onnx.QuantizeNone); !(f.MaxKL < l.MaxKL && f.MaxAbsDiff < l.MaxAbsDiff) {
 		t.Errorf("fp32 limits %+v are not tighter than int8's %+v", f, l)
 	}
 }

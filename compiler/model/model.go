@@ -216,6 +216,16 @@ func (g *Graph) RunningStats() []RunningStat {
 // Info returns what the passes need to know of this graph.
 func (g *Graph) Info() *passes.ModelInfo {
 	mi := &passes.ModelInfo{T: g.Opts.T, B: g.Opts.B, Eval: g.Opts.Mode == Eval, BatchStats: g.Opts.BatchStats, Hooks: g.Hooks}
+	for _, l := range g.Layers {
+		if l.Bias == nil {
+			continue
+		}
+		li := passes.LayerInfo{Index: l.Index, Stored: []string{l.TauAtt, l.BiasScale}}
+		for _, r := range l.Running {
+			li.Stored = append(li.Stored, r.Buffer)
+		}
+		mi.Layers = append(mi.Layers, li)
+	}
 	if mi.Eval && !mi.BatchStats {
 		for _, r := range g.RunningStats() {
 			mi.Running = append(mi.Running, passes.RunningBuffer{Name: r.Buffer, Layer: r.Layer})

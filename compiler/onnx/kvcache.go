@@ -117,7 +117,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	if opts.Quantize != QuantizeNone {
 		return nil, KVLayout{}, fmt.Errorf("onnx: the KV-cache graphs do not support quantization %q yet; export them without it", opts.Quantize)
 	}
-	if opts.Precision != FP32 {
+	if opts.Precision.Reduced() {
 		return nil, KVLayout{}, fmt.Errorf("onnx: the KV-cache graphs are written in fp32, not %s; export them without --dtype", opts.Precision)
 	}
 	if g == nil {
@@ -233,17 +233,6 @@ func dynValueInfo(name string, dt onnxpb.TensorProto_DataType, dims ...any) *onn
 // posAxes are the batch and sequence axes of a per-position value.
 type posAxes struct{ batch, seq int }
 
-// elementwiseOps compute each output element from the elements of their
-// inputs at the same (broadcast) index.
-var elementwiseOps = map[string]bool{
-	"Add": true, "Sub": true, "Mul": true, "Div": true, "Scale": true, "Neg": true, "Exp": true,
-	"Log": true, "Sigmoid": true, "Tanh": true, "ReLU": true, "GELU": true, "Clamp": true,
-	"NanToNum": true, "StopGradient": true,
-}
-
-// lastAxisOps act along the last axis only.
-var lastAxisOps = map[string]bool{"Softmax": true, "LayerNorm": true, "GaussianMembership": true, "TopKMask": true}
-
 // positionAxes finds, for every value that depends on the token ids, its
 // batch and sequence axes, and checks that no node combines different
 // positions except FusedAttention (causal) and the one Add of the position
@@ -274,13 +263,17 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, *ir.N
 		in0 := n.Inputs[dyn[0]]
 		a := ax[in0]
 		last := len(in0.Shape) - 1
+		def := ir.Ops[n.Op]
+		if def == nil {
+			def = &ir.OpDef{}
+		}
 		switch {
 		case n.Op == "Gather":
 			if dyn[0] != 1 || len(dyn) != 1 || n.Inputs[1] != ids {
 				return nil, nil, bad("gathers from per-position values")
 			}
 			ax[o] = posAxes{0, 1}
-		case elementwiseOps[n.Op]:
+		case def.Elementwise:
 			r := len(o.Shape)
 			var got *posAxes
 			for _, v := range n.Inputs {
@@ -347,7 +340,7 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, *ir.N
 				return nil, nil, bad("slices the batch or sequence axis")
 			}
 			ax[o] = a
-		case lastAxisOps[n.Op]:
+		case def.RowWise:
 			if len(dyn) != 1 || dyn[0] != 0 || a.batch == last || a.seq == last {
 				return nil, nil, bad("normalizes along the batch or sequence axis")
 			}

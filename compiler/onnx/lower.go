@@ -71,9 +71,9 @@ type Options struct {
 	// int8 activations per token, int32 accumulation: MatMulInteger, which
 	// onnxruntime's CPU provider runs on its integer GEMM).
 	Quantize string
-	// Precision is the type of weights and activations (FP32 default,
-	// FP16, BF16; see ConvertPrecision).
-	Precision Precision
+	// Precision is the type of weights and activations (ir.FP32 by default,
+	// ir.FP16, ir.BF16; see ConvertPrecision).
+	Precision ir.Precision
 }
 
 // Quantization modes.

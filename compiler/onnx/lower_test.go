@@ -273,19 +273,6 @@ func TestDeadNodesSkipped(t *testing.T) {
 	}
 }
 
-// Every forward op of the op table that is not training-only has a
-// lowering; gradient and loss ops have none.
-func TestEveryForwardOpLowered(t *testing.T) {
-	for name, def := range ir.Ops {
-		inference := !def.TrainingOnly && !strings.HasSuffix(name, "Grad") &&
-			!strings.HasPrefix(name, "LinearGrad") && name != "CrossEntropy" &&
-			name != "LMHeadCrossEntropy"
-		if inference != Lowered(name) {
-			t.Errorf("op %s: inference op %v, lowered %v", name, inference, Lowered(name))
-		}
-	}
-}
-
 func TestWriteReadRoundTrip(t *testing.T) {
 	m, err := Lower(embedHead(2, 3, 5, 4, true), seqWeights, Options{Metadata: map[string]string{"k": "v"}})
 	if err != nil {

@@ -15,9 +15,10 @@ import (
 // output aliases; otherwise it returns out.
 type lowering func(b *builder, n *ir.Node, in []string, out string) (string, error)
 
-// lowerings maps ir op names to their lowering. Ops without an entry
-// (gradient ops, CrossEntropy, LMHeadCrossEntropy) have no place in an
-// inference graph.
+// lowerings maps ir op names to their lowering, for ops that are not
+// lowered one to one (an op whose ir.OpDef names its ONNX operator needs no
+// entry). Ops that are not ir.OpDef.Exported (gradient, loss and
+// training-only ops) have no place in an inference graph.
 var lowerings = map[string]lowering{
 	"Gather":      lowerGather,
 	"Slice":       lowerSlice,
@@ -27,17 +28,7 @@ var lowerings = map[string]lowering{
 	"SumTo":       lowerSumTo,
 	"Linear":      lowerLinear,
 	"MatMul":      lowerMatMul,
-	"Add":         elementwise("Add"),
-	"Sub":         elementwise("Sub"),
-	"Mul":         elementwise("Mul"),
-	"Div":         elementwise("Div"),
 	"Scale":       lowerScale,
-	"Neg":         elementwise("Neg"),
-	"Exp":         elementwise("Exp"),
-	"Log":         elementwise("Log"),
-	"Sigmoid":     elementwise("Sigmoid"),
-	"Tanh":        elementwise("Tanh"),
-	"ReLU":        elementwise("Relu"),
 	"GELU":        lowerGELU,
 	"Clamp":       lowerClamp,
 	"NanToNum":    lowerNanToNum,
@@ -55,19 +46,31 @@ var lowerings = map[string]lowering{
 	"ZScore":             lowerZScore,
 }
 
+// lowererOf returns the lowering of op: its entry in lowerings, or the one
+// ONNX operator its definition names.
+func lowererOf(op string) (lowering, bool) {
+	if f, ok := lowerings[op]; ok {
+		return f, true
+	}
+	if def := ir.Ops[op]; def != nil && def.ONNX != "" {
+		return elementwise(def.ONNX), true
+	}
+	return nil, false
+}
+
 // Lowered reports whether op has an ONNX lowering.
-func Lowered(op string) bool { _, ok := lowerings[op]; return ok }
+func Lowered(op string) bool { _, ok := lowererOf(op); return ok }
 
 func (b *builder) lowerNode(n *ir.Node) error {
 	def := ir.Ops[n.Op]
 	if def != nil && def.TrainingOnly {
 		return fmt.Errorf("training-only op %s cannot be exported (run passes.StripTraining first)", n.Op)
 	}
-	if n.Op == "LMHeadCrossEntropy" {
-		return fmt.Errorf("op %s is the fused LM head and loss of training and evaluation graphs; "+
+	if def != nil && def.Loss {
+		return fmt.Errorf("op %s is the loss of training and evaluation graphs; "+
 			"an export graph computes logits (model.Build with Logits and NoLoss)", n.Op)
 	}
-	f, ok := lowerings[n.Op]
+	f, ok := lowererOf(n.Op)
 	if kf := b.kv.override(n); kf != nil {
 		f, ok = kf, true
 	}

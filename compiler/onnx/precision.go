@@ -6,45 +6,15 @@ import (
 	"math"
 
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/ir"
 )
 
-// Precision is the floating-point type of an exported graph's weights and
-// activations.
-type Precision string
-
-// Precisions of Options.Precision.
-const (
-	FP32 Precision = ""     // float32 throughout (the default)
-	FP16 Precision = "fp16" // IEEE half precision
-	BF16 Precision = "bf16" // bfloat16
-)
-
-// ParsePrecision reads a --dtype value (fp32, fp16, bf16).
-func ParsePrecision(s string) (Precision, error) {
-	switch s {
-	case "", "fp32", "float32":
-		return FP32, nil
-	case "fp16", "float16":
-		return FP16, nil
-	case "bf16", "bfloat16":
-		return BF16, nil
-	}
-	return FP32, fmt.Errorf("dtype %q: want fp32, fp16 or bf16", s)
-}
-
-// String is the --dtype spelling.
-func (p Precision) String() string {
-	if p == FP32 {
-		return "fp32"
-	}
-	return string(p)
-}
-
-func (p Precision) elem() onnxpb.TensorProto_DataType {
+// elemType is the ONNX element type of p (float32 unless p is reduced).
+func elemType(p ir.Precision) onnxpb.TensorProto_DataType {
 	switch p {
-	case FP16:
+	case ir.FP16:
 		return onnxpb.TensorProto_FLOAT16
-	case BF16:
+	case ir.BF16:
 		return onnxpb.TensorProto_BFLOAT16
 	}
 	return onnxpb.TensorProto_FLOAT
@@ -76,17 +46,17 @@ const LowPrecisionNote = "input_ids int64 [B,T]; logits float32 [B,T,V] (cast fr
 // in p: initializers that reduced-precision ops read are stored in p (a
 // float32 copy stays when float32 ops read them too), Cast nodes are put
 // where a value crosses between float32 and p, and the output "logits"
-// stays float32. FP32 leaves m as it is. A model with int8 products is
+// stays float32. ir.FP32 (or ir.PrecisionDefault) leaves m as it is. A model with int8 products is
 // refused.
-func ConvertPrecision(m *onnxpb.ModelProto, p Precision) error {
-	if p == FP32 {
+func ConvertPrecision(m *onnxpb.ModelProto, p ir.Precision) error {
+	if p.Or(ir.FP32) == ir.FP32 {
 		return nil
 	}
-	if p != FP16 && p != BF16 {
-		return fmt.Errorf("onnx: precision %q: want fp16 or bf16", string(p))
+	if !p.Reduced() {
+		return fmt.Errorf("onnx: precision %s: want fp16 or bf16", p)
 	}
 	g := m.Graph
-	low := p.elem()
+	low := elemType(p)
 	fl := onnxpb.TensorProto_FLOAT
 	types := map[string]onnxpb.TensorProto_DataType{}
 	inits := map[string]*onnxpb.TensorProto{}
@@ -290,11 +260,11 @@ func floatsOf(t *onnxpb.TensorProto) []float32 {
 }
 
 // encodeHalf encodes x in p, little-endian, rounding to nearest even.
-func encodeHalf(x []float32, p Precision) []byte {
+func encodeHalf(x []float32, p ir.Precision) []byte {
 	out := make([]byte, 2*len(x))
 	for i, v := range x {
 		var h uint16
-		if p == BF16 {
+		if p == ir.BF16 {
 			h = BF16Bits(v)
 		} else {
 			h = FP16Bits(v)

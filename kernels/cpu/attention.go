@@ -223,3 +223,8 @@ func (p *program[T]) buildFusedAttentionGrad(n *ir.Node, in, out []*tensor[T]) (
 		return nil
 	}, nil
 }
+
+func attentionKernels[T float](k kernelTable[T]) {
+	k.add("FusedAttention", (*program[T]).buildFusedAttention)
+	k.add("FusedAttentionGrad", (*program[T]).buildFusedAttentionGrad)
+}

@@ -48,3 +48,5 @@ func (p *program[T]) buildConcat(n *ir.Node, in, out []*tensor[T]) (func() error
 		return nil
 	}, nil
 }
+
+func concatKernels[T float](k kernelTable[T]) { k.add("Concat", (*program[T]).buildConcat) }

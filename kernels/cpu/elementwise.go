@@ -13,6 +13,27 @@ const (
 	grainMath  = 1 << 12 // exp, erf, log per element
 )
 
+func elementwiseKernels[T float](k kernelTable[T]) {
+	for op, code := range map[string]binOp{"Add": opAdd, "Sub": opSub, "Mul": opMul, "Div": opDiv} {
+		k.add(op, func(p *program[T], _ *ir.Node, in, out []*tensor[T]) (func() error, error) {
+			return p.buildBinary(code, in, out)
+		})
+	}
+	for op, code := range map[string]unOp{"Reshape": opCopy, "StopGradient": opCopy, "Neg": opNeg, "Exp": opExp,
+		"Log": opLog, "Sigmoid": opSigmoid, "Tanh": opTanh, "GELU": opGELU, "ReLU": opReLU, "Scale": opScale,
+		"Clamp": opClamp, "NanToNum": opNanToNum} {
+		k.add(op, func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+			return p.buildUnary(n, code, in, out)
+		})
+	}
+	for op, code := range map[string]gradOp{"SigmoidGrad": opSigmoidGrad, "TanhGrad": opTanhGrad,
+		"GELUGrad": opGELUGrad, "ReLUGrad": opReLUGrad, "ClampGrad": opClampGrad, "NanToNumGrad": opNanToNumGrad} {
+		k.add(op, func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+			return p.buildGradUnary(n, code, in, out)
+		})
+	}
+}
+
 // ---- broadcasting ----
 
 // bplan walks an output shape with the broadcast offsets of two operands.

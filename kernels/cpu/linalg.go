@@ -167,3 +167,10 @@ func (p *program[T]) buildMatMul(n *ir.Node, in, out []*tensor[T]) (func() error
 		return nil
 	}, nil
 }
+
+func linalgKernels[T float](k kernelTable[T]) {
+	k.add("Linear", withoutNode((*program[T]).buildLinear))
+	k.add("LinearGradX", withoutNode((*program[T]).buildLinearGradX))
+	k.add("LinearGradW", withoutNode((*program[T]).buildLinearGradW))
+	k.add("MatMul", (*program[T]).buildMatMul)
+}

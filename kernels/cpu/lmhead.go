@@ -316,3 +316,8 @@ func argmaxRow[T float](x []T) int {
 	}
 	return best
 }
+
+func lmHeadKernels[T float](k kernelTable[T]) {
+	k.add("LMHeadCrossEntropy", (*program[T]).buildLMHeadCE)
+	k.add("LMHeadCrossEntropyGrad", (*program[T]).buildLMHeadCEGrad)
+}

@@ -690,3 +690,16 @@ func ceGradRow[T float](g, x []T, c, lse, off T) {
 		g[i] = c*T(math.Exp(float64(v-lse))) - off
 	}
 }
+
+func nnKernels[T float](k kernelTable[T]) {
+	k.add("Softmax", withoutNode((*program[T]).buildSoftmax))
+	k.add("SoftmaxGrad", withoutNode((*program[T]).buildSoftmaxGrad))
+	k.add("CausalMask", (*program[T]).buildCausalMask)
+	k.add("LayerNorm", (*program[T]).buildLayerNorm)
+	k.add("LayerNormGrad", (*program[T]).buildLayerNormGrad)
+	k.add("Dropout", (*program[T]).buildDropout)
+	k.add("GumbelNoise", (*program[T]).buildGumbel)
+	k.add("TopKMask", (*program[T]).buildTopKMask)
+	k.add("CrossEntropy", (*program[T]).buildCrossEntropy)
+	k.add("CrossEntropyGrad", (*program[T]).buildCrossEntropyGrad)
+}

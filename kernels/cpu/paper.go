@@ -427,3 +427,12 @@ func (p *program[T]) buildZScoreGrad(in, out []*tensor[T]) (func() error, error)
 		return nil
 	}, nil
 }
+
+func paperKernels[T float](k kernelTable[T]) {
+	k.add("GaussianMembership", withoutNode((*program[T]).buildGaussian))
+	k.add("GaussianMembershipGrad", withoutNode((*program[T]).buildGaussianGrad))
+	k.add("Sinkhorn", (*program[T]).buildSinkhorn)
+	k.add("SinkhornGrad", (*program[T]).buildSinkhornGrad)
+	k.add("ZScore", withoutNode((*program[T]).buildZScore))
+	k.add("ZScoreGrad", withoutNode((*program[T]).buildZScoreGrad))
+}

@@ -373,3 +373,25 @@ func (p *program[T]) buildReduce(n *ir.Node, in, out []*tensor[T], mean bool) (f
 	}
 	return p.sumToKernel(x, o, keep, scale)
 }
+
+func shapeKernels[T float](k kernelTable[T]) {
+	k.add("Gather", withoutNode((*program[T]).buildGather))
+	k.add("GatherGrad", (*program[T]).buildGatherGrad)
+	k.add("Slice", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+		return p.buildSlice(n, in, out, false)
+	})
+	k.add("SliceGrad", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+		return p.buildSlice(n, in, out, true)
+	})
+	k.add("Transpose", (*program[T]).buildTranspose)
+	k.add("BroadcastTo", withoutNode((*program[T]).buildBroadcastTo))
+	k.add("SumTo", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+		return p.sumToKernel(in[0], out[0], ir.Shape(n.Attrs.Ints("shape")), 1)
+	})
+	k.add("ReduceSum", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+		return p.buildReduce(n, in, out, false)
+	})
+	k.add("ReduceMean", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+		return p.buildReduce(n, in, out, true)
+	})
+}

@@ -33,17 +33,6 @@ func (p GEMMPrecision) String() string {
 	return "fp32"
 }
 
-// ParseGEMMPrecision reads --precision (bf16|fp32).
-func ParseGEMMPrecision(s string) (GEMMPrecision, error) {
-	switch s {
-	case "bf16":
-		return GEMMBF16, nil
-	case "fp32", "f32":
-		return GEMMF32, nil
-	}
-	return 0, fmt.Errorf("precision %q: want bf16 or fp32", s)
-}
-
 // Backend runs IR graphs on one NVIDIA GPU. Parameters and buffers live on
 // the host in the Store (the optimizer and the controllers work there);
 // each Run uploads them into a device mirror shared by every program of the
