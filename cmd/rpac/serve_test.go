@@ -117,3 +117,41 @@ func TestServeFlagChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchServeMix: rpac bench serve --mix against an export folder
+// prints a row per kind of request, the RSS and the goroutine check, with
+// no 5xx and every request answered in time; its flags are checked before
+// anything is loaded.
+func TestBenchServeMix(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--weights", "1,1,1"}, "want 4 weights"},
+		{[]string{"--weights", "0,0,0,0"}, "all zero"},
+		{[]string{"--malformed", "0.7", "--slow", "0.5"}, "add up to at most 1"},
+		{[]string{"--requests", "-1"}, "--requests must not be negative"},
+	} {
+		got, code := rpac(t, append([]string{"bench", "serve", "--mix", "--model", t.TempDir()}, c.args...)...)
+		if code == 0 || !strings.Contains(got, c.want) {
+			t.Errorf("%v: exit %d, %q; want an error with %q", c.args, code, got, c.want)
+		}
+	}
+	env := []string{"ORT_LIB=" + ortLib(t)}
+	out := filepath.Join(t.TempDir(), "export")
+	if got, code := rpacEnv(t, env, "export", "--run", writeRun(t), "--lengths", "16", "--batch", "2", "--kv-cache", "--out", out); code != 0 {
+		t.Fatalf("export: %s", got)
+	}
+	got, code := rpacEnv(t, env, "bench", "serve", "--model", out, "--mix", "--clients", "4", "--requests", "0", "--duration", "1s",
+		"--read-timeout", "300ms", "--settle", "200ms", "--warmup", "0", "--max-batch", "2", "--prompt-len", "3", "--gen-tokens", "4",
+		"--score-len", "6", "--infer-len", "4", "--top-k", "3", "--malformed", "0.2", "--slow", "0.1")
+	if code != 0 {
+		t.Fatalf("bench serve --mix: exit %d:\n%s", code, got)
+	}
+	for _, want := range []string{"completion ", "stream ", "score ", "kserve ", "malformed ", "slow ", "peak ", "goroutines: ",
+		"none left over", "every request answered or refused in time; 5xx: 0"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in:\n%s", want, got)
+		}
+	}
+}

@@ -402,10 +402,18 @@ func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runti
 	case s.wake <- struct{}{}:
 	default:
 	}
+	// The request ends with its context, whether its jobs are queued or in
+	// the batch in flight: the scorer drops the queued ones and skips the
+	// logits of the others (done is buffered: nobody waits on it).
 	var first error
 	for _, j := range jobs {
-		if err := <-j.done; err != nil && first == nil {
-			first = err
+		select {
+		case err := <-j.done:
+			if err != nil && first == nil {
+				first = err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	return first
@@ -496,8 +504,25 @@ func (s *scorer) runBatch(batch []*scoreJob) {
 	for i, j := range live {
 		seqs[i] = j.seq
 	}
+	// The model call stops once every request of the batch has ended.
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	var left atomic.Int64
+	left.Store(int64(len(live)))
+	for _, j := range live {
+		stop := context.AfterFunc(j.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
 	errs := make([]error, len(live))
-	err := s.m.Each(s.ctx, seqs, func(i int, l runtime.Logits) error {
+	err := s.m.Each(ctx, seqs, func(i int, l runtime.Logits) error {
+		if err := live[i].ctx.Err(); err != nil { // its request is over
+			errs[i] = err
+			return nil
+		}
 		errs[i] = live[i].fn(l)
 		return nil
 	})

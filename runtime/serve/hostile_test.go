@@ -524,3 +524,37 @@ func httptestRequest(path, body string) *http.Request {
 	r, _ := http.NewRequest(http.MethodPost, path, strings.NewReader(body))
 	return r
 }
+
+// TestScoreDeadlineInFlight: a score or inference whose timeout passes
+// while its sequences wait behind a long model call, or are in it, is
+// answered 504 at its timeout, not when the call ends.
+func TestScoreDeadlineInFlight(t *testing.T) {
+	m := &countModel{maxLen: 8, delay: 3 * time.Second}
+	_, ts := newTest(t, m, Config{Name: "tiny", MaxBatch: 1, Timeout: 300 * time.Millisecond})
+	bodies := []struct{ path, body string }{
+		{"/v1/score", `{"ids": [1, 2, 3]}`}, // in the model call
+		{"/v1/score", `{"ids": [4, 5, 6]}`}, // queued behind it
+		{"/v2/models/tiny/infer", `{"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}], "outputs": [{"name": "last_logits"}]}`},
+	}
+	type result struct {
+		code int
+		d    time.Duration
+	}
+	results := make(chan result, len(bodies))
+	t0 := time.Now()
+	for i, b := range bodies {
+		if i == 1 {
+			waitFor(t, "the first score's model call", func() bool { return m.calls.Load() >= 1 })
+		}
+		go func() {
+			code := postCode(ts.URL+b.path, b.body)
+			results <- result{code, time.Since(t0)}
+		}()
+	}
+	for range bodies {
+		r := <-results
+		if r.code != http.StatusGatewayTimeout || r.d > 2*time.Second {
+			t.Errorf("answered %d after %v; want 504 at the 300ms timeout, long before the 3s model call ends", r.code, r.d)
+		}
+	}
+}
