@@ -74,9 +74,17 @@ else
 	packages=(crossbuild-essential-arm64 qemu-user-static libopenblas-dev:arm64 libstdc++6:arm64)
 fi
 command -v npm >/dev/null 2>&1 || packages+=(npm)
+# installed NAME[:ARCH]: installed for ARCH (default: this machine's), or
+# for all architectures.
+installed() {
+	local want
+	want="$(dpkg --print-architecture)"
+	[[ "$1" == *:* ]] && want="${1##*:}"
+	dpkg-query -W -f='${Status} ${Architecture}\n' "$1" 2>/dev/null | grep -Eq "^install ok installed ($want|all)\$"
+}
 need=()
 for p in "${packages[@]}"; do
-	[[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == "install ok installed" ]] || need+=("$p")
+	installed "$p" || need+=("$p")
 done
 if [[ ${#need[@]} -gt 0 ]]; then
 	as_root=()
@@ -110,6 +118,7 @@ if [[ -z "${RPAC_DATA:-}" && -d ../shared/data/wikitext-2-raw-v1 ]]; then
 	RPAC_DATA="$(cd ../shared/data/wikitext-2-raw-v1 && pwd)"
 fi
 if [[ -n "${RPAC_DATA:-}" ]]; then
+	[[ -d "$RPAC_DATA" ]] || die "RPAC_DATA=$RPAC_DATA is not a folder"
 	RPAC_DATA="$(cd "$RPAC_DATA" && pwd)" # the tests run from their package folders
 	export RPAC_DATA
 fi

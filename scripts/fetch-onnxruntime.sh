@@ -90,7 +90,10 @@ if [[ -n "$arch_arg" ]]; then
 else
 	machine="$(uname -m)"
 	ARCH="$(normalize_arch "$machine")"
-	[[ -n "$ARCH" ]] || die "no onnxruntime-node library for this machine ($(uname -s) $machine): the package ships linux x64 and arm64; set ORT_LIB to a libonnxruntime.so built for it"
+	if [[ "$(uname -s)" != Linux ]]; then
+		ARCH=""
+	fi
+	[[ -n "$ARCH" ]] || die "no onnxruntime-node library for this machine ($(uname -s) $machine): this script fetches the linux x64 and arm64 ones (--arch picks one); set ORT_LIB to a libonnxruntime.so built for it"
 fi
 
 if [[ "$cuda" == 1 ]]; then
