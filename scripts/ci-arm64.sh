@@ -34,8 +34,9 @@
 # Neoverse V2 (Grace), which has no SME. Two details make emulation work:
 #   - qemu runs without `-L /usr/aarch64-linux-gnu`: that folder holds the
 #     cross toolchain's ld.so, while libopenblas:arm64 pulls in the
-#     multiarch libc6:arm64 of another Debian revision, and the pair hangs
-#     before main. The multiarch ld.so (/lib/ld-linux-aarch64.so.1) is used.
+#     multiarch libc6:arm64 of another Debian revision, and with the pair
+#     the test binaries hung before main. The multiarch ld.so
+#     (/lib/ld-linux-aarch64.so.1) is used instead.
 #   - QEMU_LD_PREFIX points at a folder holding only proc/cpuinfo for the
 #     emulated CPU (scripts/arm64-cpuinfo.c says why onnxruntime needs it).
 #

@@ -5,14 +5,13 @@
 # The last line on stdout is the cached libonnxruntime.so.
 set -euo pipefail
 
-# The packages below hold linux x86-64 libraries only; there is no arm64
-# build of onnxruntime with the CUDA provider among npm packages. On arm64
-# (a GH200's Grace host) stop here and say what to do instead.
+# The packages below hold linux x86-64 libraries only. On arm64 (a GH200's
+# Grace host) stop here and say what to do instead.
 arch="${RPAC_ORT_ARCH:-$(uname -m)}"
 case "$arch" in
 x64 | x86_64 | amd64) ;;
 *)
-	printf '%s\n' "fetch-onnxruntime --cuda: error: the CUDA-provider fetch is linux x86-64 only (this is $arch): no npm package has onnxruntime with the CUDA provider for arm64. On a GH200 (Grace, arm64), build onnxruntime with the CUDA provider from source (./build.sh --use_cuda ... --build_shared_lib) or take your distribution's build, then set ORT_LIB to its libonnxruntime.so (libonnxruntime_providers_cuda.so and libonnxruntime_providers_shared.so beside it); see docs/EXPORT.md, \"onnxruntime with the CUDA provider on arm64\"" >&2
+	printf '%s\n' "fetch-onnxruntime --cuda: error: the CUDA-provider fetch is linux x86-64 only (this is $arch): its npm packages hold no arm64 libraries. On a GH200 (Grace, arm64), build onnxruntime with the CUDA provider from source (./build.sh --use_cuda ... --build_shared_lib) or take your distribution's build, then set ORT_LIB to its libonnxruntime.so (libonnxruntime_providers_cuda.so and libonnxruntime_providers_shared.so beside it); see docs/EXPORT.md, \"onnxruntime with the CUDA provider\", \"On arm64\"" >&2
 	exit 1
 	;;
 esac

@@ -48,10 +48,10 @@
 # libcublasLt.so.13, libcurand.so.10, cuDNN 9 (libcudnn.so.9) and the
 # driver's libcuda.so.1 on the library path (pip's nvidia-* packages hold
 # all but the driver; add their lib folders to LD_LIBRARY_PATH). The
-# download is about 330 MB; CI does not fetch it. No package here has the
-# CUDA provider for arm64: on arm64 (a GH200's Grace host) --cuda stops with
-# an error, and ORT_LIB must point at an onnxruntime built with the CUDA
-# provider (docs/EXPORT.md, "onnxruntime with the CUDA provider on arm64").
+# download is about 330 MB; CI does not fetch it. Those packages hold no
+# arm64 libraries: on arm64 (a GH200's Grace host) --cuda stops with an
+# error, and ORT_LIB must point at an onnxruntime built with the CUDA
+# provider (docs/EXPORT.md, "onnxruntime with the CUDA provider", "On arm64").
 set -euo pipefail
 
 log() { printf 'fetch-onnxruntime: %s\n' "$*" >&2; }
