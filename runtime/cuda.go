@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 )
 
@@ -105,6 +106,17 @@ func MissingCUDALibraries(ortLib string, dirs []string) []CUDALibrary {
 	return out
 }
 
+// cudaBuildHint says where an onnxruntime with the CUDA provider comes
+// from on goarch: scripts/fetch-onnxruntime.sh --cuda on x86-64; elsewhere
+// (arm64: a GH200's Grace host) that fetch has no library, so a build of
+// one's own.
+func cudaBuildHint(goarch string) string {
+	if goarch == "amd64" {
+		return fmt.Sprintf("fetch an onnxruntime with the CUDA provider (scripts/fetch-onnxruntime.sh --cuda) and point %s at its libonnxruntime.so", LibraryEnv)
+	}
+	return fmt.Sprintf("build onnxruntime with the CUDA provider for linux/%s (scripts/fetch-onnxruntime.sh --cuda is x86-64 only; docs/EXPORT.md says how) and point %s at its libonnxruntime.so, with libonnxruntime_providers_shared.so and libonnxruntime_providers_cuda.so beside it", goarch, LibraryEnv)
+}
+
 // cudaProviderError explains why the CUDA provider of lib could not be
 // used: the libraries it needs that cannot be found, or, when all are
 // there, onnxruntime's own message and what else to check.
@@ -119,7 +131,7 @@ func cudaProviderError(lib string, err error) error {
 	}
 	hint := "add the folders holding them to LD_LIBRARY_PATH (pip's nvidia-* packages put them in site-packages/nvidia/*/lib)"
 	if missing[0].NextToORT {
-		hint = fmt.Sprintf("fetch an onnxruntime with the CUDA provider (scripts/fetch-onnxruntime.sh --cuda) and point %s at its libonnxruntime.so", LibraryEnv)
+		hint = cudaBuildHint(goruntime.GOARCH)
 	}
 	return fmt.Errorf("runtime: the onnxruntime library %s cannot use the CUDA provider (%v): missing %s; %s, or use the CPU provider", lib, err, strings.Join(names, ", "), hint)
 }

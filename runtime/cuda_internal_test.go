@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"testing"
 )
@@ -86,5 +87,36 @@ func TestLoadHint(t *testing.T) {
 		if got := loadHint(errors.New(c.msg)); !strings.Contains(got, c.want) {
 			t.Errorf("%q: hint %q, want %q in it", c.msg, got, c.want)
 		}
+	}
+}
+
+// On arm64 the --cuda fetch has no library: the hint says to build one and
+// still names the fetch (as x86-64 only), ORT_LIB and the provider library.
+func TestCUDABuildHint(t *testing.T) {
+	for _, goarch := range []string{"amd64", "arm64"} {
+		h := cudaBuildHint(goarch)
+		for _, part := range []string{"fetch-onnxruntime.sh --cuda", LibraryEnv} {
+			if !strings.Contains(h, part) {
+				t.Errorf("%s: hint %q does not name %q", goarch, h, part)
+			}
+		}
+	}
+	if h := cudaBuildHint("arm64"); !strings.Contains(h, "x86-64 only") || !strings.Contains(h, "docs/EXPORT.md") || !strings.Contains(h, "libonnxruntime_providers_cuda.so") {
+		t.Errorf("arm64 hint %q does not say the fetch is x86-64 only and where to look", h)
+	}
+}
+
+// The cache folder is per architecture, named as onnxruntime-node's.
+func TestCachedLibraryPathPerArch(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", "/c")
+	if goruntime.GOARCH != "amd64" && goruntime.GOARCH != "arm64" {
+		t.Skipf("no onnxruntime-node library for %s", goruntime.GOARCH)
+	}
+	want := "/c/rpac/onnxruntime-" + ORTVersion + "-linux-" + map[string]string{"amd64": "x64", "arm64": "arm64"}[goruntime.GOARCH] + "/libonnxruntime.so.1"
+	if got := CachedLibraryPath(); got != want {
+		t.Errorf("CachedLibraryPath() = %q, want %q", got, want)
+	}
+	if ortArch("amd64") != "x64" || ortArch("arm64") != "arm64" {
+		t.Errorf("ortArch: amd64 → %q, arm64 → %q", ortArch("amd64"), ortArch("arm64"))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 )
 
 // ORTVersion is the onnxruntime release scripts/fetch-onnxruntime.sh fetches.
@@ -15,7 +16,10 @@ const ORTVersion = "1.30.0"
 const LibraryEnv = "ORT_LIB"
 
 // CachedLibraryPath is where scripts/fetch-onnxruntime.sh caches the
-// library: ${XDG_CACHE_HOME:-$HOME/.cache}/rpac/onnxruntime-1.30.0/libonnxruntime.so.1.
+// library for the architecture this binary runs on:
+// ${XDG_CACHE_HOME:-$HOME/.cache}/rpac/onnxruntime-1.30.0-linux-ARCH/libonnxruntime.so.1,
+// ARCH being x64 or arm64 (onnxruntime-node's names), one folder each so an
+// arm64 binary never finds the x86-64 library.
 func CachedLibraryPath() string {
 	dir := os.Getenv("XDG_CACHE_HOME")
 	if dir == "" {
@@ -25,7 +29,16 @@ func CachedLibraryPath() string {
 		}
 		dir = filepath.Join(home, ".cache")
 	}
-	return filepath.Join(dir, "rpac", "onnxruntime-"+ORTVersion, "libonnxruntime.so.1")
+	return filepath.Join(dir, "rpac", "onnxruntime-"+ORTVersion+"-linux-"+ortArch(goruntime.GOARCH), "libonnxruntime.so.1")
+}
+
+// ortArch names a Go architecture as onnxruntime-node's folders do
+// (bin/napi-v6/linux/{x64,arm64}); others keep Go's name.
+func ortArch(goarch string) string {
+	if goarch == "amd64" {
+		return "x64"
+	}
+	return goarch
 }
 
 // ErrNoLibrary is wrapped by the error LibraryPath returns when no

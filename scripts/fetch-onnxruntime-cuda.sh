@@ -5,6 +5,17 @@
 # The last line on stdout is the cached libonnxruntime.so.
 set -euo pipefail
 
+# The packages below hold linux x86-64 libraries only. On arm64 (a GH200's
+# Grace host) stop here and say what to do instead.
+arch="${RPAC_ORT_ARCH:-$(uname -m)}"
+case "$arch" in
+x64 | x86_64 | amd64) ;;
+*)
+	printf '%s\n' "fetch-onnxruntime --cuda: error: the CUDA-provider fetch is linux x86-64 only (this is $arch): its npm packages hold no arm64 libraries. On a GH200 (Grace, arm64), build onnxruntime with the CUDA provider from source (./build.sh --use_cuda ... --build_shared_lib) or take your distribution's build, then set ORT_LIB to its libonnxruntime.so (libonnxruntime_providers_cuda.so and libonnxruntime_providers_shared.so beside it); see docs/EXPORT.md, \"onnxruntime with the CUDA provider\", \"On arm64\"" >&2
+	exit 1
+	;;
+esac
+
 VERSION=1.29.0
 BASE_PKG="com.github.asus4.onnxruntime@0.4.9"
 GPU_PKG="com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9"

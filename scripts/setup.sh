@@ -13,6 +13,10 @@
 # missing, after an `apt-get update`; apt-get runs directly as root and
 # through sudo otherwise. A second run installs nothing and rebuilds.
 # Go itself (the version go.mod names, or newer) must already be on PATH.
+# The same on x86-64 and arm64 (aarch64, e.g. a GH200's Grace host): the
+# packages exist for both, and the cgo flags name both OpenBLAS folders.
+# onnxruntime comes separately: scripts/fetch-onnxruntime.sh (its
+# architecture from uname -m).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -20,7 +24,7 @@ dry=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
-    -h | --help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown argument $arg (want --dry-run or --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,9 +41,13 @@ if ! command -v dpkg-query >/dev/null 2>&1; then
   say "dpkg not found (not Debian or Ubuntu): not checking packages; install OpenBLAS" \
     "(cblas.h, libopenblas) and a C compiler with your package manager"
 else
+  # Installed for this machine's architecture (with multiarch, e.g. the
+  # arm64 OpenBLAS of scripts/ci-arm64.sh, a name can have several).
+  native_arch="$(dpkg --print-architecture)"
   need=()
   for p in "${packages[@]}"; do
-    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || need+=("$p")
+    dpkg-query -W -f='${Status} ${Architecture}\n' "$p" 2>/dev/null |
+      grep -Eq "^install ok installed ($native_arch|all)\$" || need+=("$p")
   done
   if [ ${#need[@]} -eq 0 ]; then
     say "packages already installed: ${packages[*]} (apt-get not run)"
@@ -78,5 +86,5 @@ fi
 if [ "$dry" = 1 ]; then
   say "dry run: nothing installed or built"
 else
-  say "built $(pwd)/rpac with $(go env GOVERSION); try: ./rpac --help"
+  say "built $(pwd)/rpac ($(go env GOOS)/$(go env GOARCH)) with $(go env GOVERSION); try: ./rpac --help"
 fi
