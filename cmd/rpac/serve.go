@@ -22,7 +22,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "queue", Value: serve.DefaultQueue, Usage: "requests that may wait for a slot (and sequences waiting to be scored); beyond it: 429"},
 		&cli.Int64Flag{Name: "max-body", Value: serve.DefaultMaxBodyBytes, Usage: "request body limit in bytes (413 beyond it)"},
 		&cli.IntFlag{Name: "max-tokens", Value: serve.DefaultMaxTokens, Usage: "largest max_tokens a completion may ask for"},
-		&cli.DurationFlag{Name: "timeout", Value: serve.DefaultTimeout, Usage: "per-request time limit, tokenization and queueing included (504 beyond it)"},
+		&cli.DurationFlag{Name: "timeout", Value: serve.DefaultTimeout, Usage: "per-request time limit, tokenization and queueing included (504 beyond it; a request estimated not to finish within it behind the work queued ahead of it is refused at once: 429 with Retry-After)"},
 		&cli.Int64Flag{Name: "max-response", Value: serve.DefaultMaxResponseBytes, Usage: "most bytes of JSON one KServe inference or score may answer, counted at 15 per value before the model runs (413 beyond it)"},
 		&cli.Int64Flag{Name: "response-memory", Value: serve.DefaultResponseMemory, Usage: "most bytes the KServe and score answers in flight may take together (429 beyond it)"},
 		&cli.DurationFlag{Name: "read-header-timeout", Value: serve.DefaultReadHeaderTimeout, Usage: "time a client has to send a request's headers"},

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
 	goruntime "runtime"
 	"sync"
 	"sync/atomic"
@@ -92,15 +93,20 @@ type decoder struct {
 	open     atomic.Int64  // sequences holding a slot
 	waiting  atomic.Int64  // requests waiting for a slot
 	queue    int64         // most requests that may wait for a slot
-	metrics  *metrics
-	ctx      context.Context
-	cancel   context.CancelFunc
-	done     chan struct{}
+	timeout  time.Duration // a request's time limit (for messages)
+	// backlog is the decoding steps still owed to the sequences that hold
+	// a slot or wait for one: max_tokens of each, less the tokens drawn.
+	backlog atomic.Int64
+	cost    costEstimate // time of one decoding step
+	metrics *metrics
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
-func newDecoder(eng Engine, eos int32, maxBatch int, maxWait time.Duration, queue int, m *metrics) *decoder {
+func newDecoder(eng Engine, eos int32, maxBatch int, maxWait time.Duration, queue int, timeout time.Duration, m *metrics) *decoder {
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &decoder{eng: eng, eos: eos, maxBatch: maxBatch, maxWait: maxWait, queue: int64(queue), metrics: m,
+	d := &decoder{eng: eng, eos: eos, maxBatch: maxBatch, maxWait: maxWait, queue: int64(queue), timeout: timeout, metrics: m,
 		join: make(chan *seqState, eng.Capacity()), slots: make(chan struct{}, eng.Capacity()),
 		ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	for range eng.Capacity() {
@@ -111,18 +117,31 @@ func newDecoder(eng Engine, eos int32, maxBatch int, maxWait time.Duration, queu
 }
 
 // start opens a sequence for req, waiting for a free slot in the bounded
-// queue: errFull when the queue is full, errClosed after close, the
-// context's error when it ends first.
+// queue: errFull when the queue is full, an *overloadError when it would
+// have to wait and is estimated not to end before ctx's deadline,
+// errClosed after close, the context's error when it ends first.
 func (d *decoder) start(ctx context.Context, req *genRequest) error {
 	if d.ctx.Err() != nil {
 		return errClosed
 	}
+	// The steps it owes count before it looks for a slot, so that requests
+	// arriving together each see the others' in the backlog.
+	owed := int64(req.maxTokens)
+	backlog := d.backlog.Add(owed) - owed
 	select {
 	case <-d.slots:
 	default:
 		if d.waiting.Add(1) > d.queue {
 			d.waiting.Add(-1)
+			d.backlog.Add(-owed)
+			d.metrics.refused.WithLabelValues("decode", "queue_full").Inc()
 			return errFull
+		}
+		if err := d.admitByDeadline(ctx, req, backlog); err != nil {
+			d.waiting.Add(-1)
+			d.backlog.Add(-owed)
+			d.metrics.refused.WithLabelValues("decode", "deadline").Inc()
+			return err
 		}
 		d.metrics.queueDepth.Inc()
 		var err error
@@ -136,12 +155,14 @@ func (d *decoder) start(ctx context.Context, req *genRequest) error {
 		d.waiting.Add(-1)
 		d.metrics.queueDepth.Dec()
 		if err != nil {
+			d.backlog.Add(-owed)
 			return err
 		}
 	}
 	slot, err := d.eng.Open(len(req.prompt) + req.maxTokens)
 	if err != nil {
 		d.slots <- struct{}{}
+		d.backlog.Add(-owed)
 		return err
 	}
 	d.open.Add(1)
@@ -149,14 +170,41 @@ func (d *decoder) start(ctx context.Context, req *genRequest) error {
 	select {
 	case d.join <- &seqState{req: req, slot: slot, pending: req.prompt}: // room for every slot
 	case <-d.ctx.Done():
-		d.release(&seqState{slot: slot})
+		d.release(&seqState{req: req, slot: slot})
 		return errClosed
 	}
 	return nil
 }
 
-// release frees a sequence's slot.
+// admitByDeadline is the deadline-aware admission of a completion that
+// must wait for a slot: it waits for the backlog, the steps owed to the
+// sequences before it (min(Capacity, maxBatch) of them advancing per
+// step), then takes its own max_tokens steps (its prefill draws the
+// first), sharing steps in turns when the engine holds more sequences than
+// a step takes. Nil before the first step has been timed.
+func (d *decoder) admitByDeadline(ctx context.Context, req *genRequest, backlog int64) error {
+	c, ok := d.cost.get()
+	if !ok {
+		return nil
+	}
+	capacity := int64(d.eng.Capacity())
+	per := max(1, min(capacity, int64(d.maxBatch)))
+	turns := (capacity + per - 1) / per
+	steps := (max(0, backlog) + per - 1) / per
+	ahead := time.Duration(steps) * c
+	own := time.Duration(int64(req.maxTokens)*turns) * c
+	what := fmt.Sprintf("%d decoding steps at about %v each", steps, c.Round(time.Microsecond))
+	if e := deadlineRefusal(ctx, d.timeout, ahead, own, what); e != nil {
+		return e
+	}
+	return nil
+}
+
+// release frees a sequence's slot and forgets the steps it still owed.
 func (d *decoder) release(s *seqState) {
+	if s.req != nil {
+		d.backlog.Add(-int64(max(0, s.req.maxTokens-s.drawn)))
+	}
 	d.eng.Release(s.slot)
 	d.open.Add(-1)
 	d.metrics.active.Dec()
@@ -253,6 +301,7 @@ func (d *decoder) step(active []*seqState) []*seqState {
 		slots[i], tokens[i] = s.slot, s.pending
 	}
 	d.metrics.batchSize.WithLabelValues("decode").Observe(float64(len(batch)))
+	t0 := time.Now()
 	logits, err := d.eng.Step(d.ctx, slots, tokens)
 	if err != nil && d.ctx.Err() != nil {
 		err = errClosed
@@ -260,6 +309,9 @@ func (d *decoder) step(active []*seqState) []*seqState {
 	evs := make([]genEvent, len(batch))
 	if err == nil {
 		d.drawAll(batch, logits, evs)
+		d.cost.observe(time.Since(t0), 1)
+		c, _ := d.cost.get()
+		d.metrics.cost.WithLabelValues("decode").Set(c.Seconds())
 	}
 	for i, s := range batch {
 		ev := evs[i]
@@ -310,6 +362,7 @@ func (d *decoder) draw(s *seqState, logits []float32) genEvent {
 		return genEvent{err: err}
 	}
 	s.drawn++
+	d.backlog.Add(-1)
 	d.metrics.tokens.Inc()
 	if id == d.eos {
 		return genEvent{done: true, eos: true}
@@ -349,7 +402,9 @@ type scorer struct {
 	m        Model
 	maxBatch int
 	maxWait  time.Duration
-	queue    int // most jobs queued at once
+	queue    int           // most jobs queued at once
+	timeout  time.Duration // a request's time limit (for messages)
+	cost     costEstimate  // time of one sequence of a model call
 	metrics  *metrics
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -360,11 +415,14 @@ type scorer struct {
 	closed bool
 	groups []*scoreGroup // requests with jobs queued, in turn order
 	queued int           // jobs in groups
+	// inflight jobs were taken at inflightSince for the batch in flight.
+	inflight      int
+	inflightSince time.Time
 }
 
-func newScorer(m Model, maxBatch int, maxWait time.Duration, queue int, mt *metrics) *scorer {
+func newScorer(m Model, maxBatch int, maxWait time.Duration, queue int, timeout time.Duration, mt *metrics) *scorer {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &scorer{m: m, maxBatch: maxBatch, maxWait: maxWait, queue: queue, metrics: mt,
+	s := &scorer{m: m, maxBatch: maxBatch, maxWait: maxWait, queue: queue, timeout: timeout, metrics: mt,
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	go s.loop()
 	return s
@@ -378,7 +436,8 @@ func (s *scorer) pending() int {
 }
 
 // run submits the jobs (all or none: errFull when the queue has no room
-// for them) as one request and waits for them.
+// for them, an *overloadError when they are estimated not to end before
+// ctx's deadline) as one request and waits for them.
 func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runtime.Logits) error) error {
 	g := &scoreGroup{jobs: make([]*scoreJob, len(seqs))}
 	for i, seq := range seqs {
@@ -391,8 +450,14 @@ func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runti
 		s.mu.Unlock()
 		return errClosed
 	case s.queued+len(jobs) > s.queue:
+		s.metrics.refused.WithLabelValues("score", "queue_full").Inc()
 		s.mu.Unlock()
 		return errFull
+	}
+	if err := s.admitByDeadline(ctx, len(jobs)); err != nil {
+		s.metrics.refused.WithLabelValues("score", "deadline").Inc()
+		s.mu.Unlock()
+		return err
 	}
 	s.groups = append(s.groups, g)
 	s.queued += len(jobs)
@@ -417,6 +482,32 @@ func (s *scorer) run(ctx context.Context, seqs [][]int32, fn func(i int, l runti
 		}
 	}
 	return first
+}
+
+// admitByDeadline is the deadline-aware admission of a request of n jobs
+// (s.mu held). The requests take turns, one job each per round, so its
+// last job waits for up to n jobs of every request queued before it, and
+// for what is left of the batch in flight. Nil before the first model call
+// has been timed.
+func (s *scorer) admitByDeadline(ctx context.Context, n int) error {
+	c, ok := s.cost.get()
+	if !ok {
+		return nil
+	}
+	jobs := 0
+	for _, g := range s.groups {
+		jobs += min(len(g.jobs), n)
+	}
+	ahead := time.Duration(jobs) * c
+	if s.inflight > 0 {
+		jobs += s.inflight
+		ahead += max(0, time.Duration(s.inflight)*c-time.Since(s.inflightSince))
+	}
+	what := fmt.Sprintf("%d sequences at about %v each", jobs, c.Round(time.Microsecond))
+	if e := deadlineRefusal(ctx, s.timeout, ahead, time.Duration(n)*c, what); e != nil {
+		return e
+	}
+	return nil
 }
 
 // take removes up to n jobs, one from each request in turn.
@@ -454,6 +545,7 @@ func (s *scorer) take(n int) []*scoreJob {
 	}
 	s.groups = order
 	s.metrics.queueDepth.Sub(float64(len(batch)))
+	s.inflight, s.inflightSince = len(batch), time.Now()
 	return batch
 }
 
@@ -488,6 +580,11 @@ func (s *scorer) loop() {
 }
 
 func (s *scorer) runBatch(batch []*scoreJob) {
+	defer func() {
+		s.mu.Lock()
+		s.inflight = 0
+		s.mu.Unlock()
+	}()
 	var live []*scoreJob
 	for _, j := range batch {
 		if err := j.ctx.Err(); err != nil {
@@ -518,6 +615,7 @@ func (s *scorer) runBatch(batch []*scoreJob) {
 		defer stop()
 	}
 	errs := make([]error, len(live))
+	t0 := time.Now()
 	err := s.m.Each(ctx, seqs, func(i int, l runtime.Logits) error {
 		if err := live[i].ctx.Err(); err != nil { // its request is over
 			errs[i] = err
@@ -526,6 +624,11 @@ func (s *scorer) runBatch(batch []*scoreJob) {
 		errs[i] = live[i].fn(l)
 		return nil
 	})
+	if err == nil && ctx.Err() == nil { // a call cut short says nothing of the cost
+		s.cost.observe(time.Since(t0), len(live))
+		c, _ := s.cost.get()
+		s.metrics.cost.WithLabelValues("score").Set(c.Seconds())
+	}
 	for i, j := range live {
 		if err != nil {
 			j.done <- err

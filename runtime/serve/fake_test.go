@@ -23,6 +23,7 @@ import (
 type countModel struct {
 	maxLen int
 	delay  time.Duration
+	speed  atomic.Int64 // when set, the delay in nanoseconds (for tests that change it)
 	calls  atomic.Int64 // model calls
 	mu     sync.Mutex
 	sizes  []int // sequences per call
@@ -50,9 +51,13 @@ func (m *countModel) call(ctx context.Context, batch [][]int32) error {
 			return io.ErrShortBuffer
 		}
 	}
-	if m.delay > 0 {
+	delay := m.delay
+	if d := m.speed.Load(); d != 0 {
+		delay = time.Duration(d)
+	}
+	if delay > 0 {
 		select {
-		case <-time.After(m.delay):
+		case <-time.After(delay):
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -21,6 +21,8 @@ type metrics struct {
 	queueDepth prometheus.Gauge
 	active     prometheus.Gauge
 	batchSize  *prometheus.HistogramVec // kind: decode | score
+	refused    *prometheus.CounterVec   // kind: decode | score; reason: deadline | queue_full | response_memory
+	cost       *prometheus.GaugeVec     // kind: decode | score
 
 	responseMemory prometheus.Gauge
 }
@@ -48,11 +50,17 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "rpac_batch_size", Help: "Sequences per batched model step (decode) or run (score).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}, []string{"kind"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rpac_refused_total", Help: "Requests refused with 429 by kind (decode: completions; score: scores and KServe inferences) and reason: deadline (estimated to end past its timeout), queue_full, response_memory.",
+		}, []string{"kind", "reason"}),
+		cost: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rpac_cost_estimate_seconds", Help: "Moving average of the time of one decoding step (decode) or of one sequence of a scoring run (score), which admission uses.",
+		}, []string{"kind"}),
 		responseMemory: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rpac_response_memory_bytes", Help: "Response memory reserved by KServe inferences and scores in flight.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.tokens, m.queueDepth, m.active, m.batchSize, m.responseMemory)
+	reg.MustRegister(m.requests, m.latency, m.tokens, m.queueDepth, m.active, m.batchSize, m.refused, m.cost, m.responseMemory)
 	return m
 }
 

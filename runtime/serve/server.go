@@ -23,6 +23,9 @@
 //
 // Limits: the request body size, max_tokens, a per-request timeout (which
 // also bounds tokenization), a bounded queue that answers 429 when full,
+// deadline-aware admission (a request that would wait behind work it is
+// estimated not to finish after within its timeout gets 429 at once, with
+// Retry-After, instead of 504 at its timeout; admit.go),
 // the size of a KServe answer and the memory that answers in flight may
 // take, the concurrent connections, and read, write and idle timeouts on
 // every connection (a stream has its own limit per event instead of the
@@ -95,7 +98,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxTokens bounds max_tokens of a completion.
 	MaxTokens int
-	// Timeout bounds the time of one request (504 beyond it).
+	// Timeout bounds the time of one request (504 beyond it). A request
+	// that would have to wait behind other work is refused at once (429
+	// with Retry-After) when the server estimates, from the model calls it
+	// has timed, that it would not end within its remaining time.
 	Timeout time.Duration
 	// MaxInferValues bounds the logits one KServe inference computes
 	// (B·T·V), whichever outputs it asks for.
@@ -251,8 +257,8 @@ func New(m Model, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, m: m, metrics: newMetrics(cfg.Registry), draining: make(chan struct{}), created: time.Now().Unix(),
 		encodeSlots: make(chan struct{}, max(1, goruntime.GOMAXPROCS(0)))}
 	s.closing, s.closeCancel = context.WithCancel(context.Background())
-	s.dec = newDecoder(cfg.Engine, m.EOS(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
-	s.sc = newScorer(m, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, s.metrics)
+	s.dec = newDecoder(cfg.Engine, m.EOS(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue, cfg.Timeout, s.metrics)
+	s.sc = newScorer(m, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, cfg.Timeout, s.metrics)
 	s.routes()
 	return s, nil
 }
@@ -413,6 +419,7 @@ func (s *Server) reserve(n int64, what string) (release func(), err error) {
 	s.respMu.Lock()
 	defer s.respMu.Unlock()
 	if s.respMem+n > s.cfg.ResponseMemory {
+		s.metrics.refused.WithLabelValues("score", "response_memory").Inc()
 		return nil, &apiError{http.StatusTooManyRequests, fmt.Sprintf("the server's memory for answers (%d bytes) is taken by answers in flight; retry later", s.cfg.ResponseMemory)}
 	}
 	s.respMem += n
@@ -451,9 +458,12 @@ func badRequest(format string, args ...any) *apiError {
 func statusOf(err error, timeout time.Duration) (int, string) {
 	var ae *apiError
 	var mbe *http.MaxBytesError
+	var oe *overloadError
 	switch {
 	case errors.As(err, &ae):
 		return ae.code, ae.msg
+	case errors.As(err, &oe):
+		return http.StatusTooManyRequests, oe.msg
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes, the most this server accepts (rpac serve --max-body); send a smaller body", mbe.Limit)
 	case errors.Is(err, errFull):
@@ -472,7 +482,7 @@ func statusOf(err error, timeout time.Duration) (int, string) {
 // routes (the protocol's form), {"error": {"message", "type", "code"}}
 // on the others (the OpenAI form).
 func writeError(w http.ResponseWriter, r *http.Request, code int, msg string) {
-	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "1")
 	}
 	if len(r.URL.Path) >= 4 && r.URL.Path[:4] == "/v2/" {
@@ -493,6 +503,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	code, msg := statusOf(err, s.cfg.Timeout)
 	if code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusGatewayTimeout {
 		logging.Log(r.Context(), s.cfg.Log, slog.LevelError, RequestFailedEvent{Path: r.URL.Path, Status: code, Err: err})
+	}
+	var oe *overloadError
+	if errors.As(err, &oe) {
+		w.Header().Set("Retry-After", oe.retryAfterSeconds())
 	}
 	writeError(w, r, code, msg)
 }
