@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -183,166 +184,94 @@ func (s *seq) skip(wt int) error {
 	return fmt.Errorf("unsupported wire type %d", wt)
 }
 
+// eachMessage calls fn(field, start, end) for every length-delimited field
+// of the message at [off, end) that want accepts, and skips every other
+// field.
+func eachMessage(r io.ReaderAt, off, end int64, want func(field int) bool, fn func(field int, start, end int64) error) error {
+	s := newSeq(r, off, end)
+	for !s.done() {
+		field, wt, err := s.tag()
+		if err != nil {
+			return err
+		}
+		if wt != 2 || !want(field) {
+			if err := s.skip(wt); err != nil {
+				return err
+			}
+			continue
+		}
+		n, err := s.length()
+		if err != nil {
+			return err
+		}
+		if err := fn(field, s.off, s.off+n); err != nil {
+			return err
+		}
+		if err := s.discard(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fields accepts the listed field numbers.
+func fields(want ...int) func(int) bool {
+	return func(f int) bool { return slices.Contains(want, f) }
+}
+
 // scanGraph checks every tensor of the GraphProto at [off, end).
 func (sc *scanConfig) scanGraph(r io.ReaderAt, off, end int64, depth int) error {
 	if depth > maxNesting {
 		return errors.New("subgraphs nested too deep")
 	}
-	s := newSeq(r, off, end)
-	for !s.done() {
-		field, wt, err := s.tag()
-		if err != nil {
-			return err
-		}
-		if wt != 2 || (field != 1 && field != 5 && field != 15) {
-			if err := s.skip(wt); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := s.length()
-		if err != nil {
-			return err
-		}
-		start := s.off
+	return eachMessage(r, off, end, fields(1, 5, 15), func(field int, start, end int64) error {
 		switch field {
 		case 1: // node
-			err = sc.scanNode(r, start, start+n, depth)
+			return sc.scanNode(r, start, end, depth)
 		case 5: // initializer
-			err = sc.scanTensor(r, start, start+n, "initializer")
-		case 15: // sparse_initializer
-			err = sc.scanSparse(r, start, start+n, "sparse initializer")
+			return sc.scanTensor(r, start, end, "initializer")
+		default: // 15: sparse_initializer
+			return sc.scanSparse(r, start, end, "sparse initializer")
 		}
-		if err != nil {
-			return err
-		}
-		if err := s.discard(n); err != nil {
-			return err
-		}
-	}
-	return nil
+	})
 }
 
-// scanFunction checks the nodes of a FunctionProto (ModelProto.functions).
+// scanFunction checks the nodes (field 7) of a FunctionProto
+// (ModelProto.functions).
 func (sc *scanConfig) scanFunction(r io.ReaderAt, off, end int64) error {
-	s := newSeq(r, off, end)
-	for !s.done() {
-		field, wt, err := s.tag()
-		if err != nil {
-			return err
-		}
-		if field != 7 || wt != 2 {
-			if err := s.skip(wt); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := s.length()
-		if err != nil {
-			return err
-		}
-		if err := sc.scanNode(r, s.off, s.off+n, 1); err != nil {
-			return err
-		}
-		if err := s.discard(n); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachMessage(r, off, end, fields(7), func(_ int, start, end int64) error {
+		return sc.scanNode(r, start, end, 1)
+	})
 }
 
-// scanNode checks the tensors and graphs of a NodeProto's attributes.
+// scanNode checks the tensors and graphs of a NodeProto's attributes
+// (field 5).
 func (sc *scanConfig) scanNode(r io.ReaderAt, off, end int64, depth int) error {
-	s := newSeq(r, off, end)
-	for !s.done() {
-		field, wt, err := s.tag()
-		if err != nil {
-			return err
-		}
-		if field != 5 || wt != 2 { // attribute
-			if err := s.skip(wt); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := s.length()
-		if err != nil {
-			return err
-		}
-		if err := sc.scanAttribute(r, s.off, s.off+n, depth); err != nil {
-			return err
-		}
-		if err := s.discard(n); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachMessage(r, off, end, fields(5), func(_ int, start, end int64) error {
+		return sc.scanAttribute(r, start, end, depth)
+	})
 }
 
 // scanAttribute checks an AttributeProto's tensors (t, tensors), sparse
 // tensors and graphs (g, graphs).
 func (sc *scanConfig) scanAttribute(r io.ReaderAt, off, end int64, depth int) error {
-	s := newSeq(r, off, end)
-	for !s.done() {
-		field, wt, err := s.tag()
-		if err != nil {
-			return err
-		}
-		if wt != 2 || (field != 5 && field != 11 && field != 6 && field != 10 && field != 22 && field != 23) {
-			if err := s.skip(wt); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := s.length()
-		if err != nil {
-			return err
-		}
-		start := s.off
+	return eachMessage(r, off, end, fields(5, 11, 6, 10, 22, 23), func(field int, start, end int64) error {
 		switch field {
 		case 5, 11:
-			err = sc.scanTensor(r, start, start+n, "node attribute tensor")
+			return sc.scanTensor(r, start, end, "node attribute tensor")
 		case 6, 10:
-			err = sc.scanGraph(r, start, start+n, depth+1)
-		case 22, 23:
-			err = sc.scanSparse(r, start, start+n, "node attribute sparse tensor")
+			return sc.scanGraph(r, start, end, depth+1)
+		default: // 22, 23
+			return sc.scanSparse(r, start, end, "node attribute sparse tensor")
 		}
-		if err != nil {
-			return err
-		}
-		if err := s.discard(n); err != nil {
-			return err
-		}
-	}
-	return nil
+	})
 }
 
 // scanSparse checks a SparseTensorProto's values (field 1).
 func (sc *scanConfig) scanSparse(r io.ReaderAt, off, end int64, what string) error {
-	s := newSeq(r, off, end)
-	for !s.done() {
-		field, wt, err := s.tag()
-		if err != nil {
-			return err
-		}
-		if field != 1 || wt != 2 {
-			if err := s.skip(wt); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := s.length()
-		if err != nil {
-			return err
-		}
-		if err := sc.scanTensor(r, s.off, s.off+n, what); err != nil {
-			return err
-		}
-		if err := s.discard(n); err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachMessage(r, off, end, fields(1), func(_ int, start, end int64) error {
+		return sc.scanTensor(r, start, end, what)
+	})
 }
 
 // tensorMeta is what the first pass over a TensorProto collects.

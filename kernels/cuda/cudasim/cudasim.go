@@ -153,6 +153,26 @@ func BuildInto(dir string) error {
 	return nil
 }
 
+// EnableForTests is a test binary's TestMain step: with RPAC_CUDA_SIM=1
+// (.ci/run sets it) it enables the simulator and requires the package's
+// GPU tests to run (RPAC_REQUIRE_GPU=1), so that every kernel runs on the
+// CPU from its CUDA source through the unchanged binding code. A simulator
+// that cannot be built (no C++ compiler) exits the binary with status 1:
+// a failure, not a skip. It reports whether the simulator is on.
+func EnableForTests(pkg string) bool {
+	if os.Getenv("RPAC_CUDA_SIM") != "1" {
+		return false
+	}
+	dir, err := Enable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "RPAC_CUDA_SIM=1 and the CUDA simulator cannot be built: %v\n", err)
+		os.Exit(1)
+	}
+	os.Setenv("RPAC_REQUIRE_GPU", "1")
+	fmt.Fprintf(os.Stderr, "%s tests on the CUDA simulator (%s)\n", pkg, dir)
+	return true
+}
+
 // Enable builds the simulator (if needed) and puts its folder first in
 // RPAC_CUDA_LIBS, so the next load of the CUDA libraries binds it. It must
 // run before anything in the process loads them.
