@@ -24,9 +24,12 @@ type countModel struct {
 	maxLen int
 	delay  time.Duration
 	speed  atomic.Int64 // when set, the delay in nanoseconds (for tests that change it)
-	calls  atomic.Int64 // model calls
-	mu     sync.Mutex
-	sizes  []int // sequences per call
+	// gate, when set, holds every call until it is closed (or the call's
+	// context ends): a test sets up its state without racing the model.
+	gate  chan struct{}
+	calls atomic.Int64 // model calls
+	mu    sync.Mutex
+	sizes []int // sequences per call
 }
 
 const (
@@ -49,6 +52,13 @@ func (m *countModel) call(ctx context.Context, batch [][]int32) error {
 	for _, s := range batch {
 		if len(s) == 0 || len(s) > m.maxLen {
 			return io.ErrShortBuffer
+		}
+	}
+	if m.gate != nil {
+		select {
+		case <-m.gate:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	delay := m.delay

@@ -237,7 +237,7 @@ func TestLimits(t *testing.T) {
 // TestQueueFull: with one slot and a queue of one, a third concurrent
 // completion gets 429 while the first two are served.
 func TestQueueFull(t *testing.T) {
-	m := &countModel{delay: 20 * time.Millisecond}
+	m := &countModel{gate: make(chan struct{})} // the first request holds the slot until the gate opens
 	s, ts := newTest(t, m, Config{MaxBatch: 1, Queue: 1})
 	codes := make(chan int, 2)
 	for range 2 {
@@ -250,6 +250,7 @@ func TestQueueFull(t *testing.T) {
 	if code != http.StatusTooManyRequests || !strings.Contains(errorMessage(v), "queue is full") {
 		t.Fatalf("third request: %d %v, want 429", code, v)
 	}
+	close(m.gate)
 	for range 2 {
 		if c := <-codes; c != http.StatusOK {
 			t.Errorf("queued request: %d", c)
