@@ -62,14 +62,13 @@ type Provenance struct {
 
 // Origin returns the export's provenance: the manifest's record, or, for a
 // manifest written before it had one, what its fold record's "meta" says
-// (weights, source, step, data_dir, synthetic, seed) with the manifest's
-// tokenizer and EOS. It never returns nil.
+// (weights, source, step, data_dir, synthetic, seed). Its tokenizer and EOS
+// are always the manifest's own, the ones the runtime feeds the model
+// with. It never returns nil.
 func (m *Manifest) Origin() *Provenance {
 	if m.Provenance != nil {
 		p := *m.Provenance
-		if p.Tokenizer == "" {
-			p.Tokenizer, p.EOS = m.Tokenizer, m.EOS
-		}
+		p.Tokenizer, p.EOS = m.Tokenizer, m.EOS
 		return &p
 	}
 	var fold struct {

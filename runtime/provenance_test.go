@@ -46,6 +46,12 @@ func TestProvenanceRoundTrip(t *testing.T) {
 		legacy.Seed != 7 || string(legacy.Synthetic) != string(want.Synthetic) || legacy.Dataset != "synthetic" {
 		t.Fatalf("legacy round trip: %+v", legacy)
 	}
+	// The manifest's tokenizer and EOS, which the runtime uses, win over a
+	// record that disagrees.
+	got.Tokenizer, got.EOS = "other", 2
+	if o := got.Origin(); o.Tokenizer != "other" || o.EOS != 2 || got.Provenance.Tokenizer != "synthetic" {
+		t.Fatalf("Origin tokenizer %q eos %d", o.Tokenizer, o.EOS)
+	}
 	// A malformed record is refused.
 	m.Provenance = &Provenance{Synthetic: json.RawMessage(`[1]`)}
 	if err := m.Validate(); err == nil {
