@@ -52,6 +52,11 @@ type Manifest struct {
 	// KVCache describes the KV-cache graphs (`rpac export --kv-cache`):
 	// nil when the export has none. See KVCache.
 	KVCache *KVCache `json:"kv_cache,omitempty"`
+	// Provenance records where the export came from (run, weights, data,
+	// tokenizer, splits, commit, fold, precision); nil in manifests written
+	// before it existed. Readers use Origin, which falls back to what such
+	// a manifest recorded.
+	Provenance *Provenance `json:"provenance,omitempty"`
 }
 
 // File is one file of an export.
@@ -211,6 +216,11 @@ func (m *Manifest) Validate() error {
 	for _, L := range m.Lengths {
 		if n := models[L] - kv[kvKey{L, GraphPrefill}] - kv[kvKey{L, GraphDecode}]; n != 1 {
 			return fmt.Errorf("manifest has %d .onnx files for length %d, want exactly one", n, L)
+		}
+	}
+	if m.Provenance != nil {
+		if err := m.Provenance.validate(); err != nil {
+			return err
 		}
 	}
 	return m.validateKV(kv)

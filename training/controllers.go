@@ -147,26 +147,45 @@ func (c *controllers) ensureAcc() {
 	}
 }
 
-// intervalDiagnostics writes the interval's mean diagnostics into rec and
-// returns the per-layer expert usage.
-func (c *controllers) intervalDiagnostics(rec map[string]any) [][]float64 {
+// intervalStats are an evaluation interval's mean diagnostics over its
+// steps: what the τ controllers observe (Guardian's Observation) and what
+// the metrics record writes. Zero when the model has no fuzzy layers or the
+// interval no steps.
+type intervalStats struct {
+	// Usage is the per-layer expert usage (nil: no diagnostics).
+	Usage [][]float64
+	// MuEntropy, SatFrac and GateDelta are the means over layers of the
+	// membership entropy H(μ) and the saturation fraction, and the change
+	// of the expert usage since the previous interval.
+	MuEntropy, SatFrac, GateDelta float64
+}
+
+// observation is Guardian's input for an interval evaluated at ce.
+func (s intervalStats) observation(ce float64) control.Observation {
+	return control.Observation{GateDelta: s.GateDelta, SatFrac: s.SatFrac, MuEntropy: s.MuEntropy, ValCE: ce}
+}
+
+// intervalDiagnostics computes the interval's mean diagnostics and writes
+// them into rec.
+func (c *controllers) intervalDiagnostics(rec map[string]any) intervalStats {
 	a := &c.cs.Acc
 	c.ensureAcc()
-	var usage [][]float64
+	var st intervalStats
 	if layers := len(a.H); layers > 0 && a.Steps > 0 {
 		n := float64(a.Steps)
 		hs, sats := make([]float64, layers), make([]float64, layers)
-		usage = make([][]float64, layers)
+		usage := make([][]float64, layers)
 		for l := range layers {
 			hs[l], sats[l] = a.H[l]/n, a.Sat[l]/n
 			for _, u := range a.Usage[l] {
 				usage[l] = append(usage[l], u/n)
 			}
 		}
-		rec["mu_entropy_layers"], rec["mu_entropy"] = hs, mean(hs)
-		rec["sat_frac_layers"], rec["sat_frac"] = sats, mean(sats)
+		st = intervalStats{Usage: usage, MuEntropy: mean(hs), SatFrac: mean(sats), GateDelta: control.GateDelta(c.cs.PrevUsage, usage)}
+		rec["mu_entropy_layers"], rec["mu_entropy"] = hs, st.MuEntropy
+		rec["sat_frac_layers"], rec["sat_frac"] = sats, st.SatFrac
 		rec["expert_usage"] = usage
-		rec["gate_delta"] = control.GateDelta(c.cs.PrevUsage, usage)
+		rec["gate_delta"] = st.GateDelta
 	}
 	rec["tau_att"] = c.tauNow()
 	if c.cs.Game != nil {
@@ -180,43 +199,35 @@ func (c *controllers) intervalDiagnostics(rec map[string]any) [][]float64 {
 		}
 	}
 	rec["train_ce_by_context"] = byCtx
-	return usage
+	return st
 }
 
 // endOfInterval runs the τ controllers' end-of-interval hooks on the
 // evaluation's CE (Guardian learns and, before the last step, acts; the
 // scripted schedule observes), then starts the next interval.
-func (c *controllers) endOfInterval(step int, ce float64, final bool, usage [][]float64, rec map[string]any) {
+func (c *controllers) endOfInterval(step int, ce float64, final bool, st intervalStats, rec map[string]any) {
 	cs := c.cs
 	switch {
 	case cs.Guardian != nil:
-		c.guardianInterval(step, ce, final, rec)
+		c.guardianInterval(step, st.observation(ce), final, rec)
 	case cs.Scripted != nil:
 		cs.Scripted.Observe(ce)
 		rec["scripted_nudge"] = cs.Scripted.Nudging
 	}
-	cs.PrevUsage = usage
+	cs.PrevUsage = st.Usage
 	cs.Epoch++
 	cs.Acc = EpochStats{}
 	c.ensureAcc()
 }
 
-func (c *controllers) guardianInterval(step int, ce float64, final bool, rec map[string]any) {
+// guardianInterval lets Guardian learn from the interval's evaluation
+// (obs.ValCE) and, before the last step, act on obs.
+func (c *controllers) guardianInterval(step int, obs control.Observation, final bool, rec map[string]any) {
 	g := c.cs.Guardian
-	r, adv := g.Learn(ce)
+	r, adv := g.Learn(obs.ValCE)
 	rec["guardian_reward"], rec["guardian_advantage"] = r, nanNull(adv)
 	if !final {
 		g.Beta = g.Cfg.BetaAt(step)
-		obs := control.Observation{ValCE: ce}
-		if v, ok := rec["gate_delta"].(float64); ok {
-			obs.GateDelta = v
-		}
-		if v, ok := rec["sat_frac"].(float64); ok {
-			obs.SatFrac = v
-		}
-		if v, ok := rec["mu_entropy"].(float64); ok {
-			obs.MuEntropy = v
-		}
 		tau := c.tauNow()
 		act := g.Act(obs, tau)
 		c.setTaus(tau...)

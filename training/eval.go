@@ -193,13 +193,13 @@ func (r *run) evaluate(lr float64) error {
 		r.res.FinalEMACE = ece
 		rec["val_ce_ema"], rec["val_ppl_ema"] = ece, math.Exp(ece)
 	}
-	usage := r.ctl.intervalDiagnostics(rec)
+	diag := r.ctl.intervalDiagnostics(rec)
 	if cs.SWA != nil {
 		if err := r.swaSelect(ce, nb, rec); err != nil {
 			return err
 		}
 	}
-	r.ctl.endOfInterval(r.st.Step, ce, final, usage, rec)
+	r.ctl.endOfInterval(r.st.Step, ce, final, diag, rec)
 	ev := EvalEvent{Step: r.st.Step, Steps: r.plan.Steps, Split: r.ds.EvalName, CE: ce, Tokens: res.Tokens,
 		EMACE: math.NaN(), SWACE: math.NaN()}
 	if res.Recall != nil && res.Recall.Total > 0 { // no answers in the evaluated chunks: no recall

@@ -11,6 +11,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -259,4 +260,28 @@ func (r *Run) Lengths() []int {
 		return []int{r.State.Context}
 	}
 	return nil
+}
+
+// Tokenizer names the tokenizer of the run's ids and its end-of-sequence
+// id.
+func (r *Run) Tokenizer() (string, int) {
+	if r.Dataset() == "synthetic" {
+		return "synthetic", int(data.SynBOS)
+	}
+	return data.GPT2TokenizerName, int(data.GPT2EOS)
+}
+
+// Provenance is the run's part of an export's record: where the weights
+// come from (run, checkpoint, weight set, step), the data and its options,
+// the splits and the tokenizer. The exporter adds how it compiled them.
+func (r *Run) Provenance() *runtime.Provenance {
+	tok, eos := r.Tokenizer()
+	p := &runtime.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
+		Dataset: r.Dataset(), DataDir: r.DataDir(), TrainSplit: r.TrainSplit(), EvalSplit: r.EvalSplit(),
+		Protocol: r.State.Protocol, Tokenizer: tok, EOS: eos}
+	if p.Dataset == "synthetic" {
+		p.Synthetic, _ = json.Marshal(r.options.Synthetic)
+		p.Seed = r.Seed()
+	}
+	return p
 }

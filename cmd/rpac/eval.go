@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	goruntime "runtime"
-	"strconv"
 	"sync"
 	"time"
 
@@ -75,7 +74,7 @@ func evalAction(c *cli.Context) error {
 		return err
 	}
 	defer m.Close()
-	ids, name, err := loadSplit(c, man.Tokenizer, exportMeta(man))
+	ids, name, err := loadSplit(c, man.Origin())
 	if err != nil {
 		return err
 	}
@@ -114,11 +113,11 @@ func evalAction(c *cli.Context) error {
 	return nil
 }
 
-// loadSplit reads the token ids of --split for a model whose ids come from
-// tokenizer.
-// meta is the export's record of its training run (exportMeta): the
-// default data directory and the synthetic corpus's shape and seed.
-func loadSplit(c *cli.Context, tokenizer string, meta map[string]string) ([]int32, string, error) {
+// loadSplit reads the token ids of --split for an export whose provenance
+// is prov: its tokenizer says which data its ids come from, and its run's
+// data directory and synthetic corpus (options and seed) are the defaults.
+func loadSplit(c *cli.Context, prov *runtime.Provenance) ([]int32, string, error) {
+	tokenizer := prov.Tokenizer
 	ds := c.String("dataset")
 	if ds == "" {
 		switch tokenizer {
@@ -137,8 +136,8 @@ func loadSplit(c *cli.Context, tokenizer string, meta map[string]string) ([]int3
 			return nil, "", err
 		}
 		dir := c.String("data-dir")
-		if _, err := os.Stat(meta["data_dir"]); dir == "" && err == nil {
-			dir = meta["data_dir"]
+		if _, err := os.Stat(prov.DataDir); dir == "" && prov.DataDir != "" && err == nil {
+			dir = prov.DataDir
 		}
 		loc := data.Locator{DataDir: dir, Log: logger(c)}
 		dir, err := loc.Locate(c.Context)
@@ -152,14 +151,14 @@ func loadSplit(c *cli.Context, tokenizer string, meta map[string]string) ([]int3
 		return ids, "wikitext2 " + split, nil
 	case "synthetic":
 		var cfg data.SyntheticConfig
-		if js := meta["synthetic"]; js != "" {
-			if err := json.Unmarshal([]byte(js), &cfg); err != nil {
-				return nil, "", fmt.Errorf("the export's manifest records a bad synthetic corpus %q: %v", js, err)
+		if js := prov.Synthetic; len(js) > 0 {
+			if err := json.Unmarshal(js, &cfg); err != nil {
+				return nil, "", fmt.Errorf("the export's manifest records a bad synthetic corpus %s: %v", js, err)
 			}
 		}
 		seed := c.Uint64("seed")
-		if s, err := strconv.ParseUint(meta["seed"], 10, 64); err == nil && !c.IsSet("seed") {
-			seed = s
+		if len(prov.Synthetic) > 0 && !c.IsSet("seed") {
+			seed = prov.Seed
 		}
 		corp, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, cfg)
 		if err != nil {
@@ -197,16 +196,4 @@ func scoreRows(l runtime.Logits, targets []int32) float64 {
 		s += x
 	}
 	return s
-}
-
-// exportMeta is what the export recorded of its training run (empty when
-// the manifest has nothing).
-func exportMeta(man *runtime.Manifest) map[string]string {
-	var fold struct {
-		Meta map[string]string `json:"meta"`
-	}
-	if len(man.Fold) == 0 || json.Unmarshal(man.Fold, &fold) != nil || fold.Meta == nil {
-		return map[string]string{}
-	}
-	return fold.Meta
 }

@@ -379,6 +379,10 @@ type servingEvent struct {
 	Tokenizer     string // the manifest's
 	Tokenizes     bool   // false: prompts must be token ids
 	KVCacheLength []int  // nil: completions recompute the context
+	// Weights and Step say which weights are served (the export's
+	// provenance; "" and 0 when it records none).
+	Weights string
+	Step    int
 }
 
 func (e servingEvent) Name() string { return "serve.start" }
@@ -389,6 +393,9 @@ func (e servingEvent) Attrs() []slog.Attr {
 		slog.String("tokenizer", e.Tokenizer), slog.Bool("text_prompts", e.Tokenizes)}
 	if len(e.KVCacheLength) > 0 {
 		a = append(a, slog.Any("kv_cache_lengths", e.KVCacheLength))
+	}
+	if e.Weights != "" {
+		a = append(a, slog.String("weights", e.Weights), slog.Int("step", e.Step))
 	}
 	return a
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -15,7 +14,6 @@ import (
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
-	"github.com/rpac-dev/rpac/training/data"
 	"github.com/urfave/cli/v2"
 )
 
@@ -163,16 +161,7 @@ func exportAction(c *cli.Context) error {
 			return fmt.Errorf("the data's vocabulary (%d) is larger than the model's (%d)", ds.Vocab, run.Config.Vocab)
 		}
 	}
-	tok, eos := tokenizerOf(run.Dataset())
-	meta := map[string]string{"weights": run.Weights, "source": run.Checkpoint, "step": fmt.Sprint(run.State.Step)}
-	if d := run.DataDir(); d != "" {
-		meta["data_dir"] = d // rpac eval's default data
-	}
-	if run.Dataset() == "synthetic" {
-		spec := run.DataSpec("", "", "")
-		js, _ := json.Marshal(spec.Synthetic)
-		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
-	}
+	tok, eos := run.Tokenizer()
 	dtype, err := ir.ParsePrecision(c.String("dtype"))
 	if err != nil {
 		return fmt.Errorf("--dtype: %w", err)
@@ -183,7 +172,7 @@ func exportAction(c *cli.Context) error {
 		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize, KVCache: c.Bool("kv-cache"),
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
-		Out: c.String("out"), Tokenizer: tok, EOS: eos, Meta: meta,
+		Out: c.String("out"), Tokenizer: tok, EOS: eos, Provenance: run.Provenance(),
 		DumpIR: c.String("dump-ir"), Dump: c.App.Writer, Log: log,
 	}
 	if ds != nil {
@@ -259,14 +248,6 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// tokenizerOf names the tokenizer and EOS of a dataset's ids.
-func tokenizerOf(dataset string) (string, int) {
-	if dataset == "synthetic" {
-		return "synthetic", int(data.SynBOS)
-	}
-	return data.GPT2TokenizerName, int(data.GPT2EOS)
 }
 
 // openRun opens the run named by --run or --checkpoint and selects its

@@ -81,6 +81,12 @@ func inspectONNX(w io.Writer, path string) error {
 		fmt.Fprintf(w, "lengths    %s (this file: %s)\n", l, s.Metadata["length"])
 	}
 	io.WriteString(w, s.String())
+	if js := s.Metadata["provenance"]; js != "" {
+		var p runtime.Provenance
+		if json.Unmarshal([]byte(js), &p) == nil {
+			printProvenance(w, &p)
+		}
+	}
 	if f := s.Metadata["fold"]; f != "" {
 		var fold export.Fold
 		if json.Unmarshal([]byte(f), &fold) == nil {
@@ -101,6 +107,36 @@ func printFold(w io.Writer, f export.Fold) {
 	}
 }
 
+// printProvenance describes where an export came from (what it records).
+func printProvenance(w io.Writer, p *runtime.Provenance) {
+	if p.Weights != "" || p.Checkpoint != "" {
+		fmt.Fprintf(w, "source     %s weights at step %d of %s\n", orDash(p.Weights), p.Step, orDash(p.Checkpoint))
+	}
+	if p.Dataset != "" {
+		fmt.Fprintf(w, "data       %s", p.Dataset)
+		if p.TrainSplit != "" || p.EvalSplit != "" {
+			fmt.Fprintf(w, ", trained on %s, evaluated on %s", orDash(p.TrainSplit), orDash(p.EvalSplit))
+		}
+		if p.DataDir != "" {
+			fmt.Fprintf(w, " (%s)", p.DataDir)
+		}
+		if len(p.Synthetic) > 0 {
+			fmt.Fprintf(w, " seed %d, options %s", p.Seed, compactJSON(p.Synthetic))
+		}
+		fmt.Fprintln(w)
+	}
+	if p.Fold != "" {
+		q := p.Quantize
+		if q == "" {
+			q = "none"
+		}
+		fmt.Fprintf(w, "compiled   fold %s, attention %s, precision %s, quantize %s\n", p.Fold, p.Attention, orDash(p.Precision), q)
+	}
+	if p.Commit != "" {
+		fmt.Fprintf(w, "commit     %s\n", p.Commit)
+	}
+}
+
 func inspectExport(w io.Writer, dir string) error {
 	man, err := runtime.ReadManifest(dir)
 	if err != nil {
@@ -113,6 +149,7 @@ func inspectExport(w io.Writer, dir string) error {
 	if len(man.Config) > 0 {
 		fmt.Fprintf(w, "config     %s\n", compactJSON(man.Config))
 	}
+	printProvenance(w, man.Origin())
 	if len(man.Fold) > 0 {
 		var fold export.Fold
 		if err := json.Unmarshal(man.Fold, &fold); err == nil {

@@ -109,7 +109,8 @@ func serveAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if man.Tokenizer == data.GPT2TokenizerName {
+	prov := man.Origin()
+	if prov.Tokenizer == data.GPT2TokenizerName {
 		cfg.Tokenizer = data.NewTokenizer()
 	}
 	m, err := openModel(c.Context, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: cfg.Tokenizer})
@@ -126,8 +127,8 @@ func serveAction(c *cli.Context) error {
 		return fmt.Errorf("--addr: %w", err)
 	}
 	report(c, servingEvent{Model: cfg.Name, Dir: dir, Lengths: m.Lengths(), Batch: m.BatchSize(), URL: "http://" + ln.Addr().String(),
-		MaxBatch: cfg.MaxBatch, MaxWait: cfg.MaxWait, Queue: cfg.Queue, Tokenizer: man.Tokenizer, Tokenizes: cfg.Tokenizer != nil,
-		KVCacheLength: m.KVCacheLengths()})
+		MaxBatch: cfg.MaxBatch, MaxWait: cfg.MaxWait, Queue: cfg.Queue, Tokenizer: prov.Tokenizer, Tokenizes: cfg.Tokenizer != nil,
+		KVCacheLength: m.KVCacheLengths(), Weights: prov.Weights, Step: prov.Step})
 	t0 := time.Now()
 	err = s.Serve(c.Context, ln)
 	report(c, stoppedEvent{After: time.Since(t0)})

@@ -97,9 +97,13 @@ type Options struct {
 	// end-of-sequence id (padding).
 	Tokenizer string
 	EOS       int
-	// Meta is added to the metadata of every file and to the manifest's
-	// fold record (weights used, source run, ...).
-	Meta map[string]string
+	// Provenance is the record of the run the weights come from (run,
+	// checkpoint, weights, step, data, splits; see training.Run.Provenance).
+	// Export completes it with the tokenizer, the EOS, the commit (when the
+	// caller has none: runtime.BuildCommit) and the fold, attention,
+	// precision and quantization, and writes it into the manifest and every
+	// file's metadata. nil: a record of the export settings alone.
+	Provenance *runtime.Provenance
 	// DumpIR names a pass of passes.ExportPipeline after which the graph is
 	// printed to Dump ("all": after every pass).
 	DumpIR string
@@ -288,14 +292,14 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	}
 	lengths := append([]int(nil), o.Lengths...)
 	sort.Ints(lengths)
-	lenStr := make([]string, len(lengths))
-	for i, T := range lengths {
-		lenStr[i] = strconv.Itoa(T)
-	}
 	res := &Result{Dir: o.Out}
+	prov := o.provenance()
 	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
-		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model}
-	fold := Fold{Mode: o.Fold, Attention: o.Attention, Meta: o.Meta, BiasDropped: o.DropBias}
+		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model, Provenance: prov}
+	fold := Fold{Mode: o.Fold, Attention: o.Attention, BiasDropped: o.DropBias}
+	if o.Provenance != nil {
+		fold.Meta = prov.LegacyMeta() // for readers of exports older than Provenance
+	}
 	if o.DType.Reduced() {
 		fold.DType, fold.IO = o.DType.String(), onnx.LowPrecisionNote
 	}
@@ -324,25 +328,10 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		fold.Layers = append(fold.Layers, rep.Layers...)
 		perFold := fold
 		perFold.Layers = rep.Layers
-		foldJSON, _ := json.Marshal(perFold)
-		meta := map[string]string{
-			"lengths": strings.Join(lenStr, ","), "length": strconv.Itoa(T), "batch": strconv.Itoa(o.Batch),
-			"vocab_size": strconv.Itoa(o.Config.Vocab), "tokenizer": o.Tokenizer, "eos": strconv.Itoa(o.EOS),
-			"model": o.Config.Model, "config": string(cfgJSON), "fold": string(foldJSON),
-		}
-		for k, v := range o.Meta {
-			if _, taken := meta[k]; !taken {
-				meta[k] = v
-			}
-		}
-		if o.Quantize != onnx.QuantizeNone {
-			meta["quantize"] = o.Quantize
-			meta["int8_weight_max"] = strconv.Itoa(onnx.Int8WeightMax)
-		}
-		if o.DType.Reduced() {
-			meta["dtype"] = o.DType.String()
-		}
-		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
+		meta := Metadata{Lengths: lengths, Length: T, Batch: strconv.Itoa(o.Batch), VocabSize: o.Config.Vocab,
+			Tokenizer: o.Tokenizer, EOS: o.EOS, Model: o.Config.Model, Config: cfgJSON, Fold: &perFold,
+			Quantize: o.Quantize, DType: o.DType, Provenance: prov}
+		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta.Props(),
 			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize, Precision: o.DType})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
@@ -403,6 +392,20 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.Manifest = man
 	return res, nil
+}
+
+// provenance is o.Provenance completed with the export's own facts.
+func (o *Options) provenance() *runtime.Provenance {
+	p := &runtime.Provenance{}
+	if o.Provenance != nil {
+		*p = *o.Provenance
+	}
+	p.Tokenizer, p.EOS = o.Tokenizer, o.EOS
+	if p.Commit == "" {
+		p.Commit = runtime.BuildCommit()
+	}
+	p.Fold, p.Attention, p.Precision, p.Quantize = o.Fold, o.Attention, o.DType.String(), o.Quantize
+	return p
 }
 
 // GraphOptions select the export pipeline's variants.

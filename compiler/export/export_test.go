@@ -136,7 +136,7 @@ func doExport(t *testing.T, v variant, batch int) exported {
 	st := smallStore(t, &cfg, lengths...)
 	dir := t.TempDir()
 	res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Batch: batch,
-		Fold: v.fold, Attention: v.attention, Quantize: v.quantize, Out: dir, Tokenizer: "test", EOS: 3, Meta: map[string]string{"weights": "last"}})
+		Fold: v.fold, Attention: v.attention, Quantize: v.quantize, Out: dir, Tokenizer: "test", EOS: 3, Provenance: &runtime.Provenance{Weights: "last"}})
 	if err != nil {
 		t.Fatalf("%s: %v", v, err)
 	}

@@ -31,7 +31,7 @@ var kvGraphs = []struct {
 // FusedAttention nodes, so with another lowering the graph is built again
 // with AttentionOp and the ONNX attention is spelled out as o.Attention
 // says.
-func exportKV(o *Options, T int, g *ir.Graph, meta map[string]string) (onnx.KVLayout, []runtime.File, error) {
+func exportKV(o *Options, T int, g *ir.Graph, meta Metadata) (onnx.KVLayout, []runtime.File, error) {
 	if o.Attention != passes.AttentionOp {
 		var err error
 		g, _, err = Graph(&o.Config, T, 1, o.Store, GraphOptions{Fold: o.Fold, Attention: passes.AttentionOp})
@@ -42,14 +42,10 @@ func exportKV(o *Options, T int, g *ir.Graph, meta map[string]string) (onnx.KVLa
 	var lay onnx.KVLayout
 	var files []runtime.File
 	for _, k := range kvGraphs {
-		m := map[string]string{"graph": string(k.kind)}
-		for key, v := range meta {
-			if key != "batch" {
-				m[key] = v
-			}
-		}
+		m := meta
+		m.Batch, m.Graph = "", k.kind
 		mp, l, err := onnx.LowerKV(g, storeWeights(o.Store), onnx.KVOptions{Graph: k.kv, PlainAttention: o.Attention == passes.AttentionPlain},
-			onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: m, GraphName: fmt.Sprintf("rpac_%s_L%d_%s", o.Config.Model, T, k.kind)})
+			onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: m.Props(), GraphName: fmt.Sprintf("rpac_%s_L%d_%s", o.Config.Model, T, k.kind)})
 		if err != nil {
 			return onnx.KVLayout{}, nil, err
 		}

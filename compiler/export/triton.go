@@ -135,20 +135,17 @@ func tritonLength(o *TritonOptions, T int) (TritonModel, error) {
 	if err != nil {
 		return TritonModel{}, err
 	}
-	meta := map[string]string{"length": strconv.Itoa(T), "batch": batchDimName, "max_batch_size": strconv.Itoa(o.MaxBatch),
-		"vocab_size": strconv.Itoa(o.Config.Vocab), "tokenizer": o.Tokenizer, "eos": strconv.Itoa(o.EOS),
-		"model": o.Config.Model, "config": string(cfgJSON), "fold": o.Fold, "attention": o.Attention}
-	for k, v := range o.Meta {
-		if _, taken := meta[k]; !taken {
-			meta[k] = v
-		}
+	meta := Metadata{Length: T, Batch: batchDimName, MaxBatch: o.MaxBatch, VocabSize: o.Config.Vocab,
+		Tokenizer: o.Tokenizer, EOS: o.EOS, Model: o.Config.Model, Config: cfgJSON, FoldMode: o.Fold, Attention: o.Attention}
+	if o.Provenance != nil {
+		meta.Provenance = o.provenance()
 	}
 	for i, B := range []int{1, 2} {
 		g, _, err := Graph(&o.Config, T, B, o.Store, GraphOptions{Fold: o.Fold, Attention: o.Attention})
 		if err != nil {
 			return TritonModel{}, err
 		}
-		lowered[i], err = Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta,
+		lowered[i], err = Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta.Props(),
 			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T)})
 		if err != nil {
 			return TritonModel{}, err
