@@ -47,6 +47,7 @@ type recordedOptions struct {
 	Seed       uint64 `json:"Seed"`
 	Dataset    string `json:"Dataset"`
 	Synthetic  data.SyntheticConfig
+	MQAR       data.MQARConfig
 }
 
 // OpenRun opens path: a run directory (holding checkpoint/ or, after an
@@ -247,7 +248,7 @@ func (r *Run) DataSpec(dir, trainSplit, evalSplit string) DataSpec {
 	if evalSplit == "" {
 		evalSplit = r.EvalSplit()
 	}
-	return DataSpec{Name: r.Dataset(), Dir: dir, TrainSplit: trainSplit, EvalSplit: evalSplit, Seed: r.Seed(), Synthetic: r.options.Synthetic}
+	return DataSpec{Name: r.Dataset(), Dir: dir, TrainSplit: trainSplit, EvalSplit: evalSplit, Seed: r.Seed(), Synthetic: r.options.Synthetic, MQAR: r.options.MQAR}
 }
 
 // Lengths are the run's trained context lengths.

@@ -173,6 +173,11 @@ func exportAction(c *cli.Context) error {
 		js, _ := json.Marshal(spec.Synthetic)
 		meta["synthetic"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
 	}
+	if run.Dataset() == "mqar" {
+		spec := run.DataSpec("", "", "")
+		js, _ := json.Marshal(spec.MQAR.WithDefaults())
+		meta["mqar"], meta["seed"] = string(js), fmt.Sprint(spec.Seed) // rpac eval's corpus
+	}
 	dtype, err := ir.ParsePrecision(c.String("dtype"))
 	if err != nil {
 		return fmt.Errorf("--dtype: %w", err)
@@ -265,6 +270,9 @@ func contains(list []string, s string) bool {
 func tokenizerOf(dataset string) (string, int) {
 	if dataset == "synthetic" {
 		return "synthetic", int(data.SynBOS)
+	}
+	if dataset == "mqar" {
+		return "mqar", int(data.MQARBOS)
 	}
 	return data.GPT2TokenizerName, int(data.GPT2EOS)
 }
