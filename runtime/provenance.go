@@ -35,6 +35,9 @@ type Provenance struct {
 	// Synthetic holds the synthetic corpus's options
 	// (training/data.SyntheticConfig, opaque here); absent for real data.
 	Synthetic json.RawMessage `json:"synthetic,omitempty"`
+	// MQAR holds the MQAR corpus's shape (training/data.MQARConfig, opaque
+	// here); absent for other data.
+	MQAR json.RawMessage `json:"mqar,omitempty"`
 	// TrainSplit and EvalSplit are the splits the run trained and
 	// evaluated on; Protocol describes the protocol for people.
 	TrainSplit string `json:"train_split,omitempty"`
@@ -91,6 +94,7 @@ const (
 	metaStep      = "step"
 	metaDataDir   = "data_dir"
 	metaSynthetic = "synthetic"
+	metaMQAR      = "mqar"
 	metaSeed      = "seed"
 )
 
@@ -105,6 +109,9 @@ func (p *Provenance) LegacyMeta() map[string]string {
 	if len(p.Synthetic) > 0 {
 		out[metaSynthetic], out[metaSeed] = string(p.Synthetic), strconv.FormatUint(p.Seed, 10)
 	}
+	if len(p.MQAR) > 0 {
+		out[metaMQAR], out[metaSeed] = string(p.MQAR), strconv.FormatUint(p.Seed, 10)
+	}
 	return out
 }
 
@@ -118,6 +125,9 @@ func ProvenanceFromMeta(meta map[string]string) *Provenance {
 	}
 	if js := meta[metaSynthetic]; js != "" && json.Valid([]byte(js)) {
 		p.Synthetic, p.Dataset = json.RawMessage(js), "synthetic"
+	}
+	if js := meta[metaMQAR]; js != "" && json.Valid([]byte(js)) {
+		p.MQAR, p.Dataset = json.RawMessage(js), "mqar"
 	}
 	if s, err := strconv.ParseUint(meta[metaSeed], 10, 64); err == nil {
 		p.Seed = s

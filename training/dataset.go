@@ -20,18 +20,27 @@ type Dataset struct {
 	Vocab      int
 	Train      []int32
 	Eval       []int32
-	Synthetic  *data.SyntheticCorpus // set for the synthetic corpus (recall accuracy)
+	Synthetic  *data.SyntheticCorpus // set for the synthetic corpus
+	MQAR       *data.MQARCorpus      // set for the MQAR corpus
+	// Answers marks the answer positions of Eval (nil: no recall is
+	// scored); evaluations report recall_acc on them.
+	Answers *data.AnswerStream
+	// Align, when above 1, makes training chunks start at multiples of it
+	// (the generated corpora's sequence length), so that every chunk begins
+	// with a whole sequence's pairs.
+	Align int
 	// Dir is the WikiText-2 directory the splits came from (absolute).
 	Dir string
 }
 
 // DataSpec names a run's data.
 type DataSpec struct {
-	Name                  string // wikitext2 (default) | synthetic
+	Name                  string // wikitext2 (default) | synthetic | mqar
 	Dir                   string // WikiText-2 directory ("" = the usual lookup)
 	TrainSplit, EvalSplit string
 	Seed                  uint64               // the synthetic corpus's seed
 	Synthetic             data.SyntheticConfig // the synthetic corpus's shape (zero: defaults)
+	MQAR                  data.MQARConfig      // the MQAR corpus's shape (zero: defaults)
 }
 
 // LoadDataset resolves and encodes the data of a run.
@@ -77,10 +86,29 @@ func LoadDataset(ctx context.Context, spec DataSpec, log *slog.Logger) (*Dataset
 		}
 		sc := spec.Synthetic.WithDefaults()
 		return &Dataset{Name: "synthetic", Protocol: fmt.Sprintf("synthetic long-span recall corpus (sequences of %d tokens, %d pairs, query ≥ %d tokens after its statement; train and eval streams from different seeds)", sc.SeqLen, sc.Pairs, sc.MinGap),
-			EvalName: "synthetic-eval", Vocab: data.SyntheticVocab, Train: c.Train.IDs, Eval: c.Eval.IDs, Synthetic: c}, nil
+			EvalName: "synthetic-eval", Vocab: data.SyntheticVocab, Train: c.Train.IDs, Eval: c.Eval.IDs, Synthetic: c,
+			Answers: &c.Eval.AnswerStream}, nil
+	case "mqar":
+		c, err := data.NewMQARCorpus(int64(seed), MQARTrainTokens, MQAREvalTokens, spec.MQAR)
+		if err != nil {
+			return nil, err
+		}
+		mc := spec.MQAR.WithDefaults()
+		return &Dataset{Name: "mqar", Protocol: fmt.Sprintf("MQAR multi-query associative recall (sequences of %d tokens, %d pairs, query distance %d–%d, vocab %d; train and eval streams from different seeds)", mc.SeqLen, mc.Pairs, mc.MinDist, mc.MaxDist, mc.Vocab),
+			EvalName: "mqar-eval", Vocab: mc.Vocab, Train: c.Train.IDs, Eval: c.Eval.IDs, MQAR: c,
+			Answers: &c.Eval.AnswerStream, Align: mc.SeqLen}, nil
 	}
-	return nil, fmt.Errorf("unknown dataset %q (choose wikitext2 or synthetic)", name)
+	return nil, fmt.Errorf("unknown dataset %q (choose wikitext2, synthetic or mqar)", name)
 }
+
+// The MQAR corpus's stream sizes: the train stream is large enough that a
+// run of a few thousand steps rarely sees a sequence twice (4M tokens), the
+// eval stream is 256K tokens. rpac eval regenerates the same streams
+// (cmd/rpac/eval.go: keep both in step).
+const (
+	MQARTrainTokens = 1 << 22
+	MQAREvalTokens  = 1 << 18
+)
 
 // TrainLen is the number of training tokens.
 func (d *Dataset) TrainLen() int { return len(d.Train) }

@@ -91,8 +91,8 @@ func (e *evaluator) run(ds *Dataset, maxBatches int, wantBias bool) (EvalResult,
 			break
 		}
 		var mask []bool
-		if ds.Synthetic != nil {
-			mask = ds.Synthetic.Eval.BatchAnswerMask(eb, bi)
+		if ds.Answers != nil {
+			mask = ds.Answers.BatchAnswerMask(eb, bi)
 			if res.Recall == nil {
 				res.Recall = &data.Recall{}
 			}

@@ -16,10 +16,12 @@ import (
 type Options struct {
 	Preset  string
 	Model   string // fuzzy | baseline ("" = preset)
-	Dataset string // wikitext2 | synthetic
+	Dataset string // wikitext2 | synthetic | mqar
 	DataDir string
 	// Synthetic shapes the synthetic corpus (zero fields: defaults).
-	Synthetic     data.SyntheticConfig
+	Synthetic data.SyntheticConfig
+	// MQAR shapes the MQAR corpus (zero fields: defaults).
+	MQAR          data.MQARConfig
 	TrainSplit    string
 	EvalSplit     string
 	Context       int // 0 = the preset's first context (with the context game: the longest game context); the evaluation length
@@ -151,5 +153,5 @@ func DefaultGameContexts(presetName string, T int) []int {
 
 // DataSpec is the run's data.
 func (o Options) DataSpec() DataSpec {
-	return DataSpec{Name: o.Dataset, Dir: o.DataDir, TrainSplit: o.TrainSplit, EvalSplit: o.EvalSplit, Seed: o.Seed, Synthetic: o.Synthetic}
+	return DataSpec{Name: o.Dataset, Dir: o.DataDir, TrainSplit: o.TrainSplit, EvalSplit: o.EvalSplit, Seed: o.Seed, Synthetic: o.Synthetic, MQAR: o.MQAR}
 }

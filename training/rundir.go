@@ -48,6 +48,7 @@ type recordedOptions struct {
 	Seed       uint64 `json:"Seed"`
 	Dataset    string `json:"Dataset"`
 	Synthetic  data.SyntheticConfig
+	MQAR       data.MQARConfig
 }
 
 // OpenRun opens path: a run directory (holding checkpoint/ or, after an
@@ -248,7 +249,7 @@ func (r *Run) DataSpec(dir, trainSplit, evalSplit string) DataSpec {
 	if evalSplit == "" {
 		evalSplit = r.EvalSplit()
 	}
-	return DataSpec{Name: r.Dataset(), Dir: dir, TrainSplit: trainSplit, EvalSplit: evalSplit, Seed: r.Seed(), Synthetic: r.options.Synthetic}
+	return DataSpec{Name: r.Dataset(), Dir: dir, TrainSplit: trainSplit, EvalSplit: evalSplit, Seed: r.Seed(), Synthetic: r.options.Synthetic, MQAR: r.options.MQAR}
 }
 
 // Lengths are the run's trained context lengths.
@@ -265,8 +266,11 @@ func (r *Run) Lengths() []int {
 // Tokenizer names the tokenizer of the run's ids and its end-of-sequence
 // id.
 func (r *Run) Tokenizer() (string, int) {
-	if r.Dataset() == "synthetic" {
+	switch r.Dataset() {
+	case "synthetic":
 		return "synthetic", int(data.SynBOS)
+	case "mqar":
+		return "mqar", int(data.MQARBOS)
 	}
 	return data.GPT2TokenizerName, int(data.GPT2EOS)
 }
@@ -279,8 +283,12 @@ func (r *Run) Provenance() *runtime.Provenance {
 	p := &runtime.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
 		Dataset: r.Dataset(), DataDir: r.DataDir(), TrainSplit: r.TrainSplit(), EvalSplit: r.EvalSplit(),
 		Protocol: r.State.Protocol, Tokenizer: tok, EOS: eos}
-	if p.Dataset == "synthetic" {
+	switch p.Dataset {
+	case "synthetic":
 		p.Synthetic, _ = json.Marshal(r.options.Synthetic)
+		p.Seed = r.Seed()
+	case "mqar":
+		p.MQAR, _ = json.Marshal(r.options.MQAR.WithDefaults())
 		p.Seed = r.Seed()
 	}
 	return p

@@ -377,6 +377,9 @@ func (r *run) newBatchers() error {
 		if r.batchers[i], err = data.NewTrainBatcher(r.ds.Train, l.T, l.Batch*l.T, seed); err != nil {
 			return err
 		}
+		if err := r.batchers[i].SetAlign(r.ds.Align); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -21,7 +21,7 @@ func ablateCommand() *cli.Command {
 			"Finished runs (their result.json) are reused, so an interrupted ablation continues where it stopped.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
-			&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic"},
+			&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
 			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
 			&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on"},
 			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
@@ -80,11 +80,15 @@ func ablateCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			mq, err := mqarFromFlags(c)
+			if err != nil {
+				return err
+			}
 			finalBatches := c.Int("final-eval-batches")
 			if finalBatches == 0 {
 				finalBatches = -1 // the whole split
 			}
-			base := training.Options{Synthetic: syn,
+			base := training.Options{Synthetic: syn, MQAR: mq,
 				Preset: preset.Name, Dataset: c.String("dataset"), DataDir: c.String("data-dir"),
 				TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
 				TokensPerStep: c.Int("tokens-per-step"), EvalEvery: evalEvery, EvalBatches: c.Int("eval-batches"),
@@ -106,8 +110,11 @@ func ablateCommand() *cli.Command {
 				}
 			}
 			protocol := fmt.Sprintf("train on %s, evaluate on %s", c.String("train-split"), c.String("eval-split"))
-			if c.String("dataset") == "synthetic" {
+			switch c.String("dataset") {
+			case "synthetic":
 				protocol = "synthetic corpus"
+			case "mqar":
+				protocol = "MQAR corpus"
 			}
 			header := []string{
 				fmt.Sprintf("- command: `rpac %s`", strings.Join(os.Args[1:], " ")),

@@ -23,7 +23,7 @@ func evalCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
 			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (default: the training run's, else $RPAC_DATA, the user cache, then a download)"},
-			&cli.StringFlag{Name: "dataset", Usage: "wikitext2|synthetic (default: from the model's tokenizer)"},
+			&cli.StringFlag{Name: "dataset", Usage: "wikitext2|synthetic|mqar (default: from the model's tokenizer)"},
 			&cli.StringFlag{Name: "split", Value: "valid", Usage: "split to evaluate (wikitext2: train|valid|test; synthetic: eval|train)"},
 			&cli.IntFlag{Name: "length", Usage: "context length T of the evaluation chunks (default: the longest exported length)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "sequences per onnxruntime call"},
@@ -123,10 +123,10 @@ func loadSplit(c *cli.Context, prov *runtime.Provenance) ([]int32, string, error
 		switch tokenizer {
 		case data.GPT2TokenizerName:
 			ds = "wikitext2"
-		case "synthetic":
-			ds = "synthetic"
+		case "synthetic", "mqar":
+			ds = tokenizer
 		default:
-			return nil, "", fmt.Errorf("the export's tokenizer %q is not one this build knows (%s or synthetic); pass --dataset to say which data its ids come from", tokenizer, data.GPT2TokenizerName)
+			return nil, "", fmt.Errorf("the export's tokenizer %q is not one this build knows (%s, synthetic or mqar); pass --dataset to say which data its ids come from", tokenizer, data.GPT2TokenizerName)
 		}
 	}
 	split := c.String("split")
@@ -171,8 +171,30 @@ func loadSplit(c *cli.Context, prov *runtime.Provenance) ([]int32, string, error
 			return corp.Train.IDs, "synthetic train", nil
 		}
 		return nil, "", fmt.Errorf("--split %q: the synthetic corpus has eval and train", split)
+	case "mqar":
+		var cfg data.MQARConfig
+		if js := prov.MQAR; len(js) > 0 {
+			if err := json.Unmarshal(js, &cfg); err != nil {
+				return nil, "", fmt.Errorf("the export's manifest records a bad MQAR corpus %s: %v", js, err)
+			}
+		}
+		seed := c.Uint64("seed")
+		if len(prov.MQAR) > 0 && !c.IsSet("seed") {
+			seed = prov.Seed
+		}
+		corp, err := data.NewMQARCorpus(int64(seed), 1<<22, 1<<18, cfg)
+		if err != nil {
+			return nil, "", err
+		}
+		switch split {
+		case "eval", "valid":
+			return corp.Eval.IDs, "mqar eval", nil
+		case "train":
+			return corp.Train.IDs, "mqar train", nil
+		}
+		return nil, "", fmt.Errorf("--split %q: the MQAR corpus has eval and train", split)
 	}
-	return nil, "", fmt.Errorf("--dataset %q: want wikitext2 or synthetic", ds)
+	return nil, "", fmt.Errorf("--dataset %q: want wikitext2, synthetic or mqar", ds)
 }
 
 // scoreRows sums the next-token NLL of every row of l against targets,

@@ -112,7 +112,7 @@ func trainCommand() *cli.Command {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
 		&cli.StringFlag{Name: "model", Value: "fuzzy", Usage: "fuzzy|baseline"},
-		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic"},
+		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
 		&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
 		&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on (train|valid|test)"},
 		&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
@@ -170,13 +170,17 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			mq, err := mqarFromFlags(c)
+			if err != nil {
+				return err
+			}
 			modelName := ""
 			if c.IsSet("model") {
 				modelName = c.String("model")
 			}
 			o := training.Options{
 				Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
-				ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget, Synthetic: syn,
+				ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget, Synthetic: syn, MQAR: mq,
 				InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
 				DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
 				Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
@@ -213,7 +217,27 @@ func syntheticFlags() []cli.Flag {
 		&cli.IntFlag{Name: "syn-len", Usage: "synthetic corpus: tokens per sequence (default 256)"},
 		&cli.IntFlag{Name: "syn-pairs", Usage: "synthetic corpus: key-value statements (and queries) per sequence (default 4)"},
 		&cli.IntFlag{Name: "syn-gap", Usage: "synthetic corpus: least distance from a statement to its query (default half the sequence)"},
+		&cli.IntFlag{Name: "mqar-len", Usage: "MQAR corpus: tokens per sequence (default 128)"},
+		&cli.IntFlag{Name: "mqar-pairs", Usage: "MQAR corpus: key-value pairs (and queries) per sequence (default 8)"},
+		&cli.IntFlag{Name: "mqar-vocab", Usage: "MQAR corpus: vocabulary size, half keys and half values (default 256)"},
+		&cli.IntFlag{Name: "mqar-min-dist", Usage: "MQAR corpus: least distance from a pair's key to its query's key (default 1)"},
+		&cli.IntFlag{Name: "mqar-max-dist", Usage: "MQAR corpus: most distance from a pair's key to its query's key (default the sequence length)"},
 	}
+}
+
+// mqarFromFlags reads the MQAR corpus's shape; the corpus checks it.
+func mqarFromFlags(c *cli.Context) (data.MQARConfig, error) {
+	cfg := data.MQARConfig{SeqLen: c.Int("mqar-len"), Pairs: c.Int("mqar-pairs"), Vocab: c.Int("mqar-vocab"),
+		MinDist: c.Int("mqar-min-dist"), MaxDist: c.Int("mqar-max-dist")}
+	if cfg.SeqLen < 0 || cfg.Pairs < 0 || cfg.Vocab < 0 || cfg.MinDist < 0 || cfg.MaxDist < 0 {
+		return cfg, fmt.Errorf("--mqar-len, --mqar-pairs, --mqar-vocab, --mqar-min-dist and --mqar-max-dist must not be negative")
+	}
+	if cfg != (data.MQARConfig{}) {
+		if err := cfg.Validate(); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
 }
 
 // syntheticFromFlags reads the synthetic corpus's shape; the corpus checks it.

@@ -2,7 +2,10 @@ package model
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+
+	"github.com/rpac-dev/rpac/ir"
 
 	"github.com/rpac-dev/rpac/kernels"
 )
@@ -37,6 +40,8 @@ func InitStore(specs []Spec, st *kernels.Store, seed uint64) error {
 				v = (2*r.Float64() - 1) * s.Init.Scale
 			case "const":
 				v = s.Init.Scale
+			case "sinusoid":
+				v = s.Init.Scale * sinusoid(i, s.Shape)
 			default:
 				return fmt.Errorf("%s: unknown init %q", s.Name, s.Init.Kind)
 			}
@@ -44,6 +49,18 @@ func InitStore(specs []Spec, st *kernels.Store, seed uint64) error {
 		}
 	}
 	return nil
+}
+
+// sinusoid is element i of the [rows, D] sinusoidal position table:
+// row p, column 2k is sin(p/10000^(2k/D)), column 2k+1 the cosine.
+func sinusoid(i int, shape ir.Shape) float64 {
+	d := shape[len(shape)-1]
+	p, j := i/d, i%d
+	f := math.Pow(10000, -float64(j-j%2)/float64(d))
+	if j%2 == 0 {
+		return math.Sin(float64(p) * f)
+	}
+	return math.Cos(float64(p) * f)
 }
 
 func hashName(s string) uint64 {

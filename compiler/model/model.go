@@ -32,8 +32,8 @@ type Opts struct {
 
 // Init says how a parameter or buffer starts.
 type Init struct {
-	Kind  string  // "normal", "uniform", "const"
-	Scale float64 // std (normal), bound (uniform) or the value (const)
+	Kind  string  // "normal", "uniform", "const", "sinusoid"
+	Scale float64 // std (normal), bound (uniform), the value (const) or the amplitude (sinusoid)
 }
 
 // Spec is a parameter or buffer the graph reads from the store.
@@ -292,7 +292,11 @@ func (b *builder) build() error {
 	D, T, B := c.DModel, o.T, o.B
 	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
 	tok := b.paramDecay("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02}, true)
-	pos := b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, Init{"normal", 0.02}, true)
+	posInit := Init{"normal", 0.02}
+	if c.PosInit == "sinusoid" {
+		posInit = Init{"sinusoid", 0.02 * math.Sqrt2} // RMS 0.02, as the normal init
+	}
+	pos := b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true)
 	x := b.op("Gather", nil, tok, ids)
 	p := pos
 	if T < c.MaxLen {

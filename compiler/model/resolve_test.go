@@ -207,6 +207,7 @@ func TestValidateAllProblems(t *testing.T) {
 // checks that a size made of overrides builds.
 func TestPresetParamCounts(t *testing.T) {
 	want := map[string][2]int{ // fuzzy, baseline
+		"mqar":  {759380, 461312},
 		"tiny":  {7159508, 6861440},
 		"small": {18524072, 16152320},
 		"paper": {91698090, 63533250},

@@ -41,8 +41,10 @@ type RNGState struct {
 type TrainBatcher struct {
 	ids  []int32
 	t, b int
-	pcg  *rand.PCG
-	rng  *rand.Rand
+	// align > 1 makes chunks start at multiples of align (SetAlign).
+	align int
+	pcg   *rand.PCG
+	rng   *rand.Rand
 }
 
 // NewTrainBatcher returns a batcher over ids for context T and batch
@@ -60,6 +62,18 @@ func NewTrainBatcher(ids []int32, T, tokensPerStep int, seed uint64) (*TrainBatc
 	}
 	pcg := rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)
 	return &TrainBatcher{ids: ids, t: T, b: BatchSize(tokensPerStep, T), pcg: pcg, rng: rand.New(pcg)}, nil
+}
+
+// SetAlign makes every chunk start at a multiple of align (uniform among
+// such starts): with a generated corpus of sequences of align tokens, each
+// chunk then begins at a sequence's start. align ≤ 1 (the default) allows
+// every start. It fails when no aligned chunk fits.
+func (tb *TrainBatcher) SetAlign(align int) error {
+	if align > 1 && len(tb.ids) < tb.t+1 {
+		return fmt.Errorf("training batches: no chunk of %d tokens fits", tb.t+1)
+	}
+	tb.align = align
+	return nil
 }
 
 // BatchSize returns B.
@@ -87,7 +101,12 @@ func (tb *TrainBatcher) NextInto(bt *Batch) {
 		bt.Y = make([]int32, n)
 	}
 	for r := range tb.b {
-		i := tb.rng.IntN(len(tb.ids) - tb.t)
+		var i int
+		if tb.align > 1 {
+			i = tb.align * tb.rng.IntN((len(tb.ids)-tb.t-1)/tb.align+1)
+		} else {
+			i = tb.rng.IntN(len(tb.ids) - tb.t)
+		}
 		copy(bt.X[r*tb.t:(r+1)*tb.t], tb.ids[i:i+tb.t])
 		copy(bt.Y[r*tb.t:(r+1)*tb.t], tb.ids[i+1:i+tb.t+1])
 	}

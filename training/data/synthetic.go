@@ -99,17 +99,23 @@ func (c SyntheticConfig) Validate() error {
 	return nil
 }
 
-// SyntheticStream is one generated token stream.
-type SyntheticStream struct {
-	Config SyntheticConfig // with defaults applied
-	Seed   int64
-	// IDs holds whole sequences of Config.SeqLen tokens followed by one
-	// final SynBOS, so that with T = SeqLen (or a multiple) every sequence
+// AnswerStream is a token stream whose recall is scored at marked
+// positions: the generated corpora (synthetic, MQAR) share it.
+type AnswerStream struct {
+	// IDs holds whole sequences of the corpus's SeqLen tokens followed by
+	// one final BOS, so that with T = SeqLen (or a multiple) every sequence
 	// is exactly one evaluation chunk (see EvalChunks).
 	IDs []int32
 	// Answers[p] marks IDs[p] as the value of a query: the positions whose
 	// prediction measures recall.
 	Answers []bool
+}
+
+// SyntheticStream is one generated token stream.
+type SyntheticStream struct {
+	Config SyntheticConfig // with defaults applied
+	Seed   int64
+	AnswerStream
 }
 
 // SyntheticCorpus is a pair of streams from the same language with
@@ -149,8 +155,8 @@ func Synthetic(seed int64, nTokens int, cfg SyntheticConfig) (*SyntheticStream, 
 	nSeq := max(1, (nTokens-1+cfg.SeqLen-1)/cfg.SeqLen)
 	g := newGrammar(cfg.Grammar)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x73796e7468657469))
-	s := &SyntheticStream{Config: cfg, Seed: seed,
-		IDs: make([]int32, 0, nSeq*cfg.SeqLen+1), Answers: make([]bool, nSeq*cfg.SeqLen+1)}
+	s := &SyntheticStream{Config: cfg, Seed: seed, AnswerStream: AnswerStream{
+		IDs: make([]int32, 0, nSeq*cfg.SeqLen+1), Answers: make([]bool, nSeq*cfg.SeqLen+1)}}
 	for range nSeq {
 		s.IDs = appendSequence(s.IDs, s.Answers, cfg, g, rng)
 	}
@@ -245,7 +251,7 @@ func appendSequence(ids []int32, answers []bool, cfg SyntheticConfig, g *grammar
 // AnswerMask returns the answer marks of the targets of the chunk whose
 // first input token is IDs[start]: element j marks target IDs[start+1+j],
 // for n targets. With EvalChunks over IDs, chunk i has start i*T.
-func (s *SyntheticStream) AnswerMask(start, n int) []bool {
+func (s *AnswerStream) AnswerMask(start, n int) []bool {
 	lo, hi := start+1, start+1+n
 	out := make([]bool, n)
 	if lo < len(s.Answers) {
@@ -255,7 +261,7 @@ func (s *SyntheticStream) AnswerMask(start, n int) []bool {
 }
 
 // NumAnswers returns the number of answer positions in the stream.
-func (s *SyntheticStream) NumAnswers() int {
+func (s *AnswerStream) NumAnswers() int {
 	n := 0
 	for _, a := range s.Answers {
 		if a {
@@ -306,7 +312,7 @@ func RecallAccuracy(pred, targets []int32, mask []bool) (Recall, error) {
 
 // BatchAnswerMask returns the [B,T] answer mask of evaluation batch k of eb
 // over this stream's IDs (eb must have been built on s.IDs).
-func (s *SyntheticStream) BatchAnswerMask(eb *EvalBatcher, k int) []bool {
+func (s *AnswerStream) BatchAnswerMask(eb *EvalBatcher, k int) []bool {
 	t, b := eb.chunks.t, eb.b
 	out := make([]bool, 0, b*t)
 	for r := range b {
