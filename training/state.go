@@ -3,6 +3,7 @@ package training
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -157,9 +158,18 @@ func (r *run) restore(prev *Run) error {
 }
 
 // marshalOptions records the run's options in state.json.
+// JSON has no infinities: the CLI's default SWA zone "0,inf" is recorded
+// as its documented equivalent 0 (without this the whole record was null,
+// and export and eval lost the run's seed and corpus shape).
 func marshalOptions(o Options) json.RawMessage {
 	o.Log, o.Progress = nil, nil
-	b, _ := json.Marshal(o)
+	if math.IsInf(o.Control.SWAZoneHi, 1) {
+		o.Control.SWAZoneHi = 0
+	}
+	b, err := json.Marshal(o)
+	if err != nil {
+		return nil
+	}
 	return b
 }
 
