@@ -160,6 +160,17 @@ func (e *evaluator) biases() [][]float32 {
 // snapshot), the EMA and SWA weights, SWA-select's decision and the τ
 // controllers' end-of-interval hooks; one metrics record.
 func (r *run) evaluate(lr float64) error {
+	if err := r.state.toHost(); err != nil {
+		return err
+	}
+	if err := r.evaluateOnHost(lr); err != nil {
+		return err
+	}
+	return r.state.toDevice() // the controllers may have set τ
+}
+
+// evaluateOnHost is evaluate with the store current.
+func (r *run) evaluateOnHost(lr float64) error {
 	scale := r.ctl.plainScale(r.st.Step)
 	final := r.st.Step == r.plan.Steps
 	nb := r.o.EvalBatches

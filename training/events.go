@@ -59,8 +59,11 @@ type StartEvent struct {
 	TokensPerStep, Steps, From int
 	Dataset, Protocol          string
 	Backend                    string
-	Controller                 string // "" or none: no controller
-	EMA, SWA, Chaos, Glide     bool
+	// Optimizer says where the weights, moments, clipping and EMA are
+	// updated: "host" or "device".
+	Optimizer              string
+	Controller             string // "" or none: no controller
+	EMA, SWA, Chaos, Glide bool
 }
 
 func (e StartEvent) Name() string { return "train.start" }
@@ -100,7 +103,8 @@ func (e StartEvent) Attrs() []slog.Attr {
 	if e.From > 0 {
 		a = append(a, slog.Int("resume_from", e.From))
 	}
-	a = append(a, slog.String("dataset", e.Dataset), slog.String("protocol", e.Protocol), slog.String("backend", e.Backend))
+	a = append(a, slog.String("dataset", e.Dataset), slog.String("protocol", e.Protocol), slog.String("backend", e.Backend),
+		slog.String("optimizer", e.Optimizer))
 	if e.Controller != "" && e.Controller != "none" {
 		a = append(a, slog.String("controller", e.Controller))
 	}
@@ -134,6 +138,9 @@ func (e StartEvent) Text() string {
 		b.WriteString("; " + strings.Join(on, ", "))
 	}
 	fmt.Fprintf(&b, "; backend %s", e.Backend)
+	if e.Optimizer == "device" {
+		b.WriteString(", training state on the device")
+	}
 	return b.String()
 }
 

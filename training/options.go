@@ -44,8 +44,9 @@ type Options struct {
 	// drive a run through the CUDA backend's dry-run device with it).
 	Backend   kernels.Backend
 	Precision ir.Precision // GEMM arithmetic (CUDA: bf16 by default)
-	// HostOptimizer keeps the optimizer on the host on CUDA (`rpac bench
-	// train --host-optimizer`: the state before device-resident training).
+	// HostOptimizer keeps the optimizer, the clipping and the EMA on the
+	// host on CUDA (--host-optimizer); by default a CUDA run keeps its
+	// training state on the device (optstate.go).
 	HostOptimizer bool
 	LR            float64 // 0 = preset
 	Dropout       float64 // <0 = preset

@@ -13,7 +13,6 @@ import (
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
-	"github.com/rpac-dev/rpac/training/optim"
 )
 
 // stateFormat is the RunState format this build writes (1 and 2 are read).
@@ -84,8 +83,7 @@ type EpochStats struct {
 }
 
 // saveCheckpoint writes the store, the optimizer and the run state atomically.
-func saveCheckpoint(dir string, store *kernels.Store, opt *optim.AdamW, st *RunState) error {
-	mom, steps := opt.Export()
+func saveCheckpoint(dir string, store *kernels.Store, mom []checkpoint.Named, steps int, st *RunState) error {
 	st.OptimStep = steps
 	js, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {

@@ -98,7 +98,10 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		gnorm := optim.ClipGlobalNorm(out.Grads, r.plan.GradClip)
+		gnorm, err := r.state.clip(out, r.plan.GradClip)
+		if err != nil {
+			return nil, err
+		}
 		if !finite(out.Loss) || !finite(gnorm) {
 			if err := r.skipStep(set, out, gnorm); err != nil {
 				return nil, err
@@ -107,11 +110,13 @@ func Train(ctx context.Context, o Options) (*Result, error) {
 		}
 		r.badRun = 0
 		lr := r.plan.Schedule.LR(r.st.Step) * set.Chaos
-		if err := r.opt.Step(r.w.params, out.Grads, lr); err != nil {
+		if err := r.state.step(out, lr); err != nil {
 			return nil, err
 		}
 		r.updateRunning(out)
-		r.w.updateEMA(r.ctl.cs)
+		if err := r.state.updateEMA(r.ctl.cs); err != nil {
+			return nil, err
+		}
 		r.ctl.afterStep(set.Context, out)
 		if err := r.logStep(set, out, gnorm, lr); err != nil {
 			return nil, err
@@ -143,7 +148,8 @@ type run struct {
 	st       *RunState
 	store    *kernels.Store
 	backend  kernels.Backend
-	opt      *optim.AdamW
+	opt      *optim.AdamW // the host optimizer (its state moves to state)
+	state    optState     // where the weights and moments are updated
 	w        *weightSets
 	ctl      *controllers
 	batchers []*data.TrainBatcher
@@ -351,6 +357,9 @@ func (r *run) initState(prev *Run) error {
 	if r.w, err = newWeightSets(r.store, mg.Params(), cs); err != nil {
 		return err
 	}
+	if r.state, err = newOptState(o, r.backend, r.store, r.opt, r.w); err != nil {
+		return err
+	}
 	r.res = &Result{Params: model.CountParams(mg.Specs), Out: o.Out, InitialLoss: math.NaN(), FinalLoss: math.NaN(),
 		FinalValCE: float64(r.st.LastValCE), FinalEMACE: math.NaN(),
 		FinalSWACE: math.NaN(), FinalRecall: math.NaN(), Plan: p}
@@ -445,7 +454,7 @@ func (r *run) logStart() {
 	cfg := &p.Config
 	ev := StartEvent{Model: cfg.Model, Config: cfg.Summary(), Align: cfg.UseRPA, Preset: p.Preset, Params: r.res.Params,
 		Context: p.EvalT, TokensPerStep: p.TokensPerStep, Steps: p.Steps, From: r.st.Step, Dataset: r.ds.Name,
-		Protocol: r.ds.Protocol, Backend: r.backend.Name(), Controller: ctl.controller(), EMA: ctl.EMA, SWA: ctl.SWA,
+		Protocol: r.ds.Protocol, Backend: r.backend.Name(), Optimizer: r.optimizerPlace(), Controller: ctl.controller(), EMA: ctl.EMA, SWA: ctl.SWA,
 		Chaos: ctl.Chaos, Glide: ctl.DropoutGlide}
 	if p.Game() {
 		ev.Games = p.Contexts
@@ -461,9 +470,20 @@ func (r *run) logStart() {
 	}
 }
 
+// optimizerPlace is where the training state is updated: host or device.
+func (r *run) optimizerPlace() string {
+	if r.state.onDevice() {
+		return "device"
+	}
+	return "host"
+}
+
 func (r *run) close() {
 	for _, s := range r.steps {
 		s.Close()
+	}
+	if r.state != nil {
+		r.state.close()
 	}
 	if r.eval != nil {
 		r.eval.Close()
@@ -502,6 +522,10 @@ func (r *run) step(ci int, dropout float64) (*Step, error) {
 	cfg := r.plan.Config
 	s, err := CompileStep(&cfg, r.store, r.backend, l.T, l.Batch, l.Micro, dropout, r.dumpContext())
 	if err != nil {
+		return nil, err
+	}
+	if err := r.state.prepare(s); err != nil {
+		s.Close()
 		return nil, err
 	}
 	r.steps[key] = s
@@ -570,6 +594,9 @@ func (r *run) intervalEnds() bool {
 
 // save writes the checkpoint (weights, optimizer, state, data streams).
 func (r *run) save() error {
+	if err := r.state.toHost(); err != nil {
+		return err
+	}
 	r.ctl.plainScale(r.st.Step)
 	r.st.DataRNGs = r.st.DataRNGs[:0]
 	for _, b := range r.batchers {
@@ -583,7 +610,11 @@ func (r *run) save() error {
 	if name := nonFinite(r.store); name != "" {
 		return fmt.Errorf("refusing to write a checkpoint at step %d: %s holds a non-finite value (the last good checkpoint in %s is kept); lower --lr", r.st.Step, name, r.ckDir)
 	}
-	return saveCheckpoint(r.ckDir, r.store, r.opt, r.st)
+	mom, steps, err := r.state.moments()
+	if err != nil {
+		return err
+	}
+	return saveCheckpoint(r.ckDir, r.store, mom, steps, r.st)
 }
 
 func (r *run) interrupted() error {

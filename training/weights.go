@@ -16,6 +16,9 @@ type weightSets struct {
 	ema    [][]float32 // nil without EMA
 	swa    [][]float32 // nil until SWA-select has a member
 	backup [][]float32
+	// afterSwap, when set, runs after with swaps a set in and after it
+	// swaps the raw weights back (a device copy of the weights follows).
+	afterSwap func() error
 }
 
 func newWeightSets(store *kernels.Store, names []string, cs *ControlState) (*weightSets, error) {
@@ -77,6 +80,15 @@ func (w *weightSets) joinSWA(n int) error {
 	return nil
 }
 
+// byName indexes a set (raw, ema or swa) by parameter name.
+func (w *weightSets) byName(set [][]float32) map[string][]float32 {
+	m := make(map[string][]float32, len(w.names))
+	for i, n := range w.names {
+		m[n] = set[i]
+	}
+	return m
+}
+
 // with runs f with the parameters replaced by set (nil: the raw weights).
 func (w *weightSets) with(set [][]float32, f func() error) error {
 	if set == nil {
@@ -92,9 +104,22 @@ func (w *weightSets) with(set [][]float32, f func() error) error {
 		copy(w.backup[i], w.raw[i])
 		copy(w.raw[i], set[i])
 	}
-	err := f()
+	err := w.swapped()
+	if err == nil {
+		err = f()
+	}
 	for i := range w.raw {
 		copy(w.raw[i], w.backup[i])
 	}
+	if serr := w.swapped(); err == nil {
+		err = serr
+	}
 	return err
+}
+
+func (w *weightSets) swapped() error {
+	if w.afterSwap == nil {
+		return nil
+	}
+	return w.afterSwap()
 }

@@ -48,7 +48,6 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
-					&cli.BoolFlag{Name: "host-optimizer", Usage: "on CUDA, clip and step AdamW on the host (weights up and gradients down every step) instead of on the device"},
 					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200: trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
 				}, memoryFlagDefs()...),
 				Action: benchTrain,

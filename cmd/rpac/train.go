@@ -187,7 +187,7 @@ func trainCommand() *cli.Command {
 				Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
 				FinalEvalBatches: c.Int("final-eval-batches"),
 				EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"), StopAfter: c.Int("stop-after"),
-				Device: device, Precision: precision, LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
+				Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
 				GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl,
 				Log: logger(c), Progress: c.App.ErrWriter,
 			}
@@ -289,6 +289,7 @@ func memoryFlagDefs() []cli.Flag {
 		&cli.StringFlag{Name: "precision", Usage: "GEMM inputs on CUDA: bf16 (default there) | fp32 (exact parity with the CPU backend); the CPU computes in fp32"},
 		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
 		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process, cgroup limits included)"},
+		&cli.BoolFlag{Name: "host-optimizer", Usage: "on CUDA, clip, step AdamW and average the EMA on the host (weights up and gradients down every step) instead of on the device"},
 	}
 }
 

@@ -231,7 +231,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 2 * w * n
 	case "f32_to_bf16_kernel", "bf16_to_f32_kernel":
 		e.Bytes = 6 * n
-	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32":
+	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
 	case "adamw_f32":
 		e.Bytes = 7 * w * n // p, g, m, v read; p, m, v written

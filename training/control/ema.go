@@ -33,12 +33,19 @@ func (e *EMA) Rate() float64 {
 // Update moves each shadow toward its weight (shadow and w are paired by
 // index and must have equal lengths).
 func (e *EMA) Update(shadow, w [][]float32) {
-	d := float32(e.Rate())
+	d := e.Next()
 	for k, s := range shadow {
 		x := w[k]
 		for i := range s {
 			s[i] = d*s[i] + (1-d)*x[i]
 		}
 	}
+}
+
+// Next returns the rate of the update about to be made and counts it (an
+// update made elsewhere, on a device, with the same rounding).
+func (e *EMA) Next() float32 {
+	d := float32(e.Rate())
 	e.Updates++
+	return d
 }

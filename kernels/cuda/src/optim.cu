@@ -102,3 +102,10 @@ extern "C" __global__ void adamw_f64_f32(float* p, const float* g, float* m, flo
         p[i] = (float)__dsub_rn(__dmul_rn((double)p[i], decay), __ddiv_rn(__dmul_rn(step, mi), denom));
     }
 }
+
+// ema_f32: the EMA of the weights, s = d·s + (1 − d)·w, each operation
+// rounded on its own (no FMA), as training/control's EMA.Update.
+extern "C" __global__ void ema_f32(float* s, const float* w, float d, i64 n) {
+    float c = 1.0f - d;
+    GRID_STRIDE(i, n) s[i] = __fadd_rn(__fmul_rn(d, s[i]), __fmul_rn(c, w[i]));
+}
