@@ -39,7 +39,10 @@ type Step struct {
 	// micro-batches accumulated there by devAcc.
 	onDevice bool
 	devAcc   *cuda.GradAccumulator
-	store    *kernels.Store
+	// sat counts the saturated memberships on the device (one slot per
+	// micro-batch and layer) when the step runs there.
+	sat   *cuda.SatCounter
+	store *kernels.Store
 }
 
 // StepResult is what one step computed. Its slices are valid until the
@@ -154,6 +157,13 @@ func (s *Step) KeepGradsOnDevice(be *cuda.Backend) error {
 		}
 		s.devAcc = acc
 	}
+	if n := len(s.graph.Layers) * (s.Batch / s.Micro); n > 0 && s.sat == nil {
+		sat, err := cuda.NewSatCounter(be, n)
+		if err != nil {
+			return err
+		}
+		s.sat = sat
+	}
 	s.onDevice, s.acc = true, nil
 	return nil
 }
@@ -162,6 +172,9 @@ func (s *Step) KeepGradsOnDevice(be *cuda.Backend) error {
 func (s *Step) Close() {
 	if s.devAcc != nil {
 		s.devAcc.Close()
+	}
+	if s.sat != nil {
+		s.sat.Close()
 	}
 	s.prog.Close()
 }
@@ -182,7 +195,9 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 	if len(x) != s.Batch*s.T || len(y) != s.Batch*s.T {
 		return nil, fmt.Errorf("step: %d inputs and %d targets, want %d×%d", len(x), len(y), s.Batch, s.T)
 	}
-	s.resetStats()
+	if err := s.resetStats(); err != nil {
+		return nil, err
+	}
 	w := 1 / float64(n)
 	for k := 0; k < n; k++ {
 		lo, hi := k*s.Micro*s.T, (k+1)*s.Micro*s.T
@@ -202,15 +217,62 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 			if err := s.deviceGrads(k, float32(w)); err != nil {
 				return nil, err
 			}
+			if err := s.countSaturated(k); err != nil {
+				return nil, err
+			}
 		} else {
 			s.gatherGrads(k, float32(w))
 		}
 		s.gatherStats(w)
 	}
+	if err := s.addSaturated(w); err != nil {
+		return nil, err
+	}
 	return &s.res, nil
 }
 
-func (s *Step) resetStats() {
+// countSaturated counts micro-batch k's saturated memberships of every
+// layer on the device (slot k·layers + layer).
+func (s *Step) countSaturated(k int) error {
+	if s.sat == nil {
+		return nil
+	}
+	do := s.prog.(cuda.DeviceOutput)
+	for i, l := range s.graph.Layers {
+		mu, ok := do.DeviceOutput(probeMu(l.Index))
+		if !ok {
+			continue
+		}
+		R := int(l.Mu.Shape[len(l.Mu.Shape)-1])
+		if err := s.sat.Count(k*len(s.graph.Layers)+i, mu, R, control.SatThreshold); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addSaturated brings the device counts of countSaturated to the layers'
+// saturation fractions, micro-batch by micro-batch with weight w, in the
+// order the host path adds them.
+func (s *Step) addSaturated(w float64) error {
+	if s.sat == nil {
+		return nil
+	}
+	counts, err := s.sat.Counts()
+	if err != nil {
+		return err
+	}
+	L := len(s.graph.Layers)
+	for k := 0; k < s.Batch/s.Micro; k++ {
+		for i, l := range s.graph.Layers {
+			rows := l.Mu.Shape.Numel() / int(l.Mu.Shape[len(l.Mu.Shape)-1])
+			s.res.Layers[i].Sat += w * (float64(counts[k*L+i]) / float64(rows))
+		}
+	}
+	return nil
+}
+
+func (s *Step) resetStats() error {
 	s.res.Loss, s.res.CE = 0, 0
 	for i := range s.res.Layers {
 		l := &s.res.Layers[i]
@@ -220,6 +282,10 @@ func (s *Step) resetStats() {
 	for i := range s.res.Running {
 		clear(s.res.Running[i])
 	}
+	if s.sat != nil {
+		return s.sat.Reset()
+	}
+	return nil
 }
 
 // gatherGrads points Grads at the program's gradients (one micro-batch) or
@@ -284,8 +350,10 @@ func (s *Step) gatherStats(w float64) {
 		if t := s.prog.Output(l.Entropy); t != nil {
 			st.H += w * t.At(0)
 		}
-		if t := s.prog.Output(probeMu(l.Index)); t != nil {
-			st.Sat += w * control.SatFraction(t.F32, t.Shape[len(t.Shape)-1], control.SatThreshold)
+		if s.sat == nil { // on the device: addSaturated
+			if t := s.prog.Output(probeMu(l.Index)); t != nil {
+				st.Sat += w * control.SatFraction(t.F32, t.Shape[len(t.Shape)-1], control.SatThreshold)
+			}
 		}
 		if t := s.prog.Output(l.Usage); t != nil {
 			if len(st.Usage) != t.Len() {

@@ -233,6 +233,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 6 * n
 	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
+	case "sat_count_f32":
+		e.Bytes = w * a.i("rows") * a.i("R")
 	case "adamw_f32":
 		e.Bytes = 7 * w * n // p, g, m, v read; p, m, v written
 	case "adamw_f64_f32":

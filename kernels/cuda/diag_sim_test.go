@@ -1,0 +1,95 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/rpac-dev/rpac/training/control"
+)
+
+// TestSimSatCounterMatchesHost: the device count of saturated rows equals
+// control.SatFraction's on memberships placed on either side of the
+// threshold (including the float32 neighbours of a threshold that float32
+// cannot hold), for several R and row counts, several slots at once; Reset
+// clears them.
+func TestSimSatCounterMatchesHost(t *testing.T) {
+	simOnly(t)
+	be, err := New(0, GEMMF32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const thr = 0.9 // not a float32: 0.9f < 0.9
+	near := []float32{float32(thr), math.Nextafter32(float32(thr), 2), math.Nextafter32(float32(thr), 0), 0.5, 1, 0.95}
+	cases := []struct{ rows, R int }{{1, 1}, {7, 4}, {1000, 3}, {4099, 8}}
+	c, err := NewSatCounter(be, len(cases))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	want := make([]uint64, len(cases))
+	for slot, tc := range cases {
+		mu := make([]float32, tc.rows*tc.R)
+		for i := range mu {
+			if r.IntN(3) == 0 {
+				mu[i] = near[r.IntN(len(near))]
+			} else {
+				mu[i] = r.Float32() * 0.9
+			}
+		}
+		want[slot] = uint64(math.Round(control.SatFraction(mu, tc.R, thr) * float64(tc.rows)))
+		buf := upload(t, be, mu)
+		if err := c.Count(slot, buf, tc.R, thr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := c.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for slot, tc := range cases {
+		if got[slot] != want[slot] {
+			t.Errorf("rows %d R %d: device counts %d saturated rows, host %d", tc.rows, tc.R, got[slot], want[slot])
+		}
+	}
+	if want[len(cases)-1] == 0 || want[len(cases)-1] == uint64(cases[len(cases)-1].rows) {
+		t.Fatalf("degenerate case: %d of %d rows saturated", want[len(cases)-1], cases[len(cases)-1].rows)
+	}
+	if err := c.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.Counts(); got[0] != 0 || got[len(got)-1] != 0 {
+		t.Errorf("after Reset: %v", got)
+	}
+	if err := c.Count(0, Buffer{Ptr: 1, Bytes: 12}, 5, thr); err == nil {
+		t.Errorf("12 bytes as rows of 5 float32: no error")
+	}
+}
+
+// upload copies x to a new device buffer freed with the test.
+func upload(t *testing.T, be *Backend, x []float32) Buffer {
+	t.Helper()
+	unbind, err := be.bind()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unbind()
+	b, err := be.dev.alloc(uint64(4 * len(x)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if u, err := be.bind(); err == nil {
+			be.dev.free(b)
+			u()
+		}
+	})
+	if err := be.dev.upload(b, f32Ptr(x), uint64(4*len(x))); err != nil {
+		t.Fatal(err)
+	}
+	return Buffer{Ptr: b.Ptr, Bytes: uint64(4 * len(x))}
+}
