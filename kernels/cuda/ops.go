@@ -597,8 +597,9 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 }
 
 // lnChunk is the number of rows of one partial sum of LayerNorm's
-// parameter gradients.
-const lnChunk = 256
+// parameter gradients (24,576 rows of 510 columns: 768 blocks of 128
+// threads).
+const lnChunk = 128
 
 func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error, error) {
 	dy, x, g := in[0], in[1], in[2]

@@ -26,7 +26,13 @@ func cpuOp(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ins ...[]floa
 		}
 		feeds[name] = tt
 	}
-	outs := g.Apply(op, a, vals...)
+	return runGraph(t, g, g.Apply(op, a, vals...), feeds)
+}
+
+// runGraph runs g on the CPU backend in float64 with outs as its outputs
+// p, q, ... and returns them.
+func runGraph(t *testing.T, g *ir.Graph, outs []*ir.Value, feeds map[string]*kernels.Tensor) [][]float64 {
+	t.Helper()
 	for i, o := range outs {
 		g.SetOutput(string(rune('p'+i)), o)
 	}
