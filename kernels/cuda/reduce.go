@@ -24,38 +24,22 @@ func midAxisOf(ov, rv view) (midAxis, bool) {
 	}
 	R, rs := rv.dims[0], rv.strides[0][0]
 	od, os := ov.dims, ov.strides[0]
-	// x[a, r, c] sits at a·R·C + r·C + c: the reduced stride is C, the
-	// kept strides R·C and 1 (a stride is free where its dim is 1).
-	fits := func(A, C int64) bool {
-		return (R == 1 || rs == C) && A*R*C == R*numel(od)
-	}
+	var m midAxis
 	switch {
-	case len(od) == 1 && od[0] == 1:
-		if fits(1, 1) {
-			return midAxis{1, int(R), 1}, true
-		}
-	case len(od) == 1 && os[0] == 1:
-		if fits(1, od[0]) {
-			return midAxis{1, int(R), int(od[0])}, true
-		}
-	case len(od) == 1 && os[0] == R:
-		if fits(od[0], 1) {
-			return midAxis{int(od[0]), int(R), 1}, true
-		}
+	case len(od) == 1 && od[0] == 1: // everything
+		m = midAxis{1, int(R), 1}
+	case len(od) == 1 && os[0] == 1: // columns
+		m = midAxis{1, int(R), int(od[0])}
+	case len(od) == 1 && os[0] == R: // rows
+		m = midAxis{int(od[0]), int(R), 1}
 	case len(od) == 2 && os[1] == 1 && os[0] == R*od[1]:
-		if fits(od[0], od[1]) {
-			return midAxis{int(od[0]), int(R), int(od[1])}, true
-		}
+		m = midAxis{int(od[0]), int(R), int(od[1])}
+	default:
+		return midAxis{}, false
 	}
-	return midAxis{}, false
-}
-
-func numel(d []int64) int64 {
-	n := int64(1)
-	for _, v := range d {
-		n *= v
-	}
-	return n
+	// x[a, r, c] sits at (a·R + r)·C + c: the reduced stride is C (any
+	// stride when R is 1).
+	return m, R == 1 || rs == int64(m.C)
 }
 
 // reduceBlock is the block of every reduction kernel: 8 warps.

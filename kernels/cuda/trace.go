@@ -252,9 +252,9 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "sum_parts_f64":
 		e.Bytes = (8*a.i("parts") + 8) * a.i("nout")
 	case "zscore_sq_part_f32":
-		e.Bytes = w*n + 8*math.Ceil(n/a.i("chunk"))
+		e.Bytes = w*n + 8*math.Ceil(n/max(1, a.i("chunk")))
 	case "zscore_grad_part_f32":
-		e.Bytes = 2*w*n + 16*math.Ceil(n/a.i("chunk"))
+		e.Bytes = 2*w*n + 16*math.Ceil(n/max(1, a.i("chunk")))
 	case "gather_rows_f32":
 		e.Bytes = 2 * w * a.i("rows") * a.i("D")
 	case "gather_grad_csr_f32":
@@ -289,7 +289,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		// in L1/L2), R·D + 2R double partials per chunk; the FMAs are in
 		// double (half the fp32 rate on Hopper: counted twice)
 		N, D, R := a.i("N"), a.i("D"), a.i("R")
-		chunks := math.Ceil(N / a.i("chunk"))
+		chunks := math.Ceil(N / max(1, a.i("chunk")))
 		e.Bytes, e.Flops = w*(N*D+2*N*R)+8*(R*D+2*R)*chunks, 4*N*D*R
 	case "gaussian_membership_bwd_params_f32":
 		// every center's partials and its regime's Σ dz2 (re-read, in L2)

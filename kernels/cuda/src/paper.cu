@@ -40,8 +40,9 @@ extern "C" __global__ void softmax_rows_bwd_f32(float* dx, const float* dy, cons
 // The z-score's moments: stats = {Σx, Σ(x − mean)²} over x[0..n), each a
 // two-pass reduction (reduce_rows_f32 or the parts below over chunks of
 // chunk elements, then sum_parts_f64). zscore_moments reads them.
+__device__ __forceinline__ double zscore_mean(const double* stats, i64 n) { return stats[0] / (double)n; }
 __device__ __forceinline__ void zscore_moments(const double* stats, i64 n, double* mean, double* sd) {
-    *mean = stats[0] / (double)n;
+    *mean = zscore_mean(stats, n);
     *sd = sqrt(stats[1] / (double)(n - 1));
 }
 
@@ -50,7 +51,7 @@ __device__ __forceinline__ void zscore_moments(const double* stats, i64 n, doubl
 extern "C" __global__ void zscore_sq_part_f32(double* part, const float* x, const double* stats, i64 n, int chunk) {
     i64 k = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (k >= (n + chunk - 1) / chunk) return;
-    double mean = stats[0] / (double)n;
+    double mean = zscore_mean(stats, n);
     i64 lo = k * chunk, hi = lo + chunk < n ? lo + chunk : n;
     double q = 0.0;
     for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) { double d = x[i] - mean; q += d * d; }
@@ -74,7 +75,7 @@ extern "C" __global__ void zscore_grad_part_f32(double* part, const float* dy, c
     i64 chunks = (n + chunk - 1) / chunk;
     i64 k = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (k >= chunks) return;
-    double mean = stats[0] / (double)n;
+    double mean = zscore_mean(stats, n);
     i64 lo = k * chunk, hi = lo + chunk < n ? lo + chunk : n;
     double a = 0.0, b = 0.0;
     for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) { a += dy[i]; b += dy[i] * (x[i] - mean); }
