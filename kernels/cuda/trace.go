@@ -239,7 +239,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 7 * w * n // p, g, m, v read; p, m, v written
 	case "adamw_f64_f32":
 		e.Bytes = 7 * w * a.i("n")
-	case "sumsq_f32", "sumsq_part_f32":
+	case "sumsq_f32", "sumsq_parts_f32":
 		e.Bytes = w * n
 	case "sum_part_f64":
 		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
