@@ -206,6 +206,10 @@ type program struct {
 	// elements) of any GEMM, and their bf16 buffers.
 	bf16Need [2]int
 	bf16     [2]Buffer
+	// The two-pass reductions' partials (doubles): the most any node
+	// needs, one allocation shared by every node (reduce.go).
+	workNeed int
+	work     Buffer
 }
 
 type step struct {
@@ -490,6 +494,9 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 		}
 		sort.Strings(ops)
 		return fmt.Errorf("no cuda kernel for op(s) %s", strings.Join(ops, ", "))
+	}
+	if err := p.stageWork(); err != nil {
+		return err
 	}
 	return p.stageBF16()
 }

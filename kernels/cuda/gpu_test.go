@@ -211,7 +211,7 @@ func TestGPULayerNorm(t *testing.T) {
 	ddg, ddb := devF32(t, c, make([]float32, D)), devF32(t, c, make([]float32, D))
 	const chunk = 16 // several partial sums over the 37 rows
 	chunks := (rows + chunk - 1) / chunk
-	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 2*chunks*D))
+	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 4*chunks*D)) // doubles
 	if err := c.Launch("layernorm_bwd_dx_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
 		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
 		t.Fatal(err)
@@ -221,8 +221,7 @@ func TestGPULayerNorm(t *testing.T) {
 		part.Ptr, ddy.Ptr, dx_.Ptr, stats.Ptr, int32(rows), int32(D), int32(chunk)); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Launch("layernorm_bwd_sum_f32", [3]uint32{cols, 1, 1}, [3]uint32{128, 1, 1}, 0,
-		ddg.Ptr, ddb.Ptr, part.Ptr, int32(chunks), int32(D)); err != nil {
+	if err := layerNormParamSums(c.Launch, ddg.Ptr, ddb.Ptr, part.Ptr, chunks, D); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "layernorm dx", hostF32(t, c, ddx, rows*D), wdx, 1e-4)

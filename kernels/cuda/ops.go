@@ -284,7 +284,9 @@ func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, err
 	}, nil
 }
 
-// reduce sums x over the marked axes into o (scaled to a mean when asked).
+// reduce sums x over the marked axes into o (scaled to a mean when asked):
+// a two-pass reduction when the axes are the middle axis of a row-major
+// [A, R, C] (reduce.go), else reduce_view_f32's thread per output.
 func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error) {
 	ov, rv := reduceViews(x.v.Shape, red)
 	nred := 1
@@ -294,19 +296,41 @@ func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error
 	if nout := x.n / max(1, nred); nout != o.n {
 		return nil, fmt.Errorf("reduction of %v gives %d elements, output %v has %d", x.v.Shape, nout, o.v.Shape, o.n)
 	}
+	scale := float32(1)
+	if mean {
+		scale = float32(1 / float64(nred))
+	}
+	if m, ok := midAxisOf(ov, rv); ok {
+		plan := planReduce(m)
+		p.needWork(plan.workspace())
+		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, scale) }, nil
+	}
 	packed := append(append(append(append([]int64(nil), ov.dims...), ov.strides[0]...), rv.dims...), rv.strides[0]...)
 	meta, err := p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
 	if err != nil {
 		return nil, err
 	}
-	scale := float32(1)
-	if mean {
-		scale = float32(1 / float64(nred))
-	}
 	return func() error {
 		return p.each("reduce_view_f32", o.n, o.buf.Ptr, x.buf.Ptr, meta.Ptr, int32(ov.rank()), int32(rv.rank()),
 			int64(nred), scale, int64(o.n))
 	}, nil
+}
+
+// needWork records a node's need of the reductions' workspace (doubles).
+func (p *program) needWork(doubles int) { p.workNeed = max(p.workNeed, doubles) }
+
+// stageWork allocates the reductions' workspace once for the program: the
+// nodes run one after another, so they share it.
+func (p *program) stageWork() error {
+	if p.workNeed == 0 {
+		return nil
+	}
+	b, err := p.alloc(2 * p.workNeed)
+	if err != nil {
+		return err
+	}
+	p.work = b
+	return nil
 }
 
 // ---- ids known to the host ----
@@ -573,8 +597,9 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 }
 
 // lnChunk is the number of rows of one partial sum of LayerNorm's
-// parameter gradients.
-const lnChunk = 256
+// parameter gradients (24,576 rows of 510 columns: 768 blocks of 128
+// threads).
+const lnChunk = 128
 
 func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error, error) {
 	dy, x, g := in[0], in[1], in[2]
@@ -586,10 +611,7 @@ func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error,
 	if err != nil {
 		return nil, err
 	}
-	part, err := p.alloc(2 * chunks * D)
-	if err != nil {
-		return nil, err
-	}
+	p.needWork(2 * chunks * D)
 	eps := float32(n.Attrs.Float("eps", 1e-5))
 	cols := uint32((D + 127) / 128)
 	return func() error {
@@ -598,12 +620,20 @@ func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error,
 			return err
 		}
 		if err := p.launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
-			part.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), int32(lnChunk)); err != nil {
+			p.work.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), int32(lnChunk)); err != nil {
 			return err
 		}
-		return p.launch("layernorm_bwd_sum_f32", [3]uint32{cols, 1, 1}, [3]uint32{128, 1, 1}, 0, dg.buf.Ptr, db.buf.Ptr,
-			part.Ptr, int32(chunks), int32(D))
+		return layerNormParamSums(p.launch, dg.buf.Ptr, db.buf.Ptr, p.work.Ptr, chunks, D)
 	}, nil
+}
+
+// layerNormParamSums launches dg and db from layernorm_bwd_params_f32's
+// partials (dg's D·chunks doubles, then db's).
+func layerNormParamSums(launch launcher, dg, db, part uint64, chunks, D int) error {
+	if err := sumParts(launch, dg, part, chunks, 1, D); err != nil {
+		return err
+	}
+	return sumParts(launch, db, part+uint64(8*chunks*D), chunks, 1, D)
 }
 
 // dropoutThreshold mirrors the CPU backend: element i keeps when its 32-bit
@@ -632,10 +662,13 @@ func (p *program) buildDropout(n *ir.Node, in, out []*dval) (func() error, error
 
 // ---- losses ----
 
-// sumRows adds n per-row values into one scalar.
+// sumRows adds n per-row values into one scalar (needSumRows first).
 func (p *program) sumRows(dst, rows Buffer, n int) error {
-	return p.launch("sum_f32", [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, dst.Ptr, rows.Ptr, int64(n))
+	return planReduce(midAxis{A: 1, R: n, C: 1}).run(p.launch, dst.Ptr, p.work.Ptr, rows.Ptr, 1)
 }
+
+// needSumRows records sumRows' workspace for n rows.
+func (p *program) needSumRows(n int) { p.needWork(planReduce(midAxis{A: 1, R: n, C: 1}).workspace()) }
 
 func (p *program) buildCrossEntropy(n *ir.Node, in, out []*dval) (func() error, error) {
 	lg, tg := in[0], in[1]
@@ -649,6 +682,7 @@ func (p *program) buildCrossEntropy(n *ir.Node, in, out []*dval) (func() error, 
 	}
 	ls := float32(n.Attrs.Float("label_smoothing", 0))
 	ceRows := Buffer{Ptr: per.Ptr + uint64(4*rows), Bytes: uint64(4 * rows)}
+	p.needSumRows(rows)
 	return func() error {
 		if err := p.launch("ce_rows_f32", blocks(rows, 1), [3]uint32{512, 1, 1}, 0, per.Ptr, ceRows.Ptr, lg.buf.Ptr, tg.buf.Ptr,
 			int32(rows), int32(V), ls); err != nil {
@@ -719,6 +753,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		p.lmHeads = map[int]*lmHead{}
 	}
 	p.lmHeads[n.ID] = st
+	p.needSumRows(N)
 	ls := float32(n.Attrs.Float("label_smoothing", 0))
 	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1})
 	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1})
@@ -799,18 +834,19 @@ func (p *program) buildMembership(n *ir.Node, in, out []*dval) (func() error, er
 		return nil, fmt.Errorf("%d regimes: the CUDA kernel takes at most 32", R)
 	}
 	N := z.n / max(1, D)
-	work, err := p.alloc(2 * N * R) // dz2 and dss per row, summed by the parameters' kernel
+	work, err := p.alloc(2 * N * R) // dz2 and dss per row, summed by the parameters' kernels
 	if err != nil {
 		return nil, err
 	}
 	dss := work.Ptr + uint64(4*N*R)
+	p.needWork(membershipParamsWorkspace(N, D, R))
 	return func() error {
 		if err := p.launch("gaussian_membership_bwd_rows_f32", blocks(N*32, threads), block1, 0, dz.buf.Ptr, work.Ptr, dss,
 			dmu.buf.Ptr, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, mu.buf.Ptr, int32(N), int32(D), int32(R)); err != nil {
 			return err
 		}
-		return p.launch("gaussian_membership_bwd_params_f32", [3]uint32{uint32(R), 1, 1}, [3]uint32{128, 1, 1}, 0, dc.buf.Ptr,
-			dls.buf.Ptr, work.Ptr, dss, z.buf.Ptr, c.buf.Ptr, ls.buf.Ptr, int32(N), int32(D), int32(R))
+		return membershipParams(p.launch, dc.buf.Ptr, dls.buf.Ptr, p.work.Ptr, work.Ptr, dss, z.buf.Ptr, c.buf.Ptr,
+			ls.buf.Ptr, N, D, R)
 	}, nil
 }
 
@@ -842,31 +878,31 @@ func (p *program) buildSinkhorn(n *ir.Node, in, out []*dval) (func() error, erro
 
 func (p *program) buildZScore(n *ir.Node, in, out []*dval) (func() error, error) {
 	o := out[0]
-	N := int64(o.n)
+	N := o.n
 	work, err := p.alloc(8) // stats and sums: 4 doubles
 	if err != nil {
 		return nil, err
 	}
 	stats, sums := work.Ptr, work.Ptr+16
-	one, wide := [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}
+	p.needWork(zscoreWorkspace(N))
 	if n.Op == "ZScore" {
 		x := in[0]
 		return func() error {
-			if err := p.launch("zscore_stats_f32", one, wide, 0, stats, x.buf.Ptr, N); err != nil {
+			if err := zscoreStats(p.launch, stats, p.work.Ptr, x.buf.Ptr, N); err != nil {
 				return err
 			}
-			return p.each("zscore_fwd_f32", o.n, o.buf.Ptr, x.buf.Ptr, stats, N)
+			return p.each("zscore_fwd_f32", o.n, o.buf.Ptr, x.buf.Ptr, stats, int64(N))
 		}, nil
 	}
 	dy, x := in[0], in[1]
 	return func() error {
-		if err := p.launch("zscore_stats_f32", one, wide, 0, stats, x.buf.Ptr, N); err != nil {
+		if err := zscoreStats(p.launch, stats, p.work.Ptr, x.buf.Ptr, N); err != nil {
 			return err
 		}
-		if err := p.launch("zscore_grad_sums_f32", one, wide, 0, sums, dy.buf.Ptr, x.buf.Ptr, stats, N); err != nil {
+		if err := zscoreGradSums(p.launch, sums, p.work.Ptr, dy.buf.Ptr, x.buf.Ptr, stats, N); err != nil {
 			return err
 		}
-		return p.each("zscore_bwd_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, stats, sums, N)
+		return p.each("zscore_bwd_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, stats, sums, int64(N))
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"unsafe"
@@ -23,20 +24,24 @@ import (
 // bit for bit). Per step only the norm (8 bytes) comes back; the weights
 // come to the host only through SyncToHost.
 type DeviceAdamW struct {
-	be     *Backend
-	store  *kernels.Store
-	cfg    optim.AdamWConfig
-	names  []string // sorted
-	w      map[string]Buffer
-	n      map[string]int
-	st     map[string]*devMoments
-	part   Buffer // one double per chunk of every tensor
-	chunks map[string]int
-	first  map[string]int // each tensor's first chunk
-	total  int            // chunks in all
-	norm   Buffer         // one double
-	steps  int
-	err    error
+	be    *Backend
+	store *kernels.Store
+	cfg   optim.AdamWConfig
+	names []string // sorted
+	w     map[string]Buffer
+	n     map[string]int
+	st    map[string]*devMoments
+	part  Buffer // one double per chunk of every tensor
+	// table: sumsq_parts_f32's entries (address, length, first chunk) of
+	// the gradients of the last ClipGlobalNorm; tableHost its host copy.
+	table     Buffer
+	tableHost []uint64
+	chunks    map[string]int
+	first     map[string]int // each tensor's first chunk
+	total     int            // chunks in all
+	norm      Buffer         // one double
+	steps     int
+	err       error
 }
 
 type devMoments struct {
@@ -78,6 +83,9 @@ func NewDeviceAdamW(be *Backend, store *kernels.Store, cfg optim.AdamWConfig, pa
 		return nil, err
 	}
 	if o.norm, err = be.dev.alloc(8); err != nil {
+		return nil, err
+	}
+	if o.table, err = be.dev.alloc(uint64(24 * max(1, len(o.names)))); err != nil {
 		return nil, err
 	}
 	be.setResident(store, o.names, true)
@@ -141,18 +149,9 @@ func (o *DeviceAdamW) ClipGlobalNorm(grads map[string]Buffer, maxNorm float64) (
 		return 0, err
 	}
 	defer unbind()
-	used := 0
-	for _, name := range o.names {
-		g, ok := grads[name]
-		if !ok {
-			continue
-		}
-		n, c := o.n[name], o.chunks[name]
-		if err := o.be.dev.launch("sumsq_part_f32", [3]uint32{uint32(c), 1, 1}, [3]uint32{256, 1, 1}, 0,
-			o.part.Ptr+uint64(8*used), g.Ptr, int64(n), int32(normChunk)); err != nil {
-			return 0, err
-		}
-		used += c
+	used, err := o.sumSquares(grads)
+	if err != nil {
+		return 0, err
 	}
 	if err := o.be.dev.launch("sum_part_f64", [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, o.norm.Ptr, o.part.Ptr, int64(used)); err != nil {
 		return 0, err
@@ -178,6 +177,35 @@ func (o *DeviceAdamW) ClipGlobalNorm(grads map[string]Buffer, maxNorm float64) (
 		}
 	}
 	return norm, nil
+}
+
+// sumSquares launches the partial sums of squares of every gradient in
+// grads (in the order of names, each tensor's chunks of normChunk) in one
+// launch, and returns the number of partials. The table of gradients goes
+// to the device only when it changed.
+func (o *DeviceAdamW) sumSquares(grads map[string]Buffer) (int, error) {
+	var table []uint64
+	used, elems := 0, 0
+	for _, name := range o.names {
+		g, ok := grads[name]
+		if !ok {
+			continue
+		}
+		table = append(table, g.Ptr, uint64(o.n[name]), uint64(used))
+		used += o.chunks[name]
+		elems += o.n[name]
+	}
+	if used == 0 {
+		return 0, nil
+	}
+	if !slices.Equal(table, o.tableHost) {
+		if err := o.be.dev.upload(o.table, unsafe.Pointer(&table[0]), uint64(8*len(table))); err != nil {
+			return 0, err
+		}
+		o.tableHost = table
+	}
+	return used, o.be.dev.launch("sumsq_parts_f32", [3]uint32{uint32(used), 1, 1}, [3]uint32{256, 1, 1}, 0,
+		o.part.Ptr, o.table.Ptr, int32(len(table)/3), int32(normChunk), int64(elems))
 }
 
 func f64bits(x float64) uint64 { return math.Float64bits(x) }
@@ -363,7 +391,8 @@ func (o *DeviceAdamW) Close() {
 	if o.part.Ptr != 0 {
 		o.be.dev.free(o.part)
 		o.be.dev.free(o.norm)
-		o.part, o.norm = Buffer{}, Buffer{}
+		o.be.dev.free(o.table)
+		o.part, o.norm, o.table, o.tableHost = Buffer{}, Buffer{}, Buffer{}, nil
 	}
 	o.be.setResident(o.store, o.names, false)
 }

@@ -26,7 +26,13 @@ func cpuOp(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ins ...[]floa
 		}
 		feeds[name] = tt
 	}
-	outs := g.Apply(op, a, vals...)
+	return runGraph(t, g, g.Apply(op, a, vals...), feeds)
+}
+
+// runGraph runs g on the CPU backend in float64 with outs as its outputs
+// p, q, ... and returns them.
+func runGraph(t *testing.T, g *ir.Graph, outs []*ir.Value, feeds map[string]*kernels.Tensor) [][]float64 {
+	t.Helper()
 	for i, o := range outs {
 		g.SetOutput(string(rune('p'+i)), o)
 	}
@@ -68,14 +74,15 @@ func TestGPUPaperOps(t *testing.T) {
 
 	N := int64(rows * n)
 	stats, sums := devF32(t, c, make([]float32, 4)), devF32(t, c, make([]float32, 4))
-	if err := c.Launch("zscore_stats_f32", [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, stats.Ptr, dx.Ptr, N); err != nil {
+	zpart := devF32(t, c, make([]float32, 2*zscoreWorkspace(rows*n)))
+	if err := zscoreStats(c.Launch, stats.Ptr, zpart.Ptr, dx.Ptr, rows*n); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Launch("zscore_fwd_f32", grid1D, block1D, 0, dout.Ptr, dx.Ptr, stats.Ptr, N); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "zscore", hostF32(t, c, dout, rows*n), cpuOp(t, "ZScore", nil, []ir.Shape{sh}, x)[0], 1e-5)
-	if err := c.Launch("zscore_grad_sums_f32", [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, sums.Ptr, ddy.Ptr, dx.Ptr, stats.Ptr, N); err != nil {
+	if err := zscoreGradSums(c.Launch, sums.Ptr, zpart.Ptr, ddy.Ptr, dx.Ptr, stats.Ptr, rows*n); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Launch("zscore_bwd_f32", grid1D, block1D, 0, dG.Ptr, ddy.Ptr, dx.Ptr, stats.Ptr, sums.Ptr, N); err != nil {
@@ -176,8 +183,8 @@ func TestGPUMembershipAndSinkhornGrad(t *testing.T) {
 		dmu_.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, gmu.Ptr, int32(N), int32(D), int32(R)); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Launch("gaussian_membership_bwd_params_f32", [3]uint32{R, 1, 1}, [3]uint32{128, 1, 1}, 0, gdc.Ptr, gdls.Ptr,
-		gdz2.Ptr, dss.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, int32(N), int32(D), int32(R)); err != nil {
+	mpart := devF32(t, c, make([]float32, 2*membershipParamsWorkspace(N, D, R)))
+	if err := membershipParams(c.Launch, gdc.Ptr, gdls.Ptr, mpart.Ptr, gdz2.Ptr, dss.Ptr, dz_.Ptr, dc_.Ptr, dls_.Ptr, N, D, R); err != nil {
 		t.Fatal(err)
 	}
 	want := cpuOp(t, "GaussianMembershipGrad", nil, []ir.Shape{{N, R}, {N, D}, {R, D}, {R}, {N, R}}, dmu, z, cen, ls, mu)

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -77,7 +78,7 @@ func TestPredictRoofline(t *testing.T) {
 	if got, bound := h100.eventTime(serial); bound != "latency" || math.Abs(got-50e6/(512*inflightSerial/memLatency)) > 1e-9 {
 		t.Errorf("512-thread serial reduction: %.4g s (%s), want latency-bound", got, bound)
 	}
-	tiny := Event{Kind: EvLaunch, Name: "sum_f32", Class: ClassSerial, Threads: 1024, Bytes: 64}
+	tiny := Event{Kind: EvLaunch, Name: "sum_part_f64", Class: ClassSerial, Threads: 1024, Bytes: 64}
 	if got, bound := h100.eventTime(tiny); got != kernelMin || bound != "launch" {
 		t.Errorf("tiny kernel: %.3g s (%s), want the minimum %.3g s", got, bound, kernelMin)
 	}
@@ -163,6 +164,17 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	}
 	if math.Abs(gemmFlops-want) > 1e-9*want {
 		t.Errorf("traced GEMM FLOPs %.6g, the graph's %.6g", gemmFlops, want)
+	}
+	// every reduction of the step is two-pass: the serial loops left are
+	// the single-thread Sinkhorn's
+	serial := map[string]bool{}
+	for _, e := range tr.Events() {
+		if e.Kind == EvLaunch && e.Class == ClassSerial && !strings.HasPrefix(e.Name, "sinkhorn") {
+			serial[e.Name] = true
+		}
+	}
+	if len(serial) > 0 {
+		t.Errorf("serial loops in the step: %v", serial)
 	}
 	h2d, _ := tr.HostDeviceBytes()
 	if params := float64(4 * model.CountParams(mg.Specs)); h2d < params {

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -29,8 +30,9 @@ const (
 	// with several loads in flight per thread.
 	ClassStream CostClass = iota
 	// ClassSerial: each thread walks a long dependent loop with one load
-	// in flight (reduce_view_f32, sum_f32, single-block reductions):
-	// bandwidth = threads × 4 B / latency.
+	// in flight (reduce_view_f32's general path, the single-thread
+	// Sinkhorn, single-block reductions): bandwidth = threads × 4 B /
+	// latency.
 	ClassSerial
 	// ClassSIMT: scalar fp32 FMAs with one coalesced L1 load each (at most
 	// a quarter of the CUDA cores' FMA rate).
@@ -239,16 +241,22 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 7 * w * n // p, g, m, v read; p, m, v written
 	case "adamw_f64_f32":
 		e.Bytes = 7 * w * a.i("n")
-	case "sumsq_f32", "sumsq_part_f32":
+	case "sumsq_f32", "sumsq_parts_f32":
 		e.Bytes = w * n
 	case "sum_part_f64":
 		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
 	case "reduce_view_f32":
 		e.Class, e.Bytes = ClassSerial, w*a.i("nout")*(a.i("nred")+1)
-	case "sum_f32", "zscore_stats_f32":
-		e.Class, e.Bytes = ClassSerial, w*n
-	case "zscore_grad_sums_f32":
-		e.Class, e.Bytes = ClassSerial, 2*w*n
+	case "reduce_rows_f32", "reduce_cols_f32":
+		reduceCost(e, a)
+	case "reduce_parts_f32":
+		e.Bytes = (8*a.i("parts") + w) * a.i("nout")
+	case "sum_parts_f64":
+		e.Bytes = (8*a.i("parts") + 8) * a.i("nout")
+	case "zscore_sq_part_f32":
+		e.Bytes = w*n + 8*math.Ceil(n/max(1, a.i("chunk")))
+	case "zscore_grad_part_f32":
+		e.Bytes = 2*w*n + 16*math.Ceil(n/max(1, a.i("chunk")))
 	case "gather_rows_f32":
 		e.Bytes = 2 * w * a.i("rows") * a.i("D")
 	case "gather_grad_csr_f32":
@@ -258,9 +266,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "layernorm_bwd_dx_f32":
 		e.Bytes = 3 * w * a.i("rows") * a.i("D")
 	case "layernorm_bwd_params_f32":
-		e.Bytes = 2 * w * a.i("rows") * a.i("D")
-	case "layernorm_bwd_sum_f32":
-		e.Class, e.Bytes = ClassSerial, 2*w*a.i("chunks")*a.i("D")
+		// dy and x, then two double partials per column and chunk
+		e.Bytes = 2*w*a.i("rows")*a.i("D") + 16*float64(grid[1])*a.i("D")
 	case "softmax_rows_f32", "topk_mask_f32":
 		e.Bytes = 2 * w * a.i("rows") * a.i("n")
 	case "softmax_rows_bwd_f32":
@@ -279,16 +286,36 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "gaussian_membership_bwd_rows_f32":
 		N, D, R := a.i("N"), a.i("D"), a.i("R")
 		e.Bytes, e.Flops = w*(2*N*D+4*N*R), 6*N*D*R
-	case "gaussian_membership_bwd_params_f32":
-		// one block per regime, each thread a column d walking all N rows
+	case "gaussian_membership_bwd_params_part_f32":
+		// z and the rows' dz2, dss once (z's re-reads for each regime stay
+		// in L1/L2), R·D + 2R double partials per chunk; the FMAs are in
+		// double (half the fp32 rate on Hopper: counted twice)
 		N, D, R := a.i("N"), a.i("D"), a.i("R")
-		e.Class, e.Bytes = ClassSerial, w*R*(N*D+2*N)
+		chunks := math.Ceil(N / max(1, a.i("chunk")))
+		e.Bytes, e.Flops = w*(N*D+2*N*R)+8*(R*D+2*R)*chunks, 4*N*D*R
+	case "gaussian_membership_bwd_params_f32":
+		// every center's partials and its regime's Σ dz2 (re-read, in L2)
+		D, R, chunks := a.i("D"), a.i("R"), a.i("chunks")
+		e.Bytes = 8*(R*D+2*R)*chunks + w*(2*R*D+2*R)
 	case "sinkhorn_f32", "sinkhorn_bwd_f32":
 		R, K, it := a.i("R"), a.i("K"), a.i("iters")
 		e.Class, e.Bytes = ClassSerial, 8*R*K*(2*it+2)
 	case "attention_fwd_f32", "attention_bwd_dq_f32", "attention_bwd_dkdv_f32", "attention_bwd_dbias_f32":
 		attentionCost(e, a, grid)
 	}
+}
+
+// reduceCost: the first pass of a two-pass reduction over x [A, R, C]
+// (C = 1 for reduce_rows_f32): x once, then a double partial per output
+// and chunk, or the float output itself with one chunk.
+func reduceCost(e *Event, a kargs) {
+	A, R, C := a.i("A"), a.i("R"), max(1, a.i("C"))
+	chunks := math.Ceil(R / max(1, a.i("chunk")))
+	out := 4.0
+	if a.ptr("part") != 0 {
+		out = 8 * chunks
+	}
+	e.Bytes = 4*A*R*C + out*A*C
 }
 
 // attentionCost: the scalar attention kernels of attention.cu. P is the

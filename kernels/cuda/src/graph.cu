@@ -130,7 +130,9 @@ extern "C" __global__ void scatter_view_f32(float* out, const float* x, const i6
 
 // reduce_view_f32: out[o] = scale · Σ_k x[view_out(o) + view_red(k)], in
 // order of k, accumulated in double; view = out dims, out strides (in x),
-// reduced dims, reduced strides.
+// reduced dims, reduced strides. One thread per output: the general path
+// for reductions that are not over the middle axis of a row-major [A,R,C]
+// (those run in reduce_rows_f32 / reduce_cols_f32).
 extern "C" __global__ void reduce_view_f32(float* out, const float* x, const i64* view, int orank, int rrank, i64 nred,
                                            float scale, i64 nout) {
     const i64* odims = view;
@@ -145,19 +147,80 @@ extern "C" __global__ void reduce_view_f32(float* out, const float* x, const i64
     }
 }
 
-// sum_f32: *out = Σ x[0..n) in a fixed order (one block of 1024 threads,
-// each a strided partial, then a tree), accumulated in double.
-extern "C" __global__ void sum_f32(float* out, const float* x, i64 n) {
-    __shared__ double part[1024];
+// ---- two-pass reductions (kernels/cuda/reduce.go plans them) ----
+// The first pass sums fixed chunks of the reduced axis into partials
+// (double) in the program's workspace, many blocks at once with coalesced
+// loads; the second sums each output's partials in a fixed tree. No
+// atomics: a step repeats bit for bit.
+
+// reduce_rows_f32: x is [A, R] row-major, summed over R. Warp w of the grid
+// (8 per 256-thread block) sums chunk k = w mod chunks of row a = w / chunks:
+// x[a, k·chunk, +chunk), each lane a strided partial in double, then the
+// tree. With part, part[w] holds the sum; without (one chunk per row),
+// out[a] = scale·sum.
+extern "C" __global__ void reduce_rows_f32(float* out, double* part, const float* x, i64 A, i64 R, int chunk,
+                                           float scale) {
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    i64 chunks = (R + chunk - 1) / chunk;
+    if (w >= A * chunks) return;  // the whole warp
+    i64 a = w / chunks, lo = (w - a * chunks) * chunk;
+    i64 hi = lo + chunk < R ? lo + chunk : R;
+    const float* xa = x + a * R;
     double s = 0.0;
-    for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-    part[threadIdx.x] = s;
+    for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) s += xa[i];
+    s = warp_sum_d(s);
+    if ((threadIdx.x & 31) != 0) return;
+    if (part) part[w] = s;
+    else out[a] = (float)(s * scale);
+}
+
+// reduce_cols_f32: x is [A, R, C] row-major, summed over R. Block b covers
+// the 32 columns [32·t, +32) of rows [k·chunk, +chunk) of slab a, b = (a·
+// chunks + k)·tiles + t; its 256 threads are 32 columns × 8 row lanes (a
+// warp reads 32 adjacent floats of one row), each lane a partial in double,
+// then a fixed tree over the row lanes. With part, part[(a·C + c)·chunks +
+// k] holds the sum; without (one chunk), out[a·C + c] = scale·sum.
+extern "C" __global__ void reduce_cols_f32(float* out, double* part, const float* x, i64 A, i64 R, i64 C, int chunk,
+                                           float scale) {
+    __shared__ double sh[RED_ROW_LANES][32];
+    i64 tiles = (C + 31) / 32, chunks = (R + chunk - 1) / chunk;
+    i64 b = blockIdx.x;
+    i64 t = b % tiles, k = (b / tiles) % chunks, a = b / (tiles * chunks);
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    i64 c = t * 32 + tx;
+    i64 lo = k * chunk, hi = lo + chunk < R ? lo + chunk : R;
+    double s = 0.0;
+    if (c < C) {
+        const float* xa = x + a * R * C + c;
+        for (i64 r = lo + ty; r < hi; r += RED_ROW_LANES) s += xa[r * C];
+    }
+    sh[ty][tx] = s;
     __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    for (int h = RED_ROW_LANES / 2; h > 0; h >>= 1) {
+        if (ty < h) sh[ty][tx] += sh[ty + h][tx];
         __syncthreads();
     }
-    if (threadIdx.x == 0) *out = (float)part[0];
+    if (ty != 0 || c >= C) return;
+    if (part) part[(a * C + c) * chunks + k] = sh[0][tx];
+    else out[a * C + c] = (float)(sh[0][tx] * scale);
+}
+
+// reduce_parts_f32: out[o] = scale·Σ_k part[o·parts + k], one warp per
+// output.
+extern "C" __global__ void reduce_parts_f32(float* out, const double* part, int parts, float scale, i64 nout) {
+    i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (o >= nout) return;
+    double s = warp_sum_parts(part + o * parts, parts);
+    if ((threadIdx.x & 31) == 0) out[o] = (float)(s * scale);
+}
+
+// sum_parts_f64: out[o] = Σ_k part[o·parts + k] in double, one warp per
+// output.
+extern "C" __global__ void sum_parts_f64(double* out, const double* part, int parts, i64 nout) {
+    i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (o >= nout) return;
+    double s = warp_sum_parts(part + o * parts, parts);
+    if ((threadIdx.x & 31) == 0) out[o] = s;
 }
 
 // scale_ptr_f32: y = (*s) · x, the scale read from device memory (the

@@ -1,6 +1,7 @@
 // LayerNorm over the last axis (biased variance), one block per row.
 // The backward recomputes each row's statistics and sums the parameters'
-// gradients over fixed chunks of rows (no atomics: a step repeats bit for bit).
+// gradients over fixed chunks of rows, then the chunks' partials in a fixed
+// tree (no atomics: a step repeats bit for bit).
 
 extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
                                              const float* g, const float* b, int rows, int D, float eps) {
@@ -52,33 +53,22 @@ extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const f
 }
 
 // layernorm_bwd_params_f32: partial dg, db over the rows of chunk
-// blockIdx.y (chunk rows each): part[2·(y·D + j)] = Σ dy·x̂, part[…+1] = Σ dy.
-extern "C" __global__ void layernorm_bwd_params_f32(float* part, const float* dy, const float* x, const float* stats,
+// blockIdx.y (chunk rows each), in double: part[j·chunks + y] = Σ dy·x̂,
+// part[(D + j)·chunks + y] = Σ dy (reduce_parts_f32 sums each over the
+// chunks).
+extern "C" __global__ void layernorm_bwd_params_f32(double* part, const float* dy, const float* x, const float* stats,
                                                     int rows, int D, int chunk) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= D) return;
     int r0 = blockIdx.y * chunk, r1 = min(rows, r0 + chunk);
-    float sg = 0.0f, sb = 0.0f;
+    double sg = 0.0, sb = 0.0;
     for (int r = r0; r < r1; r++) {
         float d = dy[(i64)r * D + j];
         float xh = (x[(i64)r * D + j] - stats[2 * r]) * stats[2 * r + 1];
-        sg += d * xh;
+        sg += (double)d * xh;
         sb += d;
     }
-    i64 o = 2 * ((i64)blockIdx.y * D + j);
-    part[o] = sg;
-    part[o + 1] = sb;
-}
-
-// layernorm_bwd_sum_f32: dg[j], db[j] = Σ over chunks of the partials.
-extern "C" __global__ void layernorm_bwd_sum_f32(float* dg, float* db, const float* part, int chunks, int D) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= D) return;
-    float sg = 0.0f, sb = 0.0f;
-    for (int c = 0; c < chunks; c++) {
-        sg += part[2 * ((i64)c * D + j)];
-        sb += part[2 * ((i64)c * D + j) + 1];
-    }
-    dg[j] = sg;
-    db[j] = sb;
+    i64 chunks = gridDim.y;
+    part[(i64)j * chunks + blockIdx.y] = sg;
+    part[((i64)D + j) * chunks + blockIdx.y] = sb;
 }

@@ -33,14 +33,26 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
 
 // ---- device-resident training state (kernels/cuda/optim.go) ----
 
-// sumsq_part_f32: part[blockIdx.x] = Σ g[i]² over the block's chunk
-// [blockIdx.x·chunk, +chunk) ∩ [0, n), in double, in a fixed order (each
-// thread a strided partial, then a tree): the same every run. blockDim.x
-// must be 256.
-extern "C" __global__ void sumsq_part_f32(double* part, const float* g, i64 n, int chunk) {
+// sumsq_parts_f32: the partial sums of squares of many tensors in one
+// launch. Entry e of table (three words: the tensor's address, its length,
+// its first block) owns the blocks [first, first + ⌈len/chunk⌉); block b
+// finds its entry by binary search and writes part[b] = Σ g[i]² over its
+// chunk [k·chunk, +chunk) ∩ [0, len), k = b − first, in double, in a fixed
+// order (each thread a strided partial, then a tree): the same every run.
+// Entries are in order of first; n is the elements of all of them.
+// blockDim.x must be 256.
+extern "C" __global__ void sumsq_parts_f32(double* part, const unsigned long long* table, int entries, int chunk, i64 n) {
     __shared__ double sh[256];
-    i64 lo = (i64)blockIdx.x * chunk;
-    i64 hi = lo + chunk < n ? lo + chunk : n;
+    int lo_e = 0, hi_e = entries - 1;  // the last entry whose first block is ≤ b
+    while (lo_e < hi_e) {
+        int mid = (lo_e + hi_e + 1) / 2;
+        if ((i64)table[3 * mid + 2] <= (i64)blockIdx.x) lo_e = mid;
+        else hi_e = mid - 1;
+    }
+    const float* g = (const float*)table[3 * lo_e];
+    i64 len = (i64)table[3 * lo_e + 1];
+    i64 lo = ((i64)blockIdx.x - (i64)table[3 * lo_e + 2]) * chunk;
+    i64 hi = lo + chunk < len ? lo + chunk : len;
     double s = 0.0;
     for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         double x = (double)g[i];

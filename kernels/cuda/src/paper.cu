@@ -37,55 +37,59 @@ extern "C" __global__ void softmax_rows_bwd_f32(float* dx, const float* dy, cons
     for (int j = threadIdx.x; j < n; j += blockDim.x) dr[j] = yr[j] * (gr[j] - s);
 }
 
-// Double-precision block sum; every thread gets it.
-__device__ double block_sum_d(double v, double* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = (threadIdx.x < (blockDim.x >> 5)) ? shared[threadIdx.x] : 0.0;
-    if (warp == 0) for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if (threadIdx.x == 0) shared[0] = v;
-    __syncthreads();
-    v = shared[0];
-    __syncthreads();
-    return v;
+// The z-score's moments: stats = {Σx, Σ(x − mean)²} over x[0..n), each a
+// two-pass reduction (reduce_rows_f32 or the parts below over chunks of
+// chunk elements, then sum_parts_f64). zscore_moments reads them.
+__device__ __forceinline__ double zscore_mean(const double* stats, i64 n) { return stats[0] / (double)n; }
+__device__ __forceinline__ void zscore_moments(const double* stats, i64 n, double* mean, double* sd) {
+    *mean = zscore_mean(stats, n);
+    *sd = sqrt(stats[1] / (double)(n - 1));
 }
 
-// stats = {mean, unbiased std} of x[0..n) (one block; the tensors it sees
-// are [T,T] biases).
-extern "C" __global__ void zscore_stats_f32(double* stats, const float* x, i64 n) {
-    __shared__ double red[32];
-    double s = 0.0;
-    for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-    double mean = block_sum_d(s, red) / (double)n;
+// zscore_sq_part_f32: part[k] = Σ (x − mean)² over chunk k of x (one warp
+// per chunk, mean from stats[0]).
+extern "C" __global__ void zscore_sq_part_f32(double* part, const float* x, const double* stats, i64 n, int chunk) {
+    i64 k = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (k >= (n + chunk - 1) / chunk) return;
+    double mean = zscore_mean(stats, n);
+    i64 lo = k * chunk, hi = lo + chunk < n ? lo + chunk : n;
     double q = 0.0;
-    for (i64 i = threadIdx.x; i < n; i += blockDim.x) { double d = x[i] - mean; q += d * d; }
-    q = block_sum_d(q, red);
-    if (threadIdx.x == 0) { stats[0] = mean; stats[1] = sqrt(q / (double)(n - 1)); }
+    for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) { double d = x[i] - mean; q += d * d; }
+    q = warp_sum_d(q);
+    if ((threadIdx.x & 31) == 0) part[k] = q;
 }
 
 // y = (x − mean)/(std + 1e-6).
 extern "C" __global__ void zscore_fwd_f32(float* y, const float* x, const double* stats, i64 n) {
-    double mean = stats[0], c = stats[1] + 1e-6;
+    double mean, sd;
+    zscore_moments(stats, n, &mean, &sd);
+    double c = sd + 1e-6;
     GRID_STRIDE(i, n) y[i] = (float)((x[i] - mean) / c);
 }
 
-// sums = {Σ dy, Σ dy·(x − mean)} (one block).
-extern "C" __global__ void zscore_grad_sums_f32(double* sums, const float* dy, const float* x, const double* stats, i64 n) {
-    __shared__ double red[32];
-    double mean = stats[0];
+// zscore_grad_part_f32: part[k] = Σ dy and part[chunks + k] = Σ dy·(x −
+// mean) over chunk k (one warp per chunk); sum_parts_f64 turns them into
+// sums = {Σ dy, Σ dy·(x − mean)}.
+extern "C" __global__ void zscore_grad_part_f32(double* part, const float* dy, const float* x, const double* stats,
+                                                i64 n, int chunk) {
+    i64 chunks = (n + chunk - 1) / chunk;
+    i64 k = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (k >= chunks) return;
+    double mean = zscore_mean(stats, n);
+    i64 lo = k * chunk, hi = lo + chunk < n ? lo + chunk : n;
     double a = 0.0, b = 0.0;
-    for (i64 i = threadIdx.x; i < n; i += blockDim.x) { a += dy[i]; b += dy[i] * (x[i] - mean); }
-    a = block_sum_d(a, red);
-    b = block_sum_d(b, red);
-    if (threadIdx.x == 0) { sums[0] = a; sums[1] = b; }
+    for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) { a += dy[i]; b += dy[i] * (x[i] - mean); }
+    a = warp_sum_d(a);
+    b = warp_sum_d(b);
+    if ((threadIdx.x & 31) == 0) { part[k] = a; part[chunks + k] = b; }
 }
 
 // dx = (dy − mean(dy))/c − k·(x − mean), c = std + 1e-6, k = Σdy(x−mean)/(c²(n−1)std).
 extern "C" __global__ void zscore_bwd_f32(float* dx, const float* dy, const float* x, const double* stats,
                                           const double* sums, i64 n) {
-    double mean = stats[0], sd = stats[1], c = sd + 1e-6;
+    double mean, sd;
+    zscore_moments(stats, n, &mean, &sd);
+    double c = sd + 1e-6;
     double mg = sums[0] / (double)n;
     double k = sd > 0.0 ? sums[1] / (c * c * (double)(n - 1) * sd) : 0.0;
     GRID_STRIDE(i, n) dx[i] = (float)((dy[i] - mg) / c - k * (x[i] - mean));
@@ -286,29 +290,75 @@ extern "C" __global__ void gaussian_membership_bwd_rows_f32(float* dz, float* dz
     }
 }
 
+// The parameters' gradients, a two-pass reduction over the N rows:
 // dcenters[r,d] = −2·Σ_n dz2[n,r]·z[n,d] + 2·(Σ_n dz2[n,r])·c[r,d] and
-// dlog_sigma[r] = (Σ_n dss[n,r])·(−2·e_r) inside the clamp; grid = R blocks,
-// blockDim.x a multiple of 32. Every sum runs in a fixed order.
-extern "C" __global__ void gaussian_membership_bwd_params_f32(float* dc, float* dls, const float* dz2, const float* dss,
-                                                              const float* z, const float* c, const float* ls,
-                                                              int N, int D, int R) {
-    __shared__ float red[32];
-    int r = blockIdx.x;
-    if (r >= R) return;
-    float s = 0.0f, q = 0.0f;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        s += dz2[(i64)n * R + r];
-        q += dss[(i64)n * R + r];
+// dlog_sigma[r] = (Σ_n dss[n,r])·(−2·e_r) inside the clamp.
+//
+// gaussian_membership_bwd_params_part_f32: block b = k·tiles + t sums rows
+// [k·chunk, +chunk) for the 32 columns [32·t, +32) (threads as in
+// reduce_cols_f32: 32 columns × 8 row lanes, partials in double, a fixed
+// tree over the lanes): part[(r·D + d)·chunks + k] = Σ dz2[n,r]·z[n,d]; the
+// blocks of tile 0 also write part[(R·D + r)·chunks + k] = Σ dz2[n,r] and
+// part[(R·D + R + r)·chunks + k] = Σ dss[n,r]. R ≤ 32.
+extern "C" __global__ void gaussian_membership_bwd_params_part_f32(double* part, const float* dz2, const float* dss,
+                                                                   const float* z, int N, int D, int R, int chunk) {
+    __shared__ double sh[RED_ROW_LANES][32];
+    int tiles = (D + 31) / 32, chunks = (N + chunk - 1) / chunk;
+    int t = blockIdx.x % tiles, k = blockIdx.x / tiles;
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    int d = t * 32 + tx;
+    int lo = k * chunk, hi = min(N, lo + chunk);
+    for (int r = 0; r < R; r++) {
+        double a = 0.0;
+        if (d < D) {
+            for (int n = lo + ty; n < hi; n += RED_ROW_LANES) a += (double)dz2[(i64)n * R + r] * z[(i64)n * D + d];
+        }
+        sh[ty][tx] = a;
+        __syncthreads();
+        for (int h = RED_ROW_LANES / 2; h > 0; h >>= 1) {
+            if (ty < h) sh[ty][tx] += sh[ty + h][tx];
+            __syncthreads();
+        }
+        if (ty == 0 && d < D) part[((i64)r * D + d) * chunks + k] = sh[0][tx];
+        __syncthreads();
     }
-    s = block_sum(s, red);
-    q = block_sum(q, red);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = 0.0f;
-        for (int n = 0; n < N; n++) a += dz2[(i64)n * R + r] * z[(i64)n * D + d];
-        dc[(i64)r * D + d] = -2.0f * a + 2.0f * s * c[(i64)r * D + d];
+    if (t != 0) return;  // the whole block
+    for (int which = 0; which < 2; which++) {
+        const float* src = which == 0 ? dz2 : dss;
+        double a = 0.0;
+        if (tx < R) {
+            for (int n = lo + ty; n < hi; n += RED_ROW_LANES) a += src[(i64)n * R + tx];
+        }
+        sh[ty][tx] = a;
+        __syncthreads();
+        for (int h = RED_ROW_LANES / 2; h > 0; h >>= 1) {
+            if (ty < h) sh[ty][tx] += sh[ty + h][tx];
+            __syncthreads();
+        }
+        if (ty == 0 && tx < R) part[((i64)R * D + (i64)which * R + tx) * chunks + k] = sh[0][tx];
+        __syncthreads();
     }
-    if (threadIdx.x == 0) {
+}
+
+// gaussian_membership_bwd_params_f32: the second pass, one warp per output
+// (R·D centers, then R log-sigmas), each sum over the chunks in a fixed tree.
+extern "C" __global__ void gaussian_membership_bwd_params_f32(float* dc, float* dls, const double* part,
+                                                              const float* c, const float* ls, int chunks, int D, int R) {
+    i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    i64 RD = (i64)R * D;
+    if (o >= RD + R) return;
+    int lane = threadIdx.x & 31;
+    if (o < RD) {
+        int r = (int)(o / D);
+        double a = warp_sum_parts(part + o * chunks, chunks);
+        double s = warp_sum_parts(part + (RD + r) * chunks, chunks);
+        if (lane == 0) dc[o] = (float)(-2.0 * a + 2.0 * s * c[o]);
+        return;
+    }
+    int r = (int)(o - RD);
+    double q = warp_sum_parts(part + (RD + R + r) * chunks, chunks);
+    if (lane == 0) {
         float e = expf(-2.0f * ls[r]);
-        dls[r] = (e >= 1e-3f && e <= 1e3f) ? q * -2.0f * e : 0.0f;
+        dls[r] = (e >= 1e-3f && e <= 1e3f) ? (float)(q * -2.0 * e) : 0.0f;
     }
 }

@@ -58,6 +58,25 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
     return v;
 }
 
+// Two-pass reductions (graph.cu, paper.cu): the first pass writes partials
+// in double, the second sums each output's partials in a fixed tree.
+#define RED_ROW_LANES 8  // row lanes of reduce_cols_f32's 256-thread blocks
+
+// warp_sum_d: the warp's sum in lane 0, in a fixed shuffle tree.
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// warp_sum_parts: Σ p[0..parts) in lane 0 (lane l adds p[l], p[l+32], ...
+// in order, then the tree).
+__device__ __forceinline__ double warp_sum_parts(const double* p, int parts) {
+    int lane = threadIdx.x & 31;
+    double s = 0.0;
+    for (int k = lane; k < parts; k += 32) s += p[k];
+    return warp_sum_d(s);
+}
+
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 // Counter-based randomness, bit-identical to kernels/rand.go: draw i of
