@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	goruntime "runtime"
-	"sync"
 	"time"
 
-	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training/data"
 	"github.com/urfave/cli/v2"
@@ -102,7 +99,7 @@ func evalAction(c *cli.Context) error {
 		}
 		inModel += time.Since(t1)
 		for r, l := range out {
-			nll += scoreRows(l, ids[(start+r)*T+1:(start+r+1)*T+1])
+			nll += l.NLL(ids[(start+r)*T+1 : (start+r+1)*T+1])
 			tokens += T
 		}
 	}
@@ -195,27 +192,4 @@ func loadSplit(c *cli.Context, prov *runtime.Provenance) ([]int32, string, error
 		return nil, "", fmt.Errorf("--split %q: the MQAR corpus has eval and train", split)
 	}
 	return nil, "", fmt.Errorf("--dataset %q: want wikitext2, synthetic or mqar", ds)
-}
-
-// scoreRows sums the next-token NLL of every row of l against targets,
-// over the machine's cores.
-func scoreRows(l runtime.Logits, targets []int32) float64 {
-	w := max(1, goruntime.GOMAXPROCS(0))
-	sums := make([]float64, w)
-	var wg sync.WaitGroup
-	for k := 0; k < w; k++ {
-		wg.Add(1)
-		go func(k int) {
-			defer wg.Done()
-			for t := k; t < l.Len; t += w {
-				sums[k] += export.NLL(l.Row(t), int(targets[t]))
-			}
-		}(k)
-	}
-	wg.Wait()
-	var s float64
-	for _, x := range sums {
-		s += x
-	}
-	return s
 }
