@@ -1,9 +1,11 @@
 package runtime
 
 import (
+	"context"
 	"math"
 	goruntime "runtime"
 	"sync"
+	"time"
 
 	"github.com/rpac-dev/rpac/internal/fastexp"
 )
@@ -87,4 +89,40 @@ func sumNLL(logits []float32, V int, targets []int32) float64 {
 // (targets[t] is the token that follows position t; at most Len of them).
 func (l Logits) NLL(targets []int32) float64 {
 	return SumNLL(l.Data, l.Vocab, targets[:min(len(targets), l.Len)])
+}
+
+// Evaluation is the score of a token stream in chunks of T tokens.
+type Evaluation struct {
+	Tokens  int
+	NLL     float64       // summed, nats
+	MeanCE  float64       // NLL / Tokens
+	InModel time.Duration // in onnxruntime
+	Elapsed time.Duration // in all, scoring included
+}
+
+// Evaluate scores the first chunks chunks of T+1 tokens of ids (chunk k
+// predicts ids[kT+1 : (k+1)T+1] from ids[kT : (k+1)T]), batch sequences
+// per call: what rpac eval reports.
+func Evaluate(ctx context.Context, m *Model, ids []int32, T, chunks, batch int) (Evaluation, error) {
+	var ev Evaluation
+	t0 := time.Now()
+	for start := 0; start < chunks; start += batch {
+		var seqs [][]int32
+		for i := start; i < min(start+batch, chunks); i++ {
+			seqs = append(seqs, ids[i*T:(i+1)*T])
+		}
+		t1 := time.Now()
+		out, err := m.Logits(ctx, seqs)
+		if err != nil {
+			return ev, err
+		}
+		ev.InModel += time.Since(t1)
+		for r, l := range out {
+			ev.NLL += l.NLL(ids[(start+r)*T+1 : (start+r+1)*T+1])
+			ev.Tokens += T
+		}
+	}
+	ev.Elapsed = time.Since(t0)
+	ev.MeanCE = ev.NLL / float64(ev.Tokens)
+	return ev, nil
 }
