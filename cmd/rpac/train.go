@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -353,7 +354,7 @@ func checkTrainFlags(c *cli.Context) error {
 	if lr := c.Float64("lr"); c.IsSet("lr") && !(lr > 0 && !math.IsInf(lr, 0)) {
 		return fmt.Errorf("--lr %v: want a positive, finite learning rate", lr)
 	}
-	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.TrainPipeline), d) {
+	if d := c.String("dump-ir"); d != "" && d != "all" && !slices.Contains(passes.Names(passes.TrainPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the training pipeline (%s, or all)", d, strings.Join(passes.Names(passes.TrainPipeline), ", "))
 	}
 	return nil
