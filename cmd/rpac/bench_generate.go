@@ -10,6 +10,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/inferbench"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/urfave/cli/v2"
@@ -61,7 +62,7 @@ func benchGenerate(c *cli.Context) error {
 	if cfg.Model != "fuzzy" && cfg.Model != "baseline" {
 		return fmt.Errorf("--model %q: want fuzzy or baseline", cfg.Model)
 	}
-	st, err := randomStore(&cfg, T, 1)
+	st, err := inferbench.RandomStore(&cfg, T, 1)
 	if err != nil {
 		return err
 	}
@@ -93,7 +94,7 @@ func benchGenerate(c *cli.Context) error {
 	}
 	fmt.Fprintf(w, "onnxruntime %s CPU, threads %s; %s %s, T=%d, attention %s; greedy, %d new tokens after a %d-token prompt (random weights)\n",
 		runtime.ORTVersion, th, p.Name, cfg.Model, T, c.String("attention"), N, P)
-	fmt.Fprintf(w, "load average (1 min) before: %s\n", loadAvg())
+	fmt.Fprintf(w, "load average (1 min) before: %s\n", inferbench.LoadAvg())
 	// Untimed warm-up of both paths (sessions open on first use).
 	for _, cached := range []bool{false, true} {
 		if _, err := m.Generate(c.Context, prompt, runtime.GenerateOptions{MaxNewTokens: 2, Recompute: !cached}); err != nil {
@@ -127,7 +128,7 @@ func benchGenerate(c *cli.Context) error {
 	rc, full := best(times[true]), best(times[false])
 	fmt.Fprintf(w, "best round: KV cache %.2f tokens/s, recompute %.2f tokens/s: %.1f× (prefill included); same tokens: %v\n",
 		float64(N)/rc.Seconds(), float64(N)/full.Seconds(), full.Seconds()/rc.Seconds(), slices.Equal(tokens[0], tokens[1]))
-	fmt.Fprintf(w, "load average (1 min) after: %s\n", loadAvg())
+	fmt.Fprintf(w, "load average (1 min) after: %s\n", inferbench.LoadAvg())
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/inferbench"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/runtime/serve"
 	"github.com/rpac-dev/rpac/training/data"
@@ -217,7 +218,7 @@ func exportBenchModel(c *cli.Context, cfg *serve.Config) (*benchModel, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	st, err := randomStore(&p.Config, lengths[0], 1)
+	st, err := inferbench.RandomStore(&p.Config, lengths[0], 1)
 	if err != nil {
 		return fail(err)
 	}
