@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/runtime"
@@ -136,7 +135,7 @@ func exists(p string) bool {
 }
 
 // ParamNames lists the model's trainable parameters.
-func (r *Run) ParamNames() ([]string, error) { return export.Params(&r.Config) }
+func (r *Run) ParamNames() ([]string, error) { return model.Params(&r.Config) }
 
 // checkParams refuses a checkpoint that lacks a parameter of its model
 // (in every weight set), naming the parameters.
@@ -172,7 +171,7 @@ func (r *Run) SelectWeights(which string) error {
 	if err != nil {
 		return err
 	}
-	if r.Weights, err = export.SelectWeights(r.Store, params, which); err != nil {
+	if r.Weights, err = SelectWeights(r.Store, params, which); err != nil {
 		return err
 	}
 	for _, p := range params {

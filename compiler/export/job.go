@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -154,7 +155,7 @@ func RunJob(ctx context.Context, j Job) (*JobResult, error) {
 // buffer without trained values.
 func (j *Job) needsCalibration() (bool, error) {
 	for _, T := range j.Lengths {
-		bufs, err := RunningBuffers(&j.Config, T)
+		bufs, err := model.RunningBuffers(&j.Config, T)
 		if err != nil {
 			return false, err
 		}
