@@ -32,6 +32,7 @@ package runtime
 
 import (
 	"github.com/rpac-dev/rpac/internal/sysmem"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 
 	"context"
 	"errors"
@@ -247,9 +248,9 @@ func checkIO(path string, L, V int, sc *scanConfig) (int, error) {
 // Bounds on what a file may declare: far above any real export, far below
 // what would overflow or exhaust memory before a call.
 const (
-	MaxBatch  = 1 << 12
-	MaxLength = 1 << 17
-	MaxVocab  = 1 << 22
+	MaxBatch  = manifest.MaxBatch
+	MaxLength = manifest.MaxLength
+	MaxVocab  = manifest.MaxVocab
 )
 
 // checkSizes bounds the sizes a file declares before anything is allocated:

@@ -10,7 +10,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -277,9 +277,9 @@ func (r *Run) Tokenizer() (string, int) {
 // Provenance is the run's part of an export's record: where the weights
 // come from (run, checkpoint, weight set, step), the data and its options,
 // the splits and the tokenizer. The exporter adds how it compiled them.
-func (r *Run) Provenance() *runtime.Provenance {
+func (r *Run) Provenance() *manifest.Provenance {
 	tok, eos := r.Tokenizer()
-	p := &runtime.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
+	p := &manifest.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
 		Dataset: r.Dataset(), DataDir: r.DataDir(), TrainSplit: r.TrainSplit(), EvalSplit: r.EvalSplit(),
 		Protocol: r.State.Protocol, Tokenizer: tok, EOS: eos}
 	switch p.Dataset {

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 	"github.com/rpac-dev/rpac/training/data"
 )
 
@@ -16,7 +16,7 @@ import (
 // the run's WikiText-2 directory while it still exists, and the run's seed
 // and corpus shape. Seeded reports whether the provenance recorded the
 // generated corpus the spec names (its seed is then the run's).
-func ExportData(prov *runtime.Provenance, dataset string) (spec DataSpec, seeded bool, err error) {
+func ExportData(prov *manifest.Provenance, dataset string) (spec DataSpec, seeded bool, err error) {
 	if dataset == "" {
 		if dataset, err = datasetOfTokenizer(prov.Tokenizer); err != nil {
 			return DataSpec{}, false, err

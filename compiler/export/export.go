@@ -3,7 +3,7 @@
 // forward graph (compiler/model), runs the export pipeline of package
 // passes (strip training, fold rpa, const fold, dce, fuse attention),
 // lowers the result with compiler/onnx and writes model_L{T}.onnx; then it
-// writes manifest.json (runtime.Manifest) with the lengths, the file
+// writes manifest.json (manifest.Manifest) with the lengths, the file
 // hashes, the configuration and the fold statistics.
 //
 // Reading checkpoints and data is the caller's business (cmd/rpac): Export
@@ -32,7 +32,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/passes"
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 )
 
 // Defaults of Options.
@@ -78,7 +78,7 @@ type Options struct {
 	// float32, logits are float32). Not with Quantize or KVCache.
 	DType ir.Precision
 	// KVCache also writes, for every length, the prefill and decode graphs
-	// of KV-cached decoding (runtime.KVCache; not with DropBias, Quantize,
+	// of KV-cached decoding (manifest.KVCache; not with DropBias, Quantize,
 	// DType or a rank fold).
 	KVCache bool
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
@@ -100,10 +100,10 @@ type Options struct {
 	// Provenance is the record of the run the weights come from (run,
 	// checkpoint, weights, step, data, splits; see training.Run.Provenance).
 	// Export completes it with the tokenizer, the EOS, the commit (when the
-	// caller has none: runtime.BuildCommit) and the fold, attention,
+	// caller has none: manifest.BuildCommit) and the fold, attention,
 	// precision and quantization, and writes it into the manifest and every
 	// file's metadata. nil: a record of the export settings alone.
-	Provenance *runtime.Provenance
+	Provenance *manifest.Provenance
 	// DumpIR names a pass of passes.ExportPipeline after which the graph is
 	// printed to Dump ("all": after every pass).
 	DumpIR string
@@ -130,7 +130,7 @@ type LengthResult struct {
 // Result is the outcome of Export.
 type Result struct {
 	Dir      string
-	Manifest *runtime.Manifest
+	Manifest *manifest.Manifest
 	Lengths  []LengthResult
 }
 
@@ -283,7 +283,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	// A stale manifest must not describe a half-written export.
-	if err := os.Remove(filepath.Join(o.Out, runtime.ManifestName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(filepath.Join(o.Out, manifest.FileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	cfgJSON, err := json.Marshal(o.Config)
@@ -294,7 +294,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	sort.Ints(lengths)
 	res := &Result{Dir: o.Out}
 	prov := o.provenance()
-	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
+	man := &manifest.Manifest{Format: manifest.FormatVersion, Lengths: lengths, VocabSize: o.Config.Vocab,
 		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model, Provenance: prov}
 	fold := Fold{Mode: o.Fold, Attention: o.Attention, BiasDropped: o.DropBias}
 	if o.Provenance != nil {
@@ -350,14 +350,14 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("export: %w", err)
 		}
 		m = nil
-		f, err := runtime.NewFile(o.Out, lr.File, T)
+		f, err := manifest.NewFile(o.Out, lr.File, T)
 		if err != nil {
 			return nil, fmt.Errorf("export: %w", err)
 		}
 		man.Files = append(man.Files, f)
 		lr.Bytes = f.Bytes
 		if _, err := os.Stat(onnx.DataFile(path)); err == nil {
-			df, err := runtime.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
+			df, err := manifest.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
 			if err != nil {
 				return nil, fmt.Errorf("export: %w", err)
 			}
@@ -370,10 +370,10 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 				return nil, fmt.Errorf("export: length %d: %w", T, err)
 			}
 			man.Files = append(man.Files, files...)
-			man.KVCache = runtime.NewKVCache(lay.Layers, lay.Heads, lay.HeadSize, lengths)
+			man.KVCache = manifest.NewKVCache(lay.Layers, lay.Heads, lay.HeadSize, lengths)
 			for _, f := range files {
 				lr.KVBytes += f.Bytes
-				if f.Graph != runtime.GraphFull && strings.HasSuffix(f.Path, ".onnx") {
+				if f.Graph != manifest.GraphFull && strings.HasSuffix(f.Path, ".onnx") {
 					lr.KVFiles = append(lr.KVFiles, f.Path)
 				}
 			}
@@ -387,7 +387,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	man.Fold = fj
-	if err := runtime.WriteManifest(o.Out, man); err != nil {
+	if err := manifest.Write(o.Out, man); err != nil {
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	res.Manifest = man
@@ -395,14 +395,14 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 }
 
 // provenance is o.Provenance completed with the export's own facts.
-func (o *Options) provenance() *runtime.Provenance {
-	p := &runtime.Provenance{}
+func (o *Options) provenance() *manifest.Provenance {
+	p := &manifest.Provenance{}
 	if o.Provenance != nil {
 		*p = *o.Provenance
 	}
 	p.Tokenizer, p.EOS = o.Tokenizer, o.EOS
 	if p.Commit == "" {
-		p.Commit = runtime.BuildCommit()
+		p.Commit = manifest.BuildCommit()
 	}
 	p.Fold, p.Attention, p.Precision, p.Quantize = o.Fold, o.Attention, o.DType.String(), o.Quantize
 	return p
