@@ -46,7 +46,3 @@ func (m *Model) BatchSize() int {
 	}
 	return b
 }
-
-// LogProb is log softmax(row)[target], computed in float64 (the negative of
-// the cross-entropy Score sums).
-func LogProb(row []float32, target int) float64 { return -nll(row, target) }

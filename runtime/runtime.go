@@ -32,6 +32,7 @@ package runtime
 
 import (
 	"github.com/rpac-dev/rpac/internal/sysmem"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 
 	"context"
 	"errors"
@@ -247,9 +248,9 @@ func checkIO(path string, L, V int, sc *scanConfig) (int, error) {
 // Bounds on what a file may declare: far above any real export, far below
 // what would overflow or exhaust memory before a call.
 const (
-	MaxBatch  = 1 << 12
-	MaxLength = 1 << 17
-	MaxVocab  = 1 << 22
+	MaxBatch  = manifest.MaxBatch
+	MaxLength = manifest.MaxLength
+	MaxVocab  = manifest.MaxVocab
 )
 
 // checkSizes bounds the sizes a file declares before anything is allocated:
@@ -481,10 +482,9 @@ func (m *Model) Score(ctx context.Context, batch [][]int32) (ScoreResult, error)
 	var res ScoreResult
 	V := m.man.VocabSize
 	err := m.forEach(ctx, batch, func(i int, logits []float32) error {
-		seq := batch[i]
-		for t := 0; t+1 < len(seq); t++ {
-			res.NLL += nll(logits[t*V:(t+1)*V], int(seq[t+1]))
-			res.Tokens++
+		if seq := batch[i]; len(seq) > 1 {
+			res.NLL += SumNLL(logits, V, seq[1:])
+			res.Tokens += len(seq) - 1
 		}
 		return nil
 	})
@@ -497,21 +497,6 @@ func (m *Model) Score(ctx context.Context, batch [][]int32) (ScoreResult, error)
 	res.MeanCE = res.NLL / float64(res.Tokens)
 	res.Perplexity = math.Exp(res.MeanCE)
 	return res, nil
-}
-
-// nll is -log softmax(row)[target], computed in float64.
-func nll(row []float32, target int) float64 {
-	mx := math.Inf(-1)
-	for _, x := range row {
-		if float64(x) > mx {
-			mx = float64(x)
-		}
-	}
-	var s float64
-	for _, x := range row {
-		s += math.Exp(float64(x) - mx)
-	}
-	return math.Log(s) + mx - float64(row[target])
 }
 
 // ScoreText tokenizes text with Options.Tokenizer and scores it. A text

@@ -1,9 +1,12 @@
 package training
 
 import (
+	"errors"
 	"math/rand/v2"
+	"time"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/training/optim"
@@ -120,4 +123,72 @@ func (b *Bench) Close() {
 		b.dev.Close()
 	}
 	b.step.Close()
+}
+
+// Time runs one warm-up step, then steps timed steps (profiled by
+// startProfile when it is not nil: it starts a profile and returns its
+// stop), and returns the seconds per step.
+func (b *Bench) Time(steps int, startProfile func() (stop func(), err error)) (float64, error) {
+	if err := b.Step(0); err != nil { // warm-up
+		return 0, err
+	}
+	if startProfile != nil {
+		stop, err := startProfile()
+		if err != nil {
+			return 0, err
+		}
+		defer stop()
+	}
+	t0 := time.Now()
+	for i := range steps {
+		if err := b.Step(uint64(i + 1)); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(t0).Seconds() / float64(steps), nil
+}
+
+// PredictOptions readies o for tracing a step on the CUDA backend to
+// predict its time on hw: with --device cuda and no usable GPU, the
+// dry-run device (every launch checked, nothing computed) with a memory
+// budget of 90% of hw's unless o sets one; dryRun reports that choice.
+func PredictOptions(o Options, hw cuda.Hardware) (_ Options, dryRun bool, err error) {
+	switch {
+	case o.Device == DeviceCUDA && cuda.Available() != nil:
+		gemm := cuda.GEMMBF16
+		if o.Precision == ir.FP32 {
+			gemm = cuda.GEMMF32
+		}
+		if o.Backend, err = cuda.NewDryRun(gemm); err != nil {
+			return o, false, err
+		}
+		if o.MemBudget == 0 {
+			o.MemBudget = int64(0.9 * hw.MemGiB * (1 << 30))
+		}
+		return o, true, nil
+	case o.Device == DeviceCUDA || o.Device == DeviceCUDASim:
+		return o, false, CheckDevice(o.Device, o.Precision)
+	}
+	return o, false, errors.New("--predict traces the CUDA backend: use --device cuda (the dry-run device stands in without a GPU) or cuda-sim")
+}
+
+// Predict runs one warm-up step (first-step allocations and uploads),
+// traces the next on the CUDA backend and predicts its time on hw.
+func (b *Bench) Predict(hw cuda.Hardware) (*cuda.Prediction, error) {
+	gpu, ok := b.Backend().(*cuda.Backend)
+	if !ok {
+		return nil, errors.New("--predict: the step does not run on the CUDA backend")
+	}
+	if err := b.Step(0); err != nil {
+		return nil, err
+	}
+	tr, err := gpu.StartTrace()
+	if err != nil {
+		return nil, err
+	}
+	tr.Reset()
+	if err := b.Step(1); err != nil {
+		return nil, err
+	}
+	return cuda.Predict(tr.Events(), hw, b.HostOptimized()), nil
 }

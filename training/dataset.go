@@ -103,8 +103,8 @@ func LoadDataset(ctx context.Context, spec DataSpec, log *slog.Logger) (*Dataset
 
 // The MQAR corpus's stream sizes: the train stream is large enough that a
 // run of a few thousand steps rarely sees a sequence twice (4M tokens), the
-// eval stream is 256K tokens. rpac eval regenerates the same streams
-// (cmd/rpac/eval.go: keep both in step).
+// eval stream is 256K tokens. rpac eval reads the same streams through
+// LoadSplit.
 const (
 	MQARTrainTokens = 1 << 22
 	MQAREvalTokens  = 1 << 18

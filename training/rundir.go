@@ -8,10 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -136,7 +135,7 @@ func exists(p string) bool {
 }
 
 // ParamNames lists the model's trainable parameters.
-func (r *Run) ParamNames() ([]string, error) { return export.Params(&r.Config) }
+func (r *Run) ParamNames() ([]string, error) { return model.Params(&r.Config) }
 
 // checkParams refuses a checkpoint that lacks a parameter of its model
 // (in every weight set), naming the parameters.
@@ -172,7 +171,7 @@ func (r *Run) SelectWeights(which string) error {
 	if err != nil {
 		return err
 	}
-	if r.Weights, err = export.SelectWeights(r.Store, params, which); err != nil {
+	if r.Weights, err = SelectWeights(r.Store, params, which); err != nil {
 		return err
 	}
 	for _, p := range params {
@@ -278,9 +277,9 @@ func (r *Run) Tokenizer() (string, int) {
 // Provenance is the run's part of an export's record: where the weights
 // come from (run, checkpoint, weight set, step), the data and its options,
 // the splits and the tokenizer. The exporter adds how it compiled them.
-func (r *Run) Provenance() *runtime.Provenance {
+func (r *Run) Provenance() *manifest.Provenance {
 	tok, eos := r.Tokenizer()
-	p := &runtime.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
+	p := &manifest.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
 		Dataset: r.Dataset(), DataDir: r.DataDir(), TrainSplit: r.TrainSplit(), EvalSplit: r.EvalSplit(),
 		Protocol: r.State.Protocol, Tokenizer: tok, EOS: eos}
 	switch p.Dataset {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"strings"
@@ -19,119 +20,122 @@ func ablateCommand() *cli.Command {
 			"+ Guardian + late-phase schedules (LR floor, EMA, chaos, dropout glide); + SWA-select.\n" +
 			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
 			"Finished runs (their result.json) are reused, so an interrupted ablation continues where it stopped.",
-		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
-			&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
-			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
-			&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on"},
-			&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
-			&cli.IntFlag{Name: "seeds", Value: 2, Usage: "runs per stage (seeds --seed, --seed+1, …)"},
-			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "first seed"},
-			&cli.IntFlag{Name: "steps", Usage: "steps per run (default: 160 for tiny, else the preset's)"},
-			&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per step (default: the preset's)"},
-			&cli.StringFlag{Name: "contexts", Usage: "context game lengths (default: the preset's, or T/2,T)"},
-			&cli.IntFlag{Name: "eval-every", Usage: "steps per epoch/evaluation (default: steps/10)"},
-			&cli.IntFlag{Name: "eval-batches", Value: 4, Usage: "batches per in-run evaluation (0: the whole split)"},
-			&cli.IntFlag{Name: "final-eval-batches", Value: 24, Usage: "batches of the final evaluation that the table reports (0: the whole split)"},
-			&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
-			&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
-			&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
-			&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
-		}, syntheticFlags()...),
-		Action: func(c *cli.Context) error {
-			if c.Args().Len() > 0 {
-				return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
-			}
-			for _, n := range []string{"seeds", "steps", "tokens-per-step", "eval-every", "eval-batches", "final-eval-batches"} {
-				if c.Int(n) < 0 {
-					return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
-				}
-			}
-			preset, err := model.LookupPreset(c.String("preset"))
-			if err != nil {
-				return err
-			}
-			steps := c.Int("steps")
-			if steps == 0 {
-				steps = preset.Steps
-				if preset.Name == "tiny" {
-					steps = 160
-				}
-			}
-			evalEvery := c.Int("eval-every")
-			if evalEvery == 0 {
-				evalEvery = max(1, steps/10)
-			}
-			contexts, err := parseInts("contexts", c.String("contexts"))
-			if err != nil {
-				return err
-			}
-			var stages []string
-			if s := strings.TrimSpace(c.String("stages")); s != "" {
-				for _, f := range strings.Split(s, ",") {
-					stages = append(stages, strings.TrimSpace(f))
-				}
-			}
-			out := c.String("out")
-			if err := os.MkdirAll(out, 0o755); err != nil {
-				return err
-			}
-			syn, err := syntheticFromFlags(c)
-			if err != nil {
-				return err
-			}
-			mq, err := mqarFromFlags(c)
-			if err != nil {
-				return err
-			}
-			finalBatches := c.Int("final-eval-batches")
-			if finalBatches == 0 {
-				finalBatches = -1 // the whole split
-			}
-			base := training.Options{Synthetic: syn, MQAR: mq,
-				Preset: preset.Name, Dataset: c.String("dataset"), DataDir: c.String("data-dir"),
-				TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
-				TokensPerStep: c.Int("tokens-per-step"), EvalEvery: evalEvery, EvalBatches: c.Int("eval-batches"),
-				FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: out, LR: c.Float64("lr"),
-				Dropout: -1, WarmIn: -1, GradClip: 1,
-			}
-			results, err := training.Ablate(c.Context, training.AblationOptions{
-				Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: stages,
-				KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter,
-			})
-			if err != nil {
-				return err
-			}
-			rows := training.Summarize(results)
-			var total float64
-			for _, sr := range results {
-				for _, r := range sr.Runs {
-					total += r.Seconds
-				}
-			}
-			protocol := fmt.Sprintf("train on %s, evaluate on %s", c.String("train-split"), c.String("eval-split"))
-			switch c.String("dataset") {
-			case "synthetic":
-				protocol = "synthetic corpus"
-			case "mqar":
-				protocol = "MQAR corpus"
-			}
-			header := []string{
-				fmt.Sprintf("- command: `rpac %s`", strings.Join(os.Args[1:], " ")),
-				fmt.Sprintf("- preset %s, dataset %s (%s), %d seeds from %d, %d steps, eval every %d steps on %d batches, final eval on %s",
-					preset.Name, c.String("dataset"), protocol, c.Int("seeds"), c.Uint64("seed"), steps, evalEvery, c.Int("eval-batches"),
-					batchesText(c.Int("final-eval-batches"))),
-				fmt.Sprintf("- equal compute: every run takes the same steps and tokens per step; parameters per stage in the table; total wall time of the runs %s", (time.Duration(total) * time.Second).Round(time.Second)),
-				"- Val CE / PPL: mean ± sample std over seeds of the weights each stage reports (last = raw, ema, swa); PPL is averaged per seed",
-			}
-			table, err := training.WriteAblation(out, header, rows)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(c.App.Writer, table)
-			fmt.Fprintf(c.App.Writer, "wrote %s/ablation.md and %s/ablation.csv\n", out, out)
-			return nil
-		},
+		Flags:  append(ablateFlags(), syntheticFlags()...),
+		Action: ablateAction,
+	}
+}
+
+func ablateFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
+		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
+		&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
+		&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on"},
+		&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
+		&cli.IntFlag{Name: "seeds", Value: 2, Usage: "runs per stage (seeds --seed, --seed+1, …)"},
+		&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "first seed"},
+		&cli.IntFlag{Name: "steps", Usage: "steps per run (default: 160 for tiny, else the preset's)"},
+		&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per step (default: the preset's)"},
+		&cli.StringFlag{Name: "contexts", Usage: "context game lengths (default: the preset's, or T/2,T)"},
+		&cli.IntFlag{Name: "eval-every", Usage: "steps per epoch/evaluation (default: steps/10)"},
+		&cli.IntFlag{Name: "eval-batches", Value: 4, Usage: "batches per in-run evaluation (0: the whole split)"},
+		&cli.IntFlag{Name: "final-eval-batches", Value: 24, Usage: "batches of the final evaluation that the table reports (0: the whole split)"},
+		&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
+		&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
+		&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
+		&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
+	}
+}
+
+func ablateAction(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
+	}
+	if err := checkCounts(c, []string{"seeds", "steps", "tokens-per-step", "eval-every", "eval-batches", "final-eval-batches"}, nil); err != nil {
+		return err
+	}
+	opts, err := ablationOptions(c)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(opts.Base.Out, 0o755); err != nil {
+		return err
+	}
+	results, err := training.Ablate(c.Context, opts)
+	if err != nil {
+		return err
+	}
+	table, err := training.WriteAblation(opts.Base.Out, ablationHeader(c, opts.Base, results), training.Summarize(results))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, table)
+	fmt.Fprintf(c.App.Writer, "wrote %s/ablation.md and %s/ablation.csv\n", opts.Base.Out, opts.Base.Out)
+	return nil
+}
+
+// ablationOptions is the ablation the flags describe.
+func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
+	preset, err := model.LookupPreset(c.String("preset"))
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
+	steps := c.Int("steps")
+	if steps == 0 {
+		steps = preset.Steps
+		if preset.Name == "tiny" {
+			steps = 160
+		}
+	}
+	contexts, err := parseInts("contexts", c.String("contexts"))
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
+	syn, err := syntheticFromFlags(c)
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
+	mq, err := mqarFromFlags(c)
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
+	finalBatches := c.Int("final-eval-batches")
+	if finalBatches == 0 {
+		finalBatches = -1 // the whole split
+	}
+	base := training.Options{Synthetic: syn, MQAR: mq,
+		Preset: preset.Name, Dataset: c.String("dataset"), DataDir: c.String("data-dir"),
+		TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
+		TokensPerStep: c.Int("tokens-per-step"), EvalEvery: cmp.Or(c.Int("eval-every"), max(1, steps/10)), EvalBatches: c.Int("eval-batches"),
+		FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: c.String("out"), LR: c.Float64("lr"),
+		Dropout: -1, WarmIn: -1, GradClip: 1,
+	}
+	return training.AblationOptions{Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: splitList(c.String("stages")),
+		KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter}, nil
+}
+
+// ablationHeader is the list above the ablation table.
+func ablationHeader(c *cli.Context, base training.Options, results []training.StageResult) []string {
+	var total float64
+	for _, sr := range results {
+		for _, r := range sr.Runs {
+			total += r.Seconds
+		}
+	}
+	protocol := fmt.Sprintf("train on %s, evaluate on %s", c.String("train-split"), c.String("eval-split"))
+	switch c.String("dataset") {
+	case "synthetic":
+		protocol = "synthetic corpus"
+	case "mqar":
+		protocol = "MQAR corpus"
+	}
+	return []string{
+		fmt.Sprintf("- command: `rpac %s`", strings.Join(os.Args[1:], " ")),
+		fmt.Sprintf("- preset %s, dataset %s (%s), %d seeds from %d, %d steps, eval every %d steps on %d batches, final eval on %s",
+			base.Preset, c.String("dataset"), protocol, c.Int("seeds"), c.Uint64("seed"), base.Steps, base.EvalEvery, c.Int("eval-batches"),
+			batchesText(c.Int("final-eval-batches"))),
+		fmt.Sprintf("- equal compute: every run takes the same steps and tokens per step; parameters per stage in the table; total wall time of the runs %s", (time.Duration(total) * time.Second).Round(time.Second)),
+		"- Val CE / PPL: mean ± sample std over seeds of the weights each stage reports (last = raw, ema, swa); PPL is averaged per seed",
 	}
 }
 

@@ -2,7 +2,7 @@ package main
 
 import (
 	"fmt"
-	"github.com/rpac-dev/rpac/ir"
+	"io"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -60,26 +60,10 @@ func benchCommand() *cli.Command {
 }
 
 func benchTrain(c *cli.Context) error {
-	device, precision, err := deviceFlags(c)
+	o, err := benchTrainOptions(c)
 	if err != nil {
 		return err
 	}
-	if !c.IsSet("predict") || device != training.DeviceCUDA {
-		if err := training.CheckDevice(device, precision); err != nil {
-			return err
-		}
-	}
-	steps := c.Int("steps")
-	if steps < 1 {
-		return fmt.Errorf("--steps must be positive")
-	}
-	micro, budget, err := memoryFlags(c)
-	if err != nil {
-		return err
-	}
-	o := training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
-		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1,
-		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer")}
 	if c.IsSet("predict") {
 		return benchPredict(c, o)
 	}
@@ -88,28 +72,55 @@ func benchTrain(c *cli.Context) error {
 		return err
 	}
 	defer b.Close()
-	if err := b.Step(0); err != nil { // warm-up
+	var profile func() (func(), error)
+	if f := c.String("cpuprofile"); f != "" {
+		profile = func() (func(), error) { return startCPUProfile(f) }
+	}
+	dt, err := b.Time(c.Int("steps"), profile)
+	if err != nil {
 		return err
 	}
-	if f := c.String("cpuprofile"); f != "" {
-		pf, err := os.Create(f)
-		if err != nil {
-			return err
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	return printBenchTrain(c.App.Writer, b, c.Int("steps"), dt)
+}
+
+// benchTrainOptions is the training step the flags describe.
+func benchTrainOptions(c *cli.Context) (training.Options, error) {
+	device, precision, err := deviceFlags(c)
+	if err != nil {
+		return training.Options{}, err
 	}
-	t0 := time.Now()
-	for i := 0; i < steps; i++ {
-		if err := b.Step(uint64(i + 1)); err != nil {
-			return err
+	if !c.IsSet("predict") || device != training.DeviceCUDA {
+		if err := training.CheckDevice(device, precision); err != nil {
+			return training.Options{}, err
 		}
 	}
-	dt := time.Since(t0).Seconds() / float64(steps)
-	w, l := c.App.Writer, b.Length()
+	if c.Int("steps") < 1 {
+		return training.Options{}, fmt.Errorf("--steps must be positive")
+	}
+	micro, budget, err := memoryFlags(c)
+	if err != nil {
+		return training.Options{}, err
+	}
+	return training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
+		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1,
+		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer")}, nil
+}
+
+// startCPUProfile starts a Go CPU profile into path and returns its stop.
+func startCPUProfile(path string) (func(), error) {
+	pf, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); pf.Close() }, nil
+}
+
+func printBenchTrain(w io.Writer, b *training.Bench, steps int, dt float64) error {
+	l := b.Length()
 	if note := training.SimulatorNote(b.Backend()); note != "" {
 		fmt.Fprintln(w, note)
 	}
@@ -148,52 +159,32 @@ func benchPredict(c *cli.Context, o training.Options) error {
 		return err
 	}
 	w := c.App.Writer
-	switch {
-	case o.Device == training.DeviceCUDA && cuda.Available() != nil:
-		gemm := cuda.GEMMBF16
-		if o.Precision == ir.FP32 {
-			gemm = cuda.GEMMF32
-		}
-		if o.Backend, err = cuda.NewDryRun(gemm); err != nil {
-			return err
-		}
-		if o.MemBudget == 0 {
-			o.MemBudget = int64(0.9 * hw.MemGiB * (1 << 30))
-		}
+	o, dryRun, err := training.PredictOptions(o, hw)
+	if err != nil {
+		return err
+	}
+	if dryRun {
 		fmt.Fprintf(w, "no GPU: tracing the step on the dry-run device (every launch checked, nothing computed); memory budget %s (90%% of the %s's %.0f GiB)\n",
 			training.FormatBytes(o.MemBudget), hw.Name, hw.MemGiB)
-	case o.Device == training.DeviceCUDA || o.Device == training.DeviceCUDASim:
-		if err := training.CheckDevice(o.Device, o.Precision); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("--predict traces the CUDA backend: use --device cuda (the dry-run device stands in without a GPU) or cuda-sim")
 	}
 	b, err := training.NewBench(o)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	gpu, ok := b.Backend().(*cuda.Backend)
-	if !ok {
-		return fmt.Errorf("--predict: the step does not run on the CUDA backend")
-	}
-	if err := b.Step(0); err != nil { // warm-up: first-step allocations and uploads
-		return err
-	}
-	tr, err := gpu.StartTrace()
+	p, err := b.Predict(hw)
 	if err != nil {
 		return err
 	}
-	tr.Reset()
-	if err := b.Step(1); err != nil {
-		return err
-	}
-	p := cuda.Predict(tr.Events(), hw, b.HostOptimized())
+	printPrediction(w, b, hw, p)
+	return nil
+}
+
+func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.Prediction) {
 	l := b.Length()
 	tokens := float64(l.Batch * l.T)
 	fmt.Fprintf(w, "bench train --predict %s: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s\n",
-		hw.Name, b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T, gpu.Name())
+		hw.Name, b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T, b.Backend().Name())
 	fmt.Fprintf(w, "  machine          %s: bf16 %.1f TFLOP/s, fp32 %.1f TFLOP/s, HBM %.2f TB/s, %d SMs, %s %.0f GB/s, %d host cores\n",
 		hw.Name, hw.BF16TFLOPS, hw.FP32TFLOPS, hw.HBMTBs, hw.SMs, hw.Bus, hw.BusGBs, hw.HostCores)
 	fmt.Fprintf(w, "  trace            %d launches, %d GEMMs (%.2f TFLOP), host->device %s, device->host %s\n",
@@ -213,5 +204,4 @@ func benchPredict(c *cli.Context, o training.Options) error {
 	}
 	fmt.Fprintf(w, "predicted %s %s: %.1f ms/step, %.0fk tok/s, MFU %.1f%%, host-device %s/step\n", hw.Name, b.Plan.Preset,
 		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), cuda.FormatBusBytes(p.H2D+p.D2H))
-	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,43 +13,20 @@ import (
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/runtime"
+	"golang.org/x/perf/benchfmt"
 )
 
 // The export without the folded bias is the benchmark's reference only:
-// in this command, nothing but bench_infer.go sets export.Options.DropBias,
-// and what rpac export writes has every layer's folded bias and no
-// bias_dropped record.
+// nothing in this command sets export.Options.DropBias (the benchmark,
+// internal/inferbench, does), and what rpac export writes has every
+// layer's folded bias and no bias_dropped record.
 func TestDropBiasIsBenchmarkOnly(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
+	if users := identUsers(t, ".", "DropBias"); len(users) > 0 {
+		t.Errorf("DropBias used in the command: %v", users)
 	}
-	fset := token.NewFileSet()
-	var users []string
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		af, err := parser.ParseFile(fset, f, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ast.Inspect(af, func(n ast.Node) bool {
-			if id, ok := n.(*ast.Ident); ok && id.Name == "DropBias" {
-				users = append(users, fset.Position(id.Pos()).String())
-			}
-			return true
-		})
+	if users := identUsers(t, "../../internal/inferbench", "DropBias"); len(users) == 0 {
+		t.Fatal("internal/inferbench does not use export.Options.DropBias (the test is stale)")
 	}
-	if len(users) == 0 {
-		t.Fatal("bench_infer.go does not use export.Options.DropBias (the test is stale)")
-	}
-	for _, u := range users {
-		if !strings.HasPrefix(u, "bench_infer.go:") {
-			t.Errorf("DropBias used outside the benchmark: %s", u)
-		}
-	}
-
 	run := writeRun(t)
 	for _, att := range []string{"op", "plain"} {
 		out := filepath.Join(t.TempDir(), "e")
@@ -90,13 +68,15 @@ func TestDropBiasIsBenchmarkOnly(t *testing.T) {
 func TestBenchInferPriorCost(t *testing.T) {
 	env := []string{"ORT_LIB=" + ortLib(t)}
 	keep := t.TempDir()
+	benchOut := filepath.Join(t.TempDir(), "bench.txt")
 	got, code := rpacEnv(t, env, "bench", "infer", "--preset", "tiny", "--attention", "op", "--runs", "4", "--block", "2",
-		"--threads", "1", "--gemm-time", "0", "--control", "--keep", keep)
+		"--threads", "1", "--gemm-time", "0", "--control", "--keep", keep, "--bench-out", benchOut)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, got)
 	}
+	checkBenchOut(t, benchOut, 4, 4)
 	for _, want := range []string{"fuzzy    rpa    op", "fuzzy    nobias op", "fuzzy    rpa#2  op", "baseline -      op",
-		"prior cost tiny T=128 op: ", "p50", "fast½", "paired", "halves", "control tiny T=128 op", "load average"} {
+		"prior cost tiny T=128 op: ", "p50", "fast½", "paired", "Mann-Whitney", "control tiny T=128 op", "load average"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
@@ -131,5 +111,70 @@ func TestBenchInferPriorCost(t *testing.T) {
 	}
 	if _, code := rpacEnv(t, env, "bench", "infer", "--fold", "bias"); code == 0 {
 		t.Error("--fold bias: want an error")
+	}
+}
+
+// identUsers lists the positions where the non-test Go files of dir use
+// the identifier name.
+func identUsers(t *testing.T, dir, name string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var users []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(af, func(n ast.Node) bool {
+			if id, ok := n.(*ast.Ident); ok && id.Name == name {
+				users = append(users, fset.Position(id.Pos()).String())
+			}
+			return true
+		})
+	}
+	return users
+}
+
+// checkBenchOut reads a --bench-out file as benchstat does: runs results
+// for each of cases benchmarks, in seconds per op.
+func checkBenchOut(t *testing.T, path string, cases, runs int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := benchfmt.NewReader(f, path)
+	n := map[string]int{}
+	for r.Scan() {
+		res, ok := r.Result().(*benchfmt.Result)
+		if !ok {
+			t.Fatalf("not a result: %v", r.Result())
+		}
+		if v, ok := res.Value("sec/op"); !ok || !(v > 0) {
+			t.Errorf("%s: sec/op %v", res.Name, v)
+		}
+		if res.GetConfig("onnxruntime") == "" {
+			t.Errorf("%s: no onnxruntime configuration", res.Name)
+		}
+		n[res.Name.String()]++
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(n) != cases {
+		t.Errorf("%d benchmarks, want %d: %v", len(n), cases, n)
+	}
+	for name, k := range n {
+		if k != runs || !strings.HasPrefix(name, "Infer/preset=tiny/") {
+			t.Errorf("%s: %d results, want %d", name, k, runs)
+		}
 	}
 }

@@ -1,14 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/inferbench"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/runtime/serve"
 	"github.com/rpac-dev/rpac/training/data"
@@ -65,16 +67,9 @@ func benchServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	var levels []int
-	for _, f := range splitList(c.String("clients")) {
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 {
-			return fmt.Errorf("--clients: %q is not a positive integer", f)
-		}
-		levels = append(levels, n)
-	}
-	if len(levels) == 0 {
-		return errors.New("--clients: no concurrency level")
+	levels, err := clientLevels(c.String("clients"))
+	if err != nil {
+		return err
 	}
 	if c.Bool("mix") {
 		if _, err := mixFlags(c); err != nil {
@@ -96,7 +91,6 @@ func benchServe(c *cli.Context) error {
 	}
 	defer bm.close()
 	ctx := c.Context
-	w := c.App.Writer
 	s, err := serve.New(bm.m, cfg)
 	if err != nil {
 		return err
@@ -114,9 +108,32 @@ func benchServe(c *cli.Context) error {
 	if c.Bool("mix") {
 		return benchServeMix(c, url, cfg, bm, levels)
 	}
+	return benchServeLevels(c, url, cfg, bm, levels)
+}
+
+// clientLevels parses --clients.
+func clientLevels(s string) ([]int, error) {
+	var levels []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--clients: %q is not a positive integer", f)
+		}
+		levels = append(levels, n)
+	}
+	if len(levels) == 0 {
+		return nil, errors.New("--clients: no concurrency level")
+	}
+	return levels, nil
+}
+
+// benchServeLevels runs the load test at every concurrency level against
+// the server at url and prints a line per level.
+func benchServeLevels(c *cli.Context, url string, cfg serve.Config, bm *benchModel, levels []int) error {
 	if c.Int("requests") < 1 {
 		return fmt.Errorf("--requests must be positive (got %d)", c.Int("requests"))
 	}
+	ctx, w := c.Context, c.App.Writer
 	fmt.Fprintf(w, "rpac serve load test: %s, max batch %d, max wait %v, queue %d; "+
 		"completions of %d prompt ids and %d tokens, every %d-th request a score of %d ids; at most %d requests or %v per level\n",
 		bm.desc, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, c.Int("prompt-len"), c.Int("gen-tokens"),
@@ -128,34 +145,27 @@ func benchServe(c *cli.Context) error {
 			rss = append(rss, n)
 		}
 	}
-	top := slices.Max(levels)
-	if n := c.Int("warmup"); n != 0 {
-		if n < 0 {
-			n = top
-		}
-		if _, err := serve.Load(ctx, serve.LoadOptions{URL: url, Clients: top, Requests: n, Duration: c.Duration("duration"),
+	load := func(clients, requests int, seed uint64) (serve.LoadResult, error) {
+		return serve.Load(ctx, serve.LoadOptions{URL: url, Clients: clients, Requests: requests, Duration: c.Duration("duration"),
 			ScoreEvery: c.Int("score-every"), PromptLen: c.Int("prompt-len"), MaxTokens: c.Int("gen-tokens"),
-			ScoreLen: c.Int("score-len"), Vocab: bm.vocab}); err != nil {
+			ScoreLen: c.Int("score-len"), Vocab: bm.vocab, Seed: seed})
+	}
+	if n := c.Int("warmup"); n != 0 {
+		if _, err := load(slices.Max(levels), cmp.Or(max(n, 0), slices.Max(levels)), 0); err != nil {
 			return err
 		}
 	}
 	readRSS()
 	if path := c.String("cpuprofile"); path != "" {
-		f, err := os.Create(path)
+		stop, err := startCPUProfile(path)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	var base float64
 	for i, n := range levels {
-		r, err := serve.Load(ctx, serve.LoadOptions{URL: url, Clients: n, Requests: c.Int("requests"),
-			Duration: c.Duration("duration"), ScoreEvery: c.Int("score-every"), PromptLen: c.Int("prompt-len"),
-			MaxTokens: c.Int("gen-tokens"), ScoreLen: c.Int("score-len"), Vocab: bm.vocab, Seed: uint64(i + 1)})
+		r, err := load(n, c.Int("requests"), uint64(i+1))
 		if err != nil {
 			return err
 		}
@@ -163,12 +173,7 @@ func benchServe(c *cli.Context) error {
 		if i == 0 {
 			base = r.TokensPerSecond()
 		}
-		fmt.Fprintf(w, "%7d %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %8.2f %8.1f %.1f MiB  (%.2f× the tokens/s of %d client)\n",
-			n, r.Completions+r.Score, r.Codes[429], r.Unexpected(), ms(r.CompletionP50), ms(r.CompletionP99), ms(r.ScoreP50), ms(r.ScoreP99),
-			r.RequestsPerSecond(), r.TokensPerSecond(), float64(rss[len(rss)-1])/(1<<20), r.TokensPerSecond()/base, levels[0])
-		if u := r.Unexpected(); u > 0 {
-			fmt.Fprintf(w, "  %d unexpected answers: %v (transport errors %d)\n", u, r.Codes, r.TransportErrors)
-		}
+		printLevel(w, n, r, rss[len(rss)-1], base, levels[0])
 	}
 	if len(rss) == len(levels)+1 {
 		mib := func(i int) float64 { return float64(rss[i]) / (1 << 20) }
@@ -176,6 +181,16 @@ func benchServe(c *cli.Context) error {
 			mib(0), mib(len(rss)/2), mib(len(rss)-1))
 	}
 	return nil
+}
+
+// printLevel prints one concurrency level's line.
+func printLevel(w io.Writer, n int, r serve.LoadResult, rss int64, base float64, first int) {
+	fmt.Fprintf(w, "%7d %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %8.2f %8.1f %.1f MiB  (%.2f× the tokens/s of %d client)\n",
+		n, r.Completions+r.Score, r.Codes[429], r.Unexpected(), ms(r.CompletionP50), ms(r.CompletionP99), ms(r.ScoreP50), ms(r.ScoreP99),
+		r.RequestsPerSecond(), r.TokensPerSecond(), float64(rss)/(1<<20), r.TokensPerSecond()/base, first)
+	if u := r.Unexpected(); u > 0 {
+		fmt.Fprintf(w, "  %d unexpected answers: %v (transport errors %d)\n", u, r.Codes, r.TransportErrors)
+	}
 }
 
 // benchModel is the model a load test serves.
@@ -217,7 +232,7 @@ func exportBenchModel(c *cli.Context, cfg *serve.Config) (*benchModel, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	st, err := randomStore(&p.Config, lengths[0], 1)
+	st, err := inferbench.RandomStore(&p.Config, lengths[0], 1)
 	if err != nil {
 		return fail(err)
 	}
@@ -324,39 +339,43 @@ func benchServeMix(c *cli.Context, url string, cfg serve.Config, bm *benchModel,
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "\n%d clients, %.1f s; latencies in ms of the expected answers (2xx; malformed: 4xx; slow: 408), a stream's until [DONE]\n", n, r.Elapsed.Seconds())
-		fmt.Fprintf(w, "%-10s %6s %6s %6s %5s %5s %5s %5s %9s %9s %9s\n", "kind", "sent", "2xx", "4xx", "429", "5xx", "none", "late", "p50", "p99", "max")
-		for k, kr := range r.Kinds {
-			cl := kr.Classes()
-			fmt.Fprintf(w, "%-10s %6d %6d %6d %5d %5d %5d %5d %9.1f %9.1f %9.1f", serve.Kind(k), kr.Sent, cl.OK, cl.Client, cl.TooMany, cl.Server, cl.NoAnswer, kr.Late, ms(kr.P50), ms(kr.P99), ms(kr.Max))
-			switch serve.Kind(k) {
-			case serve.KindStream:
-				fmt.Fprintf(w, "  first event p50 / p99 %.1f / %.1f", ms(kr.FirstP50), ms(kr.FirstP99))
-			case serve.KindMalformed, serve.KindSlow:
-				fmt.Fprintf(w, "  %v", codeList(kr.Codes))
-			}
-			fmt.Fprintln(w)
-		}
-		t := r.Total()
-		fmt.Fprintf(w, "%-10s %6d %6d %6d %5d %5d %5d\n", "all", r.Sent(), t.OK, t.Client, t.TooMany, t.Server, t.NoAnswer)
-		fmt.Fprintf(w, "RSS (this process: server and clients): idle %.1f MiB, peak %.1f MiB (%.2f× idle), after the load %.1f MiB, after %v %.1f MiB\n",
-			mib(r.IdleRSS), mib(r.PeakRSS), float64(r.PeakRSS)/float64(max(1, r.IdleRSS)), mib(r.AfterRSS), c.Duration("settle"), mib(r.SettledRSS))
-		leak := "none left over"
-		if l := r.Leaked(); l > 0 {
-			leak = fmt.Sprintf("%d left over", l)
-		}
-		fmt.Fprintf(w, "goroutines: %d before, %d after the load and %.1f s of settling: %s\n", r.GoroutinesBefore, r.GoroutinesAfter, r.SettledIn.Seconds(), leak)
-		late, none := 0, t.NoAnswer
-		for _, kr := range r.Kinds {
-			late += kr.Late
-		}
-		verdict := "every request answered or refused in time"
-		if late+none > 0 {
-			verdict = fmt.Sprintf("%d answered late, %d not answered", late, none)
-		}
-		fmt.Fprintf(w, "bounds: %v (--timeout + --grace), slow requests %v (--read-timeout + --grace): %s; 5xx: %d\n", r.Bound, r.SlowBound, verdict, t.Server)
+		printMixLevel(w, n, r, c.Duration("settle"))
 	}
 	return nil
+}
+
+// printMixLevel prints the report of one level of the mixed load test.
+func printMixLevel(w io.Writer, n int, r serve.MixResult, settle time.Duration) {
+	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+	fmt.Fprintf(w, "\n%d clients, %.1f s; latencies in ms of the expected answers (2xx; malformed: 4xx; slow: 408), a stream's until [DONE]\n", n, r.Elapsed.Seconds())
+	fmt.Fprintf(w, "%-10s %6s %6s %6s %5s %5s %5s %5s %9s %9s %9s\n", "kind", "sent", "2xx", "4xx", "429", "5xx", "none", "late", "p50", "p99", "max")
+	late := 0
+	for k, kr := range r.Kinds {
+		cl := kr.Classes()
+		late += kr.Late
+		fmt.Fprintf(w, "%-10s %6d %6d %6d %5d %5d %5d %5d %9.1f %9.1f %9.1f", serve.Kind(k), kr.Sent, cl.OK, cl.Client, cl.TooMany, cl.Server, cl.NoAnswer, kr.Late, ms(kr.P50), ms(kr.P99), ms(kr.Max))
+		switch serve.Kind(k) {
+		case serve.KindStream:
+			fmt.Fprintf(w, "  first event p50 / p99 %.1f / %.1f", ms(kr.FirstP50), ms(kr.FirstP99))
+		case serve.KindMalformed, serve.KindSlow:
+			fmt.Fprintf(w, "  %v", codeList(kr.Codes))
+		}
+		fmt.Fprintln(w)
+	}
+	t := r.Total()
+	fmt.Fprintf(w, "%-10s %6d %6d %6d %5d %5d %5d\n", "all", r.Sent(), t.OK, t.Client, t.TooMany, t.Server, t.NoAnswer)
+	fmt.Fprintf(w, "RSS (this process: server and clients): idle %.1f MiB, peak %.1f MiB (%.2f× idle), after the load %.1f MiB, after %v %.1f MiB\n",
+		mib(r.IdleRSS), mib(r.PeakRSS), float64(r.PeakRSS)/float64(max(1, r.IdleRSS)), mib(r.AfterRSS), settle, mib(r.SettledRSS))
+	leak := "none left over"
+	if l := r.Leaked(); l > 0 {
+		leak = fmt.Sprintf("%d left over", l)
+	}
+	fmt.Fprintf(w, "goroutines: %d before, %d after the load and %.1f s of settling: %s\n", r.GoroutinesBefore, r.GoroutinesAfter, r.SettledIn.Seconds(), leak)
+	verdict := "every request answered or refused in time"
+	if none := t.NoAnswer; late+none > 0 {
+		verdict = fmt.Sprintf("%d answered late, %d not answered", late, none)
+	}
+	fmt.Fprintf(w, "bounds: %v (--timeout + --grace), slow requests %v (--read-timeout + --grace): %s; 5xx: %d\n", r.Bound, r.SlowBound, verdict, t.Server)
 }
 
 // mixFlags checks the flags of --mix and returns the weights.

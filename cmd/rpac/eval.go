@@ -2,17 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	goruntime "runtime"
-	"sync"
-	"time"
 
-	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/runtime"
-	"github.com/rpac-dev/rpac/training/data"
+	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"
 )
 
@@ -46,16 +40,8 @@ func openModel(ctx context.Context, dir string, opts runtime.Options) (*runtime.
 }
 
 func evalAction(c *cli.Context) error {
-	if c.Args().Len() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
-	}
-	for _, n := range []string{"length", "max-chunks", "threads"} {
-		if c.Int(n) < 0 {
-			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
-		}
-	}
-	if c.Int("batch") < 1 {
-		return errors.New("--batch must be positive")
+	if err := checkEvalFlags(c); err != nil {
+		return err
 	}
 	man, err := runtime.ReadManifest(c.String("model"))
 	if err != nil {
@@ -85,137 +71,43 @@ func evalAction(c *cli.Context) error {
 	if n := c.Int("max-chunks"); n > 0 {
 		chunks = min(chunks, n)
 	}
-	B := c.Int("batch")
-	var nll float64
-	var tokens int
-	var inModel time.Duration
-	t0 := time.Now()
-	for start := 0; start < chunks; start += B {
-		var seqs [][]int32
-		for i := start; i < min(start+B, chunks); i++ {
-			seqs = append(seqs, ids[i*T:(i+1)*T])
-		}
-		t1 := time.Now()
-		out, err := m.Logits(c.Context, seqs)
-		if err != nil {
-			return err
-		}
-		inModel += time.Since(t1)
-		for r, l := range out {
-			nll += scoreRows(l, ids[(start+r)*T+1:(start+r+1)*T+1])
-			tokens += T
+	r, err := runtime.Evaluate(c.Context, m, ids, T, chunks, c.Int("batch"))
+	if err != nil {
+		return err
+	}
+	report(c, evaluatedEvent{Data: name, T: T, Chunks: chunks, Tokens: r.Tokens, CE: r.MeanCE, ModelTokPerS: float64(r.Tokens) / r.InModel.Seconds(),
+		TokPerS: float64(r.Tokens) / r.Elapsed.Seconds(), Runtime: runtime.LoadedVersion(), Provider: c.String("provider")})
+	return nil
+}
+
+func checkEvalFlags(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
+	}
+	for _, n := range []string{"length", "max-chunks", "threads"} {
+		if c.Int(n) < 0 {
+			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
 		}
 	}
-	el := time.Since(t0).Seconds()
-	ce := nll / float64(tokens)
-	report(c, evaluatedEvent{Data: name, T: T, Chunks: chunks, Tokens: tokens, CE: ce, ModelTokPerS: float64(tokens) / inModel.Seconds(),
-		TokPerS: float64(tokens) / el, Runtime: runtime.LoadedVersion(), Provider: c.String("provider")})
+	if c.Int("batch") < 1 {
+		return errors.New("--batch must be positive")
+	}
 	return nil
 }
 
 // loadSplit reads the token ids of --split for an export whose provenance
-// is prov: its tokenizer says which data its ids come from, and its run's
-// data directory and synthetic corpus (options and seed) are the defaults.
+// is prov (training.ExportData: its dataset, data directory and corpus);
+// --dataset, --data-dir and --seed override it.
 func loadSplit(c *cli.Context, prov *runtime.Provenance) ([]int32, string, error) {
-	tokenizer := prov.Tokenizer
-	ds := c.String("dataset")
-	if ds == "" {
-		switch tokenizer {
-		case data.GPT2TokenizerName:
-			ds = "wikitext2"
-		case "synthetic", "mqar":
-			ds = tokenizer
-		default:
-			return nil, "", fmt.Errorf("the export's tokenizer %q is not one this build knows (%s, synthetic or mqar); pass --dataset to say which data its ids come from", tokenizer, data.GPT2TokenizerName)
-		}
+	spec, seeded, err := training.ExportData(prov, c.String("dataset"))
+	if err != nil {
+		return nil, "", err
 	}
-	split := c.String("split")
-	switch ds {
-	case "wikitext2":
-		if _, err := data.SplitFileName(split); err != nil {
-			return nil, "", err
-		}
-		dir := c.String("data-dir")
-		if _, err := os.Stat(prov.DataDir); dir == "" && prov.DataDir != "" && err == nil {
-			dir = prov.DataDir
-		}
-		loc := data.Locator{DataDir: dir, Log: logger(c)}
-		dir, err := loc.Locate(c.Context)
-		if err != nil {
-			return nil, "", err
-		}
-		ids, err := data.LoadWikiText2(dir, split, data.NewTokenizer())
-		if err != nil {
-			return nil, "", err
-		}
-		return ids, "wikitext2 " + split, nil
-	case "synthetic":
-		var cfg data.SyntheticConfig
-		if js := prov.Synthetic; len(js) > 0 {
-			if err := json.Unmarshal(js, &cfg); err != nil {
-				return nil, "", fmt.Errorf("the export's manifest records a bad synthetic corpus %s: %v", js, err)
-			}
-		}
-		seed := c.Uint64("seed")
-		if len(prov.Synthetic) > 0 && !c.IsSet("seed") {
-			seed = prov.Seed
-		}
-		corp, err := data.NewSyntheticCorpus(int64(seed), 1<<20, 1<<16, cfg)
-		if err != nil {
-			return nil, "", err
-		}
-		switch split {
-		case "eval", "valid":
-			return corp.Eval.IDs, "synthetic eval", nil
-		case "train":
-			return corp.Train.IDs, "synthetic train", nil
-		}
-		return nil, "", fmt.Errorf("--split %q: the synthetic corpus has eval and train", split)
-	case "mqar":
-		var cfg data.MQARConfig
-		if js := prov.MQAR; len(js) > 0 {
-			if err := json.Unmarshal(js, &cfg); err != nil {
-				return nil, "", fmt.Errorf("the export's manifest records a bad MQAR corpus %s: %v", js, err)
-			}
-		}
-		seed := c.Uint64("seed")
-		if len(prov.MQAR) > 0 && !c.IsSet("seed") {
-			seed = prov.Seed
-		}
-		corp, err := data.NewMQARCorpus(int64(seed), 1<<22, 1<<18, cfg)
-		if err != nil {
-			return nil, "", err
-		}
-		switch split {
-		case "eval", "valid":
-			return corp.Eval.IDs, "mqar eval", nil
-		case "train":
-			return corp.Train.IDs, "mqar train", nil
-		}
-		return nil, "", fmt.Errorf("--split %q: the MQAR corpus has eval and train", split)
+	if !seeded || c.IsSet("seed") {
+		spec.Seed = c.Uint64("seed")
 	}
-	return nil, "", fmt.Errorf("--dataset %q: want wikitext2, synthetic or mqar", ds)
-}
-
-// scoreRows sums the next-token NLL of every row of l against targets,
-// over the machine's cores.
-func scoreRows(l runtime.Logits, targets []int32) float64 {
-	w := max(1, goruntime.GOMAXPROCS(0))
-	sums := make([]float64, w)
-	var wg sync.WaitGroup
-	for k := 0; k < w; k++ {
-		wg.Add(1)
-		go func(k int) {
-			defer wg.Done()
-			for t := k; t < l.Len; t += w {
-				sums[k] += export.NLL(l.Row(t), int(targets[t]))
-			}
-		}(k)
+	if d := c.String("data-dir"); d != "" {
+		spec.Dir = d
 	}
-	wg.Wait()
-	var s float64
-	for _, x := range sums {
-		s += x
-	}
-	return s
+	return training.LoadSplit(c.Context, spec, c.String("split"), logger(c))
 }

@@ -424,21 +424,3 @@ func (e stoppedEvent) Attrs() []slog.Attr {
 func (e stoppedEvent) Text() string {
 	return fmt.Sprintf("stopped after %v", e.After.Round(time.Second))
 }
-
-// benchExportEvent: bench infer exported one case ("bench.export", on
-// stderr: the table on stdout is the report).
-type benchExportEvent struct {
-	Preset, Model, Fold, Attention, DType string
-	T, Nodes                              int
-}
-
-func (e benchExportEvent) Name() string { return "bench.export" }
-
-func (e benchExportEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("preset", e.Preset), slog.String("model", e.Model), slog.String("fold", e.Fold),
-		slog.String("attention", e.Attention), slog.String("dtype", e.DType), slog.Int("T", e.T), slog.Int("nodes", e.Nodes)}
-}
-
-func (e benchExportEvent) Text() string {
-	return fmt.Sprintf("exported %s %s fold=%s attention=%s dtype=%s T=%d (%d nodes)", e.Preset, e.Model, e.Fold, e.Attention, e.DType, e.T, e.Nodes)
-}

@@ -1,15 +1,16 @@
 package main
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
-	"time"
 
 	"github.com/rpac-dev/rpac/compiler/export"
-	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -56,198 +57,191 @@ func exportCommand() *cli.Command {
 }
 
 func exportAction(c *cli.Context) error {
+	if err := checkExportFlags(c); err != nil {
+		return err
+	}
+	run, err := openRun(c.String("run"), c.String("checkpoint"), c.String("weights"))
+	if err != nil {
+		return err
+	}
+	j, err := exportJob(c, run)
+	if err != nil {
+		return err
+	}
+	res, err := export.RunJob(c.Context, j)
+	if res == nil {
+		return err
+	}
+	if j.Format == export.FormatTriton {
+		reportTriton(c, j, res)
+		return err
+	}
+	reportExport(c, run, j, res)
+	if j.Verify {
+		reportVerify(c, res, err)
+	}
+	return err
+}
+
+// checkExportFlags checks the flags that need no run.
+func checkExportFlags(c *cli.Context) error {
 	if c.Args().Len() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
 	}
-	for _, n := range []string{"batch", "calib-batches", "calib-batch", "verify-batches", "verify-batch"} {
-		if c.Int(n) < 0 {
-			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
-		}
-	}
-	for _, n := range []string{"batch", "calib-batch", "verify-batch"} {
-		if c.Int(n) == 0 {
-			return fmt.Errorf("--%s must be positive", n)
-		}
+	if err := checkCounts(c, []string{"batch", "calib-batches", "calib-batch", "verify-batches", "verify-batch"}, []string{"batch", "calib-batch", "verify-batch"}); err != nil {
+		return err
 	}
 	for _, n := range []string{"verify-max-kl", "verify-max-ce-cost", "verify-max-diff"} {
 		if v := c.Float64(n); c.IsSet(n) && !(v > 0 && !math.IsInf(v, 1)) {
 			return fmt.Errorf("--%s must be a positive number (got %g)", n, v)
 		}
 	}
-	if f := c.String("fold"); f != passes.FoldRPAMode && f != passes.FoldNoneMode && f != passes.FoldRankMode && f != passes.FoldRankApproxMode {
-		return fmt.Errorf("--fold %q: want rpa, rank, rank-approx or none", f)
+	if err := export.CheckFold(c.String("fold")); err != nil {
+		return err
 	}
-	if a := c.String("attention"); a != passes.AttentionOp && a != passes.AttentionPlain && a != passes.AttentionOpPadded {
-		return fmt.Errorf("--attention %q: want op, op8 or plain", a)
+	if err := export.CheckAttention(c.String("attention")); err != nil {
+		return err
 	}
-	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.ExportPipeline), d) {
+	if d := c.String("dump-ir"); d != "" && d != "all" && !slices.Contains(passes.Names(passes.ExportPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the export pipeline (%s, or all)", d, strings.Join(passes.Names(passes.ExportPipeline), ", "))
 	}
-	format := c.String("format")
-	if format != "onnx" && format != "triton" {
-		return fmt.Errorf("--format %q: want onnx or triton", format)
-	}
-	if format == "triton" && c.Bool("verify") {
-		return errors.New("--verify checks a runtime export; use it with --format onnx")
+	if f, err := export.ParseFormat(c.String("format")); err != nil || f == export.FormatTriton && c.Bool("verify") {
+		return cmp.Or(err, errors.New("--verify checks a runtime export; use it with --format onnx"))
 	}
 	if c.Bool("verify") {
 		if err := runtime.Available(); err != nil {
 			return fmt.Errorf("--verify needs onnxruntime: %w", err)
 		}
 	}
-	quantize := c.String("quantize")
-	switch quantize {
-	case "none":
-		quantize = onnx.QuantizeNone
-	case onnx.QuantizeInt8:
-	default:
-		return fmt.Errorf("--quantize %q: want none or int8", quantize)
-	}
-	calibrate := c.String("calibrate")
-	if calibrate != "auto" && calibrate != "always" && calibrate != "never" {
-		return fmt.Errorf("--calibrate %q: want auto, always or never", calibrate)
-	}
-	log := logger(c)
-	run, err := openRun(c.String("run"), c.String("checkpoint"), c.String("weights"))
-	if err != nil {
+	if _, err := export.ParseQuantize(c.String("quantize")); err != nil {
 		return err
 	}
-	trained := run.Trained
-	if calibrate == "always" {
-		trained = func(string) bool { return false }
-	}
-	lengths := run.Lengths()
-	if s := c.String("lengths"); s != "" {
-		if lengths, err = export.ParseLengths(s); err != nil {
-			return fmt.Errorf("--lengths: %w", err)
-		}
-	} else if len(lengths) == 0 {
-		return errors.New("--lengths is required: the checkpoint does not record its training context")
-	}
-	if err := export.CheckLengths(lengths, run.Config.MaxLen); err != nil {
-		return fmt.Errorf("--lengths: %w", err)
-	}
+	_, err := export.ParseCalibrate(c.String("calibrate"))
+	return err
+}
 
-	// Data: only when calibration or verification needs it.
-	needCalib := false
-	for _, T := range lengths {
-		bufs, err := export.RunningBuffers(&run.Config, T)
-		if err != nil {
-			return err
-		}
-		for name := range bufs {
-			if !trained(name) {
-				needCalib = true
-			}
+// checkCounts checks that the flags nonNeg are not negative and the flags
+// positive are above zero.
+func checkCounts(c *cli.Context, nonNeg, positive []string) error {
+	for _, n := range nonNeg {
+		if c.Int(n) < 0 {
+			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
 		}
 	}
-	if needCalib && calibrate == "never" {
-		return fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calibrate is never; export the trained length or allow calibration", lengths)
-	}
-	var ds *training.Dataset
-	if needCalib || c.Bool("verify") {
-		if needCalib && c.Int("calib-batches") == 0 {
-			return fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calib-batches is 0; calibrate on data (--calib-batches N --data-dir D)", lengths)
-		}
-		evalSplit := ""
-		if c.IsSet("eval-split") {
-			evalSplit = c.String("eval-split")
-		}
-		ds, err = training.LoadDataset(c.Context, run.DataSpec(c.String("data-dir"), c.String("calib-split"), evalSplit), log)
-		if err != nil {
-			return fmt.Errorf("loading data for calibration/verification: %w", err)
-		}
-		if ds.Vocab > run.Config.Vocab {
-			return fmt.Errorf("the data's vocabulary (%d) is larger than the model's (%d)", ds.Vocab, run.Config.Vocab)
+	for _, n := range positive {
+		if c.Int(n) == 0 {
+			return fmt.Errorf("--%s must be positive", n)
 		}
 	}
-	tok, eos := run.Tokenizer()
+	return nil
+}
+
+// exportJob is the job the flags describe for run.
+func exportJob(c *cli.Context, run *training.Run) (export.Job, error) {
+	format, _ := export.ParseFormat(c.String("format"))
+	quantize, err := export.ParseQuantize(c.String("quantize"))
+	if err != nil {
+		return export.Job{}, err
+	}
+	calibrate, err := export.ParseCalibrate(c.String("calibrate"))
+	if err != nil {
+		return export.Job{}, err
+	}
+	lengths, err := exportLengths(c.String("lengths"), run)
+	if err != nil {
+		return export.Job{}, err
+	}
 	dtype, err := ir.ParsePrecision(c.String("dtype"))
 	if err != nil {
-		return fmt.Errorf("--dtype: %w", err)
+		return export.Job{}, fmt.Errorf("--dtype: %w", err)
 	}
-	dtype = dtype.Or(ir.FP32)
-	o := export.Options{
-		DType:  dtype,
-		Config: run.Config, Store: run.Store, Trained: trained, Lengths: lengths, Batch: c.Int("batch"),
+	tok, eos := run.Tokenizer()
+	j := export.Job{Options: export.Options{
+		DType:  dtype.Or(ir.FP32),
+		Config: run.Config, Store: run.Store, Trained: run.Trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize, KVCache: c.Bool("kv-cache"),
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
 		Out: c.String("out"), Tokenizer: tok, EOS: eos, Provenance: run.Provenance(),
-		DumpIR: c.String("dump-ir"), Dump: c.App.Writer, Log: log,
+		DumpIR: c.String("dump-ir"), Dump: c.App.Writer, Log: logger(c),
+	},
+		Format: format, TritonName: c.String("name"), Calibrate: calibrate,
+		Verify: c.Bool("verify"), VerifyBatches: c.Int("verify-batches"), VerifyBatch: c.Int("verify-batch"),
+		VerifyRuntime: runtime.Options{Provider: c.String("provider")},
+		Limits:        export.VerifyLimits{MaxKL: c.Float64("verify-max-kl"), MaxCECost: c.Float64("verify-max-ce-cost"), MaxAbsDiff: c.Float64("verify-max-diff")},
+		LoadData:      func(ctx context.Context) (*export.Data, error) { return exportData(c, run) },
 	}
-	if ds != nil {
-		o.CalibIDs = ds.Train
-		o.CalibSource = fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
-		if ds.Name == "wikitext2" {
-			o.CalibSource = "wikitext2 " + ds.TrainSplit
+	if c.IsSet("batch") {
+		j.TritonMaxBatch = c.Int("batch")
+	}
+	return j, nil
+}
+
+// exportLengths parses --lengths, by default the run's trained contexts.
+func exportLengths(s string, run *training.Run) ([]int, error) {
+	lengths := run.Lengths()
+	var err error
+	if s != "" {
+		if lengths, err = export.ParseLengths(s); err != nil {
+			return nil, fmt.Errorf("--lengths: %w", err)
 		}
+	} else if len(lengths) == 0 {
+		return nil, errors.New("--lengths is required: the checkpoint does not record its training context")
 	}
-	t0 := time.Now()
-	if format == "triton" {
-		return exportTriton(c, o, t0)
+	if err := export.CheckLengths(lengths, run.Config.MaxLen); err != nil {
+		return nil, fmt.Errorf("--lengths: %w", err)
 	}
-	res, err := export.Export(c.Context, o)
+	return lengths, nil
+}
+
+// exportData loads the run's data for calibration (--calib-split) and
+// verification (--eval-split).
+func exportData(c *cli.Context, run *training.Run) (*export.Data, error) {
+	evalSplit := ""
+	if c.IsSet("eval-split") {
+		evalSplit = c.String("eval-split")
+	}
+	ds, err := training.LoadDataset(c.Context, run.DataSpec(c.String("data-dir"), c.String("calib-split"), evalSplit), logger(c))
 	if err != nil {
-		return err
+		return nil, err
 	}
+	src := fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
+	if ds.Name == "wikitext2" {
+		src = "wikitext2 " + ds.TrainSplit
+	}
+	return &export.Data{Train: ds.Train, Source: src, Eval: ds.Eval, EvalName: ds.EvalName, Protocol: ds.Protocol, Vocab: ds.Vocab}, nil
+}
+
+// reportExport prints what an ONNX export wrote.
+func reportExport(c *cli.Context, run *training.Run, j export.Job, jr *export.JobResult) {
+	res, o := jr.Result, j.Options
 	report(c, exportedEvent{Model: run.Config.Model, Weights: run.Weights, Step: run.State.Step, Dir: res.Dir,
-		Manifest: filepath.Join(res.Dir, runtime.ManifestName), Seconds: time.Since(t0).Seconds(), Fold: o.Fold, Attention: o.Attention,
-		Batch: o.Batch, DType: o.DType, Quantize: o.Quantize, KVCache: o.KVCache, Lengths: lengths})
+		Manifest: filepath.Join(res.Dir, runtime.ManifestName), Seconds: jr.Elapsed.Seconds(), Fold: o.Fold, Attention: o.Attention,
+		Batch: o.Batch, DType: o.DType, Quantize: o.Quantize, KVCache: o.KVCache, Lengths: o.Lengths})
 	for _, lr := range res.Lengths {
 		ev := exportedLengthEvent{T: lr.T, File: lr.File, Bytes: lr.Bytes, Nodes: lr.Nodes, Seconds: lr.Seconds, KVFiles: lr.KVFiles, KVBytes: lr.KVBytes}
 		if lr.Calibrated {
-			ev.Calibrated, ev.CalibBatches, ev.CalibBatch, ev.CalibSource = true, o.CalibBatches, o.CalibBatch, o.CalibSource
+			ev.Calibrated, ev.CalibBatches, ev.CalibBatch, ev.CalibSource = true, o.CalibBatches, o.CalibBatch, jr.Data.Source
 		}
 		report(c, ev)
 		for _, f := range lr.Fold {
 			report(c, foldLayerEvent{f})
 		}
 	}
-	if run.Weights != "last" && calibrate == "auto" && run.Config.Model == "fuzzy" {
+	if run.Weights != "last" && j.Calibrate == export.CalibrateAuto && run.Config.Model == "fuzzy" {
 		report(c, exportNoteEvent{fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}
-	if !c.Bool("verify") {
-		return nil
-	}
-	report(c, verifyEvent{Split: ds.EvalName, Protocol: ds.Protocol})
-	vr, err := export.Verify(c.Context, export.VerifyOptions{Dir: res.Dir, Config: run.Config, Store: run.Store,
-		IDs: ds.Eval, Batches: c.Int("verify-batches"), Batch: c.Int("verify-batch"),
-		Runtime: runtime.Options{Provider: c.String("provider")}})
-	if err != nil {
-		return err
-	}
-	limits := export.DefaultVerifyLimits(dtype, quantize)
-	if c.IsSet("verify-max-diff") {
-		limits.MaxAbsDiff = c.Float64("verify-max-diff")
-	}
-	if c.IsSet("verify-max-ce-cost") {
-		limits.MaxCECost = c.Float64("verify-max-ce-cost")
-	}
-	if c.IsSet("verify-max-kl") {
-		limits.MaxKL = c.Float64("verify-max-kl")
-	}
-	var failed error
-	for _, r := range vr {
-		if err := r.Check(limits); err != nil && failed == nil {
-			failed = err
-		}
+}
+
+// reportVerify prints the verification, and its limits when it passed.
+func reportVerify(c *cli.Context, jr *export.JobResult, err error) {
+	report(c, verifyEvent{Split: jr.Data.EvalName, Protocol: jr.Data.Protocol})
+	for _, r := range jr.Verified {
 		report(c, verifiedEvent{T: r.T, Tokens: r.Tokens, Batches: r.Batches, Batch: r.Batch, MaxAbsDiff: r.MaxAbsDiff, MeanKL: r.MeanKL,
 			CEExport: r.CEExport, CEEval: r.CEEval, CEBatch: r.CEBatchStats, KVSteps: r.KVSteps, KVMaxAbsDiff: r.KVMaxAbsDiff})
 	}
-	if failed != nil {
-		return fmt.Errorf("%w (limits: mean KL %g, CE cost %g nats, max |Δlogit| %g; --verify-max-kl, --verify-max-ce-cost and --verify-max-diff set them)", failed, limits.MaxKL, limits.MaxCECost, limits.MaxAbsDiff)
+	if err == nil {
+		report(c, verifyLimitsEvent{jr.Limits})
 	}
-	report(c, verifyLimitsEvent{limits})
-	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // openRun opens the run named by --run or --checkpoint and selects its
@@ -274,24 +268,15 @@ func openRun(run, ckpt, weights string) (*training.Run, error) {
 	return r, nil
 }
 
-// exportTriton writes a Triton model repository and prints how to serve it.
-func exportTriton(c *cli.Context, o export.Options, t0 time.Time) error {
-	to := export.TritonOptions{Options: o, Name: c.String("name")}
-	if c.IsSet("batch") {
-		to.MaxBatch = c.Int("batch")
-	}
-	models, err := export.Triton(c.Context, to)
-	if err != nil {
-		return err
-	}
-	report(c, tritonEvent{Out: o.Out, Seconds: time.Since(t0).Seconds(), Fold: o.Fold, Attention: o.Attention})
-	for _, m := range models {
+// reportTriton prints what a Triton export wrote and how to serve it.
+func reportTriton(c *cli.Context, j export.Job, res *export.JobResult) {
+	report(c, tritonEvent{Out: j.Out, Seconds: res.Elapsed.Seconds(), Fold: j.Fold, Attention: j.Attention})
+	for _, m := range res.Triton {
 		report(c, tritonModelEvent{Model: m.Name, T: m.T, Bytes: m.Bytes, Nodes: m.Nodes, Config: m.Config})
 	}
-	abs, err := filepath.Abs(o.Out)
+	abs, err := filepath.Abs(j.Out)
 	if err != nil {
-		abs = o.Out
+		abs = j.Out
 	}
 	report(c, tritonServeEvent{Command: fmt.Sprintf("docker run --rm --gpus=all -p8000:8000 -p8001:8001 -p8002:8002 -v %s:/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver --model-repository=/models", abs)})
-	return nil
 }

@@ -54,29 +54,9 @@ func generateAction(c *cli.Context) error {
 	if man.Tokenizer == data.GPT2TokenizerName {
 		tok = data.NewTokenizer()
 	}
-	var prompt []int32
-	switch {
-	case c.IsSet("ids"):
-		for _, f := range strings.Split(c.String("ids"), ",") {
-			f = strings.TrimSpace(f)
-			if f == "" {
-				continue
-			}
-			id, err := strconv.ParseInt(f, 10, 32)
-			if err != nil {
-				return fmt.Errorf("--ids: %q is not a token id", f)
-			}
-			prompt = append(prompt, int32(id))
-		}
-	case tok != nil:
-		prompt = tok.Encode(c.String("prompt"))
-	case c.String("prompt") != "":
-		return fmt.Errorf("the model's tokenizer is %q, which this build cannot encode text with; give the prompt as --ids", man.Tokenizer)
-	}
-	for i, id := range prompt {
-		if id < 0 || int(id) >= man.VocabSize {
-			return fmt.Errorf("prompt token %d: id %d is outside the model's vocabulary [0,%d)", i, id, man.VocabSize)
-		}
+	prompt, err := generatePrompt(c, man, tok)
+	if err != nil {
+		return err
 	}
 	m, err := openModel(c.Context, c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: tok})
 	if err != nil {
@@ -88,10 +68,43 @@ func generateAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	printGenerated(c, tok, out)
+	return nil
+}
+
+// generatePrompt is the prompt's ids: --ids, or --prompt encoded with the
+// model's tokenizer, each inside the model's vocabulary.
+func generatePrompt(c *cli.Context, man *runtime.Manifest, tok runtime.Tokenizer) ([]int32, error) {
+	var prompt []int32
+	switch {
+	case c.IsSet("ids"):
+		for _, f := range splitList(c.String("ids")) {
+			id, err := strconv.ParseInt(f, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("--ids: %q is not a token id", f)
+			}
+			prompt = append(prompt, int32(id))
+		}
+	case tok != nil:
+		prompt = tok.Encode(c.String("prompt"))
+	case c.String("prompt") != "":
+		return nil, fmt.Errorf("the model's tokenizer is %q, which this build cannot encode text with; give the prompt as --ids", man.Tokenizer)
+	}
+	for i, id := range prompt {
+		if id < 0 || int(id) >= man.VocabSize {
+			return nil, fmt.Errorf("prompt token %d: id %d is outside the model's vocabulary [0,%d)", i, id, man.VocabSize)
+		}
+	}
+	return prompt, nil
+}
+
+// printGenerated prints the prompt and its continuation as text, or the
+// new ids (and their text when the model has a tokenizer) for --ids.
+func printGenerated(c *cli.Context, tok runtime.Tokenizer, out []int32) {
 	w := c.App.Writer
 	if tok != nil && !c.IsSet("ids") {
 		fmt.Fprintf(w, "%s%s\n", c.String("prompt"), tok.Decode(out))
-		return nil
+		return
 	}
 	parts := make([]string, len(out))
 	for i, id := range out {
@@ -101,5 +114,4 @@ func generateAction(c *cli.Context) error {
 	if tok != nil {
 		fmt.Fprintf(w, "%s\n", tok.Decode(out))
 	}
-	return nil
 }

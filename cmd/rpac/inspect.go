@@ -8,9 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/export"
@@ -189,8 +186,6 @@ func compactJSON(b []byte) string {
 	return string(out)
 }
 
-var lengthSuffix = regexp.MustCompile(`\.T(\d+)$`)
-
 func inspectCheckpoint(w io.Writer, dir string) error {
 	run, err := training.OpenRun(dir)
 	if err != nil {
@@ -204,51 +199,15 @@ func inspectCheckpoint(w io.Writer, dir string) error {
 		describeTensors(w, ts)
 		return fmt.Errorf("the tensors above do not open as an rpac run: %w", err)
 	}
-	ts := run.Tensors
-	params, _ := export.Params(&run.Config)
-	isParam := map[string]bool{}
-	var nParams int64
-	for _, p := range params {
-		isParam[p] = true
-	}
-	lengths := map[int]bool{}
-	groups := map[string]int{}
-	for _, t := range ts {
-		if isParam[t.Name] {
-			nParams += int64(t.Numel())
-		}
-		if m := lengthSuffix.FindStringSubmatch(t.Name); m != nil {
-			T, _ := strconv.Atoi(m[1])
-			lengths[T] = true
-		}
-		if i := strings.IndexByte(t.Name, '.'); i > 0 && (t.Name[:i] == "ema" || t.Name[:i] == "swa" || t.Name[:i] == "guardian") {
-			groups[t.Name[:i]]++
-		}
-	}
+	ct := run.Contents()
 	fmt.Fprintf(w, "checkpoint %s\n", dir)
 	s := run.State
 	fmt.Fprintf(w, "model      %s (preset %s), step %d, trained at context %d batch %d\n", run.Config.Model, orDash(s.Preset), s.Step, s.Context, s.Batch)
 	if s.Dataset != "" {
 		fmt.Fprintf(w, "data       %s (%s)\n", s.Dataset, s.Protocol)
 	}
-	fmt.Fprintf(w, "parameters %d in %d tensors (%d tensors in the file)\n", nParams, len(params), len(ts))
-	var ls []int
-	for T := range lengths {
-		ls = append(ls, T)
-	}
-	sort.Ints(ls)
-	var trained []int
-	for _, T := range ls {
-		if bufs, err := export.RunningBuffers(&run.Config, T); err == nil {
-			ok := len(bufs) > 0
-			for b := range bufs {
-				ok = ok && run.Trained(b)
-			}
-			if ok {
-				trained = append(trained, T)
-			}
-		}
-	}
+	fmt.Fprintf(w, "parameters %d in %d tensors (%d tensors in the file)\n", ct.Params, ct.ParamTensors, ct.Tensors)
+	ls, trained, groups := ct.Lengths, ct.Trained, ct.Groups
 	fmt.Fprintf(w, "lengths    running statistics stored for %v, trained for %v (max_len %d)\n", ls, trained, run.Config.MaxLen)
 	fmt.Fprintf(w, "weights    last")
 	for _, g := range []string{"ema", "swa"} {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -109,7 +110,17 @@ func controlsFromFlags(c *cli.Context) (training.Controls, error) {
 }
 
 func trainCommand() *cli.Command {
-	flags := []cli.Flag{
+	flags := append(append(append(trainFlags(), memoryFlagDefs()...), sizeFlags()...), syntheticFlags()...)
+	return &cli.Command{
+		Name:   "train",
+		Usage:  "train a model (fuzzy RPA transformer or baseline) with the paper's training machinery",
+		Flags:  append(flags, controlFlags()...),
+		Action: trainAction,
+	}
+}
+
+func trainFlags() []cli.Flag {
+	return []cli.Flag{
 		&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
 		&cli.StringFlag{Name: "model", Value: "fuzzy", Usage: "fuzzy|baseline"},
 		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
@@ -134,81 +145,89 @@ func trainCommand() *cli.Command {
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
 	}
-	flags = append(append(append(flags, memoryFlagDefs()...), sizeFlags()...), syntheticFlags()...)
-	return &cli.Command{
-		Name:  "train",
-		Usage: "train a model (fuzzy RPA transformer or baseline) with the paper's training machinery",
-		Flags: append(flags, controlFlags()...),
-		Action: func(c *cli.Context) error {
-			if c.Args().Len() > 0 {
-				return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
-			}
-			for _, n := range []string{"context", "tokens-per-step", "steps", "eval-every", "eval-batches", "final-eval-batches", "game-every"} {
-				if c.Int(n) < 0 {
-					return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
-				}
-			}
-			if c.Float64("epochs") < 0 || math.IsNaN(c.Float64("epochs")) {
-				return fmt.Errorf("--epochs must not be negative")
-			}
-			if err := checkTrainFlags(c); err != nil {
-				return err
-			}
-			ctl, err := controlsFromFlags(c)
-			if err != nil {
-				return err
-			}
-			micro, budget, err := memoryFlags(c)
-			if err != nil {
-				return err
-			}
-			device, precision, err := deviceFlags(c)
-			if err != nil {
-				return err
-			}
-			syn, err := syntheticFromFlags(c)
-			if err != nil {
-				return err
-			}
-			mq, err := mqarFromFlags(c)
-			if err != nil {
-				return err
-			}
-			modelName := ""
-			if c.IsSet("model") {
-				modelName = c.String("model")
-			}
-			o := training.Options{
-				Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
-				ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget, Synthetic: syn, MQAR: mq,
-				InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
-				DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
-				Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
-				Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
-				FinalEvalBatches: c.Int("final-eval-batches"),
-				EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"), StopAfter: c.Int("stop-after"),
-				Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
-				GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl,
-				Log: logger(c), Progress: c.App.ErrWriter,
-			}
-			res, err := training.Train(c.Context, o)
-			if err != nil {
-				return err
-			}
-			if o.InitOnly {
-				report(c, initialisedEvent{Params: res.Params, Out: res.Out})
-				return nil
-			}
-			if res.Ran == 0 {
-				report(c, alreadyFinishedEvent{Out: res.Out, Steps: res.Steps, ValCE: res.FinalValCE})
-				return nil
-			}
-			report(c, trainedEvent{Steps: res.Steps, Params: res.Params, FirstCE: res.InitialLoss, LastCE: res.FinalLoss,
-				ValCE: res.FinalValCE, EMACE: res.FinalEMACE, SWACE: res.FinalSWACE, SWAMembers: len(res.SWAMembers),
-				Recall: res.FinalRecall, RecallN: res.FinalRecallN, TokensPerS: res.TokensPerS, Out: res.Out})
-			return nil
-		},
+}
+
+func trainAction(c *cli.Context) error {
+	o, err := trainOptions(c)
+	if err != nil {
+		return err
 	}
+	res, err := training.Train(c.Context, o)
+	if err != nil {
+		return err
+	}
+	if o.InitOnly {
+		report(c, initialisedEvent{Params: res.Params, Out: res.Out})
+		return nil
+	}
+	if res.Ran == 0 {
+		report(c, alreadyFinishedEvent{Out: res.Out, Steps: res.Steps, ValCE: res.FinalValCE})
+		return nil
+	}
+	report(c, trainedEvent{Steps: res.Steps, Params: res.Params, FirstCE: res.InitialLoss, LastCE: res.FinalLoss,
+		ValCE: res.FinalValCE, EMACE: res.FinalEMACE, SWACE: res.FinalSWACE, SWAMembers: len(res.SWAMembers),
+		Recall: res.FinalRecall, RecallN: res.FinalRecallN, TokensPerS: res.TokensPerS, Out: res.Out})
+	return nil
+}
+
+// checkTrainCounts checks the flags that must not be negative.
+func checkTrainCounts(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
+	}
+	for _, n := range []string{"context", "tokens-per-step", "steps", "eval-every", "eval-batches", "final-eval-batches", "game-every"} {
+		if c.Int(n) < 0 {
+			return fmt.Errorf("--%s must not be negative (got %d)", n, c.Int(n))
+		}
+	}
+	if c.Float64("epochs") < 0 || math.IsNaN(c.Float64("epochs")) {
+		return fmt.Errorf("--epochs must not be negative")
+	}
+	return checkTrainFlags(c)
+}
+
+// trainOptions is the training run the flags describe.
+func trainOptions(c *cli.Context) (training.Options, error) {
+	if err := checkTrainCounts(c); err != nil {
+		return training.Options{}, err
+	}
+	ctl, err := controlsFromFlags(c)
+	if err != nil {
+		return training.Options{}, err
+	}
+	micro, budget, err := memoryFlags(c)
+	if err != nil {
+		return training.Options{}, err
+	}
+	device, precision, err := deviceFlags(c)
+	if err != nil {
+		return training.Options{}, err
+	}
+	syn, err := syntheticFromFlags(c)
+	if err != nil {
+		return training.Options{}, err
+	}
+	mq, err := mqarFromFlags(c)
+	if err != nil {
+		return training.Options{}, err
+	}
+	modelName := ""
+	if c.IsSet("model") {
+		modelName = c.String("model")
+	}
+	return training.Options{
+		Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
+		ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget, Synthetic: syn, MQAR: mq,
+		InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
+		DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
+		Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
+		Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
+		FinalEvalBatches: c.Int("final-eval-batches"),
+		EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"), StopAfter: c.Int("stop-after"),
+		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
+		GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl,
+		Log: logger(c), Progress: c.App.ErrWriter,
+	}, nil
 }
 
 // syntheticFlags shape the synthetic corpus.
@@ -354,7 +373,7 @@ func checkTrainFlags(c *cli.Context) error {
 	if lr := c.Float64("lr"); c.IsSet("lr") && !(lr > 0 && !math.IsInf(lr, 0)) {
 		return fmt.Errorf("--lr %v: want a positive, finite learning rate", lr)
 	}
-	if d := c.String("dump-ir"); d != "" && d != "all" && !contains(passes.Names(passes.TrainPipeline), d) {
+	if d := c.String("dump-ir"); d != "" && d != "all" && !slices.Contains(passes.Names(passes.TrainPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the training pipeline (%s, or all)", d, strings.Join(passes.Names(passes.TrainPipeline), ", "))
 	}
 	return nil

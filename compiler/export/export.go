@@ -3,7 +3,7 @@
 // forward graph (compiler/model), runs the export pipeline of package
 // passes (strip training, fold rpa, const fold, dce, fuse attention),
 // lowers the result with compiler/onnx and writes model_L{T}.onnx; then it
-// writes manifest.json (runtime.Manifest) with the lengths, the file
+// writes manifest.json (manifest.Manifest) with the lengths, the file
 // hashes, the configuration and the fold statistics.
 //
 // Reading checkpoints and data is the caller's business (cmd/rpac): Export
@@ -32,7 +32,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/passes"
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 )
 
 // Defaults of Options.
@@ -78,7 +78,7 @@ type Options struct {
 	// float32, logits are float32). Not with Quantize or KVCache.
 	DType ir.Precision
 	// KVCache also writes, for every length, the prefill and decode graphs
-	// of KV-cached decoding (runtime.KVCache; not with DropBias, Quantize,
+	// of KV-cached decoding (manifest.KVCache; not with DropBias, Quantize,
 	// DType or a rank fold).
 	KVCache bool
 	// Opset and IRVersion of the ONNX files (defaults: 23 and the one that
@@ -100,10 +100,10 @@ type Options struct {
 	// Provenance is the record of the run the weights come from (run,
 	// checkpoint, weights, step, data, splits; see training.Run.Provenance).
 	// Export completes it with the tokenizer, the EOS, the commit (when the
-	// caller has none: runtime.BuildCommit) and the fold, attention,
+	// caller has none: manifest.BuildCommit) and the fold, attention,
 	// precision and quantization, and writes it into the manifest and every
 	// file's metadata. nil: a record of the export settings alone.
-	Provenance *runtime.Provenance
+	Provenance *manifest.Provenance
 	// DumpIR names a pass of passes.ExportPipeline after which the graph is
 	// printed to Dump ("all": after every pass).
 	DumpIR string
@@ -130,7 +130,7 @@ type LengthResult struct {
 // Result is the outcome of Export.
 type Result struct {
 	Dir      string
-	Manifest *runtime.Manifest
+	Manifest *manifest.Manifest
 	Lengths  []LengthResult
 }
 
@@ -283,7 +283,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	// A stale manifest must not describe a half-written export.
-	if err := os.Remove(filepath.Join(o.Out, runtime.ManifestName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(filepath.Join(o.Out, manifest.FileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	cfgJSON, err := json.Marshal(o.Config)
@@ -294,7 +294,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	sort.Ints(lengths)
 	res := &Result{Dir: o.Out}
 	prov := o.provenance()
-	man := &runtime.Manifest{Format: runtime.ManifestFormat, Lengths: lengths, VocabSize: o.Config.Vocab,
+	man := &manifest.Manifest{Format: manifest.FormatVersion, Lengths: lengths, VocabSize: o.Config.Vocab,
 		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model, Provenance: prov}
 	fold := Fold{Mode: o.Fold, Attention: o.Attention, BiasDropped: o.DropBias}
 	if o.Provenance != nil {
@@ -350,14 +350,14 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("export: %w", err)
 		}
 		m = nil
-		f, err := runtime.NewFile(o.Out, lr.File, T)
+		f, err := manifest.NewFile(o.Out, lr.File, T)
 		if err != nil {
 			return nil, fmt.Errorf("export: %w", err)
 		}
 		man.Files = append(man.Files, f)
 		lr.Bytes = f.Bytes
 		if _, err := os.Stat(onnx.DataFile(path)); err == nil {
-			df, err := runtime.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
+			df, err := manifest.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
 			if err != nil {
 				return nil, fmt.Errorf("export: %w", err)
 			}
@@ -370,10 +370,10 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 				return nil, fmt.Errorf("export: length %d: %w", T, err)
 			}
 			man.Files = append(man.Files, files...)
-			man.KVCache = runtime.NewKVCache(lay.Layers, lay.Heads, lay.HeadSize, lengths)
+			man.KVCache = manifest.NewKVCache(lay.Layers, lay.Heads, lay.HeadSize, lengths)
 			for _, f := range files {
 				lr.KVBytes += f.Bytes
-				if f.Graph != runtime.GraphFull && strings.HasSuffix(f.Path, ".onnx") {
+				if f.Graph != manifest.GraphFull && strings.HasSuffix(f.Path, ".onnx") {
 					lr.KVFiles = append(lr.KVFiles, f.Path)
 				}
 			}
@@ -387,7 +387,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	man.Fold = fj
-	if err := runtime.WriteManifest(o.Out, man); err != nil {
+	if err := manifest.Write(o.Out, man); err != nil {
 		return nil, fmt.Errorf("export: %w", err)
 	}
 	res.Manifest = man
@@ -395,14 +395,14 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 }
 
 // provenance is o.Provenance completed with the export's own facts.
-func (o *Options) provenance() *runtime.Provenance {
-	p := &runtime.Provenance{}
+func (o *Options) provenance() *manifest.Provenance {
+	p := &manifest.Provenance{}
 	if o.Provenance != nil {
 		*p = *o.Provenance
 	}
 	p.Tokenizer, p.EOS = o.Tokenizer, o.EOS
 	if p.Commit == "" {
-		p.Commit = runtime.BuildCommit()
+		p.Commit = manifest.BuildCommit()
 	}
 	p.Fold, p.Attention, p.Precision, p.Quantize = o.Fold, o.Attention, o.DType.String(), o.Quantize
 	return p
@@ -477,27 +477,13 @@ func storeWeights(st *kernels.Store) onnx.WeightFunc {
 	}
 }
 
-// RunningBuffers maps the running-statistics buffers of cfg at length T to
-// the stat outputs they are estimated from (none for the baseline).
-func RunningBuffers(cfg *model.Config, T int) (map[string]string, error) {
-	mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, r := range mg.RunningStats() {
-		out[r.Buffer] = r.Stat
-	}
-	return out, nil
-}
-
 // EnsureRunning makes sure st holds running statistics of length T for
 // every layer: trained ones (from the checkpoint) are kept; otherwise they
 // are calibrated on ids (nb batches of b sequential chunks of T tokens, run
 // through the eval graph with batch statistics) and written into st. It
 // reports whether it calibrated.
 func EnsureRunning(cfg *model.Config, T int, st *kernels.Store, trained func(string) bool, ids []int32, nb, b int) (bool, error) {
-	bufs, err := RunningBuffers(cfg, T)
+	bufs, err := model.RunningBuffers(cfg, T)
 	if err != nil {
 		return false, err
 	}
@@ -554,81 +540,4 @@ func EnsureRunning(cfg *model.Config, T int, st *kernels.Store, trained func(str
 		return false, err
 	}
 	return true, nil
-}
-
-// SelectWeights makes the store's parameters the chosen weight set:
-// "last" (the trained values as they are), "ema" or "swa" (the averaged
-// weights the trainer stores as "ema.<param>" / "swa.<param>"), or ""
-// (ema when the checkpoint has it, else last). It drops the averaged sets
-// from the store and returns the set used.
-func SelectWeights(st *kernels.Store, params []string, which string) (string, error) {
-	has := func(prefix string) (n int, missing []string) {
-		for _, p := range params {
-			if st.Get(prefix+p) != nil {
-				n++
-			} else {
-				missing = append(missing, prefix+p)
-			}
-		}
-		return n, missing
-	}
-	switch which {
-	case "":
-		if n, _ := has("ema."); n == len(params) && n > 0 {
-			which = "ema"
-		} else {
-			which = "last"
-		}
-	case "last", "ema", "swa":
-	default:
-		return "", fmt.Errorf("--weights %q: want ema, swa or last", which)
-	}
-	if which != "last" {
-		prefix := which + "."
-		n, missing := has(prefix)
-		if len(missing) > 0 {
-			what := strings.ToUpper(which)
-			if n == 0 {
-				return "", fmt.Errorf("the checkpoint has no %s weights: want tensors named %s<param> in model.safetensors (e.g. %s), and it has none; train with %s enabled or use --weights last",
-					what, prefix, missing[0], what)
-			}
-			return "", fmt.Errorf("the checkpoint's %s weights are incomplete: %d of %d parameters are missing (first: %s); use --weights last",
-				what, len(missing), len(params), missing[0])
-		}
-		for _, p := range params {
-			src, dst := st.Get(prefix+p), st.Get(p)
-			if dst == nil {
-				if _, err := st.Ensure(p, src.Shape); err != nil {
-					return "", err
-				}
-				dst = st.Get(p)
-			}
-			if !dst.Shape.Equal(src.Shape) {
-				return "", fmt.Errorf("%s%s has shape %v, %s has %v", prefix, p, src.Shape, p, dst.Shape)
-			}
-			dst.SetFloat64s(src.Float64s())
-		}
-	}
-	for name := range st.Tensors {
-		if strings.HasPrefix(name, "ema.") || strings.HasPrefix(name, "swa.") {
-			delete(st.Tensors, name)
-		}
-	}
-	order := st.Order[:0]
-	for _, n := range st.Order {
-		if st.Tensors[n] != nil {
-			order = append(order, n)
-		}
-	}
-	st.Order = order
-	return which, nil
-}
-
-// Params lists cfg's trainable parameter names.
-func Params(cfg *model.Config) ([]string, error) {
-	mg, err := model.Build(cfg, model.Opts{T: 1, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
-	if err != nil {
-		return nil, err
-	}
-	return mg.Params(), nil
 }

@@ -452,51 +452,6 @@ func TestExportErrors(t *testing.T) {
 	}
 }
 
-func TestSelectWeights(t *testing.T) {
-	cfg := smallCfg("baseline")
-	params, err := export.Params(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk := func(prefixes ...string) *kernels.Store {
-		st := smallStore(t, &cfg, 8)
-		for _, pre := range prefixes {
-			for _, p := range params {
-				src := st.Get(p)
-				d, _ := st.Ensure(pre+p, src.Shape)
-				for i := 0; i < d.Len(); i++ {
-					d.Set(i, 0.5)
-				}
-			}
-		}
-		return st
-	}
-	st := mk()
-	if w, err := export.SelectWeights(st, params, ""); err != nil || w != "last" {
-		t.Fatalf("default without EMA: %q %v", w, err)
-	}
-	for _, which := range []string{"ema", "swa"} {
-		_, err := export.SelectWeights(mk(), params, which)
-		if err == nil || !strings.Contains(err.Error(), which+".") || !strings.Contains(err.Error(), "--weights last") {
-			t.Errorf("%s missing: want an error naming %s.<param>, got %v", which, which, err)
-		}
-	}
-	st = mk("ema.")
-	if w, err := export.SelectWeights(st, params, ""); err != nil || w != "ema" {
-		t.Fatalf("default with EMA: %q %v", w, err)
-	}
-	if st.Get(params[0]).At(0) != 0.5 || st.Get("ema."+params[0]) != nil {
-		t.Fatal("EMA weights were not moved into the parameters")
-	}
-	st = mk("ema.", "swa.")
-	if w, err := export.SelectWeights(st, params, "swa"); err != nil || w != "swa" || st.Get(params[0]).At(0) != 0.5 {
-		t.Fatalf("swa: %q %v", w, err)
-	}
-	if _, err := export.SelectWeights(mk(), params, "best"); err == nil {
-		t.Fatal("unknown weight set accepted")
-	}
-}
-
 // Below opset 23 the fused attention is spelled out; the file still runs
 // and matches the Go executor.
 func TestOldOpset(t *testing.T) {

@@ -8,21 +8,21 @@ import (
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 )
 
 // KVFileName is the file of length T's prefill or decode graph.
-func KVFileName(T int, g runtime.GraphKind) string {
+func KVFileName(T int, g manifest.GraphKind) string {
 	return fmt.Sprintf("model_L%d.%s.onnx", T, g)
 }
 
 // kvGraphs pairs the manifest's graph kinds with the lowering's.
 var kvGraphs = []struct {
-	kind runtime.GraphKind
+	kind manifest.GraphKind
 	kv   onnx.KVGraph
 }{
-	{runtime.GraphPrefill, onnx.KVPrefill},
-	{runtime.GraphDecode, onnx.KVDecode},
+	{manifest.GraphPrefill, onnx.KVPrefill},
+	{manifest.GraphDecode, onnx.KVDecode},
 }
 
 // exportKV writes length T's prefill and decode graphs (onnx.LowerKV) and
@@ -31,7 +31,7 @@ var kvGraphs = []struct {
 // FusedAttention nodes, so with another lowering the graph is built again
 // with AttentionOp and the ONNX attention is spelled out as o.Attention
 // says.
-func exportKV(o *Options, T int, g *ir.Graph, meta Metadata) (onnx.KVLayout, []runtime.File, error) {
+func exportKV(o *Options, T int, g *ir.Graph, meta Metadata) (onnx.KVLayout, []manifest.File, error) {
 	if o.Attention != passes.AttentionOp {
 		var err error
 		g, _, err = Graph(&o.Config, T, 1, o.Store, GraphOptions{Fold: o.Fold, Attention: passes.AttentionOp})
@@ -40,7 +40,7 @@ func exportKV(o *Options, T int, g *ir.Graph, meta Metadata) (onnx.KVLayout, []r
 		}
 	}
 	var lay onnx.KVLayout
-	var files []runtime.File
+	var files []manifest.File
 	for _, k := range kvGraphs {
 		m := meta
 		m.Batch, m.Graph = "", k.kind
@@ -55,14 +55,14 @@ func exportKV(o *Options, T int, g *ir.Graph, meta Metadata) (onnx.KVLayout, []r
 		if err := onnx.Write(path, mp); err != nil {
 			return onnx.KVLayout{}, nil, err
 		}
-		f, err := runtime.NewFile(o.Out, name, T)
+		f, err := manifest.NewFile(o.Out, name, T)
 		if err != nil {
 			return onnx.KVLayout{}, nil, err
 		}
 		f.Graph = k.kind
 		files = append(files, f)
 		if _, err := os.Stat(onnx.DataFile(path)); err == nil {
-			df, err := runtime.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
+			df, err := manifest.NewFile(o.Out, filepath.Base(onnx.DataFile(path)), T)
 			if err != nil {
 				return onnx.KVLayout{}, nil, err
 			}

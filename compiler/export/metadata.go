@@ -7,7 +7,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
-	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 )
 
 // Metadata is what an exported ONNX file says about itself in its
@@ -25,7 +25,7 @@ type Metadata struct {
 	// MaxBatch is Triton's max_batch_size ("max_batch_size"; omitted when 0).
 	MaxBatch int
 	// Graph is a KV-cache graph's kind ("graph"; omitted for the full graph).
-	Graph runtime.GraphKind
+	Graph manifest.GraphKind
 
 	VocabSize int    // "vocab_size"
 	Tokenizer string // "tokenizer"
@@ -46,9 +46,9 @@ type Metadata struct {
 	// float32).
 	DType ir.Precision
 	// Provenance is the export's record ("provenance", as JSON), also
-	// written under the keys earlier exports used (runtime.LegacyMeta:
+	// written under the keys earlier exports used (manifest.LegacyMeta:
 	// weights, source, step, data_dir, synthetic, seed); nil: none.
-	Provenance *runtime.Provenance
+	Provenance *manifest.Provenance
 }
 
 // Props renders md as ONNX metadata_props (a key → value map; the lowering
@@ -78,7 +78,7 @@ func (md *Metadata) Props() map[string]string {
 	if md.MaxBatch > 0 {
 		out["max_batch_size"] = strconv.Itoa(md.MaxBatch)
 	}
-	if md.Graph != runtime.GraphFull {
+	if md.Graph != manifest.GraphFull {
 		out["graph"] = string(md.Graph)
 	}
 	out["vocab_size"] = strconv.Itoa(md.VocabSize)

@@ -210,7 +210,7 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 						res.MaxAbsDiff = d
 					}
 				}
-				nllExport += NLL(row, int(y[r*T+t]))
+				nllExport += runtime.NLL(row, int(y[r*T+t]))
 				klSum += KL(ref, row)
 			}
 		}
@@ -248,11 +248,6 @@ func logSumExp(x []float32) float64 {
 		s += math.Exp(float64(v) - mx)
 	}
 	return math.Log(s) + mx
-}
-
-// NLL is -log softmax(row)[target] in float64.
-func NLL(row []float32, target int) float64 {
-	return logSumExp(row) - float64(row[target])
 }
 
 // kvVerifySteps is how many of the last positions of each sequence

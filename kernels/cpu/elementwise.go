@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/rpac-dev/rpac/internal/fastexp"
 	"github.com/rpac-dev/rpac/ir"
 )
 
@@ -297,7 +298,7 @@ func unSeg[T float](op unOp, pr *unParams, dst, src []T) {
 		if d, ok := any(dst).([]float32); ok {
 			s := any(src).([]float32)
 			for i, x := range s {
-				d[i] = exp32(x)
+				d[i] = fastexp.Exp32(x)
 			}
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/rpac-dev/rpac/internal/fastexp"
 	"github.com/rpac-dev/rpac/ir"
 )
 
@@ -66,7 +67,7 @@ func softmaxRow32(dst, src []float32) {
 	var s float64
 	for i := 0; i < len(src); i += 1024 { // float32 partial sums over short blocks
 		j := min(i+1024, len(src))
-		s += float64(expSubStore32(dst[i:j], src[i:j], m))
+		s += float64(fastexp.SubStore32(dst[i:j], src[i:j], m))
 	}
 	inv := float32(1 / s)
 	for i := range dst {
@@ -518,11 +519,11 @@ func expRowSum[T float](x []T, m T, store bool) float64 {
 			for len(x32) > 0 { // float32 partial sums over short blocks
 				blk := x32[:min(len(x32), 1024)]
 				x32 = x32[len(blk):]
-				s += float64(expSubStore32(blk, blk, m32))
+				s += float64(fastexp.SubStore32(blk, blk, m32))
 			}
 			return s
 		}
-		return expSubSum32(x32, m32)
+		return fastexp.SubSum32(x32, m32)
 	}
 	var s float64
 	for i, v := range x {
@@ -683,7 +684,7 @@ func (p *program[T]) buildCrossEntropyGrad(n *ir.Node, in, out []*tensor[T]) (fu
 func ceGradRow[T float](g, x []T, c, lse, off T) {
 	x = x[:len(g)]
 	if g32, ok := any(g).([]float32); ok {
-		scaledExpSub32(g32, any(x).([]float32), float32(lse), float32(c), float32(off))
+		fastexp.ScaledSub32(g32, any(x).([]float32), float32(lse), float32(c), float32(off))
 		return
 	}
 	for i, v := range x {

@@ -46,6 +46,7 @@ import (
 	"net"
 	"net/http"
 	goruntime "runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,6 +219,7 @@ type Server struct {
 	sc       *scorer
 	metrics  *metrics
 	mux      *http.ServeMux
+	handler  http.Handler // mux, with JSON 404 and 405 answers
 	draining chan struct{}
 	drain    sync.Once
 	created  int64
@@ -263,47 +265,85 @@ func New(m Model, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// route is one path's handlers by method.
-type route map[string]http.HandlerFunc
-
+// routes registers every route on a standard http.ServeMux with method
+// patterns: the mux answers a known path with an unknown method with 405
+// and an Allow header listing every method the path accepts (GET implies
+// HEAD), and an unknown path with 404; unmatched turns both into the
+// server's JSON errors.
 func (s *Server) routes() {
 	s.mux = http.NewServeMux()
-	add := func(path, label string, r route) {
-		s.mux.Handle(path, s.metrics.instrument(label, s.cfg.WriteTimeout, s.methods(r)))
+	for _, r := range []struct {
+		pattern string
+		h       http.HandlerFunc
+	}{
+		{"POST /v1/completions", s.completions},
+		{"POST /v1/score", s.score},
+		{"POST /v2/models/{name}/infer", s.infer},
+		{"GET /v2/models/{name}", s.modelMetadata},
+		{"GET /v2/models/{name}/ready", s.modelReady},
+		{"GET /v2/health/live", s.live},
+		{"GET /v2/health/ready", s.ready},
+		{"GET /metrics", s.metrics.handler().ServeHTTP},
+	} {
+		_, path, _ := strings.Cut(r.pattern, " ")
+		s.mux.Handle(r.pattern, s.metrics.instrument(path, s.cfg.WriteTimeout, r.h))
 	}
-	add("/v1/completions", "/v1/completions", route{http.MethodPost: s.completions})
-	add("/v1/score", "/v1/score", route{http.MethodPost: s.score})
-	add("/v2/models/{name}/infer", "/v2/models/{name}/infer", route{http.MethodPost: s.infer})
-	add("/v2/models/{name}", "/v2/models/{name}", route{http.MethodGet: s.modelMetadata})
-	add("/v2/models/{name}/ready", "/v2/models/{name}/ready", route{http.MethodGet: s.modelReady})
-	add("/v2/health/live", "/v2/health/live", route{http.MethodGet: s.live})
-	add("/v2/health/ready", "/v2/health/ready", route{http.MethodGet: s.ready})
-	s.mux.Handle("/metrics", s.metrics.instrument("/metrics", s.cfg.WriteTimeout, s.methods(route{http.MethodGet: s.metrics.handler().ServeHTTP})))
-	s.mux.Handle("/", s.metrics.instrument("other", s.cfg.WriteTimeout, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, http.StatusNotFound, fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/score, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name))
-	})))
-}
-
-// methods dispatches by method and answers others with a JSON 405.
-func (s *Server) methods(r route) http.HandlerFunc {
-	return func(w http.ResponseWriter, req *http.Request) {
-		h, ok := r[req.Method]
-		if !ok && req.Method == http.MethodHead {
-			h, ok = r[http.MethodGet]
-		}
-		if !ok {
-			for m := range r {
-				w.Header().Set("Allow", m)
-			}
-			writeError(w, req, http.StatusMethodNotAllowed, fmt.Sprintf("%s does not accept %s", req.URL.Path, req.Method))
+	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, pattern := s.mux.Handler(r); pattern == "" {
+			s.metrics.instrument("other", s.cfg.WriteTimeout, s.unmatched(h)).ServeHTTP(w, r)
 			return
 		}
-		h(w, req)
+		s.mux.ServeHTTP(w, r) // sets the request's path values
+
+	})
+}
+
+// unmatched runs the mux's own answer to a request no pattern takes (404,
+// or 405 with its Allow header) and writes its status as a JSON error.
+func (s *Server) unmatched(h http.Handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rec := &errorRewriter{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		code := rec.code
+		if code == 0 {
+			code = http.StatusNotFound
+		}
+		w.Header().Del("X-Content-Type-Options")
+		var msg string
+		switch code {
+		case http.StatusMethodNotAllowed:
+			msg = fmt.Sprintf("%s does not accept %s (allowed: %s)", r.URL.Path, r.Method, w.Header().Get("Allow"))
+		case http.StatusNotFound:
+			msg = fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/score, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name)
+		default:
+			msg = http.StatusText(code)
+		}
+		writeError(w, r, code, msg)
 	}
+}
+
+// errorRewriter keeps the headers a mux error handler sets (Allow) but
+// swallows its status and plain-text body, which unmatched rewrites.
+type errorRewriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (e *errorRewriter) WriteHeader(code int) {
+	if e.code == 0 {
+		e.code = code
+	}
+}
+
+func (e *errorRewriter) Write(p []byte) (int, error) {
+	if e.code == 0 {
+		e.code = http.StatusOK
+	}
+	return len(p), nil
 }
 
 // Handler is the server's HTTP handler (all routes).
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve accepts connections on ln (at most MaxConns at once) until ctx
 // ends, then shuts down gracefully: readiness turns false, the listener
@@ -336,7 +376,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // httpServer is the http.Server that Serve runs, with the connection
 // timeouts of the configuration.
 func (s *Server) httpServer(ctx context.Context) *http.Server {
-	return &http.Server{Handler: s.mux,
+	return &http.Server{Handler: s.handler,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
 		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },

@@ -215,11 +215,16 @@ func TestLimits(t *testing.T) {
 	for _, c := range []struct {
 		method, path string
 		code         int
+		allow        string // the Allow header of a 405: every method the path takes
 	}{
-		{http.MethodGet, "/v1/completions", 405},
-		{http.MethodDelete, "/v1/score", 405},
-		{http.MethodPost, "/v2/health/live", 405},
-		{http.MethodGet, "/v1/nothing", 404},
+		{http.MethodGet, "/v1/completions", 405, "POST"},
+		{http.MethodDelete, "/v1/score", 405, "POST"},
+		{http.MethodPost, "/v2/health/live", 405, "GET, HEAD"},
+		{http.MethodPut, "/v2/models/rpac", 405, "GET, HEAD"},
+		{http.MethodGet, "/v2/models/rpac/infer", 405, "POST"},
+		{http.MethodPost, "/metrics", 405, "GET, HEAD"},
+		{http.MethodGet, "/v1/nothing", 404, ""},
+		{http.MethodPost, "/v2/models/rpac/infer/more", 404, ""},
 	} {
 		req, _ := http.NewRequest(c.method, ts.URL+c.path, nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -231,7 +236,58 @@ func TestLimits(t *testing.T) {
 		if resp.StatusCode != c.code || errorMessage(v) == "" {
 			t.Errorf("%s %s: %d %v, want %d with a JSON error", c.method, c.path, resp.StatusCode, v, c.code)
 		}
+		if got := resp.Header.Get("Allow"); got != c.allow {
+			t.Errorf("%s %s: Allow %q, want %q", c.method, c.path, got, c.allow)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: Content-Type %q, want application/json", c.method, c.path, ct)
+		}
 	}
+}
+
+// TestRouteMethods: a route registered for several methods on one path
+// answers each, and any other method with 405 and an Allow header naming
+// them all (the standard mux's behaviour, which the server keeps).
+func TestRouteMethods(t *testing.T) {
+	_, ts := newTest(t, &countModel{}, Config{})
+	req, _ := http.NewRequest(http.MethodHead, ts.URL+"/v2/health/live", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("HEAD /v2/health/live: %d, want 200 (GET routes take HEAD)", resp.StatusCode)
+	}
+	s, ts2 := newTest(t, &countModel{}, Config{})
+	ok := func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }
+	s.mux.HandleFunc("PUT /x", ok)
+	s.mux.HandleFunc("DELETE /x", ok)
+	for _, m := range []string{http.MethodPut, http.MethodDelete} {
+		if code := do(t, m, ts2.URL+"/x"); code != http.StatusNoContent {
+			t.Errorf("%s /x: %d, want 204", m, code)
+		}
+	}
+	req, _ = http.NewRequest(http.MethodPost, ts2.URL+"/x", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "DELETE, PUT" {
+		t.Errorf("POST /x: %d Allow %q, want 405 with Allow \"DELETE, PUT\"", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+}
+
+func do(t *testing.T, method, url string) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // TestQueueFull: with one slot and a queue of one, a third concurrent
@@ -312,7 +368,9 @@ func TestScore(t *testing.T) {
 				t.Errorf("token %d: log-probability %v, want %v", i+1, g, want)
 			}
 		}
-		if ce := v["ce"].(float64); math.Abs(ce-nll/float64(len(got))) > 1e-9 || math.Abs(v["perplexity"].(float64)-math.Exp(ce)) > 1e-9 {
+		// The server scores with runtime.NLL (float32 exponentials): within
+		// 1e-6 relative of the float64 log-softmax.
+		if ce := v["ce"].(float64); math.Abs(ce-nll/float64(len(got))) > 1e-6*ce || math.Abs(v["perplexity"].(float64)-math.Exp(ce)) > 1e-9 {
 			t.Errorf("ce %v perplexity %v, want %v", ce, v["perplexity"], nll/float64(len(got)))
 		}
 	}

@@ -1,4 +1,4 @@
-package runtime
+package manifest
 
 import (
 	"os"
@@ -46,7 +46,7 @@ func TestVerifyFilesRefusesDirectoryLinks(t *testing.T) {
 func TestManifestPathsPlain(t *testing.T) {
 	sum := strings.Repeat("0", 64)
 	base := func(paths ...string) *Manifest {
-		m := &Manifest{Format: ManifestFormat, Lengths: []int{4}, VocabSize: 8, Files: []File{{Length: 4, Path: "m.onnx", SHA256: sum, Bytes: 1}}}
+		m := &Manifest{Format: FormatVersion, Lengths: []int{4}, VocabSize: 8, Files: []File{{Length: 4, Path: "m.onnx", SHA256: sum, Bytes: 1}}}
 		for _, p := range paths {
 			m.Files = append(m.Files, File{Length: 4, Path: p, SHA256: sum, Bytes: 1})
 		}

@@ -1,4 +1,4 @@
-package runtime
+package manifest
 
 import (
 	"encoding/json"

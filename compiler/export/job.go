@@ -1,0 +1,219 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/runtime"
+)
+
+// Format is what a Job writes.
+type Format string
+
+const (
+	FormatONNX   Format = "onnx"   // model_L{T}.onnx and manifest.json for runtime.Open
+	FormatTriton Format = "triton" // a Triton Inference Server model repository
+)
+
+// ParseFormat reads a Format.
+func ParseFormat(s string) (Format, error) {
+	if f := Format(s); f == FormatONNX || f == FormatTriton {
+		return f, nil
+	}
+	return "", fmt.Errorf("--format %q: want onnx or triton", s)
+}
+
+// Calibrate says which lengths' running statistics a Job computes on data.
+type Calibrate string
+
+const (
+	CalibrateAuto   Calibrate = "auto"   // the lengths the checkpoint has none for
+	CalibrateAlways Calibrate = "always" // every length (averaged weights differ from the live ones)
+	CalibrateNever  Calibrate = "never"  // none: a length without them is an error
+)
+
+// ParseCalibrate reads a Calibrate.
+func ParseCalibrate(s string) (Calibrate, error) {
+	if c := Calibrate(s); c == CalibrateAuto || c == CalibrateAlways || c == CalibrateNever {
+		return c, nil
+	}
+	return "", fmt.Errorf("--calibrate %q: want auto, always or never", s)
+}
+
+// ParseQuantize reads a quantization: "none" (onnx.QuantizeNone) or int8.
+func ParseQuantize(s string) (string, error) {
+	switch s {
+	case "none":
+		return onnx.QuantizeNone, nil
+	case onnx.QuantizeInt8:
+		return s, nil
+	}
+	return "", fmt.Errorf("--quantize %q: want none or int8", s)
+}
+
+// CheckFold checks a fold mode of Options.Fold.
+func CheckFold(f string) error {
+	if !slices.Contains([]string{passes.FoldRPAMode, passes.FoldNoneMode, passes.FoldRankMode, passes.FoldRankApproxMode}, f) {
+		return fmt.Errorf("--fold %q: want rpa, rank, rank-approx or none", f)
+	}
+	return nil
+}
+
+// CheckAttention checks an attention lowering of Options.Attention.
+func CheckAttention(a string) error {
+	if a != passes.AttentionOp && a != passes.AttentionPlain && a != passes.AttentionOpPadded {
+		return fmt.Errorf("--attention %q: want op, op8 or plain", a)
+	}
+	return nil
+}
+
+// Data is what a Job calibrates and verifies on.
+type Data struct {
+	Train  []int32 // calibration stream
+	Source string  // what Train is, for the manifest ("wikitext2 train")
+	Eval   []int32 // held-out stream for verification
+	// EvalName and Protocol describe Eval (reported with the verification).
+	EvalName, Protocol string
+	Vocab              int
+}
+
+// Job is one export as rpac export runs it: Options (Lengths set), the
+// format, the calibration policy and, for FormatONNX, the verification.
+type Job struct {
+	Options
+	Format Format
+	// TritonName and TritonMaxBatch describe a FormatTriton repository
+	// (TritonOptions.Name and MaxBatch; 0: its default).
+	TritonName     string
+	TritonMaxBatch int
+	Calibrate      Calibrate
+	// Verify compares every exported graph in onnxruntime with the Go
+	// executor on VerifyBatches batches of VerifyBatch sequences of the
+	// held-out stream; Limits overrides the nonzero limits of
+	// DefaultVerifyLimits.
+	Verify        bool
+	VerifyBatches int
+	VerifyBatch   int
+	VerifyRuntime runtime.Options
+	Limits        VerifyLimits
+	// LoadData reads the data, called only when calibration or
+	// verification needs it.
+	LoadData func(context.Context) (*Data, error)
+}
+
+// JobResult is what a Job did. Verified and Limits are set when it
+// verified; a verification over its limits returns the result and an
+// error.
+type JobResult struct {
+	Result   *Result        // FormatONNX
+	Triton   []TritonModel  // FormatTriton
+	Data     *Data          // nil when none was needed
+	Elapsed  time.Duration  // the export, without loading data or verifying
+	Verified []VerifyResult // one per length
+	Limits   VerifyLimits
+}
+
+// RunJob loads the data the job needs, exports and verifies.
+func RunJob(ctx context.Context, j Job) (*JobResult, error) {
+	if j.Format == FormatTriton && j.Verify {
+		return nil, errors.New("--verify checks a runtime export; use it with --format onnx")
+	}
+	if j.Calibrate == CalibrateAlways {
+		j.Trained = func(string) bool { return false }
+	}
+	res := &JobResult{}
+	var err error
+	if res.Data, err = j.data(ctx); err != nil {
+		return nil, err
+	}
+	if res.Data != nil {
+		j.CalibIDs, j.CalibSource = res.Data.Train, res.Data.Source
+	}
+	t0 := time.Now()
+	if j.Format == FormatTriton {
+		res.Triton, err = Triton(ctx, TritonOptions{Options: j.Options, Name: j.TritonName, MaxBatch: j.TritonMaxBatch})
+		res.Elapsed = time.Since(t0)
+		return res, err
+	}
+	if res.Result, err = Export(ctx, j.Options); err != nil {
+		return nil, err
+	}
+	res.Elapsed = time.Since(t0)
+	if !j.Verify {
+		return res, nil
+	}
+	return res, j.verify(ctx, res)
+}
+
+// needsCalibration reports whether a length has a running-statistics
+// buffer without trained values.
+func (j *Job) needsCalibration() (bool, error) {
+	for _, T := range j.Lengths {
+		bufs, err := model.RunningBuffers(&j.Config, T)
+		if err != nil {
+			return false, err
+		}
+		for name := range bufs {
+			if j.Trained != nil && !j.Trained(name) || j.Trained == nil && j.Store.Get(name) == nil {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// data loads the job's data when calibration or verification needs it.
+func (j *Job) data(ctx context.Context) (*Data, error) {
+	need, err := j.needsCalibration()
+	if err != nil {
+		return nil, err
+	}
+	if need && j.Calibrate == CalibrateNever {
+		return nil, fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calibrate is never; export the trained length or allow calibration", j.Lengths)
+	}
+	if !need && !j.Verify {
+		return nil, nil
+	}
+	if need && j.CalibBatches == 0 {
+		return nil, fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calib-batches is 0; calibrate on data (--calib-batches N --data-dir D)", j.Lengths)
+	}
+	if j.LoadData == nil {
+		return nil, errors.New("export: the job needs data and has no LoadData")
+	}
+	d, err := j.LoadData(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("loading data for calibration/verification: %w", err)
+	}
+	if d.Vocab > j.Config.Vocab {
+		return nil, fmt.Errorf("the data's vocabulary (%d) is larger than the model's (%d)", d.Vocab, j.Config.Vocab)
+	}
+	return d, nil
+}
+
+// verify runs Verify on the export and checks every length's figures.
+func (j *Job) verify(ctx context.Context, res *JobResult) error {
+	vr, err := Verify(ctx, VerifyOptions{Dir: res.Result.Dir, Config: j.Config, Store: j.Store,
+		IDs: res.Data.Eval, Batches: j.VerifyBatches, Batch: j.VerifyBatch, Runtime: j.VerifyRuntime})
+	if err != nil {
+		return err
+	}
+	l := DefaultVerifyLimits(j.DType, j.Quantize)
+	for _, o := range []struct{ dst, src *float64 }{{&l.MaxKL, &j.Limits.MaxKL}, {&l.MaxCECost, &j.Limits.MaxCECost}, {&l.MaxAbsDiff, &j.Limits.MaxAbsDiff}} {
+		if *o.src != 0 {
+			*o.dst = *o.src
+		}
+	}
+	res.Verified, res.Limits = vr, l
+	for _, r := range vr {
+		if err := r.Check(l); err != nil {
+			return fmt.Errorf("%w (limits: mean KL %g, CE cost %g nats, max |Δlogit| %g; --verify-max-kl, --verify-max-ce-cost and --verify-max-diff set them)", err, l.MaxKL, l.MaxCECost, l.MaxAbsDiff)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,182 @@
+package layering
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/rpac-dev/rpac/"
+
+// rule: the packages under From (and their transitive imports within the
+// module) import nothing under a Deny prefix except the Allow prefixes.
+type rule struct {
+	from  string
+	deny  []string
+	allow []string
+	why   string
+}
+
+var rules = []rule{
+	{from: "runtime", deny: []string{""}, allow: []string{"runtime", "internal/"},
+		why: "runtime is what a service embeds: no training, compiler, kernel or IR code"},
+	{from: "runtime/manifest", deny: []string{""}, allow: []string{"runtime/manifest"},
+		why: "the manifest is the contract between exporter and runtime and imports nothing of rpac"},
+	{from: "training", deny: []string{"compiler/"}, allow: []string{"compiler/model"},
+		why: "training builds models but never the exporter: the manifest and provenance come from runtime/manifest"},
+	{from: "ir", deny: []string{""}, allow: []string{"ir"}, why: "the IR is the bottom layer"},
+	{from: "compiler", deny: []string{"training", "cmd/"}, why: "the compiler does not know training or the CLI"},
+	// kernels/cuda's device optimizer reads training/optim's AdamW
+	// settings and training/checkpoint's names (docs/DESIGN.md lists the
+	// edge); the rest of kernels/ imports no training code.
+	{from: "kernels", deny: []string{"compiler/", "runtime", "passes", "training"}, allow: []string{"training/optim", "training/checkpoint"},
+		why: "kernels sit below the passes, the compiler and training"},
+	{from: "", deny: []string{"cmd/"}, why: "nothing imports the command line"},
+}
+
+// graph maps a package (module-relative directory) to the module packages
+// its non-test files import.
+type graph map[string][]string
+
+func TestLayers(t *testing.T) {
+	g := moduleGraph(t, "../..")
+	if len(g["runtime"]) == 0 || len(g["training"]) == 0 {
+		t.Fatalf("the import graph misses runtime or training (%d packages): the test reads the wrong tree", len(g))
+	}
+	for _, v := range violations(g, rules) {
+		t.Error(v)
+	}
+}
+
+// TestLayersDetect: an edge from runtime to compiler/ (through a third
+// package) and one from training to the exporter are both reported.
+func TestLayersDetect(t *testing.T) {
+	g := graph{
+		"runtime":         {"internal/x"},
+		"internal/x":      {"compiler/export"},
+		"compiler/export": nil,
+		"training":        {"compiler/model", "compiler/export"},
+		"compiler/model":  nil,
+	}
+	v := violations(g, rules)
+	joined := strings.Join(v, "\n")
+	if len(v) != 2 || !strings.Contains(joined, "runtime imports compiler/export (via internal/x)") || !strings.Contains(joined, "training imports compiler/export") {
+		t.Errorf("violations:\n%s", joined)
+	}
+}
+
+// violations lists every package that a rule covers and whose transitive
+// imports break it.
+func violations(g graph, rs []rule) []string {
+	var out []string
+	pkgs := make([]string, 0, len(g))
+	for p := range g {
+		pkgs = append(pkgs, p)
+	}
+	sort.Strings(pkgs)
+	for _, r := range rs {
+		for _, p := range pkgs {
+			if !under(p, r.from) {
+				continue
+			}
+			for dep, via := range closure(g, p) {
+				if denied(dep, r) {
+					out = append(out, p+" imports "+dep+via+": "+r.why)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// under reports whether package p is prefix or below it ("" covers all;
+// a prefix ending in "/" covers only the packages below it).
+func under(p, prefix string) bool {
+	switch {
+	case prefix == "":
+		return true
+	case strings.HasSuffix(prefix, "/"):
+		return strings.HasPrefix(p, prefix)
+	}
+	return p == prefix || strings.HasPrefix(p, prefix+"/")
+}
+
+func denied(dep string, r rule) bool {
+	for _, a := range r.allow {
+		if under(dep, a) {
+			return false
+		}
+	}
+	for _, d := range r.deny {
+		if under(dep, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// closure returns the transitive module imports of p, each with the
+// package it was reached through (" (via q)", or "" for a direct import).
+func closure(g graph, p string) map[string]string {
+	seen := map[string]string{}
+	var visit func(q, via string)
+	visit = func(q, via string) {
+		for _, d := range g[q] {
+			if _, ok := seen[d]; ok {
+				continue
+			}
+			v := via
+			if v == "" && q != p {
+				v = " (via " + q + ")"
+			}
+			seen[d] = v
+			visit(d, v)
+		}
+	}
+	visit(p, "")
+	return seen
+}
+
+// moduleGraph parses the imports of every non-test Go file under root.
+func moduleGraph(t *testing.T, root string) graph {
+	t.Helper()
+	g := graph{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, filepath.Dir(path))
+		pkg := filepath.ToSlash(rel)
+		if _, ok := g[pkg]; !ok {
+			g[pkg] = nil
+		}
+		for _, im := range f.Imports {
+			ip, _ := strconv.Unquote(im.Path.Value)
+			if dep, ok := strings.CutPrefix(ip, module); ok {
+				g[pkg] = append(g[pkg], dep)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
