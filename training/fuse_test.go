@@ -14,7 +14,9 @@ import (
 // FusedAttentionGrad kernels.
 type fusingCPU struct{ kernels.Backend }
 
-func (fusingCPU) FusesAttention() bool { return true }
+func (fusingCPU) Capabilities() kernels.Capabilities {
+	return kernels.Capabilities{FusedAttention: true}
+}
 
 // TestFusedAttentionStepMatchesUnfused: with attention fused (the CUDA
 // backend's graphs), a training step of the fuzzy and baseline models, with
