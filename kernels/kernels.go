@@ -224,6 +224,10 @@ type Capabilities struct {
 	// recomputes the weights instead of holding a [B,H,T,T] tensor; its
 	// graphs, and the memory planned for them, are the fused ones.
 	FusedAttention bool
+	// FusedElementwise: the backend runs FusedElementwise nodes in one
+	// pass over memory; its graphs fuse chains of elementwise ops
+	// (passes.FuseElementwise).
+	FusedElementwise bool
 	// DeviceMemory is the memory of the device the programs run on, in
 	// bytes (0: they run in the host's memory).
 	DeviceMemory int64

@@ -80,7 +80,7 @@ type memEstimator struct {
 	steps map[[2]int]int64
 	evals map[int]int64
 	batch bool
-	fused bool // the backend runs fused attention: plan the fused graphs
+	caps  kernels.Capabilities // plan the graphs this backend runs (fused ones)
 }
 
 func (e *memEstimator) step(T, micro int) (int64, error) {
@@ -88,7 +88,8 @@ func (e *memEstimator) step(T, micro int) (int64, error) {
 	if b, ok := e.steps[k]; ok {
 		return b, nil
 	}
-	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, &passes.Context{FuseAttention: e.fused})
+	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, &passes.Context{FuseAttention: e.caps.FusedAttention,
+		FuseElementwise: e.caps.FusedElementwise})
 	if err != nil {
 		return 0, err
 	}
@@ -100,7 +101,7 @@ func (e *memEstimator) eval(T, micro int) (int64, error) {
 	if b, ok := e.evals[micro]; ok {
 		return b, nil
 	}
-	_, plan, err := evalGraph(e.cfg, T, micro, e.batch, e.fused)
+	_, plan, err := evalGraph(e.cfg, T, micro, e.batch, e.caps)
 	if err != nil {
 		return 0, err
 	}
@@ -153,7 +154,7 @@ func (p *Plan) planMemory(o Options, caps kernels.Capabilities, prev *Run) error
 		return err
 	}
 	est := &memEstimator{cfg: &p.Config, steps: map[[2]int]int64{}, evals: map[int]int64{}, batch: p.EvalStats == "batch",
-		fused: caps.FusedAttention}
+		caps: caps}
 	p.Memory = MemoryPlan{Budget: budget, Static: static}
 	fixed := o.MicroBatch > 0
 	switch {

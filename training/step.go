@@ -114,6 +114,7 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 		pc = &passes.Context{}
 	}
 	pc.FuseAttention = fusesAttention(be)
+	pc.FuseElementwise = be.Capabilities().FusedElementwise
 	mg, plan, err := stepGraph(cfg, T, micro, dropout, pc)
 	if err != nil {
 		return nil, err
