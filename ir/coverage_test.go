@@ -17,9 +17,10 @@ var gradName = regexp.MustCompile(`Grad[A-Z]?$`)
 
 // TestEveryOpIsCovered is the one coverage test of the op table: every op
 // of ir.Ops has a CPU kernel, a CUDA kernel, a gradient rule (unless it is
-// itself a gradient op) and an ONNX lowering (unless its definition marks
-// it training-only, a loss or a gradient op), and the facts its definition
-// states agree with each other.
+// itself a gradient op or a fused op made after autodiff) and an ONNX
+// lowering (unless its definition marks it training-only, a loss, a
+// gradient or a fused op), and the facts its definition states agree with
+// each other.
 func TestEveryOpIsCovered(t *testing.T) {
 	rules := map[string]bool{}
 	for _, op := range passes.GradOps() {
@@ -42,10 +43,13 @@ func TestEveryOpIsCovered(t *testing.T) {
 			t.Errorf("op %s has no CUDA kernel (kernels/cuda)", name)
 		}
 		switch {
-		case def.Gradient && rules[name]:
-			t.Errorf("gradient op %s has a gradient rule; autodiff never differentiates it", name)
-		case !def.Gradient && !rules[name]:
-			t.Errorf("op %s has no gradient rule (passes/autodiff.go) and is not marked Gradient", name)
+		case (def.Gradient || def.Fused) && rules[name]:
+			t.Errorf("gradient or fused op %s has a gradient rule; autodiff never sees it", name)
+		case !def.Gradient && !def.Fused && !rules[name]:
+			t.Errorf("op %s has no gradient rule (passes/autodiff.go) and is not marked Gradient or Fused", name)
+		}
+		if def.Fused && def.Gradient {
+			t.Errorf("op %s is marked both Fused and Gradient", name)
 		}
 		if def.Exported() != onnx.Lowered(name) {
 			t.Errorf("op %s: exported %v (not training-only, loss or gradient), ONNX lowering %v",

@@ -47,6 +47,10 @@ type OpDef struct {
 	IDInputs []int
 	// AnyDType ops (Reshape) move data of either dtype.
 	AnyDType bool
+	// Fused ops are made by a backend's fusion pass after autodiff from
+	// other ops of the table: no gradient rule, no place in an export
+	// graph.
+	Fused bool
 	// ONNX names the ONNX operator of the same semantics for an op that is
 	// lowered one to one ("Relu"); ops with a lowering of their own leave it
 	// empty.
@@ -69,7 +73,7 @@ func (d *OpDef) TakesIDs(i int) bool {
 // Exported reports whether the op may appear in an export graph: a forward
 // op that is neither training-only nor a loss. Every exported op has an
 // ONNX lowering.
-func (d *OpDef) Exported() bool { return !d.TrainingOnly && !d.Gradient && !d.Loss }
+func (d *OpDef) Exported() bool { return !d.TrainingOnly && !d.Gradient && !d.Loss && !d.Fused }
 
 // Ops is the op table. Every forward op has a gradient rule in passes/autodiff.go
 // and a kernel in every backend.

@@ -210,5 +210,28 @@ type Program interface {
 type Backend interface {
 	Name() string
 	Precision() Precision
+	// Capabilities are what the graphs compiled for the backend, and the
+	// memory plan sized for them, depend on.
+	Capabilities() Capabilities
 	Compile(g *ir.Graph, plan *Plan, store *Store) (Program, error)
+}
+
+// Capabilities describe a backend to the code that builds its graphs and
+// plans its memory, resolved once when the backend opens.
+type Capabilities struct {
+	// FusedAttention: the backend runs each attention core as one
+	// FusedAttention node (FusedAttentionGrad in the backward) that
+	// recomputes the weights instead of holding a [B,H,T,T] tensor; its
+	// graphs, and the memory planned for them, are the fused ones.
+	FusedAttention bool
+	// FusedElementwise: the backend runs FusedElementwise nodes in one
+	// pass over memory; its graphs fuse chains of elementwise ops
+	// (passes.FuseElementwise).
+	FusedElementwise bool
+	// DeviceMemory is the memory of the device the programs run on, in
+	// bytes (0: they run in the host's memory).
+	DeviceMemory int64
+	// DeviceState: the backend can keep the training state (weights,
+	// moments, gradients) on its device between steps.
+	DeviceState bool
 }

@@ -22,6 +22,10 @@ type Context struct {
 	// attention core (FuseTrainingAttention), for backends whose attention
 	// kernels never hold the [B,H,T,T] weights.
 	FuseAttention bool
+	// FuseElementwise asks the train and eval pipelines to fuse chains of
+	// elementwise ops (FuseElementwise), for backends with a
+	// FusedElementwise kernel that saves the intermediates' traffic.
+	FuseElementwise bool
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -85,12 +89,21 @@ var TrainPipeline = []Pass{
 	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "autodiff", Fn: func(g *ir.Graph, c *Context) error { return Autodiff(g, c.Loss) }},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
 }
 
 // EvalPipeline cleans a forward graph for evaluation.
 var EvalPipeline = []Pass{
 	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
+}
+
+func fuseElementwiseIfAsked(g *ir.Graph, c *Context) error {
+	if !c.FuseElementwise {
+		return nil
+	}
+	return FuseElementwise(g)
 }
 
 func fuseIfAsked(g *ir.Graph, c *Context) error {
@@ -111,6 +124,9 @@ var Constraints = []Constraint{
 	{"fold rpa", "const fold", "the folded bias is what makes the RPA subgraph constant"},
 	{"const fold", "dce", "folding leaves the old subgraph dead"},
 	{"dce", "fuse attention", "fusion pattern-matches the cleaned graph"},
+	{"autodiff", "fuse elementwise", "fused ops have no gradient rule: the backward must exist before fusion"},
+	{"fuse training attention", "fuse elementwise", "attention fusion pattern-matches the unfused scale, mask and dropout ops"},
+	{"dce", "fuse elementwise", "dead readers would keep intermediates from fusing"},
 }
 
 // Pipelines lists every registered pipeline by name (export pipelines add

@@ -31,6 +31,12 @@ type Bench struct {
 
 // NewBench plans and compiles the step of o's first training length.
 func NewBench(o Options) (*Bench, error) {
+	var err error
+	if o.Backend == nil {
+		if o.Backend, err = OpenBackend(o.Device, o.Precision); err != nil {
+			return nil, err
+		}
+	}
 	p, err := Setup(o, nil, nil)
 	if err != nil {
 		return nil, err
@@ -51,11 +57,6 @@ func NewBench(o Options) (*Bench, error) {
 	}
 	b.nparam = model.CountParams(mg.Specs)
 	be := o.Backend
-	if be == nil {
-		if be, err = OpenBackend(o.Device, o.Precision); err != nil {
-			return nil, err
-		}
-	}
 	b.backend = be
 	if b.step, err = CompileStep(&p.Config, b.store, be, l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
 		return nil, err

@@ -269,3 +269,67 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryPlanOnFusedGraphs: the plan is sized for the graphs the backend
+// runs. On the CUDA backend (dry-run device) the step and evaluation
+// programs are the fused ones, smaller than the CPU's by at least the
+// [B,H,T,T] attention tensors the fusion removes; with a budget between the
+// two, the CUDA plan keeps a larger micro-batch than the CPU's; the
+// default budget follows the device's memory; and a plan for a GPU without
+// its opened backend is refused.
+func TestMemoryPlanOnFusedGraphs(t *testing.T) {
+	be, err := cuda.NewDryRun(cuda.GEMMBF16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := microOptions(t.TempDir())
+	o.Context, o.TokensPerStep, o.MicroBatch = 32, 512, 16
+	o.MemBudget = 1 << 40
+	cpuPlan, err := Setup(o, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	og := o
+	og.Backend = be
+	gpuPlan, err := Setup(og, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cpuPlan.Config
+	scores := int64(4 * 16 * c.Heads * 32 * 32 * c.Layers) // one [B,H,T,T] fp32 tensor per layer
+	cs, gs := cpuPlan.Memory.Steps[0], gpuPlan.Memory.Steps[0]
+	t.Logf("step program: CPU %d bytes, CUDA (fused) %d bytes; one score tensor per layer %d bytes", cs, gs, scores)
+	if cs-gs < scores {
+		t.Errorf("the CUDA step plan (%d bytes) is not smaller than the CPU's (%d) by the attention tensors (%d)", gs, cs, scores)
+	}
+	if gpuPlan.Memory.Eval >= cpuPlan.Memory.Eval {
+		t.Errorf("the CUDA evaluation plan (%d bytes) is not smaller than the CPU's (%d)", gpuPlan.Memory.Eval, cpuPlan.Memory.Eval)
+	}
+	// a budget the fused whole batch fits and the unfused one does not
+	o.MicroBatch, og.MicroBatch = 0, 0
+	o.MemBudget = (gpuPlan.Memory.Total + cpuPlan.Memory.Total) / 2
+	og.MemBudget = o.MemBudget
+	cpuFit, err := Setup(o, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpuFit, err := Setup(og, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm, gm := cpuFit.Lengths[0].Micro, gpuFit.Lengths[0].Micro; gm != 16 || cm >= gm {
+		t.Errorf("budget %d: micro-batch CPU %d, CUDA %d; want the whole batch of 16 on CUDA only", o.MemBudget, cm, gm)
+	}
+	og.MemBudget = 0
+	dflt, err := Setup(og, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit := int64(gpuBudgetFraction * float64(be.Capabilities().DeviceMemory)); dflt.Memory.Budget > limit {
+		t.Errorf("default budget %d exceeds %g of the device's %d bytes", dflt.Memory.Budget, gpuBudgetFraction, be.Capabilities().DeviceMemory)
+	}
+	o.Device, o.Backend = DeviceCUDASim, nil
+	if _, err := Setup(o, nil, nil); err == nil || !strings.Contains(err.Error(), "opened backend") {
+		t.Errorf("a CUDA plan without the backend: %v", err)
+	}
+}

@@ -104,7 +104,9 @@ func CheckDevice(d Device, p ir.Precision) error {
 	return nil
 }
 
-// OpenBackend opens the backend of a device.
+// OpenBackend opens the backend of a device: the one place a run resolves
+// its device (auto, the precision, a missing GPU or simulator); the plan
+// and the graphs then read the backend's Capabilities.
 func OpenBackend(d Device, p ir.Precision) (kernels.Backend, error) {
 	d, p, err := resolveDevice(d, p)
 	if err != nil {
@@ -117,10 +119,8 @@ func OpenBackend(d Device, p ir.Precision) (kernels.Backend, error) {
 	if p == ir.BF16 {
 		gemm = cuda.GEMMBF16
 	}
-	if d == DeviceCUDASim {
-		if err := CheckDevice(d, p); err != nil {
-			return nil, err
-		}
+	if err := CheckDevice(d, p); err != nil {
+		return nil, err
 	}
 	be, err := cuda.New(0, gemm)
 	if err != nil {
@@ -146,30 +146,29 @@ func SimulatorNote(be kernels.Backend) string {
 // (the rest: cuBLASLt, the driver, fragmentation).
 const gpuBudgetFraction = 0.9
 
-// memBudget is the default memory budget of a run on d: the host's
-// (DefaultMemBudget), lowered on CUDA to gpuBudgetFraction of the GPU's
-// memory, where the step programs live.
-func memBudget(d Device, p ir.Precision) (int64, error) {
+// memBudget is the default memory budget of a run on a backend with caps:
+// the host's (DefaultMemBudget), lowered on a device to gpuBudgetFraction
+// of its memory, where the step programs live.
+func memBudget(caps kernels.Capabilities) (int64, error) {
 	budget, err := DefaultMemBudget()
-	if err != nil {
-		return 0, err
-	}
-	d, _, err = resolveDevice(d, p)
-	if err != nil || !d.isCUDA() {
+	if err != nil || caps.DeviceMemory == 0 {
 		return budget, err
 	}
-	if d == DeviceCUDASim {
-		if err := CheckDevice(d, p); err != nil {
-			return 0, err
-		}
+	return min(budget, int64(gpuBudgetFraction*float64(caps.DeviceMemory))), nil
+}
+
+// planCapabilities are the capabilities a plan is sized for: o.Backend's,
+// or the CPU backend's when o names the CPU and no backend is open yet.
+func planCapabilities(o Options) (kernels.Capabilities, error) {
+	if o.Backend != nil {
+		return o.Backend.Capabilities(), nil
 	}
-	drv, err := cuda.LoadDriver()
+	d, _, err := resolveDevice(o.Device, o.Precision)
 	if err != nil {
-		return 0, err
+		return kernels.Capabilities{}, err
 	}
-	devs, err := drv.Devices()
-	if err != nil || len(devs) == 0 {
-		return 0, fmt.Errorf("--device %s: no GPU visible (%v)", d, err)
+	if d != DeviceCPU {
+		return kernels.Capabilities{}, fmt.Errorf("--device %s: the plan needs the opened backend (OpenBackend) to size its memory", d)
 	}
-	return min(budget, int64(gpuBudgetFraction*float64(devs[0].TotalMemory))), nil
+	return kernels.Capabilities{}, nil
 }

@@ -44,7 +44,7 @@ type EvalResult struct {
 
 // evalGraph builds and plans the eval graph at T with micro sequences
 // (attention fused for backends that ask for it).
-func evalGraph(cfg *model.Config, T, micro int, batchStats, fuse bool) (*model.Graph, *kernels.Plan, error) {
+func evalGraph(cfg *model.Config, T, micro int, batchStats bool, caps kernels.Capabilities) (*model.Graph, *kernels.Plan, error) {
 	mg, err := model.Build(cfg, model.Opts{T: T, B: micro, Mode: model.Eval, BatchStats: batchStats})
 	if err != nil {
 		return nil, nil, err
@@ -52,7 +52,8 @@ func evalGraph(cfg *model.Config, T, micro int, batchStats, fuse bool) (*model.G
 	for _, l := range mg.Layers {
 		mg.SetOutput(probeBias(l.Index), l.Bias)
 	}
-	if err := passes.Run(mg.Graph, passes.EvalPipeline, &passes.Context{Model: mg.Info(), FuseAttention: fuse}); err != nil {
+	if err := passes.Run(mg.Graph, passes.EvalPipeline, &passes.Context{Model: mg.Info(), FuseAttention: caps.FusedAttention,
+		FuseElementwise: caps.FusedElementwise}); err != nil {
 		return nil, nil, err
 	}
 	return mg, passes.Plan(mg.Graph), nil
@@ -62,7 +63,7 @@ func compileEvaluator(cfg *model.Config, store *kernels.Store, be kernels.Backen
 	if micro < 1 || batch%micro != 0 {
 		return nil, fmt.Errorf("evaluation micro-batch %d does not divide the batch of %d", micro, batch)
 	}
-	mg, plan, err := evalGraph(cfg, T, micro, batchStats, fusesAttention(be))
+	mg, plan, err := evalGraph(cfg, T, micro, batchStats, be.Capabilities())
 	if err != nil {
 		return nil, err
 	}

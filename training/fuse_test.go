@@ -14,7 +14,9 @@ import (
 // FusedAttentionGrad kernels.
 type fusingCPU struct{ kernels.Backend }
 
-func (fusingCPU) FusesAttention() bool { return true }
+func (fusingCPU) Capabilities() kernels.Capabilities {
+	return kernels.Capabilities{FusedAttention: true}
+}
 
 // TestFusedAttentionStepMatchesUnfused: with attention fused (the CUDA
 // backend's graphs), a training step of the fuzzy and baseline models, with
@@ -87,5 +89,43 @@ func TestFusedAttentionEvalMatchesUnfused(t *testing.T) {
 	}
 	if d := math.Abs(ces[1]-ces[0]) / ces[0]; d > 1e-6 {
 		t.Errorf("eval CE sum: fused %.8f, unfused %.8f", ces[1], ces[0])
+	}
+}
+
+// capsCPU is the CPU backend reporting the given capabilities (the graphs
+// the CUDA backend runs, on the CPU's kernels).
+type capsCPU struct {
+	kernels.Backend
+	caps kernels.Capabilities
+}
+
+func (c capsCPU) Capabilities() kernels.Capabilities { return c.caps }
+
+// TestFusedElementwiseStepMatchesUnfused: with elementwise chains fused (as
+// on the CUDA backend), the step graphs of both models hold
+// FusedElementwise nodes and give the unfused step's loss and gradients
+// bit for bit on the CPU kernels.
+func TestFusedElementwiseStepMatchesUnfused(t *testing.T) {
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		f := newStepFixture(t, kind, 24, 4)
+		f.cfg.Dropout = 0.2
+		plain := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}}
+		fused := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, FusedElementwise: true}}
+		s, err := CompileStep(&f.cfg, f.store, fused, f.T, f.B, 2, f.cfg.Dropout, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := s.graph.Graph.OpCounts()
+		s.Close()
+		if counts["FusedElementwise"] == 0 {
+			t.Fatalf("%s: no FusedElementwise node in the fused step (ops %v)", kind, counts)
+		}
+		loss, ce, grads := f.stepOn(t, plain, 2, 11)
+		fl, fce, fg := f.stepOn(t, fused, 2, 11)
+		if fl != loss || fce != ce {
+			t.Errorf("%s: fused loss %v CE %v, unfused %v %v", kind, fl, fce, loss, ce)
+		}
+		same(t, kind+" fused elementwise gradients", fg, grads)
+		t.Logf("%s: %d FusedElementwise nodes; loss and gradients bit-identical", kind, counts["FusedElementwise"])
 	}
 }

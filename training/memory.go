@@ -8,6 +8,8 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/internal/sysmem"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
 )
 
 // DefaultBudgetFraction is the share of the available memory a run plans
@@ -78,6 +80,7 @@ type memEstimator struct {
 	steps map[[2]int]int64
 	evals map[int]int64
 	batch bool
+	caps  kernels.Capabilities // plan the graphs this backend runs (fused ones)
 }
 
 func (e *memEstimator) step(T, micro int) (int64, error) {
@@ -85,7 +88,8 @@ func (e *memEstimator) step(T, micro int) (int64, error) {
 	if b, ok := e.steps[k]; ok {
 		return b, nil
 	}
-	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, nil)
+	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, &passes.Context{FuseAttention: e.caps.FusedAttention,
+		FuseElementwise: e.caps.FusedElementwise})
 	if err != nil {
 		return 0, err
 	}
@@ -97,7 +101,7 @@ func (e *memEstimator) eval(T, micro int) (int64, error) {
 	if b, ok := e.evals[micro]; ok {
 		return b, nil
 	}
-	_, plan, err := evalGraph(e.cfg, T, micro, e.batch, false)
+	_, plan, err := evalGraph(e.cfg, T, micro, e.batch, e.caps)
 	if err != nil {
 		return 0, err
 	}
@@ -137,7 +141,7 @@ func staticBytes(cfg *model.Config, T int, ctl Controls) (int64, error) {
 // micro-batches that fit with --micro-batch auto, the given one otherwise.
 // It fails, before anything is written, when even one sequence per
 // micro-batch does not fit.
-func (p *Plan) planMemory(o Options, prev *Run) error {
+func (p *Plan) planMemory(o Options, caps kernels.Capabilities, prev *Run) error {
 	budget := o.MemBudget
 	if budget == 0 {
 		var err error
@@ -149,7 +153,8 @@ func (p *Plan) planMemory(o Options, prev *Run) error {
 	if err != nil {
 		return err
 	}
-	est := &memEstimator{cfg: &p.Config, steps: map[[2]int]int64{}, evals: map[int]int64{}, batch: p.EvalStats == "batch"}
+	est := &memEstimator{cfg: &p.Config, steps: map[[2]int]int64{}, evals: map[int]int64{}, batch: p.EvalStats == "batch",
+		caps: caps}
 	p.Memory = MemoryPlan{Budget: budget, Static: static}
 	fixed := o.MicroBatch > 0
 	switch {

@@ -57,15 +57,21 @@ func (p *Plan) Length(T int) LengthPlan {
 
 // Setup resolves o into a Plan. ds supplies the vocabulary and the split
 // sizes (nil: the preset's vocabulary, no data checks: benchmarks). prev is
-// the run being resumed, or nil. Nothing is written.
+// the run being resumed, or nil. The memory plan is sized for the graphs
+// o.Backend runs (its Capabilities); without one, o.Device must be the CPU.
+// Nothing is written.
 func Setup(o Options, ds *Dataset, prev *Run) (*Plan, error) {
 	preset, err := model.LookupPreset(o.Preset)
 	if err != nil {
 		return nil, err
 	}
 	p := &Plan{Preset: preset.Name}
+	caps, err := planCapabilities(o)
+	if err != nil {
+		return nil, err
+	}
 	if o.MemBudget == 0 {
-		if o.MemBudget, err = memBudget(o.Device, o.Precision); err != nil {
+		if o.MemBudget, err = memBudget(caps); err != nil {
 			return nil, err
 		}
 	}
@@ -81,7 +87,7 @@ func Setup(o Options, ds *Dataset, prev *Run) (*Plan, error) {
 	if err := p.resolveSchedule(o, preset, ds, prev); err != nil {
 		return nil, err
 	}
-	if err := p.planMemory(o, prev); err != nil {
+	if err := p.planMemory(o, caps, prev); err != nil {
 		return nil, err
 	}
 	return p, nil

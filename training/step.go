@@ -80,10 +80,7 @@ func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", la
 // attention core (passes.FuseTrainingAttention), so that no [B,H,T,T]
 // tensor is planned. The CPU backend runs the unfused core, whose
 // GEMMs are its fastest path.
-func fusesAttention(be kernels.Backend) bool {
-	f, ok := be.(interface{ FusesAttention() bool })
-	return ok && f.FusesAttention()
-}
+func fusesAttention(be kernels.Backend) bool { return be.Capabilities().FusedAttention }
 
 // stepGraph builds and plans the training graph of a step.
 func stepGraph(cfg *model.Config, T, micro int, dropout float64, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
@@ -117,6 +114,7 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 		pc = &passes.Context{}
 	}
 	pc.FuseAttention = fusesAttention(be)
+	pc.FuseElementwise = be.Capabilities().FusedElementwise
 	mg, plan, err := stepGraph(cfg, T, micro, dropout, pc)
 	if err != nil {
 		return nil, err

@@ -216,8 +216,10 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 	if o.Out == "" {
 		return nil, errors.New("--out is required: the run directory for checkpoints and metrics")
 	}
-	if err := CheckDevice(o.Device, o.Precision); err != nil {
-		return nil, err
+	if o.Backend == nil { // the device is resolved once, here
+		if o.Backend, err = OpenBackend(o.Device, o.Precision); err != nil {
+			return nil, err
+		}
 	}
 	// One process writes a run directory at a time. An existing directory
 	// is locked before anything in it is read; a new one right after it
@@ -246,11 +248,6 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 		return nil, err
 	}
 	backend := o.Backend
-	if backend == nil {
-		if backend, err = OpenBackend(o.Device, o.Precision); err != nil {
-			return nil, err
-		}
-	}
 	if note := SimulatorNote(backend); note != "" && o.Progress != nil {
 		fmt.Fprintln(o.Progress, note)
 	}

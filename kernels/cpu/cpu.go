@@ -28,6 +28,10 @@ func New(p kernels.Precision) kernels.Backend { return &backend{prec: p} }
 func (b *backend) Name() string                 { return "cpu" }
 func (b *backend) Precision() kernels.Precision { return b.prec }
 
+// Capabilities: the unfused attention core (its GEMMs are this backend's
+// fastest path), in the host's memory.
+func (b *backend) Capabilities() kernels.Capabilities { return kernels.Capabilities{} }
+
 // Compile checks g against the store and the op table, lays out its buffers
 // and prepares one kernel per node.
 func (b *backend) Compile(g *ir.Graph, plan *kernels.Plan, store *kernels.Store) (kernels.Program, error) {

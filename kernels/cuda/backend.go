@@ -117,6 +117,14 @@ func (b *Backend) Name() string {
 // Precision is F32: the backend has no float64 kernels.
 func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 
+// Capabilities: training and eval graphs on this backend fuse each
+// attention core, whose kernels recompute the weights instead of holding a
+// [B,H,T,T] tensor; programs live in the device's memory; the training
+// state can stay on the device (DeviceAdamW).
+func (b *Backend) Capabilities() kernels.Capabilities {
+	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true}
+}
+
 // Device describes the GPU.
 func (b *Backend) Device() DeviceInfo { return b.dev.Info() }
 

@@ -84,6 +84,15 @@ func opCases() []opCase {
 			in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
 		{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.25, "stream": 5},
 			in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
+		{op: "FusedElementwise", attrs: ir.Attrs{"shape": []int{3, 5, 7}, "body": ir.FusedBody{
+			{Op: "Add", Args: []int{0, 1}},
+			{Op: "Scale", Attrs: ir.Attrs{"alpha": 1.5, "beta": -0.25}, Args: []int{3}},
+			{Op: "GELU", Args: []int{4}},
+			{Op: "GELUGrad", Args: []int{2, 5}},
+			{Op: "Mul", Args: []int{6, 1}},
+			{Op: "Clamp", Attrs: ir.Attrs{"lo": -0.5, "hi": 0.5}, Args: []int{7}},
+			{Op: "Sub", Args: []int{8, 0}},
+		}}, in: []ir.Shape{s357, {7}, s357}},
 		{op: "Concat", attrs: ir.Attrs{"axis": 1}, in: []ir.Shape{{3, 2, 7}, s357, {3, 1, 7}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": -1}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 3}}},
 	}

@@ -99,10 +99,10 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		return p.buildUnary(n, code, in, out)
 	}
 	if code, ok := gradCode[n.Op]; ok {
-		lo, hi := float32(a.Float("lo", math.Inf(-1))), float32(a.Float("hi", math.Inf(1)))
+		k := gradParams(a)
 		x, dy, o := in[1], in[0], out[0]
 		return func() error {
-			return p.each("grad_unary_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, code, lo, hi, int64(o.n))
+			return p.each("grad_unary_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, code, k[0], k[1], int64(o.n))
 		}, nil
 	}
 	switch n.Op {
@@ -202,6 +202,8 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		return p.buildFusedAttentionGrad(n, in, out)
 	case "Concat":
 		return p.buildConcat(n, in, out)
+	case "FusedElementwise":
+		return p.buildFused(n, in, out)
 	}
 	return nil, errUnsupported
 }
@@ -237,8 +239,8 @@ func (p *program) buildBinary(code int32, in, out []*dval) (func() error, error)
 	}, nil
 }
 
-func (p *program) buildUnary(n *ir.Node, code int32, in, out []*dval) (func() error, error) {
-	a := n.Attrs
+// unaryParams are a unary op's kernel parameters (ew_unary's a, b, c).
+func unaryParams(code int32, a ir.Attrs) [3]float32 {
 	var k [3]float32
 	switch code {
 	case uScale:
@@ -249,6 +251,17 @@ func (p *program) buildUnary(n *ir.Node, code int32, in, out []*dval) (func() er
 		m := float64(math.MaxFloat32)
 		k[0], k[1], k[2] = float32(a.Float("nan", 0)), float32(a.Float("posinf", m)), float32(a.Float("neginf", -m))
 	}
+	return k
+}
+
+// gradParams are a gradient op's kernel parameters (ew_grad's a, b:
+// ClampGrad's bounds).
+func gradParams(a ir.Attrs) [2]float32 {
+	return [2]float32{float32(a.Float("lo", math.Inf(-1))), float32(a.Float("hi", math.Inf(1)))}
+}
+
+func (p *program) buildUnary(n *ir.Node, code int32, in, out []*dval) (func() error, error) {
+	k := unaryParams(code, n.Attrs)
 	x, o := in[0], out[0]
 	return func() error {
 		return p.each("unary_f32", o.n, o.buf.Ptr, x.buf.Ptr, code, k[0], k[1], k[2], int64(o.n))

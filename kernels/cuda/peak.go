@@ -33,8 +33,3 @@ func DensePeakTFLOPS(device string, p GEMMPrecision) float64 {
 
 // GEMM is the backend's GEMM precision.
 func (b *Backend) GEMM() GEMMPrecision { return b.gemm }
-
-// FusesAttention: training and eval graphs on this backend fuse each
-// attention core, whose kernels recompute the weights instead of holding a
-// [B,H,T,T] tensor.
-func (b *Backend) FusesAttention() bool { return true }

@@ -235,6 +235,10 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 6 * n
 	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
+	case "fused_ew_f32":
+		// every input counted at the output's size: an upper bound (a
+		// broadcast input is smaller and stays in L2)
+		e.Bytes = w * n * float64(1+a.i("nin"))
 	case "sat_count_f32":
 		e.Bytes = w * a.i("rows") * a.i("R")
 	case "adamw_f32":

@@ -4,95 +4,18 @@
 // Reductions run in a fixed order (no atomics), so a step repeats bit for
 // bit on the same device.
 
-// Op codes shared with backend.go (unaryOp, gradOp, binaryOp).
-#define U_COPY 0
-#define U_NEG 1
-#define U_EXP 2
-#define U_LOG 3
-#define U_SIGMOID 4
-#define U_TANH 5
-#define U_GELU 6
-#define U_RELU 7
-#define U_SCALE 8
-#define U_CLAMP 9
-#define U_NANTONUM 10
-
-#define G_SIGMOID 0
-#define G_TANH 1
-#define G_GELU 2
-#define G_RELU 3
-#define G_CLAMP 4
-#define G_NANTONUM 5
-
-#define B_ADD 0
-#define B_SUB 1
-#define B_MUL 2
-#define B_DIV 3
+// The op codes (U_*, G_*, B_*) and the formulas (ew_unary, ew_grad,
+// ew_binary) are in prelude.cuh, shared with fused.cu.
 
 // unary_f32: y = op(x); a, b, c are the op's parameters (Scale: alpha, beta;
 // Clamp: lo, hi; NanToNum: nan, posinf, neginf).
 extern "C" __global__ void unary_f32(float* y, const float* x, int op, float a, float b, float c, i64 n) {
-    GRID_STRIDE(i, n) {
-        float v = x[i];
-        float r;
-        switch (op) {
-        case U_NEG: r = -v; break;
-        case U_EXP: r = expf(v); break;
-        case U_LOG: r = logf(v); break;
-        case U_SIGMOID: r = 1.0f / (1.0f + expf(-v)); break;
-        case U_TANH: r = tanhf(v); break;
-        case U_GELU: r = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;
-        case U_RELU: r = v > 0.0f ? v : 0.0f; break;
-        case U_SCALE: r = a * v + b; break;
-        case U_CLAMP:
-            r = v;
-            if (r < a) r = a;
-            if (r > b) r = b;
-            break;
-        case U_NANTONUM:
-            if (v != v) r = a;
-            else if ((__float_as_uint(v) & 0x7fffffffu) == 0x7f800000u) r = v > 0.0f ? b : c;
-            else r = v;
-            break;
-        default: r = v;
-        }
-        y[i] = r;
-    }
+    GRID_STRIDE(i, n) y[i] = ew_unary(op, x[i], a, b, c);
 }
 
 // grad_unary_f32: dx = dy · op'(x-or-y); a, b are Clamp's lo and hi.
 extern "C" __global__ void grad_unary_f32(float* dx, const float* dy, const float* x, int op, float a, float b, i64 n) {
-    GRID_STRIDE(i, n) {
-        float v = x[i], g = dy[i], r;
-        switch (op) {
-        case G_SIGMOID: r = g * v * (1.0f - v); break;
-        case G_TANH: r = g * (1.0f - v * v); break;
-        case G_GELU: {
-            float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-            float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-            r = g * (cdf + v * pdf);
-            break;
-        }
-        case G_RELU: r = v > 0.0f ? g : 0.0f; break;
-        case G_CLAMP: r = (a <= v && v <= b) ? g : 0.0f; break;
-        case G_NANTONUM: r = (v - v == 0.0f) ? g : 0.0f; break;
-        default: r = g;
-        }
-        dx[i] = r;
-    }
-}
-
-// A view: dims[rank] of the iteration space, then one stride array per
-// operand, then (copy/scatter) a base offset. Element i of the iteration
-// space maps to Σ_d idx_d·stride_d.
-__device__ __forceinline__ i64 view_offset(i64 i, const i64* dims, const i64* strides, int rank) {
-    i64 off = 0;
-    for (int d = rank - 1; d >= 0; d--) {
-        i64 q = i / dims[d];
-        off += (i - q * dims[d]) * strides[d];
-        i = q;
-    }
-    return off;
+    GRID_STRIDE(i, n) dx[i] = ew_grad(op, dy[i], x[i], a, b);
 }
 
 // binary_f32: out[i] = a[view_a(i)] op b[view_b(i)]; view = dims, astrides,
@@ -101,18 +24,7 @@ extern "C" __global__ void binary_f32(float* out, const float* a, const float* b
     const i64* dims = view;
     const i64* as = view + rank;
     const i64* bs = view + 2 * rank;
-    GRID_STRIDE(i, n) {
-        float x = a[view_offset(i, dims, as, rank)];
-        float y = b[view_offset(i, dims, bs, rank)];
-        float r;
-        switch (op) {
-        case B_ADD: r = x + y; break;
-        case B_SUB: r = x - y; break;
-        case B_MUL: r = x * y; break;
-        default: r = x / y;
-        }
-        out[i] = r;
-    }
+    GRID_STRIDE(i, n) out[i] = ew_binary(op, a[view_offset(i, dims, as, rank)], b[view_offset(i, dims, bs, rank)]);
 }
 
 // gather_view_f32: out[i] = x[base + view(i)] (Transpose, Slice,

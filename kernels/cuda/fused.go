@@ -1,0 +1,117 @@
+package cuda
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// fusedStepKind is how fused_ew_f32 evaluates a step (src/fused.cu).
+type fusedStepKind int32
+
+const (
+	fusedBinary fusedStepKind = iota
+	fusedUnary
+	fusedGrad
+)
+
+// fusedStep encodes one step of a FusedElementwise body for fused_ew_f32:
+// its kind, op code, registers and parameters.
+func fusedStep(s ir.FusedStep) (prog [4]int32, params [3]float32, err error) {
+	reg := func(i int) int32 {
+		if i < len(s.Args) {
+			return int32(s.Args[i])
+		}
+		return 0
+	}
+	if code, ok := binaryCode[s.Op]; ok {
+		return [4]int32{int32(fusedBinary), code, reg(0), reg(1)}, params, nil
+	}
+	if code, ok := unaryCode[s.Op]; ok {
+		return [4]int32{int32(fusedUnary), code, reg(0), 0}, unaryParams(code, s.Attrs), nil
+	}
+	if s.Op == "StopGradient" {
+		return [4]int32{int32(fusedUnary), uCopy, reg(0), 0}, params, nil
+	}
+	if code, ok := gradCode[s.Op]; ok {
+		k := gradParams(s.Attrs)
+		return [4]int32{int32(fusedGrad), code, reg(0), reg(1)}, [3]float32{k[0], k[1], 0}, nil
+	}
+	return prog, params, fmt.Errorf("fused step %s: no fused_ew_f32 code", s.Op)
+}
+
+// fusedMaxRegs is FUSED_MAX_REGS of src/fused.cu.
+const fusedMaxRegs = 24
+
+// buildFused launches fused_ew_f32 over a FusedElementwise node: the input
+// pointers, the inputs' broadcast view, the encoded steps and their
+// parameters are uploaded once, here.
+func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) {
+	body, err := n.Body()
+	if err != nil {
+		return nil, err
+	}
+	if len(in)+len(body) > fusedMaxRegs {
+		return nil, fmt.Errorf("FusedElementwise: %d inputs and %d steps exceed %d registers", len(in), len(body), fusedMaxRegs)
+	}
+	if len(in) == 0 {
+		return nil, fmt.Errorf("FusedElementwise: no inputs")
+	}
+	o := out[0]
+	prog := make([]int32, 0, 4*len(body))
+	params := make([]float32, 0, 3*len(body))
+	for _, s := range body {
+		c, k, err := fusedStep(s)
+		if err != nil {
+			return nil, err
+		}
+		prog, params = append(prog, c[:]...), append(params, k[:]...)
+	}
+	v := view{dims: dims64(o.v.Shape)}
+	ptrs := make([]uint64, len(in))
+	dense := make([]int32, len(in))
+	for k, x := range in {
+		st, err := broadcastStrides(x.v.Shape, o.v.Shape)
+		if err != nil {
+			return nil, err
+		}
+		v.strides = append(v.strides, st)
+		ptrs[k] = x.buf.Ptr
+		if x.v.Shape.Equal(o.v.Shape) {
+			dense[k] = 1
+		}
+	}
+	v = v.collapse()
+	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		return p.each("fused_ew_f32", o.n, o.buf.Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr, bufs[4].Ptr,
+			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n))
+	}, nil
+}
+
+// uploadFused puts fused_ew_f32's tables on the device: input pointers,
+// view, dense flags, steps, parameters.
+func (p *program) uploadFused(view []int64, ptrs []uint64, dense, prog []int32, params []float32) ([5]Buffer, error) {
+	var b [5]Buffer
+	var err error
+	tables := []struct {
+		ptr   unsafe.Pointer
+		bytes int
+	}{
+		{unsafe.Pointer(&ptrs[0]), 8 * len(ptrs)},
+		{unsafe.Pointer(&view[0]), 8 * len(view)},
+		{unsafe.Pointer(&dense[0]), 4 * len(dense)},
+		{unsafe.Pointer(&prog[0]), 4 * len(prog)},
+		{unsafe.Pointer(&params[0]), 4 * len(params)},
+	}
+	for i, t := range tables {
+		if b[i], err = p.uploadNew(t.ptr, t.bytes); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}

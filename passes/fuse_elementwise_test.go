@@ -1,0 +1,113 @@
+package passes_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+// chainGraph: a chain with a broadcast input, a parameterised unary op, a
+// gradient op and a value read twice (c feeds two nodes: it stays), plus a
+// Dropout (random: never fused).
+func chainGraph() *ir.Graph {
+	g := ir.New("chain")
+	x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
+	y := g.Input("y", ir.Shape{7}, ir.F32)
+	a := g.Op1("Add", nil, x, y)
+	b := g.Op1("Scale", ir.Attrs{"alpha": 1.5, "beta": -0.25}, a)
+	c := g.Op1("GELU", nil, b)
+	d := g.Op1("GELUGrad", nil, x, c) // dy = x, at c
+	e := g.Op1("Mul", nil, d, c)
+	f := g.Op1("Clamp", ir.Attrs{"lo": -0.5, "hi": 0.5}, e)
+	h := g.Apply("Dropout", ir.Attrs{"p": 0.2}, f)[0]
+	g.SetOutput("out", g.Op1("Neg", nil, h))
+	return g
+}
+
+func runGraph(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []float32 {
+	t.Helper()
+	p, err := cpu.New(kernels.F32).Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Run(feeds, 7); err != nil {
+		t.Fatal(err)
+	}
+	return p.Output("out").Float32s()
+}
+
+// TestFuseElementwise: the chain becomes FusedElementwise nodes (the value
+// read twice ends a group; Dropout stays), the graph verifies, and the
+// fused graph computes the unfused one's values bit for bit.
+func TestFuseElementwise(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	feeds := map[string]*kernels.Tensor{}
+	for _, in := range []struct {
+		name string
+		s    ir.Shape
+	}{{"x", ir.Shape{3, 5, 7}}, {"y", ir.Shape{7}}} {
+		t := kernels.NewTensor(kernels.F32, in.s)
+		for i := range t.F32 {
+			t.F32[i] = float32(r.NormFloat64())
+		}
+		feeds[in.name] = t
+	}
+	want := runGraph(t, chainGraph(), feeds)
+	g := chainGraph()
+	if err := passes.FuseElementwise(g); err != nil {
+		t.Fatal(err)
+	}
+	if err := ir.Verify(g, false); err != nil {
+		t.Fatal(err)
+	}
+	counts := g.OpCounts()
+	// {Add, Scale, GELU} (GELU's output c is read twice), {GELUGrad, Mul,
+	// Clamp}, Dropout, Neg alone
+	if counts["FusedElementwise"] != 2 || counts["Dropout"] != 1 || counts["Neg"] != 1 || len(g.Nodes) != 4 {
+		t.Fatalf("fused graph ops %v, want 2 FusedElementwise, Dropout, Neg", counts)
+	}
+	first, _ := g.Nodes[0].Body()
+	if len(first) != 3 || first[1].Op != "Scale" || first[1].Attrs.Float("alpha", 0) != 1.5 || len(g.Nodes[0].Inputs) != 2 {
+		t.Errorf("first group: %d inputs, body %+v", len(g.Nodes[0].Inputs), first)
+	}
+	got := runGraph(t, g, feeds)
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("out[%d] = %v fused, %v unfused", i, got[i], want[i])
+		}
+	}
+}
+
+// TestFuseElementwiseBounds: a chain longer than ir.MaxFusedSteps is split
+// into groups within the bound.
+func TestFuseElementwiseBounds(t *testing.T) {
+	g := ir.New("long")
+	v := g.Input("x", ir.Shape{4}, ir.F32)
+	for range 40 {
+		v = g.Op1("Neg", nil, v)
+	}
+	g.SetOutput("out", v)
+	if err := passes.FuseElementwise(g); err != nil {
+		t.Fatal(err)
+	}
+	steps := 0
+	for _, n := range g.Nodes {
+		b, err := n.Body()
+		if err != nil {
+			t.Fatalf("%s left unfused", n.Op)
+		}
+		if len(b) > ir.MaxFusedSteps {
+			t.Errorf("group of %d steps", len(b))
+		}
+		steps += len(b)
+	}
+	if steps != 40 || len(g.Nodes) != 3 {
+		t.Errorf("%d nodes holding %d steps, want 3 holding 40", len(g.Nodes), steps)
+	}
+}
