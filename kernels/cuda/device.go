@@ -40,7 +40,7 @@ type gemmPlan interface {
 	workspace() uint64
 }
 
-func (p *GemmPlan) key() GemmKey       { return p.Key }
+func (p *GemmPlan) key() GemmKey      { return p.Key }
 func (p *GemmPlan) workspace() uint64 { return p.Workspace() }
 
 // gpu is a device behind the driver API and cuBLASLt.

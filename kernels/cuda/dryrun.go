@@ -29,7 +29,7 @@ type fakePlan struct {
 	ws uint64
 }
 
-func (p *fakePlan) key() GemmKey       { return p.k }
+func (p *fakePlan) key() GemmKey      { return p.k }
 func (p *fakePlan) workspace() uint64 { return p.ws }
 
 type param struct {
