@@ -345,10 +345,10 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 		t.Fatalf("the plan as chosen: status %d", st)
 	}
 	for _, bad := range []struct {
-		what  string
-		p, a  *GemmPlan
-		A     uint64
-		w     Buffer
+		what string
+		p, a *GemmPlan
+		A    uint64
+		w    Buffer
 	}{
 		{"A 4 bytes off its 256-byte alignment", pl, pl, dA.Ptr + 4, ws},
 		{"no workspace", pl, pl, dA.Ptr, Buffer{}},
