@@ -265,6 +265,8 @@ type program struct {
 	// activation operand (in elements) of any GEMM, and their bf16 buffers.
 	bf16Need [2]int
 	bf16     [2]Buffer
+	staging  [2]stagedCopy // what each bf16 staging buffer holds
+	runs     uint64        // Runs started
 	// plans: one cuBLASLt plan per GEMM key, made on first use; ws: their
 	// workspace.
 	plans map[GemmKey]gemmPlan
@@ -601,6 +603,7 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 	}
 	defer unbind()
 	p.seed = seed
+	p.runs++
 	clear(p.fresh)
 	if !p.reuse {
 		if err := p.uploadStored(); err != nil {

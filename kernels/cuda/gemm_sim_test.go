@@ -166,8 +166,9 @@ func TestSimGEMMParity(t *testing.T) {
 	}
 }
 
-// linearGraph is y = Linear(x, w) (no bias) and dx = LinearGradX(dy, w):
-// the weight as transposed and as plain B.
+// linearGraph is y = Linear(x, w) (no bias), dx = LinearGradX(dy, w) and
+// dw = LinearGradW(dy, x): the weight as transposed and as plain B, dy
+// read by two GEMMs in a row.
 func linearGraph(R, N, K int) *ir.Graph {
 	g := ir.New("linear")
 	w := g.Param("w", ir.Shape{N, K})
@@ -175,6 +176,7 @@ func linearGraph(R, N, K int) *ir.Graph {
 	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
 	g.SetOutput("y", g.Op1("Linear", nil, x, w))
 	g.SetOutput("dx", g.Op1("LinearGradX", nil, dy, w))
+	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, x))
 	return g
 }
 
@@ -183,6 +185,7 @@ func checkLinear(t *testing.T, what string, p kernels.Program, feeds map[string]
 	t.Helper()
 	closeTo(t, what+" y", p.Output("y").F32, matmulRef(feeds["x"].F32, w, 1, R, N, K, false, true, true), 1e-4)
 	closeTo(t, what+" dx", p.Output("dx").F32, matmulRef(feeds["dy"].F32, w, 1, R, K, N, false, false, true), 1e-4)
+	closeTo(t, what+" dw", p.Output("dw").F32, matmulRef(feeds["dy"].F32, feeds["x"].F32, 1, N, K, R, true, false, true), 1e-4)
 }
 
 // TestSimGEMMPlansReused: a program makes its cuBLASLt descriptors,
@@ -208,8 +211,8 @@ func TestSimGEMMPlansReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	descs, heur, gemms := d.SimStat("lt_descs"), d.SimStat("lt_heuristics"), d.SimStat("gemms")
-	if got := d.SimStat("lt_live") - live; got != 2*4 {
-		t.Errorf("after the first run: %d live descriptors and layouts, want 8 (two plans)", got)
+	if got := d.SimStat("lt_live") - live; got != 3*4 {
+		t.Errorf("after the first run: %d live descriptors and layouts, want 12 (three plans)", got)
 	}
 	for i := 0; i < 3; i++ {
 		if err := p.Run(feeds, 0); err != nil {
@@ -220,8 +223,8 @@ func TestSimGEMMPlansReused(t *testing.T) {
 		t.Errorf("later runs made %d descriptors and asked the heuristic %d times, want 0 and 0",
 			d.SimStat("lt_descs")-descs, d.SimStat("lt_heuristics")-heur)
 	}
-	if n := d.SimStat("gemms") - gemms; n != 6 {
-		t.Errorf("three runs of two GEMMs ran %d matmuls", n)
+	if n := d.SimStat("gemms") - gemms; n != 9 {
+		t.Errorf("three runs of three GEMMs ran %d matmuls", n)
 	}
 	checkLinear(t, "reused plans", p, feeds, w.F32, R, N, K)
 	p.Close()
@@ -262,9 +265,10 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 	if err := p.Run(feeds, 0); err != nil {
 		t.Fatal(err)
 	}
-	// x and dy are converted (2 launches); w is not
-	if n := launches() - n0; n != 2 {
-		t.Errorf("a run on an unchanged weight made %d launches, want 2 (the two activations' conversions)", n)
+	// x for y, dy for dx (kept for dw), x again for dw: 3 launches; w is
+	// not converted
+	if n := launches() - n0; n != 3 {
+		t.Errorf("a run on an unchanged weight made %d launches, want 3 (the activations' conversions)", n)
 	}
 	// a changed store value, uploaded by the next Run
 	for i := range w.F32 {

@@ -452,15 +452,26 @@ type operand struct {
 	// staged: the staging buffer of its side already holds buf's padded
 	// bf16 copy (converted once for several GEMMs).
 	staged bool
+	// val: the graph value buf holds (0: none), which a Run writes once, so
+	// its bf16 copy stays valid in the staging buffer until another
+	// conversion there (a GEMM's gradient pair reads dy twice).
+	val int
 }
 
 // operandOf is the operand for a value of the graph.
 func operandOf(d *dval) operand {
-	o := operand{buf: d.buf}
+	o := operand{buf: d.buf, val: d.v.ID}
 	if d.v.Kind == ir.Param || d.v.Kind == ir.Buffer {
 		o.stored = d
 	}
 	return o
+}
+
+// stagedCopy says what a staging buffer holds: the bf16 copy of a graph
+// value with rows of cols elements, converted in Run number run.
+type stagedCopy struct {
+	val, cols int
+	run       uint64
 }
 
 // act is an operand that is not a store tensor.
@@ -538,7 +549,18 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 	case o.stored != nil:
 		return p.storedBF16(o.stored, rows, cols)
 	}
-	return p.bf16[side], p.toBF16(p.bf16[side], o.buf, rows, cols)
+	held := stagedCopy{val: o.val, cols: cols, run: p.runs}
+	if o.val != 0 && p.staging[side] == held {
+		return p.bf16[side], nil
+	}
+	p.staging[side] = stagedCopy{}
+	if err := p.toBF16(p.bf16[side], o.buf, rows, cols); err != nil {
+		return Buffer{}, err
+	}
+	if o.val != 0 {
+		p.staging[side] = held
+	}
+	return p.bf16[side], nil
 }
 
 // toBF16 converts rows×cols fp32 elements into dst with leading dimension
@@ -947,6 +969,7 @@ func (p *program) stageLogits(s GemmShape, logits Buffer, rows, V int) (operand,
 	if !p.bf16GEMM(s) {
 		return act(logits), nil
 	}
+	p.staging[0] = stagedCopy{}
 	if err := p.toBF16(p.bf16[0], logits, rows, V); err != nil {
 		return operand{}, err
 	}
