@@ -14,6 +14,9 @@ const (
 	cudaR16BF            = 14 // CUDA_R_16BF
 	descTransA           = 3  // CUBLASLT_MATMUL_DESC_TRANSA
 	descTransB           = 4  // CUBLASLT_MATMUL_DESC_TRANSB
+	descEpilogue         = 7  // CUBLASLT_MATMUL_DESC_EPILOGUE (uint32)
+	descBiasPointer      = 8  // CUBLASLT_MATMUL_DESC_BIAS_POINTER (void*)
+	epilogueBias         = 4  // CUBLASLT_EPILOGUE_BIAS: D += bias, one value per row of D
 	layoutBatchCount     = 5  // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT (int32)
 	layoutBatchStride    = 6  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET (int64, elements)
 	prefMaxWorkspace     = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES (uint64)
@@ -130,12 +133,21 @@ func (s GemmShape) ldb() int {
 }
 
 // GemmKey is everything a cuBLASLt plan depends on: the problem, the
-// operand type, and the alignment (bytes, at most 256) of the A, B and C
-// pointers, for which its algorithm is chosen.
+// operand type, the epilogue (Bias: C's row i gets bias[j] added to its
+// column j, fp32), and the alignment (bytes, at most 256) of the A, B and
+// C pointers, for which its algorithm is chosen.
 type GemmKey struct {
 	Shape GemmShape
 	AB    DType
+	Bias  bool
 	Align [3]uint16
+}
+
+// GemmCall is one run of a plan: C = Alpha·op(A)·op(B) + Beta·C (+ Bias
+// when the plan has the bias epilogue), WS the algorithm's workspace.
+type GemmCall struct {
+	Alpha, Beta       float32
+	A, B, C, Bias, WS Buffer
 }
 
 // gemmKey makes the key of a GEMM on these buffers.
@@ -208,6 +220,12 @@ func (b *BLAS) describe(p *GemmPlan) error {
 	if r := b.descSet(p.desc, descTransB, unsafe.Pointer(&opB), 4); r != 0 {
 		return fmt.Errorf("cuBLASLt TRANSB: status %d", r)
 	}
+	if p.Key.Bias {
+		ep := uint32(epilogueBias)
+		if r := b.descSet(p.desc, descEpilogue, unsafe.Pointer(&ep), 4); r != 0 {
+			return fmt.Errorf("cuBLASLt EPILOGUE_BIAS: status %d", r)
+		}
+	}
 	rb, cb := s.storedB()
 	ra, ca := s.storedA()
 	var err error
@@ -263,16 +281,25 @@ func (b *BLAS) DestroyPlan(p *GemmPlan) {
 }
 
 // Matmul runs a plan: C_i = alpha·op(A_i)·op(B_i) + beta·C_i for every
-// matrix of the batch, with ws as the algorithm's workspace.
-func (b *BLAS) Matmul(p *GemmPlan, alpha float32, A, B Buffer, beta float32, C Buffer, ws Buffer) error {
-	if ws.Bytes < p.res.workspace {
-		return fmt.Errorf("cublasLtMatmul: the plan needs %d bytes of workspace, got %d", p.res.workspace, ws.Bytes)
+// matrix of the batch (plus the bias), with c.WS as the workspace.
+func (b *BLAS) Matmul(p *GemmPlan, c GemmCall) error {
+	if c.WS.Bytes < p.res.workspace {
+		return fmt.Errorf("cublasLtMatmul: the plan needs %d bytes of workspace, got %d", p.res.workspace, c.WS.Bytes)
 	}
-	if k := gemmKey(p.Key.Shape, p.Key.AB, A, B, C); k.Align != p.Key.Align {
+	if k := gemmKey(p.Key.Shape, p.Key.AB, c.A, c.B, c.C); k.Align != p.Key.Align {
 		return fmt.Errorf("cublasLtMatmul: operands aligned to %v bytes, the plan was made for %v", k.Align, p.Key.Align)
 	}
-	r := b.matmul(b.lt, p.desc, unsafe.Pointer(&alpha), B.Ptr, p.la, A.Ptr, p.lb, unsafe.Pointer(&beta), C.Ptr, p.lc, C.Ptr, p.lc,
-		unsafe.Pointer(&p.res.algo), ws.Ptr, p.res.workspace, 0)
+	if p.Key.Bias != (c.Bias.Ptr != 0) {
+		return fmt.Errorf("cublasLtMatmul: bias %#x for a plan with bias epilogue %v", c.Bias.Ptr, p.Key.Bias)
+	}
+	if p.Key.Bias {
+		if r := b.descSet(p.desc, descBiasPointer, unsafe.Pointer(&c.Bias.Ptr), 8); r != 0 {
+			return fmt.Errorf("cuBLASLt BIAS_POINTER: status %d", r)
+		}
+	}
+	alpha, beta := c.Alpha, c.Beta
+	r := b.matmul(b.lt, p.desc, unsafe.Pointer(&alpha), c.B.Ptr, p.la, c.A.Ptr, p.lb, unsafe.Pointer(&beta), c.C.Ptr, p.lc, c.C.Ptr,
+		p.lc, unsafe.Pointer(&p.res.algo), c.WS.Ptr, p.res.workspace, 0)
 	runtime.KeepAlive(&alpha)
 	runtime.KeepAlive(&beta)
 	runtime.KeepAlive(p)
@@ -293,7 +320,7 @@ func (b *BLAS) Gemm(transA, transB bool, M, N, K int, alpha float32, A, B Buffer
 		return err
 	}
 	defer b.DestroyPlan(p)
-	return b.Matmul(p, alpha, A, B, beta, C, Buffer{})
+	return b.Matmul(p, GemmCall{Alpha: alpha, Beta: beta, A: A, B: B, C: C})
 }
 
 // layout creates a column-major layout of rows×cols with leading dimension

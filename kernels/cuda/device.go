@@ -24,7 +24,7 @@ type device interface {
 	// algorithm needing at most maxWorkspace bytes of workspace), reused by
 	// every gemm call with that key until freeGemmPlan.
 	gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error)
-	gemm(pl gemmPlan, alpha float32, A, B Buffer, beta float32, C, ws Buffer) error
+	gemm(pl gemmPlan, c GemmCall) error
 	freeGemmPlan(pl gemmPlan)
 	sync() error
 	// separateSlots: give every plan slot its own allocation (on the
@@ -91,8 +91,8 @@ func (g *gpu) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
 	return g.blas.NewPlan(k, maxWorkspace)
 }
 func (g *gpu) freeGemmPlan(pl gemmPlan) { g.blas.DestroyPlan(pl.(*GemmPlan)) }
-func (g *gpu) gemm(pl gemmPlan, alpha float32, A, B Buffer, beta float32, C, ws Buffer) error {
-	if err := g.blas.Matmul(pl.(*GemmPlan), alpha, A, B, beta, C, ws); err != nil {
+func (g *gpu) gemm(pl gemmPlan, c GemmCall) error {
+	if err := g.blas.Matmul(pl.(*GemmPlan), c); err != nil {
 		return err
 	}
 	if g.syncEach {

@@ -205,12 +205,16 @@ func (f *fakeDevice) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) 
 
 func (f *fakeDevice) freeGemmPlan(gemmPlan) {}
 
-func (f *fakeDevice) gemm(pl gemmPlan, _ float32, A, B Buffer, _ float32, C, ws Buffer) error {
+func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
+	A, B, C, ws := call.A, call.B, call.C, call.WS
 	k := pl.key()
 	s := k.Shape
 	size := uint64(4)
 	if k.AB == BF16 {
 		size = 2
+	}
+	if k.Bias != (call.Bias.Ptr != 0) {
+		return fmt.Errorf("gemm %+v: bias %#x for a plan with bias epilogue %v", s, call.Bias.Ptr, k.Bias)
 	}
 	if got := gemmKey(s, k.AB, A, B, C); got.Align != k.Align {
 		return fmt.Errorf("gemm %+v: operands aligned to %v bytes, the plan was made for %v", s, got.Align, k.Align)
@@ -224,8 +228,9 @@ func (f *fakeDevice) gemm(pl gemmPlan, _ float32, A, B Buffer, _ float32, C, ws 
 		what string
 		b    Buffer
 		n    uint64
-	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}, {"workspace", ws, pl.workspace()}} {
-		if c.n == 0 && c.what == "workspace" {
+	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}, {"workspace", ws, pl.workspace()},
+		{"bias", call.Bias, uint64(4 * s.N)}} {
+		if (c.n == 0 && c.what == "workspace") || (c.what == "bias" && !k.Bias) {
 			continue
 		}
 		if err := f.within(c.b.Ptr, c.n); err != nil {

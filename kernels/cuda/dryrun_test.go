@@ -58,7 +58,7 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return f.gemm(pl, 1, A, B, 0, C, Buffer{})
+		return f.gemm(pl, GemmCall{Alpha: 1, A: A, B: B, C: C})
 	}
 	if err := gemm(GemmShape{M: 10, N: 10, K: 2, Batch: 1}, b, b, b); err != nil {
 		t.Errorf("a GEMM that fits: %v", err)
@@ -77,7 +77,7 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 		t.Fatal(err)
 	}
 	off := Buffer{Ptr: b.Ptr + 4, Bytes: b.Bytes - 4}
-	if err := f.gemm(pl, 1, off, b, 0, b, Buffer{}); err == nil {
+	if err := f.gemm(pl, GemmCall{Alpha: 1, A: off, B: b, C: b}); err == nil {
 		t.Error("a plan made for 256-byte-aligned operands ran on a 4-byte-aligned one")
 	}
 }

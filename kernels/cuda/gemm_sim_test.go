@@ -363,3 +363,43 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestSimLinearBiasEpilogue: a Linear's bias is added in the GEMM's
+// epilogue (no separate launch), in fp32 and bf16, on unaligned sizes.
+func TestSimLinearBiasEpilogue(t *testing.T) {
+	d := simOnly(t)
+	const R, N, K = 37, 85, 510
+	for _, prec := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+		be := gpuBackend(t, prec)
+		g := ir.New("linear-bias")
+		w, b := g.Param("w", ir.Shape{N, K}), g.Param("b", ir.Shape{N})
+		x := g.Input("x", ir.Shape{R, K}, ir.F32)
+		g.SetOutput("y", g.Op1("Linear", nil, x, w, b))
+		st := kernels.NewStore(kernels.F32)
+		r := rand.New(rand.NewPCG(49, 50))
+		wt, _ := st.Ensure("w", ir.Shape{N, K})
+		bt, _ := st.Ensure("b", ir.Shape{N})
+		copy(wt.F32, randF32(r, N*K, 1))
+		copy(bt.F32, randF32(r, N, 1))
+		feeds := map[string]*kernels.Tensor{"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}}
+		p, err := be.Compile(g, nil, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n0 := d.SimStat("launches")
+		if err := p.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+		want := matmulRef(feeds["x"].F32, wt.F32, 1, R, N, K, false, true, prec == GEMMBF16)
+		for i := range want {
+			want[i] += float64(bt.F32[i%N])
+		}
+		closeTo(t, prec.String()+" Linear with bias", p.Output("y").F32, want, 1e-4)
+		// bf16: x and w converted; fp32: nothing but the GEMM
+		if n, wantN := d.SimStat("launches")-n0, map[GEMMPrecision]int64{GEMMF32: 0, GEMMBF16: 2}[prec]; n != wantN {
+			t.Errorf("%s: %d launches besides the GEMM, want %d", prec, n, wantN)
+		}
+		p.Close()
+		be.Release(st)
+	}
+}

@@ -480,8 +480,15 @@ func act(b Buffer) operand { return operand{buf: b} }
 // gemm runs a strided batch of GEMMs in the backend's GEMM precision:
 // under GEMMBF16 both inputs go to bf16 copies with 16-byte-aligned rows.
 func (p *program) gemm(s GemmShape, a, b operand, beta float32, C Buffer) error {
+	return p.gemmBias(s, a, b, beta, C, Buffer{})
+}
+
+// gemmBias is gemm with bias (N floats; none when bias.Ptr is 0) added to
+// every row of C in the GEMM's epilogue.
+func (p *program) gemmBias(s GemmShape, a, b operand, beta float32, C, bias Buffer) error {
+	call := GemmCall{Alpha: 1, Beta: beta, A: a.buf, B: b.buf, C: C, Bias: bias}
 	if !p.bf16GEMM(s) {
-		return p.matmul(s, F32, a.buf, b.buf, beta, C)
+		return p.matmul(s, F32, call)
 	}
 	ps, err := paddedShape(s)
 	if err != nil {
@@ -497,7 +504,8 @@ func (p *program) gemm(s GemmShape, a, b operand, beta float32, C Buffer) error 
 	if err != nil {
 		return err
 	}
-	return p.matmul(ps, BF16, bufA, bufB, beta, C)
+	call.A, call.B = bufA, bufB
+	return p.matmul(ps, BF16, call)
 }
 
 // bf16GEMM: the GEMM runs on bf16 inputs (see SmallGEMMDim).
@@ -588,12 +596,15 @@ func (p *program) storedBF16(d *dval, rows, cols int) (Buffer, error) {
 }
 
 // matmul runs one GEMM through its cached plan.
-func (p *program) matmul(s GemmShape, ab DType, A, B Buffer, beta float32, C Buffer) error {
-	pl, err := p.plan(gemmKey(s, ab, A, B, C))
+func (p *program) matmul(s GemmShape, ab DType, c GemmCall) error {
+	k := gemmKey(s, ab, c.A, c.B, c.C)
+	k.Bias = c.Bias.Ptr != 0
+	pl, err := p.plan(k)
 	if err != nil {
 		return err
 	}
-	return p.be.dev.gemm(pl, 1, A, B, beta, C, p.ws)
+	c.WS = p.ws
+	return p.be.dev.gemm(pl, c)
 }
 
 // plan returns the program's plan for a GEMM key, making it (and the
@@ -687,20 +698,23 @@ func (p *program) gemmStep(s GemmShape, A, B, C *dval) func() error {
 
 func lastDim(s ir.Shape) int { return s[len(s)-1] }
 
+// buildLinear: y = x·Wᵀ (+ b, added in the GEMM's epilogue).
 func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 	x, W, o := in[0], in[1], out[0]
 	N, K := W.v.Shape[0], W.v.Shape[1]
-	R := x.n / max(1, K)
-	mm := p.gemmStep(GemmShape{TransB: true, M: R, N: N, K: K, Batch: 1}, x, W, o)
-	if len(in) == 2 {
-		return mm, nil
+	s := GemmShape{TransB: true, M: x.n / max(1, K), N: N, K: K, Batch: 1}
+	a, w := operandOf(x), operandOf(W)
+	p.needGEMM(s, a, w)
+	var bias *dval
+	if len(in) == 3 {
+		bias = in[2]
 	}
-	b := in[2]
 	return func() error {
-		if err := mm(); err != nil {
-			return err
+		var b Buffer
+		if bias != nil {
+			b = bias.buf
 		}
-		return p.each("add_rows_f32", o.n, o.buf.Ptr, b.buf.Ptr, int32(N), int64(o.n))
+		return p.gemmBias(s, a, w, 0, o.buf, b)
 	}, nil
 }
 

@@ -152,7 +152,7 @@ func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32,
 	return d.device.launch(name, grid, block, shared, args...)
 }
 
-func (d *tracedDevice) gemm(pl gemmPlan, alpha float32, A, B Buffer, beta float32, C, ws Buffer) error {
+func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
 	k := pl.key()
 	s, ab := k.Shape, k.AB
 	size := 4.0
@@ -161,13 +161,16 @@ func (d *tracedDevice) gemm(pl gemmPlan, alpha float32, A, B Buffer, beta float3
 	}
 	batch := float64(max(1, s.Batch))
 	m, n, kk := float64(s.M), float64(s.N), float64(s.K)
-	c := 4.0
-	if beta != 0 {
+	c, bias := 4.0, 0.0
+	if call.Beta != 0 {
 		c = 8
 	}
+	if k.Bias {
+		bias = 4 * n
+	}
 	d.t.add(Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
-		Flops: 2 * m * n * kk * batch, Bytes: batch * ((m*kk+kk*n)*size + m*n*c)})
-	return d.device.gemm(pl, alpha, A, B, beta, C, ws)
+		Flops: 2 * m * n * kk * batch, Bytes: batch*((m*kk+kk*n)*size+m*n*c) + bias})
+	return d.device.gemm(pl, call)
 }
 
 // gemmName groups GEMMs by precision and transposes ("gemm bf16 NT").
