@@ -70,11 +70,20 @@ type bf16Copy struct {
 	made  uint64 // the entry's version the copy was made from (0: never)
 }
 
-// stale: the tensor changed since the copy was made.
-func (c *bf16Copy) stale() bool { return c.made == 0 || c.made != c.entry.version }
+// stale: the tensor changed since the copy was made (0 when it never was);
+// it returns the version a conversion now would hold.
+func (b *Backend) stale(c *bf16Copy) (uint64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return c.entry.version, c.made == 0 || c.made != c.entry.version
+}
 
-// refreshed records that the copy now holds the tensor's current value.
-func (c *bf16Copy) refreshed() { c.made = c.entry.version }
+// refreshed records that the copy holds the tensor's value of version v.
+func (b *Backend) refreshed(c *bf16Copy, v uint64) {
+	b.mu.Lock()
+	c.made = v
+	b.mu.Unlock()
+}
 
 // touch records that the device copies of store tensors were written.
 func (b *Backend) touch(st *kernels.Store, names ...string) {

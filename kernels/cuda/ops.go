@@ -585,13 +585,14 @@ func (p *program) storedBF16(d *dval, rows, cols int) (Buffer, error) {
 	if err != nil {
 		return Buffer{}, err
 	}
-	if !c.stale() {
+	v, stale := p.be.stale(c)
+	if !stale {
 		return c.buf, nil
 	}
 	if err := p.toBF16(c.buf, d.buf, rows, cols); err != nil {
 		return Buffer{}, err
 	}
-	c.refreshed()
+	p.be.refreshed(c, v)
 	return c.buf, nil
 }
 
