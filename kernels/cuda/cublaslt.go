@@ -16,6 +16,7 @@ const (
 	descTransB           = 4  // CUBLASLT_MATMUL_DESC_TRANSB
 	descEpilogue         = 7  // CUBLASLT_MATMUL_DESC_EPILOGUE (uint32)
 	descBiasPointer      = 8  // CUBLASLT_MATMUL_DESC_BIAS_POINTER (void*)
+	descBiasDataType     = 26 // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE (int32)
 	epilogueBias         = 4  // CUBLASLT_EPILOGUE_BIAS: D += bias, one value per row of D
 	layoutBatchCount     = 5  // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT (int32)
 	layoutBatchStride    = 6  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET (int64, elements)
@@ -133,14 +134,15 @@ func (s GemmShape) ldb() int {
 }
 
 // GemmKey is everything a cuBLASLt plan depends on: the problem, the
-// operand type, the epilogue (Bias: C's row i gets bias[j] added to its
-// column j, fp32), and the alignment (bytes, at most 256) of the A, B and
-// C pointers, for which its algorithm is chosen.
+// operand type, and the alignment (bytes, at most 256) of the A, B and C
+// pointers and of the bias (0: no bias epilogue; else every row of C gets
+// the fp32 bias added, one value per column), for which its algorithm is
+// chosen.
 type GemmKey struct {
-	Shape GemmShape
-	AB    DType
-	Bias  bool
-	Align [3]uint16
+	Shape     GemmShape
+	AB        DType
+	Align     [3]uint16
+	BiasAlign uint16
 }
 
 // GemmCall is one run of a plan: C = Alpha·op(A)·op(B) + Beta·C (+ Bias
@@ -150,9 +152,13 @@ type GemmCall struct {
 	A, B, C, Bias, WS Buffer
 }
 
-// gemmKey makes the key of a GEMM on these buffers.
-func gemmKey(s GemmShape, ab DType, A, B, C Buffer) GemmKey {
-	return GemmKey{Shape: s, AB: ab, Align: [3]uint16{ptrAlign(A.Ptr), ptrAlign(B.Ptr), ptrAlign(C.Ptr)}}
+// gemmKey makes the key of a GEMM call.
+func gemmKey(s GemmShape, ab DType, c GemmCall) GemmKey {
+	k := GemmKey{Shape: s, AB: ab, Align: [3]uint16{ptrAlign(c.A.Ptr), ptrAlign(c.B.Ptr), ptrAlign(c.C.Ptr)}}
+	if c.Bias.Ptr != 0 {
+		k.BiasAlign = ptrAlign(c.Bias.Ptr)
+	}
+	return k
 }
 
 // ptrAlign is the largest power of two up to 256 that divides p.
@@ -220,10 +226,9 @@ func (b *BLAS) describe(p *GemmPlan) error {
 	if r := b.descSet(p.desc, descTransB, unsafe.Pointer(&opB), 4); r != 0 {
 		return fmt.Errorf("cuBLASLt TRANSB: status %d", r)
 	}
-	if p.Key.Bias {
-		ep := uint32(epilogueBias)
-		if r := b.descSet(p.desc, descEpilogue, unsafe.Pointer(&ep), 4); r != 0 {
-			return fmt.Errorf("cuBLASLt EPILOGUE_BIAS: status %d", r)
+	if p.Key.BiasAlign != 0 {
+		if err := b.describeBias(p); err != nil {
+			return err
 		}
 	}
 	rb, cb := s.storedB()
@@ -237,6 +242,23 @@ func (b *BLAS) describe(p *GemmPlan) error {
 	}
 	p.lc, err = b.layout(F32, s.N, s.M, s.N, s.Batch, s.StrideC)
 	return err
+}
+
+// describeBias sets the bias epilogue: fp32 bias, and for the heuristic,
+// which reads the bias pointer only for its alignment (cublasLt.h), an
+// address of the key's alignment; every call sets the real pointer.
+func (b *BLAS) describeBias(p *GemmPlan) error {
+	ep, dt, ptr := uint32(epilogueBias), int32(cudaR32F), uint64(p.Key.BiasAlign)
+	if r := b.descSet(p.desc, descEpilogue, unsafe.Pointer(&ep), 4); r != 0 {
+		return fmt.Errorf("cuBLASLt EPILOGUE_BIAS: status %d", r)
+	}
+	if r := b.descSet(p.desc, descBiasDataType, unsafe.Pointer(&dt), 4); r != 0 {
+		return fmt.Errorf("cuBLASLt BIAS_DATA_TYPE: status %d", r)
+	}
+	if r := b.descSet(p.desc, descBiasPointer, unsafe.Pointer(&ptr), 8); r != 0 {
+		return fmt.Errorf("cuBLASLt BIAS_POINTER: status %d", r)
+	}
+	return nil
 }
 
 // chooseAlgo asks cublasLtMatmulAlgoGetHeuristic for the plan's algorithm.
@@ -286,13 +308,11 @@ func (b *BLAS) Matmul(p *GemmPlan, c GemmCall) error {
 	if c.WS.Bytes < p.res.workspace {
 		return fmt.Errorf("cublasLtMatmul: the plan needs %d bytes of workspace, got %d", p.res.workspace, c.WS.Bytes)
 	}
-	if k := gemmKey(p.Key.Shape, p.Key.AB, c.A, c.B, c.C); k.Align != p.Key.Align {
-		return fmt.Errorf("cublasLtMatmul: operands aligned to %v bytes, the plan was made for %v", k.Align, p.Key.Align)
+	if k := gemmKey(p.Key.Shape, p.Key.AB, c); k != p.Key {
+		return fmt.Errorf("cublasLtMatmul: operands aligned to %v bytes (bias %d), the plan was made for %v (bias %d)",
+			k.Align, k.BiasAlign, p.Key.Align, p.Key.BiasAlign)
 	}
-	if p.Key.Bias != (c.Bias.Ptr != 0) {
-		return fmt.Errorf("cublasLtMatmul: bias %#x for a plan with bias epilogue %v", c.Bias.Ptr, p.Key.Bias)
-	}
-	if p.Key.Bias {
+	if p.Key.BiasAlign != 0 {
 		if r := b.descSet(p.desc, descBiasPointer, unsafe.Pointer(&c.Bias.Ptr), 8); r != 0 {
 			return fmt.Errorf("cuBLASLt BIAS_POINTER: status %d", r)
 		}
@@ -315,12 +335,13 @@ func (b *BLAS) Matmul(p *GemmPlan, c GemmCall) error {
 // It makes a plan for the one call (no workspace).
 func (b *BLAS) Gemm(transA, transB bool, M, N, K int, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
 	s := GemmShape{TransA: transA, TransB: transB, M: M, N: N, K: K, Batch: 1}
-	p, err := b.NewPlan(gemmKey(s, ab, A, B, C), 0)
+	c := GemmCall{Alpha: alpha, Beta: beta, A: A, B: B, C: C}
+	p, err := b.NewPlan(gemmKey(s, ab, c), 0)
 	if err != nil {
 		return err
 	}
 	defer b.DestroyPlan(p)
-	return b.Matmul(p, GemmCall{Alpha: alpha, Beta: beta, A: A, B: B, C: C})
+	return b.Matmul(p, c)
 }
 
 // layout creates a column-major layout of rows×cols with leading dimension

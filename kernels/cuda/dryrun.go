@@ -213,11 +213,9 @@ func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
 	if k.AB == BF16 {
 		size = 2
 	}
-	if k.Bias != (call.Bias.Ptr != 0) {
-		return fmt.Errorf("gemm %+v: bias %#x for a plan with bias epilogue %v", s, call.Bias.Ptr, k.Bias)
-	}
-	if got := gemmKey(s, k.AB, A, B, C); got.Align != k.Align {
-		return fmt.Errorf("gemm %+v: operands aligned to %v bytes, the plan was made for %v", s, got.Align, k.Align)
+	if got := gemmKey(s, k.AB, call); got != k {
+		return fmt.Errorf("gemm %+v: operands aligned to %v bytes (bias %d), the plan was made for %v (bias %d)",
+			s, got.Align, got.BiasAlign, k.Align, k.BiasAlign)
 	}
 	na, nb := gemmElems(s)
 	nc := s.M * s.N
@@ -230,7 +228,7 @@ func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
 		n    uint64
 	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}, {"workspace", ws, pl.workspace()},
 		{"bias", call.Bias, uint64(4 * s.N)}} {
-		if (c.n == 0 && c.what == "workspace") || (c.what == "bias" && !k.Bias) {
+		if (c.n == 0 && c.what == "workspace") || (c.what == "bias" && k.BiasAlign == 0) {
 			continue
 		}
 		if err := f.within(c.b.Ptr, c.n); err != nil {

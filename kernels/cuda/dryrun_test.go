@@ -54,11 +54,12 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 		t.Errorf("a good launch: %v", err)
 	}
 	gemm := func(s GemmShape, A, B, C Buffer) error {
-		pl, err := f.gemmPlan(gemmKey(s, F32, A, B, C), 0)
+		c := GemmCall{Alpha: 1, A: A, B: B, C: C}
+		pl, err := f.gemmPlan(gemmKey(s, F32, c), 0)
 		if err != nil {
 			return err
 		}
-		return f.gemm(pl, GemmCall{Alpha: 1, A: A, B: B, C: C})
+		return f.gemm(pl, c)
 	}
 	if err := gemm(GemmShape{M: 10, N: 10, K: 2, Batch: 1}, b, b, b); err != nil {
 		t.Errorf("a GEMM that fits: %v", err)
@@ -72,7 +73,7 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 	if _, err := f.gemmPlan(GemmKey{Shape: GemmShape{M: 10, N: 4, K: 8, Batch: 1, LDA: 4}, AB: F32}, 0); err == nil {
 		t.Error("a GEMM plan with lda below the row length was accepted")
 	}
-	pl, err := f.gemmPlan(gemmKey(GemmShape{M: 2, N: 2, K: 2, Batch: 1}, F32, b, b, b), 0)
+	pl, err := f.gemmPlan(gemmKey(GemmShape{M: 2, N: 2, K: 2, Batch: 1}, F32, GemmCall{A: b, B: b, C: b}), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

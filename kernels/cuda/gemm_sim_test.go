@@ -314,7 +314,8 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 
 // TestSimCuBLASLtAlgoChecks: the simulator holds cublasLtMatmul to the
 // algorithm the heuristic chose: its workspace, the pointer alignment the
-// preference promised, and the descriptor and layouts it was chosen for.
+// preference promised (and the bias pointer had), and the descriptor and
+// layouts it was chosen for.
 func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 	simOnly(t)
 	c := gpuContext(t)
@@ -347,6 +348,20 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 	}
 	if st := run(pl, pl, dA.Ptr, ws); st != 0 {
 		t.Fatalf("the plan as chosen: status %d", st)
+	}
+	biased, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}, BiasAlign: 256}, ws.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.DestroyPlan(biased)
+	for _, off := range []uint64{0, 4} {
+		bias := dB.Ptr + off
+		if r := b.descSet(biased.desc, descBiasPointer, unsafe.Pointer(&bias), 8); r != 0 {
+			t.Fatalf("BIAS_POINTER: status %d", r)
+		}
+		if st := run(biased, biased, dA.Ptr, ws); (st == 0) != (off == 0) {
+			t.Errorf("bias %d bytes off a 256-byte alignment: status %d", off, st)
+		}
 	}
 	for _, bad := range []struct {
 		what string

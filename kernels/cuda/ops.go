@@ -598,9 +598,7 @@ func (p *program) storedBF16(d *dval, rows, cols int) (Buffer, error) {
 
 // matmul runs one GEMM through its cached plan.
 func (p *program) matmul(s GemmShape, ab DType, c GemmCall) error {
-	k := gemmKey(s, ab, c.A, c.B, c.C)
-	k.Bias = c.Bias.Ptr != 0
-	pl, err := p.plan(k)
+	pl, err := p.plan(gemmKey(s, ab, c))
 	if err != nil {
 		return err
 	}

@@ -165,7 +165,7 @@ func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
 	if call.Beta != 0 {
 		c = 8
 	}
-	if k.Bias {
+	if k.BiasAlign != 0 {
 		bias = 4 * n
 	}
 	d.t.add(Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
