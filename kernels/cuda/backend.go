@@ -56,6 +56,71 @@ type mirrorEntry struct {
 	// resident: the device copy is authoritative (a DeviceAdamW owns it);
 	// programs do not upload the store's value.
 	resident bool
+	// version counts the writes to buf (uploads, optimizer steps); a bf16
+	// copy made at an older version is stale.
+	version uint64
+	// bf16 holds the tensor's padded bf16 copies for GEMMs, by row length.
+	bf16 map[int]*bf16Copy
+}
+
+// bf16Copy is a store tensor's bf16 copy, rows of bf16LD(cols) elements.
+type bf16Copy struct {
+	buf   Buffer
+	entry *mirrorEntry
+	made  uint64 // the entry's version the copy was made from (0: never)
+}
+
+// stale: the tensor changed since the copy was made (0 when it never was);
+// it returns the version a conversion now would hold.
+func (b *Backend) stale(c *bf16Copy) (uint64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return c.entry.version, c.made == 0 || c.made != c.entry.version
+}
+
+// refreshed records that the copy holds the tensor's value of version v.
+func (b *Backend) refreshed(c *bf16Copy, v uint64) {
+	b.mu.Lock()
+	c.made = v
+	b.mu.Unlock()
+}
+
+// touch records that the device copies of store tensors were written.
+func (b *Backend) touch(st *kernels.Store, names ...string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, n := range names {
+		if e := b.mirror[mirrorKey{st, n}]; e != nil {
+			e.version++
+		}
+	}
+}
+
+// bf16Copy returns the bf16 copy of a store tensor seen as rows×cols,
+// allocated on first use; the caller converts it when it is stale.
+func (b *Backend) bf16Copy(st *kernels.Store, name string, rows, cols int) (*bf16Copy, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.mirror[mirrorKey{st, name}]
+	if e == nil {
+		return nil, fmt.Errorf("%s: no device copy", name)
+	}
+	if rows*cols != e.shape.Numel() {
+		return nil, fmt.Errorf("%s%v seen as %d×%d for a GEMM", name, e.shape, rows, cols)
+	}
+	if c := e.bf16[cols]; c != nil {
+		return c, nil
+	}
+	buf, err := b.dev.alloc(uint64(2 * rows * bf16LD(cols)))
+	if err != nil {
+		return nil, err
+	}
+	if e.bf16 == nil {
+		e.bf16 = map[int]*bf16Copy{}
+	}
+	c := &bf16Copy{buf: buf, entry: e}
+	e.bf16[cols] = c
+	return c, nil
 }
 
 // setResident marks store tensors' device copies authoritative or not.
@@ -173,6 +238,9 @@ func (b *Backend) Release(st *kernels.Store) {
 	for k, e := range b.mirror {
 		if k.store == st {
 			b.dev.free(e.buf)
+			for _, c := range e.bf16 {
+				b.dev.free(c.buf)
+			}
 			delete(b.mirror, k)
 		}
 	}
@@ -210,14 +278,20 @@ type program struct {
 
 	producer map[int]*ir.Node // value ID -> the node that defines it
 	lmHeads  map[int]*lmHead  // LMHeadCrossEntropy node ID -> its state
-	// GEMM input staging for GEMMBF16: the largest A and B operand (in
-	// elements) of any GEMM, and their bf16 buffers.
+	// GEMM input staging for GEMMBF16: the largest padded A and B
+	// activation operand (in elements) of any GEMM, and their bf16 buffers.
 	bf16Need [2]int
 	bf16     [2]Buffer
 	// The two-pass reductions' partials (doubles): the most any node
 	// needs, one allocation shared by every node (reduce.go).
 	workNeed int
 	work     Buffer
+	staging  [2]stagedCopy // what each bf16 staging buffer holds
+	runs     uint64        // Runs started
+	// plans: one cuBLASLt plan per GEMM key, made on first use; ws: their
+	// workspace.
+	plans map[GemmKey]gemmPlan
+	ws    Buffer
 }
 
 type step struct {
@@ -553,6 +627,7 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 	}
 	defer unbind()
 	p.seed = seed
+	p.runs++
 	clear(p.fresh)
 	if !p.reuse {
 		if err := p.uploadStored(); err != nil {
@@ -594,6 +669,7 @@ func (p *program) uploadStored() error {
 		if err := p.be.dev.upload(d.buf, f32Ptr(st.F32), uint64(4*d.n)); err != nil {
 			return err
 		}
+		p.be.touch(p.store, d.v.Name)
 	}
 	return nil
 }
@@ -680,6 +756,7 @@ func (p *program) Close() {
 }
 
 func (p *program) free() {
+	p.freePlans()
 	for _, b := range p.owned {
 		p.be.dev.free(b)
 	}

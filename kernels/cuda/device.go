@@ -20,13 +20,28 @@ type device interface {
 	download(dst unsafe.Pointer, b Buffer, bytes uint64) error
 	zero(b Buffer, bytes uint64) error
 	launch(name string, grid, block [3]uint32, shared uint32, args ...any) error
-	gemm(s GemmShape, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error
+	// gemmPlan makes the cuBLASLt state of one GEMM (descriptor, layouts,
+	// algorithm needing at most maxWorkspace bytes of workspace), reused by
+	// every gemm call with that key until freeGemmPlan.
+	gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error)
+	gemm(pl gemmPlan, c GemmCall) error
+	freeGemmPlan(pl gemmPlan)
 	sync() error
 	// separateSlots: give every plan slot its own allocation (on the
 	// simulator, whose allocations end at a guard page, so an overrun from
 	// one slot into the next faults).
 	separateSlots() bool
 }
+
+// gemmPlan is a device's prepared GEMM.
+type gemmPlan interface {
+	key() GemmKey
+	// workspace is the bytes of workspace the plan's algorithm needs.
+	workspace() uint64
+}
+
+func (p *GemmPlan) key() GemmKey      { return p.Key }
+func (p *GemmPlan) workspace() uint64 { return p.Workspace() }
 
 // gpu is a device behind the driver API and cuBLASLt.
 type gpu struct {
@@ -72,13 +87,17 @@ func (g *gpu) launch(name string, grid, block [3]uint32, shared uint32, args ...
 	}
 	return nil
 }
-func (g *gpu) gemm(s GemmShape, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
-	if err := g.blas.GemmBatched(s, alpha, A, B, ab, beta, C); err != nil {
+func (g *gpu) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
+	return g.blas.NewPlan(k, maxWorkspace)
+}
+func (g *gpu) freeGemmPlan(pl gemmPlan) { g.blas.DestroyPlan(pl.(*GemmPlan)) }
+func (g *gpu) gemm(pl gemmPlan, c GemmCall) error {
+	if err := g.blas.Matmul(pl.(*GemmPlan), c); err != nil {
 		return err
 	}
 	if g.syncEach {
 		if err := g.ctx.Sync(); err != nil {
-			return fmt.Errorf("GEMM %+v (RPAC_CUDA_SYNC=1): %w", s, err)
+			return fmt.Errorf("GEMM %+v (RPAC_CUDA_SYNC=1): %w", pl.key(), err)
 		}
 	}
 	return nil

@@ -100,7 +100,8 @@ func (d *Driver) SimConfig(key string, v int64) int64 {
 
 // SimStat reads one of the simulator's counters ("allocs", "alloc_bytes",
 // "launches", "blocks", "gemms", "diff_launches", "cubin_loads",
-// "ptx_loads", "sticky"); -1 on a real driver.
+// "ptx_loads", "sticky", "lt_descs", "lt_layouts", "lt_live",
+// "lt_heuristics"); -1 on a real driver.
 func (d *Driver) SimStat(key string) int64 {
 	if d.simStat == nil {
 		return -1

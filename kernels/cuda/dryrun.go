@@ -18,8 +18,19 @@ type fakeDevice struct {
 	sigs     map[string][]param
 	launches map[string]int
 	gemms    int
+	plans    int // GEMM plans made
 	uploads  int
 }
+
+// fakePlan is the dry-run device's GEMM plan; like a real algorithm it
+// asks for a workspace when one is allowed.
+type fakePlan struct {
+	k  GemmKey
+	ws uint64
+}
+
+func (p *fakePlan) key() GemmKey      { return p.k }
+func (p *fakePlan) workspace() uint64 { return p.ws }
 
 type param struct {
 	name string
@@ -183,24 +194,49 @@ func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, a
 	return nil
 }
 
-func (f *fakeDevice) gemm(s GemmShape, _ float32, A, B Buffer, ab DType, _ float32, C Buffer) error {
+func (f *fakeDevice) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
+	s := k.Shape
+	if s.M <= 0 || s.N <= 0 || s.K <= 0 || s.Batch <= 0 {
+		return nil, fmt.Errorf("gemm %+v: empty shape", s)
+	}
+	if _, ca := s.storedA(); s.lda() < ca {
+		return nil, fmt.Errorf("gemm %+v: lda %d < %d", s, s.lda(), ca)
+	}
+	if _, cb := s.storedB(); s.ldb() < cb {
+		return nil, fmt.Errorf("gemm %+v: ldb %d < %d", s, s.ldb(), cb)
+	}
+	f.plans++
+	return &fakePlan{k: k, ws: min(maxWorkspace, 1<<20)}, nil
+}
+
+func (f *fakeDevice) freeGemmPlan(gemmPlan) {}
+
+func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
+	A, B, C, ws := call.A, call.B, call.C, call.WS
+	k := pl.key()
+	s := k.Shape
 	size := uint64(4)
-	if ab == BF16 {
+	if k.AB == BF16 {
 		size = 2
+	}
+	if got := gemmKey(s, k.AB, call); got != k {
+		return fmt.Errorf("gemm %+v: operands aligned to %v bytes (bias %d), the plan was made for %v (bias %d)",
+			s, got.Align, got.BiasAlign, k.Align, k.BiasAlign)
 	}
 	na, nb := gemmElems(s)
 	nc := s.M * s.N
 	if s.Batch > 1 {
 		nc += int(s.StrideC) * (s.Batch - 1)
 	}
-	if s.M <= 0 || s.N <= 0 || s.K <= 0 || s.Batch <= 0 {
-		return fmt.Errorf("gemm %+v: empty shape", s)
-	}
 	for _, c := range []struct {
 		what string
 		b    Buffer
 		n    uint64
-	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}} {
+	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}, {"workspace", ws, pl.workspace()},
+		{"bias", call.Bias, uint64(4 * s.N)}} {
+		if (c.n == 0 && c.what == "workspace") || (c.what == "bias" && k.BiasAlign == 0) {
+			continue
+		}
 		if err := f.within(c.b.Ptr, c.n); err != nil {
 			return fmt.Errorf("gemm %+v operand %s: %w", s, c.what, err)
 		}

@@ -53,11 +53,33 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 	if err := f.launch("copy_words", one, one, 0, b.Ptr, b.Ptr, int64(100)); err != nil {
 		t.Errorf("a good launch: %v", err)
 	}
-	if err := f.gemm(GemmShape{M: 10, N: 10, K: 2, Batch: 1}, 1, b, b, F32, 0, b); err != nil {
+	gemm := func(s GemmShape, A, B, C Buffer) error {
+		c := GemmCall{Alpha: 1, A: A, B: B, C: C}
+		pl, err := f.gemmPlan(gemmKey(s, F32, c), 0)
+		if err != nil {
+			return err
+		}
+		return f.gemm(pl, c)
+	}
+	if err := gemm(GemmShape{M: 10, N: 10, K: 2, Batch: 1}, b, b, b); err != nil {
 		t.Errorf("a GEMM that fits: %v", err)
 	}
-	if err := f.gemm(GemmShape{M: 10, N: 11, K: 2, Batch: 1}, 1, b, b, F32, 0, b); err == nil {
+	if err := gemm(GemmShape{M: 10, N: 11, K: 2, Batch: 1}, b, b, b); err == nil {
 		t.Error("a GEMM whose C overruns its buffer was accepted")
+	}
+	if err := gemm(GemmShape{M: 10, N: 4, K: 2, Batch: 1, LDA: 16}, b, b, b); err == nil {
+		t.Error("a GEMM whose padded A overruns its buffer was accepted")
+	}
+	if _, err := f.gemmPlan(GemmKey{Shape: GemmShape{M: 10, N: 4, K: 8, Batch: 1, LDA: 4}, AB: F32}, 0); err == nil {
+		t.Error("a GEMM plan with lda below the row length was accepted")
+	}
+	pl, err := f.gemmPlan(gemmKey(GemmShape{M: 2, N: 2, K: 2, Batch: 1}, F32, GemmCall{A: b, B: b, C: b}), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := Buffer{Ptr: b.Ptr + 4, Bytes: b.Bytes - 4}
+	if err := f.gemm(pl, GemmCall{Alpha: 1, A: off, B: b, C: b}); err == nil {
+		t.Error("a plan made for 256-byte-aligned operands ran on a 4-byte-aligned one")
 	}
 }
 

@@ -471,37 +471,244 @@ func (p *program) buildGatherGrad(n *ir.Node, in, out []*dval) (func() error, er
 // of the FLOPs, and no tensor core needs them.
 const SmallGEMMDim = 8
 
-// gemm runs a strided batch of GEMMs in the backend's GEMM precision.
-func (p *program) gemm(s GemmShape, A, B Buffer, beta float32, C Buffer) error {
-	if p.be.gemm == GEMMF32 || min(s.M, s.N, s.K) <= SmallGEMMDim {
-		return p.be.dev.gemm(s, 1, A, B, F32, beta, C)
-	}
-	na, nb := gemmElems(s)
-	if err := p.each("f32_to_bf16_kernel", na, p.bf16[0].Ptr, A.Ptr, int64(na)); err != nil {
-		return err
-	}
-	if err := p.each("f32_to_bf16_kernel", nb, p.bf16[1].Ptr, B.Ptr, int64(nb)); err != nil {
-		return err
-	}
-	return p.be.dev.gemm(s, 1, p.bf16[0], p.bf16[1], BF16, beta, C)
+// gemmWorkspace is the workspace a GEMM plan's algorithm may use: 32 MiB,
+// what cuBLAS recommends for Hopper (cublasSetWorkspace).
+const gemmWorkspace = 32 << 20
+
+// bf16LD is the leading dimension of a bf16 copy of rows of cols elements:
+// the next multiple of 8 elements (16 bytes), which Hopper's fastest
+// kernels (TMA loads) need. The padding columns are never read.
+func bf16LD(cols int) int { return (cols + 7) &^ 7 }
+
+// operand is one fp32 input of a GEMM.
+type operand struct {
+	buf Buffer
+	// stored: a store tensor (a weight), whose bf16 copy persists until the
+	// tensor changes; nil for activations, converted on every call.
+	stored *dval
+	// staged: the staging buffer of its side already holds buf's padded
+	// bf16 copy (converted once for several GEMMs).
+	staged bool
+	// val: the graph value buf holds (0: none), which a Run writes once, so
+	// its bf16 copy stays valid in the staging buffer until another
+	// conversion there (a GEMM's gradient pair reads dy twice).
+	val int
 }
 
-// gemmElems is the element count of A and B over the batch.
+// operandOf is the operand for a value of the graph.
+func operandOf(d *dval) operand {
+	o := operand{buf: d.buf, val: d.v.ID}
+	if d.v.Kind == ir.Param || d.v.Kind == ir.Buffer {
+		o.stored = d
+	}
+	return o
+}
+
+// stagedCopy says what a staging buffer holds: the bf16 copy of a graph
+// value with rows of cols elements, converted in Run number run.
+type stagedCopy struct {
+	val, cols int
+	run       uint64
+}
+
+// act is an operand that is not a store tensor.
+func act(b Buffer) operand { return operand{buf: b} }
+
+// gemm runs a strided batch of GEMMs in the backend's GEMM precision:
+// under GEMMBF16 both inputs go to bf16 copies with 16-byte-aligned rows.
+func (p *program) gemm(s GemmShape, a, b operand, beta float32, C Buffer) error {
+	return p.gemmBias(s, a, b, beta, C, Buffer{})
+}
+
+// gemmBias is gemm with bias (N floats; none when bias.Ptr is 0) added to
+// every row of C in the GEMM's epilogue.
+func (p *program) gemmBias(s GemmShape, a, b operand, beta float32, C, bias Buffer) error {
+	call := GemmCall{Alpha: 1, Beta: beta, A: a.buf, B: b.buf, C: C, Bias: bias}
+	if !p.bf16GEMM(s) {
+		return p.matmul(s, F32, call)
+	}
+	ps, err := paddedShape(s)
+	if err != nil {
+		return err
+	}
+	ra, ca := s.storedA()
+	bufA, err := p.bf16Input(0, a, batchRows(s.Batch, s.StrideA, ra), ca)
+	if err != nil {
+		return err
+	}
+	rb, cb := s.storedB()
+	bufB, err := p.bf16Input(1, b, batchRows(s.Batch, s.StrideB, rb), cb)
+	if err != nil {
+		return err
+	}
+	call.A, call.B = bufA, bufB
+	return p.matmul(ps, BF16, call)
+}
+
+// bf16GEMM: the GEMM runs on bf16 inputs (see SmallGEMMDim).
+func (p *program) bf16GEMM(s GemmShape) bool {
+	return p.be.gemm == GEMMBF16 && min(s.M, s.N, s.K) > SmallGEMMDim
+}
+
+// paddedShape is s on the padded bf16 copies of dense A and B: leading
+// dimensions rounded up to 8 elements, batch strides of whole padded
+// matrices.
+func paddedShape(s GemmShape) (GemmShape, error) {
+	ra, ca := s.storedA()
+	rb, cb := s.storedB()
+	if s.LDA != 0 || s.LDB != 0 || !denseStride(s.Batch, s.StrideA, ra*ca) || !denseStride(s.Batch, s.StrideB, rb*cb) {
+		return s, fmt.Errorf("gemm %+v: bf16 inputs must be dense row-major batches", s)
+	}
+	s.LDA, s.LDB = bf16LD(ca), bf16LD(cb)
+	if s.StrideA != 0 {
+		s.StrideA = int64(ra * s.LDA)
+	}
+	if s.StrideB != 0 {
+		s.StrideB = int64(rb * s.LDB)
+	}
+	return s, nil
+}
+
+// denseStride: a batch stride of 0 (one matrix for the batch) or of one
+// whole matrix.
+func denseStride(batch int, stride int64, elems int) bool {
+	return batch <= 1 || stride == 0 || stride == int64(elems)
+}
+
+// batchRows is the rows an operand of rows rows per matrix has over the
+// batch (one matrix when its stride is 0).
+func batchRows(batch int, stride int64, rows int) int {
+	if batch <= 1 || stride == 0 {
+		return rows
+	}
+	return batch * rows
+}
+
+// bf16Input returns the padded bf16 copy of an operand of rows×cols fp32
+// elements: a store tensor's persistent copy (made again only after the
+// tensor changed), or this side's staging buffer, converted now.
+func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error) {
+	switch {
+	case o.staged:
+		return p.bf16[side], nil
+	case o.stored != nil:
+		return p.storedBF16(o.stored, rows, cols)
+	}
+	held := stagedCopy{val: o.val, cols: cols, run: p.runs}
+	if o.val != 0 && p.staging[side] == held {
+		return p.bf16[side], nil
+	}
+	p.staging[side] = stagedCopy{}
+	if err := p.toBF16(p.bf16[side], o.buf, rows, cols); err != nil {
+		return Buffer{}, err
+	}
+	if o.val != 0 {
+		p.staging[side] = held
+	}
+	return p.bf16[side], nil
+}
+
+// toBF16 converts rows×cols fp32 elements into dst with leading dimension
+// bf16LD(cols).
+func (p *program) toBF16(dst, src Buffer, rows, cols int) error {
+	ld := bf16LD(cols)
+	return p.each("f32_to_bf16_pad_kernel", rows*ld, dst.Ptr, src.Ptr, int64(rows), int32(cols), int32(ld))
+}
+
+// storedBF16 returns the bf16 copy of a store tensor seen as rows×cols,
+// converting it when the tensor changed since the copy was made.
+func (p *program) storedBF16(d *dval, rows, cols int) (Buffer, error) {
+	c, err := p.be.bf16Copy(p.store, d.v.Name, rows, cols)
+	if err != nil {
+		return Buffer{}, err
+	}
+	v, stale := p.be.stale(c)
+	if !stale {
+		return c.buf, nil
+	}
+	if err := p.toBF16(c.buf, d.buf, rows, cols); err != nil {
+		return Buffer{}, err
+	}
+	p.be.refreshed(c, v)
+	return c.buf, nil
+}
+
+// matmul runs one GEMM through its cached plan.
+func (p *program) matmul(s GemmShape, ab DType, c GemmCall) error {
+	pl, err := p.plan(gemmKey(s, ab, c))
+	if err != nil {
+		return err
+	}
+	c.WS = p.ws
+	return p.be.dev.gemm(pl, c)
+}
+
+// plan returns the program's plan for a GEMM key, making it (and the
+// workspace, once) on first use.
+func (p *program) plan(k GemmKey) (gemmPlan, error) {
+	if pl, ok := p.plans[k]; ok {
+		return pl, nil
+	}
+	pl, err := p.be.dev.gemmPlan(k, gemmWorkspace)
+	if err != nil {
+		return nil, err
+	}
+	if p.plans == nil {
+		p.plans = map[GemmKey]gemmPlan{}
+	}
+	p.plans[k] = pl
+	if pl.workspace() > p.ws.Bytes {
+		if p.ws.Ptr != 0 {
+			return nil, fmt.Errorf("gemm %+v: its algorithm needs %d bytes of workspace, more than the %d allocated", k, pl.workspace(), p.ws.Bytes)
+		}
+		if p.ws, err = p.be.dev.alloc(gemmWorkspace); err != nil {
+			return nil, err
+		}
+	}
+	return pl, nil
+}
+
+// freePlans destroys the program's GEMM plans and frees the workspace.
+func (p *program) freePlans() {
+	for k, pl := range p.plans {
+		p.be.dev.freeGemmPlan(pl)
+		delete(p.plans, k)
+	}
+	if p.ws.Ptr != 0 {
+		p.be.dev.free(p.ws)
+		p.ws = Buffer{}
+	}
+}
+
+// gemmElems is the element span of A and B over the batch (with their
+// leading dimensions).
 func gemmElems(s GemmShape) (int, int) {
-	span := func(stride int64, one int) int {
+	span := func(stride int64, rows, cols, ld int) int {
+		one := (rows-1)*ld + cols
 		if s.Batch <= 1 || stride == 0 {
 			return one
 		}
 		return int(stride)*(s.Batch-1) + one
 	}
-	return span(s.StrideA, s.M*s.K), span(s.StrideB, s.K*s.N)
+	ra, ca := s.storedA()
+	rb, cb := s.storedB()
+	return span(s.StrideA, ra, ca, s.lda()), span(s.StrideB, rb, cb, s.ldb())
 }
 
-// needGEMM records a GEMM's operand sizes for the bf16 staging buffers.
-func (p *program) needGEMM(s GemmShape) {
-	na, nb := gemmElems(s)
-	p.bf16Need[0] = max(p.bf16Need[0], na)
-	p.bf16Need[1] = max(p.bf16Need[1], nb)
+// needGEMM records the staging space a GEMM's activation operands need
+// (bf16 elements per side).
+func (p *program) needGEMM(s GemmShape, a, b operand) {
+	if !p.bf16GEMM(s) {
+		return
+	}
+	ra, ca := s.storedA()
+	rb, cb := s.storedB()
+	if a.stored == nil {
+		p.bf16Need[0] = max(p.bf16Need[0], batchRows(s.Batch, s.StrideA, ra)*bf16LD(ca))
+	}
+	if b.stored == nil {
+		p.bf16Need[1] = max(p.bf16Need[1], batchRows(s.Batch, s.StrideB, rb)*bf16LD(cb))
+	}
 }
 
 // stageBF16 allocates the bf16 staging buffers (2 bytes per element).
@@ -520,26 +727,30 @@ func (p *program) stageBF16() error {
 }
 
 func (p *program) gemmStep(s GemmShape, A, B, C *dval) func() error {
-	p.needGEMM(s)
-	return func() error { return p.gemm(s, A.buf, B.buf, 0, C.buf) }
+	a, b := operandOf(A), operandOf(B)
+	p.needGEMM(s, a, b)
+	return func() error { return p.gemm(s, a, b, 0, C.buf) }
 }
 
 func lastDim(s ir.Shape) int { return s[len(s)-1] }
 
+// buildLinear: y = x·Wᵀ (+ b, added in the GEMM's epilogue).
 func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 	x, W, o := in[0], in[1], out[0]
 	N, K := W.v.Shape[0], W.v.Shape[1]
-	R := x.n / max(1, K)
-	mm := p.gemmStep(GemmShape{TransB: true, M: R, N: N, K: K, Batch: 1}, x, W, o)
-	if len(in) == 2 {
-		return mm, nil
+	s := GemmShape{TransB: true, M: x.n / max(1, K), N: N, K: K, Batch: 1}
+	a, w := operandOf(x), operandOf(W)
+	p.needGEMM(s, a, w)
+	var bias *dval
+	if len(in) == 3 {
+		bias = in[2]
 	}
-	b := in[2]
 	return func() error {
-		if err := mm(); err != nil {
-			return err
+		var b Buffer
+		if bias != nil {
+			b = bias.buf
 		}
-		return p.each("add_rows_f32", o.n, o.buf.Ptr, b.buf.Ptr, int32(N), int64(o.n))
+		return p.gemmBias(s, a, w, 0, o.buf, b)
 	}, nil
 }
 
@@ -768,15 +979,17 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	p.lmHeads[n.ID] = st
 	p.needSumRows(N)
 	ls := float32(n.Attrs.Float("label_smoothing", 0))
-	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1})
-	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1})
+	wt := operandOf(W)
+	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1}, act(Buffer{}), wt)
+	p.needGEMM(GemmShape{M: chunk, N: D, K: V, Batch: 1}, act(Buffer{}), wt)
+	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1}, act(Buffer{}), act(Buffer{}))
 	sm, ce, pred := out[0], out[1], out[2]
 	ceRows := Buffer{Ptr: st.rows.Ptr + uint64(4*N), Bytes: uint64(4 * N)}
 	return func() error {
 		for lo := 0; lo < N; lo += chunk {
 			c := min(chunk, N-lo)
 			xc := Buffer{Ptr: x.buf.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1}, xc, W.buf, 0, st.logits); err != nil {
+			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1}, act(xc), wt, 0, st.logits); err != nil {
 				return err
 			}
 			if err := p.launch("softmax_ce_fused_f32", blocks(c, 1), [3]uint32{512, 1, 1}, 0, st.logits.Ptr,
@@ -788,14 +1001,19 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 				continue
 			}
 			dxc := Buffer{Ptr: st.dx.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			if err := p.gemm(GemmShape{M: c, N: D, K: V, Batch: 1}, st.logits, W.buf, 0, dxc); err != nil {
+			dx := GemmShape{M: c, N: D, K: V, Batch: 1}
+			logits, err := p.stageLogits(dx, st.logits, c, V)
+			if err != nil {
+				return err
+			}
+			if err := p.gemm(dx, logits, wt, 0, dxc); err != nil {
 				return err
 			}
 			beta := float32(1)
 			if lo == 0 {
 				beta = 0
 			}
-			if err := p.gemm(GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}, st.logits, xc, beta, st.dW); err != nil {
+			if err := p.gemm(GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}, logits, act(xc), beta, st.dW); err != nil {
 				return err
 			}
 		}
@@ -804,6 +1022,19 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		}
 		return p.sumRows(ce.buf, ceRows, N)
 	}, nil
+}
+
+// stageLogits converts the chunk's logit gradients (rows×V) once for the
+// two GEMMs that read them as A (dx and dW) when they run in bf16.
+func (p *program) stageLogits(s GemmShape, logits Buffer, rows, V int) (operand, error) {
+	if !p.bf16GEMM(s) {
+		return act(logits), nil
+	}
+	p.staging[0] = stagedCopy{}
+	if err := p.toBF16(p.bf16[0], logits, rows, V); err != nil {
+		return operand{}, err
+	}
+	return operand{buf: logits, staged: true}, nil
 }
 
 func (p *program) buildLMHeadGrad(n *ir.Node, in, out []*dval) (func() error, error) {

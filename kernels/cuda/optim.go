@@ -118,6 +118,7 @@ func (o *DeviceAdamW) uploadLocked() error {
 		if err := o.be.dev.upload(o.w[name], f32Ptr(t.F32), uint64(4*o.n[name])); err != nil {
 			return err
 		}
+		o.be.touch(o.store, name)
 	}
 	return nil
 }
@@ -265,6 +266,7 @@ func (o *DeviceAdamW) Step(grads map[string]Buffer, lr float64) error {
 			f64bits(decay), f64bits(b1), f64bits(b2), f64bits(step), f64bits(bc2), f64bits(o.cfg.Eps)); err != nil {
 			return err
 		}
+		o.be.touch(o.store, name)
 	}
 	o.steps++
 	return nil

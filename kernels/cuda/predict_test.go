@@ -61,6 +61,21 @@ func TestPredictRoofline(t *testing.T) {
 	if tOdd, _ := h100.eventTime(evOdd); tOdd < 1.9*got {
 		t.Errorf("unaligned GEMM %.3g s, aligned %.3g s: want about twice as slow", tOdd, got)
 	}
+	// the backend's padded bf16 copies: the aligned rate again; C rows
+	// (fp32, N = 8190) not a multiple of 16 bytes: 0.9 of it
+	padded, err := paddedShape(odd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, ea := h100.gemmEfficiency(padded, BF16), h100.gemmEfficiency(odd, BF16); !(e > 1.9*ea) {
+		t.Errorf("padded GEMM efficiency %.3f, unpadded %.3f: want the aligned rate", e, ea)
+	}
+	oddN := big
+	oddN.N = 8190
+	if pn, _ := paddedShape(oddN); math.Abs(h100.gemmEfficiency(pn, BF16)/h100.gemmEfficiency(big, BF16)-gemmUnalignedC) > 1e-12 {
+		t.Errorf("C rows of 8,190 floats: efficiency %.4f of the aligned %.4f, want ×%.2f",
+			h100.gemmEfficiency(pn, BF16), h100.gemmEfficiency(big, BF16), gemmUnalignedC)
+	}
 	small := Event{Kind: EvGEMM, Shape: GemmShape{M: 128, N: 128, K: 8192, Batch: 1}, DType: BF16, Flops: 2 * 128 * 128 * 8192}
 	if eff := h100.gemmEfficiency(small.Shape, BF16); eff > gemmAligned/100 {
 		t.Errorf("one 128×128 tile on 132 SMs: efficiency %.4f, want at most 1/132 of the aligned rate", eff)
@@ -102,12 +117,101 @@ func TestPredictRoofline(t *testing.T) {
 // of the graph (all but the fused attention, whose products run in its own
 // kernels), and the weights going up.
 func TestTraceRecordsTrainingStep(t *testing.T) {
+	s := traceTinyStep(t, GEMMF32)
+	var launches, gemms int
+	var gemmFlops float64
+	for _, e := range s.events {
+		switch e.Kind {
+		case EvLaunch:
+			launches++
+		case EvGEMM:
+			gemms++
+			gemmFlops += e.Flops
+		}
+	}
+	if launches+gemms != s.checked || gemms == 0 {
+		t.Errorf("trace: %d launches + %d GEMMs, the device checked %d", launches, gemms, s.checked)
+	}
+	want := float64(passes.Flops(s.g))
+	for _, n := range s.g.Nodes {
+		if n.Op == "FusedAttention" {
+			q, k, o := n.Inputs[0].Shape, n.Inputs[1].Shape, n.Outputs[0].Shape
+			want -= float64(2 * (q.Numel() + o.Numel()) * k[2])
+		}
+	}
+	if math.Abs(gemmFlops-want) > 1e-9*want {
+		t.Errorf("traced GEMM FLOPs %.6g, the graph's %.6g", gemmFlops, want)
+	}
+	if params := float64(4 * s.params); s.h2d < params {
+		t.Errorf("host→device %.0f bytes, below the %.0f bytes of weights uploaded each Run", s.h2d, params)
+	}
+	// every reduction of the step is two-pass: the serial loops left are
+	// the single-thread Sinkhorn's
+	serial := map[string]bool{}
+	for _, e := range s.events {
+		if e.Kind == EvLaunch && e.Class == ClassSerial && !strings.HasPrefix(e.Name, "sinkhorn") {
+			serial[e.Name] = true
+		}
+	}
+	if len(serial) > 0 {
+		t.Errorf("serial loops in the step: %v", serial)
+	}
+}
+
+// TestTraceBF16GEMMsPadded: in bf16 every tensor-core GEMM of a training
+// step reads A and B with 16-byte-aligned leading dimensions (the model's
+// d_model is not a multiple of 8), and a weight is converted at most once
+// per step: a second micro-batch on the same weights (ReuseStored)
+// converts only activations.
+func TestTraceBF16GEMMsPadded(t *testing.T) {
+	s := traceTinyStep(t, GEMMBF16)
+	var bf16 int
+	for _, e := range s.events {
+		if e.Kind == EvGEMM && e.DType == BF16 {
+			bf16++
+			if !gemmAlignedAB(e.Shape) {
+				t.Errorf("%s %+v: A or B not 16-byte aligned", e.Name, e.Shape)
+			}
+		}
+	}
+	if bf16 == 0 {
+		t.Fatal("no bf16 GEMM traced")
+	}
+	conv := func(evs []Event) (n int) {
+		for _, e := range evs {
+			if e.Name == "f32_to_bf16_pad_kernel" {
+				n++
+			}
+		}
+		return n
+	}
+	first, again := conv(s.events), conv(s.again)
+	if w := first - again; w <= 0 || w > s.weights {
+		t.Errorf("%d conversions in the first micro-batch, %d in the second: %d weight conversions for %d weights", first, again, w, s.weights)
+	}
+	t.Logf("%d bf16 GEMMs; conversions: %d, then %d on the same weights", bf16, first, again)
+}
+
+// tracedStep is one traced training step of a small fuzzy model on the
+// dry-run device.
+type tracedStep struct {
+	g       *ir.Graph
+	events  []Event
+	again   []Event // a second Run on the same weights (ReuseStored)
+	checked int     // launches and GEMMs the device checked
+	h2d     float64
+	params  int
+	weights int // weight tensors
+}
+
+func traceTinyStep(t *testing.T, gemm GEMMPrecision) tracedStep {
+	t.Helper()
 	p, err := model.LookupPreset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := p.Config
-	cfg.Vocab, cfg.DModel, cfg.Layers, cfg.Heads, cfg.MaxLen = 97, 32, 2, 2, 24
+	cfg.Vocab, cfg.DModel, cfg.Layers, cfg.Heads, cfg.MaxLen = 97, 34, 2, 2, 24
 	const T, B = 24, 3
 	mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Train})
 	if err != nil {
@@ -120,8 +224,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	if err := model.InitStore(mg.Specs, st, 7); err != nil {
 		t.Fatal(err)
 	}
-	f := mustFake(t)
-	be := newBackend(f, GEMMF32)
+	be := newBackend(mustFake(t), gemm)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -141,43 +244,14 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	if err := prog.Run(feeds, 3); err != nil {
 		t.Fatal(err)
 	}
-	var launches, gemms int
-	var gemmFlops float64
-	for _, e := range tr.Events() {
-		switch e.Kind {
-		case EvLaunch:
-			launches++
-		case EvGEMM:
-			gemms++
-			gemmFlops += e.Flops
-		}
-	}
-	if launches+gemms != DryRunLaunches(be)-before || gemms == 0 {
-		t.Errorf("trace: %d launches + %d GEMMs, the device checked %d", launches, gemms, DryRunLaunches(be)-before)
-	}
-	want := float64(passes.Flops(mg.Graph))
-	for _, n := range mg.Graph.Nodes {
-		if n.Op == "FusedAttention" {
-			q, k, o := n.Inputs[0].Shape, n.Inputs[1].Shape, n.Outputs[0].Shape
-			want -= float64(2 * (q.Numel() + o.Numel()) * k[2])
-		}
-	}
-	if math.Abs(gemmFlops-want) > 1e-9*want {
-		t.Errorf("traced GEMM FLOPs %.6g, the graph's %.6g", gemmFlops, want)
-	}
-	// every reduction of the step is two-pass: the serial loops left are
-	// the single-thread Sinkhorn's
-	serial := map[string]bool{}
-	for _, e := range tr.Events() {
-		if e.Kind == EvLaunch && e.Class == ClassSerial && !strings.HasPrefix(e.Name, "sinkhorn") {
-			serial[e.Name] = true
-		}
-	}
-	if len(serial) > 0 {
-		t.Errorf("serial loops in the step: %v", serial)
-	}
 	h2d, _ := tr.HostDeviceBytes()
-	if params := float64(4 * model.CountParams(mg.Specs)); h2d < params {
-		t.Errorf("host→device %.0f bytes, below the %.0f bytes of weights uploaded each Run", h2d, params)
+	s := tracedStep{g: mg.Graph, events: tr.Events(), checked: DryRunLaunches(be) - before, h2d: h2d,
+		params: model.CountParams(mg.Specs), weights: len(mg.Specs)}
+	tr.Reset()
+	prog.(interface{ ReuseStored() }).ReuseStored()
+	if err := prog.Run(feeds, 4); err != nil {
+		t.Fatal(err)
 	}
+	s.again = tr.Events()
+	return s
 }

@@ -154,20 +154,25 @@ func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32,
 	return d.device.launch(name, grid, block, shared, args...)
 }
 
-func (d *tracedDevice) gemm(s GemmShape, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
+func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
+	k := pl.key()
+	s, ab := k.Shape, k.AB
 	size := 4.0
 	if ab == BF16 {
 		size = 2
 	}
 	batch := float64(max(1, s.Batch))
-	m, n, k := float64(s.M), float64(s.N), float64(s.K)
-	c := 4.0
-	if beta != 0 {
+	m, n, kk := float64(s.M), float64(s.N), float64(s.K)
+	c, bias := 4.0, 0.0
+	if call.Beta != 0 {
 		c = 8
 	}
+	if k.BiasAlign != 0 {
+		bias = 4 * n
+	}
 	d.t.add(Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
-		Flops: 2 * m * n * k * batch, Bytes: batch * ((m*k+k*n)*size + m*n*c)})
-	return d.device.gemm(s, alpha, A, B, ab, beta, C)
+		Flops: 2 * m * n * kk * batch, Bytes: batch*((m*kk+kk*n)*size+m*n*c) + bias})
+	return d.device.gemm(pl, call)
 }
 
 // gemmName groups GEMMs by precision and transposes ("gemm bf16 NT").
@@ -233,6 +238,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 2 * w * n
 	case "f32_to_bf16_kernel", "bf16_to_f32_kernel":
 		e.Bytes = 6 * n
+	case "f32_to_bf16_pad_kernel": // fp32 rows×cols read, bf16 rows×ld written
+		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
 	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
 	case "fused_ew_f32":

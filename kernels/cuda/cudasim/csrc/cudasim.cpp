@@ -131,6 +131,7 @@ std::atomic<int> cfg_verbose{(int)env_long("RPAC_CUDASIM_VERBOSE", 0)};
 std::atomic<int> cfg_no_cubin{(int)env_long("RPAC_CUDASIM_NO_CUBIN", 0)};
 std::atomic<long> stat_launches{0}, stat_blocks{0}, stat_gemms{0}, stat_diff_launches{0};
 std::atomic<long> stat_cubin_loads{0}, stat_ptx_loads{0};
+std::atomic<long> stat_lt_descs{0}, stat_lt_layouts{0}, stat_lt_heuristics{0}, stat_lt_live{0};
 
 size_t page_size() {
     static size_t p = (size_t)sysconf(_SC_PAGESIZE);
@@ -1630,7 +1631,10 @@ EXPORT long rpacsim_config(const char* key, long v) {
 
 // rpacsim_stat reads a counter: "allocs" (live allocations), "alloc_bytes",
 // "launches", "blocks", "gemms", "diff_launches", "cubin_loads" and
-// "ptx_loads" (modules loaded from each), "sticky" (the sticky error code).
+// "ptx_loads" (modules loaded from each), "sticky" (the sticky error code),
+// "lt_descs", "lt_layouts" (cuBLASLt matmul descriptors and matrix layouts
+// created), "lt_live" (descriptors and layouts not yet destroyed) and
+// "lt_heuristics" (cublasLtMatmulAlgoGetHeuristic calls).
 EXPORT long rpacsim_stat(const char* key) {
     std::string k = key;
     std::lock_guard<std::mutex> lk(g_mu);
@@ -1642,6 +1646,10 @@ EXPORT long rpacsim_stat(const char* key) {
     if (k == "diff_launches") return stat_diff_launches.load();
     if (k == "cubin_loads") return stat_cubin_loads.load();
     if (k == "ptx_loads") return stat_ptx_loads.load();
+    if (k == "lt_descs") return stat_lt_descs.load();
+    if (k == "lt_layouts") return stat_lt_layouts.load();
+    if (k == "lt_heuristics") return stat_lt_heuristics.load();
+    if (k == "lt_live") return stat_lt_live.load();
     if (k == "sticky") return g_ctx.sticky;
     return -1;
 }

@@ -1,0 +1,448 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/training/optim"
+)
+
+// roundBF16 rounds to the nearest bfloat16 (ties to even), as
+// f32_to_bf16 does.
+func roundBF16(v float32) float64 {
+	u := math.Float32bits(v)
+	u += 0x7fff + (u>>16)&1
+	return float64(math.Float32frombits(u &^ 0xffff))
+}
+
+// matmulRef is the float64 row-major product op(A)·op(B) of a batch, the
+// inputs first rounded to bf16 when bf16 is set.
+func matmulRef(a, b []float32, batch, M, N, K int, transA, transB, bf16 bool) []float64 {
+	in := func(x float32) float64 {
+		if bf16 {
+			return roundBF16(x)
+		}
+		return float64(x)
+	}
+	out := make([]float64, batch*M*N)
+	for p := 0; p < batch; p++ {
+		A, B := a[p*M*K:(p+1)*M*K], b[p*K*N:(p+1)*K*N]
+		for i := 0; i < M; i++ {
+			for j := 0; j < N; j++ {
+				var s float64
+				for k := 0; k < K; k++ {
+					ai, bi := i*K+k, k*N+j
+					if transA {
+						ai = k*M + i
+					}
+					if transB {
+						bi = j*K + k
+					}
+					s += in(A[ai]) * in(B[bi])
+				}
+				out[p*M*N+i*N+j] = s
+			}
+		}
+	}
+	return out
+}
+
+// gemmCase is one MatMul: op(A) [M,K], op(B) [K,N], a batch of Batch
+// (0: plain 2-D matrices), A and B inputs or parameters (weights).
+type gemmCase struct {
+	M, N, K, Batch int
+	TransA, TransB bool
+	Stored         bool
+}
+
+func (c gemmCase) String() string {
+	return fmt.Sprintf("%dx%dx%d batch %d trans %v/%v stored %v", c.M, c.N, c.K, c.Batch, c.TransA, c.TransB, c.Stored)
+}
+
+// shapes are the stored shapes of A and B.
+func (c gemmCase) shapes() (ir.Shape, ir.Shape) {
+	a, b := ir.Shape{c.M, c.K}, ir.Shape{c.K, c.N}
+	if c.TransA {
+		a = ir.Shape{c.K, c.M}
+	}
+	if c.TransB {
+		b = ir.Shape{c.N, c.K}
+	}
+	if c.Batch > 0 {
+		a, b = append(ir.Shape{c.Batch}, a...), append(ir.Shape{c.Batch}, b...)
+	}
+	return a, b
+}
+
+// graph builds the case's MatMul, its operands in store (parameters) or
+// in feeds (inputs).
+func (c gemmCase) graph(r *rand.Rand) (*ir.Graph, *kernels.Store, map[string]*kernels.Tensor) {
+	g := ir.New("gemm")
+	st, feeds := kernels.NewStore(kernels.F32), map[string]*kernels.Tensor{}
+	sa, sb := c.shapes()
+	var vals []*ir.Value
+	for i, s := range []ir.Shape{sa, sb} {
+		name := string(rune('a' + i))
+		x := randF32(r, s.Numel(), 1)
+		if c.Stored {
+			vals = append(vals, g.Param(name, s))
+			t, _ := st.Ensure(name, s)
+			copy(t.F32, x)
+			continue
+		}
+		vals = append(vals, g.Input(name, s, ir.F32))
+		feeds[name] = &kernels.Tensor{Shape: s.Clone(), F32: x}
+	}
+	g.SetOutput("y", g.Op1("MatMul", ir.Attrs{"transA": c.TransA, "transB": c.TransB}, vals...))
+	return g, st, feeds
+}
+
+// operands returns A's and B's values.
+func operands(st *kernels.Store, feeds map[string]*kernels.Tensor) ([]float32, []float32) {
+	if t := feeds["a"]; t != nil {
+		return t.F32, feeds["b"].F32
+	}
+	return st.Get("a").F32, st.Get("b").F32
+}
+
+// gemmCases: the paper preset's awkward sizes (85, 510, 1,020) and tiny
+// ones (5, 1) in every position and every transpose combination, batched
+// and not, inputs and weights.
+func gemmCases() []gemmCase {
+	dims := [][3]int{{85, 510, 1020}, {1020, 85, 510}, {510, 1020, 85}, {5, 85, 510}, {85, 1, 510}, {1, 510, 85}, {510, 85, 5}}
+	var cs []gemmCase
+	for i, d := range dims {
+		for tr := 0; tr < 4; tr++ {
+			c := gemmCase{M: d[0], N: d[1], K: d[2], TransA: tr&1 != 0, TransB: tr&2 != 0, Stored: (i+tr)%2 == 0}
+			cs = append(cs, c)
+		}
+	}
+	for tr := 0; tr < 4; tr++ {
+		cs = append(cs, gemmCase{M: 37, N: 85, K: 13, Batch: 3, TransA: tr&1 != 0, TransB: tr&2 != 0, Stored: tr%2 == 1})
+	}
+	return cs
+}
+
+// TestSimGEMMParity: MatMul through the backend (cached plans; in bf16
+// with padded operand copies) against float64 products of the same inputs
+// (rounded to bf16 where the backend rounds them), for unaligned sizes in
+// every transpose combination, batched and not, activations and weights;
+// a second Run repeats the first bit for bit.
+func TestSimGEMMParity(t *testing.T) {
+	simOnly(t)
+	for _, prec := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+		be := gpuBackend(t, prec)
+		r := rand.New(rand.NewPCG(41, 42))
+		for _, c := range gemmCases() {
+			g, st, feeds := c.graph(r)
+			p, err := be.Compile(g, nil, st)
+			if err != nil {
+				t.Fatalf("%s %v: %v", prec, c, err)
+			}
+			if err := p.Run(feeds, 0); err != nil {
+				t.Fatalf("%s %v: %v", prec, c, err)
+			}
+			got := append([]float32(nil), p.Output("y").F32...)
+			a, b := operands(st, feeds)
+			bf16 := prec == GEMMBF16 && min(c.M, c.N, c.K) > SmallGEMMDim
+			want := matmulRef(a, b, max(1, c.Batch), c.M, c.N, c.K, c.TransA, c.TransB, bf16)
+			closeTo(t, fmt.Sprintf("%s %v", prec, c), got, want, 1e-4)
+			if err := p.Run(feeds, 0); err != nil {
+				t.Fatalf("%s %v: second run: %v", prec, c, err)
+			}
+			for i, v := range p.Output("y").F32 {
+				if math.Float32bits(v) != math.Float32bits(got[i]) {
+					t.Fatalf("%s %v: second run differs at %d: %g, first %g", prec, c, i, v, got[i])
+				}
+			}
+			p.Close()
+			be.Release(st)
+		}
+	}
+}
+
+// linearGraph is y = Linear(x, w) (no bias), dx = LinearGradX(dy, w) and
+// dw = LinearGradW(dy, x): the weight as transposed and as plain B, dy
+// read by two GEMMs in a row.
+func linearGraph(R, N, K int) *ir.Graph {
+	g := ir.New("linear")
+	w := g.Param("w", ir.Shape{N, K})
+	x := g.Input("x", ir.Shape{R, K}, ir.F32)
+	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
+	g.SetOutput("y", g.Op1("Linear", nil, x, w))
+	g.SetOutput("dx", g.Op1("LinearGradX", nil, dy, w))
+	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, x))
+	return g
+}
+
+// checkLinear compares the program's outputs with bf16 products on w.
+func checkLinear(t *testing.T, what string, p kernels.Program, feeds map[string]*kernels.Tensor, w []float32, R, N, K int) {
+	t.Helper()
+	closeTo(t, what+" y", p.Output("y").F32, matmulRef(feeds["x"].F32, w, 1, R, N, K, false, true, true), 1e-4)
+	closeTo(t, what+" dx", p.Output("dx").F32, matmulRef(feeds["dy"].F32, w, 1, R, K, N, false, false, true), 1e-4)
+	closeTo(t, what+" dw", p.Output("dw").F32, matmulRef(feeds["dy"].F32, feeds["x"].F32, 1, N, K, R, true, false, true), 1e-4)
+}
+
+// TestSimGEMMPlansReused: a program makes its cuBLASLt descriptors,
+// layouts and algorithms on the first Run only; later Runs only multiply;
+// Close destroys them.
+func TestSimGEMMPlansReused(t *testing.T) {
+	d := simOnly(t)
+	be := gpuBackend(t, GEMMBF16)
+	const R, N, K = 37, 85, 510
+	g := linearGraph(R, N, K)
+	st := kernels.NewStore(kernels.F32)
+	w, _ := st.Ensure("w", ir.Shape{N, K})
+	r := rand.New(rand.NewPCG(43, 44))
+	copy(w.F32, randF32(r, N*K, 1))
+	feeds := map[string]*kernels.Tensor{
+		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}, "dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}}
+	live := d.SimStat("lt_live")
+	p, err := be.Compile(g, nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	descs, heur, gemms := d.SimStat("lt_descs"), d.SimStat("lt_heuristics"), d.SimStat("gemms")
+	if got := d.SimStat("lt_live") - live; got != 3*4 {
+		t.Errorf("after the first run: %d live descriptors and layouts, want 12 (three plans)", got)
+	}
+	for i := 0; i < 3; i++ {
+		if err := p.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d.SimStat("lt_descs") != descs || d.SimStat("lt_heuristics") != heur {
+		t.Errorf("later runs made %d descriptors and asked the heuristic %d times, want 0 and 0",
+			d.SimStat("lt_descs")-descs, d.SimStat("lt_heuristics")-heur)
+	}
+	if n := d.SimStat("gemms") - gemms; n != 9 {
+		t.Errorf("three runs of three GEMMs ran %d matmuls", n)
+	}
+	checkLinear(t, "reused plans", p, feeds, w.F32, R, N, K)
+	p.Close()
+	if got := d.SimStat("lt_live"); got != live {
+		t.Errorf("after Close: %d live descriptors and layouts, want %d", got, live)
+	}
+	be.Release(st)
+}
+
+// TestSimBF16WeightRefreshed: a weight's bf16 copy is made once and used
+// until the weight changes: by an upload of a changed store value, or by a
+// device optimizer step; a stale copy fails the comparison.
+func TestSimBF16WeightRefreshed(t *testing.T) {
+	d := simOnly(t)
+	be := gpuBackend(t, GEMMBF16)
+	const R, N, K = 37, 85, 510
+	g := linearGraph(R, N, K)
+	st := kernels.NewStore(kernels.F32)
+	w, _ := st.Ensure("w", ir.Shape{N, K})
+	r := rand.New(rand.NewPCG(45, 46))
+	copy(w.F32, randF32(r, N*K, 1))
+	feeds := map[string]*kernels.Tensor{
+		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}, "dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}}
+	p, err := be.Compile(g, nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Release(st)
+	defer p.Close()
+	launches := func() int64 { return d.SimStat("launches") }
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkLinear(t, "first run", p, feeds, w.F32, R, N, K)
+	// the same weight again: converted in the first run only
+	n0 := launches()
+	p.(interface{ ReuseStored() }).ReuseStored()
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	// x for y, dy for dx (kept for dw), x again for dw: 3 launches; w is
+	// not converted
+	if n := launches() - n0; n != 3 {
+		t.Errorf("a run on an unchanged weight made %d launches, want 3 (the activations' conversions)", n)
+	}
+	// a changed store value, uploaded by the next Run
+	for i := range w.F32 {
+		w.F32[i] = -2 * w.F32[i]
+	}
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkLinear(t, "after an upload", p, feeds, w.F32, R, N, K)
+	// a device optimizer step
+	opt, err := NewDeviceAdamW(be, st, optim.DefaultAdamW(), []string{"w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opt.Close()
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkLinear(t, "on the device optimizer's weights", p, feeds, w.F32, R, N, K)
+	unbind, _ := be.bind()
+	grad, err := be.dev.alloc(uint64(4 * N * K))
+	if err == nil {
+		err = be.dev.upload(grad, f32Ptr(randF32(r, N*K, 1)), uint64(4*N*K))
+	}
+	unbind()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := opt.Step(map[string]Buffer{"w": grad}, 0.05); err != nil {
+		t.Fatal(err)
+	}
+	if err := opt.SyncToHost(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkLinear(t, "after a device step", p, feeds, w.F32, R, N, K)
+	unbind, _ = be.bind()
+	be.dev.free(grad)
+	unbind()
+}
+
+// TestSimCuBLASLtAlgoChecks: the simulator holds cublasLtMatmul to the
+// algorithm the heuristic chose: its workspace, the pointer alignment the
+// preference promised (and the bias pointer had), and the descriptor and
+// layouts it was chosen for.
+func TestSimCuBLASLtAlgoChecks(t *testing.T) {
+	simOnly(t)
+	c := gpuContext(t)
+	b, err := LoadBLAS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(47, 48))
+	const M, N, K = 16, 24, 40
+	dA, dB, dC := devF32(t, c, randF32(r, M*K+64, 1)), devF32(t, c, randF32(r, K*N, 1)), devF32(t, c, make([]float32, M*N))
+	ws := devF32(t, c, make([]float32, gemmWorkspace/4/256))
+	s := GemmShape{M: M, N: N, K: K, Batch: 1}
+	pl, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.DestroyPlan(pl)
+	if pl.Workspace() == 0 {
+		t.Fatal("the simulated algorithm asks for no workspace, so none of its checks run")
+	}
+	other, err := b.NewPlan(GemmKey{Shape: GemmShape{M: M, N: N, K: K, Batch: 1, LDA: K + 8}, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.DestroyPlan(other)
+	alpha, beta := float32(1), float32(0)
+	run := func(p *GemmPlan, algo *GemmPlan, A uint64, w Buffer) int32 {
+		return b.matmul(b.lt, p.desc, unsafe.Pointer(&alpha), dB.Ptr, p.la, A, p.lb, unsafe.Pointer(&beta), dC.Ptr, p.lc, dC.Ptr,
+			p.lc, unsafe.Pointer(&algo.res.algo), w.Ptr, w.Bytes, 0)
+	}
+	if st := run(pl, pl, dA.Ptr, ws); st != 0 {
+		t.Fatalf("the plan as chosen: status %d", st)
+	}
+	biased, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}, BiasAlign: 256}, ws.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.DestroyPlan(biased)
+	for _, off := range []uint64{0, 4} {
+		bias := dB.Ptr + off
+		if r := b.descSet(biased.desc, descBiasPointer, unsafe.Pointer(&bias), 8); r != 0 {
+			t.Fatalf("BIAS_POINTER: status %d", r)
+		}
+		if st := run(biased, biased, dA.Ptr, ws); (st == 0) != (off == 0) {
+			t.Errorf("bias %d bytes off a 256-byte alignment: status %d", off, st)
+		}
+	}
+	for _, bad := range []struct {
+		what string
+		p, a *GemmPlan
+		A    uint64
+		w    Buffer
+	}{
+		{"A 4 bytes off its 256-byte alignment", pl, pl, dA.Ptr + 4, ws},
+		{"no workspace", pl, pl, dA.Ptr, Buffer{}},
+		{"the algorithm of another layout", other, pl, dA.Ptr, ws},
+	} {
+		if st := run(bad.p, bad.a, bad.A, bad.w); st == 0 {
+			t.Errorf("%s: accepted", bad.what)
+		}
+	}
+}
+
+// TestSimLinearBiasEpilogue: a Linear's bias is added in the GEMM's
+// epilogue (no separate launch), in fp32 and bf16, on unaligned sizes.
+func TestSimLinearBiasEpilogue(t *testing.T) {
+	d := simOnly(t)
+	const R, N, K = 37, 85, 510
+	for _, prec := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+		be := gpuBackend(t, prec)
+		g := ir.New("linear-bias")
+		w, b := g.Param("w", ir.Shape{N, K}), g.Param("b", ir.Shape{N})
+		x := g.Input("x", ir.Shape{R, K}, ir.F32)
+		g.SetOutput("y", g.Op1("Linear", nil, x, w, b))
+		st := kernels.NewStore(kernels.F32)
+		r := rand.New(rand.NewPCG(49, 50))
+		wt, _ := st.Ensure("w", ir.Shape{N, K})
+		bt, _ := st.Ensure("b", ir.Shape{N})
+		copy(wt.F32, randF32(r, N*K, 1))
+		copy(bt.F32, randF32(r, N, 1))
+		feeds := map[string]*kernels.Tensor{"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}}
+		p, err := be.Compile(g, nil, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n0 := d.SimStat("launches")
+		if err := p.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+		want := matmulRef(feeds["x"].F32, wt.F32, 1, R, N, K, false, true, prec == GEMMBF16)
+		for i := range want {
+			want[i] += float64(bt.F32[i%N])
+		}
+		closeTo(t, prec.String()+" Linear with bias", p.Output("y").F32, want, 1e-4)
+		// bf16: x and w converted; fp32: nothing but the GEMM
+		if n, wantN := d.SimStat("launches")-n0, map[GEMMPrecision]int64{GEMMF32: 0, GEMMBF16: 2}[prec]; n != wantN {
+			t.Errorf("%s: %d launches besides the GEMM, want %d", prec, n, wantN)
+		}
+		p.Close()
+		be.Release(st)
+	}
+}
+
+// TestGPUBF16Pad: f32_to_bf16_pad_kernel writes each row's values rounded
+// to bf16 (nearest even) and zeros up to the leading dimension.
+func TestGPUBF16Pad(t *testing.T) {
+	c := gpuContext(t)
+	r := rand.New(rand.NewPCG(51, 52))
+	const rows, cols, ld = 37, 85, 88
+	x := randF32(r, rows*cols, 10)
+	dx := devF32(t, c, x)
+	dh := devF32(t, c, randF32(r, rows*ld/2, 1)) // garbage where the padding goes
+	if err := c.Launch("f32_to_bf16_pad_kernel", grid1D, block1D, 0, dh.Ptr, dx.Ptr, int64(rows), int32(cols), int32(ld)); err != nil {
+		t.Fatal(err)
+	}
+	words := hostF32(t, c, dh, rows*ld/2)
+	h := unsafe.Slice((*uint16)(unsafe.Pointer(&words[0])), rows*ld)
+	for i := 0; i < rows; i++ {
+		for j := 0; j < ld; j++ {
+			got := float64(math.Float32frombits(uint32(h[i*ld+j]) << 16))
+			want := 0.0
+			if j < cols {
+				want = roundBF16(x[i*cols+j])
+			}
+			if got != want {
+				t.Fatalf("row %d column %d: %g, want %g", i, j, got, want)
+			}
+		}
+	}
+}
