@@ -60,11 +60,6 @@ func (b FusedBody) check(k int) error {
 
 func init() {
 	reg(&OpDef{Name: "FusedElementwise", NumIn: -1, Fused: true, InPlace: true,
-		// a backend that runs the steps one by one keeps the intermediates
-		Scratch: func(n *Node) int {
-			b, _ := n.Attrs["body"].(FusedBody)
-			return max(0, len(b)-1) * Shape(n.Attrs.Ints("shape")).Numel()
-		},
 		Doc: "FusedElementwise(x0..xk-1; body, shape) -> the chain of elementwise ops in body (FusedBody) evaluated " +
 			"element by element, inputs broadcast to shape; equal to the unfused ops. Made by passes.FuseElementwise " +
 			"after autodiff.",

@@ -302,8 +302,21 @@ func TestMemoryPlanOnFusedGraphs(t *testing.T) {
 	if cs-gs < scores {
 		t.Errorf("the CUDA step plan (%d bytes) is not smaller than the CPU's (%d) by the attention tensors (%d)", gs, cs, scores)
 	}
-	if gpuPlan.Memory.Eval >= cpuPlan.Memory.Eval {
-		t.Errorf("the CUDA evaluation plan (%d bytes) is not smaller than the CPU's (%d)", gpuPlan.Memory.Eval, cpuPlan.Memory.Eval)
+	for _, pc := range []struct {
+		name string
+		plan *Plan
+		caps kernels.Capabilities
+	}{{"CPU", cpuPlan, kernels.Capabilities{}}, {"CUDA", gpuPlan, be.Capabilities()}} {
+		_, ep, err := evalGraph(&c, pc.plan.EvalT, pc.plan.EvalMicro, pc.plan.EvalStats == "batch", pc.caps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := planBytes(ep); pc.plan.Memory.Eval != want {
+			t.Errorf("%s evaluation plan %d bytes, its graph's %d", pc.name, pc.plan.Memory.Eval, want)
+		}
+	}
+	if gpuPlan.Memory.Eval == cpuPlan.Memory.Eval {
+		t.Errorf("the CUDA and CPU evaluation plans are equal (%d bytes): the CUDA one is not of the fused graph", gpuPlan.Memory.Eval)
 	}
 	// a budget the fused whole batch fits and the unfused one does not
 	o.MicroBatch, og.MicroBatch = 0, 0

@@ -11,10 +11,11 @@ func fusedKernels[T float](k kernelTable[T]) {
 }
 
 // buildFused runs a FusedElementwise body step by step through the
-// kernels of the ops it fused, each intermediate in a scratch buffer of
-// its own: the result equals the unfused graph's bit for bit (this backend
-// does not ask for fusion; the kernel is the reference the fused CUDA
-// kernel is checked against).
+// kernels of the ops it fused, each intermediate in a buffer of its own:
+// the result equals the unfused graph's bit for bit. This backend does not
+// ask for fusion (its Capabilities), so the kernel is the reference the
+// fused CUDA kernel is checked against; its intermediates are not in the
+// memory plan, which is sized for the graphs a backend runs.
 func (p *program[T]) buildFused(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 	body, err := n.Body()
 	if err != nil {

@@ -871,7 +871,8 @@ func TestGradientsLarge(t *testing.T) {
 // tests of this package, and compiles on this backend.
 func TestEveryOpHasKernelAndCheck(t *testing.T) {
 	// forward tests (no gradient rule)
-	seen := map[string]bool{"StopGradient": true, "TopKMask": true}
+	seen := map[string]bool{"StopGradient": true, "TopKMask": true,
+		"FusedElementwise": true} // fused_test.go: no gradient (made after autodiff)
 	for _, c := range append(allGradCases(), bigCases()...) {
 		b := buildCase(c, 1)
 		for _, n := range b.g.Nodes {
