@@ -206,6 +206,10 @@ type program struct {
 	// elements) of any GEMM, and their bf16 buffers.
 	bf16Need [2]int
 	bf16     [2]Buffer
+	// The tensor-core attention backward's bias-gradient partial sums
+	// (elements), one buffer shared by every FusedAttentionGrad node.
+	attnPartNeed int
+	attnPart     Buffer
 }
 
 type step struct {
@@ -490,6 +494,9 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 		}
 		sort.Strings(ops)
 		return fmt.Errorf("no cuda kernel for op(s) %s", strings.Join(ops, ", "))
+	}
+	if err := p.stageAttention(); err != nil {
+		return err
 	}
 	return p.stageBF16()
 }

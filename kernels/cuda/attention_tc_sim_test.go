@@ -1,0 +1,128 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// tcAttentionCases: FusedAttention and its gradient on shapes that stress
+// flash.cu's tiles: lengths that are not a multiple of 64 or 32 (37, 67,
+// 20), the paper's head size 85 and small ones (5, 8) padded to 16, more
+// (sequence, head) pairs than bias-gradient partial sums (18 > 16), with
+// and without the bias and dropout.
+func tcAttentionCases() []opCase {
+	var cases []opCase
+	add := func(s ir.Shape, bias bool, dropout float64) {
+		a := ir.Attrs{"scale": 1 / math.Sqrt(float64(s[3])), "causal": true}
+		if dropout > 0 {
+			a["dropout"], a["stream"] = dropout, 3
+		}
+		fwd, grad := []ir.Shape{s, s, s}, []ir.Shape{s, s, s, s}
+		if bias {
+			fwd, grad = append(fwd, ir.Shape{s[2], s[2]}), append(grad, ir.Shape{s[2], s[2]})
+		}
+		cases = append(cases, opCase{op: "FusedAttention", attrs: a, in: fwd}, opCase{op: "FusedAttentionGrad", attrs: a, in: grad})
+	}
+	add(ir.Shape{2, 3, 67, 85}, true, 0)
+	add(ir.Shape{1, 2, 37, 85}, true, 0.1)
+	add(ir.Shape{1, 2, 37, 5}, false, 0.1)
+	add(ir.Shape{1, 1, 20, 5}, false, 0)
+	add(ir.Shape{3, 6, 20, 8}, true, 0.1)
+	return cases
+}
+
+// attnErrors is the worst error relative to max(1, |cpu|) (closeTo's
+// measure) and the relative L2 error ‖got − cpu‖ / ‖cpu‖.
+func attnErrors(got []float32, want []float64) (worst, l2 float64) {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		if math.IsNaN(d) {
+			return math.Inf(1), math.Inf(1)
+		}
+		worst = math.Max(worst, math.Abs(d)/math.Max(1, math.Abs(w)))
+		num += d * d
+		den += w * w
+	}
+	return worst, math.Sqrt(num / math.Max(den, 1e-30))
+}
+
+// Bounds of the tensor-core attention against the fp32 CPU: bf16 inputs
+// (q, k, v, dO and the weights P and dS rounded to 8 significant bits, a
+// relative 2⁻⁹ each) with fp32 accumulation. Measured over these cases:
+// L2 2.5e-3 to 6.0e-3 for every output; the worst entry 0.7e-2 to 2.6e-2
+// for o, dq, dk, dv and up to 6.2e-2 for the bias gradient (a sum over
+// every sequence and head of dS, whose entries reach several units).
+const (
+	tcAttnWorst = 0.1  // relative to max(1, |cpu|)
+	tcAttnL2    = 1e-2 // ‖got − cpu‖ / ‖cpu‖
+)
+
+// TestSimAttentionTensorCores: under bf16 GEMMs the backend runs
+// FusedAttention(Grad) on flash.cu's tensor-core kernels (the trace says
+// so); o, dq, dk, dv and the bias gradient match the CPU backend within
+// bf16's bounds, a second run is bit-identical, and the differential run
+// (reverse block and thread order, another shared-memory poison) agrees.
+func TestSimAttentionTensorCores(t *testing.T) {
+	d := simOnly(t)
+	be := gpuBackend(t, GEMMBF16)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(19, 2))
+	for _, c := range tcAttentionCases() {
+		g, feeds := caseGraph(c, r)
+		what := fmt.Sprintf("%s %v %v", c.op, c.in[0], c.attrs)
+		first := runBoth(t, what, g, feeds, be)
+		for name, pair := range first {
+			worst, l2 := attnErrors(pair[1].F32, pair[0].Float64s())
+			t.Logf("%s output %s: worst %.2e, L2 %.2e", what, name, worst, l2)
+			if worst > tcAttnWorst || l2 > tcAttnL2 {
+				t.Errorf("%s output %s: worst %.3g (bound %g), L2 %.3g (bound %g)", what, name, worst, tcAttnWorst, l2, tcAttnL2)
+			}
+		}
+		for name, pair := range runBoth(t, what, g, feeds, be) {
+			if !sameBits(pair[1].F32, first[name][1].F32) {
+				t.Errorf("%s output %s: a second run differs", what, name)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, e := range tr.Events() {
+		seen[e.Name] = true
+	}
+	for _, k := range []string{"attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16", "attention_dbias_reduce_f32"} {
+		if !seen[k] {
+			t.Errorf("kernel %s never ran", k)
+		}
+	}
+	if seen["attention_fwd_f32"] {
+		t.Error("the scalar attention ran under bf16 GEMMs")
+	}
+	d.SimConfig("diff", 1)
+	defer d.SimConfig("diff", 0)
+	cases := tcAttentionCases()
+	checkParity(t, be, []opCase{withTol(cases[3], tcAttnWorst), withTol(cases[9], tcAttnWorst)}, 5)
+}
+
+func withTol(c opCase, tol float64) opCase {
+	c.tol = tol
+	return c
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
