@@ -892,7 +892,7 @@ const attnMaxHead = 128
 // partial sums of the bias gradient (the dq kernel's grid.y with a bias).
 const (
 	attnRows  = 64
-	attnParts = 16
+	attnParts = 32
 )
 
 func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*attention, error) {
