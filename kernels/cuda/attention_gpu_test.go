@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -138,17 +139,31 @@ func TestAttentionReference(t *testing.T) {
 }
 
 // TestGPUAttentionTensorCores: flash.cu's kernels launched directly
-// against float64 (o, lse, dq, dk, dv, bias gradient) at head size 85 and
-// a length that is a multiple of neither 64 nor 32, with 4 bias-gradient
-// partial sums over 6 (sequence, head) pairs (two pairs in some). Bounds:
-// bf16 inputs with fp32 accumulation (attnErrors; lse to 1e-2, the log of
-// a sum of bf16-rounded products).
+// against float64 (o, lse, dq, dk, dv, bias gradient): the paper's head
+// size 85 and a head of 5 (padded to 16), lengths that are multiples of
+// neither 64 nor 32, fewer bias-gradient partial sums than (sequence,
+// head) pairs (so some blocks take two). Bounds: bf16 inputs with fp32
+// accumulation (attnErrors; lse to 1e-2).
 func TestGPUAttentionTensorCores(t *testing.T) {
 	c := gpuContext(t)
-	r := rand.New(rand.NewPCG(13, 14))
-	const B, H, T, Hd, G = 2, 3, 67, 85, 4
-	BH, n := B*H, B*H*T*Hd
-	scale := 1 / math.Sqrt(Hd)
+	for _, s := range []struct{ B, H, T, Hd, G int }{{2, 3, 67, 85, 4}, {1, 3, 37, 5, 2}} {
+		t.Run(fmt.Sprintf("T%d_Hd%d", s.T, s.Hd), func(t *testing.T) {
+			unbind, err := (&gpu{ctx: c}).bind() // subtests run on other threads
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unbind()
+			checkFlashKernels(t, c, s.B*s.H, s.T, s.Hd, s.G)
+		})
+	}
+}
+
+// checkFlashKernels runs flash.cu's kernels on random inputs with a bias
+// and no dropout and compares every output with attentionRef.
+func checkFlashKernels(t *testing.T, c *Context, BH, T, Hd, G int) {
+	r := rand.New(rand.NewPCG(13, uint64(Hd)))
+	n := BH * T * Hd
+	scale := 1 / math.Sqrt(float64(Hd))
 	q, k, v, dO, bias := randF32(r, n, 1), randF32(r, n, 1), randF32(r, n, 1), randF32(r, n, 1), randF32(r, T*T, 0.5)
 	o, lse, dq, dk, dv, dbias := attentionRef(q, k, v, bias, dO, BH, T, Hd, scale)
 	dQ, dK, dV, dOb, dB := devF32(t, c, q), devF32(t, c, k), devF32(t, c, v), devF32(t, c, dO), devF32(t, c, bias)
@@ -162,10 +177,11 @@ func TestGPUAttentionTensorCores(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	launch("attention_fwd_bf16", [3]uint32{tiles, uint32(BH), 1}, gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
-	launch("attention_bwd_dq_bf16", [3]uint32{tiles, G, 1}, gdq.Ptr, gD.Ptr, part.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, gO.Ptr, dOb.Ptr,
+	pairs := [3]uint32{tiles, uint32(BH), 1}
+	launch("attention_fwd_bf16", pairs, gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
+	launch("attention_bwd_dq_bf16", [3]uint32{tiles, uint32(G), 1}, gdq.Ptr, gD.Ptr, part.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, gO.Ptr, dOb.Ptr,
 		gL.Ptr, dB.Ptr, int32(BH), int32(T), int32(Hd), float32(scale))
-	launch("attention_bwd_dkdv_bf16", [3]uint32{tiles, uint32(BH), 1}, gdk.Ptr, gdv.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dOb.Ptr,
+	launch("attention_bwd_dkdv_bf16", pairs, gdk.Ptr, gdv.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dOb.Ptr,
 		gL.Ptr, gD.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
 	if err := c.Launch("attention_dbias_reduce_f32", grid1D, block1D, 0, gdb.Ptr, part.Ptr, int32(G), int32(T)); err != nil {
 		t.Fatal(err)

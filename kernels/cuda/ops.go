@@ -909,9 +909,12 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*a
 	if pr := n.Attrs.Float("dropout", 0); pr > 0 {
 		a.thresh, a.keep = dropoutThreshold(pr)
 	}
-	// fp32 GEMMs promise the CPU's results to fp32 rounding, which bf16
-	// inputs would break; heads above attnMaxHead do not fit the tiles.
-	a.tc = gemm == GEMMBF16 && a.Hd <= attnMaxHead
+	// The tensor cores under bf16 GEMMs only, by the GEMM policy's rules:
+	// fp32 GEMMs promise the CPU's results to fp32 rounding, and products
+	// over at most SmallGEMMDim terms (a head of 8: q·k, dO·v) stay fp32
+	// (with the heads of 8 of a d_model-16 model in bf16, pos_beta's
+	// gradient was off by 0.15). Heads above attnMaxHead do not fit.
+	a.tc = gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead
 	return a, nil
 }
 
