@@ -12,7 +12,8 @@ import (
 // the prelude's rpac_mma tiles, one warp per 16×16 tile of C, A [M,K] and B
 // [K,N] row-major fp32 staged into shared memory as bf16 in the layout the
 // kernel's fragment types name (K a multiple of 16, at most 64).
-// mma_gemm_nosync reads the stored tile without the __syncwarp.
+// mma_gemm_nosync reads the stored tile without the __syncwarp;
+// mma_divergent runs a product on half a warp.
 const mmaSource = `
 template <class FA, class FB>
 __device__ void mma_gemm(float* C, const float* A, const float* B, int N, int K, float alpha, bool acol, bool bcol,
@@ -58,6 +59,19 @@ extern "C" __global__ void mma_gemm_cr(float* C, const float* A, const float* B,
 }
 extern "C" __global__ void mma_gemm_cc(float* C, const float* A, const float* B, int N, int K, float alpha) {
     mma_gemm<rpac_a_col, rpac_b_col>(C, A, B, N, K, alpha, true, true, true);
+}
+extern "C" __global__ void mma_divergent(float* C, const float* A, const float* B, int N, int K, float alpha) {
+    __shared__ __align__(32) bf16_t s[256];
+    for (int e = threadIdx.x; e < 256; e += 32) s[e] = 0;
+    __syncwarp();
+    rpac_acc acc;
+    rpac_fill(acc, 0.0f);
+    rpac_a_row a;
+    rpac_b_row b;
+    rpac_load(a, s, 16);
+    rpac_load(b, s, 16);
+    if (threadIdx.x < 16) rpac_mma(acc, a, b, acc);  // half the warp: not allowed
+    rpac_store(C, acc, N);
 }
 extern "C" __global__ void mma_gemm_nosync(float* C, const float* A, const float* B, int N, int K, float alpha) {
     mma_gemm<rpac_a_row, rpac_b_row>(C, A, B, N, K, alpha, false, false, false);
@@ -169,5 +183,15 @@ func TestSimMMAGEMM(t *testing.T) {
 	}
 	if nan == 0 {
 		t.Error("mma_gemm_nosync read the stored tile without __syncwarp and saw no poison")
+	}
+	defer d.SimConfig("clear_sticky", 1)
+	err = c.Launch("mma_divergent", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, dC.Ptr, dA.Ptr, dB.Ptr, int32(N), int32(K), float32(alpha))
+	if err == nil {
+		err = c.Sync()
+	}
+	if err == nil || !strings.Contains(err.Error(), "kernel mma_divergent") || !strings.Contains(err.Error(), "rpac_mma at mma.cu:") || !strings.Contains(err.Error(), "has exited") {
+		t.Errorf("a product on half a warp: want an error naming the kernel and the exited lanes, got %v", err)
+	} else {
+		t.Log(err)
 	}
 }

@@ -56,7 +56,7 @@ void* rpac_sim_dynamic_shared(void);
 
 // Warp operations: a rendezvous of exactly the lanes in the mask.
 enum { RPAC_SHFL_IDX = 0, RPAC_SHFL_DOWN = 1, RPAC_SHFL_UP = 2, RPAC_SHFL_XOR = 3, RPAC_ANY = 4, RPAC_ALL = 5,
-       RPAC_BALLOT = 6, RPAC_SYNCWARP = 7 };
+       RPAC_BALLOT = 6, RPAC_SYNCWARP = 7, RPAC_MMA_SYNC = 8 };
 
 template <class T>
 static inline T rpac_warp_t(int op, unsigned mask, T v, int arg, int width, const char* f, int l) {
@@ -208,7 +208,8 @@ static inline float __bfloat162float(__nv_bfloat16 h) { return rpac_bits<float>(
 // the whole 16×16 tile in every lane (element (r, c) at x[r·16 + c]), so
 // every lane loads the whole tile and computes the whole product. The
 // product is a rendezvous of the warp's 32 lanes (as wmma.mma.sync.aligned
-// is warp-collective; a lane that skips it deadlocks or is reported), and
+// is warp-collective: a lane that skips it is reported, the operation
+// named rpac_mma), and
 // rpac_store writes only the lane's share of the tile (the elements e with
 // e mod 32 = lane), so a lane that reads the stored tile before the warp
 // synchronises sees the poison of the others' elements.
@@ -242,7 +243,7 @@ static inline float rpac_sim_bf16(unsigned short h) { return rpac_bits<float>((u
 // has 8 significant bits) summed in k order, then c added.
 template <class A, class B>
 static inline void rpac_sim_mma(const char* file, int line, rpac_acc& d, const A& a, const B& b, const rpac_acc& c) {
-    rpac_sim_warp(RPAC_SYNCWARP, 0xffffffffu, 0, 0, 32, file, line);
+    rpac_sim_warp(RPAC_MMA_SYNC, 0xffffffffu, 0, 0, 32, file, line);
     rpac_acc r;
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
