@@ -63,13 +63,13 @@ const (
 	tcAttnL2    = 1e-2 // ‖got − cpu‖ / ‖cpu‖
 )
 
-// TestSimAttentionTensorCores: under bf16 GEMMs the backend runs
+// TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
 // FusedAttention(Grad) on flash.cu's tensor-core kernels (the trace says
 // so); o, dq, dk, dv and the bias gradient match the CPU backend within
-// bf16's bounds, a second run is bit-identical, and the differential run
-// (reverse block and thread order, another shared-memory poison) agrees.
-func TestSimAttentionTensorCores(t *testing.T) {
-	d := simOnly(t)
+// bf16's bounds, a second run is bit-identical, and on the simulator the
+// differential run (reverse block and thread order, another shared-memory
+// poison) agrees.
+func TestGPUFusedAttentionBF16(t *testing.T) {
 	be := gpuBackend(t, GEMMBF16)
 	tr, err := be.StartTrace()
 	if err != nil {
@@ -114,6 +114,10 @@ func TestSimAttentionTensorCores(t *testing.T) {
 		if e.Name == "attention_fwd_bf16" {
 			t.Error("a head of 8 ran on the tensor cores")
 		}
+	}
+	d, err := LoadDriver()
+	if err != nil || !d.Simulated() {
+		return
 	}
 	d.SimConfig("diff", 1)
 	defer d.SimConfig("diff", 0)
