@@ -141,3 +141,24 @@ func sameBits(a, b []float32) bool {
 	}
 	return true
 }
+
+// TestAttentionParts: the bias gradient's partial sums depend on the shape
+// only: 32 at the paper's length, fewer where 32 would pass 256 MiB, at most
+// one per (sequence, head) pair, and one per pair without a bias.
+func TestAttentionParts(t *testing.T) {
+	bias := &dval{}
+	for _, c := range []struct {
+		a    attention
+		want int
+	}{
+		{attention{BH: 192, T: 768, bias: bias}, 32},
+		{attention{BH: 192, T: 4096, bias: bias}, 4},
+		{attention{BH: 192, T: 20000, bias: bias}, 1},
+		{attention{BH: 6, T: 67, bias: bias}, 6},
+		{attention{BH: 192, T: 768}, 192},
+	} {
+		if got := c.a.parts(); got != c.want {
+			t.Errorf("BH %d, T %d, bias %v: %d partial sums, want %d", c.a.BH, c.a.T, c.a.bias != nil, got, c.want)
+		}
+	}
+}

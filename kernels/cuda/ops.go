@@ -888,11 +888,14 @@ type attention struct {
 // 16 in registers and shared memory).
 const attnMaxHead = 128
 
-// attnRows and attnParts: flash.cu's rows per block, and the most
-// partial sums of the bias gradient (the dq kernel's grid.y with a bias).
+// attnRows: flash.cu's rows per block. attnParts and attnPartBytes: the
+// most partial sums of the bias gradient (the dq kernel's grid.y with a
+// bias; 32 keep 12 row tiles × 32 blocks busy at T = 768), and the most
+// memory they take (fewer partial sums at long lengths: 4 at T = 4,096).
 const (
-	attnRows  = 64
-	attnParts = 32
+	attnRows      = 64
+	attnParts     = 32
+	attnPartBytes = 256 << 20
 )
 
 func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*attention, error) {
@@ -946,7 +949,7 @@ func (a *attention) parts() int {
 	if a.bias == nil {
 		return a.BH
 	}
-	return min(a.BH, attnParts)
+	return min(a.BH, attnParts, max(1, attnPartBytes/(4*a.T*a.T)))
 }
 
 var attnBlock = [3]uint32{128, 1, 1}
