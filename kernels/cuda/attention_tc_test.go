@@ -162,3 +162,19 @@ func TestAttentionParts(t *testing.T) {
 		}
 	}
 }
+
+// TestFlashWarpTiles: the cost model's count of flash.cu's 16×32 tiles of
+// scores: the causal triangle at T = 64 (rows 0–31 see one key tile, rows
+// 32–63 two; symmetric for the keys), and T = 67, whose last warp of rows
+// sees three tiles and whose last warp of keys one.
+func TestFlashWarpTiles(t *testing.T) {
+	for _, c := range []struct {
+		T    int
+		keys bool
+		want float64
+	}{{64, false, 6}, {64, true, 6}, {67, false, 9}, {67, true, 11}} {
+		if got := flashWarpTiles(c.T, c.keys); got != c.want {
+			t.Errorf("T %d, keys %v: %v tiles, want %v", c.T, c.keys, got, c.want)
+		}
+	}
+}
