@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -133,6 +134,72 @@ func TestAttentionReference(t *testing.T) {
 			if math.Abs(fd-c.g[i]) > 2e-3*math.Max(1, math.Abs(fd)) {
 				t.Errorf("d%s[%d]: reference %.6f, finite differences %.6f", c.name, i, c.g[i], fd)
 			}
+		}
+	}
+}
+
+// TestGPUAttentionTensorCores: flash.cu's kernels launched directly
+// against float64 (o, lse, dq, dk, dv, bias gradient): the paper's head
+// size 85 and a head of 5 (padded to 16), lengths that are multiples of
+// neither 64 nor 32, fewer bias-gradient partial sums than (sequence,
+// head) pairs (so some blocks take two). Bounds: bf16 inputs with fp32
+// accumulation (attnErrors; lse to 1e-2).
+func TestGPUAttentionTensorCores(t *testing.T) {
+	c := gpuContext(t)
+	for _, s := range []struct{ B, H, T, Hd, G int }{{2, 3, 67, 85, 4}, {1, 3, 37, 5, 2}} {
+		t.Run(fmt.Sprintf("T%d_Hd%d", s.T, s.Hd), func(t *testing.T) {
+			unbind, err := (&gpu{ctx: c}).bind() // subtests run on other threads
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unbind()
+			checkFlashKernels(t, c, s.B*s.H, s.T, s.Hd, s.G)
+		})
+	}
+}
+
+// checkFlashKernels runs flash.cu's kernels on random inputs with a bias
+// and no dropout and compares every output with attentionRef.
+func checkFlashKernels(t *testing.T, c *Context, BH, T, Hd, G int) {
+	r := rand.New(rand.NewPCG(13, uint64(Hd)))
+	n := BH * T * Hd
+	scale := 1 / math.Sqrt(float64(Hd))
+	q, k, v, dO, bias := randF32(r, n, 1), randF32(r, n, 1), randF32(r, n, 1), randF32(r, n, 1), randF32(r, T*T, 0.5)
+	o, lse, dq, dk, dv, dbias := attentionRef(q, k, v, bias, dO, BH, T, Hd, scale)
+	dQ, dK, dV, dOb, dB := devF32(t, c, q), devF32(t, c, k), devF32(t, c, v), devF32(t, c, dO), devF32(t, c, bias)
+	gO, gL, gD := devF32(t, c, make([]float32, n)), devF32(t, c, make([]float32, BH*T)), devF32(t, c, make([]float32, BH*T))
+	gdq, gdk, gdv, gdb := devF32(t, c, make([]float32, n)), devF32(t, c, make([]float32, n)), devF32(t, c, make([]float32, n)), devF32(t, c, make([]float32, T*T))
+	part := devF32(t, c, make([]float32, G*T*T))
+	tiles, block := uint32((T+63)/64), [3]uint32{128, 1, 1}
+	none := []any{uint64(0), uint64(0), float32(0)} // no dropout
+	launch := func(name string, grid [3]uint32, args ...any) {
+		if err := c.Launch(name, grid, block, 0, append(args, none...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pairs := [3]uint32{tiles, uint32(BH), 1}
+	launch("attention_fwd_bf16", pairs, gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
+	launch("attention_bwd_dq_bf16", [3]uint32{tiles, uint32(G), 1}, gdq.Ptr, gD.Ptr, part.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, gO.Ptr, dOb.Ptr,
+		gL.Ptr, dB.Ptr, int32(BH), int32(T), int32(Hd), float32(scale))
+	launch("attention_bwd_dkdv_bf16", pairs, gdk.Ptr, gdv.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dOb.Ptr,
+		gL.Ptr, gD.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
+	if err := c.Launch("attention_dbias_reduce_f32", grid1D, block1D, 0, gdb.Ptr, part.Ptr, int32(G), int32(T)); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		name string
+		got  []float32
+		want []float64
+		tol  float64
+	}{
+		{"o", hostF32(t, c, gO, n), o, tcAttnWorst}, {"lse", hostF32(t, c, gL, BH*T), lse, 1e-2},
+		{"dq", hostF32(t, c, gdq, n), dq, tcAttnWorst}, {"dk", hostF32(t, c, gdk, n), dk, tcAttnWorst},
+		{"dv", hostF32(t, c, gdv, n), dv, tcAttnWorst}, {"dbias", hostF32(t, c, gdb, T*T), dbias, tcAttnWorst},
+	} {
+		worst, l2 := attnErrors(x.got, x.want)
+		t.Logf("%s: worst %.2e, L2 %.2e", x.name, worst, l2)
+		if worst > x.tol || l2 > tcAttnL2 {
+			t.Errorf("%s: worst %.3g (bound %g), L2 %.3g (bound %g)", x.name, worst, x.tol, l2, tcAttnL2)
 		}
 	}
 }

@@ -292,6 +292,10 @@ type program struct {
 	// workspace.
 	plans map[GemmKey]gemmPlan
 	ws    Buffer
+	// The tensor-core attention backward's bias-gradient partial sums
+	// (elements), one buffer shared by every FusedAttentionGrad node.
+	attnPartNeed int
+	attnPart     Buffer
 }
 
 type step struct {
@@ -578,6 +582,9 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 		return fmt.Errorf("no cuda kernel for op(s) %s", strings.Join(ops, ", "))
 	}
 	if err := p.stageWork(); err != nil {
+		return err
+	}
+	if err := p.stageAttention(); err != nil {
 		return err
 	}
 	return p.stageBF16()

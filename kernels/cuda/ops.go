@@ -1159,9 +1159,26 @@ type attention struct {
 	stream    int
 	thresh    uint64
 	keep      float32 // 0: no dropout
+	// tc: the tensor-core kernels of flash.cu (bf16 inputs, fp32
+	// accumulation) rather than attention.cu's scalar fp32 ones.
+	tc bool
 }
 
-func newAttention(n *ir.Node, q, k, v *dval, mask *dval) (*attention, error) {
+// attnMaxHead is the largest head size of flash.cu's kernels (8 tiles of
+// 16 in registers and shared memory).
+const attnMaxHead = 128
+
+// attnRows: flash.cu's rows per block. attnParts and attnPartBytes: the
+// most partial sums of the bias gradient (the dq kernel's grid.y with a
+// bias; 32 keep 12 row tiles × 32 blocks busy at T = 768), and the most
+// memory they take (fewer partial sums at long lengths: 4 at T = 4,096).
+const (
+	attnRows      = 64
+	attnParts     = 32
+	attnPartBytes = 256 << 20
+)
+
+func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*attention, error) {
 	s := q.v.Shape
 	a := &attention{BH: s[0] * s[1], T: s[2], Hd: s[3], bias: mask, stream: n.Attrs.Int("stream", n.ID)}
 	if v.v.Shape[3] != a.Hd {
@@ -1175,6 +1192,12 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval) (*attention, error) {
 	if pr := n.Attrs.Float("dropout", 0); pr > 0 {
 		a.thresh, a.keep = dropoutThreshold(pr)
 	}
+	// The tensor cores under bf16 GEMMs only, by the GEMM policy's rules:
+	// fp32 GEMMs promise the CPU's results to fp32 rounding, and products
+	// over at most SmallGEMMDim terms (a head of 8: q·k, dO·v) stay fp32
+	// (with the heads of 8 of a d_model-16 model in bf16, pos_beta's
+	// gradient was off by 0.15). Heads above attnMaxHead do not fit.
+	a.tc = gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead
 	return a, nil
 }
 
@@ -1190,12 +1213,34 @@ func (a *attention) dropoutArgs(seed uint64) []any {
 	return []any{kernels.StreamKey(seed, a.stream), a.thresh, a.keep}
 }
 
+// rows is the scalar kernels' grid: a block per row.
 func (a *attention) rows() [3]uint32 { return [3]uint32{uint32(a.T), uint32(a.BH), 1} }
 
-// forward launches attention_fwd_f32: o and the rows' log-sum-exp.
+// tiles is flash.cu's grid over n: a block per 64 rows of each of n
+// (sequence, head) pairs.
+func (a *attention) tiles(n int) [3]uint32 {
+	return [3]uint32{uint32((a.T + attnRows - 1) / attnRows), uint32(n), 1}
+}
+
+// parts is the number of bias-gradient partial sums: (sequence, head)
+// pairs are dealt to this many blocks per row tile, in a fixed order that
+// depends on the shape only.
+func (a *attention) parts() int {
+	if a.bias == nil {
+		return a.BH
+	}
+	return min(a.BH, attnParts, max(1, attnPartBytes/(4*a.T*a.T)))
+}
+
+var attnBlock = [3]uint32{128, 1, 1}
+
+// forward launches the forward kernel: o and the rows' log-sum-exp.
 func (p *program) attentionForward(a *attention, o, lse uint64, q, k, v *dval) error {
 	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), a.scale}, a.dropoutArgs(p.seed)...)
-	return p.launch("attention_fwd_f32", a.rows(), [3]uint32{128, 1, 1}, uint32(4*(32+a.T)), args...)
+	if a.tc {
+		return p.launch("attention_fwd_bf16", a.tiles(a.BH), attnBlock, 0, args...)
+	}
+	return p.launch("attention_fwd_f32", a.rows(), attnBlock, uint32(4*(32+a.T)), args...)
 }
 
 func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error, error) {
@@ -1203,7 +1248,7 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	if len(in) == 4 {
 		mask = in[3]
 	}
-	a, err := newAttention(n, in[0], in[1], in[2], mask)
+	a, err := newAttention(n, in[0], in[1], in[2], mask, p.be.gemm)
 	if err != nil {
 		return nil, err
 	}
@@ -1223,7 +1268,7 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 	if len(in) == 5 {
 		mask = in[4]
 	}
-	a, err := newAttention(n, q, k, v, mask)
+	a, err := newAttention(n, q, k, v, mask, p.be.gemm)
 	if err != nil {
 		return nil, err
 	}
@@ -1234,25 +1279,87 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 	o := work.Ptr
 	lse := o + uint64(4*a.BH*a.T*a.Hd)
 	D := lse + uint64(4*a.BH*a.T)
-	block := [3]uint32{128, 1, 1}
+	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out, o: o, lse: lse, D: D}
+	if a.tc && mask != nil {
+		p.attnPartNeed = max(p.attnPartNeed, a.parts()*a.T*a.T)
+	}
 	return func() error {
 		if err := p.attentionForward(a, o, lse, q, k, v); err != nil {
 			return err
 		}
-		drop := a.dropoutArgs(p.seed)
-		common := []any{int32(a.T), int32(a.Hd), a.scale}
-		dq := append(append([]any{out[0].buf.Ptr, D, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, o, dO.buf.Ptr, lse, a.biasPtr()}, common...), drop...)
-		if err := p.launch("attention_bwd_dq_f32", a.rows(), block, uint32(4*(32+a.T)), dq...); err != nil {
-			return err
+		if a.tc {
+			return p.attentionBackwardTC(g)
 		}
-		dkdv := append(append([]any{out[1].buf.Ptr, out[2].buf.Ptr, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, dO.buf.Ptr, lse, D, a.biasPtr()}, common...), drop...)
-		if err := p.launch("attention_bwd_dkdv_f32", a.rows(), block, uint32(4*2*a.T), dkdv...); err != nil {
-			return err
-		}
-		if mask == nil {
-			return nil
-		}
-		db := append(append([]any{out[3].buf.Ptr, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, dO.buf.Ptr, lse, D, a.biasPtr(), int32(a.BH)}, common...), drop...)
-		return p.launch("attention_bwd_dbias_f32", [3]uint32{uint32(a.T), 1, 1}, block, 0, db...)
+		return p.attentionBackwardScalar(g)
 	}, nil
+}
+
+// attnGrad is a FusedAttentionGrad node's operands: the inputs, the
+// outputs (dq, dk, dv and, with a bias, its gradient) and the work
+// buffers o, lse and D.
+type attnGrad struct {
+	a           *attention
+	dO, q, k, v *dval
+	out         []*dval
+	o, lse, D   uint64
+}
+
+// attentionBackwardScalar: attention.cu's kernels, a block per row.
+func (p *program) attentionBackwardScalar(g *attnGrad) error {
+	a := g.a
+	drop := a.dropoutArgs(p.seed)
+	common := []any{int32(a.T), int32(a.Hd), a.scale}
+	dq := append(append([]any{g.out[0].buf.Ptr, g.D, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.o, g.dO.buf.Ptr, g.lse, a.biasPtr()}, common...), drop...)
+	if err := p.launch("attention_bwd_dq_f32", a.rows(), attnBlock, uint32(4*(32+a.T)), dq...); err != nil {
+		return err
+	}
+	dkdv := append(append([]any{g.out[1].buf.Ptr, g.out[2].buf.Ptr, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.dO.buf.Ptr, g.lse, g.D, a.biasPtr()}, common...), drop...)
+	if err := p.launch("attention_bwd_dkdv_f32", a.rows(), attnBlock, uint32(4*2*a.T), dkdv...); err != nil {
+		return err
+	}
+	if a.bias == nil {
+		return nil
+	}
+	db := append(append([]any{g.out[3].buf.Ptr, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.dO.buf.Ptr, g.lse, g.D, a.biasPtr(), int32(a.BH)}, common...), drop...)
+	return p.launch("attention_bwd_dbias_f32", [3]uint32{uint32(a.T), 1, 1}, attnBlock, 0, db...)
+}
+
+// attentionBackwardTC: flash.cu's kernels. dq (and D, and the bias
+// gradient's partial sums), then dk and dv, then the partial sums reduced
+// in order.
+func (p *program) attentionBackwardTC(g *attnGrad) error {
+	a := g.a
+	drop := a.dropoutArgs(p.seed)
+	var part uint64
+	if a.bias != nil {
+		part = p.attnPart.Ptr
+	}
+	dq := append([]any{g.out[0].buf.Ptr, g.D, part, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.o, g.dO.buf.Ptr, g.lse, a.biasPtr(),
+		int32(a.BH), int32(a.T), int32(a.Hd), a.scale}, drop...)
+	if err := p.launch("attention_bwd_dq_bf16", a.tiles(a.parts()), attnBlock, 0, dq...); err != nil {
+		return err
+	}
+	dkdv := append([]any{g.out[1].buf.Ptr, g.out[2].buf.Ptr, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.dO.buf.Ptr, g.lse, g.D, a.biasPtr(),
+		int32(a.T), int32(a.Hd), a.scale}, drop...)
+	if err := p.launch("attention_bwd_dkdv_bf16", a.tiles(a.BH), attnBlock, 0, dkdv...); err != nil {
+		return err
+	}
+	if a.bias == nil {
+		return nil
+	}
+	return p.each("attention_dbias_reduce_f32", a.T*a.T, g.out[3].buf.Ptr, part, int32(a.parts()), int32(a.T))
+}
+
+// stageAttention allocates the bias-gradient partial sums the tensor-core
+// attention backward needs (nodes run one at a time, so they share it).
+func (p *program) stageAttention() error {
+	if p.attnPartNeed == 0 {
+		return nil
+	}
+	b, err := p.alloc(p.attnPartNeed)
+	if err != nil {
+		return err
+	}
+	p.attnPart = b
+	return nil
 }

@@ -57,6 +57,9 @@ const (
 	inflightSerial = 4.0
 	// residentThreads: threads an SM holds at once (Hopper: 2,048).
 	residentThreads = 2048
+	// mmaEfficiency: the fraction of the bf16 tensor-core peak rpac's own
+	// WMMA kernels (flash.cu) reach: an estimate (see docs/PERFMODEL.md).
+	mmaEfficiency = 0.15
 	// simtLoadBound: one L1 load (128 B/clock/SM: 32 floats) per FMA caps
 	// coalesced scalar loops at a quarter of the FMA rate (128/clock/SM).
 	simtLoadBound = 0.25
@@ -147,7 +150,11 @@ func (h Hardware) eventTime(e Event) (float64, string) {
 		bound = "latency"
 	}
 	t := tMem
-	if e.Flops > 0 || e.Strided > 0 {
+	if e.Class == ClassMMA {
+		if tc := h.mmaTime(e); tc > t {
+			t, bound = tc, "tensor"
+		}
+	} else if e.Flops > 0 || e.Strided > 0 {
 		// fp32 FMAs: coalesced ones at a quarter of the FMA rate, strided
 		// ones at one FMA per SM per clock
 		tc := e.Flops/(simtLoadBound*h.FP32TFLOPS*1e12) + e.Strided/(2*float64(h.SMs)*h.ClockGHz*1e9)
@@ -162,6 +169,19 @@ func (h Hardware) eventTime(e Event) (float64, string) {
 		return kernelMin, "launch"
 	}
 	return t, bound
+}
+
+// mmaTime: a tensor-core kernel's FLOPs at mmaEfficiency of the bf16 peak
+// plus its scalar instructions at the CUDA cores' issue rate (one per core
+// per clock), on the SMs its blocks occupy.
+func (h Hardware) mmaTime(e Event) float64 {
+	share := 1.0
+	if e.Blocks > 0 && e.Blocks < int64(h.SMs) {
+		share = float64(e.Blocks) / float64(h.SMs)
+	}
+	tensor := e.Flops / (mmaEfficiency * h.BF16TFLOPS * 1e12)
+	scalar := e.Scalar / (h.FP32TFLOPS / 2 * 1e12)
+	return (tensor + scalar) / share
 }
 
 // gemmEfficiency is the fraction of the peak a GEMM reaches.

@@ -41,10 +41,14 @@ const (
 	ClassGEMM
 	// ClassCopy: a host↔device copy over the bus.
 	ClassCopy
+	// ClassMMA: a kernel of rpac's own on the tensor cores (rpac_mma tiles,
+	// WMMA): Flops at a fraction of the bf16 peak plus Scalar instructions
+	// (its elementwise work) at the CUDA cores' issue rate.
+	ClassMMA
 )
 
 func (c CostClass) String() string {
-	return [...]string{"stream", "serial", "simt", "gemm", "copy"}[c]
+	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma"}[c]
 }
 
 // Event is one traced device call with its estimated work: Flops that
@@ -60,6 +64,10 @@ type Event struct {
 	Flops   float64
 	Strided float64
 	Bytes   float64
+	// ClassMMA only: the scalar instructions of all threads together, and
+	// the blocks launched (a grid of fewer blocks than SMs leaves SMs idle).
+	Scalar float64
+	Blocks int64
 	// GEMM only.
 	Shape GemmShape
 	DType DType
@@ -149,6 +157,7 @@ func (d *tracedDevice) zero(b Buffer, bytes uint64) error {
 func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	e := Event{Kind: EvLaunch, Name: name,
 		Threads: int64(grid[0]) * int64(grid[1]) * int64(grid[2]) * int64(block[0]) * int64(block[1]) * int64(block[2])}
+	e.Blocks = int64(grid[0]) * int64(grid[1]) * int64(grid[2])
 	kernelCost(&e, kargs{d.sigs[name], args}, grid)
 	d.t.add(e)
 	return d.device.launch(name, grid, block, shared, args...)
@@ -313,6 +322,68 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Class, e.Bytes = ClassSerial, 8*R*K*(2*it+2)
 	case "attention_fwd_f32", "attention_bwd_dq_f32", "attention_bwd_dkdv_f32", "attention_bwd_dbias_f32":
 		attentionCost(e, a, grid)
+	case "attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16":
+		flashCost(e, a, grid)
+	case "attention_dbias_reduce_f32":
+		T := a.i("T")
+		e.Bytes = w * T * T * (a.i("G")/2 + 1) // the partial sums on and below the diagonal, the result
+	}
+}
+
+// flashWarpTiles counts the 16×32 tiles of scores flash.cu's warps compute
+// for one (sequence, head) pair: rows in blocks of 64 (4 warps of 16), the
+// other side in tiles of 32, tiles wholly above the diagonal skipped. keys
+// is true for the dk/dv kernel (warps own keys and walk the queries).
+func flashWarpTiles(T int, keys bool) float64 {
+	n := 0
+	for w0 := 0; w0 < T; w0 += 16 {
+		if keys { // query tiles from the warp's diagonal to the end
+			n += (T+31)/32 - w0/32
+			continue
+		}
+		q0 := w0 / 64 * 64 // key tiles up to the warp's last row, within the block's
+		n += min((w0+15)/32, (min(q0+64, T)-1)/32) + 1
+	}
+	return float64(n)
+}
+
+// flashCost: flash.cu's tensor-core attention. Per 16×32 tile of scores a
+// warp does 16·32·Hp multiply-adds per product (Hp = Hd padded to 16): the
+// forward three (q·k twice, P·v), dq three (q·k, dO·v, dS·k), dk/dv four
+// (q·k, dO·v, P·dO, dS·q), and about 60 scalar instructions per score for
+// the mask, bias, exp, the dropout hash (two 64-bit multiplies) and the
+// bf16 rounding (twice in the forward: two passes). Bytes: the fp32
+// operands read once and results written once (tiles re-read by other
+// blocks stay in L2); the bias read once; dq's bias-gradient partial sums
+// read and written once per (sequence, head) pair.
+func flashCost(e *Event, a kargs, grid [3]uint32) {
+	T, Hd := a.i("T"), a.i("Hd")
+	Hp := math.Ceil(Hd/16) * 16
+	BH := float64(grid[1])
+	if e.Name == "attention_bwd_dq_bf16" { // grid.y: the partial sums
+		BH = a.i("BH")
+	}
+	rows := BH * T * Hd * 4
+	bias := 0.0
+	if a.ptr("bias") != 0 {
+		bias = T * T * 4
+	}
+	const perScore = 60.0
+	tile := 2 * 16 * 32 * Hp // FLOPs of one product over a tile
+	e.Class = ClassMMA
+	switch e.Name {
+	case "attention_fwd_bf16":
+		n := BH * flashWarpTiles(int(T), false)
+		e.Flops, e.Scalar, e.Bytes = 3*tile*n, 2*perScore*512*n, 4*rows+bias
+	case "attention_bwd_dq_bf16":
+		n := BH * flashWarpTiles(int(T), false)
+		e.Flops, e.Scalar, e.Bytes = 3*tile*n, perScore*512*n, 6*rows+bias
+		if a.ptr("part") != 0 {
+			e.Bytes += 2 * 4 * BH * T * (T + 1) / 2
+		}
+	case "attention_bwd_dkdv_bf16":
+		n := BH * flashWarpTiles(int(T), true)
+		e.Flops, e.Scalar, e.Bytes = 4*tile*n, perScore*512*n, 6*rows+bias
 	}
 }
 

@@ -9,6 +9,9 @@
 // Dropout repeats the Dropout op's draws over the [B,H,T,T] weights:
 // element ((bh·T)+i)·T+j of stream key (see dropout_keep); keep = 0: none.
 //
+// These scalar fp32 kernels serve fp32 GEMMs and the heads flash.cu's
+// tensor-core kernels do not take (at most 8, above 128).
+//
 // grid = (T, B·H), blockDim.x a multiple of 32.
 
 __device__ __forceinline__ float attn_score(const float* q, const float* k, int Hd, float scale,

@@ -193,3 +193,59 @@ __device__ __forceinline__ i64 view_offset(i64 i, const i64* dims, const i64* st
     return off;
 }
 
+// rpac_mma: warp-wide tensor-core tiles, m16n16k16 with bf16 inputs and
+// fp32 accumulation (what WMMA calls fragments). Every lane of a warp calls
+// each operation together, with the same pointer and leading dimension
+// (ldm, in elements: a multiple of 8 for bf16, of 4 for fp32; pointers
+// 32-byte aligned). A fragment is opaque: kernels use it only through
+// rpac_load, rpac_store, rpac_fill, rpac_mma and elementwise loops over
+// f.x[0..RPAC_ACC_N) that treat every element alike, never assuming which
+// element is which position of the tile (the simulator keeps the whole
+// tile in every lane). rpac_store writes a lane's share of the tile only:
+// other lanes read it after __syncwarp (or __syncthreads).
+//
+// Types name the operand and the layout of the tile in memory: a is the
+// 16×16 M×K left operand, b the K×N right one; row: element (r, c) at
+// p[r·ldm + c], col: at p[c·ldm + r]. rpac_mma(d, a, b, c): d = a·b + c.
+#ifndef RPAC_CUDASIM
+struct rpac_a_row { int x[4]; };
+struct rpac_a_col { int x[4]; };
+struct rpac_b_row { int x[4]; };
+struct rpac_b_col { int x[4]; };
+struct rpac_acc { float x[8]; };
+#define RPAC_ACC_N 8
+
+// The NVVM builtins behind mma.h's WMMA API (layout 0 = row, 1 = col; for
+// the product, A's layout << 1 | B's).
+__device__ __forceinline__ void rpac_load(rpac_a_row& f, const bf16_t* p, unsigned ldm) {
+    __mma_bf16_m16n16k16_ld_a(f.x, (const int*)p, ldm, 0);
+}
+__device__ __forceinline__ void rpac_load(rpac_a_col& f, const bf16_t* p, unsigned ldm) {
+    __mma_bf16_m16n16k16_ld_a(f.x, (const int*)p, ldm, 1);
+}
+__device__ __forceinline__ void rpac_load(rpac_b_row& f, const bf16_t* p, unsigned ldm) {
+    __mma_bf16_m16n16k16_ld_b(f.x, (const int*)p, ldm, 0);
+}
+__device__ __forceinline__ void rpac_load(rpac_b_col& f, const bf16_t* p, unsigned ldm) {
+    __mma_bf16_m16n16k16_ld_b(f.x, (const int*)p, ldm, 1);
+}
+// rpac_store: the accumulator as a row-major fp32 tile.
+__device__ __forceinline__ void rpac_store(float* p, const rpac_acc& f, unsigned ldm) {
+    __hmma_m16n16k16_st_c_f32(p, f.x, ldm, 0);
+}
+__device__ __forceinline__ void rpac_mma(rpac_acc& d, const rpac_a_row& a, const rpac_b_row& b, const rpac_acc& c) {
+    __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, 0, 0);
+}
+__device__ __forceinline__ void rpac_mma(rpac_acc& d, const rpac_a_row& a, const rpac_b_col& b, const rpac_acc& c) {
+    __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, 1, 0);
+}
+__device__ __forceinline__ void rpac_mma(rpac_acc& d, const rpac_a_col& a, const rpac_b_row& b, const rpac_acc& c) {
+    __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, 2, 0);
+}
+__device__ __forceinline__ void rpac_mma(rpac_acc& d, const rpac_a_col& a, const rpac_b_col& b, const rpac_acc& c) {
+    __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, 3, 0);
+}
+#endif
+__device__ __forceinline__ void rpac_fill(rpac_acc& f, float v) {
+    for (int e = 0; e < RPAC_ACC_N; e++) f.x[e] = v;
+}

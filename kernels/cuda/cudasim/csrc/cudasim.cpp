@@ -447,8 +447,9 @@ void fiber_init(Worker* w, Fiber* f) {
 
 const char* op_name(int op) {
     static const char* n[] = {"__shfl_sync", "__shfl_down_sync", "__shfl_up_sync", "__shfl_xor_sync",
-                              "__any_sync",  "__all_sync",       "__ballot_sync",  "__syncwarp"};
-    return op >= 0 && op < 8 ? n[op] : "warp op";
+                              "__any_sync",  "__all_sync",       "__ballot_sync",  "__syncwarp",
+                              "rpac_mma"};
+    return op >= 0 && op < 9 ? n[op] : "warp op";
 }
 
 std::string where(Fiber* f) {

@@ -22,7 +22,7 @@
 #define __shared__ static thread_local
 #define __constant__ static
 #define __restrict__ __restrict
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 
 struct uint3 {
@@ -56,7 +56,7 @@ void* rpac_sim_dynamic_shared(void);
 
 // Warp operations: a rendezvous of exactly the lanes in the mask.
 enum { RPAC_SHFL_IDX = 0, RPAC_SHFL_DOWN = 1, RPAC_SHFL_UP = 2, RPAC_SHFL_XOR = 3, RPAC_ANY = 4, RPAC_ALL = 5,
-       RPAC_BALLOT = 6, RPAC_SYNCWARP = 7 };
+       RPAC_BALLOT = 6, RPAC_SYNCWARP = 7, RPAC_MMA_SYNC = 8 };
 
 template <class T>
 static inline T rpac_warp_t(int op, unsigned mask, T v, int arg, int width, const char* f, int l) {
@@ -95,7 +95,7 @@ static inline void rpac_syncwarp(const char* f, int l, unsigned mask = 0xfffffff
 #define __all_sync(mask, pred) ((int)rpac_sim_warp(RPAC_ALL, (mask), (pred) ? 1 : 0, 0, 32, __FILE__, __LINE__))
 #define __ballot_sync(mask, pred) \
     ((unsigned)rpac_sim_warp(RPAC_BALLOT, (mask), (pred) ? 1 : 0, 0, 32, __FILE__, __LINE__))
-#define __syncwarp(...) rpac_syncwarp(__FILE__, __LINE__, ##__VA_ARGS__)
+#define __syncwarp(...) rpac_syncwarp(__FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__)
 
 // Atomics: real atomics (blocks run on several OS threads).
 template <class T>
@@ -203,6 +203,57 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
 }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 static inline float __bfloat162float(__nv_bfloat16 h) { return rpac_bits<float>((unsigned)h.x << 16); }
+
+// rpac_mma (prelude.cuh's tensor-core tiles), simulated: a fragment holds
+// the whole 16×16 tile in every lane (element (r, c) at x[r·16 + c]), so
+// every lane loads the whole tile and computes the whole product. The
+// product is a rendezvous of the warp's 32 lanes (as wmma.mma.sync.aligned
+// is warp-collective: a lane that skips it is reported, the operation
+// named rpac_mma), and
+// rpac_store writes only the lane's share of the tile (the elements e with
+// e mod 32 = lane), so a lane that reads the stored tile before the warp
+// synchronises sees the poison of the others' elements.
+#define RPAC_CUDASIM 1
+struct rpac_a_row { unsigned short x[256]; };
+struct rpac_a_col { unsigned short x[256]; };
+struct rpac_b_row { unsigned short x[256]; };
+struct rpac_b_col { unsigned short x[256]; };
+struct rpac_acc { float x[256]; };
+#define RPAC_ACC_N 256
+
+static inline unsigned rpac_sim_lane(void) {
+    unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    return t & 31u;
+}
+// rpac_sim_tile: element (r, c) of a row-major (row = true) or column-major
+// tile at p with leading dimension ldm.
+static inline void rpac_sim_tile(unsigned short* x, const unsigned short* p, unsigned ldm, bool row) {
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) x[r * 16 + c] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+}
+static inline void rpac_load(rpac_a_row& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, true); }
+static inline void rpac_load(rpac_a_col& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, false); }
+static inline void rpac_load(rpac_b_row& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, true); }
+static inline void rpac_load(rpac_b_col& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, false); }
+static inline void rpac_store(float* p, const rpac_acc& f, unsigned ldm) {
+    for (unsigned e = rpac_sim_lane(); e < 256; e += 32) p[(size_t)(e / 16) * ldm + e % 16] = f.x[e];
+}
+static inline float rpac_sim_bf16(unsigned short h) { return rpac_bits<float>((unsigned)h << 16); }
+// d = a·b + c: the 16 products of a row and a column (exact in fp32: bf16
+// has 8 significant bits) summed in k order, then c added.
+template <class A, class B>
+static inline void rpac_sim_mma(const char* file, int line, rpac_acc& d, const A& a, const B& b, const rpac_acc& c) {
+    rpac_sim_warp(RPAC_MMA_SYNC, 0xffffffffu, 0, 0, 32, file, line);
+    rpac_acc r;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float s = 0.0f;
+            for (int k = 0; k < 16; k++) s += rpac_sim_bf16(a.x[i * 16 + k]) * rpac_sim_bf16(b.x[k * 16 + j]);
+            r.x[i * 16 + j] = s + c.x[i * 16 + j];
+        }
+    d = r;
+}
+#define rpac_mma(d, a, b, c) rpac_sim_mma(__FILE__, __LINE__, d, a, b, c)
 
 // Every module has thread-local storage (its __shared__ arrays live
 // there); the simulator takes this anchor's block to poison them.

@@ -1,0 +1,180 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// tcAttentionCases: FusedAttention and its gradient on shapes that stress
+// flash.cu's tiles: lengths that are not a multiple of 64 or 32 (37, 67,
+// 20), the paper's head size 85 and small ones (9, 12) padded to 16, more
+// (sequence, head) pairs than bias-gradient partial sums (35 > 32), with
+// and without the bias and dropout.
+func tcAttentionCases() []opCase {
+	var cases []opCase
+	add := func(s ir.Shape, bias bool, dropout float64) {
+		a := ir.Attrs{"scale": 1 / math.Sqrt(float64(s[3])), "causal": true}
+		if dropout > 0 {
+			a["dropout"], a["stream"] = dropout, 3
+		}
+		fwd, grad := []ir.Shape{s, s, s}, []ir.Shape{s, s, s, s}
+		if bias {
+			fwd, grad = append(fwd, ir.Shape{s[2], s[2]}), append(grad, ir.Shape{s[2], s[2]})
+		}
+		cases = append(cases, opCase{op: "FusedAttention", attrs: a, in: fwd}, opCase{op: "FusedAttentionGrad", attrs: a, in: grad})
+	}
+	add(ir.Shape{2, 3, 67, 85}, true, 0)
+	add(ir.Shape{1, 2, 37, 85}, true, 0.1)
+	add(ir.Shape{1, 2, 37, 9}, false, 0.1)
+	add(ir.Shape{1, 1, 20, 12}, false, 0)
+	add(ir.Shape{5, 7, 20, 12}, true, 0.1)
+	return cases
+}
+
+// attnErrors is the worst error relative to max(1, |cpu|) (closeTo's
+// measure) and the relative L2 error ‖got − cpu‖ / ‖cpu‖.
+func attnErrors(got []float32, want []float64) (worst, l2 float64) {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		if math.IsNaN(d) {
+			return math.Inf(1), math.Inf(1)
+		}
+		worst = math.Max(worst, math.Abs(d)/math.Max(1, math.Abs(w)))
+		num += d * d
+		den += w * w
+	}
+	return worst, math.Sqrt(num / math.Max(den, 1e-30))
+}
+
+// Bounds of the tensor-core attention against the fp32 CPU: bf16 inputs
+// (q, k, v, dO and the weights P and dS rounded to 8 significant bits, a
+// relative 2⁻⁹ each) with fp32 accumulation. Measured over these cases
+// and TestGPUAttentionTensorCores': L2 2.2e-3 to 6.0e-3 for every output
+// (lse 2e-4 to 5e-4); the worst entry 0.5e-2 to 2.7e-2 for o, dq, dk, dv
+// and up to 8.7e-2 for the bias gradient (a sum of dS over every sequence
+// and head, 35 of them, with sums of several units).
+const (
+	tcAttnWorst = 0.1  // relative to max(1, |cpu|)
+	tcAttnL2    = 1e-2 // ‖got − cpu‖ / ‖cpu‖
+)
+
+// TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
+// FusedAttention(Grad) on flash.cu's tensor-core kernels (the trace says
+// so); o, dq, dk, dv and the bias gradient match the CPU backend within
+// bf16's bounds, a second run is bit-identical, and on the simulator the
+// differential run (reverse block and thread order, another shared-memory
+// poison) agrees.
+func TestGPUFusedAttentionBF16(t *testing.T) {
+	be := gpuBackend(t, GEMMBF16)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(19, 2))
+	for _, c := range tcAttentionCases() {
+		g, feeds := caseGraph(c, r)
+		what := fmt.Sprintf("%s %v %v", c.op, c.in[0], c.attrs)
+		first := runBoth(t, what, g, feeds, be)
+		for name, pair := range first {
+			worst, l2 := attnErrors(pair[1].F32, pair[0].Float64s())
+			t.Logf("%s output %s: worst %.2e, L2 %.2e", what, name, worst, l2)
+			if worst > tcAttnWorst || l2 > tcAttnL2 {
+				t.Errorf("%s output %s: worst %.3g (bound %g), L2 %.3g (bound %g)", what, name, worst, tcAttnWorst, l2, tcAttnL2)
+			}
+		}
+		for name, pair := range runBoth(t, what, g, feeds, be) {
+			if !sameBits(pair[1].F32, first[name][1].F32) {
+				t.Errorf("%s output %s: a second run differs", what, name)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, e := range tr.Events() {
+		seen[e.Name] = true
+	}
+	for _, k := range []string{"attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16", "attention_dbias_reduce_f32"} {
+		if !seen[k] {
+			t.Errorf("kernel %s never ran", k)
+		}
+	}
+	if seen["attention_fwd_f32"] {
+		t.Error("the scalar attention ran under bf16 GEMMs")
+	}
+	// a head of 8 (SmallGEMMDim) stays on the fp32 kernels, as close to the
+	// CPU as under fp32 GEMMs
+	tr.Reset()
+	small := opCase{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.35, "causal": true}, in: []ir.Shape{{1, 2, 20, 8}, {1, 2, 20, 8}, {1, 2, 20, 8}, {1, 2, 20, 8}, {20, 20}}}
+	checkParity(t, be, []opCase{small}, 7)
+	for _, e := range tr.Events() {
+		if e.Name == "attention_fwd_bf16" {
+			t.Error("a head of 8 ran on the tensor cores")
+		}
+	}
+	d, err := LoadDriver()
+	if err != nil || !d.Simulated() {
+		return
+	}
+	d.SimConfig("diff", 1)
+	defer d.SimConfig("diff", 0)
+	cases := tcAttentionCases()
+	checkParity(t, be, []opCase{withTol(cases[3], tcAttnWorst), withTol(cases[9], tcAttnWorst)}, 5)
+}
+
+func withTol(c opCase, tol float64) opCase {
+	c.tol = tol
+	return c
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestAttentionParts: the bias gradient's partial sums depend on the shape
+// only: 32 at the paper's length, fewer where 32 would pass 256 MiB, at most
+// one per (sequence, head) pair, and one per pair without a bias.
+func TestAttentionParts(t *testing.T) {
+	bias := &dval{}
+	for _, c := range []struct {
+		a    attention
+		want int
+	}{
+		{attention{BH: 192, T: 768, bias: bias}, 32},
+		{attention{BH: 192, T: 4096, bias: bias}, 4},
+		{attention{BH: 192, T: 20000, bias: bias}, 1},
+		{attention{BH: 6, T: 67, bias: bias}, 6},
+		{attention{BH: 192, T: 768}, 192},
+	} {
+		if got := c.a.parts(); got != c.want {
+			t.Errorf("BH %d, T %d, bias %v: %d partial sums, want %d", c.a.BH, c.a.T, c.a.bias != nil, got, c.want)
+		}
+	}
+}
+
+// TestFlashWarpTiles: the cost model's count of flash.cu's 16×32 tiles of
+// scores: the causal triangle at T = 64 (rows 0–31 see one key tile, rows
+// 32–63 two; symmetric for the keys), and T = 67, whose last warp of rows
+// sees three tiles and whose last warp of keys one.
+func TestFlashWarpTiles(t *testing.T) {
+	for _, c := range []struct {
+		T    int
+		keys bool
+		want float64
+	}{{64, false, 6}, {64, true, 6}, {67, false, 9}, {67, true, 11}} {
+		if got := flashWarpTiles(c.T, c.keys); got != c.want {
+			t.Errorf("T %d, keys %v: %v tiles, want %v", c.T, c.keys, got, c.want)
+		}
+	}
+}
