@@ -1,8 +1,6 @@
 package training
 
 import (
-	"bytes"
-	"context"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,16 +33,10 @@ func TestSimDeviceTrainingState(t *testing.T) {
 	dir := t.TempDir()
 	run := func(name string, dev Device, mod func(o *Options)) (*Result, string) {
 		o := deviceStateOptions(filepath.Join(dir, name), dev)
-		var progress bytes.Buffer
-		o.Progress = &progress
 		if mod != nil {
 			mod(&o)
 		}
-		res, err := Train(context.Background(), o)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		return res, progress.String()
+		return trainLogged(t, name, o)
 	}
 	devRes, log := run("device", DeviceCUDASim, nil)
 	if !strings.Contains(log, "training state on the device") {

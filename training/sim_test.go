@@ -38,16 +38,11 @@ func TestSimTrainingMatchesCPU(t *testing.T) {
 				o := microOptions(filepath.Join(dir, name))
 				o.Model = model
 				o.Device, o.Precision = dev, ir.FP32
-				var progress bytes.Buffer
-				o.Progress = &progress
 				if mod != nil {
 					mod(&o)
 				}
-				res, err := Train(context.Background(), o)
-				if err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				if dev == DeviceCUDASim && !bytes.Contains(progress.Bytes(), []byte("CUDA simulator")) {
+				res, progress := trainLogged(t, name, o)
+				if dev == DeviceCUDASim && !strings.Contains(progress, "CUDA simulator") {
 					t.Errorf("%s: the run does not say it ran on the simulator", name)
 				}
 				return res
@@ -177,4 +172,17 @@ func paramGroup(n string) string {
 // (relative L2 against the fp32 CPU gradients); "*": every other group.
 var bf16Bound = map[string]float64{
 	"*": 0.05,
+}
+
+// trainLogged runs Train on o and returns its result and what it printed
+// (a failure stops the test, naming the run).
+func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
+	t.Helper()
+	var progress bytes.Buffer
+	o.Progress = &progress
+	res, err := Train(context.Background(), o)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return res, progress.String()
 }

@@ -195,13 +195,7 @@ func TestSimGEMMPlansReused(t *testing.T) {
 	d := simOnly(t)
 	be := gpuBackend(t, GEMMBF16)
 	const R, N, K = 37, 85, 510
-	g := linearGraph(R, N, K)
-	st := kernels.NewStore(kernels.F32)
-	w, _ := st.Ensure("w", ir.Shape{N, K})
-	r := rand.New(rand.NewPCG(43, 44))
-	copy(w.F32, randF32(r, N*K, 1))
-	feeds := map[string]*kernels.Tensor{
-		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}, "dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}}
+	g, st, w, feeds := linearFixture(R, N, K, 43)
 	live := d.SimStat("lt_live")
 	p, err := be.Compile(g, nil, st)
 	if err != nil {
@@ -241,13 +235,7 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 	d := simOnly(t)
 	be := gpuBackend(t, GEMMBF16)
 	const R, N, K = 37, 85, 510
-	g := linearGraph(R, N, K)
-	st := kernels.NewStore(kernels.F32)
-	w, _ := st.Ensure("w", ir.Shape{N, K})
-	r := rand.New(rand.NewPCG(45, 46))
-	copy(w.F32, randF32(r, N*K, 1))
-	feeds := map[string]*kernels.Tensor{
-		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}, "dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}}
+	g, st, w, feeds := linearFixture(R, N, K, 45)
 	p, err := be.Compile(g, nil, st)
 	if err != nil {
 		t.Fatal(err)
@@ -291,7 +279,7 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 	unbind, _ := be.bind()
 	grad, err := be.dev.alloc(uint64(4 * N * K))
 	if err == nil {
-		err = be.dev.upload(grad, f32Ptr(randF32(r, N*K, 1)), uint64(4*N*K))
+		err = be.dev.upload(grad, f32Ptr(randF32(rand.New(rand.NewPCG(47, 48)), N*K, 1)), uint64(4*N*K))
 	}
 	unbind()
 	if err != nil {
@@ -445,4 +433,17 @@ func TestGPUBF16Pad(t *testing.T) {
 			}
 		}
 	}
+}
+
+// linearFixture is linearGraph's R×K by N×K Linear with a random weight
+// "w" in a store and random feeds x and dy, drawn from seed.
+func linearFixture(R, N, K int, seed uint64) (*ir.Graph, *kernels.Store, *kernels.Tensor, map[string]*kernels.Tensor) {
+	g := linearGraph(R, N, K)
+	st := kernels.NewStore(kernels.F32)
+	w, _ := st.Ensure("w", ir.Shape{N, K})
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	copy(w.F32, randF32(r, N*K, 1))
+	feeds := map[string]*kernels.Tensor{
+		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}, "dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}}
+	return g, st, w, feeds
 }
