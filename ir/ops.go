@@ -366,10 +366,12 @@ func init() {
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
 		}})
-	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, Doc: "Dropout(x; p) -> (x·mask, mask) with mask = Bernoulli(1-p)/(1-p), fresh per step.",
-		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
-			return []Shape{in[0].Shape, in[0].Shape}, []DType{F32, F32}, nil
-		}})
+	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
+		Doc: "Dropout(x; p) -> x·mask with mask = Bernoulli(1-p)/(1-p), fresh per step: element i keeps when the 32-bit half (i&1) " +
+			"of draw i>>1 of the node's stream is below (1-p)·2³²."})
+	reg(&OpDef{Name: "DropoutGrad", NumIn: 1, TrainingOnly: true, Random: true, Gradient: true, Infer: same(0),
+		Doc: "DropoutGrad(dy; p, stream) -> dy·mask, mask the one the Dropout node whose id is stream drew in the same run " +
+			"(drawn again from its stream: no mask is kept between the forward and the backward)."})
 	reg(&OpDef{Name: "GumbelNoise", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
 		Doc: "GumbelNoise(x) -> x - log(-log(u)), u ~ U(0,1) clamped to [1e-6, 1-1e-6], fresh per step; gradient is identity."})
 	reg(&OpDef{Name: "TopKMask", NumIn: 1, Infer: same(0), RowWise: true, Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})

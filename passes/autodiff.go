@@ -243,7 +243,7 @@ func init() {
 			if d[0] == nil {
 				return nil
 			}
-			return []*ir.Value{g.Op1("Mul", nil, d[0], n.Outputs[1])}
+			return []*ir.Value{g.Op1("DropoutGrad", ir.Attrs{"p": n.Attrs.Float("p", 0), "stream": n.ID}, d[0])}
 		},
 		"GumbelNoise": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value { return []*ir.Value{d[0]} },
 		"FusedAttention": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {

@@ -125,7 +125,7 @@ func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node, with
 		return v.Def
 	}
 	w := n.Inputs[0]
-	if d := single(w, "Dropout"); withDropout && d != nil && len(uses[d.Outputs[1]]) == 0 && !isOutput(g, d.Outputs[1]) {
+	if d := single(w, "Dropout"); withDropout && d != nil {
 		m.drop, w = d, d.Inputs[0]
 	}
 	if m.soft = single(w, "Softmax"); m.soft == nil {

@@ -418,10 +418,13 @@ func TestRandomOpsDeterministic(t *testing.T) {
 	d1 := g.Apply("Dropout", ir.Attrs{"p": 0.25}, xv)
 	d2 := g.Apply("Dropout", ir.Attrs{"p": 0.25}, xv)
 	gn := g.Op1("GumbelNoise", nil, xv)
-	g.SetOutput("m1", d1[1])
+	// x is all ones: a Dropout's output is its mask
+	g.SetOutput("m1", d1[0])
 	g.SetOutput("y1", d1[0])
-	g.SetOutput("m2", d2[1])
+	g.SetOutput("m2", d2[0])
 	g.SetOutput("g", gn)
+	// DropoutGrad draws the first node's mask again
+	g.SetOutput("dg", g.Op1("DropoutGrad", ir.Attrs{"p": 0.25, "stream": d1[0].Def.ID}, xv))
 	x := make([]float64, 10000)
 	for i := range x {
 		x[i] = 1
@@ -438,6 +441,9 @@ func TestRandomOpsDeterministic(t *testing.T) {
 		}
 		if equalF(m1, m2) {
 			t.Errorf("%v: two Dropout nodes drew the same mask", prec)
+		}
+		if !equalF(m1, p.Output("dg").Float64s()) {
+			t.Errorf("%v: DropoutGrad drew another mask than its Dropout node", prec)
 		}
 		mustRun(t, p, feeds, 43)
 		if equalF(m1, p.Output("m1").Float64s()) || equalF(gg, p.Output("g").Float64s()) {

@@ -547,7 +547,7 @@ func nnCases() []gradCase {
 			ins:  []spec{in(4, 6)},
 			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return g.Apply("Dropout", ir.Attrs{"p": p}, x[0])[0] },
 			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
-				return []*ir.Value{op1(g, "Mul", nil, dy, y.Def.Outputs[1])}
+				return []*ir.Value{op1(g, "DropoutGrad", ir.Attrs{"p": p, "stream": y.Def.ID}, dy)}
 			},
 		})
 	}

@@ -266,8 +266,22 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 // ---- Dropout / GumbelNoise ----
 
 func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-	x, y, mask := in[0], out[0], out[1]
-	pr := n.Attrs.Float("p", 0)
+	return p.dropoutKernel(n.Attrs.Float("p", 0), n.ID, in[0], out[0])
+}
+
+// buildDropoutGrad draws the mask of the Dropout node n.Attrs["stream"]
+// again and applies it to dy.
+func (p *program[T]) buildDropoutGrad(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	stream := n.Attrs.Int("stream", -1)
+	if stream < 0 {
+		return nil, fmt.Errorf("DropoutGrad: no stream (the Dropout node's id)")
+	}
+	return p.dropoutKernel(n.Attrs.Float("p", 0), stream, in[0], out[0])
+}
+
+// dropoutKernel sets y = x·mask, mask the draws of stream id with
+// probability 1−pr of keeping (kept elements scaled by 1/(1−pr)).
+func (p *program[T]) dropoutKernel(pr float64, id int, x, y *tensor[T]) (func() error, error) {
 	keep := 1 - pr
 	var scale T
 	if keep > 0 {
@@ -282,10 +296,9 @@ func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() erro
 	case keep > 0:
 		thresh = uint64(keep * (1 << 32))
 	}
-	id := n.ID
 	return func() error {
 		key := streamKey(p.seed, id)
-		xs, ys, ms := x.f, y.f, mask.f
+		xs, ys := x.f, y.f
 		parallelFor(len(ys), grainCheap, func(lo, hi int) {
 			for i := lo; i < hi; {
 				h := mix64(key + uint64(i>>1+1)*golden)
@@ -294,7 +307,6 @@ func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() erro
 					if uint64(uint32(h>>(32*(i&1)))) < thresh {
 						m = scale
 					}
-					ms[i] = m
 					ys[i] = xs[i] * m
 					if i&1 == 1 {
 						i++
@@ -699,6 +711,7 @@ func nnKernels[T float](k kernelTable[T]) {
 	k.add("LayerNorm", (*program[T]).buildLayerNorm)
 	k.add("LayerNormGrad", (*program[T]).buildLayerNormGrad)
 	k.add("Dropout", (*program[T]).buildDropout)
+	k.add("DropoutGrad", (*program[T]).buildDropoutGrad)
 	k.add("GumbelNoise", (*program[T]).buildGumbel)
 	k.add("TopKMask", (*program[T]).buildTopKMask)
 	k.add("CrossEntropy", (*program[T]).buildCrossEntropy)

@@ -66,6 +66,7 @@ func opCases() []opCase {
 		{op: "LayerNorm", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{6, 33}, {33}, {33}}},
 		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{300, 33}, {300, 33}, {33}}},
 		{op: "Dropout", attrs: ir.Attrs{"p": 0.3}, in: []ir.Shape{{6, 33}}},
+		{op: "DropoutGrad", attrs: ir.Attrs{"p": 0.3, "stream": 5}, in: []ir.Shape{{6, 33}}},
 		{op: "GumbelNoise", in: []ir.Shape{{6, 33}}},
 		{op: "TopKMask", attrs: ir.Attrs{"k": 2}, in: []ir.Shape{{10, 4}}},
 		{op: "CrossEntropy", attrs: ir.Attrs{"label_smoothing": 0.1}, in: []ir.Shape{{12, 50}, {12}}, ids: map[int]int{1: 50}},

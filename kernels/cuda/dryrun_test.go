@@ -27,7 +27,7 @@ func TestFakeDeviceSignatures(t *testing.T) {
 	if len(sigs) != n || len(sigs) < 30 {
 		t.Fatalf("%d signatures for %d kernels", len(sigs), n)
 	}
-	if got := sigs["dropout_f32"]; len(got) != 7 || got[3].kind != "u64" || got[6].kind != "i64" {
+	if got := sigs["dropout_f32"]; len(got) != 6 || got[2].kind != "u64" || got[5].kind != "i64" {
 		t.Fatalf("dropout_f32 signature %v", got)
 	}
 }

@@ -169,6 +169,8 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		return p.buildLayerNormGrad(n, in, out)
 	case "Dropout":
 		return p.buildDropout(n, in, out)
+	case "DropoutGrad":
+		return p.buildDropoutGrad(n, in, out)
 	case "GumbelNoise":
 		x, o, id := in[0], out[0], n.ID
 		return func() error {
@@ -877,11 +879,25 @@ func dropoutThreshold(p float64) (thresh uint64, scale float32) {
 }
 
 func (p *program) buildDropout(n *ir.Node, in, out []*dval) (func() error, error) {
-	x, y, mask, id := in[0], out[0], out[1], n.ID
-	thresh, scale := dropoutThreshold(n.Attrs.Float("p", 0))
+	return p.dropout(n.Attrs.Float("p", 0), n.ID, in[0], out[0]), nil
+}
+
+// buildDropoutGrad applies the mask of the Dropout node n.Attrs["stream"]
+// to dy, drawn again from its stream (no mask is kept).
+func (p *program) buildDropoutGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	stream := n.Attrs.Int("stream", -1)
+	if stream < 0 {
+		return nil, fmt.Errorf("DropoutGrad: no stream (the Dropout node's id)")
+	}
+	return p.dropout(n.Attrs.Float("p", 0), stream, in[0], out[0]), nil
+}
+
+// dropout launches y = x·mask, mask the draws of stream id.
+func (p *program) dropout(pr float64, id int, x, y *dval) func() error {
+	thresh, scale := dropoutThreshold(pr)
 	return func() error {
-		return p.each("dropout_f32", y.n, y.buf.Ptr, mask.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), thresh, scale, int64(y.n))
-	}, nil
+		return p.each("dropout_f32", y.n, y.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), thresh, scale, int64(y.n))
+	}
 }
 
 // ---- losses ----

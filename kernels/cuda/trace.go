@@ -242,14 +242,14 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	n := a.i("n")
 	e.Class = ClassStream
 	switch e.Name {
-	case "copy_words", "unary_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "add_rows_f32",
+	case "copy_words", "unary_f32", "dropout_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "add_rows_f32",
 		"causal_mask_f32", "gumbel_f32", "clamp_f32", "nan_to_num_f32", "scale_inplace_f32", "zscore_fwd_f32":
 		e.Bytes = 2 * w * n
 	case "f32_to_bf16_kernel", "bf16_to_f32_kernel":
 		e.Bytes = 6 * n
 	case "f32_to_bf16_pad_kernel": // fp32 rows×cols read, bf16 rows×ld written
 		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
-	case "grad_unary_f32", "binary_f32", "dropout_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
+	case "grad_unary_f32", "binary_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
 	case "fused_ew_f32":
 		// every input counted at the output's size: an upper bound (a

@@ -156,14 +156,14 @@ extern "C" __global__ void causal_mask_f32(float* y, const float* x, int T, floa
 }
 
 // dropout_f32: element i keeps when the 32-bit half (i&1) of draw i>>1 is
-// below thresh; kept elements are scaled by scale; mask holds 0 or scale.
-extern "C" __global__ void dropout_f32(float* y, float* mask, const float* x, unsigned long long key,
+// below thresh; kept elements are scaled by scale. Dropout (x) and
+// DropoutGrad (dy, with the forward node's key) are the same launch.
+extern "C" __global__ void dropout_f32(float* y, const float* x, unsigned long long key,
                                        unsigned long long thresh, float scale, i64 n) {
     GRID_STRIDE(i, n) {
         unsigned long long h = mix64(key + (unsigned long long)((i >> 1) + 1) * RPAC_GOLDEN);
         unsigned int half = (unsigned int)(h >> (32 * (i & 1)));
         float m = ((unsigned long long)half < thresh) ? scale : 0.0f;
-        mask[i] = m;
         y[i] = x[i] * m;
     }
 }
