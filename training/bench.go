@@ -62,7 +62,7 @@ func NewBench(o Options) (*Bench, error) {
 		return nil, err
 	}
 	if gpu, ok := be.(*cuda.Backend); ok && !o.HostOptimizer {
-		if b.dev, err = cuda.NewDeviceAdamW(gpu, b.store, acfg, mg.Params()); err != nil {
+		if b.dev, err = newDeviceAdamW(gpu, b.store, acfg, mg.Params()); err != nil {
 			return nil, err
 		}
 		if err := b.step.KeepGradsOnDevice(gpu); err != nil {

@@ -93,7 +93,7 @@ func TestSimDeviceOptimizerTraining(t *testing.T) {
 	first := open(DeviceCUDASim)
 	runBench(t, first, 0, N/2)
 	ckW := benchWeights(t, first)
-	ckO, ckSteps, err := first.dev.Export()
+	ckO, ckSteps, err := exportDevice(first.dev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestSimDeviceOptimizerTraining(t *testing.T) {
 	if err := resumed.dev.UploadWeights(); err != nil {
 		t.Fatal(err)
 	}
-	if err := resumed.dev.Import(ckO, ckSteps); err != nil {
+	if err := importDevice(resumed.dev, resumed.opt.Config(), ckO, ckSteps); err != nil {
 		t.Fatal(err)
 	}
 	runBench(t, resumed, N/2, N)

@@ -2,6 +2,8 @@ package training
 
 import (
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda"
@@ -78,6 +80,7 @@ type deviceState struct {
 	gpu   *cuda.Backend
 	adam  *cuda.DeviceAdamW
 	ema   *cuda.DeviceEMA // nil without EMA
+	cfg   optim.AdamWConfig
 	w     *weightSets
 	fresh bool // the store holds the device's current values
 }
@@ -85,8 +88,8 @@ type deviceState struct {
 // newDeviceState moves the parameters and the host optimizer's state
 // (fresh, or restored from a checkpoint) to gpu.
 func newDeviceState(gpu *cuda.Backend, store *kernels.Store, opt *optim.AdamW, w *weightSets) (_ *deviceState, err error) {
-	d := &deviceState{gpu: gpu, w: w, fresh: true}
-	if d.adam, err = cuda.NewDeviceAdamW(gpu, store, opt.Config(), w.names); err != nil {
+	d := &deviceState{gpu: gpu, w: w, fresh: true, cfg: opt.Config()}
+	if d.adam, err = newDeviceAdamW(gpu, store, d.cfg, w.names); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -95,7 +98,7 @@ func newDeviceState(gpu *cuda.Backend, store *kernels.Store, opt *optim.AdamW, w
 		}
 	}()
 	if mom, steps := opt.Export(); steps > 0 || len(mom) > 0 {
-		if err := d.adam.Import(mom, steps); err != nil {
+		if err := importDevice(d.adam, d.cfg, mom, steps); err != nil {
 			return nil, fmt.Errorf("optimizer state to the device: %w", err)
 		}
 	}
@@ -144,7 +147,7 @@ func (d *deviceState) toHost() error {
 
 func (d *deviceState) toDevice() error { return d.adam.UploadWeights() }
 
-func (d *deviceState) moments() ([]checkpoint.Named, int, error) { return d.adam.Export() }
+func (d *deviceState) moments() ([]checkpoint.Named, int, error) { return exportDevice(d.adam) }
 
 func (d *deviceState) onDevice() bool { return true }
 
@@ -165,4 +168,64 @@ func newOptState(o Options, be kernels.Backend, store *kernels.Store, opt *optim
 		return newDeviceState(gpu, store, opt, w)
 	}
 	return &hostState{opt: opt, w: w}, nil
+}
+
+// deviceHyper is the device optimizer's form of an AdamW configuration
+// (defaults applied as the host optimizer applies them).
+func deviceHyper(c optim.AdamWConfig) cuda.AdamWHyper {
+	c = optim.NewAdamW(c).Config()
+	return cuda.AdamWHyper{Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay, Decay: c.Decay}
+}
+
+// newDeviceAdamW opens a device optimizer with the host optimizer's
+// settings over store's params.
+func newDeviceAdamW(gpu *cuda.Backend, store *kernels.Store, c optim.AdamWConfig, params []string) (*cuda.DeviceAdamW, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return cuda.NewDeviceAdamW(gpu, store, deviceHyper(c), params)
+}
+
+// exportDevice writes a device optimizer's state in optim.AdamW's
+// checkpoint form (adam.m.*, adam.v.*, adam.step.*, sorted by name).
+func exportDevice(d *cuda.DeviceAdamW) ([]checkpoint.Named, int, error) {
+	ms, steps, err := d.Moments()
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []checkpoint.Named
+	for name, m := range ms {
+		out = append(out,
+			checkpoint.Named{Name: optim.PrefixM + name, Shape: []int{len(m.M)}, Data: m.M},
+			checkpoint.Named{Name: optim.PrefixStep + name, Shape: []int{}, Data: []float32{float32(m.T)}},
+			checkpoint.Named{Name: optim.PrefixV + name, Shape: []int{len(m.V)}, Data: m.V})
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out, steps, nil
+}
+
+// importDevice loads optim.AdamW's checkpoint form (validated by the host
+// optimizer's Import first) into a device optimizer.
+func importDevice(d *cuda.DeviceAdamW, c optim.AdamWConfig, ts []checkpoint.Named, steps int) error {
+	if err := optim.NewAdamW(c).Import(ts, steps); err != nil {
+		return err
+	}
+	ms := map[string]cuda.Moments{}
+	for _, t := range ts {
+		for _, f := range []struct {
+			prefix string
+			set    func(m *cuda.Moments)
+		}{
+			{optim.PrefixM, func(m *cuda.Moments) { m.M = t.Data }},
+			{optim.PrefixV, func(m *cuda.Moments) { m.V = t.Data }},
+			{optim.PrefixStep, func(m *cuda.Moments) { m.T = int(t.Data[0]) }},
+		} {
+			if name, ok := strings.CutPrefix(t.Name, f.prefix); ok {
+				m := ms[name]
+				f.set(&m)
+				ms[name] = m
+			}
+		}
+	}
+	return d.SetMoments(ms, steps)
 }

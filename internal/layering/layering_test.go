@@ -31,10 +31,7 @@ var rules = []rule{
 		why: "training builds models but never the exporter: the manifest and provenance come from runtime/manifest"},
 	{from: "ir", deny: []string{""}, allow: []string{"ir"}, why: "the IR is the bottom layer"},
 	{from: "compiler", deny: []string{"training", "cmd/"}, why: "the compiler does not know training or the CLI"},
-	// kernels/cuda's device optimizer reads training/optim's AdamW
-	// settings and training/checkpoint's names (docs/DESIGN.md lists the
-	// edge); the rest of kernels/ imports no training code.
-	{from: "kernels", deny: []string{"compiler/", "runtime", "passes", "training"}, allow: []string{"training/optim", "training/checkpoint"},
+	{from: "kernels", deny: []string{"compiler/", "runtime", "passes", "training"},
 		why: "kernels sit below the passes, the compiler and training"},
 	{from: "", deny: []string{"cmd/"}, why: "nothing imports the command line"},
 }

@@ -267,7 +267,7 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 	}
 	checkLinear(t, "after an upload", p, feeds, w.F32, R, N, K)
 	// a device optimizer step
-	opt, err := NewDeviceAdamW(be, st, optim.DefaultAdamW(), []string{"w"})
+	opt, err := NewDeviceAdamW(be, st, hyperOf(optim.DefaultAdamW()), []string{"w"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,13 +6,44 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strings"
 	"unsafe"
 
 	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/training/checkpoint"
-	"github.com/rpac-dev/rpac/training/optim"
 )
+
+// AdamWHyper are the settings of a DeviceAdamW (what training/optim's
+// AdamWConfig holds, given by the caller: a backend imports no training
+// package).
+type AdamWHyper struct {
+	Beta1, Beta2 float64
+	Eps          float64
+	// WeightDecay is the decoupled decay λ, applied to the parameters
+	// Decay selects.
+	WeightDecay float64
+	Decay       func(name string) bool
+}
+
+// Validate reports settings the update cannot use.
+func (h AdamWHyper) Validate() error {
+	switch {
+	case !(h.Beta1 >= 0 && h.Beta1 < 1) || !(h.Beta2 >= 0 && h.Beta2 < 1):
+		return fmt.Errorf("device AdamW: betas %g, %g must lie in [0, 1)", h.Beta1, h.Beta2)
+	case !(h.Eps > 0) || math.IsInf(h.Eps, 0):
+		return fmt.Errorf("device AdamW: eps %g must be positive and finite", h.Eps)
+	case !(h.WeightDecay >= 0) || math.IsInf(h.WeightDecay, 0):
+		return fmt.Errorf("device AdamW: weight decay %g must be finite and non-negative", h.WeightDecay)
+	case h.WeightDecay != 0 && h.Decay == nil:
+		return fmt.Errorf("device AdamW: weight decay %g without a selection of decayed parameters", h.WeightDecay)
+	}
+	return nil
+}
+
+// Moments are one parameter's AdamW state: the first and second moments
+// and the number of updates it has had.
+type Moments struct {
+	M, V []float32
+	T    int
+}
 
 // DeviceAdamW keeps a model's training state on the GPU: the fp32 master
 // weights (the backend's device copies of the store's parameters, which
@@ -26,7 +57,7 @@ import (
 type DeviceAdamW struct {
 	be    *Backend
 	store *kernels.Store
-	cfg   optim.AdamWConfig
+	cfg   AdamWHyper
 	names []string // sorted
 	w     map[string]Buffer
 	n     map[string]int
@@ -55,8 +86,8 @@ const normChunk = 1 << 14
 
 // NewDeviceAdamW moves the named parameters of store to the device (their
 // current values) and makes their device copies authoritative.
-func NewDeviceAdamW(be *Backend, store *kernels.Store, cfg optim.AdamWConfig, params []string) (*DeviceAdamW, error) {
-	o := &DeviceAdamW{be: be, store: store, cfg: optim.NewAdamW(cfg).Config(), w: map[string]Buffer{}, n: map[string]int{},
+func NewDeviceAdamW(be *Backend, store *kernels.Store, cfg AdamWHyper, params []string) (*DeviceAdamW, error) {
+	o := &DeviceAdamW{be: be, store: store, cfg: cfg, w: map[string]Buffer{}, n: map[string]int{},
 		st: map[string]*devMoments{}, chunks: map[string]int{}, first: map[string]int{}, err: cfg.Validate()}
 	o.names = append([]string(nil), params...)
 	sort.Strings(o.names)
@@ -140,7 +171,7 @@ func (o *DeviceAdamW) SyncToHost() error {
 	return nil
 }
 
-// ClipGlobalNorm is optim.ClipGlobalNorm on device gradients: the global
+// ClipGlobalNorm is training/optim's ClipGlobalNorm on device gradients: the global
 // L2 norm (fixed-order sums in double; only the norm comes back), and when
 // maxNorm > 0 and coef = maxNorm/(norm + 1e-6) < 1, every gradient scaled
 // by float32(coef). A non-finite norm leaves the gradients as they are.
@@ -272,16 +303,17 @@ func (o *DeviceAdamW) Step(grads map[string]Buffer, lr float64) error {
 	return nil
 }
 
-// Export returns the moments and step counts in optim.AdamW's checkpoint
-// form (adam.m.*, adam.v.*, adam.step.*), downloaded from the device: a
-// checkpoint of a device run resumes on the host optimizer and back.
-func (o *DeviceAdamW) Export() ([]checkpoint.Named, int, error) {
+// Moments downloads every parameter's moments (those that have had an
+// update) and the number of Step calls: a checkpoint of a device run in any
+// form the caller writes (training writes optim.AdamW's), which resumes on
+// the host optimizer and back.
+func (o *DeviceAdamW) Moments() (map[string]Moments, int, error) {
 	unbind, err := o.be.bind()
 	if err != nil {
 		return nil, 0, err
 	}
 	defer unbind()
-	var out []checkpoint.Named
+	out := map[string]Moments{}
 	for _, name := range o.names {
 		st := o.st[name]
 		if st == nil {
@@ -295,55 +327,21 @@ func (o *DeviceAdamW) Export() ([]checkpoint.Named, int, error) {
 		if err := o.be.dev.download(f32Ptr(v), st.v, uint64(4*n)); err != nil {
 			return nil, 0, err
 		}
-		out = append(out,
-			checkpoint.Named{Name: optim.PrefixM + name, Shape: []int{n}, Data: m},
-			checkpoint.Named{Name: optim.PrefixStep + name, Shape: []int{}, Data: []float32{float32(st.t)}},
-			checkpoint.Named{Name: optim.PrefixV + name, Shape: []int{n}, Data: v})
+		out[name] = Moments{M: m, V: v, T: st.t}
 	}
-	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
 	return out, o.steps, nil
 }
 
-// Import replaces the moments with an Export of optim.AdamW or of a
-// DeviceAdamW (validated by optim.AdamW.Import first).
-func (o *DeviceAdamW) Import(ts []checkpoint.Named, steps int) error {
-	check := optim.NewAdamW(o.cfg)
-	if err := check.Import(ts, steps); err != nil {
-		return err
-	}
-	state := map[string]*struct {
-		m, v []float32
-		t    int
-	}{}
-	get := func(n string) *struct {
-		m, v []float32
-		t    int
-	} {
-		if state[n] == nil {
-			state[n] = &struct {
-				m, v []float32
-				t    int
-			}{}
-		}
-		return state[n]
-	}
-	for _, t := range ts {
-		switch {
-		case strings.HasPrefix(t.Name, optim.PrefixM):
-			get(t.Name[len(optim.PrefixM):]).m = t.Data
-		case strings.HasPrefix(t.Name, optim.PrefixV):
-			get(t.Name[len(optim.PrefixV):]).v = t.Data
-		case strings.HasPrefix(t.Name, optim.PrefixStep):
-			get(t.Name[len(optim.PrefixStep):]).t = int(t.Data[0])
-		}
-	}
-	for name, s := range state {
+// SetMoments replaces the moments with ms (each of its parameter's size)
+// and the Step count with steps.
+func (o *DeviceAdamW) SetMoments(ms map[string]Moments, steps int) error {
+	for name, s := range ms {
 		n, ok := o.n[name]
 		if !ok {
 			return fmt.Errorf("device AdamW: state for %q, which the optimizer does not own", name)
 		}
-		if len(s.m) != n {
-			return fmt.Errorf("device AdamW: state for %s has %d values, the parameter %d", name, len(s.m), n)
+		if len(s.M) != n || len(s.V) != n || s.T < 0 {
+			return fmt.Errorf("device AdamW: state for %s has %d and %d values (step %d), the parameter %d", name, len(s.M), len(s.V), s.T, n)
 		}
 	}
 	unbind, err := o.be.bind()
@@ -352,9 +350,9 @@ func (o *DeviceAdamW) Import(ts []checkpoint.Named, steps int) error {
 	}
 	defer unbind()
 	o.freeMoments()
-	for name, s := range state {
+	for name, s := range ms {
 		n := o.n[name]
-		st := &devMoments{t: s.t}
+		st := &devMoments{t: s.T}
 		if st.m, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
 			return err
 		}
@@ -362,10 +360,10 @@ func (o *DeviceAdamW) Import(ts []checkpoint.Named, steps int) error {
 			return err
 		}
 		o.st[name] = st
-		if err := o.be.dev.upload(st.m, f32Ptr(s.m), uint64(4*n)); err != nil {
+		if err := o.be.dev.upload(st.m, f32Ptr(s.M), uint64(4*n)); err != nil {
 			return err
 		}
-		if err := o.be.dev.upload(st.v, f32Ptr(s.v), uint64(4*n)); err != nil {
+		if err := o.be.dev.upload(st.v, f32Ptr(s.V), uint64(4*n)); err != nil {
 			return err
 		}
 	}
