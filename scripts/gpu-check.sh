@@ -34,7 +34,7 @@
 #   resume   exact resume on CUDA (10 steps + 10 resumed = 20 straight);
 #   bench    rpac bench train --device cuda, paper and baseline presets,
 #            bf16 and fp32.
-# RPAC_CHECKS="probe kernels steps runs resume bench" (the default: all)
+# RPAC_CHECKS="probe kernels steps runs resume predict bench" (the default: all)
 # picks groups; RPAC_CHECK_RUN=REGEXP limits the kernels and steps groups to
 # those tests; RPAC_CHECK_BUDGET=SECONDS stops starting checks after that
 # long (the rest are reported "not run: time budget"), for a machine with a
@@ -107,7 +107,7 @@ check() {
 	printf '%s\t%s\t%s\n' "$name" "$r" "$((SECONDS - t0))" >>"$tsv"
 	[[ $r -eq 0 ]] || rc=1
 }
-want() { [[ " ${RPAC_CHECKS:-probe kernels steps runs resume bench} " == *" $1 "* ]]; }
+want() { [[ " ${RPAC_CHECKS:-probe kernels steps runs resume predict bench} " == *" $1 "* ]]; }
 testrun=()
 [[ -n "${RPAC_CHECK_RUN:-}" ]] && testrun=(-test.run "$RPAC_CHECK_RUN")
 
@@ -134,6 +134,13 @@ if want resume; then
 	check resume-first bin/rpac "${short[@]}" --steps 20 --stop-after 10 --out "$work/resumed"
 	check resume-rest bin/rpac "${short[@]}" --steps 20 --resume --out "$work/resumed"
 	check resume-compare cmp "$work/straight/checkpoint/model.safetensors" "$work/resumed/checkpoint/model.safetensors"
+fi
+
+# The performance model against the GPU: each kernel of a traced step
+# timed on its own beside its prediction (docs/PERFMODEL.md).
+if want predict; then
+	check predict-paper bin/rpac bench train --device cuda --predict h100 --measure --kernels 0 --preset paper --context 768
+	check predict-tiny bin/rpac bench train --device cuda --predict h100 --measure --kernels 0 --preset tiny
 fi
 
 # Benchmarks.

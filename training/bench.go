@@ -174,8 +174,10 @@ func PredictOptions(o Options, hw cuda.Hardware) (_ Options, dryRun bool, err er
 }
 
 // Predict runs one warm-up step (first-step allocations and uploads),
-// traces the next on the CUDA backend and predicts its time on hw.
-func (b *Bench) Predict(hw cuda.Hardware) (*cuda.Prediction, error) {
+// traces the next on the CUDA backend and predicts its time on hw; with
+// measure, each kernel and GEMM of the traced step is also timed on the
+// device (cuda.Backend.StartMeasuredTrace: a GPU or the simulator).
+func (b *Bench) Predict(hw cuda.Hardware, measure bool) (*cuda.Prediction, error) {
 	gpu, ok := b.Backend().(*cuda.Backend)
 	if !ok {
 		return nil, errors.New("--predict: the step does not run on the CUDA backend")
@@ -183,7 +185,11 @@ func (b *Bench) Predict(hw cuda.Hardware) (*cuda.Prediction, error) {
 	if err := b.Step(0); err != nil {
 		return nil, err
 	}
-	tr, err := gpu.StartTrace()
+	start := gpu.StartTrace
+	if measure {
+		start = gpu.StartMeasuredTrace
+	}
+	tr, err := start()
 	if err != nil {
 		return nil, err
 	}

@@ -49,6 +49,8 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
 					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200: trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
+					&cli.BoolFlag{Name: "measure", Usage: "with --predict on a GPU (or cuda-sim): also time each kernel and GEMM of the traced step, the device synchronized around each, and print the measured times beside the predicted ones"},
+					&cli.IntFlag{Name: "kernels", Value: 10, Usage: "with --predict: how many of the costliest kernels to list (0: all)"},
 				}, memoryFlagDefs()...),
 				Action: benchTrain,
 			},
@@ -172,15 +174,15 @@ func benchPredict(c *cli.Context, o training.Options) error {
 		return err
 	}
 	defer b.Close()
-	p, err := b.Predict(hw)
+	p, err := b.Predict(hw, c.Bool("measure"))
 	if err != nil {
 		return err
 	}
-	printPrediction(w, b, hw, p)
+	printPrediction(w, b, hw, p, c.Int("kernels"))
 	return nil
 }
 
-func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.Prediction) {
+func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.Prediction, top int) {
 	l := b.Length()
 	tokens := float64(l.Batch * l.T)
 	fmt.Fprintf(w, "bench train --predict %s: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s\n",
@@ -193,15 +195,33 @@ func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.P
 	fmt.Fprintf(w, "  host issue       %.2f ms (launches and GEMM calls)\n", 1e3*p.HostIssue)
 	fmt.Fprintf(w, "  copies           %.2f ms\n", 1e3*p.Copies)
 	fmt.Fprintf(w, "  host optimizer   %.2f ms (%d parameters clipped and updated on the host)\n", 1e3*p.HostOptim, p.HostParams)
-	fmt.Fprintf(w, "  ten costliest kernels (GPU time per step):\n")
-	fmt.Fprintf(w, "    %-34s %6s %10s %6s %12s %12s  %s\n", "kernel", "calls", "ms", "share", "GFLOP", "MB", "bound")
-	for i, k := range p.Kernels {
-		if i == 10 {
-			break
-		}
-		fmt.Fprintf(w, "    %-34s %6d %10.3f %5.1f%% %12.1f %12.1f  %s\n", k.Name, k.Calls, 1e3*k.Seconds, 100*k.Seconds/p.GPU,
-			k.Flops/1e9, k.Bytes/1e6, k.Bound)
+	if p.Measured > 0 {
+		fmt.Fprintf(w, "  measured         %.2f ms (each kernel and GEMM timed between two synchronizations; predicted %.2f)\n",
+			1e3*p.Measured, 1e3*p.GPU)
 	}
+	printKernelTable(w, p, top)
 	fmt.Fprintf(w, "predicted %s %s: %.1f ms/step, %.0fk tok/s, MFU %.1f%%, host-device %s/step\n", hw.Name, b.Plan.Preset,
 		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), cuda.FormatBusBytes(p.H2D+p.D2H))
+}
+
+// printKernelTable lists the top costliest kernels of p (all for top ≤ 0),
+// with their measured times when the trace was measured.
+func printKernelTable(w io.Writer, p *cuda.Prediction, top int) {
+	if top <= 0 || top > len(p.Kernels) {
+		top = len(p.Kernels)
+	}
+	measured := ""
+	if p.Measured > 0 {
+		measured = fmt.Sprintf(" %11s %7s", "measured ms", "ratio")
+	}
+	fmt.Fprintf(w, "  %d costliest kernels (predicted GPU time per step):\n", top)
+	fmt.Fprintf(w, "    %-34s %6s %10s %6s %12s %12s%s  %s\n", "kernel", "calls", "ms", "share", "GFLOP", "MB", measured, "bound")
+	for _, k := range p.Kernels[:top] {
+		m := ""
+		if p.Measured > 0 {
+			m = fmt.Sprintf(" %11.3f %7.2f", 1e3*k.Measured, k.Measured/k.Seconds)
+		}
+		fmt.Fprintf(w, "    %-34s %6d %10.3f %5.1f%% %12.1f %12.1f%s  %s\n", k.Name, k.Calls, 1e3*k.Seconds, 100*k.Seconds/p.GPU,
+			k.Flops/1e9, k.Bytes/1e6, m, k.Bound)
+	}
 }

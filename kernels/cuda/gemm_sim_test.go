@@ -447,3 +447,57 @@ func linearFixture(R, N, K int, seed uint64) (*ir.Graph, *kernels.Store, *kernel
 		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}, "dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}}
 	return g, st, w, feeds
 }
+
+// TestGPUMeasuredTrace: a measured trace times every launch and GEMM on
+// the device (a GPU or the simulator), Predict sums the times per kernel and in all,
+// and the dry-run device, which computes nothing, refuses to measure.
+func TestGPUMeasuredTrace(t *testing.T) {
+	be := gpuBackend(t, GEMMBF16)
+	g, st, _, feeds := linearFixture(37, 85, 510, 49)
+	p, err := be.Compile(g, nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tr, err := be.StartMeasuredTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Reset()
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	var n, gemms int
+	var sum float64
+	for _, e := range tr.Events() {
+		if e.Kind != EvLaunch && e.Kind != EvGEMM {
+			continue
+		}
+		n++
+		if e.Kind == EvGEMM {
+			gemms++
+		}
+		if !(e.Measured > 0) {
+			t.Errorf("%s: measured %v", e.Name, e.Measured)
+		}
+		sum += e.Measured
+	}
+	if n == 0 || gemms == 0 {
+		t.Fatalf("%d launches and GEMMs traced (%d GEMMs)", n, gemms)
+	}
+	pr := Predict(tr.Events(), Machines["h100"], 0)
+	var per float64
+	for _, k := range pr.Kernels {
+		per += k.Measured
+	}
+	if math.Abs(pr.Measured-sum) > 1e-12 || math.Abs(per-sum) > 1e-12 {
+		t.Errorf("measured: events %.6g s, prediction %.6g s, kernels %.6g s", sum, pr.Measured, per)
+	}
+	dry, err := NewDryRun(GEMMBF16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dry.StartMeasuredTrace(); err == nil {
+		t.Errorf("the dry-run device accepted a measured trace")
+	}
+}

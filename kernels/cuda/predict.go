@@ -105,12 +105,13 @@ func LookupMachine(name string) (Hardware, error) {
 
 // KernelTime is one kernel's (or GEMM group's) share of a predicted step.
 type KernelTime struct {
-	Name    string
-	Calls   int
-	Seconds float64 // GPU time
-	Flops   float64 // FLOPs the roofline counted (GEMM: tensor-core work)
-	Bytes   float64
-	Bound   string // what limits it: compute, memory, latency, launch, strided
+	Name     string
+	Calls    int
+	Seconds  float64 // GPU time
+	Flops    float64 // FLOPs the roofline counted (GEMM: tensor-core work)
+	Bytes    float64
+	Bound    string  // what limits it: compute, memory, latency, launch, strided
+	Measured float64 // measured time on the device (a measured trace; else 0)
 }
 
 // Prediction is a step's predicted time on a machine.
@@ -127,6 +128,9 @@ type Prediction struct {
 	GEMMFlops  float64
 	Kernels    []KernelTime // by GPU time, largest first
 	HostParams int          // parameters updated on the host
+	// Measured is the sum of the kernels' and GEMMs' measured times (a
+	// measured trace: each synchronized on its own; 0 otherwise).
+	Measured float64
 }
 
 // eventTime is the roofline time of one event and what bounds it.
@@ -272,6 +276,8 @@ func Predict(events []Event, h Hardware, hostParams int) *Prediction {
 		}
 		k.Calls++
 		k.Seconds += t
+		k.Measured += e.Measured
+		p.Measured += e.Measured
 		k.Flops += e.Flops + e.Strided
 		k.Bytes += e.Bytes
 		bounds[e.Name][bound] += t

@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -71,6 +73,10 @@ type Event struct {
 	// GEMM only.
 	Shape GemmShape
 	DType DType
+	// Measured is the call's wall time on the device, the device
+	// synchronized before and after it (StartMeasuredTrace; 0: not
+	// measured).
+	Measured float64
 }
 
 // Trace records the device calls of a backend (Backend.StartTrace).
@@ -132,11 +138,52 @@ func (b *Backend) StartTrace() (*Trace, error) {
 	return td.t, nil
 }
 
+// StartMeasuredTrace is StartTrace that also times each launch and GEMM
+// on the device: the device is synchronized before and after every call,
+// so a kernel's time is its own (plus the launch's latency, a few µs), at
+// the cost of the overlap between the host and the device. It needs a
+// device that runs the kernels (a GPU, or the simulator, whose times are
+// the CPU's); the dry-run device computes nothing and is refused.
+func (b *Backend) StartMeasuredTrace() (*Trace, error) {
+	if _, fake := b.dev.(*fakeDevice); fake {
+		return nil, errors.New("measuring kernel times needs a GPU (or --device cuda-sim): the dry-run device computes nothing")
+	}
+	t, err := b.StartTrace()
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.dev.(*tracedDevice).measure = true
+	b.mu.Unlock()
+	return t, nil
+}
+
 // tracedDevice records each call of the device it wraps.
 type tracedDevice struct {
 	device
-	t    *Trace
-	sigs map[string][]param
+	t       *Trace
+	sigs    map[string][]param
+	measure bool // time each launch and GEMM (StartMeasuredTrace)
+}
+
+// timed runs call and, when measuring, sets e.Measured to its wall time
+// between two synchronizations of the device; then it records e.
+func (d *tracedDevice) timed(e Event, call func() error) error {
+	if !d.measure {
+		d.t.add(e)
+		return call()
+	}
+	if err := d.device.sync(); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err := call()
+	if err == nil {
+		err = d.device.sync()
+	}
+	e.Measured = time.Since(t0).Seconds()
+	d.t.add(e)
+	return err
 }
 
 func (d *tracedDevice) upload(b Buffer, src unsafe.Pointer, bytes uint64) error {
@@ -159,8 +206,7 @@ func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32,
 		Threads: int64(grid[0]) * int64(grid[1]) * int64(grid[2]) * int64(block[0]) * int64(block[1]) * int64(block[2])}
 	e.Blocks = int64(grid[0]) * int64(grid[1]) * int64(grid[2])
 	kernelCost(&e, kargs{d.sigs[name], args}, grid)
-	d.t.add(e)
-	return d.device.launch(name, grid, block, shared, args...)
+	return d.timed(e, func() error { return d.device.launch(name, grid, block, shared, args...) })
 }
 
 func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
@@ -179,9 +225,9 @@ func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
 	if k.BiasAlign != 0 {
 		bias = 4 * n
 	}
-	d.t.add(Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
-		Flops: 2 * m * n * kk * batch, Bytes: batch*((m*kk+kk*n)*size+m*n*c) + bias})
-	return d.device.gemm(pl, call)
+	e := Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
+		Flops: 2 * m * n * kk * batch, Bytes: batch*((m*kk+kk*n)*size+m*n*c) + bias}
+	return d.timed(e, func() error { return d.device.gemm(pl, call) })
 }
 
 // gemmName groups GEMMs by precision and transposes ("gemm bf16 NT").
