@@ -1,9 +1,12 @@
 package training
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/rpac-dev/rpac/training/data"
@@ -35,5 +38,54 @@ func TestMQARRecorded(t *testing.T) {
 		if ds.Train[i] != want.Train.IDs[i] {
 			t.Fatalf("train token %d differs from the corpus of the recorded seed", i)
 		}
+	}
+}
+
+// TestMQARBreakdownLogged: every evaluation of an MQAR run records recall by
+// distance bucket and by pair slot in metrics.jsonl, and both add up to the
+// recall figure of the same record.
+func TestMQARBreakdownLogged(t *testing.T) {
+	out := t.TempDir()
+	o := microOptions(out)
+	o.Dataset, o.MQAR, o.Config.Vocab = "mqar", data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, 32
+	if _, err := Train(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type cell struct{ Correct, Total int }
+	evals := 0
+	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var rec struct {
+			ValCE  *float64 `json:"val_ce"`
+			Acc    float64  `json:"recall_acc"`
+			N      int      `json:"recall_n"`
+			ByDist []cell   `json:"recall_by_dist"`
+			BySlot []cell   `json:"recall_by_slot"`
+		}
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.ValCE == nil {
+			continue
+		}
+		evals++
+		if len(rec.BySlot) != 3 || len(rec.ByDist) != len(data.DistanceEdges(32))-1 {
+			t.Fatalf("breakdown of %d slots and %d buckets: %s", len(rec.BySlot), len(rec.ByDist), line)
+		}
+		for _, cells := range [][]cell{rec.ByDist, rec.BySlot} {
+			var sum cell
+			for _, c := range cells {
+				sum.Correct, sum.Total = sum.Correct+c.Correct, sum.Total+c.Total
+			}
+			if sum.Total != rec.N || rec.N == 0 || math.Abs(float64(sum.Correct)/float64(sum.Total)-rec.Acc) > 1e-12 {
+				t.Fatalf("breakdown %+v does not add up to recall %g of %d: %s", sum, rec.Acc, rec.N, line)
+			}
+		}
+	}
+	if evals != 2 {
+		t.Fatalf("%d evaluations, want 2", evals)
 	}
 }
