@@ -85,7 +85,7 @@ func (e *memEstimator) step(T, micro int) (int64, error) {
 	if b, ok := e.steps[k]; ok {
 		return b, nil
 	}
-	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, nil)
+	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, LossAll, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -89,3 +89,38 @@ func TestMQARBreakdownLogged(t *testing.T) {
 		t.Fatalf("%d evaluations, want 2", evals)
 	}
 }
+
+// TestAnswerLossRun: an MQAR run with the answer-only loss trains (its
+// first loss is about log of the vocabulary, over the answers alone),
+// records the choice, still evaluates CE on every token; a corpus without
+// answer positions is refused.
+func TestAnswerLossRun(t *testing.T) {
+	out := t.TempDir()
+	o := microOptions(out)
+	o.Dataset, o.MQAR, o.Config.Vocab, o.Loss = "mqar", data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, 32, LossAnswers
+	res, err := Train(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.IsNaN(res.FinalValCE) || res.FinalValCE <= 0 || res.FinalRecallN == 0 {
+		t.Fatalf("val CE %g, %d answers", res.FinalValCE, res.FinalRecallN)
+	}
+	if math.Abs(res.InitialLoss-math.Log(32)) > 1.5 {
+		t.Fatalf("first loss %g, want about log 32 = %.2f", res.InitialLoss, math.Log(32))
+	}
+	st, err := os.ReadFile(filepath.Join(out, "checkpoint", "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(bytes.ReplaceAll(st, []byte(" "), nil), []byte(`"Loss":"answers"`)) {
+		t.Fatalf("state.json does not record the loss: %s", st)
+	}
+	r := &run{o: Options{Loss: LossAnswers}, ds: &Dataset{Name: "wikitext2"}}
+	tb, _ := data.NewTrainBatcher(make([]int32, 100), 8, 64, 1)
+	if err := r.maskTargets(tb); err == nil {
+		t.Fatal("the answer-only loss was accepted on a corpus without answers")
+	}
+	if _, err := ParseLossTargets("tokens"); err == nil {
+		t.Fatal("an unknown loss was accepted")
+	}
+}
