@@ -27,7 +27,9 @@ import (
 //	dx_r = dsm·(gx_r/s_r - (ls/V)·Σ_v W_v),  dW_v = dsm·(gW_v - (ls/V)·Σ_r x_r),
 //
 // so the logits are computed once per step and the chunk is read by the
-// rows and the two GEMMs only.
+// rows and the two GEMMs only. A row whose target is ir.IgnoreTarget gets
+// its argmax, then a zero row in the buffer: it adds nothing to either sum
+// or GEMM, its dx row is zero and Σ_r x_r leaves it out.
 
 // lmhState holds what a forward accumulates for the LMHeadCrossEntropyGrad
 // nodes on its inputs.
