@@ -155,7 +155,7 @@ type EvalEvent struct {
 	Tokens      int
 	Recall      *float64 // accuracy on the synthetic corpus's answers (nil: none were scored)
 	RecallN     int
-	Breakdown   *data.RecallBreakdown // MQAR: recall by query distance and pair slot (nil: none)
+	Breakdown   *data.RecallBreakdown // MQAR: recall by query distance, pair slot and query order (nil: none)
 	EMACE       float64               // NaN: no EMA
 	SWACE       float64               // NaN: no SWA average yet
 	SWACount    int
@@ -170,7 +170,8 @@ func (e EvalEvent) Attrs() []slog.Attr {
 		a = append(a, slog.Float64("recall_acc", *e.Recall), slog.Int("recall_n", e.RecallN))
 	}
 	if e.Breakdown != nil {
-		a = append(a, slog.Any("recall_by_dist", e.Breakdown.ByDist), slog.Any("recall_by_slot", e.Breakdown.BySlot))
+		a = append(a, slog.Any("recall_by_dist", e.Breakdown.ByDist), slog.Any("recall_by_slot", e.Breakdown.BySlot),
+			slog.Any("recall_by_order", e.Breakdown.ByOrder))
 	}
 	if !math.IsNaN(e.EMACE) {
 		a = append(a, slog.Float64("val_ce_ema", e.EMACE), slog.Float64("val_ppl_ema", math.Exp(e.EMACE)))

@@ -59,11 +59,12 @@ func TestMQARBreakdownLogged(t *testing.T) {
 	evals := 0
 	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
 		var rec struct {
-			ValCE  *float64 `json:"val_ce"`
-			Acc    float64  `json:"recall_acc"`
-			N      int      `json:"recall_n"`
-			ByDist []cell   `json:"recall_by_dist"`
-			BySlot []cell   `json:"recall_by_slot"`
+			ValCE   *float64 `json:"val_ce"`
+			Acc     float64  `json:"recall_acc"`
+			N       int      `json:"recall_n"`
+			ByDist  []cell   `json:"recall_by_dist"`
+			BySlot  []cell   `json:"recall_by_slot"`
+			ByOrder []cell   `json:"recall_by_order"`
 		}
 		if err := json.Unmarshal(line, &rec); err != nil {
 			t.Fatal(err)
@@ -72,10 +73,10 @@ func TestMQARBreakdownLogged(t *testing.T) {
 			continue
 		}
 		evals++
-		if len(rec.BySlot) != 3 || len(rec.ByDist) != len(data.DistanceEdges(32))-1 {
+		if len(rec.BySlot) != 3 || len(rec.ByOrder) != 3 || len(rec.ByDist) != len(data.DistanceEdges(32))-1 {
 			t.Fatalf("breakdown of %d slots and %d buckets: %s", len(rec.BySlot), len(rec.ByDist), line)
 		}
-		for _, cells := range [][]cell{rec.ByDist, rec.BySlot} {
+		for _, cells := range [][]cell{rec.ByDist, rec.BySlot, rec.ByOrder} {
 			var sum cell
 			for _, c := range cells {
 				sum.Correct, sum.Total = sum.Correct+c.Correct, sum.Total+c.Total

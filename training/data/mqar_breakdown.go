@@ -22,11 +22,22 @@ type SlotRecall struct {
 	Total   int `json:"total"`
 }
 
-// RecallBreakdown splits an MQAR recall count by query distance and by the
-// queried pair's slot.
+// OrderRecall is the recall of the answers to the Order-th query of their
+// sequence (0: the first query after the pairs). A model that only
+// eliminates the values already queried, without matching keys, scores
+// 1/(Pairs−Order) here: its last query is always right.
+type OrderRecall struct {
+	Order   int `json:"order"`
+	Correct int `json:"correct"`
+	Total   int `json:"total"`
+}
+
+// RecallBreakdown splits an MQAR recall count by query distance, by the
+// queried pair's slot and by the query's order in its sequence.
 type RecallBreakdown struct {
-	ByDist []RecallBucket `json:"recall_by_dist"`
-	BySlot []SlotRecall   `json:"recall_by_slot"`
+	ByDist  []RecallBucket `json:"recall_by_dist"`
+	BySlot  []SlotRecall   `json:"recall_by_slot"`
+	ByOrder []OrderRecall  `json:"recall_by_order"`
 }
 
 // DistanceEdges returns the bucket edges for distances 1..maxDist: 1, then
@@ -47,12 +58,13 @@ func DistanceEdges(maxDist int) []int {
 func (c MQARConfig) NewRecallBreakdown() *RecallBreakdown {
 	c = c.WithDefaults()
 	edges := DistanceEdges(c.MaxDist)
-	b := &RecallBreakdown{ByDist: make([]RecallBucket, len(edges)-1), BySlot: make([]SlotRecall, c.Pairs)}
+	b := &RecallBreakdown{ByDist: make([]RecallBucket, len(edges)-1), BySlot: make([]SlotRecall, c.Pairs),
+		ByOrder: make([]OrderRecall, c.Pairs)}
 	for i := range b.ByDist {
 		b.ByDist[i].Lo, b.ByDist[i].Hi = edges[i], edges[i+1]
 	}
 	for i := range b.BySlot {
-		b.BySlot[i].Slot = i
+		b.BySlot[i].Slot, b.ByOrder[i].Order = i, i
 	}
 	return b
 }
@@ -63,6 +75,18 @@ func (s *MQARStream) AnswerSlot(p int) int {
 	base := (p - 1) / s.Config.SeqLen * s.Config.SeqLen // the answer is never a sequence's first token
 	key := p - 1 - int(s.Distances[p]) - base
 	return (key - 1) / 2
+}
+
+// AnswerOrder returns how many queries of its sequence precede the answer
+// at stream position p.
+func (s *MQARStream) AnswerOrder(p int) int {
+	n := 0
+	for i := (p - 1) / s.Config.SeqLen * s.Config.SeqLen; i < p; i++ {
+		if s.Answers[i] {
+			n++
+		}
+	}
+	return n
 }
 
 // Add scores the answers of the chunk whose first input token is
@@ -91,6 +115,9 @@ func (b *RecallBreakdown) Add(s *MQARStream, start int, pred []int32) error {
 		}
 		b.BySlot[slot].Correct += ok
 		b.BySlot[slot].Total++
+		o := s.AnswerOrder(p)
+		b.ByOrder[o].Correct += ok
+		b.ByOrder[o].Total++
 	}
 	return nil
 }
@@ -115,7 +142,8 @@ func (b *RecallBreakdown) Total() int {
 }
 
 // Text renders the breakdown for people: ", by distance [1,4) 0.950 …;
-// by pair 0 0.900 …" (buckets without answers are left out).
+// by pair 0 0.900 …; by query order 0 0.250 …" (cells without answers are
+// left out).
 func (b *RecallBreakdown) Text() string {
 	var s strings.Builder
 	s.WriteString(", by distance")
@@ -128,6 +156,12 @@ func (b *RecallBreakdown) Text() string {
 	for _, k := range b.BySlot {
 		if k.Total > 0 {
 			fmt.Fprintf(&s, " %d %.3f", k.Slot, Recall{k.Correct, k.Total}.Accuracy())
+		}
+	}
+	s.WriteString("; by query order")
+	for _, k := range b.ByOrder {
+		if k.Total > 0 {
+			fmt.Fprintf(&s, " %d %.3f", k.Order, Recall{k.Correct, k.Total}.Accuracy())
 		}
 	}
 	return s.String()

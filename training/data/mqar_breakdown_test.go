@@ -70,6 +70,32 @@ func TestRecallBreakdown(t *testing.T) {
 			t.Fatalf("slot %d: %+v", i, k)
 		}
 	}
+	// every sequence has one query of each order; pair 0's are spread over them
+	right0 := 0
+	for i, k := range slot0.ByOrder {
+		if k.Total != 50 || oracle.ByOrder[i].Correct != 50 {
+			t.Fatalf("order %d: %+v (oracle %+v)", i, k, oracle.ByOrder[i])
+		}
+		right0 += k.Correct
+	}
+	if right0 != 50 {
+		t.Fatalf("pair 0 answered %d times over the orders, want 50", right0)
+	}
+	// AnswerOrder counts the answers before p in its sequence
+	for p, a := range s.Answers {
+		if a {
+			base := (p - 1) / L * L
+			n := 0
+			for i := base; i < p; i++ {
+				if s.Answers[i] {
+					n++
+				}
+			}
+			if s.AnswerOrder(p) != n {
+				t.Fatalf("order at %d: %d, want %d", p, s.AnswerOrder(p), n)
+			}
+		}
+	}
 	// Distances counted per bucket agree with the recorded ones.
 	want := make([]int, len(oracle.ByDist))
 	for p, a := range s.Answers {
