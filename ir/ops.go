@@ -375,7 +375,8 @@ func init() {
 	reg(&OpDef{Name: "GumbelNoise", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
 		Doc: "GumbelNoise(x) -> x - log(-log(u)), u ~ U(0,1) clamped to [1e-6, 1-1e-6], fresh per step; gradient is identity."})
 	reg(&OpDef{Name: "TopKMask", NumIn: 1, Infer: same(0), RowWise: true, Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})
-	reg(&OpDef{Name: "CrossEntropy", NumIn: 2, IDInputs: []int{1}, Loss: true, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics.",
+	reg(&OpDef{Name: "CrossEntropy", NumIn: 2, IDInputs: []int{1}, Loss: true, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics; " +
+		"a target IgnoreTarget (-1) adds nothing to either sum and gets a zero gradient row (ignore_index).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			l, t := in[0].Shape, in[1].Shape
 			if len(l) != 2 || len(t) != 1 || t[0] != l[0] || in[1].DType != I32 {
@@ -385,7 +386,8 @@ func init() {
 		}})
 	reg(&OpDef{Name: "LMHeadCrossEntropy", NumIn: 3, IDInputs: []int{2}, Loss: true,
 		Doc: "LMHeadCrossEntropy(x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (sm_sum[], ce_sum[], pred[N] i32): " +
-			"the two sums of CrossEntropy(x·Wᵀ, targets; ls) and pred, the argmax of each row of x·Wᵀ (ties: lower index; NaN ranks last). " +
+			"the two sums of CrossEntropy(x·Wᵀ, targets; ls) (rows with target IgnoreTarget left out) and pred, the argmax of each row of x·Wᵀ " +
+			"(ties: lower index; NaN ranks last; every row). " +
 			"The [N,V] logits are never held at once: rows are processed chunk at a time (chunk <= 0: LMHeadChunk).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			n, err := lmHeadRows(in)
@@ -399,7 +401,8 @@ func init() {
 	reg(&OpDef{Name: "LMHeadCrossEntropyGrad", NumIn: 4, IDInputs: []int{3}, Gradient: true,
 		Doc: "LMHeadCrossEntropyGrad(dsm[], x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (dx[N,D], dW[V,D]): " +
 			"the gradient of dsm·sm_sum of LMHeadCrossEntropy: with dlogits = dsm·(softmax(x·Wᵀ) - ((1-ls)·onehot + ls/V)), " +
-			"dx = dlogits·W and dW = dlogitsᵀ·x. A backend may compute it during the LMHeadCrossEntropy on the same inputs.",
+			"dx = dlogits·W and dW = dlogitsᵀ·x, dlogits zero on rows with target IgnoreTarget. " +
+			"A backend may compute it during the LMHeadCrossEntropy on the same inputs.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if len(in[0].Shape) != 0 {
 				return nil, nil, fmt.Errorf("dsm %v, want a scalar", in[0].Shape)
@@ -416,7 +419,8 @@ func init() {
 			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
 			return x.Numel() + w.Numel() + (LMHeadChunkRows(n)+2)*x[1] + 2*x[0]
 		}})
-	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, IDInputs: []int{2}, Gradient: true, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)).",
+	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, IDInputs: []int{2}, Gradient: true, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)); " +
+		"zero on rows with target IgnoreTarget.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(in[1].Shape) }})
 
 	// ---- the paper's ops ----
@@ -507,6 +511,11 @@ func inferAttention(grad bool) func(in []*Value, a Attrs) ([]Shape, []DType, err
 		return shapes, dts, nil
 	}
 }
+
+// IgnoreTarget is the target id that the cross-entropy ops (CrossEntropy,
+// LMHeadCrossEntropy and their gradients) leave out: such a row adds nothing
+// to the loss sums and gets a zero gradient (PyTorch's ignore_index).
+const IgnoreTarget int32 = -1
 
 // LMHeadChunk is the default largest number of rows LMHeadCrossEntropy
 // computes at once. With a 50,257-token vocabulary one chunk of float32

@@ -37,6 +37,8 @@ type EvalResult struct {
 	// Recall counts correct argmax predictions at the synthetic corpus's
 	// answer positions (nil for other data).
 	Recall *data.Recall
+	// Breakdown splits Recall by query distance and pair slot (MQAR only).
+	Breakdown *data.RecallBreakdown
 	// Bias holds each fuzzy block's attention bias [T,T] (before the warm-in
 	// scale) as the first batch saw it, when asked for.
 	Bias [][]float32
@@ -98,6 +100,9 @@ func (e *evaluator) run(ds *Dataset, maxBatches int, wantBias bool) (EvalResult,
 				res.Recall = &data.Recall{}
 			}
 		}
+		if ds.MQAR != nil && res.Breakdown == nil {
+			res.Breakdown = ds.MQAR.Eval.Config.NewRecallBreakdown()
+		}
 		for k := 0; k < e.Batch/e.Micro; k++ {
 			lo, hi := k*e.Micro*e.T, (k+1)*e.Micro*e.T
 			ce, err := e.runMicro(bt.X[lo:hi], bt.Y[lo:hi])
@@ -114,6 +119,11 @@ func (e *evaluator) run(ds *Dataset, maxBatches int, wantBias bool) (EvalResult,
 					return res, err
 				}
 				*res.Recall = res.Recall.Add(r)
+			}
+			if res.Breakdown != nil {
+				if err := e.breakdown(res.Breakdown, ds.MQAR.Eval, eb, bi*e.Batch+k*e.Micro); err != nil {
+					return res, err
+				}
 			}
 		}
 		res.Tokens += e.Batch * e.T
@@ -144,6 +154,21 @@ func (e *evaluator) recall(y []int32, mask []bool) (data.Recall, error) {
 		return data.Recall{}, fmt.Errorf("the evaluation graph has no argmax output %q", "pred")
 	}
 	return data.RecallAccuracy(p.I32, y, mask)
+}
+
+// breakdown adds the last micro-batch's argmax predictions, whose first
+// row is chunk first of eb, to b.
+func (e *evaluator) breakdown(b *data.RecallBreakdown, s *data.MQARStream, eb *data.EvalBatcher, first int) error {
+	p := e.prog.Output("pred")
+	if p == nil || p.I32 == nil {
+		return fmt.Errorf("the evaluation graph has no argmax output %q", "pred")
+	}
+	for r := range e.Micro {
+		if err := b.Add(s, eb.Chunks().Start(first+r), p.I32[r*e.T:(r+1)*e.T]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // biases copies each block's attention bias from the last run.
@@ -192,6 +217,9 @@ func (r *run) evaluateOnHost(lr float64) error {
 		r.res.FinalRecall, r.res.FinalRecallN = res.Recall.Accuracy(), res.Recall.Total
 		rec["recall_acc"], rec["recall_n"] = res.Recall.Accuracy(), res.Recall.Total
 	}
+	if res.Breakdown != nil {
+		rec["recall_by_dist"], rec["recall_by_slot"], rec["recall_by_order"] = res.Breakdown.ByDist, res.Breakdown.BySlot, res.Breakdown.ByOrder
+	}
 	if len(res.Bias) > 0 {
 		if err := saveBias(filepath.Join(r.o.Out, "bias"), res.Bias, r.st.Step, r.plan.EvalT, cs.Epoch == 0); err != nil {
 			return err
@@ -217,6 +245,7 @@ func (r *run) evaluateOnHost(lr float64) error {
 	if res.Recall != nil && res.Recall.Total > 0 { // no answers in the evaluated chunks: no recall
 		acc := res.Recall.Accuracy()
 		ev.Recall, ev.RecallN = &acc, res.Recall.Total
+		ev.Breakdown = res.Breakdown
 	}
 	if r.w.ema != nil {
 		ev.EMACE = r.res.FinalEMACE

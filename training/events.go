@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // The events of a training run, logged through Options.Log (see
@@ -153,8 +155,9 @@ type EvalEvent struct {
 	Tokens      int
 	Recall      *float64 // accuracy on the synthetic corpus's answers (nil: none were scored)
 	RecallN     int
-	EMACE       float64 // NaN: no EMA
-	SWACE       float64 // NaN: no SWA average yet
+	Breakdown   *data.RecallBreakdown // MQAR: recall by query distance, pair slot and query order (nil: none)
+	EMACE       float64               // NaN: no EMA
+	SWACE       float64               // NaN: no SWA average yet
 	SWACount    int
 }
 
@@ -165,6 +168,10 @@ func (e EvalEvent) Attrs() []slog.Attr {
 		slog.Float64("val_ce", e.CE), slog.Float64("val_ppl", math.Exp(e.CE)), slog.Int("val_tokens", e.Tokens)}
 	if e.Recall != nil {
 		a = append(a, slog.Float64("recall_acc", *e.Recall), slog.Int("recall_n", e.RecallN))
+	}
+	if e.Breakdown != nil {
+		a = append(a, slog.Any("recall_by_dist", e.Breakdown.ByDist), slog.Any("recall_by_slot", e.Breakdown.BySlot),
+			slog.Any("recall_by_order", e.Breakdown.ByOrder))
 	}
 	if !math.IsNaN(e.EMACE) {
 		a = append(a, slog.Float64("val_ce_ema", e.EMACE), slog.Float64("val_ppl_ema", math.Exp(e.EMACE)))
@@ -180,6 +187,9 @@ func (e EvalEvent) Text() string {
 	fmt.Fprintf(&b, "eval step %d/%d on %s: CE %.4f (ppl %.1f) over %d tokens", e.Step, e.Steps, e.Split, e.CE, math.Exp(e.CE), e.Tokens)
 	if e.Recall != nil {
 		fmt.Fprintf(&b, ", recall %.4f (%d answers)", *e.Recall, e.RecallN)
+	}
+	if e.Breakdown != nil {
+		b.WriteString(e.Breakdown.Text())
 	}
 	if !math.IsNaN(e.EMACE) {
 		fmt.Fprintf(&b, ", EMA CE %.4f", e.EMACE)

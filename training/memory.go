@@ -88,7 +88,7 @@ func (e *memEstimator) step(T, micro int) (int64, error) {
 	if b, ok := e.steps[k]; ok {
 		return b, nil
 	}
-	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, &passes.Context{FuseAttention: e.caps.FusedAttention,
+	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, LossAll, &passes.Context{FuseAttention: e.caps.FusedAttention,
 		FuseElementwise: e.caps.FusedElementwise})
 	if err != nil {
 		return 0, err

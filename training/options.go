@@ -85,6 +85,9 @@ type Options struct {
 	// SaveFinalOnly writes the checkpoint only at the end (and on an
 	// interrupt), not at every evaluation.
 	SaveFinalOnly bool
+	// Loss chooses the tokens the training loss averages over ("" = all);
+	// evaluations score every token whatever it is.
+	Loss LossTargets
 }
 
 // Controls switch and tune the paper's training-time machinery. The zero

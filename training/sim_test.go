@@ -3,6 +3,7 @@ package training
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // simOnly skips unless the CUDA tests run on the simulator (RPAC_CUDA_SIM=1,
@@ -185,4 +187,60 @@ func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return res, progress.String()
+}
+
+// TestSimAnswerLoss: the answer-only loss (ignored targets, a counted
+// mean fed as model.LossScale) on the simulator against the CPU: one step
+// of each model with every third target ignored, in micro-batches, then a
+// short MQAR run through the whole trainer.
+func TestSimAnswerLoss(t *testing.T) {
+	simOnly(t)
+	be := cudaOrSkip(t, cuda.GEMMF32)
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		f := newStepFixture(t, kind, 19, 4)
+		for i := range f.y {
+			if i%3 == 1 {
+				f.y[i] = ir.IgnoreTarget
+			}
+		}
+		run := func(be kernels.Backend) (float64, float64, map[string][]float32) {
+			s, err := CompileStepLoss(&f.cfg, f.store, be, f.T, f.B, 2, f.cfg.Dropout, LossAnswers, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			out, err := s.Run(f.x, f.y, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := map[string][]float32{}
+			for n, d := range out.Grads {
+				g[n] = append([]float32(nil), d...)
+			}
+			return out.Loss, out.CE, g
+		}
+		cl, cc, cg := run(cpu.New(kernels.F32))
+		gl, gc, gg := run(be)
+		if math.Abs(gl-cl) > 1e-5*math.Abs(cl) || math.Abs(gc-cc) > 1e-5*math.Abs(cc) {
+			t.Errorf("%s: loss %.7f CE %.7f, cpu %.7f %.7f", kind, gl, gc, cl, cc)
+		}
+		if d := maxRelDiff(t, cg, gg); d > 1e-4 || math.IsNaN(d) {
+			t.Errorf("%s: gradients differ from the CPU's by %.2g (relative)", kind, d)
+		}
+	}
+	dir := t.TempDir()
+	var res [2]*Result
+	for i, dev := range []Device{DeviceCPU, DeviceCUDASim} {
+		o := microOptions(filepath.Join(dir, fmt.Sprint(i)))
+		o.Model, o.Dataset, o.MQAR, o.Config.Vocab, o.Loss = "baseline", "mqar", data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, 32, LossAnswers
+		o.Device, o.Precision = dev, ir.FP32
+		r, err := Train(context.Background(), o)
+		if err != nil {
+			t.Fatalf("%s: %v", dev, err)
+		}
+		res[i] = r
+	}
+	if d := math.Abs(res[1].FinalValCE - res[0].FinalValCE); d > 1e-4 || math.IsNaN(d) {
+		t.Errorf("final eval CE: cuda-sim %.7f, cpu %.7f", res[1].FinalValCE, res[0].FinalValCE)
+	}
 }

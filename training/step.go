@@ -27,6 +27,9 @@ import (
 type Step struct {
 	T, Batch, Micro int
 	Dropout         float64
+	// counted: the loss is the mean over the targets that are not
+	// ir.IgnoreTarget (LossAnswers), fed to the graph as model.LossScale.
+	counted bool
 
 	graph   *model.Graph
 	plan    *kernels.Plan
@@ -83,10 +86,10 @@ func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", la
 func fusesAttention(be kernels.Backend) bool { return be.Capabilities().FusedAttention }
 
 // stepGraph builds and plans the training graph of a step.
-func stepGraph(cfg *model.Config, T, micro int, dropout float64, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
+func stepGraph(cfg *model.Config, T, micro int, dropout float64, loss LossTargets, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
 	c := *cfg
 	c.Dropout = dropout
-	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train})
+	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train, LossScaleInput: loss.counted()})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -107,6 +110,13 @@ func stepGraph(cfg *model.Config, T, micro int, dropout float64, pc *passes.Cont
 // in micro-batches of micro (micro must divide batch) on be, over store's
 // parameters. pc may ask for an IR dump.
 func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T, batch, micro int, dropout float64, pc *passes.Context) (*Step, error) {
+	return CompileStepLoss(cfg, store, be, T, batch, micro, dropout, LossAll, pc)
+}
+
+// CompileStepLoss is CompileStep whose loss averages over the targets loss
+// chooses (with LossAnswers, the batches' other targets are
+// ir.IgnoreTarget).
+func CompileStepLoss(cfg *model.Config, store *kernels.Store, be kernels.Backend, T, batch, micro int, dropout float64, loss LossTargets, pc *passes.Context) (*Step, error) {
 	if micro < 1 || batch%micro != 0 {
 		return nil, fmt.Errorf("micro-batch %d does not divide the batch of %d sequences", micro, batch)
 	}
@@ -115,7 +125,7 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 	}
 	pc.FuseAttention = fusesAttention(be)
 	pc.FuseElementwise = be.Capabilities().FusedElementwise
-	mg, plan, err := stepGraph(cfg, T, micro, dropout, pc)
+	mg, plan, err := stepGraph(cfg, T, micro, dropout, loss, pc)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +133,7 @@ func CompileStep(cfg *model.Config, store *kernels.Store, be kernels.Backend, T,
 	if err != nil {
 		return nil, err
 	}
-	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store}
+	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, counted: loss.counted(), graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store}
 	if micro < batch {
 		s.acc = map[string][]float32{}
 		for _, n := range s.params {
@@ -197,11 +207,18 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 		return nil, err
 	}
 	w := 1 / float64(n)
+	counted := 1 // the targets a counted mean divides by
+	if s.counted {
+		counted = max(1, countTargets(y))
+	}
 	for k := 0; k < n; k++ {
 		lo, hi := k*s.Micro*s.T, (k+1)*s.Micro*s.T
 		feeds := map[string]*kernels.Tensor{
 			"input_ids": kernels.IntTensor(ir.Shape{s.Micro, s.T}, x[lo:hi]),
 			"targets":   kernels.IntTensor(ir.Shape{s.Micro * s.T}, y[lo:hi]),
+		}
+		if s.counted { // the micro-batches' gradients are averaged (weight w): the loss carries n/counted
+			feeds[model.LossScale] = &kernels.Tensor{Shape: ir.Shape{}, F32: []float32{float32(float64(n) / float64(counted))}}
 		}
 		if r, ok := s.prog.(interface{ ReuseStored() }); ok && k > 0 {
 			r.ReuseStored() // the weights are those of micro-batch 0: no second upload
@@ -210,7 +227,11 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 			return nil, err
 		}
 		s.res.Loss += w * s.prog.Output("loss").At(0)
-		s.res.CE += w * s.prog.Output("ce_sum").At(0) / float64(s.Micro*s.T)
+		if s.counted {
+			s.res.CE += s.prog.Output("ce_sum").At(0) / float64(counted)
+		} else {
+			s.res.CE += w * s.prog.Output("ce_sum").At(0) / float64(s.Micro*s.T)
+		}
 		if s.onDevice {
 			if err := s.deviceGrads(k, float32(w)); err != nil {
 				return nil, err

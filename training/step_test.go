@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/training/checkpoint"
@@ -422,5 +424,72 @@ func TestResumeRefusesOtherData(t *testing.T) {
 	o.Progress = &progress
 	if _, err := Train(context.Background(), o); err != nil || !strings.Contains(progress.String(), "another peak LR") {
 		t.Fatalf("changed LR: %v, warning shown: %v", err, strings.Contains(progress.String(), "another peak LR"))
+	}
+}
+
+// runLoss is run with the loss over the given targets.
+func (f *stepFixture) runLoss(t *testing.T, batch, micro int, x, y []int32, loss LossTargets) (float64, float64, map[string][]float32) {
+	t.Helper()
+	s, err := CompileStepLoss(&f.cfg, f.store, cpu.New(kernels.F32), f.T, batch, micro, f.cfg.Dropout, loss, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out, err := s.Run(x, y, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := map[string][]float32{}
+	for n, d := range out.Grads {
+		g[n] = append([]float32(nil), d...)
+	}
+	return out.Loss, out.CE, g
+}
+
+// TestAnswerLossStep: the counted-mean loss (LossAnswers) with every
+// target kept is the plain loss; with the second half of the batch's rows
+// ignored it is the plain loss of the first half alone (the baseline's
+// rows are independent), whatever the micro-batches; and ignored targets
+// spread unevenly over the micro-batches give the whole batch's mean.
+func TestAnswerLossStep(t *testing.T) {
+	f := newStepFixture(t, "baseline", 16, 8)
+	near := func(what string, a, b float64, ga, gb map[string][]float32) {
+		t.Helper()
+		if math.Abs(a-b) > 1e-5*math.Abs(b) {
+			t.Errorf("%s: %.7f, want %.7f", what, a, b)
+		}
+		if d := maxRelDiff(t, ga, gb); d > 2e-5 {
+			t.Errorf("%s: gradients differ by %.2e (relative)", what, d)
+		}
+	}
+	l0, c0, g0 := f.runLoss(t, 8, 8, f.x, f.y, LossAll)
+	l1, c1, g1 := f.runLoss(t, 8, 8, f.x, f.y, LossAnswers)
+	near("every target kept: loss", l1, l0, g1, g0)
+	near("every target kept: CE", c1, c0, g1, g0)
+
+	half := f.B / 2 * f.T
+	y := append([]int32(nil), f.y...)
+	for i := half; i < len(y); i++ {
+		y[i] = ir.IgnoreTarget
+	}
+	wl, wc, wg := f.runLoss(t, 4, 4, f.x[:half], f.y[:half], LossAll)
+	for _, micro := range []int{8, 4, 2} {
+		l, c, g := f.runLoss(t, 8, micro, f.x, y, LossAnswers)
+		near(fmt.Sprintf("half ignored, micro %d: loss", micro), l, wl, g, wg)
+		near(fmt.Sprintf("half ignored, micro %d: CE", micro), c, wc, g, wg)
+	}
+
+	for i := range y { // every other target of rows 1..7 ignored, row 0 whole
+		y[i] = f.y[i]
+		if i >= f.T && i%2 == 1 {
+			y[i] = ir.IgnoreTarget
+		}
+	}
+	l8, c8, g8 := f.runLoss(t, 8, 8, f.x, y, LossAnswers)
+	l2, c2, g2 := f.runLoss(t, 8, 2, f.x, y, LossAnswers)
+	near("uneven: loss", l2, l8, g2, g8)
+	near("uneven: CE", c2, c8, g2, g8)
+	if math.Abs(l8-l0) < 1e-6 {
+		t.Errorf("ignoring targets left the loss at %g", l8)
 	}
 }

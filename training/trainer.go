@@ -239,6 +239,9 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Loss, err = ParseLossTargets(string(o.Loss)); err != nil {
+		return nil, err
+	}
 	ds, err := LoadDataset(ctx, o.DataSpec(), o.Log)
 	if err != nil {
 		return nil, err
@@ -386,8 +389,23 @@ func (r *run) newBatchers() error {
 		if err := r.batchers[i].SetAlign(r.ds.Align); err != nil {
 			return err
 		}
+		if err := r.maskTargets(r.batchers[i]); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// maskTargets makes tb leave out the targets the loss does not count.
+func (r *run) maskTargets(tb *data.TrainBatcher) error {
+	if !r.o.Loss.counted() {
+		return nil
+	}
+	keep := r.ds.trainAnswers()
+	if keep == nil {
+		return fmt.Errorf("--loss %s needs a corpus with answer positions (synthetic or mqar), not %s", r.o.Loss, r.ds.Name)
+	}
+	return tb.SetTargetMask(keep)
 }
 
 // initStore creates every tensor of the training and eval graphs of every
@@ -517,7 +535,7 @@ func (r *run) step(ci int, dropout float64) (*Step, error) {
 		}
 	}
 	cfg := r.plan.Config
-	s, err := CompileStep(&cfg, r.store, r.backend, l.T, l.Batch, l.Micro, dropout, r.dumpContext())
+	s, err := CompileStepLoss(&cfg, r.store, r.backend, l.T, l.Batch, l.Micro, dropout, r.o.Loss, r.dumpContext())
 	if err != nil {
 		return nil, err
 	}

@@ -143,6 +143,7 @@ func trainFlags() []cli.Flag {
 		&cli.Float64Flag{Name: "dropout", Value: -1, Usage: "dropout (default: the preset's)"},
 		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
+		&cli.StringFlag{Name: "loss", Value: string(training.LossAll), Usage: "tokens the training loss averages over: all | answers (only the answer positions of the synthetic or mqar corpus; evaluations still score every token)"},
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
 	}
 }
@@ -211,6 +212,10 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 	if err != nil {
 		return training.Options{}, err
 	}
+	loss, err := training.ParseLossTargets(c.String("loss"))
+	if err != nil {
+		return training.Options{}, err
+	}
 	modelName := ""
 	if c.IsSet("model") {
 		modelName = c.String("model")
@@ -225,7 +230,7 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 		FinalEvalBatches: c.Int("final-eval-batches"),
 		EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"), StopAfter: c.Int("stop-after"),
 		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
-		GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl,
+		GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl, Loss: loss,
 		Log: logger(c), Progress: c.App.ErrWriter,
 	}, nil
 }

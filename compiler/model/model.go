@@ -28,7 +28,15 @@ type Opts struct {
 	Logits bool
 	// NoLoss omits targets and the loss (inference graphs for export).
 	NoLoss bool
+	// LossScaleInput (training): the CE term of "loss" is the smoothed CE
+	// sum times the scalar input LossScale (the trainer feeds 1 over the
+	// targets the sum counts, so ignored targets do not dilute the mean)
+	// instead of the sum over B·T.
+	LossScaleInput bool
 }
+
+// LossScale is the scalar input of a graph built with Opts.LossScaleInput.
+const LossScale = "loss_scale"
 
 // Init says how a parameter or buffer starts.
 type Init struct {
@@ -346,7 +354,12 @@ func (b *builder) build() error {
 	// lm_loss_from_xy: smoothed CE plus the entropy floor. The listing adds the
 	// penalty to a token SUM; rpac uses the per-token mean CE so the floor
 	// keeps the weight its coefficients suggest at any batch size.
-	loss := b.scale(ce[0], 1/float64(B*T), 0)
+	var loss *ir.Value
+	if o.LossScaleInput {
+		loss = b.op("Mul", nil, ce[0], g.Input(LossScale, ir.Shape{}, ir.F32))
+	} else {
+		loss = b.scale(ce[0], 1/float64(B*T), 0)
+	}
 	if c.Model == "fuzzy" && c.R >= 2 && c.EntFloorAlpha > 0 {
 		var hsum *ir.Value
 		for _, h := range entropies {

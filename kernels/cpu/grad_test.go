@@ -557,33 +557,45 @@ func nnCases() []gradCase {
 		fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "GumbelNoise", nil, x[0]) },
 		bwd:  func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value { return []*ir.Value{dy} },
 	})
-	for _, ls := range []float64{0, 0.1} {
-		for out := 0; out < 2; out++ {
-			ls, out := ls, out
-			cs = append(cs, gradCase{
-				name: fmt.Sprintf("CrossEntropy/ls=%v/out%d", ls, out),
-				ins:  []spec{in(4, 7), ids(ir.Shape{4}, 3, 0, 6, 3)},
-				fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
-					return g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": ls}, x[0], x[1])[out]
-				},
-				bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
-					gl := ls
-					if out == 1 {
-						gl = 0
-					}
-					return []*ir.Value{op1(g, "CrossEntropyGrad", ir.Attrs{"label_smoothing": gl}, dy, x[0], x[1]), nil}
-				},
-			})
+	// the second target list leaves rows 1 and 2 out (ir.IgnoreTarget)
+	for ti, tg := range []spec{ids(ir.Shape{4}, 3, 0, 6, 3), ids(ir.Shape{4}, 3, ir.IgnoreTarget, ir.IgnoreTarget, 3)} {
+		for _, ls := range []float64{0, 0.1} {
+			for out := 0; out < 2; out++ {
+				ls, out := ls, out
+				name := fmt.Sprintf("CrossEntropy/ls=%v/out%d", ls, out)
+				if ti == 1 {
+					name += "/ignored"
+				}
+				cs = append(cs, gradCase{
+					name: name,
+					ins:  []spec{in(4, 7), tg},
+					fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+						return g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": ls}, x[0], x[1])[out]
+					},
+					bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+						gl := ls
+						if out == 1 {
+							gl = 0
+						}
+						return []*ir.Value{op1(g, "CrossEntropyGrad", ir.Attrs{"label_smoothing": gl}, dy, x[0], x[1]), nil}
+					},
+				})
+			}
 		}
 	}
 	// Logits computed in the graph and read only by CrossEntropy and its
-	// gradient: the forward works in place in the logits buffer.
-	for _, ls := range []float64{0, 0.1} {
+	// gradient: the forward works in place in the logits buffer (the
+	// second case with an ignored target).
+	for ci, ls := range []float64{0, 0.1} {
 		ls := ls
 		a := ir.Attrs{"label_smoothing": ls}
+		tg := ids(ir.Shape{4}, 6, 2, 0, 2)
+		if ci == 1 {
+			tg = ids(ir.Shape{4}, 6, ir.IgnoreTarget, 0, 2)
+		}
 		cs = append(cs, gradCase{
 			name: fmt.Sprintf("CrossEntropy/in-place/ls=%v", ls),
-			ins:  []spec{in(4, 7), ids(ir.Shape{4}, 6, 2, 0, 2)},
+			ins:  []spec{in(4, 7), tg},
 			fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
 				l := op1(g, "Scale", ir.Attrs{"alpha": 1.5}, x[0])
 				return g.Apply("CrossEntropy", a, l, x[1])[0]
@@ -615,7 +627,7 @@ func nnCases() []gradCase {
 	// CrossEntropyGrad without a preceding CrossEntropy (no cached row statistics).
 	cs = append(cs, gradCase{
 		name: "CrossEntropyGrad/uncached",
-		ins:  []spec{in(3, 5), ids(ir.Shape{3}, 4, 1, 0)},
+		ins:  []spec{in(3, 5), ids(ir.Shape{3}, 4, ir.IgnoreTarget, 0)},
 		fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
 			return g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": 0.2}, x[0], x[1])[0]
 		},

@@ -27,7 +27,9 @@ import (
 //	dx_r = dsm·(gx_r/s_r - (ls/V)·Σ_v W_v),  dW_v = dsm·(gW_v - (ls/V)·Σ_r x_r),
 //
 // so the logits are computed once per step and the chunk is read by the
-// rows and the two GEMMs only.
+// rows and the two GEMMs only. A row whose target is ir.IgnoreTarget gets
+// its argmax, then a zero row in the buffer: it adds nothing to either sum
+// or GEMM, its dx row is zero and Σ_r x_r leaves it out.
 
 // lmhState holds what a forward accumulates for the LMHeadCrossEntropyGrad
 // nodes on its inputs.
@@ -96,7 +98,7 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 	hit := 1 - ls
 	return func() error {
 		t := tg.i
-		if err := checkIDs(t, V, "target"); err != nil {
+		if err := checkTargets(t, V); err != nil {
 			return err
 		}
 		xs, ws, pred := x.f, w.f, out[2].i
@@ -118,6 +120,15 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 				for r := lo; r < hi; r++ {
 					row := lg[r*V : (r+1)*V]
 					ti := tc[r]
+					if ti == ir.IgnoreTarget {
+						pc[r] = int32(lmHeadIgnoredRow(row, grad))
+						rowP[r], rowS[r] = 0, 0
+						if grad {
+							st.inv[r0+r] = 0
+							clear(xs1[r*D : (r+1)*D])
+						}
+						continue
+					}
 					m, arg, sum := rowMaxArgSum(row)
 					xt := float64(row[ti])
 					var s float64
@@ -174,13 +185,30 @@ func (p *program[T]) buildLMHeadCE(n *ir.Node, in, out []*tensor[T]) (func() err
 	}, nil
 }
 
+// lmHeadIgnoredRow returns the argmax of a row whose target is ignored and,
+// with grad, clears the row so that it adds nothing to the gradient GEMMs.
+func lmHeadIgnoredRow[T float](row []T, grad bool) int {
+	_, arg, sum := rowMaxArgSum(row)
+	if math.IsInf(sum, 0) || sum != sum {
+		arg = argmaxRow(row)
+	}
+	if grad {
+		clear(row)
+	}
+	return arg
+}
+
 // sumRows sets dst[j] = Σ_i a[i·D + j] over rows rows of a, summing in
-// float64 with one partial sum per entry of partial.
-func sumRows[T float](dst, a []T, rows, D int, partial [][]float64) {
+// float64 with one partial sum per entry of partial; with targets, the rows
+// whose target is ir.IgnoreTarget are left out.
+func sumRows[T float](dst, a []T, rows, D int, partial [][]float64, targets []int32) {
 	parallelParts(rows, len(partial), max(1, grainCheap/max(D, 1)), func(w, lo, hi int) {
 		acc := partial[w]
 		clear(acc)
 		for r := lo; r < hi; r++ {
+			if targets != nil && targets[r] == ir.IgnoreTarget {
+				continue
+			}
 			for j, v := range a[r*D : (r+1)*D] {
 				acc[j] += float64(v)
 			}
@@ -234,8 +262,8 @@ func (p *program[T]) buildLMHeadCEGrad(n *ir.Node, in, out []*tensor[T]) (func()
 		}
 		c := float64(dsm.f[0])
 		if off != 0 {
-			sumRows(colW, w.f, V, D, partial)
-			sumRows(sumX, x.f, N, D, partial)
+			sumRows(colW, w.f, V, D, partial, nil)
+			sumRows(sumX, x.f, N, D, partial, tg.i)
 		} else {
 			clear(colW)
 			clear(sumX)
@@ -246,6 +274,10 @@ func (p *program[T]) buildLMHeadCEGrad(n *ir.Node, in, out []*tensor[T]) (func()
 			for r := lo; r < hi; r++ {
 				a := T(c * st.inv[r])
 				g, d := gx[r*D:(r+1)*D], dxs[r*D:(r+1)*D]
+				if tg.i[r] == ir.IgnoreTarget {
+					clear(d)
+					continue
+				}
 				for i, cw := range colW {
 					d[i] = a*g[i] - o*cw
 				}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,21 +18,27 @@ import (
 func lmHeadCases() []gradCase {
 	var cs []gradCase
 	const N, D, V = 5, 3, 7
-	tg := ids(ir.Shape{N}, 3, 0, 6, 3, 5)
-	for _, ls := range []float64{0, 0.1} {
-		for _, chunk := range []int{1, 2, 5, 8} {
-			a := ir.Attrs{"label_smoothing": ls, "chunk": chunk}
-			cs = append(cs, gradCase{
-				name: fmt.Sprintf("LMHeadCrossEntropy/ls=%v/chunk=%d", ls, chunk),
-				ins:  []spec{in(N, D), in(V, D), tg},
-				fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
-					return g.Apply("LMHeadCrossEntropy", a, x[0], x[1], x[2])[0]
-				},
-				bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
-					d := g.Apply("LMHeadCrossEntropyGrad", a, dy, x[0], x[1], x[2])
-					return []*ir.Value{d[0], d[1], nil}
-				},
-			})
+	// the second target list leaves rows 1 and 3 out (ir.IgnoreTarget)
+	for ti, tg := range []spec{ids(ir.Shape{N}, 3, 0, 6, 3, 5), ids(ir.Shape{N}, 3, ir.IgnoreTarget, 6, ir.IgnoreTarget, 5)} {
+		for _, ls := range []float64{0, 0.1} {
+			for _, chunk := range []int{1, 2, 5, 8} {
+				a := ir.Attrs{"label_smoothing": ls, "chunk": chunk}
+				name := fmt.Sprintf("LMHeadCrossEntropy/ls=%v/chunk=%d", ls, chunk)
+				if ti == 1 {
+					name += "/ignored"
+				}
+				cs = append(cs, gradCase{
+					name: name,
+					ins:  []spec{in(N, D), in(V, D), tg},
+					fwd: func(g *ir.Graph, x []*ir.Value) *ir.Value {
+						return g.Apply("LMHeadCrossEntropy", a, x[0], x[1], x[2])[0]
+					},
+					bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+						d := g.Apply("LMHeadCrossEntropyGrad", a, dy, x[0], x[1], x[2])
+						return []*ir.Value{d[0], d[1], nil}
+					},
+				})
+			}
 		}
 	}
 	// x computed in the graph (a planned intermediate), default chunk.
@@ -322,5 +329,119 @@ func TestLMHeadTwoGradients(t *testing.T) {
 				t.Fatalf("%s: second gradient %g, want -0.5·%g", o, b[i], a[i])
 			}
 		}
+	}
+}
+
+// TestIgnoredTargets: rows whose target is ir.IgnoreTarget add nothing to
+// either loss sum of CrossEntropy or LMHeadCrossEntropy (the sums equal
+// those over the kept rows alone), LMHeadCrossEntropy still predicts them,
+// their gradient rows are zero, and an id below -1 is still refused.
+func TestIgnoredTargets(t *testing.T) {
+	const N, D, V = 6, 3, 9
+	x, w, _ := lmHeadData(11, N, D, V)
+	tg := []int32{4, ir.IgnoreTarget, 0, 8, ir.IgnoreTarget, 2}
+	keep := []int{0, 2, 3, 5}
+	sub := func(a []float64, rows []int, width int) []float64 {
+		var out []float64
+		for _, r := range rows {
+			out = append(out, a[r*width:(r+1)*width]...)
+		}
+		return out
+	}
+	kx, ktg := sub(x, keep, D), []int32{4, 0, 8, 2}
+	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+		run := func(n int, xs []float64, tgs []int32, grad bool) (sm, ce float64, pred []int32, dx []float64) {
+			g := ir.New("ignored")
+			xv := g.Input("x", ir.Shape{n, D}, ir.F32)
+			wv := g.Input("w", ir.Shape{V, D}, ir.F32)
+			tv := g.Input("t", ir.Shape{n}, ir.I32)
+			a := ir.Attrs{"label_smoothing": 0.1, "chunk": 4}
+			o := g.Apply("LMHeadCrossEntropy", a, xv, wv, tv)
+			g.SetOutput("sm", o[0])
+			g.SetOutput("ce", o[1])
+			g.SetOutput("pred", o[2])
+			if grad {
+				g.SetOutput("dx", g.Apply("LMHeadCrossEntropyGrad", a, g.Scalar(1), xv, wv, tv)[0])
+			}
+			p := mustCompile(t, prec, g, nil, nil)
+			defer p.Close()
+			mustRun(t, p, map[string]*kernels.Tensor{"x": floatTensor(prec, ir.Shape{n, D}, xs),
+				"w": floatTensor(prec, ir.Shape{V, D}, w), "t": kernels.IntTensor(ir.Shape{n}, tgs)}, 0)
+			if grad {
+				dx = p.Output("dx").Float64s()
+			}
+			return p.Output("sm").At(0), p.Output("ce").At(0), append([]int32(nil), p.Output("pred").I32...), dx
+		}
+		for _, grad := range []bool{false, true} {
+			sm, ce, pred, dx := run(N, x, tg, grad)
+			wsm, wce, wpred, wdx := run(len(keep), kx, ktg, grad)
+			tol := 1e-12
+			if prec == kernels.F32 {
+				tol = 1e-6
+			}
+			if !near(sm, wsm, tol) || !near(ce, wce, tol) {
+				t.Errorf("%v grad=%v: sums %g, %g; over the kept rows %g, %g", prec, grad, sm, ce, wsm, wce)
+			}
+			_, _, all, _ := run(N, x, []int32{4, 1, 0, 8, 1, 2}, false)
+			if !slices.Equal(pred, all) || pred[0] != wpred[0] || pred[5] != wpred[3] {
+				t.Errorf("%v grad=%v: pred %v, with every target %v", prec, grad, pred, all)
+			}
+			for i, r := range keep {
+				for j := range D {
+					if grad && !near(dx[r*D+j], wdx[i*D+j], tol) {
+						t.Errorf("%v: dx[%d,%d] = %g, over the kept rows %g", prec, r, j, dx[r*D+j], wdx[i*D+j])
+					}
+				}
+			}
+			for _, r := range []int{1, 4} {
+				for j := 0; grad && j < D; j++ {
+					if dx[r*D+j] != 0 {
+						t.Errorf("%v: dx of ignored row %d = %v", prec, r, dx[r*D:(r+1)*D])
+						break
+					}
+				}
+			}
+		}
+		// CrossEntropy on the same logits
+		logits := make([]float64, N*V)
+		for r := range N {
+			for v := range V {
+				for j := range D {
+					logits[r*V+v] += x[r*D+j] * w[v*D+j]
+				}
+			}
+		}
+		ceRun := func(n int, l []float64, tgs []int32) (float64, float64, []float64) {
+			g := ir.New("ce")
+			lv := g.Input("l", ir.Shape{n, V}, ir.F32)
+			tv := g.Input("t", ir.Shape{n}, ir.I32)
+			a := ir.Attrs{"label_smoothing": 0.1}
+			o := g.Apply("CrossEntropy", a, lv, tv)
+			g.SetOutput("sm", o[0])
+			g.SetOutput("ce", o[1])
+			g.SetOutput("d", g.Op1("CrossEntropyGrad", a, g.Scalar(1), lv, tv))
+			p := mustCompile(t, prec, g, nil, nil)
+			defer p.Close()
+			mustRun(t, p, map[string]*kernels.Tensor{"l": floatTensor(prec, ir.Shape{n, V}, l), "t": kernels.IntTensor(ir.Shape{n}, tgs)}, 0)
+			return p.Output("sm").At(0), p.Output("ce").At(0), p.Output("d").Float64s()
+		}
+		sm, ce, d := ceRun(N, logits, tg)
+		wsm, wce, wd := ceRun(len(keep), sub(logits, keep, V), ktg)
+		if !near(sm, wsm, 1e-6) || !near(ce, wce, 1e-6) {
+			t.Errorf("%v CrossEntropy: sums %g, %g; over the kept rows %g, %g", prec, sm, ce, wsm, wce)
+		}
+		if !slices.Equal(sub(d, keep, V), wd) || slices.ContainsFunc(sub(d, []int{1, 4}, V), func(v float64) bool { return v != 0 }) {
+			t.Errorf("%v CrossEntropyGrad: rows %v", prec, d)
+		}
+	}
+	g := ir.New("bad")
+	lv := g.Input("l", ir.Shape{2, 3}, ir.F32)
+	tv := g.Input("t", ir.Shape{2}, ir.I32)
+	g.SetOutput("ce", g.Apply("CrossEntropy", nil, lv, tv)[1])
+	p := mustCompile(t, kernels.F32, g, nil, nil)
+	defer p.Close()
+	err := p.Run(map[string]*kernels.Tensor{"l": floatTensor(kernels.F32, ir.Shape{2, 3}, make([]float64, 6)), "t": kernels.IntTensor(ir.Shape{2}, []int32{0, -2})}, 0)
+	if err == nil {
+		t.Error("target -2 accepted")
 	}
 }

@@ -596,7 +596,7 @@ func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func()
 	rowP := make([]float64, N)
 	return func() error {
 		t := tg.i
-		if err := checkIDs(t, V, "target"); err != nil {
+		if err := checkTargets(t, V); err != nil {
 			return err
 		}
 		xs := lg.f
@@ -605,7 +605,10 @@ func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func()
 			for r := lo; r < hi; r++ {
 				row := xs[r*V : (r+1)*V]
 				m, sum := rowMaxSum(row)
-				xt := float64(row[t[r]])
+				var xt float64 // the target's logit, read before an in-place pass rewrites the row
+				if t[r] != ir.IgnoreTarget {
+					xt = float64(row[t[r]])
+				}
 				var lse float64
 				if math.IsInf(sum, 0) || sum != sum {
 					// NaN or ±Inf in the row: plain formula (NaN or ±Inf results)
@@ -628,6 +631,10 @@ func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func()
 					}
 				}
 				cache.lse[r] = lse
+				if t[r] == ir.IgnoreTarget {
+					rowP[r], rowS[r] = 0, 0
+					continue
+				}
 				nll := lse - xt
 				rowP[r] = nll
 				rowS[r] = (1-ls)*nll + ls*(lse-sum/float64(V))
@@ -655,7 +662,7 @@ func (p *program[T]) buildCrossEntropyGrad(n *ir.Node, in, out []*tensor[T]) (fu
 	cache := p.ce[lg.v.ID] // set when a CrossEntropy on the same logits precedes this node
 	return func() error {
 		t := tg.i
-		if err := checkIDs(t, V, "target"); err != nil {
+		if err := checkTargets(t, V); err != nil {
 			return err
 		}
 		xs, gs := lg.f, o.f
@@ -670,6 +677,10 @@ func (p *program[T]) buildCrossEntropyGrad(n *ir.Node, in, out []*tensor[T]) (fu
 		parallelFor(N, 1, func(lo, hi int) {
 			for r := lo; r < hi; r++ {
 				row, g := xs[r*V:(r+1)*V], gs[r*V:(r+1)*V]
+				if t[r] == ir.IgnoreTarget {
+					clear(g)
+					continue
+				}
 				if inPlace {
 					a := T(c * cache.inv[r])
 					for i, e := range row {

@@ -17,6 +17,17 @@ func checkIDs(ids []int32, v int, what string) error {
 	return nil
 }
 
+// checkTargets is checkIDs for cross-entropy targets, which may also be
+// ir.IgnoreTarget.
+func checkTargets(ids []int32, v int) error {
+	for i, id := range ids {
+		if id != ir.IgnoreTarget && (id < 0 || int(id) >= v) {
+			return fmt.Errorf("target %d at position %d is outside [0,%d) and is not the ignored target %d", id, i, v, ir.IgnoreTarget)
+		}
+	}
+	return nil
+}
+
 func (p *program[T]) buildGather(in, out []*tensor[T]) (func() error, error) {
 	w, ids, o := in[0], in[1], out[0]
 	if len(w.shape) != 2 || ids.v.DType != ir.I32 {

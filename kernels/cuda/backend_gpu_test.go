@@ -18,7 +18,10 @@ type opCase struct {
 	attrs ir.Attrs
 	in    []ir.Shape
 	ids   map[int]int // input index -> vocabulary of its i32 ids
-	pos   bool        // positive float inputs (Log, Div, Sinkhorn)
+	// ignore sets every third id of the i32 inputs to ir.IgnoreTarget (the
+	// cross-entropy ops' targets).
+	ignore bool
+	pos    bool // positive float inputs (Log, Div, Sinkhorn)
 	// build, when set, builds the graph instead of one Apply (ops that come
 	// in pairs).
 	build func(g *ir.Graph, in []*ir.Value) []*ir.Value
@@ -153,6 +156,9 @@ func caseGraph(c opCase, r *rand.Rand) (*ir.Graph, map[string]*kernels.Tensor) {
 			ids := make([]int32, s.Numel())
 			for j := range ids {
 				ids[j] = int32(r.IntN(V))
+				if c.ignore && j%3 == 1 {
+					ids[j] = ir.IgnoreTarget
+				}
 			}
 			feeds[name] = kernels.IntTensor(s, ids)
 			continue

@@ -367,12 +367,25 @@ func (p *program) feedOf(v *ir.Value) (string, error) {
 
 // checkIDs adds a pre-run check that the ids of v lie in [0, V).
 func (p *program) checkIDs(v *ir.Value, V int, what string) error {
+	return p.checkFeedIDs(v, V, what, false)
+}
+
+// checkTargets is checkIDs for cross-entropy targets, which may also be
+// ir.IgnoreTarget.
+func (p *program) checkTargets(v *ir.Value, V int) error {
+	return p.checkFeedIDs(v, V, "target", true)
+}
+
+func (p *program) checkFeedIDs(v *ir.Value, V int, what string, ignore bool) error {
 	name, err := p.feedOf(v)
 	if err != nil {
 		return err
 	}
 	p.pre = append(p.pre, func() error {
 		for i, id := range p.feeds[name] {
+			if ignore && id == ir.IgnoreTarget {
+				continue
+			}
 			if id < 0 || int(id) >= V {
 				return fmt.Errorf("%s %d at position %d is outside [0, %d)", what, id, i, V)
 			}
@@ -913,7 +926,7 @@ func (p *program) needSumRows(n int) { p.needWork(planReduce(midAxis{A: 1, R: n,
 func (p *program) buildCrossEntropy(n *ir.Node, in, out []*dval) (func() error, error) {
 	lg, tg := in[0], in[1]
 	rows, V := lg.v.Shape[0], lg.v.Shape[1]
-	if err := p.checkIDs(tg.v, V, "target"); err != nil {
+	if err := p.checkTargets(tg.v, V); err != nil {
 		return nil, err
 	}
 	per, err := p.alloc(2 * rows)
@@ -938,7 +951,7 @@ func (p *program) buildCrossEntropy(n *ir.Node, in, out []*dval) (func() error, 
 func (p *program) buildCrossEntropyGrad(n *ir.Node, in, out []*dval) (func() error, error) {
 	dl, lg, tg, o := in[0], in[1], in[2], out[0]
 	rows, V := lg.v.Shape[0], lg.v.Shape[1]
-	if err := p.checkIDs(tg.v, V, "target"); err != nil {
+	if err := p.checkTargets(tg.v, V); err != nil {
 		return nil, err
 	}
 	ls := float32(n.Attrs.Float("label_smoothing", 0))
@@ -969,7 +982,7 @@ func (p *program) lmHeadGradOf(n *ir.Node) *ir.Node {
 func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error) {
 	x, W, tg := in[0], in[1], in[2]
 	N, D, V := x.v.Shape[0], x.v.Shape[1], W.v.Shape[0]
-	if err := p.checkIDs(tg.v, V, "target"); err != nil {
+	if err := p.checkTargets(tg.v, V); err != nil {
 		return nil, err
 	}
 	chunk := ir.LMHeadChunkRows(n)

@@ -70,6 +70,15 @@ func awkwardCases() []opCase {
 				out := g.Apply("LMHeadCrossEntropy", a, in[0], in[1], in[2])
 				return append(out, g.Apply("LMHeadCrossEntropyGrad", a, g.Scalar(0.3), in[0], in[1], in[2])...)
 			}},
+		// ignored targets (ir.IgnoreTarget): no loss, zero gradient rows
+		{op: "CrossEntropy", attrs: ir.Attrs{"label_smoothing": 0.1}, in: []ir.Shape{{5, 1111}, {5}}, ids: map[int]int{1: 1111}, ignore: true},
+		{op: "CrossEntropyGrad", attrs: ir.Attrs{"label_smoothing": 0.1}, in: []ir.Shape{{}, {5, 1111}, {5}}, ids: map[int]int{2: 1111}, ignore: true},
+		{op: "LMHeadCrossEntropy", in: []ir.Shape{{37, 85}, {1111, 85}, {37}}, ids: map[int]int{2: 1111}, ignore: true,
+			build: func(g *ir.Graph, in []*ir.Value) []*ir.Value {
+				a := ir.Attrs{"label_smoothing": 0.1, "chunk": 16}
+				out := g.Apply("LMHeadCrossEntropy", a, in[0], in[1], in[2])
+				return append(out, g.Apply("LMHeadCrossEntropyGrad", a, g.Scalar(0.3), in[0], in[1], in[2])...)
+			}},
 	}
 }
 

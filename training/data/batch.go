@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
+
+	"github.com/rpac-dev/rpac/ir"
 )
 
 // Batch is a [B,T] pair of inputs and next-token targets, row-major:
@@ -43,8 +45,11 @@ type TrainBatcher struct {
 	t, b int
 	// align > 1 makes chunks start at multiples of align (SetAlign).
 	align int
-	pcg   *rand.PCG
-	rng   *rand.Rand
+	// keep, when set, marks the targets to keep; the others become
+	// ir.IgnoreTarget (SetTargetMask).
+	keep []bool
+	pcg  *rand.PCG
+	rng  *rand.Rand
 }
 
 // NewTrainBatcher returns a batcher over ids for context T and batch
@@ -73,6 +78,17 @@ func (tb *TrainBatcher) SetAlign(align int) error {
 		return fmt.Errorf("training batches: no chunk of %d tokens fits", tb.t+1)
 	}
 	tb.align = align
+	return nil
+}
+
+// SetTargetMask keeps the target ids[p] of a batch only where keep[p] is
+// set (keep aligned with the ids, e.g. AnswerStream.Answers) and makes the
+// others ir.IgnoreTarget; nil keeps every target.
+func (tb *TrainBatcher) SetTargetMask(keep []bool) error {
+	if keep != nil && len(keep) != len(tb.ids) {
+		return fmt.Errorf("training batches: a target mask of %d entries for %d tokens", len(keep), len(tb.ids))
+	}
+	tb.keep = keep
 	return nil
 }
 
@@ -108,7 +124,15 @@ func (tb *TrainBatcher) NextInto(bt *Batch) {
 			i = tb.rng.IntN(len(tb.ids) - tb.t)
 		}
 		copy(bt.X[r*tb.t:(r+1)*tb.t], tb.ids[i:i+tb.t])
-		copy(bt.Y[r*tb.t:(r+1)*tb.t], tb.ids[i+1:i+tb.t+1])
+		y := bt.Y[r*tb.t : (r+1)*tb.t]
+		copy(y, tb.ids[i+1:i+tb.t+1])
+		if tb.keep != nil {
+			for j, k := range tb.keep[i+1 : i+tb.t+1] {
+				if !k {
+					y[j] = ir.IgnoreTarget
+				}
+			}
+		}
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
 )
 
 func TestMQARConfigValidate(t *testing.T) {
@@ -226,5 +228,48 @@ func TestTrainBatcherAlign(t *testing.T) {
 	}
 	if len(seen) != 10 {
 		t.Fatalf("%d of the 10 aligned starts drawn", len(seen))
+	}
+}
+
+// TestTrainBatcherTargetMask: with the MQAR stream's answers as the mask,
+// exactly the answer targets survive (with their values), every other
+// target is ir.IgnoreTarget, the inputs are untouched, and the batches are
+// those drawn without a mask.
+func TestTrainBatcherTargetMask(t *testing.T) {
+	s, err := MQAR(3, 64*40, MQARConfig{SeqLen: 64, Pairs: 4, Vocab: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := NewTrainBatcher(s.IDs, 64, 64*8, 9)
+	masked, _ := NewTrainBatcher(s.IDs, 64, 64*8, 9)
+	for _, tb := range []*TrainBatcher{plain, masked} {
+		if err := tb.SetAlign(64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := masked.SetTargetMask(s.Answers[1:]); err == nil {
+		t.Fatal("a mask of the wrong length was accepted")
+	}
+	if err := masked.SetTargetMask(s.Answers); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		a, b := plain.Next(), masked.Next()
+		if !slices.Equal(a.X, b.X) {
+			t.Fatal("the mask changed the inputs or the draw")
+		}
+		kept := 0
+		for j := range a.Y {
+			switch {
+			case b.Y[j] == ir.IgnoreTarget:
+			case b.Y[j] == a.Y[j] && b.Y[j] >= s.Config.ValueBase():
+				kept++
+			default:
+				t.Fatalf("target %d: %d, unmasked %d", j, b.Y[j], a.Y[j])
+			}
+		}
+		if kept != a.B*4 { // each chunk is one whole sequence: its 4 answers
+			t.Fatalf("%d targets kept, want %d", kept, a.B*4)
+		}
 	}
 }

@@ -2,7 +2,8 @@
 // with its gradient: one block per row reads the row's logits, writes the
 // row's losses and argmax, and overwrites the logits with
 // scale·(softmax − ((1−ls)·onehot + ls/V)), so no probability tensor makes a
-// round trip through memory.
+// round trip through memory. A row whose target is the ignored target
+// (negative) gets zero losses and a zero gradient row; its argmax is kept.
 
 extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
                                                 const int* targets, int rows, int V, float ls, float scale) {
@@ -36,6 +37,14 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
     sx = block_sum(sx, shared);
     float lse = bm + logf(se);
     int t = targets[r];
+    if (t < 0) {  // the ignored target: no loss, a zero gradient row (pred kept)
+        if (threadIdx.x == 0) {
+            loss_ce[r] = 0.0f;
+            loss_sm[r] = 0.0f;
+        }
+        for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.0f;
+        return;
+    }
     float ce = lse - x[t];
     if (threadIdx.x == 0) {
         loss_ce[r] = ce;

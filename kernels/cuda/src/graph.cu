@@ -180,7 +180,8 @@ extern "C" __global__ void gumbel_f32(float* y, const float* x, unsigned long lo
 }
 
 // ce_rows_f32: per row of logits [rows, V] with label smoothing ls, the
-// smoothed loss and the pure CE, without touching the logits.
+// smoothed loss and the pure CE, without touching the logits; 0 and 0 for a
+// row whose target is the ignored target (negative).
 extern "C" __global__ void ce_rows_f32(float* loss_sm, float* loss_ce, const float* logits, const int* targets,
                                        int rows, int V, float ls) {
     __shared__ float red[32];
@@ -198,14 +199,21 @@ extern "C" __global__ void ce_rows_f32(float* loss_sm, float* loss_ce, const flo
     se = block_sum(se, red);
     sx = block_sum(sx, red);
     if (threadIdx.x == 0) {
+        int t = targets[r];
+        if (t < 0) {  // the ignored target: the row adds nothing
+            loss_ce[r] = 0.0f;
+            loss_sm[r] = 0.0f;
+            return;
+        }
         float lse = m + logf(se);
-        float ce = lse - x[targets[r]];
+        float ce = lse - x[t];
         loss_ce[r] = ce;
         loss_sm[r] = (1.0f - ls) * ce + ls * (lse - sx / V);
     }
 }
 
-// ce_grad_f32: dlogits = (*dloss)·(softmax − ((1−ls)·onehot + ls/V)).
+// ce_grad_f32: dlogits = (*dloss)·(softmax − ((1−ls)·onehot + ls/V)), zero
+// on a row whose target is the ignored target (negative).
 extern "C" __global__ void ce_grad_f32(float* dx, const float* logits, const int* targets, const float* dloss,
                                        int rows, int V, float ls) {
     __shared__ float red[32];
@@ -213,6 +221,11 @@ extern "C" __global__ void ce_grad_f32(float* dx, const float* logits, const int
     if (r >= rows) return;
     const float* x = logits + (i64)r * V;
     float* d = dx + (i64)r * V;
+    int t = targets[r];
+    if (t < 0) {  // the ignored target: a zero row (the whole block returns together)
+        for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = 0.0f;
+        return;
+    }
     float m = RPAC_NEG_INF;
     for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
     m = block_max(m, red);
@@ -220,7 +233,6 @@ extern "C" __global__ void ce_grad_f32(float* dx, const float* logits, const int
     for (int j = threadIdx.x; j < V; j += blockDim.x) se += expf(x[j] - m);
     float inv = 1.0f / block_sum(se, red);
     float k = *dloss;
-    int t = targets[r];
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
         d[j] = k * (expf(x[j] - m) * inv - tgt);
