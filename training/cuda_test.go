@@ -32,19 +32,7 @@ func cudaOrSkip(t *testing.T, gemm cuda.GEMMPrecision) *cuda.Backend {
 func (f *stepFixture) stepOn(t *testing.T, be kernels.Backend, micro int, seed uint64) (float64, float64, map[string][]float32) {
 	t.Helper()
 	s, err := CompileStep(&f.cfg, f.store, be, f.T, f.B, micro, f.cfg.Dropout, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	out, err := s.Run(f.x, f.y, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	grads := map[string][]float32{}
-	for n, g := range out.Grads {
-		grads[n] = append([]float32(nil), g...)
-	}
-	return out.Loss, out.CE, grads
+	return runStepCopy(t, s, err, f.x, f.y, seed)
 }
 
 // step64 runs the fixture's step on the CPU backend in float64 (the
@@ -345,4 +333,23 @@ func TestMemoryPlanOnFusedGraphs(t *testing.T) {
 	if _, err := Setup(o, nil, nil); err == nil || !strings.Contains(err.Error(), "opened backend") {
 		t.Errorf("a CUDA plan without the backend: %v", err)
 	}
+}
+
+// runStepCopy runs the compiled step s (err: its compile error) once on
+// x, y and returns its loss, CE and copies of its gradients; s is closed.
+func runStepCopy(t *testing.T, s *Step, err error, x, y []int32, seed uint64) (float64, float64, map[string][]float32) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out, err := s.Run(x, y, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grads := map[string][]float32{}
+	for n, g := range out.Grads {
+		grads[n] = append([]float32(nil), g...)
+	}
+	return out.Loss, out.CE, grads
 }

@@ -205,19 +205,7 @@ func TestSimAnswerLoss(t *testing.T) {
 		}
 		run := func(be kernels.Backend) (float64, float64, map[string][]float32) {
 			s, err := CompileStepLoss(&f.cfg, f.store, be, f.T, f.B, 2, f.cfg.Dropout, LossAnswers, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			out, err := s.Run(f.x, f.y, 5)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g := map[string][]float32{}
-			for n, d := range out.Grads {
-				g[n] = append([]float32(nil), d...)
-			}
-			return out.Loss, out.CE, g
+			return runStepCopy(t, s, err, f.x, f.y, 5)
 		}
 		cl, cc, cg := run(cpu.New(kernels.F32))
 		gl, gc, gg := run(be)

@@ -54,19 +54,7 @@ func newStepFixture(t *testing.T, kind string, T, B int) *stepFixture {
 func (f *stepFixture) run(t *testing.T, batch, micro int, x, y []int32, seed uint64) (float64, float64, map[string][]float32) {
 	t.Helper()
 	s, err := CompileStep(&f.cfg, f.store, cpu.New(kernels.F32), f.T, batch, micro, f.cfg.Dropout, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	out, err := s.Run(x, y, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := map[string][]float32{}
-	for n, d := range out.Grads {
-		g[n] = append([]float32(nil), d...)
-	}
-	return out.Loss, out.CE, g
+	return runStepCopy(t, s, err, x, y, seed)
 }
 
 func maxRelDiff(t *testing.T, a, b map[string][]float32) float64 {
@@ -431,19 +419,7 @@ func TestResumeRefusesOtherData(t *testing.T) {
 func (f *stepFixture) runLoss(t *testing.T, batch, micro int, x, y []int32, loss LossTargets) (float64, float64, map[string][]float32) {
 	t.Helper()
 	s, err := CompileStepLoss(&f.cfg, f.store, cpu.New(kernels.F32), f.T, batch, micro, f.cfg.Dropout, loss, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	out, err := s.Run(x, y, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := map[string][]float32{}
-	for n, d := range out.Grads {
-		g[n] = append([]float32(nil), d...)
-	}
-	return out.Loss, out.CE, g
+	return runStepCopy(t, s, err, x, y, 1)
 }
 
 // TestAnswerLossStep: the counted-mean loss (LossAnswers) with every
