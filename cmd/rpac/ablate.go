@@ -29,6 +29,7 @@ func ablateFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
 		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
+		lossFlag(),
 		&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
 		&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on"},
 		&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
@@ -99,11 +100,15 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 	if err != nil {
 		return training.AblationOptions{}, err
 	}
+	loss, err := training.ParseLossTargets(c.String("loss"))
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
 	finalBatches := c.Int("final-eval-batches")
 	if finalBatches == 0 {
 		finalBatches = -1 // the whole split
 	}
-	base := training.Options{Synthetic: syn, MQAR: mq,
+	base := training.Options{Synthetic: syn, MQAR: mq, Loss: loss,
 		Preset: preset.Name, Dataset: c.String("dataset"), DataDir: c.String("data-dir"),
 		TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
 		TokensPerStep: c.Int("tokens-per-step"), EvalEvery: cmp.Or(c.Int("eval-every"), max(1, steps/10)), EvalBatches: c.Int("eval-batches"),

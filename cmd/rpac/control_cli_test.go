@@ -22,6 +22,7 @@ func TestControlFlagErrors(t *testing.T) {
 		{"negative game-every", []string{"train", "--dataset", "synthetic", "--game-every", "-1"}, "game-every"},
 		{"ablate unknown stage", []string{"ablate", "--dataset", "synthetic", "--stages", "nope", "--steps", "1"}, "unknown stage"},
 		{"ablate no seeds", []string{"ablate", "--dataset", "synthetic", "--seeds", "0"}, "seeds"},
+		{"ablate bad loss", []string{"ablate", "--dataset", "synthetic", "--loss", "some", "--steps", "1"}, "loss"},
 		{"plot without run", []string{"plot"}, "run directory"},
 		{"plot of a non-run", []string{"plot", "/nonexistent/run"}, "metrics.jsonl"},
 	}

@@ -143,7 +143,7 @@ func trainFlags() []cli.Flag {
 		&cli.Float64Flag{Name: "dropout", Value: -1, Usage: "dropout (default: the preset's)"},
 		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "bias warm-in steps (default: the preset's)"},
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
-		&cli.StringFlag{Name: "loss", Value: string(training.LossAll), Usage: "tokens the training loss averages over: all | answers (only the answer positions of the synthetic or mqar corpus; evaluations still score every token)"},
+		lossFlag(),
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
 	}
 }
@@ -382,4 +382,9 @@ func checkTrainFlags(c *cli.Context) error {
 		return fmt.Errorf("--dump-ir %q: not a pass of the training pipeline (%s, or all)", d, strings.Join(passes.Names(passes.TrainPipeline), ", "))
 	}
 	return nil
+}
+
+// lossFlag is --loss (train, ablate).
+func lossFlag() cli.Flag {
+	return &cli.StringFlag{Name: "loss", Value: string(training.LossAll), Usage: "tokens the training loss averages over: all | answers (only the answer positions of the synthetic or mqar corpus; evaluations still score every token)"}
 }
