@@ -3,7 +3,11 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 
 	"github.com/rpac-dev/rpac/training/control"
 )
@@ -12,9 +16,19 @@ import (
 // control.SatFraction's on memberships placed on either side of the
 // threshold (including the float32 neighbours of a threshold that float32
 // cannot hold), for several R and row counts, several slots at once; Reset
-// clears them.
+// clears them. It runs again in differential mode (reverse block and thread
+// order, each launch compared bit for bit).
 func TestSimSatCounterMatchesHost(t *testing.T) {
-	simOnly(t)
+	d := simOnly(t)
+	for _, diff := range []int64{0, 1} { // then in differential mode: the atomics' order must not matter
+		d.SimConfig("diff", diff)
+		checkSatCounter(t)
+	}
+	d.SimConfig("diff", 0)
+}
+
+func checkSatCounter(t *testing.T) {
+	t.Helper()
 	be, err := New(0, GEMMF32)
 	if err != nil {
 		t.Fatal(err)
@@ -92,4 +106,76 @@ func upload(t *testing.T, be *Backend, x []float32) Buffer {
 		t.Fatal(err)
 	}
 	return Buffer{Ptr: b.Ptr, Bytes: uint64(4 * len(x))}
+}
+
+// TestSimDeviceEMAMatchesHost: ema_f32 against training/control's
+// EMA.Update on the same weights and rates (bit for bit on amd64, where Go
+// rounds each operation on its own; within one ulp elsewhere), in normal
+// and in differential mode; Upload replaces the shadows.
+func TestSimDeviceEMAMatchesHost(t *testing.T) {
+	d := simOnly(t)
+	maxUlp := uint32(0)
+	if runtime.GOARCH != "amd64" {
+		maxUlp = 1
+	}
+	for _, diff := range []int64{0, 1} {
+		d.SimConfig("diff", diff)
+		be, err := New(0, GEMMF32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := kernels.NewStore(kernels.F32)
+		r := rand.New(rand.NewPCG(11, 12))
+		sizes := map[string]int{"a.weight": 3000, "b.bias": 7}
+		var names []string
+		shadow, host := map[string][]float32{}, [][]float32{}
+		var weights [][]float32
+		for _, n := range []string{"a.weight", "b.bias"} {
+			w, _ := st.Ensure(n, ir.Shape{sizes[n]})
+			for i := range w.F32 {
+				w.F32[i] = float32(r.NormFloat64())
+			}
+			names = append(names, n)
+			s := make([]float32, sizes[n])
+			for i := range s {
+				s[i] = float32(r.NormFloat64())
+			}
+			shadow[n] = append([]float32(nil), s...)
+			host = append(host, s)
+			weights = append(weights, w.F32)
+		}
+		opt, err := NewDeviceAdamW(be, st, AdamWHyper{Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ema, err := NewDeviceEMA(opt, shadow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &control.EMA{Decay: 0.99}
+		for range 3 {
+			dr := float32(h.Rate())
+			h.Update(host, weights)
+			if err := ema.Update(dr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := map[string][]float32{"a.weight": make([]float32, 3000), "b.bias": make([]float32, 7)}
+		if err := ema.Download(got); err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range names {
+			ulps(t, "EMA of "+n, got[n], host[i], maxUlp)
+		}
+		if err := ema.Upload(shadow); err != nil {
+			t.Fatal(err)
+		}
+		if err := ema.Download(got); err != nil {
+			t.Fatal(err)
+		}
+		ulps(t, "uploaded shadow", got["b.bias"], shadow["b.bias"], 0)
+		ema.Close()
+		opt.Close()
+	}
+	d.SimConfig("diff", 0)
 }
