@@ -26,9 +26,15 @@
 #   probe    rpac gpu --json: device, driver and NVRTC versions, each kernel
 #            source compiled (cubin for sm_NN, or the PTX fallback and why);
 #   kernels  the kernel tests (parity against float64 references, every op
-#            of the IR table through the backend against the CPU backend);
-#   steps    the whole fuzzy and baseline training steps against the CPU
-#            (fp32 against the float64 CPU step, bf16) and their repeatability;
+#            of the IR table through the backend against the CPU backend;
+#            the TestSim* parity tests too: op, GEMM, MMA, reduction,
+#            optimizer and EMA parity, which run on the simulator or, with
+#            RPAC_REQUIRE_GPU=1, a GPU; the simulator's own tests skip);
+#   steps    the training tests matching GPU|Sim: the whole fuzzy and
+#            baseline training steps against the CPU (fp32 against the
+#            float64 CPU step, bf16) and their repeatability, and whole short
+#            trainer runs (device optimizer and state, resume) against the
+#            CPU;
 #   runs     a 40-step (RPAC_CHECK_STEPS) tiny WikiText-2 run on CUDA (fp32)
 #            and on the CPU with the same seed, final val CE within 0.02
 #            (the CPU binary is built without cgo, so without OpenBLAS: on
@@ -121,7 +127,7 @@ testrun=()
 
 want probe && check probe bin/rpac gpu --json
 want kernels && check kernels bin/cuda.test -test.v -test.count=1 "${testrun[@]}"
-want steps && check steps bin/training.test -test.v -test.count=1 -test.run "${RPAC_CHECK_RUN:-GPU}"
+want steps && check steps bin/training.test -test.v -test.count=1 -test.run "${RPAC_CHECK_RUN:-GPU|Sim}"
 
 # The performance model against the GPU: each kernel of a traced step
 # timed on its own beside its prediction (docs/PERFMODEL.md).

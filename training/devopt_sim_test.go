@@ -42,21 +42,21 @@ func runBench(t *testing.T, b *Bench, from, to int) {
 }
 
 // TestSimDeviceOptimizerTraining: training steps with the weights,
-// moments, gradients and clipping on the (simulated) device against the
-// CPU with the host optimizer (weights within 1e-3 relative after 4
-// steps); a second device run is bit-identical; 2 steps, a checkpoint of
+// moments, gradients and clipping on the device (the simulator, or a GPU)
+// against the CPU with the host optimizer (weights within 1e-3 relative
+// after 4 steps); a second device run is bit-identical; 2 steps, a checkpoint of
 // the device state (weights and moments to the host), a fresh device
 // optimizer importing it and 2 more steps equal 4 steps bit for bit; and
 // the same checkpoint continued on the CPU stays within the CPU tolerance.
 func TestSimDeviceOptimizerTraining(t *testing.T) {
-	simOnly(t)
+	cu := parityDevice(t)
 	const N = 4
 	open := func(dev Device) *Bench {
 		b, err := NewBench(devBenchOptions(dev))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if (dev == DeviceCUDASim) != (b.dev != nil) {
+		if dev.isCUDA() != (b.dev != nil) {
 			t.Fatalf("%s: device optimizer %v", dev, b.dev != nil)
 		}
 		return b
@@ -66,7 +66,7 @@ func TestSimDeviceOptimizerTraining(t *testing.T) {
 	runBench(t, cpu, 0, N)
 	want := benchWeights(t, cpu)
 
-	sim := open(DeviceCUDASim)
+	sim := open(cu)
 	defer sim.Close()
 	if sim.Length().Micro >= sim.Length().Batch {
 		t.Fatalf("plan %+v: want several micro-batches", sim.Length())
@@ -84,13 +84,13 @@ func TestSimDeviceOptimizerTraining(t *testing.T) {
 		t.Errorf("device-optimizer weights differ from the CPU's: %s by %.2g", at, worst)
 	}
 
-	again := open(DeviceCUDASim)
+	again := open(cu)
 	runBench(t, again, 0, N)
 	same(t, "second device run", benchWeights(t, again), got)
 	again.Close()
 
 	// checkpoint after N/2 steps: weights and moments to the host
-	first := open(DeviceCUDASim)
+	first := open(cu)
 	runBench(t, first, 0, N/2)
 	ckW := benchWeights(t, first)
 	ckO, ckSteps, err := exportDevice(first.dev)
@@ -99,7 +99,7 @@ func TestSimDeviceOptimizerTraining(t *testing.T) {
 	}
 	first.Close()
 
-	resumed := open(DeviceCUDASim)
+	resumed := open(cu)
 	defer resumed.Close()
 	for n, w := range ckW {
 		copy(resumed.params[n], w)

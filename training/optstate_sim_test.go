@@ -21,15 +21,15 @@ func deviceStateOptions(out string, dev Device) Options {
 }
 
 // TestSimDeviceTrainingState: a run whose weights, moments, gradients,
-// clipping and EMA live on the (simulated) device against the same run
-// with them on the host, on the same backend: the checkpoints (weights,
+// clipping and EMA live on the device (the simulator, or a GPU) against
+// the same run with them on the host, on the same backend: the checkpoints (weights,
 // EMA and SWA sets, moments) agree to float32 rounding and the evaluations
 // agree; the run says where its state lives; a second device run repeats
 // bit for bit; stopping halfway and resuming equals the straight run bit
 // for bit; and the halfway device checkpoint continues on the CPU backend
 // to within the CPU tolerance.
 func TestSimDeviceTrainingState(t *testing.T) {
-	simOnly(t)
+	cu := parityDevice(t)
 	dir := t.TempDir()
 	run := func(name string, dev Device, mod func(o *Options)) (*Result, string) {
 		o := deviceStateOptions(filepath.Join(dir, name), dev)
@@ -38,11 +38,11 @@ func TestSimDeviceTrainingState(t *testing.T) {
 		}
 		return trainLogged(t, name, o)
 	}
-	devRes, log := run("device", DeviceCUDASim, nil)
+	devRes, log := run("device", cu, nil)
 	if !strings.Contains(log, "training state on the device") {
 		t.Errorf("the device run does not say its state is on the device:\n%s", log)
 	}
-	hostRes, log := run("host", DeviceCUDASim, func(o *Options) { o.HostOptimizer = true })
+	hostRes, log := run("host", cu, func(o *Options) { o.HostOptimizer = true })
 	if strings.Contains(log, "training state on the device") {
 		t.Errorf("--host-optimizer run says its state is on the device")
 	}
@@ -73,15 +73,15 @@ func TestSimDeviceTrainingState(t *testing.T) {
 			t.Errorf("evaluations differ: device %v, host %v", c[0], c[1])
 		}
 	}
-	run("device2", DeviceCUDASim, nil)
+	run("device2", cu, nil)
 	same(t, "second device run", weights(t, filepath.Join(dir, "device2")), dw)
 
 	half := 4
-	run("resumed", DeviceCUDASim, func(o *Options) { o.StopAfter = half })
-	run("resumed", DeviceCUDASim, func(o *Options) { o.Resume = true })
+	run("resumed", cu, func(o *Options) { o.StopAfter = half })
+	run("resumed", cu, func(o *Options) { o.Resume = true })
 	same(t, "device run resumed halfway", weights(t, filepath.Join(dir, "resumed")), dw)
 
-	run("tocpu", DeviceCUDASim, func(o *Options) { o.StopAfter = half })
+	run("tocpu", cu, func(o *Options) { o.StopAfter = half })
 	run("tocpu", DeviceCPU, func(o *Options) { o.Resume = true })
 	cw := weights(t, filepath.Join(dir, "tocpu"))
 	worst, at = 0.0, ""

@@ -18,21 +18,43 @@ import (
 	"github.com/rpac-dev/rpac/training/data"
 )
 
-// simOnly skips unless the CUDA tests run on the simulator (RPAC_CUDA_SIM=1,
-// as .ci/run sets it).
-func simOnly(t *testing.T) {
+// parityDevice returns the CUDA device the TestSim* parity tests (the CUDA
+// backend against the CPU) run on: DeviceCUDASim, the CUDA simulator, under
+// RPAC_CUDA_SIM=1 (as .ci/run sets it); DeviceCUDA, a real GPU, under
+// RPAC_REQUIRE_GPU=1 (as scripts/gpu-check.sh sets it; a GPU that cannot be
+// opened fails the test); it skips otherwise.
+func parityDevice(t *testing.T) Device {
 	t.Helper()
-	if os.Getenv("RPAC_CUDA_SIM") != "1" {
-		t.Skip("simulator test: run with RPAC_CUDA_SIM=1")
+	if os.Getenv("RPAC_CUDA_SIM") == "1" {
+		return DeviceCUDASim
 	}
+	if os.Getenv("RPAC_REQUIRE_GPU") != "1" {
+		t.Skip("parity test: run with RPAC_CUDA_SIM=1 (the simulator) or RPAC_REQUIRE_GPU=1 (a GPU)")
+	}
+	if err := CheckDevice(DeviceCUDA, ir.FP32); err != nil {
+		t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
+	}
+	return DeviceCUDA
+}
+
+// parityBackend opens the CUDA backend on dev (parityDevice's) and checks
+// it is the simulator exactly when dev is DeviceCUDASim.
+func parityBackend(t *testing.T, dev Device, gemm cuda.GEMMPrecision) *cuda.Backend {
+	t.Helper()
+	be := cudaOrSkip(t, gemm)
+	if be.Simulated() != (dev == DeviceCUDASim) {
+		t.Fatalf("%s: the CUDA backend opened is simulated: %v", dev, be.Simulated())
+	}
+	return be
 }
 
 // TestSimTrainingMatchesCPU: short training runs through the whole trainer
-// with --device cuda-sim (fp32) and on the CPU, same seed: the losses and
-// final evaluation agree; a second cuda-sim run is bit-identical; and N
-// steps straight equal N/2 + resume + N/2 bit for bit on cuda-sim.
+// with --device cuda-sim (or cuda, on a GPU; fp32) and on the CPU, same
+// seed: the losses and final evaluation agree; a second CUDA run is
+// bit-identical; and N steps straight equal N/2 + resume + N/2 bit for bit
+// on CUDA.
 func TestSimTrainingMatchesCPU(t *testing.T) {
-	simOnly(t)
+	cu := parityDevice(t)
 	for _, model := range []string{"fuzzy", "baseline"} {
 		t.Run(model, func(t *testing.T) {
 			dir := t.TempDir()
@@ -44,17 +66,17 @@ func TestSimTrainingMatchesCPU(t *testing.T) {
 					mod(&o)
 				}
 				res, progress := trainLogged(t, name, o)
-				if dev == DeviceCUDASim && !strings.Contains(progress, "CUDA simulator") {
-					t.Errorf("%s: the run does not say it ran on the simulator", name)
+				if sim := strings.Contains(progress, "CUDA simulator"); dev.isCUDA() && sim != (dev == DeviceCUDASim) {
+					t.Errorf("%s on %s: the run says it ran on the simulator: %v", name, dev, sim)
 				}
 				return res
 			}
 			cpuRes := run("cpu", DeviceCPU, nil)
-			simRes := run("sim", DeviceCUDASim, nil)
+			simRes := run("sim", cu, nil)
 			if d := math.Abs(simRes.FinalValCE - cpuRes.FinalValCE); d > 1e-4 || math.IsNaN(simRes.FinalValCE) {
-				t.Errorf("final eval CE: cuda-sim %.7f, cpu %.7f (|diff| %.2g > 1e-4)", simRes.FinalValCE, cpuRes.FinalValCE, d)
+				t.Errorf("final eval CE: %s %.7f, cpu %.7f (|diff| %.2g > 1e-4)", cu, simRes.FinalValCE, cpuRes.FinalValCE, d)
 			}
-			t.Logf("final eval CE: cuda-sim %.7f, cpu %.7f", simRes.FinalValCE, cpuRes.FinalValCE)
+			t.Logf("final eval CE: %s %.7f, cpu %.7f", cu, simRes.FinalValCE, cpuRes.FinalValCE)
 			a, b := weights(t, filepath.Join(dir, "sim")), weights(t, filepath.Join(dir, "cpu"))
 			worst, at := 0.0, ""
 			for n, w := range b {
@@ -67,14 +89,14 @@ func TestSimTrainingMatchesCPU(t *testing.T) {
 				t.Errorf("weights after training: %s differs from the CPU's by %.2g", at, worst)
 			}
 			// two runs: bit-identical
-			run("sim2", DeviceCUDASim, nil)
-			same(t, "second cuda-sim run", weights(t, filepath.Join(dir, "sim2")), a)
+			run("sim2", cu, nil)
+			same(t, "second "+cu.String()+" run", weights(t, filepath.Join(dir, "sim2")), a)
 			// exact resume
 			o := microOptions("")
 			half := o.Steps / 2
-			run("resumed", DeviceCUDASim, func(o *Options) { o.StopAfter = half })
-			run("resumed", DeviceCUDASim, func(o *Options) { o.Resume = true })
-			same(t, "resumed cuda-sim run", weights(t, filepath.Join(dir, "resumed")), a)
+			run("resumed", cu, func(o *Options) { o.StopAfter = half })
+			run("resumed", cu, func(o *Options) { o.Resume = true })
+			same(t, "resumed "+cu.String()+" run", weights(t, filepath.Join(dir, "resumed")), a)
 		})
 	}
 }
@@ -95,14 +117,10 @@ func same(t *testing.T, what string, got, want map[string][]float32) {
 }
 
 // TestSimStepParity: one whole fuzzy and baseline training step (dropout,
-// micro-batches, the Gumbel top-k gate) on the simulator against the CPU,
-// with the tiny preset's head size and an awkward one.
+// micro-batches, the Gumbel top-k gate) on the simulator (or a GPU)
+// against the CPU, with the tiny preset's head size and an awkward one.
 func TestSimStepParity(t *testing.T) {
-	simOnly(t)
-	be := cudaOrSkip(t, cuda.GEMMF32)
-	if !be.Simulated() {
-		t.Fatal("not the simulator")
-	}
+	be := parityBackend(t, parityDevice(t), cuda.GEMMF32)
 	for _, kind := range []string{"fuzzy", "baseline"} {
 		f := newStepFixture(t, kind, 19, 3)
 		f.cfg.Dropout = 0.1
@@ -122,12 +140,11 @@ func TestSimStepParity(t *testing.T) {
 }
 
 // TestSimBF16GradientErrors measures the bf16 GEMM policy's gradient error
-// per parameter group on the simulator (fuzzy model, d_model 32, so the
-// big GEMMs run in bf16 and the products over R = E = 4 in fp32) and holds
-// each group to its documented bound (docs/CUDASIM.md).
+// per parameter group on the simulator or a GPU (fuzzy model, d_model 32,
+// so the big GEMMs run in bf16 and the products over R = E = 4 in fp32) and
+// holds each group to its documented bound (docs/CUDASIM.md).
 func TestSimBF16GradientErrors(t *testing.T) {
-	simOnly(t)
-	be := cudaOrSkip(t, cuda.GEMMBF16)
+	be := parityBackend(t, parityDevice(t), cuda.GEMMBF16)
 	f := newStepFixture(t, "fuzzy", 24, 4)
 	f.cfg.DModel = 32
 	mg, err := model.Build(&f.cfg, model.Opts{T: 24, B: 1, Mode: model.Train})
@@ -190,12 +207,12 @@ func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
 }
 
 // TestSimAnswerLoss: the answer-only loss (ignored targets, a counted
-// mean fed as model.LossScale) on the simulator against the CPU: one step
-// of each model with every third target ignored, in micro-batches, then a
-// short MQAR run through the whole trainer.
+// mean fed as model.LossScale) on the simulator (or a GPU) against the CPU:
+// one step of each model with every third target ignored, in
+// micro-batches, then a short MQAR run through the whole trainer.
 func TestSimAnswerLoss(t *testing.T) {
-	simOnly(t)
-	be := cudaOrSkip(t, cuda.GEMMF32)
+	cu := parityDevice(t)
+	be := parityBackend(t, cu, cuda.GEMMF32)
 	for _, kind := range []string{"fuzzy", "baseline"} {
 		f := newStepFixture(t, kind, 19, 4)
 		for i := range f.y {
@@ -218,7 +235,7 @@ func TestSimAnswerLoss(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var res [2]*Result
-	for i, dev := range []Device{DeviceCPU, DeviceCUDASim} {
+	for i, dev := range []Device{DeviceCPU, cu} {
 		o := microOptions(filepath.Join(dir, fmt.Sprint(i)))
 		o.Model, o.Dataset, o.MQAR, o.Config.Vocab, o.Loss = "baseline", "mqar", data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, 32, LossAnswers
 		o.Device, o.Precision = dev, ir.FP32
@@ -229,6 +246,6 @@ func TestSimAnswerLoss(t *testing.T) {
 		res[i] = r
 	}
 	if d := math.Abs(res[1].FinalValCE - res[0].FinalValCE); d > 1e-4 || math.IsNaN(d) {
-		t.Errorf("final eval CE: cuda-sim %.7f, cpu %.7f", res[1].FinalValCE, res[0].FinalValCE)
+		t.Errorf("final eval CE: %s %.7f, cpu %.7f", cu, res[1].FinalValCE, res[0].FinalValCE)
 	}
 }

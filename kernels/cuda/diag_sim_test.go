@@ -16,10 +16,14 @@ import (
 // control.SatFraction's on memberships placed on either side of the
 // threshold (including the float32 neighbours of a threshold that float32
 // cannot hold), for several R and row counts, several slots at once; Reset
-// clears them. It runs again in differential mode (reverse block and thread
-// order, each launch compared bit for bit).
+// clears them. On the simulator it runs again in differential mode (reverse
+// block and thread order, each launch compared bit for bit).
 func TestSimSatCounterMatchesHost(t *testing.T) {
-	d := simOnly(t)
+	d := parityDevice(t)
+	if !d.Simulated() {
+		checkSatCounter(t)
+		return
+	}
 	for _, diff := range []int64{0, 1} { // then in differential mode: the atomics' order must not matter
 		d.SimConfig("diff", diff)
 		checkSatCounter(t)
@@ -111,15 +115,21 @@ func upload(t *testing.T, be *Backend, x []float32) Buffer {
 // TestSimDeviceEMAMatchesHost: ema_f32 against training/control's
 // EMA.Update on the same weights and rates (bit for bit on amd64, where Go
 // rounds each operation on its own; within one ulp elsewhere), in normal
-// and in differential mode; Upload replaces the shadows.
+// and, on the simulator, in differential mode; Upload replaces the shadows.
 func TestSimDeviceEMAMatchesHost(t *testing.T) {
-	d := simOnly(t)
+	d := parityDevice(t)
 	maxUlp := uint32(0)
 	if runtime.GOARCH != "amd64" {
 		maxUlp = 1
 	}
-	for _, diff := range []int64{0, 1} {
-		d.SimConfig("diff", diff)
+	modes := []int64{0}
+	if d.Simulated() {
+		modes = append(modes, 1)
+	}
+	for _, diff := range modes {
+		if d.Simulated() {
+			d.SimConfig("diff", diff)
+		}
 		be, err := New(0, GEMMF32)
 		if err != nil {
 			t.Fatal(err)
@@ -177,5 +187,7 @@ func TestSimDeviceEMAMatchesHost(t *testing.T) {
 		ema.Close()
 		opt.Close()
 	}
-	d.SimConfig("diff", 0)
+	if d.Simulated() {
+		d.SimConfig("diff", 0)
+	}
 }

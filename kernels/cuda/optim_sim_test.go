@@ -19,9 +19,10 @@ import (
 // rounds every double operation on its own, like Go there; where Go fuses
 // multiply-adds, within one float32 ulp), the norms to double rounding;
 // the exported state imports into the host optimizer, and a host export
-// imports back.
+// imports back. On the simulator or a GPU (the kernel's explicit _rn
+// intrinsics keep a GPU from fusing them).
 func TestSimDeviceAdamWMatchesHost(t *testing.T) {
-	simOnly(t)
+	parityDevice(t)
 	be, err := New(0, GEMMF32)
 	if err != nil {
 		t.Fatal(err)

@@ -204,17 +204,18 @@ func runCUDA(t *testing.T, be *Backend, g *ir.Graph, feeds map[string]*kernels.T
 }
 
 // TestSimReductionsMatchCPU: every reduction path against the CPU backend
-// in float64, then again in differential mode (each launch run a second
-// time in reverse block and thread order, results compared bit for bit).
+// in float64, on the simulator or a GPU, then, on the simulator, again in
+// differential mode (each launch run a second time in reverse block and
+// thread order, results compared bit for bit).
 func TestSimReductionsMatchCPU(t *testing.T) {
-	d := simOnly(t)
+	d := parityDevice(t)
 	be := gpuBackend(t, GEMMF32)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkReductions(t, be, tr)
-	if t.Failed() {
+	if t.Failed() || !d.Simulated() {
 		return
 	}
 	d.SimConfig("diff", 1)
@@ -224,9 +225,10 @@ func TestSimReductionsMatchCPU(t *testing.T) {
 
 // TestSimReductionsRepeatBitForBit: each reduction gives the same bits on
 // a second run of its program and on a freshly compiled program (a new
-// workspace, poisoned with other bytes).
+// workspace; on the simulator, poisoned with other bytes), on the simulator
+// or a GPU.
 func TestSimReductionsRepeatBitForBit(t *testing.T) {
-	simOnly(t)
+	parityDevice(t)
 	be := gpuBackend(t, GEMMF32)
 	r := rand.New(rand.NewPCG(43, 44))
 	for _, c := range reductionCases() {

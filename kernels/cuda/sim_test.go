@@ -15,20 +15,53 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 )
 
-// The simulator's own tests: they run only on the CUDA simulator
-// (RPAC_CUDA_SIM=1, as .ci/run sets it) and skip elsewhere.
+// The TestSim* tests. Those about the simulator itself (its counters,
+// planted defects, checks a GPU does not make) run only on the CUDA
+// simulator (RPAC_CUDA_SIM=1, as .ci/run sets it) and skip elsewhere: they
+// call simOnly. The parity tests (CUDA against the CPU backend or host
+// references) call parityDevice: they run on the simulator under
+// RPAC_CUDA_SIM=1 and on a real GPU under RPAC_REQUIRE_GPU=1 (as
+// scripts/gpu-check.sh sets it), and read the simulator's counters or use
+// its differential mode only when d.Simulated().
 
 func simOnly(t *testing.T) *Driver {
 	t.Helper()
 	if os.Getenv("RPAC_CUDA_SIM") != "1" {
 		t.Skip("simulator test: run with RPAC_CUDA_SIM=1")
 	}
+	return simDriver(t)
+}
+
+func simDriver(t *testing.T) *Driver {
+	t.Helper()
 	d, err := LoadDriver()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !d.Simulated() {
 		t.Fatal("RPAC_CUDA_SIM=1 but the driver loaded is not the simulator")
+	}
+	return d
+}
+
+// parityDevice returns the driver a parity test runs on: the simulator's
+// under RPAC_CUDA_SIM=1, else a real GPU's under RPAC_REQUIRE_GPU=1 (a
+// driver that fails to load, or is the simulator's, fails the test); it
+// skips otherwise.
+func parityDevice(t *testing.T) *Driver {
+	t.Helper()
+	if os.Getenv("RPAC_CUDA_SIM") == "1" {
+		return simDriver(t)
+	}
+	if os.Getenv("RPAC_REQUIRE_GPU") != "1" {
+		t.Skip("parity test: run with RPAC_CUDA_SIM=1 (the simulator) or RPAC_REQUIRE_GPU=1 (a GPU)")
+	}
+	d, err := LoadDriver()
+	if err != nil {
+		t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
+	}
+	if d.Simulated() {
+		t.Fatal("RPAC_REQUIRE_GPU=1 without RPAC_CUDA_SIM=1, but the driver loaded is the simulator")
 	}
 	return d
 }
@@ -112,17 +145,17 @@ func checkParity(t *testing.T, be *Backend, cases []opCase, seed uint64) {
 }
 
 // TestSimOpParity: every op of the IR table (and the awkward shapes) on the
-// simulator against the CPU backend, then again in differential mode
-// (each launch run twice, in reverse block and thread order with another
-// shared-memory poison, results compared bit for bit).
+// simulator or a GPU against the CPU backend, then, on the simulator, again
+// in differential mode (each launch run twice, in reverse block and thread
+// order with another shared-memory poison, results compared bit for bit).
 func TestSimOpParity(t *testing.T) {
-	d := simOnly(t)
+	d := parityDevice(t)
 	be := gpuBackend(t, GEMMF32)
 	cases := append(opCases(), awkwardCases()...)
 	t0 := time.Now()
 	checkParity(t, be, cases, 31)
 	t.Logf("%d cases in normal mode: %v", len(cases), time.Since(t0))
-	if t.Failed() {
+	if t.Failed() || !d.Simulated() {
 		return
 	}
 	d.SimConfig("diff", 1)
