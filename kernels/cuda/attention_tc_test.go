@@ -11,9 +11,9 @@ import (
 
 // tcAttentionCases: FusedAttention and its gradient on shapes that stress
 // flash.cu's tiles: lengths that are not a multiple of 64 or 32 (37, 67,
-// 20), the paper's head size 85 and small ones (9, 12) padded to 16, more
-// (sequence, head) pairs than bias-gradient partial sums (35 > 32), with
-// and without the bias and dropout.
+// 20), the paper's head size 85 and small ones (9, 12) padded to 16, 35
+// (sequence, head) pairs, with and without the bias and dropout (blocks
+// that take several pairs: TestGPUAttentionTensorCores).
 func tcAttentionCases() []opCase {
 	var cases []opCase
 	add := func(s ir.Shape, bias bool, dropout float64) {
@@ -143,16 +143,16 @@ func sameBits(a, b []float32) bool {
 }
 
 // TestAttentionParts: the bias gradient's partial sums depend on the shape
-// only: 32 at the paper's length, fewer where 32 would pass 256 MiB, at most
-// one per (sequence, head) pair, and one per pair without a bias.
+// only: one per (sequence, head) pair while they fit in 512 MiB (all 192
+// at the paper's length), fewer beyond, and one per pair without a bias.
 func TestAttentionParts(t *testing.T) {
 	bias := &dval{}
 	for _, c := range []struct {
 		a    attention
 		want int
 	}{
-		{attention{BH: 192, T: 768, bias: bias}, 32},
-		{attention{BH: 192, T: 4096, bias: bias}, 4},
+		{attention{BH: 192, T: 768, bias: bias}, 192},
+		{attention{BH: 192, T: 4096, bias: bias}, 8},
 		{attention{BH: 192, T: 20000, bias: bias}, 1},
 		{attention{BH: 6, T: 67, bias: bias}, 6},
 		{attention{BH: 192, T: 768}, 192},
