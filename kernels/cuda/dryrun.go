@@ -37,7 +37,7 @@ type param struct {
 	kind string // ptr, i32, i64, u64, f32
 }
 
-var sigRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(([^)]*)\)`)
+var sigRE = regexp.MustCompile(`extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(([^)]*)\)`)
 
 // kernelSignatures parses every embedded kernel's parameter list.
 func kernelSignatures() (map[string][]param, error) {

@@ -46,7 +46,7 @@ func Source(name string) (string, error) {
 // defects the simulator tests must catch).
 var plantHook func(string) string
 
-var entryRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(`)
+var entryRE = regexp.MustCompile(`extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void (\w+)\(`)
 
 // Entries lists the kernels a source defines.
 func Entries(name string) ([]string, error) {

@@ -15,34 +15,69 @@
 // normalised, so no accumulator is ever rescaled), and the backward
 // recomputes P from lse. Tiles entirely above the diagonal are skipped.
 // The elementwise work on a warp's 16×32 tile of scores goes through
-// shared memory: lane l owns row l/2, columns 16·(l mod 2) to +16.
+// shared memory: lane l owns row r = l/2, columns 16·(l mod 2) to +16,
+// visited in a rotated order (fa_col) so that the 32 lanes of one step read
+// 32 different banks. Staged operands are stored with rows of Hp + 8
+// (FA_PAD) elements, which spreads the tensor-core loads of 8 rows over all
+// banks. The bias tile of the forward and dq kernels is staged in shared
+// memory with coalesced loads; the dk/dv kernel, short of shared memory,
+// reads it from global memory in an order that keeps a step within 4
+// sectors (fa_col_keys).
 
 #define FA_ROWS 64   // rows per block: 4 warps × 16
 #define FA_TILE 32   // keys (or queries) per tile
 #define FA_NK 8      // at most 8 column tiles of 16: Hd ≤ 128
 #define FA_HMAX (16 * FA_NK)
 #define FA_FULL 0xffffffffu
+#define FA_PAD 8     // extra bf16 per staged row
+#define FA_LD (FA_HMAX + FA_PAD)
+#define FA_KS 36     // the dk/dv kernel's fp32 tile rows (fa_col_keys: 2-way)
+#define FA_KP 40     // the dk/dv kernel's bf16 tile rows
+
+// fa_col: the column of lane (row r, half c0) at step c of its 16: each of
+// the 16 rows of a half starts at another column, so a step's 32 reads of a
+// row-major [16][32] fp32 tile, or writes of a bf16 one, hit 32 banks.
+__device__ __forceinline__ int fa_col(int c, int r, int c0) { return c0 + ((c + r) & 15); }
+
+// fa_col_keys: the dk/dv kernel's order: rows in two groups of 8, so a
+// step reads at most 4 sectors of the [T,T] bias (queries × keys) and
+// 2-way conflicting words of FA_KS-wide tiles.
+__device__ __forceinline__ int fa_col_keys(int c, int r, int c0) { return c0 + ((c + (r >> 3)) & 15); }
 
 // fa_stage: rows [r0, r0+rows) of the [T,Hd] fp32 matrix src as a bf16
-// [rows][Hp] tile, zero beyond T and Hd (all the block's threads).
+// [rows][Hs] tile (Hs = Hp + FA_PAD), zero beyond T and Hd up to Hp (all
+// the block's threads).
 __device__ __forceinline__ void fa_stage(bf16_t* dst, const float* src, int r0, int rows, int T, int Hd, int Hp) {
+    int Hs = Hp + FA_PAD;
     for (int e = threadIdx.x; e < rows * Hp; e += blockDim.x) {
         int r = e / Hp, d = e - r * Hp, t = r0 + r;
-        dst[e] = f32_to_bf16(t < T && d < Hd ? src[(i64)t * Hd + d] : 0.0f);
+        dst[r * Hs + d] = f32_to_bf16(t < T && d < Hd ? src[(i64)t * Hd + d] : 0.0f);
     }
 }
 
-// fa_rows: a warp's 16 staged rows as left operands over the head.
-__device__ __forceinline__ void fa_rows(rpac_a_row* f, const bf16_t* s, int nk, int Hp) {
+// fa_stage_bias: the [64][32] tile of the [T,T] bias at rows i0 and
+// columns j0 (zero outside), coalesced; nothing without a bias.
+__device__ __forceinline__ void fa_stage_bias(float* dst, const float* bias, int i0, int j0, int T) {
+    if (!bias) return;
+    for (int e = threadIdx.x; e < FA_ROWS * FA_TILE; e += blockDim.x) {
+        int i = i0 + (e >> 5), j = j0 + (e & 31);
+        dst[e] = i < T && j < T ? bias[(i64)i * T + j] : 0.0f;
+    }
+}
+
+// fa_rows: a warp's 16 staged rows (stride Hs) as left operands over the
+// head.
+__device__ __forceinline__ void fa_rows(rpac_a_row* f, const bf16_t* s, int nk, int Hs) {
 #pragma unroll
     for (int kk = 0; kk < FA_NK; kk++) {
-        if (kk < nk) rpac_load(f[kk], s + kk * 16, Hp);
+        if (kk < nk) rpac_load(f[kk], s + kk * 16, Hs);
     }
 }
 
-// fa_dots: dst[16][32] (fp32) = a · xᵀ, a the warp's 16 rows over the head
-// and x a staged [32][Hp] tile: every dot product of a row with x's rows.
-__device__ __forceinline__ void fa_dots(float* dst, const rpac_a_row* a, const bf16_t* x, int nk, int Hp) {
+// fa_dots: dst[16][32] (fp32, rows of ldd) = a · xᵀ, a the warp's 16 rows
+// over the head and x a staged [32][Hs] tile: every dot product of a row
+// with x's rows.
+__device__ __forceinline__ void fa_dots(float* dst, unsigned ldd, const rpac_a_row* a, const bf16_t* x, int nk, int Hs) {
     for (int nn = 0; nn < 2; nn++) {
         rpac_acc acc;
         rpac_fill(acc, 0.0f);
@@ -50,26 +85,26 @@ __device__ __forceinline__ void fa_dots(float* dst, const rpac_a_row* a, const b
         for (int kk = 0; kk < FA_NK; kk++) {
             if (kk < nk) {
                 rpac_b_col b;
-                rpac_load(b, x + nn * 16 * Hp + kk * 16, Hp);
+                rpac_load(b, x + nn * 16 * Hs + kk * 16, Hs);
                 rpac_mma(acc, a[kk], b, acc);
             }
         }
-        rpac_store(dst + nn * 16, acc, FA_TILE);
+        rpac_store(dst + nn * 16, acc, ldd);
     }
 }
 
 // fa_accumulate: acc += p · y, p a warp's bf16 [16][32] tile in shared
-// memory and y a staged [32][Hp] tile.
-__device__ __forceinline__ void fa_accumulate(rpac_acc* acc, const bf16_t* p, const bf16_t* y, int nk, int Hp) {
+// memory (rows of ldp) and y a staged [32][Hs] tile.
+__device__ __forceinline__ void fa_accumulate(rpac_acc* acc, const bf16_t* p, unsigned ldp, const bf16_t* y, int nk, int Hs) {
     rpac_a_row pa[2];
-    rpac_load(pa[0], p, FA_TILE);
-    rpac_load(pa[1], p + 16, FA_TILE);
+    rpac_load(pa[0], p, ldp);
+    rpac_load(pa[1], p + 16, ldp);
 #pragma unroll
     for (int nn = 0; nn < FA_NK; nn++) {
         if (nn < nk) {
             for (int kk = 0; kk < 2; kk++) {
                 rpac_b_row b;
-                rpac_load(b, y + kk * 16 * Hp + nn * 16, Hp);
+                rpac_load(b, y + kk * 16 * Hs + nn * 16, Hs);
                 rpac_mma(acc[nn], pa[kk], b, acc[nn]);
             }
         }
@@ -100,24 +135,25 @@ __device__ __forceinline__ void fa_write(float* out, const rpac_acc* acc, float*
     }
 }
 
-// fa_logit: the scaled score plus bias of query i and key j, or −inf where
-// the causal mask (j > i) or the padding (i ≥ T) hides it.
-__device__ __forceinline__ float fa_logit(float dot, float scale, const float* bias, int T, int i, int j) {
+// fa_logit: the scaled score plus the bias b of query i and key j, or −inf
+// where the causal mask (j > i) or the padding (i ≥ T) hides it.
+__device__ __forceinline__ float fa_logit(float dot, float scale, float b, int T, int i, int j) {
     if (i >= T || j > i) return RPAC_NEG_INF;
-    float x = dot * scale;
-    if (bias) x += bias[(i64)i * T + j];
-    return x;
+    return dot * scale + b;
 }
 
 // fa_online: the running max m and sum l of exp(x − m) over the lane's 16
-// logits of one tile of scores (row i, keys from j0).
-__device__ __forceinline__ void fa_online(const float* s, float scale, const float* bias, int T, int i, int j0,
+// logits of one tile of scores (row i, keys from j0; sb: the warp's rows of
+// the staged bias tile, or null).
+__device__ __forceinline__ void fa_online(const float* s, float scale, const float* sb, int T, int i, int j0,
                                           float* m, float* l) {
     int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 16;
     float x[16];
     float tm = RPAC_NEG_INF;
+#pragma unroll
     for (int c = 0; c < 16; c++) {
-        x[c] = fa_logit(s[r * FA_TILE + c0 + c], scale, bias, T, i, j0 + c0 + c);
+        int col = fa_col(c, r, c0);
+        x[c] = fa_logit(s[r * FA_TILE + col], scale, sb ? sb[r * FA_TILE + col] : 0.0f, T, i, j0 + col);
         tm = fmaxf(tm, x[c]);
     }
     if (tm == RPAC_NEG_INF) return;
@@ -139,31 +175,34 @@ __device__ __forceinline__ float fa_lse(float m, float l) {
 }
 
 // attention_fwd_bf16: o and the rows' log-sum-exp. grid = (⌈T/64⌉, B·H).
-extern "C" __global__ void attention_fwd_bf16(float* o, float* lse, const float* q, const float* k, const float* v, const float* bias, int T,
+extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o, float* lse, const float* q, const float* k, const float* v, const float* bias, int T,
                        int Hd, float scale, unsigned long long key, unsigned long long thresh, float keep) {
-    __shared__ __align__(32) bf16_t sq[FA_ROWS * FA_HMAX];   // q's rows; then each warp's P tile
-    __shared__ __align__(32) bf16_t skv[FA_TILE * FA_HMAX];  // a tile of k or v
-    __shared__ __align__(32) float ss[4][16 * FA_TILE];      // each warp's scores
+    __shared__ __align__(32) bf16_t sq[FA_ROWS * FA_LD];    // q's rows; then each warp's P tile
+    __shared__ __align__(32) bf16_t skv[FA_TILE * FA_LD];   // a tile of k or v
+    __shared__ __align__(32) float ss[4][16 * FA_TILE];     // each warp's scores
+    __shared__ __align__(32) float sbias[FA_ROWS * FA_TILE];  // the block's bias tile
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nk = (Hd + 15) >> 4, Hp = nk * 16;
+    int nk = (Hd + 15) >> 4, Hp = nk * 16, Hs = Hp + FA_PAD;
     int q0 = blockIdx.x * FA_ROWS, wr = q0 + w * 16;
     int i = wr + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
     i64 bh = blockIdx.y, base = bh * T * Hd;
     float* s = ss[w];
+    const float* sb = bias ? sbias + w * 16 * FA_TILE : 0;
     fa_stage(sq, q + base, q0, FA_ROWS, T, Hd, Hp);
     __syncthreads();
     rpac_a_row qa[FA_NK];
-    fa_rows(qa, sq + w * 16 * Hp, nk, Hp);
+    fa_rows(qa, sq + w * 16 * Hs, nk, Hs);
     __syncthreads();
     int tiles = (min(q0 + FA_ROWS, T) - 1) / FA_TILE + 1;
     float m = RPAC_NEG_INF, l = 0.0f;
     for (int t = 0; t < tiles; t++) {  // pass 1: max and sum
         fa_stage(skv, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp);
+        fa_stage_bias(sbias, bias, q0, t * FA_TILE, T);
         __syncthreads();
         if (wr < T && t * FA_TILE <= wr + 15) {
-            fa_dots(s, qa, skv, nk, Hp);
+            fa_dots(s, FA_TILE, qa, skv, nk, Hs);
             __syncwarp();
-            fa_online(s, scale, bias, T, i, t * FA_TILE, &m, &l);
+            fa_online(s, scale, sb, T, i, t * FA_TILE, &m, &l);
         }
         __syncthreads();
     }
@@ -175,22 +214,24 @@ extern "C" __global__ void attention_fwd_bf16(float* o, float* lse, const float*
     for (int t = 0; t < tiles; t++) {  // pass 2: o = P·v
         bool live = wr < T && t * FA_TILE <= wr + 15;
         fa_stage(skv, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp);
+        fa_stage_bias(sbias, bias, q0, t * FA_TILE, T);
         __syncthreads();
         if (live) {
-            fa_dots(s, qa, skv, nk, Hp);
+            fa_dots(s, FA_TILE, qa, skv, nk, Hs);
             __syncwarp();
-            for (int c = c0; c < c0 + 16; c++) {
-                int j = t * FA_TILE + c;
-                float x = fa_logit(s[r * FA_TILE + c], scale, bias, T, i, j);
+#pragma unroll 4
+            for (int c = 0; c < 16; c++) {
+                int col = fa_col(c, r, c0), j = t * FA_TILE + col;
+                float x = fa_logit(s[r * FA_TILE + col], scale, sb ? sb[r * FA_TILE + col] : 0.0f, T, i, j);
                 float pv = 0.0f;
                 if (x != RPAC_NEG_INF) pv = expf(x - L) * dropout_keep(key, (bh * T + i) * T + j, thresh, keep);
-                p[r * FA_TILE + c] = f32_to_bf16(pv);
+                p[r * FA_TILE + col] = f32_to_bf16(pv);
             }
         }
         __syncthreads();
         fa_stage(skv, v + base, t * FA_TILE, FA_TILE, T, Hd, Hp);
         __syncthreads();
-        if (live) fa_accumulate(acc, p, skv, nk, Hp);
+        if (live) fa_accumulate(acc, p, FA_TILE, skv, nk, Hs);
         __syncthreads();
     }
     fa_write(o + base, acc, s, wr, T, Hd, nk, 1.0f);
@@ -211,20 +252,22 @@ __device__ __forceinline__ float fa_rowdot(const float* a, const float* b, int i
 // takes (sequence, head) pairs y, y+G, y+2G, ... in order and, with a bias,
 // adds their dS into part[y] ([G,T,T], entries j ≤ i only; the first pair
 // stores), so every partial sum is formed in one fixed order.
-extern "C" __global__ void attention_bwd_dq_bf16(float* dq, float* Dbuf, float* part, const float* q, const float* k, const float* v,
+extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float* dq, float* Dbuf, float* part, const float* q, const float* k, const float* v,
                           const float* o, const float* dO, const float* lse, const float* bias, int BH, int T, int Hd,
                           float scale, unsigned long long key, unsigned long long thresh, float keep) {
-    __shared__ __align__(32) bf16_t skv[2 * FA_TILE * FA_HMAX];  // q's, then dO's rows; then tiles of k and v
-    __shared__ __align__(32) float ss[4][16 * FA_TILE];          // scores
-    __shared__ __align__(32) float sp[4][16 * FA_TILE];          // dO·v
-    __shared__ __align__(32) bf16_t sds[4][16 * FA_TILE];        // dS
+    __shared__ __align__(32) bf16_t skv[2 * FA_TILE * FA_LD];  // q's, then dO's rows; then tiles of k and v
+    __shared__ __align__(32) float ss[4][16 * FA_TILE];        // scores
+    __shared__ __align__(32) float sp[4][16 * FA_TILE];        // dO·v
+    __shared__ __align__(32) bf16_t sds[4][16 * FA_TILE];      // dS
+    __shared__ __align__(32) float sbias[FA_ROWS * FA_TILE];   // the block's bias tile
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nk = (Hd + 15) >> 4, Hp = nk * 16;
+    int nk = (Hd + 15) >> 4, Hp = nk * 16, Hs = Hp + FA_PAD;
     int q0 = blockIdx.x * FA_ROWS, wr = q0 + w * 16;
     int i = wr + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
     int tiles = (min(q0 + FA_ROWS, T) - 1) / FA_TILE + 1;
     bf16_t* sk = skv;
-    bf16_t* sv = skv + FA_TILE * Hp;
+    bf16_t* sv = skv + FA_TILE * Hs;
+    const float* sb = bias ? sbias + w * 16 * FA_TILE : 0;
     float* mypart = part ? part + (i64)blockIdx.y * T * T : 0;
     for (int bh = blockIdx.y; bh < BH; bh += gridDim.y) {
         bool first = bh == (int)blockIdx.y;
@@ -235,38 +278,40 @@ extern "C" __global__ void attention_bwd_dq_bf16(float* dq, float* Dbuf, float* 
         rpac_a_row qa[FA_NK], da[FA_NK];
         fa_stage(skv, q + base, q0, FA_ROWS, T, Hd, Hp);
         __syncthreads();
-        fa_rows(qa, skv + w * 16 * Hp, nk, Hp);
+        fa_rows(qa, skv + w * 16 * Hs, nk, Hs);
         __syncthreads();
         fa_stage(skv, dO + base, q0, FA_ROWS, T, Hd, Hp);
         __syncthreads();
-        fa_rows(da, skv + w * 16 * Hp, nk, Hp);
+        fa_rows(da, skv + w * 16 * Hs, nk, Hs);
         __syncthreads();
         rpac_acc acc[FA_NK];
         fa_zero(acc);
         for (int t = 0; t < tiles; t++) {
             fa_stage(sk, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp);
             fa_stage(sv, v + base, t * FA_TILE, FA_TILE, T, Hd, Hp);
+            fa_stage_bias(sbias, bias, q0, t * FA_TILE, T);
             __syncthreads();
             if (wr < T && t * FA_TILE <= wr + 15) {
-                fa_dots(ss[w], qa, sk, nk, Hp);
-                fa_dots(sp[w], da, sv, nk, Hp);
+                fa_dots(ss[w], FA_TILE, qa, sk, nk, Hs);
+                fa_dots(sp[w], FA_TILE, da, sv, nk, Hs);
                 __syncwarp();
-                for (int c = c0; c < c0 + 16; c++) {
-                    int j = t * FA_TILE + c;
-                    float x = fa_logit(ss[w][r * FA_TILE + c], scale, bias, T, i, j);
+#pragma unroll 4
+                for (int c = 0; c < 16; c++) {
+                    int col = fa_col(c, r, c0), j = t * FA_TILE + col;
+                    float x = fa_logit(ss[w][r * FA_TILE + col], scale, sb ? sb[r * FA_TILE + col] : 0.0f, T, i, j);
                     float ds = 0.0f;
                     if (x != RPAC_NEG_INF) {
                         float pij = expf(x - L), drop = dropout_keep(key, row * T + j, thresh, keep);
-                        ds = pij * (drop * sp[w][r * FA_TILE + c] - Di);
+                        ds = pij * (drop * sp[w][r * FA_TILE + col] - Di);
                         if (mypart) {
                             float* dst = mypart + (i64)i * T + j;
                             *dst = first ? ds : *dst + ds;
                         }
                     }
-                    sds[w][r * FA_TILE + c] = f32_to_bf16(ds);
+                    sds[w][r * FA_TILE + col] = f32_to_bf16(ds);
                 }
                 __syncwarp();
-                fa_accumulate(acc, sds[w], sk, nk, Hp);
+                fa_accumulate(acc, sds[w], FA_TILE, sk, nk, Hs);
             }
             __syncthreads();
         }
@@ -280,27 +325,27 @@ extern "C" __global__ void attention_bwd_dq_bf16(float* dq, float* Dbuf, float* 
 extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const float* q, const float* k, const float* v, const float* dO,
                             const float* lse, const float* Dbuf, const float* bias, int T, int Hd, float scale,
                             unsigned long long key, unsigned long long thresh, float keep) {
-    __shared__ __align__(32) bf16_t sqd[2 * FA_TILE * FA_HMAX];  // k's, then v's rows; then tiles of q and dO
-    __shared__ __align__(32) float ss[4][16 * FA_TILE];          // scores, transposed (keys × queries)
-    __shared__ __align__(32) float sp[4][16 * FA_TILE];          // v·dO
-    __shared__ __align__(32) bf16_t spt[4][16 * FA_TILE];        // the weights after dropout
-    __shared__ __align__(32) bf16_t sdt[4][16 * FA_TILE];        // dS
-    __shared__ float sl[FA_TILE], sd[FA_TILE];                    // the tile's lse and D
+    __shared__ __align__(32) bf16_t sqd[2 * FA_TILE * FA_LD];  // k's, then v's rows; then tiles of q and dO
+    __shared__ __align__(32) float ss[4][16 * FA_KS];          // scores, transposed (keys × queries)
+    __shared__ __align__(32) float sp[4][16 * FA_KS];          // v·dO
+    __shared__ __align__(32) bf16_t spt[4][16 * FA_KP];        // the weights after dropout
+    __shared__ __align__(32) bf16_t sdt[4][16 * FA_KP];        // dS
+    __shared__ float sl[FA_TILE], sd[FA_TILE];                  // the tile's lse and D
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nk = (Hd + 15) >> 4, Hp = nk * 16;
+    int nk = (Hd + 15) >> 4, Hp = nk * 16, Hs = Hp + FA_PAD;
     int k0 = blockIdx.x * FA_ROWS, kw = k0 + w * 16;
     int j = kw + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
     i64 bh = blockIdx.y, base = bh * T * Hd;
     bf16_t* sq = sqd;
-    bf16_t* sdo = sqd + FA_TILE * Hp;
+    bf16_t* sdo = sqd + FA_TILE * Hs;
     rpac_a_row ka[FA_NK], va[FA_NK];
     fa_stage(sqd, k + base, k0, FA_ROWS, T, Hd, Hp);
     __syncthreads();
-    fa_rows(ka, sqd + w * 16 * Hp, nk, Hp);
+    fa_rows(ka, sqd + w * 16 * Hs, nk, Hs);
     __syncthreads();
     fa_stage(sqd, v + base, k0, FA_ROWS, T, Hd, Hp);
     __syncthreads();
-    fa_rows(va, sqd + w * 16 * Hp, nk, Hp);
+    fa_rows(va, sqd + w * 16 * Hs, nk, Hs);
     __syncthreads();
     rpac_acc dK[FA_NK], dV[FA_NK];
     fa_zero(dK);
@@ -316,24 +361,26 @@ extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const f
         }
         __syncthreads();
         if (kw < T && i0 + FA_TILE - 1 >= kw) {
-            fa_dots(ss[w], ka, sq, nk, Hp);
-            fa_dots(sp[w], va, sdo, nk, Hp);
+            fa_dots(ss[w], FA_KS, ka, sq, nk, Hs);
+            fa_dots(sp[w], FA_KS, va, sdo, nk, Hs);
             __syncwarp();
-            for (int c = c0; c < c0 + 16; c++) {
-                int i = i0 + c;
-                float x = fa_logit(ss[w][r * FA_TILE + c], scale, bias, T, i, j);
+#pragma unroll 4
+            for (int c = 0; c < 16; c++) {
+                int col = fa_col_keys(c, r, c0), i = i0 + col;
+                float b = bias && i < T && j < T ? bias[(i64)i * T + j] : 0.0f;
+                float x = fa_logit(ss[w][r * FA_KS + col], scale, b, T, i, j);
                 float pd = 0.0f, ds = 0.0f;
                 if (x != RPAC_NEG_INF) {
-                    float pij = expf(x - sl[c]), drop = dropout_keep(key, (bh * T + i) * T + j, thresh, keep);
+                    float pij = expf(x - sl[col]), drop = dropout_keep(key, (bh * T + i) * T + j, thresh, keep);
                     pd = pij * drop;
-                    ds = pij * (drop * sp[w][r * FA_TILE + c] - sd[c]);
+                    ds = pij * (drop * sp[w][r * FA_KS + col] - sd[col]);
                 }
-                spt[w][r * FA_TILE + c] = f32_to_bf16(pd);
-                sdt[w][r * FA_TILE + c] = f32_to_bf16(ds);
+                spt[w][r * FA_KP + col] = f32_to_bf16(pd);
+                sdt[w][r * FA_KP + col] = f32_to_bf16(ds);
             }
             __syncwarp();
-            fa_accumulate(dV, spt[w], sdo, nk, Hp);
-            fa_accumulate(dK, sdt[w], sq, nk, Hp);
+            fa_accumulate(dV, spt[w], FA_KP, sdo, nk, Hs);
+            fa_accumulate(dK, sdt[w], FA_KP, sq, nk, Hs);
         }
         __syncthreads();
     }

@@ -1382,6 +1382,11 @@ std::vector<std::string> entry_names(const std::string& s) {
     while ((p = s.find("__global__", p)) != std::string::npos) {
         size_t q = p + 10;
         while (q < s.size() && isspace((unsigned char)s[q])) q++;
+        if (s.compare(q, 17, "__launch_bounds__") == 0) {  // skip (...)
+            size_t close = s.find(')', q);
+            q = close == std::string::npos ? s.size() : close + 1;
+            while (q < s.size() && isspace((unsigned char)s[q])) q++;
+        }
         if (s.compare(q, 4, "void") == 0) {
             q += 4;
             while (q < s.size() && isspace((unsigned char)s[q])) q++;
