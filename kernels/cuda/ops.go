@@ -627,7 +627,7 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 // bf16LD(cols).
 func (p *program) toBF16(dst, src Buffer, rows, cols int) error {
 	ld := bf16LD(cols)
-	return p.each("f32_to_bf16_pad_kernel", rows*ld, dst.Ptr, src.Ptr, int64(rows), int32(cols), int32(ld))
+	return p.each("f32_to_bf16_pad_kernel", rows*ld/8, dst.Ptr, src.Ptr, int64(rows), int32(cols), int32(ld))
 }
 
 // storedBF16 returns the bf16 copy of a store tensor seen as rows×cols,

@@ -4,12 +4,24 @@ extern "C" __global__ void f32_to_bf16_kernel(bf16_t* out, const float* x, i64 n
 }
 // f32_to_bf16_pad_kernel: x is rows×cols fp32 (dense, row-major); out gets
 // it as rows of ld ≥ cols bf16 elements, the columns from cols to ld zero
-// (GEMM operands with 16-byte-aligned leading dimensions).
+// (GEMM operands with 16-byte-aligned leading dimensions: ld is a multiple
+// of 8). Each thread writes 8 elements with one 16-byte store.
+struct __align__(16) rpac_bf16x8 { unsigned int w[4]; };
 extern "C" __global__ void f32_to_bf16_pad_kernel(bf16_t* out, const float* x, i64 rows, int cols, int ld) {
-    GRID_STRIDE(i, rows * ld) {
-        i64 r = i / ld;
-        int c = (int)(i - r * ld);
-        out[i] = c < cols ? f32_to_bf16(x[r * cols + c]) : (bf16_t)0;
+    int groups = ld >> 3;
+    GRID_STRIDE(g, rows * groups) {
+        i64 r = g / groups;
+        int c = (int)(g - r * groups) << 3;
+        const float* src = x + r * cols;
+        rpac_bf16x8 v;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c0 = c + 2 * e, c1 = c0 + 1;
+            unsigned lo = c0 < cols ? f32_to_bf16(src[c0]) : 0u;
+            unsigned hi = c1 < cols ? f32_to_bf16(src[c1]) : 0u;
+            v.w[e] = lo | (hi << 16);
+        }
+        ((rpac_bf16x8*)out)[g] = v;
     }
 }
 extern "C" __global__ void bf16_to_f32_kernel(float* out, const bf16_t* x, i64 n) {
