@@ -51,6 +51,7 @@ func benchCommand() *cli.Command {
 					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200: trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
 					&cli.BoolFlag{Name: "measure", Usage: "with --predict on a GPU (or cuda-sim): also time each kernel and GEMM of the traced step, the device synchronized around each, and print the measured times beside the predicted ones"},
 					&cli.IntFlag{Name: "kernels", Value: 10, Usage: "with --predict: how many of the costliest kernels to list (0: all)"},
+					&cli.IntFlag{Name: "gemm-shapes", Usage: "with --predict: also list the N costliest GEMM shapes (0: none)"},
 				}, memoryFlagDefs()...),
 				Action: benchTrain,
 			},
@@ -178,11 +179,11 @@ func benchPredict(c *cli.Context, o training.Options) error {
 	if err != nil {
 		return err
 	}
-	printPrediction(w, b, hw, p, c.Int("kernels"))
+	printPrediction(w, b, hw, p, c.Int("kernels"), c.Int("gemm-shapes"))
 	return nil
 }
 
-func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.Prediction, top int) {
+func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.Prediction, top, shapes int) {
 	l := b.Length()
 	tokens := float64(l.Batch * l.T)
 	fmt.Fprintf(w, "bench train --predict %s: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s\n",
@@ -199,24 +200,27 @@ func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.P
 		fmt.Fprintf(w, "  measured         %.2f ms (each kernel and GEMM timed between two synchronizations; predicted %.2f)\n",
 			1e3*p.Measured, 1e3*p.GPU)
 	}
-	printKernelTable(w, p, top)
+	printKernelTable(w, "kernels", p.Kernels, p, top)
+	if shapes > 0 {
+		printKernelTable(w, "GEMM shapes", p.GEMMShapes, p, shapes)
+	}
 	fmt.Fprintf(w, "predicted %s %s: %.1f ms/step, %.0fk tok/s, MFU %.1f%%, host-device %s/step\n", hw.Name, b.Plan.Preset,
 		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), cuda.FormatBusBytes(p.H2D+p.D2H))
 }
 
-// printKernelTable lists the top costliest kernels of p (all for top ≤ 0),
-// with their measured times when the trace was measured.
-func printKernelTable(w io.Writer, p *cuda.Prediction, top int) {
-	if top <= 0 || top > len(p.Kernels) {
-		top = len(p.Kernels)
+// printKernelTable lists the top costliest of ks (all for top ≤ 0), a
+// group of p, with their measured times when the trace was measured.
+func printKernelTable(w io.Writer, what string, ks []cuda.KernelTime, p *cuda.Prediction, top int) {
+	if top <= 0 || top > len(ks) {
+		top = len(ks)
 	}
 	measured := ""
 	if p.Measured > 0 {
 		measured = fmt.Sprintf(" %11s %7s", "measured ms", "ratio")
 	}
-	fmt.Fprintf(w, "  %d costliest kernels (predicted GPU time per step):\n", top)
+	fmt.Fprintf(w, "  %d costliest %s (predicted GPU time per step):\n", top, what)
 	fmt.Fprintf(w, "    %-34s %6s %10s %6s %12s %12s%s  %s\n", "kernel", "calls", "ms", "share", "GFLOP", "MB", measured, "bound")
-	for _, k := range p.Kernels[:top] {
+	for _, k := range ks[:top] {
 		m := ""
 		if p.Measured > 0 {
 			m = fmt.Sprintf(" %11.3f %7.2f", 1e3*k.Measured, k.Measured/k.Seconds)

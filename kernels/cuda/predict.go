@@ -116,18 +116,21 @@ type KernelTime struct {
 
 // Prediction is a step's predicted time on a machine.
 type Prediction struct {
-	Machine    Hardware
-	GPU        float64 // Σ kernel times
-	HostIssue  float64 // CPU time to issue the launches and GEMMs
-	Copies     float64 // host↔device copies (synchronous)
-	HostOptim  float64 // host-side optimizer
-	Step       float64 // the predicted step time
-	H2D, D2H   float64 // bytes
-	Launches   int
-	GEMMs      int
-	GEMMFlops  float64
-	Kernels    []KernelTime // by GPU time, largest first
-	HostParams int          // parameters updated on the host
+	Machine   Hardware
+	GPU       float64 // Σ kernel times
+	HostIssue float64 // CPU time to issue the launches and GEMMs
+	Copies    float64 // host↔device copies (synchronous)
+	HostOptim float64 // host-side optimizer
+	Step      float64 // the predicted step time
+	H2D, D2H  float64 // bytes
+	Launches  int
+	GEMMs     int
+	GEMMFlops float64
+	Kernels   []KernelTime // by GPU time, largest first
+	// GEMMShapes: the GEMMs again, grouped by shape (gemmShapeName), by GPU
+	// time, largest first.
+	GEMMShapes []KernelTime
+	HostParams int // parameters updated on the host
 	// Measured is the sum of the kernels' and GEMMs' measured times (a
 	// measured trace: each synchronized on its own; 0 otherwise).
 	Measured float64
@@ -248,6 +251,7 @@ func Predict(events []Event, h Hardware, hostParams int) *Prediction {
 	p := &Prediction{Machine: h, HostParams: hostParams}
 	byName := map[string]*KernelTime{}
 	bounds := map[string]map[string]float64{}
+	byShape := map[string]*KernelTime{}
 	for _, e := range events {
 		t, bound := h.eventTime(e)
 		switch e.Kind {
@@ -263,6 +267,7 @@ func Predict(events []Event, h Hardware, hostParams int) *Prediction {
 			p.GEMMs++
 			p.GEMMFlops += e.Flops
 			p.HostIssue += hostGEMM
+			addShape(byShape, e, t, bound)
 		default:
 			p.Launches++
 			p.HostIssue += hostLaunch
@@ -291,15 +296,49 @@ func Predict(events []Event, h Hardware, hostParams int) *Prediction {
 		}
 		p.Kernels = append(p.Kernels, *k)
 	}
-	sort.Slice(p.Kernels, func(i, j int) bool {
-		if p.Kernels[i].Seconds != p.Kernels[j].Seconds {
-			return p.Kernels[i].Seconds > p.Kernels[j].Seconds
-		}
-		return p.Kernels[i].Name < p.Kernels[j].Name
-	})
+	for _, k := range byShape {
+		p.GEMMShapes = append(p.GEMMShapes, *k)
+	}
+	sortKernels(p.Kernels)
+	sortKernels(p.GEMMShapes)
 	p.HostOptim = float64(hostParams) * hostAdamWCoreNs * 1e-9 / float64(max(1, h.HostCores))
 	p.Step = math.Max(p.GPU, p.HostIssue) + p.Copies + p.HostOptim
 	return p
+}
+
+// addShape adds GEMM event e (predicted t, bound) to its shape's group.
+func addShape(byShape map[string]*KernelTime, e Event, t float64, bound string) {
+	name := gemmShapeName(e.Shape, e.DType)
+	k := byShape[name]
+	if k == nil {
+		k = &KernelTime{Name: name, Bound: bound}
+		byShape[name] = k
+	}
+	k.Calls++
+	k.Seconds += t
+	k.Measured += e.Measured
+	k.Flops += e.Flops
+	k.Bytes += e.Bytes
+}
+
+// gemmShapeName names a GEMM by precision, transposes and shape
+// ("gemm bf16 NT 24576x1536x510", batched: "... x8").
+func gemmShapeName(s GemmShape, dt DType) string {
+	name := fmt.Sprintf("%s %dx%dx%d", gemmName(s, dt), s.M, s.N, s.K)
+	if s.Batch > 1 {
+		name += fmt.Sprintf(" x%d", s.Batch)
+	}
+	return name
+}
+
+// sortKernels orders ks by GPU time, largest first (then by name).
+func sortKernels(ks []KernelTime) {
+	sort.Slice(ks, func(i, j int) bool {
+		if ks[i].Seconds != ks[j].Seconds {
+			return ks[i].Seconds > ks[j].Seconds
+		}
+		return ks[i].Name < ks[j].Name
+	})
 }
 
 // MFU is the model FLOPs utilisation of a step of modelFlops FLOPs against

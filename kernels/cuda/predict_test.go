@@ -112,6 +112,39 @@ func TestPredictRoofline(t *testing.T) {
 	}
 }
 
+// TestPredictGroupsGEMMShapes: GEMMs are listed once per kernel name and
+// again per shape, each group's calls, times and measured times summing its
+// events'.
+func TestPredictGroupsGEMMShapes(t *testing.T) {
+	h := Machines["h100"]
+	a := GemmShape{M: 1024, N: 512, K: 512, Batch: 1, TransB: true}
+	b := GemmShape{M: 512, N: 512, K: 64, Batch: 8, TransB: true}
+	var events []Event
+	for i, s := range []GemmShape{a, b, a} {
+		events = append(events, Event{Kind: EvGEMM, Name: gemmName(s, BF16), Shape: s, DType: BF16,
+			Flops: 2 * float64(s.M*s.N*s.K*s.Batch), Bytes: 1e6, Measured: float64(i+1) * 1e-3})
+	}
+	p := Predict(events, h, 0)
+	if len(p.Kernels) != 1 || p.Kernels[0].Calls != 3 || p.Kernels[0].Name != "gemm bf16 NT" {
+		t.Fatalf("kernels %+v: want one group of 3 (gemm bf16 NT)", p.Kernels)
+	}
+	got := map[string]KernelTime{}
+	for _, k := range p.GEMMShapes {
+		got[k.Name] = k
+	}
+	ka, kb := got["gemm bf16 NT 1024x512x512"], got["gemm bf16 NT 512x512x64 x8"]
+	if len(got) != 2 || ka.Calls != 2 || kb.Calls != 1 {
+		t.Fatalf("shapes %+v: want 2 calls of 1024x512x512 and 1 of 512x512x64 x8", p.GEMMShapes)
+	}
+	ta, _ := h.eventTime(events[0])
+	if math.Abs(ka.Seconds-2*ta) > 1e-15 || math.Abs(ka.Measured-4e-3) > 1e-15 || math.Abs(kb.Measured-2e-3) > 1e-15 {
+		t.Errorf("1024x512x512: %g s predicted (want %g), measured %g and %g (want 4e-3 and 2e-3)", ka.Seconds, 2*ta, ka.Measured, kb.Measured)
+	}
+	if p.GEMMShapes[0].Seconds < p.GEMMShapes[1].Seconds {
+		t.Errorf("shapes not ordered by time: %+v", p.GEMMShapes)
+	}
+}
+
 // TestTraceRecordsTrainingStep: a traced training step on the dry-run
 // device records every launch and GEMM the device checked, the GEMM FLOPs
 // of the graph (all but the fused attention, whose products run in its own
