@@ -14,7 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"gonum.org/v1/gonum/stat/distuv"
+
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/internal/logging"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // Stage is one step of the paper's stepwise ablation path (Table "Stepwise
@@ -128,6 +132,49 @@ type RunResult struct {
 	// corpus's answer positions (raw weights), and RecallN its count.
 	Recall  *float64 `json:"recall_acc,omitempty"`
 	RecallN int      `json:"recall_n,omitempty"`
+	// Setup describes the options the run was trained with (runSetup); a
+	// finished run is reused only under the same setup.
+	Setup string `json:"setup"`
+}
+
+// runSetup is the part of a run's options that decides its result (what
+// is trained, on what, for how long, how, and where), as JSON.
+func runSetup(o Options) string {
+	b, _ := json.Marshal(struct {
+		Preset, Model, Dataset, TrainSplit, EvalSplit         string
+		Synthetic                                             data.SyntheticConfig
+		MQAR                                                  data.MQARConfig
+		Context, TokensPerStep, Steps, EvalEvery, EvalBatches int
+		FinalEvalBatches, WarmIn                              int
+		LR, Dropout, GradClip                                 float64
+		NoAlign, HostOptimizer                                bool
+		Control                                               Controls
+		Device                                                string
+		Precision                                             string
+		Loss                                                  LossTargets
+		ConfigFile                                            string
+		Sizes                                                 model.Overrides
+	}{o.Preset, o.Model, o.Dataset, o.TrainSplit, o.EvalSplit, o.Synthetic, o.MQAR, o.Context, o.TokensPerStep, o.Steps,
+		o.EvalEvery, o.EvalBatches, o.FinalEvalBatches, o.WarmIn, o.LR, o.Dropout, o.GradClip, o.NoAlign, o.HostOptimizer,
+		o.Control, o.Device.String(), o.Precision.String(), o.Loss, o.ConfigFile, o.Sizes})
+	return string(b)
+}
+
+// setupDiff names the fields in which two runSetup texts differ.
+func setupDiff(old, now string) string {
+	var a, b map[string]any
+	if json.Unmarshal([]byte(old), &a) != nil {
+		return "settings not recorded"
+	}
+	_ = json.Unmarshal([]byte(now), &b)
+	var diff []string
+	for k, v := range b {
+		if fmt.Sprint(a[k]) != fmt.Sprint(v) {
+			diff = append(diff, fmt.Sprintf("%s %v, now %v", k, a[k], v))
+		}
+	}
+	slices.Sort(diff)
+	return strings.Join(diff, "; ")
 }
 
 // StageResult gathers a stage's runs.
@@ -189,7 +236,17 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 		for k := 0; k < ao.Seeds; k++ {
 			seed := seed0 + uint64(k)
 			dir := filepath.Join(ao.Base.Out, st.Name, fmt.Sprintf("seed%d", seed))
+			o := ao.Base
+			o.Out, o.Seed, o.Resume = dir, seed, false
+			o.Progress, o.Log = ao.Progress, ao.Log
+			o.SaveFinalOnly = true
+			st.apply(&o, contexts)
+			setup := runSetup(o)
 			if rr, err := readRunResult(dir); err == nil {
+				if rr.Setup != setup {
+					return nil, fmt.Errorf("%s holds a finished run made with other settings (%s): give another --out, or remove it to run again",
+						dir, setupDiff(rr.Setup, setup))
+				}
 				logging.Info(ao.Log, AblationReuseEvent{Stage: st.Name, Seed: seed, CE: rr.ValCE})
 				sr.Runs = append(sr.Runs, *rr)
 				continue
@@ -199,18 +256,13 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 					return nil, err
 				}
 			}
-			o := ao.Base
-			o.Out, o.Seed, o.Resume = dir, seed, false
-			o.Progress, o.Log = ao.Progress, ao.Log
-			o.SaveFinalOnly = true
-			st.apply(&o, contexts)
 			logging.Info(ao.Log, AblationRunEvent{Stage: st.Name, Label: st.Label, Seed: seed, Dir: dir})
 			t0 := time.Now()
 			res, err := Train(ctx, o)
 			if err != nil {
 				return nil, fmt.Errorf("ablation stage %s, seed %d: %w", st.Name, seed, err)
 			}
-			rr := RunResult{Stage: st.Name, Seed: seed, RawCE: res.FinalValCE, Params: res.Params, Steps: res.Steps,
+			rr := RunResult{Stage: st.Name, Seed: seed, Setup: setup, RawCE: res.FinalValCE, Params: res.Params, Steps: res.Steps,
 				Tokens: res.Tokens, Seconds: time.Since(t0).Seconds(), Members: res.SWAMembers, Contexts: o.Control.Contexts}
 			if len(rr.Contexts) == 0 {
 				rr.Contexts = []int{o.Context}
@@ -301,10 +353,14 @@ type AblationRow struct {
 	RawCE, RawStd                     float64
 	EMACE, EMAStd, SWACE, SWAStd      float64
 	DeltaBase, DeltaPrev, MeanSeconds float64
-	Members                           float64 // mean SWA members per run
-	Contexts                          []int
-	Recall, RecallStd                 float64 // NaN without recall figures
-	RecallN                           int     // answers per run
+	// PairedBase, PairedPrev: this stage's CE minus the first's and the
+	// previous stage's, seed by seed (the same data order per seed), with
+	// a 95% interval.
+	PairedBase, PairedPrev PairedDiff
+	Members                float64 // mean SWA members per run
+	Contexts               []int
+	Recall, RecallStd      float64 // NaN without recall figures
+	RecallN                int     // answers per run
 }
 
 // Summarize turns stage results into table rows (Δ against the first and
@@ -347,15 +403,63 @@ func Summarize(rs []StageResult) []AblationRow {
 		r.Recall, r.RecallStd = MeanStd(rec)
 		r.Members = float64(members) / math.Max(1, float64(len(sr.Runs)))
 		r.DeltaBase, r.DeltaPrev = math.NaN(), math.NaN()
+		r.PairedBase, r.PairedPrev = PairedDiff{Mean: math.NaN(), Half: math.NaN()}, PairedDiff{Mean: math.NaN(), Half: math.NaN()}
 		if i > 0 {
 			r.DeltaBase = r.CE - rows[0].CE
 			r.DeltaPrev = r.CE - rows[i-1].CE
+			r.PairedBase = Paired(sr.Runs, rs[0].Runs)
+			r.PairedPrev = Paired(sr.Runs, rs[i-1].Runs)
 		} else {
 			r.DeltaBase = 0
 		}
 		rows = append(rows, r)
 	}
 	return rows
+}
+
+// PairedDiff is the mean of paired differences over N seeds and the half
+// width of its 95% interval (Student's t with N−1 degrees of freedom; NaN
+// below two pairs).
+type PairedDiff struct {
+	Mean, Half float64
+	N          int
+}
+
+// Paired compares the reported CE of runs a and b seed by seed (the seeds
+// both have): mean a − b and its 95% interval.
+func Paired(a, b []RunResult) PairedDiff {
+	bySeed := map[uint64]float64{}
+	for _, r := range b {
+		bySeed[r.Seed] = r.ValCE
+	}
+	var d []float64
+	for _, r := range a {
+		if v, ok := bySeed[r.Seed]; ok {
+			d = append(d, r.ValCE-v)
+		}
+	}
+	pd := PairedDiff{Mean: math.NaN(), Half: math.NaN(), N: len(d)}
+	if len(d) == 0 {
+		return pd
+	}
+	mean, std := MeanStd(d)
+	pd.Mean = mean
+	if len(d) > 1 {
+		t := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(len(d) - 1)}.Quantile(0.975)
+		pd.Half = t * std / math.Sqrt(float64(len(d)))
+	}
+	return pd
+}
+
+// String is "+0.012 ± 0.008 (n 5)", without the interval below two pairs.
+func (p PairedDiff) String() string {
+	switch {
+	case math.IsNaN(p.Mean):
+		return "—"
+	case math.IsNaN(p.Half):
+		return fmt.Sprintf("%+.3f (n %d)", p.Mean, p.N)
+	}
+	return fmt.Sprintf("%+.3f ± %.3f (n %d)", p.Mean, p.Half, p.N)
 }
 
 func signed(x float64) string {
@@ -377,7 +481,7 @@ func ints(x []int) string {
 func AblationTable(rows []AblationRow) string {
 	var b strings.Builder
 	recall := slices.ContainsFunc(rows, func(r AblationRow) bool { return !math.IsNaN(r.Recall) })
-	b.WriteString("| Stage | Params | Steps | Tokens | Contexts | Weights | Val CE ↓ | PPL ↓ | Δ vs base | Δ from prev | raw CE | EMA CE | SWA CE | SWA members | s/run |")
+	b.WriteString("| Stage | Params | Steps | Tokens | Contexts | Weights | Val CE ↓ | PPL ↓ | Δ vs base (paired, 95% CI) | Δ from prev (paired, 95% CI) | raw CE | EMA CE | SWA CE | SWA members | s/run |")
 	if recall {
 		b.WriteString(" Recall ↑ (raw) | answers |")
 	}
@@ -389,7 +493,7 @@ func AblationTable(rows []AblationRow) string {
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.0f |",
 			r.Label, r.Params, r.Steps, r.Tokens, ints(r.Contexts), r.Weights, pm(r.CE, r.CEStd, 3), pm(r.PPL, r.PPLStd, 1),
-			signed(r.DeltaBase), signed(r.DeltaPrev), pm(r.RawCE, r.RawStd, 3), pm(r.EMACE, r.EMAStd, 3),
+			deltaText(r.DeltaBase, r.PairedBase), deltaText(r.DeltaPrev, r.PairedPrev), pm(r.RawCE, r.RawStd, 3), pm(r.EMACE, r.EMAStd, 3),
 			pm(r.SWACE, r.SWAStd, 3), r.Members, r.MeanSeconds)
 		if recall {
 			fmt.Fprintf(&b, " %s | %d |", pm(r.Recall, r.RecallStd, 3), r.RecallN)
@@ -399,10 +503,19 @@ func AblationTable(rows []AblationRow) string {
 	return b.String()
 }
 
+// deltaText is the paired difference where there is one, else the
+// difference of the means (the first stage: +0.000).
+func deltaText(delta float64, p PairedDiff) string {
+	if p.N > 0 {
+		return p.String()
+	}
+	return signed(delta)
+}
+
 // AblationCSV renders the rows as CSV (one line per stage).
 func AblationCSV(rows []AblationRow) string {
 	var b strings.Builder
-	b.WriteString("stage,label,params,steps,tokens,contexts,seeds,weights,val_ce_mean,val_ce_std,ppl_mean,ppl_std,delta_vs_base,delta_from_prev,raw_ce_mean,raw_ce_std,ema_ce_mean,ema_ce_std,swa_ce_mean,swa_ce_std,swa_members_mean,seconds_mean,recall_mean,recall_std\n")
+	b.WriteString("stage,label,params,steps,tokens,contexts,seeds,weights,val_ce_mean,val_ce_std,ppl_mean,ppl_std,delta_vs_base,delta_from_prev,raw_ce_mean,raw_ce_std,ema_ce_mean,ema_ce_std,swa_ce_mean,swa_ce_std,swa_members_mean,seconds_mean,recall_mean,recall_std,paired_base_mean,paired_base_ci95,paired_prev_mean,paired_prev_ci95,paired_n\n")
 	f := func(x float64) string {
 		if math.IsNaN(x) {
 			return ""
@@ -410,9 +523,10 @@ func AblationCSV(rows []AblationRow) string {
 		return fmt.Sprintf("%.6g", x)
 	}
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%s,%q,%d,%d,%d,%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
+		fmt.Fprintf(&b, "%s,%q,%d,%d,%d,%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%d\n",
 			r.Stage, r.Label, r.Params, r.Steps, r.Tokens, ints(r.Contexts), r.Seeds, r.Weights, f(r.CE), f(r.CEStd), f(r.PPL), f(r.PPLStd),
-			f(r.DeltaBase), f(r.DeltaPrev), f(r.RawCE), f(r.RawStd), f(r.EMACE), f(r.EMAStd), f(r.SWACE), f(r.SWAStd), f(r.Members), f(r.MeanSeconds), f(r.Recall), f(r.RecallStd))
+			f(r.DeltaBase), f(r.DeltaPrev), f(r.RawCE), f(r.RawStd), f(r.EMACE), f(r.EMAStd), f(r.SWACE), f(r.SWAStd), f(r.Members), f(r.MeanSeconds), f(r.Recall), f(r.RecallStd),
+			f(r.PairedBase.Mean), f(r.PairedBase.Half), f(r.PairedPrev.Mean), f(r.PairedPrev.Half), r.PairedPrev.N)
 	}
 	return b.String()
 }

@@ -72,8 +72,36 @@ func TestAblate(t *testing.T) {
 	if again[3].Runs[0].ValCE != res[3].Runs[0].ValCE || again[3].Runs[0].Seconds != res[3].Runs[0].Seconds {
 		t.Error("the second call did not reuse the finished runs")
 	}
+	// Other settings in the same directory are refused, naming what changed.
+	changed := ao
+	changed.Base.LR = 1e-4
+	if _, err := Ablate(context.Background(), changed); err == nil || !strings.Contains(err.Error(), "other settings (LR 0, now 0.0001)") {
+		t.Errorf("a finished run under other settings: %v", err)
+	}
 	if _, err := Ablate(context.Background(), AblationOptions{Base: base, Seeds: 1, Stages: []string{"nope"}}); err == nil ||
 		!strings.Contains(err.Error(), "unknown stage") {
 		t.Errorf("unknown stage: %v", err)
+	}
+}
+
+// TestPairedDiff: differences are taken seed by seed (seeds only one side
+// has are left out) and the 95% interval uses Student's t: diffs 0.1, 0.2,
+// 0.3 give 0.2 ± t(0.975, 2)·0.1/√3 = 0.2 ± 0.2484.
+func TestPairedDiff(t *testing.T) {
+	a := []RunResult{{Seed: 1, ValCE: 5.1}, {Seed: 2, ValCE: 5.4}, {Seed: 3, ValCE: 5.3}, {Seed: 9, ValCE: 1}}
+	b := []RunResult{{Seed: 3, ValCE: 5.0}, {Seed: 1, ValCE: 5.0}, {Seed: 2, ValCE: 5.2}}
+	p := Paired(a, b)
+	if p.N != 3 || math.Abs(p.Mean-0.2) > 1e-12 || math.Abs(p.Half-4.302652729911275*0.1/math.Sqrt(3)) > 1e-9 {
+		t.Errorf("paired %+v: want n 3, mean 0.2, half %.6f", p, 4.302652729911275*0.1/math.Sqrt(3))
+	}
+	if got := p.String(); got != "+0.200 ± 0.248 (n 3)" {
+		t.Errorf("text %q", got)
+	}
+	one := Paired(a[:1], b)
+	if one.N != 1 || !math.IsNaN(one.Half) || one.String() != "+0.100 (n 1)" {
+		t.Errorf("one pair: %+v %q", one, one.String())
+	}
+	if none := Paired(a[3:], b); none.N != 0 || none.String() != "—" {
+		t.Errorf("no pairs: %+v", none)
 	}
 }

@@ -20,7 +20,7 @@ func ablateCommand() *cli.Command {
 			"+ Guardian + late-phase schedules (LR floor, EMA, chaos, dropout glide); + SWA-select.\n" +
 			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
 			"Finished runs (their result.json) are reused, so an interrupted ablation continues where it stopped.",
-		Flags:  append(ablateFlags(), syntheticFlags()...),
+		Flags:  append(append(ablateFlags(), memoryFlagDefs()...), syntheticFlags()...),
 		Action: ablateAction,
 	}
 }
@@ -104,6 +104,14 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 	if err != nil {
 		return training.AblationOptions{}, err
 	}
+	micro, budget, err := memoryFlags(c)
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
+	device, precision, err := deviceFlags(c)
+	if err != nil {
+		return training.AblationOptions{}, err
+	}
 	finalBatches := c.Int("final-eval-batches")
 	if finalBatches == 0 {
 		finalBatches = -1 // the whole split
@@ -114,6 +122,7 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 		TokensPerStep: c.Int("tokens-per-step"), EvalEvery: cmp.Or(c.Int("eval-every"), max(1, steps/10)), EvalBatches: c.Int("eval-batches"),
 		FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: c.String("out"), LR: c.Float64("lr"),
 		Dropout: -1, WarmIn: -1, GradClip: 1,
+		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), MicroBatch: micro, MemBudget: budget,
 	}
 	return training.AblationOptions{Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: splitList(c.String("stages")),
 		KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter}, nil
@@ -139,8 +148,10 @@ func ablationHeader(c *cli.Context, base training.Options, results []training.St
 		fmt.Sprintf("- preset %s, dataset %s (%s), %d seeds from %d, %d steps, eval every %d steps on %d batches, final eval on %s",
 			base.Preset, c.String("dataset"), protocol, c.Int("seeds"), c.Uint64("seed"), base.Steps, base.EvalEvery, c.Int("eval-batches"),
 			batchesText(c.Int("final-eval-batches"))),
+		fmt.Sprintf("- device %s%s", c.String("device"), map[bool]string{true: ", precision " + c.String("precision")}[c.IsSet("precision")]),
 		fmt.Sprintf("- equal compute: every run takes the same steps and tokens per step; parameters per stage in the table; total wall time of the runs %s", (time.Duration(total) * time.Second).Round(time.Second)),
 		"- Val CE / PPL: mean ± sample std over seeds of the weights each stage reports (last = raw, ema, swa); PPL is averaged per seed",
+		"- Δ: the stage's Val CE minus the first (previous) stage's, seed by seed (each seed has the same data order in every stage), mean ± half the 95% interval (Student's t over the n pairs)",
 	}
 }
 
