@@ -230,76 +230,90 @@ func Ablate(ctx context.Context, ao AblationOptions) ([]StageResult, error) {
 	if seed0 == 0 {
 		seed0 = 1
 	}
-	var out []StageResult
-	for _, st := range stages {
-		sr := StageResult{Stage: st}
-		for k := 0; k < ao.Seeds; k++ {
-			seed := seed0 + uint64(k)
-			dir := filepath.Join(ao.Base.Out, st.Name, fmt.Sprintf("seed%d", seed))
-			o := ao.Base
-			o.Out, o.Seed, o.Resume = dir, seed, false
-			o.Progress, o.Log = ao.Progress, ao.Log
-			o.SaveFinalOnly = true
-			st.apply(&o, contexts)
-			setup := runSetup(o)
-			if rr, err := readRunResult(dir); err == nil {
-				if rr.Setup != setup {
-					return nil, fmt.Errorf("%s holds a finished run made with other settings (%s): give another --out, or remove it to run again",
-						dir, setupDiff(rr.Setup, setup))
-				}
-				logging.Info(ao.Log, AblationReuseEvent{Stage: st.Name, Seed: seed, CE: rr.ValCE})
-				sr.Runs = append(sr.Runs, *rr)
-				continue
-			}
-			if _, err := os.Stat(dir); err == nil {
-				if err := os.RemoveAll(dir); err != nil { // an unfinished run: start it again
-					return nil, err
-				}
-			}
-			logging.Info(ao.Log, AblationRunEvent{Stage: st.Name, Label: st.Label, Seed: seed, Dir: dir})
-			t0 := time.Now()
-			res, err := Train(ctx, o)
+	// Seed by seed, every stage: an interrupted ablation leaves complete
+	// pairs.
+	out := make([]StageResult, len(stages))
+	for k := 0; k < ao.Seeds; k++ {
+		for i, st := range stages {
+			out[i].Stage = st
+			rr, err := ablationRun(ctx, ao, st, seed0+uint64(k), contexts)
 			if err != nil {
-				return nil, fmt.Errorf("ablation stage %s, seed %d: %w", st.Name, seed, err)
-			}
-			rr := RunResult{Stage: st.Name, Seed: seed, Setup: setup, RawCE: res.FinalValCE, Params: res.Params, Steps: res.Steps,
-				Tokens: res.Tokens, Seconds: time.Since(t0).Seconds(), Members: res.SWAMembers, Contexts: o.Control.Contexts}
-			if len(rr.Contexts) == 0 {
-				rr.Contexts = []int{o.Context}
-			}
-			if !math.IsNaN(res.FinalRecall) {
-				v := res.FinalRecall
-				rr.Recall, rr.RecallN = &v, res.FinalRecallN
-			}
-			if !math.IsNaN(res.FinalEMACE) {
-				v := res.FinalEMACE
-				rr.EMACE = &v
-			}
-			if !math.IsNaN(res.FinalSWACE) {
-				v := res.FinalSWACE
-				rr.SWACE = &v
-			}
-			rr.Weights, rr.ValCE = "last", rr.RawCE
-			switch {
-			case st.Weights == "swa" && rr.SWACE != nil:
-				rr.Weights, rr.ValCE = "swa", *rr.SWACE
-			case (st.Weights == "swa" || st.Weights == "ema") && rr.EMACE != nil:
-				rr.Weights, rr.ValCE = "ema", *rr.EMACE
-			}
-			if !ao.KeepCheckpoints {
-				if err := os.RemoveAll(filepath.Join(dir, "checkpoint")); err != nil {
-					return nil, err
-				}
-			}
-			b, _ := json.MarshalIndent(rr, "", "  ")
-			if err := os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644); err != nil {
 				return nil, err
 			}
-			sr.Runs = append(sr.Runs, rr)
+			out[i].Runs = append(out[i].Runs, rr)
 		}
-		out = append(out, sr)
 	}
 	return out, nil
+}
+
+// ablationRun trains stage st with seed (or reuses its finished run, made
+// with the same settings) and returns its result, also written to the
+// run's result.json.
+func ablationRun(ctx context.Context, ao AblationOptions, st Stage, seed uint64, contexts []int) (RunResult, error) {
+	dir := filepath.Join(ao.Base.Out, st.Name, fmt.Sprintf("seed%d", seed))
+	o := ao.Base
+	o.Out, o.Seed, o.Resume = dir, seed, false
+	o.Progress, o.Log = ao.Progress, ao.Log
+	o.SaveFinalOnly = true
+	st.apply(&o, contexts)
+	setup := runSetup(o)
+	if rr, err := readRunResult(dir); err == nil {
+		if rr.Setup != setup {
+			return RunResult{}, fmt.Errorf("%s holds a finished run made with other settings (%s): give another --out, or remove it to run again",
+				dir, setupDiff(rr.Setup, setup))
+		}
+		logging.Info(ao.Log, AblationReuseEvent{Stage: st.Name, Seed: seed, CE: rr.ValCE})
+		return *rr, nil
+	}
+	if _, err := os.Stat(dir); err == nil {
+		if err := os.RemoveAll(dir); err != nil { // an unfinished run: start it again
+			return RunResult{}, err
+		}
+	}
+	logging.Info(ao.Log, AblationRunEvent{Stage: st.Name, Label: st.Label, Seed: seed, Dir: dir})
+	t0 := time.Now()
+	res, err := Train(ctx, o)
+	if err != nil {
+		return RunResult{}, fmt.Errorf("ablation stage %s, seed %d: %w", st.Name, seed, err)
+	}
+	rr := newRunResult(st, seed, setup, res, o, time.Since(t0))
+	if !ao.KeepCheckpoints {
+		if err := os.RemoveAll(filepath.Join(dir, "checkpoint")); err != nil {
+			return RunResult{}, err
+		}
+	}
+	b, _ := json.MarshalIndent(rr, "", "  ")
+	return rr, os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644)
+}
+
+// newRunResult is a finished run's result: its figures and the weights
+// the stage reports (SWA, else EMA, where the stage asks and they exist).
+func newRunResult(st Stage, seed uint64, setup string, res *Result, o Options, took time.Duration) RunResult {
+	rr := RunResult{Stage: st.Name, Seed: seed, Setup: setup, RawCE: res.FinalValCE, Params: res.Params, Steps: res.Steps,
+		Tokens: res.Tokens, Seconds: took.Seconds(), Members: res.SWAMembers, Contexts: o.Control.Contexts}
+	if len(rr.Contexts) == 0 {
+		rr.Contexts = []int{o.Context}
+	}
+	if !math.IsNaN(res.FinalRecall) {
+		v := res.FinalRecall
+		rr.Recall, rr.RecallN = &v, res.FinalRecallN
+	}
+	if !math.IsNaN(res.FinalEMACE) {
+		v := res.FinalEMACE
+		rr.EMACE = &v
+	}
+	if !math.IsNaN(res.FinalSWACE) {
+		v := res.FinalSWACE
+		rr.SWACE = &v
+	}
+	rr.Weights, rr.ValCE = "last", rr.RawCE
+	switch {
+	case st.Weights == "swa" && rr.SWACE != nil:
+		rr.Weights, rr.ValCE = "swa", *rr.SWACE
+	case (st.Weights == "swa" || st.Weights == "ema") && rr.EMACE != nil:
+		rr.Weights, rr.ValCE = "ema", *rr.EMACE
+	}
+	return rr
 }
 
 func readRunResult(dir string) (*RunResult, error) {

@@ -19,7 +19,8 @@ func ablateCommand() *cli.Command {
 		Description: "Stages: baseline (legacy fuzzy bias, one context, cosine to zero); + context game + Sinkhorn align;\n" +
 			"+ Guardian + late-phase schedules (LR floor, EMA, chaos, dropout glide); + SWA-select.\n" +
 			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
-			"Finished runs (their result.json) are reused, so an interrupted ablation continues where it stopped.",
+			"Runs go seed by seed through every stage (paired: a seed has the same data order in every stage), and finished runs\n" +
+			"(their result.json, made with the same settings) are reused, so an interrupted ablation continues where it stopped.",
 		Flags:  append(append(ablateFlags(), memoryFlagDefs()...), syntheticFlags()...),
 		Action: ablateAction,
 	}
