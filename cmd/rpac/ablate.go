@@ -19,7 +19,7 @@ func ablateCommand() *cli.Command {
 		Description: "Stages: baseline (legacy fuzzy bias, one context, cosine to zero); + context game + Sinkhorn align;\n" +
 			"+ Guardian + late-phase schedules (LR floor, EMA, chaos, dropout glide); + SWA-select.\n" +
 			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
-			"Runs go seed by seed through every stage (paired: a seed has the same data order in every stage), and finished runs\n" +
+			"Runs go seed by seed through every stage (paired: the stages share each seed, the seed of the data order and the initialisation), and finished runs\n" +
 			"(their result.json, made with the same settings) are reused, so an interrupted ablation continues where it stopped.",
 		Flags:  append(append(ablateFlags(), memoryFlagDefs()...), syntheticFlags()...),
 		Action: ablateAction,
@@ -152,7 +152,7 @@ func ablationHeader(c *cli.Context, base training.Options, results []training.St
 		fmt.Sprintf("- device %s%s", c.String("device"), map[bool]string{true: ", precision " + c.String("precision")}[c.IsSet("precision")]),
 		fmt.Sprintf("- equal compute: every run takes the same steps and tokens per step; parameters per stage in the table; total wall time of the runs %s", (time.Duration(total) * time.Second).Round(time.Second)),
 		"- Val CE / PPL: mean ± sample std over seeds of the weights each stage reports (last = raw, ema, swa); PPL is averaged per seed",
-		"- Δ: the stage's Val CE minus the first (previous) stage's, seed by seed (each seed has the same data order in every stage), mean ± half the 95% interval (Student's t over the n pairs)",
+		"- Δ: the stage's Val CE minus the first (previous) stage's, seed by seed (the stages share each seed), mean ± half the 95% interval (Student's t over the n pairs)",
 	}
 }
 
