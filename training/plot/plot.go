@@ -80,6 +80,7 @@ func Run(runDir, outDir string) ([]string, error) {
 		{"guardian.png", func(p string) (bool, error) { return guardian(p, evals) }},
 		{"lr.png", func(p string) (bool, error) { return lrPlot(p, steps) }},
 		{"bias_heatmaps.png", func(p string) (bool, error) { return biasHeatmaps(p, runDir) }},
+		{"recall.png", func(p string) (bool, error) { return recallRun(p, filepath.Base(runDir), evals) }},
 	}
 	for _, f := range figs {
 		if err := emit(f.name, f.f); err != nil {

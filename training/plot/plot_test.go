@@ -83,3 +83,50 @@ func TestRunWritesPNGs(t *testing.T) {
 		t.Error("a directory without metrics.jsonl should be an error")
 	}
 }
+
+// TestRecall: a run whose evaluations scored recall gets recall.png; the
+// comparison of two runs is one PNG; byDistance places each bucket that
+// held answers at its geometric middle; a run without recall is refused.
+func TestRecall(t *testing.T) {
+	dir := t.TempDir()
+	w, err := metrics.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dist := func(c float64) []map[string]any {
+		return []map[string]any{{"lo": 1, "hi": 4, "correct": c, "total": 10}, {"lo": 4, "hi": 16, "correct": 5, "total": 10},
+			{"lo": 16, "hi": 64, "correct": 0, "total": 0}}
+	}
+	for s := 1; s <= 4; s++ {
+		_ = w.WriteEval(map[string]any{"step": 100 * s, "val_ce": 2.0, "recall_acc": 0.2 * float64(s), "recall_by_dist": dist(float64(2 * s))})
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	files, err := Run(dir, filepath.Join(dir, "plots"))
+	if err != nil || len(files) != 2 || filepath.Base(files[1]) != "recall.png" {
+		t.Fatalf("wrote %v (%v), want val_ce.png and recall.png", files, err)
+	}
+	r, err := ReadRecallRun(dir, "a")
+	if err != nil || len(r.Evals) != 4 {
+		t.Fatalf("read %d evaluations (%v), want 4", len(r.Evals), err)
+	}
+	xy := byDistance(r.Evals[3])
+	if len(xy) != 2 || xy[0].X != 2 || xy[0].Y != 0.8 || xy[1].X != 8 || xy[1].Y != 0.5 {
+		t.Fatalf("by distance %v, want (2, 0.8) and (8, 0.5)", xy)
+	}
+	out := filepath.Join(dir, "cmp.png")
+	if err := Recall(out, []RecallRun{r, {Label: "b", Evals: r.Evals[:2]}}); err != nil {
+		t.Fatal(err)
+	}
+	if fh, err := os.Open(out); err != nil {
+		t.Fatal(err)
+	} else if _, err := png.Decode(fh); err != nil {
+		t.Fatal(err)
+	} else {
+		fh.Close()
+	}
+	if _, err := ReadRecallRun(t.TempDir(), "x"); err == nil {
+		t.Error("a directory without metrics.jsonl should be an error")
+	}
+}
