@@ -126,6 +126,11 @@ func TestRecall(t *testing.T) {
 	} else {
 		fh.Close()
 	}
+	// Without distance buckets (the synthetic corpus) only the steps panel.
+	plain := RecallRun{Label: "syn", Evals: []map[string]any{{"step": 1.0, "recall_acc": 0.5}, {"step": 2.0, "recall_acc": 0.6}}}
+	if err := Recall(filepath.Join(dir, "syn.png"), []RecallRun{plain}); err != nil {
+		t.Fatalf("recall without distances: %v", err)
+	}
 	if _, err := ReadRecallRun(t.TempDir(), "x"); err == nil {
 		t.Error("a directory without metrics.jsonl should be an error")
 	}

@@ -44,22 +44,28 @@ func ReadRecallRun(dir, label string) (RecallRun, error) {
 func Recall(path string, runs []RecallRun) error {
 	steps := newPlot("recall accuracy", "step", "recall")
 	dist := newPlot("recall by distance (last evaluation)", "distance from pair to query (tokens)", "recall")
-	dist.X.Scale = plot.LogScale{}
-	dist.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	for _, p := range []*plot.Plot{steps, dist} {
 		p.Y.Min, p.Y.Max = 0, 1.05
 		p.Legend.Top = false
 	}
+	anyDist := false
 	for i, r := range runs {
 		if err := addLine(steps, r.Label, series(r.Evals, field("recall_acc")), i, false, false); err != nil {
 			return err
 		}
 		last := r.Evals[len(r.Evals)-1]
+		xy := byDistance(last)
+		anyDist = anyDist || len(xy) > 0
 		label := fmt.Sprintf("%s (step %.0f)", r.Label, num(last, "step"))
-		if err := addLine(dist, label, byDistance(last), i, false, true); err != nil {
+		if err := addLine(dist, label, xy, i, false, true); err != nil {
 			return err
 		}
 	}
+	if !anyDist { // no distance buckets (the synthetic corpus): the steps alone
+		return saveGrid(path, [][]*plot.Plot{{steps}}, 6*vg.Inch, 4.5*vg.Inch)
+	}
+	dist.X.Scale = plot.LogScale{}
+	dist.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	return saveGrid(path, [][]*plot.Plot{{steps, dist}}, 12*vg.Inch, 4.5*vg.Inch)
 }
 
