@@ -197,5 +197,7 @@ func (b *Bench) Predict(hw cuda.Hardware, measure bool) (*cuda.Prediction, error
 	if err := b.Step(1); err != nil {
 		return nil, err
 	}
-	return cuda.Predict(tr.Events(), hw, b.HostOptimized()), nil
+	p := cuda.Predict(tr.Events(), hw, b.HostOptimized())
+	p.MeasureFloor = tr.Floor()
+	return p, nil
 }

@@ -197,8 +197,8 @@ func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.P
 	fmt.Fprintf(w, "  copies           %.2f ms\n", 1e3*p.Copies)
 	fmt.Fprintf(w, "  host optimizer   %.2f ms (%d parameters clipped and updated on the host)\n", 1e3*p.HostOptim, p.HostParams)
 	if p.Measured > 0 {
-		fmt.Fprintf(w, "  measured         %.2f ms (each kernel and GEMM timed between two synchronizations; predicted %.2f)\n",
-			1e3*p.Measured, 1e3*p.GPU)
+		fmt.Fprintf(w, "  measured         %.2f ms (each kernel and GEMM timed between two synchronizations, less %.1f µs per call, a synchronized empty launch's time; predicted %.2f)\n",
+			1e3*p.Measured, 1e6*p.MeasureFloor, 1e3*p.GPU)
 	}
 	printKernelTable(w, "kernels", p.Kernels, p, top)
 	if shapes > 0 {

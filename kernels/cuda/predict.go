@@ -132,8 +132,12 @@ type Prediction struct {
 	GEMMShapes []KernelTime
 	HostParams int // parameters updated on the host
 	// Measured is the sum of the kernels' and GEMMs' measured times (a
-	// measured trace: each synchronized on its own; 0 otherwise).
+	// measured trace: each synchronized on its own, less MeasureFloor; 0
+	// otherwise).
 	Measured float64
+	// MeasureFloor is what was taken off each measured call: the time of a
+	// synchronized empty launch (seconds).
+	MeasureFloor float64
 }
 
 // eventTime is the roofline time of one event and what bounds it.

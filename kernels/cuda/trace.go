@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -83,6 +84,18 @@ type Event struct {
 type Trace struct {
 	mu     sync.Mutex
 	events []Event
+	// floor is the wall time of a synchronized empty launch, measured
+	// before the first timed call and subtracted from every measured time
+	// (0 for a trace that is not measured).
+	floor float64
+}
+
+// Floor is the time subtracted from each measured call: a synchronized
+// empty launch's (seconds; 0 when the trace is not measured).
+func (t *Trace) Floor() float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.floor
 }
 
 // Reset drops the recorded events.
@@ -164,14 +177,26 @@ type tracedDevice struct {
 	t       *Trace
 	sigs    map[string][]param
 	measure bool // time each launch and GEMM (StartMeasuredTrace)
+	floored bool // the launch floor is measured
 }
 
 // timed runs call and, when measuring, sets e.Measured to its wall time
-// between two synchronizations of the device; then it records e.
+// between two synchronizations of the device, less the launch floor; then
+// it records e.
 func (d *tracedDevice) timed(e Event, call func() error) error {
 	if !d.measure {
 		d.t.add(e)
 		return call()
+	}
+	if !d.floored {
+		f, err := d.launchFloor()
+		if err != nil {
+			return err
+		}
+		d.t.mu.Lock()
+		d.t.floor = f
+		d.t.mu.Unlock()
+		d.floored = true
 	}
 	if err := d.device.sync(); err != nil {
 		return err
@@ -181,9 +206,31 @@ func (d *tracedDevice) timed(e Event, call func() error) error {
 	if err == nil {
 		err = d.device.sync()
 	}
-	e.Measured = time.Since(t0).Seconds()
+	e.Measured = max(0, time.Since(t0).Seconds()-d.t.Floor())
 	d.t.add(e)
 	return err
+}
+
+// launchFloor is the median wall time of a synchronized launch that does
+// no work (copy_words of 0 words): the share of every measured call that
+// is not the kernel's own.
+func (d *tracedDevice) launchFloor() (float64, error) {
+	ts := make([]float64, 31)
+	for i := range ts {
+		if err := d.device.sync(); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		if err := d.device.launch("copy_words", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, uint64(0), uint64(0), int64(0)); err != nil {
+			return 0, err
+		}
+		if err := d.device.sync(); err != nil {
+			return 0, err
+		}
+		ts[i] = time.Since(t0).Seconds()
+	}
+	slices.Sort(ts)
+	return ts[len(ts)/2], nil
 }
 
 func (d *tracedDevice) upload(b Buffer, src unsafe.Pointer, bytes uint64) error {
