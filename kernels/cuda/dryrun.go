@@ -144,7 +144,8 @@ func (f *fakeDevice) separateSlots() bool               { return false }
 // as null besides the attention kernels' bias: the first pass of a
 // two-pass reduction writes its partials to part, or without part its
 // result to out (src/graph.cu).
-var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.part": true, "reduce_cols_f32.part": true}
+var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.part": true, "reduce_cols_f32.part": true,
+	"attention_bwd_dq_bf16.part": true} // no bias, no bias-gradient partial sums
 
 func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	sig, ok := f.sigs[name]

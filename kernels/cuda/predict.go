@@ -45,10 +45,20 @@ const (
 	// GEMM with fewer tiles than SMs, or a last partial wave, leaves SMs idle.
 	gemmTile = 128
 	// gemmKOverhead: prologue and epilogue of each tile in units of K
-	// (efficiency K / (K + 192)).
-	gemmKOverhead = 192
+	// (efficiency K / (K + gemmKOverhead)). Fitted to an H200 (2026-11-25):
+	// the paper preset's GEMMs of 24,576 rows and K of 510 or 1,020 ran at
+	// 200–240 TFLOP/s (each call less ~27 µs of synchronized launch),
+	// 2.4–2.8× slower than the 192 first estimated predicted.
+	gemmKOverhead = 1500
 	// hbmStream: streaming kernels reach ~85% of the HBM bandwidth.
 	hbmStream = 0.85
+	// viewStream: kernels over strided views and broadcasts (ClassView)
+	// reach about a third of that: measured on an H200 (2026-11-25, paper
+	// preset, less the launch floor), binary_f32, fused_ew_f32 and
+	// gather_view_f32 took 2.7–4.0× the time predicted at hbmStream, while
+	// plain streaming kernels (unary, dropout, copies, the bf16 conversion)
+	// took 1.0–1.4×.
+	viewStream = 0.28
 	// memLatency: the latency of one dependent global load, seconds.
 	memLatency = 600e-9
 	// inflightStream / inflightSerial: bytes in flight per thread for
@@ -58,8 +68,12 @@ const (
 	// residentThreads: threads an SM holds at once (Hopper: 2,048).
 	residentThreads = 2048
 	// mmaEfficiency: the fraction of the bf16 tensor-core peak rpac's own
-	// WMMA kernels (flash.cu) reach: an estimate (see docs/PERFMODEL.md).
-	mmaEfficiency = 0.15
+	// WMMA kernels (flash.cu) reach. Measured on an H200 (2026-11-25,
+	// paper preset, T = 768): the forward, dq and dk/dv kernels took 80.3,
+	// 39.0 and 43.9 ms per step, 7.6–9.7× what 0.15 (the estimate before
+	// any GPU ran them) predicted; with their scalar work (below) that is
+	// 1.1–1.3% of the peak on the tensor side.
+	mmaEfficiency = 0.012
 	// simtLoadBound: one L1 load (128 B/clock/SM: 32 floats) per FMA caps
 	// coalesced scalar loops at a quarter of the FMA rate (128/clock/SM).
 	simtLoadBound = 0.25
@@ -143,6 +157,9 @@ type Prediction struct {
 // eventTime is the roofline time of one event and what bounds it.
 func (h Hardware) eventTime(e Event) (float64, string) {
 	bw := hbmStream * h.HBMTBs * 1e12
+	if e.Class == ClassView {
+		bw = viewStream * h.HBMTBs * 1e12
+	}
 	switch e.Kind {
 	case EvH2D, EvD2H:
 		return copyLatency + e.Bytes/(h.BusGBs*1e9), "bus"

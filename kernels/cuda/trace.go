@@ -48,10 +48,14 @@ const (
 	// WMMA): Flops at a fraction of the bf16 peak plus Scalar instructions
 	// (its elementwise work) at the CUDA cores' issue rate.
 	ClassMMA
+	// ClassView: grid-stride kernels over strided views and broadcasts,
+	// which work out every operand's multi-dimensional index per element
+	// (64-bit divisions): memory-bound at viewStream of the bandwidth.
+	ClassView
 )
 
 func (c CostClass) String() string {
-	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma"}[c]
+	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma", "view"}[c]
 }
 
 // Event is one traced device call with its estimated work: Flops that
@@ -334,6 +338,10 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	const w = 4.0 // bytes per fp32 word
 	n := a.i("n")
 	e.Class = ClassStream
+	switch e.Name {
+	case "binary_f32", "gather_view_f32", "scatter_view_f32", "fused_ew_f32":
+		e.Class = ClassView
+	}
 	switch e.Name {
 	case "copy_words", "unary_f32", "dropout_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "add_rows_f32",
 		"causal_mask_f32", "gumbel_f32", "clamp_f32", "nan_to_num_f32", "scale_inplace_f32", "zscore_fwd_f32":
