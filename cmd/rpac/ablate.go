@@ -105,14 +105,6 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 	if err != nil {
 		return training.AblationOptions{}, err
 	}
-	micro, budget, err := memoryFlags(c)
-	if err != nil {
-		return training.AblationOptions{}, err
-	}
-	device, precision, err := deviceFlags(c)
-	if err != nil {
-		return training.AblationOptions{}, err
-	}
 	finalBatches := c.Int("final-eval-batches")
 	if finalBatches == 0 {
 		finalBatches = -1 // the whole split
@@ -123,7 +115,9 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 		TokensPerStep: c.Int("tokens-per-step"), EvalEvery: cmp.Or(c.Int("eval-every"), max(1, steps/10)), EvalBatches: c.Int("eval-batches"),
 		FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: c.String("out"), LR: c.Float64("lr"),
 		Dropout: -1, WarmIn: -1, GradClip: 1,
-		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), MicroBatch: micro, MemBudget: budget,
+	}
+	if err := applyRunFlags(c, &base); err != nil {
+		return training.AblationOptions{}, err
 	}
 	return training.AblationOptions{Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: splitList(c.String("stages")),
 		KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter}, nil

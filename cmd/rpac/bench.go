@@ -88,25 +88,20 @@ func benchTrain(c *cli.Context) error {
 
 // benchTrainOptions is the training step the flags describe.
 func benchTrainOptions(c *cli.Context) (training.Options, error) {
-	device, precision, err := deviceFlags(c)
-	if err != nil {
+	o := training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
+		TokensPerStep: c.Int("tokens-per-step"), Dropout: -1, Seed: 1}
+	if err := applyRunFlags(c, &o); err != nil {
 		return training.Options{}, err
 	}
-	if !c.IsSet("predict") || device != training.DeviceCUDA {
-		if err := training.CheckDevice(device, precision); err != nil {
+	if !c.IsSet("predict") || o.Device != training.DeviceCUDA {
+		if err := training.CheckDevice(o.Device, o.Precision); err != nil {
 			return training.Options{}, err
 		}
 	}
 	if c.Int("steps") < 1 {
 		return training.Options{}, fmt.Errorf("--steps must be positive")
 	}
-	micro, budget, err := memoryFlags(c)
-	if err != nil {
-		return training.Options{}, err
-	}
-	return training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
-		TokensPerStep: c.Int("tokens-per-step"), MicroBatch: micro, MemBudget: budget, Dropout: -1, Seed: 1,
-		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer")}, nil
+	return o, nil
 }
 
 // startCPUProfile starts a Go CPU profile into path and returns its stop.

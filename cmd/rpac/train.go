@@ -196,14 +196,6 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 	if err != nil {
 		return training.Options{}, err
 	}
-	micro, budget, err := memoryFlags(c)
-	if err != nil {
-		return training.Options{}, err
-	}
-	device, precision, err := deviceFlags(c)
-	if err != nil {
-		return training.Options{}, err
-	}
 	syn, err := syntheticFromFlags(c)
 	if err != nil {
 		return training.Options{}, err
@@ -220,19 +212,20 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 	if c.IsSet("model") {
 		modelName = c.String("model")
 	}
-	return training.Options{
+	o := training.Options{
 		Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
-		ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), MicroBatch: micro, MemBudget: budget, Synthetic: syn, MQAR: mq,
+		ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), Synthetic: syn, MQAR: mq,
 		InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
 		DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
 		Context: c.Int("context"), TokensPerStep: c.Int("tokens-per-step"), Steps: c.Int("steps"),
 		Epochs: c.Float64("epochs"), EvalEvery: c.Int("eval-every"), EvalBatches: c.Int("eval-batches"),
 		FinalEvalBatches: c.Int("final-eval-batches"),
 		EvalStats:        c.String("eval-stats"), Seed: c.Uint64("seed"), Out: c.String("out"), Resume: c.Bool("resume"), StopAfter: c.Int("stop-after"),
-		Device: device, Precision: precision, HostOptimizer: c.Bool("host-optimizer"), LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
+		LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
 		GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl, Loss: loss,
 		Log: logger(c), Progress: c.App.ErrWriter,
-	}, nil
+	}
+	return o, applyRunFlags(c, &o)
 }
 
 // syntheticFlags shape the synthetic corpus.
@@ -324,6 +317,21 @@ func memoryFlags(c *cli.Context) (micro int, budget int64, err error) {
 	}
 	budget, err = parseMemBudget(c.String("mem-budget"))
 	return micro, budget, err
+}
+
+// applyRunFlags reads the flags of memoryFlagDefs (where the run trains,
+// in what precision and memory) into o.
+func applyRunFlags(c *cli.Context, o *training.Options) error {
+	micro, budget, err := memoryFlags(c)
+	if err != nil {
+		return err
+	}
+	device, precision, err := deviceFlags(c)
+	if err != nil {
+		return err
+	}
+	o.MicroBatch, o.MemBudget, o.Device, o.Precision, o.HostOptimizer = micro, budget, device, precision, c.Bool("host-optimizer")
+	return nil
 }
 
 // deviceFlags reads --device and --precision.
