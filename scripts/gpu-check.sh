@@ -132,8 +132,14 @@ want steps && check steps bin/training.test -test.v -test.count=1 -test.run "${R
 # The performance model against the GPU: each kernel of a traced step
 # timed on its own beside its prediction (docs/PERFMODEL.md).
 if want predict; then
-	check predict-paper bin/rpac bench train --device cuda --predict h100 --measure --kernels 0 --preset paper --context 768
-	check predict-tiny bin/rpac bench train --device cuda --predict h100 --measure --kernels 0 --preset tiny
+	# the model of the card present (an H100 where the name says neither)
+	case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)" in
+	*GH200*) machine=gh200 ;;
+	*H200*) machine=h200 ;;
+	*) machine=h100 ;;
+	esac
+	check predict-paper bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --gemm-shapes 24 --preset paper --context 768
+	check predict-tiny bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --preset tiny
 fi
 
 # CUDA vs CPU, 40 tiny steps, same seed.
