@@ -458,9 +458,20 @@ func init() {
 			"with ID stream draws over the [B,H,T,S] weights (element ((b·H+h)·T+i)·S+j of that node's stream), so the " +
 			"fused core equals the unfused one draw for draw (stream absent: this node's own ID)."})
 	reg(&OpDef{Name: "FusedAttentionGrad", NumIn: -1, Gradient: true, Infer: inferAttention(true),
-		Doc: "FusedAttentionGrad(dO[B,H,T,Hv], q, k, v, mask?; scale, causal, dropout, stream) -> (dq, dk, dv, dmask?): " +
+		Doc: "FusedAttentionGrad(dO[B,H,T,Hv], q, k, v, mask?, out?; scale, causal, dropout, stream, with_out) -> (dq, dk, dv, dmask?): " +
 			"the gradient of Σ dO·FusedAttention(q, k, v, mask) (same attributes); dmask [T,S] sums over B and H. " +
-			"The weights are recomputed, never stored."})
+			"The weights are recomputed, never stored. With with_out the last input is the forward's output, " +
+			"which a backend may use (with the forward's row statistics) instead of running the forward again."})
+}
+
+// SplitAttentionGrad separates a FusedAttentionGrad node's inputs (or
+// anything standing for them) into dO, q, k, v, mask? and, with the
+// with_out attribute, the forward's output (has reports it).
+func SplitAttentionGrad[T any](a Attrs, in []T) (main []T, out T, has bool) {
+	if a.Bool("with_out", false) && len(in) > 0 {
+		return in[:len(in)-1], in[len(in)-1], true
+	}
+	return in, out, false
 }
 
 // inferAttention checks FusedAttention's inputs (grad: after a leading
@@ -469,10 +480,16 @@ func inferAttention(grad bool) func(in []*Value, a Attrs) ([]Shape, []DType, err
 	return func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 		var dO *Value
 		if grad {
+			var o *Value
+			var has bool
+			in, o, has = SplitAttentionGrad(a, in)
 			if len(in) < 1 {
 				return nil, nil, errors.New("want dO, q, k, v and an optional mask")
 			}
 			dO, in = in[0], in[1:]
+			if has && !o.Shape.Equal(dO.Shape) {
+				return nil, nil, fmt.Errorf("the forward's output %v, want dO's shape %v", o.Shape, dO.Shape)
+			}
 		}
 		if len(in) != 3 && len(in) != 4 {
 			return nil, nil, errors.New("want q, k, v and an optional mask")

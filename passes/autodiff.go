@@ -254,7 +254,9 @@ func init() {
 			if _, ok := a["stream"]; !ok {
 				a["stream"] = n.ID // the gradient repeats this node's dropout draws
 			}
-			return g.Apply("FusedAttentionGrad", a, append([]*ir.Value{d[0]}, n.Inputs...)...)
+			a["with_out"] = true // the forward's output, so a backend need not run it again
+			in := append(append([]*ir.Value{d[0]}, n.Inputs...), n.Outputs[0])
+			return g.Apply("FusedAttentionGrad", a, in...)
 		},
 		"CrossEntropy": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			if d[0] == nil {

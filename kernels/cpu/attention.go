@@ -141,6 +141,7 @@ func (p *program[T]) buildFusedAttention(n *ir.Node, in, out []*tensor[T]) (func
 // dropout mask, dP = (dO·vᵀ)∘D, dS = P∘(dP − rowsum(P∘dP)):
 // dq = scale·dS·k, dk = scale·dSᵀ·q, dv = (P∘D)ᵀ·dO, dmask = Σ_heads dS.
 func (p *program[T]) buildFusedAttentionGrad(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+	in, _, _ = ir.SplitAttentionGrad(n.Attrs, in) // recomputed here, not read
 	if len(in) < 4 {
 		return nil, fmt.Errorf("want dO, q, k, v and an optional mask, got %d inputs", len(in))
 	}

@@ -296,6 +296,9 @@ type program struct {
 	// (elements), one buffer shared by every FusedAttentionGrad node.
 	attnPartNeed int
 	attnPart     Buffer
+	// attnLSE: each FusedAttention output's row log-sum-exp, which the
+	// forward writes and a FusedAttentionGrad given that output reads.
+	attnLSE map[*dval]Buffer
 }
 
 type step struct {

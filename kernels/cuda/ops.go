@@ -1287,13 +1287,20 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	if err != nil {
 		return nil, err
 	}
+	if p.attnLSE == nil {
+		p.attnLSE = map[*dval]Buffer{}
+	}
+	p.attnLSE[out[0]] = lse
 	return func() error { return p.attentionForward(a, out[0].buf.Ptr, lse.Ptr, in[0], in[1], in[2]) }, nil
 }
 
-// buildFusedAttentionGrad recomputes the forward (o and lse, the weights
-// never stored), then dq (with D_i = dO_i·o_i), dk and dv, and the bias
-// gradient summed over heads in a fixed order.
+// buildFusedAttentionGrad computes dq (with D_i = dO_i·o_i), dk and dv,
+// and the bias gradient summed over heads in a fixed order. o and the rows'
+// log-sum-exp are the forward node's when the gradient is given the
+// forward's output (with_out) and that node ran in this program; else the
+// forward runs again first (the weights are never stored).
 func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() error, error) {
+	in, fwdOut, hasOut := ir.SplitAttentionGrad(n.Attrs, in)
 	dO, q, k, v := in[0], in[1], in[2], in[3]
 	var mask *dval
 	if len(in) == 5 {
@@ -1303,26 +1310,43 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 	if err != nil {
 		return nil, err
 	}
+	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out}
+	lse, saved := p.attnLSE[fwdOut]
+	if a.tc && mask != nil {
+		p.attnPartNeed = max(p.attnPartNeed, a.parts()*a.T*a.T)
+	}
+	if hasOut && saved {
+		D, err := p.alloc(a.BH * a.T)
+		if err != nil {
+			return nil, err
+		}
+		g.lse, g.D = lse.Ptr, D.Ptr
+		return func() error {
+			g.o = fwdOut.buf.Ptr // the plan's slot, known when the program runs
+			return p.attentionBackward(g)
+		}, nil
+	}
 	work, err := p.alloc(a.BH*a.T*a.Hd + 2*a.BH*a.T) // o, lse, D
 	if err != nil {
 		return nil, err
 	}
-	o := work.Ptr
-	lse := o + uint64(4*a.BH*a.T*a.Hd)
-	D := lse + uint64(4*a.BH*a.T)
-	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out, o: o, lse: lse, D: D}
-	if a.tc && mask != nil {
-		p.attnPartNeed = max(p.attnPartNeed, a.parts()*a.T*a.T)
-	}
+	g.o = work.Ptr
+	g.lse = g.o + uint64(4*a.BH*a.T*a.Hd)
+	g.D = g.lse + uint64(4*a.BH*a.T)
 	return func() error {
-		if err := p.attentionForward(a, o, lse, q, k, v); err != nil {
+		if err := p.attentionForward(a, g.o, g.lse, q, k, v); err != nil {
 			return err
 		}
-		if a.tc {
-			return p.attentionBackwardTC(g)
-		}
-		return p.attentionBackwardScalar(g)
+		return p.attentionBackward(g)
 	}, nil
+}
+
+// attentionBackward runs the backward kernels of a's path.
+func (p *program) attentionBackward(g *attnGrad) error {
+	if g.a.tc {
+		return p.attentionBackwardTC(g)
+	}
+	return p.attentionBackwardScalar(g)
 }
 
 // attnGrad is a FusedAttentionGrad node's operands: the inputs, the
