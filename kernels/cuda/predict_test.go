@@ -189,6 +189,22 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	if len(serial) > 0 {
 		t.Errorf("serial loops in the step: %v", serial)
 	}
+	// the backward reads the forward's output and log-sum-exp: one forward
+	// launch per FusedAttention node, none from the gradients
+	var fused, forwards int
+	for _, n := range s.g.Nodes {
+		if n.Op == "FusedAttention" {
+			fused++
+		}
+	}
+	for _, e := range s.events {
+		if strings.HasPrefix(e.Name, "attention_fwd_") {
+			forwards++
+		}
+	}
+	if fused == 0 || forwards != fused {
+		t.Errorf("%d attention forward launches for %d FusedAttention nodes", forwards, fused)
+	}
 }
 
 // TestTraceBF16GEMMsPadded: in bf16 every tensor-core GEMM of a training
