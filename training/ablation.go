@@ -105,6 +105,10 @@ type AblationOptions struct {
 	Seeds    int      // runs per stage (seeds FirstSeed, FirstSeed+1, …)
 	Contexts []int    // the context game's lengths (nil: DefaultGameContexts)
 	Stages   []string // subset of stage names (nil: all)
+	// LRFlat and LRFloor, when set, replace every stage's schedule: the
+	// fraction of steps at the peak LR before the cosine, and the floor as
+	// a fraction of the peak (nil: each stage's own).
+	LRFlat, LRFloor *float64
 	// KeepCheckpoints keeps each run's checkpoint (about 140 MB for tiny).
 	KeepCheckpoints bool
 	// Log receives the events of the ablation and its runs (nil: one
@@ -132,6 +136,9 @@ type RunResult struct {
 	// corpus's answer positions (raw weights), and RecallN its count.
 	Recall  *float64 `json:"recall_acc,omitempty"`
 	RecallN int      `json:"recall_n,omitempty"`
+	// RecallByDist is the final evaluation's recall by query distance (the
+	// MQAR corpus).
+	RecallByDist []data.RecallBucket `json:"recall_by_dist,omitempty"`
 	// Setup describes the options the run was trained with (runSetup); a
 	// finished run is reused only under the same setup.
 	Setup string `json:"setup"`
@@ -256,6 +263,12 @@ func ablationRun(ctx context.Context, ao AblationOptions, st Stage, seed uint64,
 	o.Progress, o.Log = ao.Progress, ao.Log
 	o.SaveFinalOnly = true
 	st.apply(&o, contexts)
+	if ao.LRFlat != nil {
+		o.Control.LRFlat = ao.LRFlat
+	}
+	if ao.LRFloor != nil {
+		o.Control.LRFloor = ao.LRFloor
+	}
 	setup := runSetup(o)
 	if rr, err := readRunResult(dir); err == nil {
 		if rr.Setup != setup {
@@ -296,7 +309,7 @@ func newRunResult(st Stage, seed uint64, setup string, res *Result, o Options, t
 	}
 	if !math.IsNaN(res.FinalRecall) {
 		v := res.FinalRecall
-		rr.Recall, rr.RecallN = &v, res.FinalRecallN
+		rr.Recall, rr.RecallN, rr.RecallByDist = &v, res.FinalRecallN, res.FinalRecallByDist
 	}
 	if !math.IsNaN(res.FinalEMACE) {
 		v := res.FinalEMACE
@@ -371,10 +384,13 @@ type AblationRow struct {
 	// previous stage's, seed by seed (the same data order per seed), with
 	// a 95% interval.
 	PairedBase, PairedPrev PairedDiff
-	Members                float64 // mean SWA members per run
-	Contexts               []int
-	Recall, RecallStd      float64 // NaN without recall figures
-	RecallN                int     // answers per run
+	// RecallVsBase: this stage's final recall minus the first stage's, seed
+	// by seed, with a 95% interval (N 0 without recall figures).
+	RecallVsBase      PairedDiff
+	Members           float64 // mean SWA members per run
+	Contexts          []int
+	Recall, RecallStd float64 // NaN without recall figures
+	RecallN           int     // answers per run
 }
 
 // Summarize turns stage results into table rows (Δ against the first and
@@ -423,6 +439,12 @@ func Summarize(rs []StageResult) []AblationRow {
 			r.DeltaPrev = r.CE - rows[i-1].CE
 			r.PairedBase = Paired(sr.Runs, rs[0].Runs)
 			r.PairedPrev = Paired(sr.Runs, rs[i-1].Runs)
+			r.RecallVsBase = PairedBy(sr.Runs, rs[0].Runs, func(x RunResult) (float64, bool) {
+				if x.Recall == nil {
+					return 0, false
+				}
+				return *x.Recall, true
+			})
 		} else {
 			r.DeltaBase = 0
 		}
@@ -442,14 +464,23 @@ type PairedDiff struct {
 // Paired compares the reported CE of runs a and b seed by seed (the seeds
 // both have): mean a − b and its 95% interval.
 func Paired(a, b []RunResult) PairedDiff {
+	return PairedBy(a, b, func(r RunResult) (float64, bool) { return r.ValCE, true })
+}
+
+// PairedBy is Paired for the figure f reads off a run (ok false: the run
+// has none, and its seed is left out).
+func PairedBy(a, b []RunResult, f func(RunResult) (float64, bool)) PairedDiff {
 	bySeed := map[uint64]float64{}
 	for _, r := range b {
-		bySeed[r.Seed] = r.ValCE
+		if v, ok := f(r); ok {
+			bySeed[r.Seed] = v
+		}
 	}
 	var d []float64
 	for _, r := range a {
-		if v, ok := bySeed[r.Seed]; ok {
-			d = append(d, r.ValCE-v)
+		x, ok := f(r)
+		if v, okb := bySeed[r.Seed]; ok && okb {
+			d = append(d, x-v)
 		}
 	}
 	pd := PairedDiff{Mean: math.NaN(), Half: math.NaN(), N: len(d)}
@@ -497,11 +528,11 @@ func AblationTable(rows []AblationRow) string {
 	recall := slices.ContainsFunc(rows, func(r AblationRow) bool { return !math.IsNaN(r.Recall) })
 	b.WriteString("| Stage | Params | Steps | Tokens | Contexts | Weights | Val CE ↓ | PPL ↓ | Δ vs base (paired, 95% CI) | Δ from prev (paired, 95% CI) | raw CE | EMA CE | SWA CE | SWA members | s/run |")
 	if recall {
-		b.WriteString(" Recall ↑ (raw) | answers |")
+		b.WriteString(" Recall ↑ (raw) | Recall Δ vs base (paired, 95% CI) | answers |")
 	}
 	b.WriteString("\n| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	if recall {
-		b.WriteString(" ---: | ---: |")
+		b.WriteString(" ---: | ---: | ---: |")
 	}
 	b.WriteString("\n")
 	for _, r := range rows {
@@ -510,7 +541,7 @@ func AblationTable(rows []AblationRow) string {
 			deltaText(r.DeltaBase, r.PairedBase), deltaText(r.DeltaPrev, r.PairedPrev), pm(r.RawCE, r.RawStd, 3), pm(r.EMACE, r.EMAStd, 3),
 			pm(r.SWACE, r.SWAStd, 3), r.Members, r.MeanSeconds)
 		if recall {
-			fmt.Fprintf(&b, " %s | %d |", pm(r.Recall, r.RecallStd, 3), r.RecallN)
+			fmt.Fprintf(&b, " %s | %s | %d |", pm(r.Recall, r.RecallStd, 3), r.RecallVsBase, r.RecallN)
 		}
 		b.WriteString("\n")
 	}
@@ -545,15 +576,78 @@ func AblationCSV(rows []AblationRow) string {
 	return b.String()
 }
 
-// WriteAblation writes ablation.md (header lines, then the table) and
-// ablation.csv into dir and returns the Markdown table.
-func WriteAblation(dir string, header []string, rows []AblationRow) (string, error) {
+// RecallByDistanceTable is a Markdown table of the final evaluation's
+// recall per stage and query-distance bucket: mean ± std over the seeds
+// and, after the first stage, the paired difference from the first stage
+// with its 95% interval; "" when no run recorded recall by distance.
+func RecallByDistanceTable(rs []StageResult) string {
+	var buckets []data.RecallBucket
+	for _, sr := range rs {
+		for _, r := range sr.Runs {
+			if len(r.RecallByDist) > len(buckets) {
+				buckets = r.RecallByDist
+			}
+		}
+	}
+	var cols []int // the buckets some run has answers in
+	for j := range buckets {
+		if slices.ContainsFunc(rs, func(sr StageResult) bool {
+			return slices.ContainsFunc(sr.Runs, func(r RunResult) bool { return j < len(r.RecallByDist) && r.RecallByDist[j].Total > 0 })
+		}) {
+			cols = append(cols, j)
+		}
+	}
+	if len(cols) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("| Stage |")
+	for _, j := range cols {
+		fmt.Fprintf(&b, " distance [%d,%d) |", buckets[j].Lo, buckets[j].Hi)
+	}
+	b.WriteString("\n| --- |" + strings.Repeat(" ---: |", len(cols)) + "\n")
+	for i, sr := range rs {
+		fmt.Fprintf(&b, "| %s |", sr.Stage.Label)
+		for _, j := range cols {
+			at := func(r RunResult) (float64, bool) {
+				if j >= len(r.RecallByDist) || r.RecallByDist[j].Total == 0 {
+					return 0, false
+				}
+				return float64(r.RecallByDist[j].Correct) / float64(r.RecallByDist[j].Total), true
+			}
+			var x []float64
+			for _, r := range sr.Runs {
+				if v, ok := at(r); ok {
+					x = append(x, v)
+				}
+			}
+			mean, std := MeanStd(x)
+			cell := pm(mean, std, 3)
+			if i > 0 {
+				cell += "; Δ " + PairedBy(sr.Runs, rs[0].Runs, at).String()
+			}
+			fmt.Fprintf(&b, " %s |", cell)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// WriteAblation writes ablation.md (header lines, the table, then each
+// extra section that is not empty) and ablation.csv into dir and returns
+// the Markdown table.
+func WriteAblation(dir string, header []string, rows []AblationRow, extra ...string) (string, error) {
 	table := AblationTable(rows)
 	md := "# Stepwise ablation\n\n"
 	for _, h := range header {
 		md += h + "\n"
 	}
 	md += "\n" + table
+	for _, e := range extra {
+		if e != "" {
+			md += "\n" + e
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "ablation.md"), []byte(md), 0o644); err != nil {
 		return "", err
 	}

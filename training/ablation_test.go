@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 func TestMeanStd(t *testing.T) {
@@ -72,6 +74,18 @@ func TestAblate(t *testing.T) {
 	if again[3].Runs[0].ValCE != res[3].Runs[0].ValCE || again[3].Runs[0].Seconds != res[3].Runs[0].Seconds {
 		t.Error("the second call did not reuse the finished runs")
 	}
+	// --lr-flat/--lr-floor replace a stage's own schedule (cosine to zero
+	// for the comparison stages).
+	flat, floor := 1.0, 0.5
+	lr := AblationOptions{Base: base, Seeds: 1, Stages: []string{"transformer"}, LRFlat: &flat, LRFloor: &floor, Progress: &strings.Builder{}}
+	lr.Base.Out = t.TempDir()
+	got, err := Ablate(context.Background(), lr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if su := got[0].Runs[0].Setup; !strings.Contains(su, `"LRFlat":1`) || !strings.Contains(su, `"LRFloor":0.5`) {
+		t.Errorf("the schedule override is not in the run's settings: %s", su)
+	}
 	// Other settings in the same directory are refused, naming what changed.
 	changed := ao
 	changed.Base.LR = 1e-4
@@ -103,5 +117,33 @@ func TestPairedDiff(t *testing.T) {
 	}
 	if none := Paired(a[3:], b); none.N != 0 || none.String() != "—" {
 		t.Errorf("no pairs: %+v", none)
+	}
+}
+
+// TestRecallByDistanceTable: recall per distance bucket, mean ± std over
+// seeds, and after the first stage the paired difference from it; buckets
+// without answers are left out, and runs without the breakdown give "".
+func TestRecallByDistanceTable(t *testing.T) {
+	run := func(seed uint64, near, far int) RunResult {
+		return RunResult{Seed: seed, RecallByDist: []data.RecallBucket{{Lo: 1, Hi: 4, Correct: near, Total: 10},
+			{Lo: 4, Hi: 8, Correct: far, Total: 10}, {Lo: 8, Hi: 16}}}
+	}
+	rs := []StageResult{
+		{Stage: Stage{Label: "A"}, Runs: []RunResult{run(1, 5, 1), run(2, 7, 3)}},
+		{Stage: Stage{Label: "B"}, Runs: []RunResult{run(2, 9, 3), run(1, 6, 2)}},
+	}
+	got := RecallByDistanceTable(rs)
+	for _, want := range []string{"| Stage | distance [1,4) | distance [4,8) |\n",
+		"| A | 0.600 ± 0.141 | 0.200 ± 0.141 |\n",
+		"| B | 0.750 ± 0.212; Δ +0.150 ± 0.635 (n 2) | 0.250 ± 0.071; Δ +0.050 ± 0.635 (n 2) |\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "[8,16)") {
+		t.Errorf("a bucket without answers is listed:\n%s", got)
+	}
+	if s := RecallByDistanceTable([]StageResult{{Runs: []RunResult{{Seed: 1}}}}); s != "" {
+		t.Errorf("no breakdown: %q", s)
 	}
 }

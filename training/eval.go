@@ -219,6 +219,7 @@ func (r *run) evaluateOnHost(lr float64) error {
 	}
 	if res.Breakdown != nil {
 		rec["recall_by_dist"], rec["recall_by_slot"], rec["recall_by_order"] = res.Breakdown.ByDist, res.Breakdown.BySlot, res.Breakdown.ByOrder
+		r.res.FinalRecallByDist = res.Breakdown.ByDist
 	}
 	if len(res.Bias) > 0 {
 		if err := saveBias(filepath.Join(r.o.Out, "bias"), res.Bias, r.st.Step, r.plan.EvalT, cs.Epoch == 0); err != nil {

@@ -62,11 +62,14 @@ type Result struct {
 	// corpus's answer positions (NaN for other data).
 	FinalRecall  float64
 	FinalRecallN int
-	TokensPerS   float64
-	Params       int
-	Tokens       int64
-	Out          string
-	Plan         *Plan
+	// FinalRecallByDist is the last evaluation's recall by query distance
+	// (the MQAR corpus; nil for other data).
+	FinalRecallByDist []data.RecallBucket
+	TokensPerS        float64
+	Params            int
+	Tokens            int64
+	Out               string
+	Plan              *Plan
 }
 
 const runningMomentum = 0.05

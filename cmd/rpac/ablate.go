@@ -43,6 +43,8 @@ func ablateFlags() []cli.Flag {
 		&cli.IntFlag{Name: "eval-batches", Value: 4, Usage: "batches per in-run evaluation (0: the whole split)"},
 		&cli.IntFlag{Name: "final-eval-batches", Value: 24, Usage: "batches of the final evaluation that the table reports (0: the whole split)"},
 		&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
+		&cli.Float64Flag{Name: "lr-flat", Usage: "fraction of steps at the peak LR before the cosine, for every stage (default: each stage's own)"},
+		&cli.Float64Flag{Name: "lr-floor", Usage: "LR floor as a fraction of the peak, for every stage (default: each stage's own)"},
 		&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
 		&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
 		&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
@@ -67,11 +69,15 @@ func ablateAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	table, err := training.WriteAblation(opts.Base.Out, ablationHeader(c, opts.Base, results), training.Summarize(results))
+	byDist := training.RecallByDistanceTable(results)
+	table, err := training.WriteAblation(opts.Base.Out, ablationHeader(c, opts.Base, results), training.Summarize(results), byDist)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(c.App.Writer, table)
+	if byDist != "" {
+		fmt.Fprintln(c.App.Writer, byDist)
+	}
 	fmt.Fprintf(c.App.Writer, "wrote %s/ablation.md and %s/ablation.csv\n", opts.Base.Out, opts.Base.Out)
 	return nil
 }
@@ -119,8 +125,17 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 	if err := applyRunFlags(c, &base); err != nil {
 		return training.AblationOptions{}, err
 	}
-	return training.AblationOptions{Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: splitList(c.String("stages")),
-		KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter}, nil
+	ao := training.AblationOptions{Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: splitList(c.String("stages")),
+		KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter}
+	if c.IsSet("lr-flat") {
+		v := c.Float64("lr-flat")
+		ao.LRFlat = &v
+	}
+	if c.IsSet("lr-floor") {
+		v := c.Float64("lr-floor")
+		ao.LRFloor = &v
+	}
+	return ao, nil
 }
 
 // ablationHeader is the list above the ablation table.
