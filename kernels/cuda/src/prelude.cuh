@@ -193,6 +193,25 @@ __device__ __forceinline__ i64 view_offset(i64 i, const i64* dims, const i64* st
     return off;
 }
 
+// view_offset32 is view_offset for iteration spaces of fewer than 2³¹
+// elements (every dim then fits too), with 32-bit divisions, which cost a
+// fraction of 64-bit ones; the offset is the same.
+__device__ __forceinline__ i64 view_offset32(i64 i, const i64* dims, const i64* strides, int rank) {
+    i64 off = 0;
+    unsigned u = (unsigned)i;
+    for (int d = rank - 1; d >= 0; d--) {
+        unsigned dim = (unsigned)dims[d];
+        unsigned q = u / dim;
+        off += (i64)(u - q * dim) * strides[d];
+        u = q;
+    }
+    return off;
+}
+
+// VIEW_OFFSET: view_offset32 where n, the iteration space, allows it.
+#define VIEW_OFFSET(i, dims, strides, rank) \
+    (n <= 0x7fffffffll ? view_offset32(i, dims, strides, rank) : view_offset(i, dims, strides, rank))
+
 // rpac_mma: warp-wide tensor-core tiles, m16n16k16 with bf16 inputs and
 // fp32 accumulation (what WMMA calls fragments). Every lane of a warp calls
 // each operation together, with the same pointer and leading dimension
