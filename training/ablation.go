@@ -433,7 +433,8 @@ func Summarize(rs []StageResult) []AblationRow {
 		r.Recall, r.RecallStd = MeanStd(rec)
 		r.Members = float64(members) / math.Max(1, float64(len(sr.Runs)))
 		r.DeltaBase, r.DeltaPrev = math.NaN(), math.NaN()
-		r.PairedBase, r.PairedPrev = PairedDiff{Mean: math.NaN(), Half: math.NaN()}, PairedDiff{Mean: math.NaN(), Half: math.NaN()}
+		none := PairedDiff{Mean: math.NaN(), Half: math.NaN()}
+		r.PairedBase, r.PairedPrev, r.RecallVsBase = none, none, none
 		if i > 0 {
 			r.DeltaBase = r.CE - rows[0].CE
 			r.DeltaPrev = r.CE - rows[i-1].CE
