@@ -17,7 +17,7 @@ extern "C" __global__ void fused_ew_f32(float* out, const unsigned long long* in
     GRID_STRIDE(i, n) {
         for (int k = 0; k < nin; k++) {
             const float* x = (const float*)ins[k];
-            r[k] = dense[k] ? x[i] : x[VIEW_OFFSET(i, view, view + (1 + k) * rank, rank)];
+            r[k] = dense[k] ? x[i] : x[view_offset_n(i, n, view, view + (1 + k) * rank, rank)];
         }
         for (int j = 0; j < nsteps; j++) {
             const int* s = prog + 4 * j;

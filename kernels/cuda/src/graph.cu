@@ -24,20 +24,20 @@ extern "C" __global__ void binary_f32(float* out, const float* a, const float* b
     const i64* dims = view;
     const i64* as = view + rank;
     const i64* bs = view + 2 * rank;
-    GRID_STRIDE(i, n) out[i] = ew_binary(op, a[VIEW_OFFSET(i, dims, as, rank)], b[VIEW_OFFSET(i, dims, bs, rank)]);
+    GRID_STRIDE(i, n) out[i] = ew_binary(op, a[view_offset_n(i, n, dims, as, rank)], b[view_offset_n(i, n, dims, bs, rank)]);
 }
 
 // gather_view_f32: out[i] = x[base + view(i)] (Transpose, Slice,
 // BroadcastTo); view = dims, xstrides, base.
 extern "C" __global__ void gather_view_f32(float* out, const float* x, const i64* view, int rank, i64 n) {
     const i64 base = view[2 * rank];
-    GRID_STRIDE(i, n) out[i] = x[base + VIEW_OFFSET(i, view, view + rank, rank)];
+    GRID_STRIDE(i, n) out[i] = x[base + view_offset_n(i, n, view, view + rank, rank)];
 }
 
 // scatter_view_f32: out[base + view(i)] = x[i] (SliceGrad, into zeros).
 extern "C" __global__ void scatter_view_f32(float* out, const float* x, const i64* view, int rank, i64 n) {
     const i64 base = view[2 * rank];
-    GRID_STRIDE(i, n) out[base + VIEW_OFFSET(i, view, view + rank, rank)] = x[i];
+    GRID_STRIDE(i, n) out[base + view_offset_n(i, n, view, view + rank, rank)] = x[i];
 }
 
 // reduce_view_f32: out[o] = scale · Σ_k x[view_out(o) + view_red(k)], in

@@ -208,9 +208,11 @@ __device__ __forceinline__ i64 view_offset32(i64 i, const i64* dims, const i64* 
     return off;
 }
 
-// VIEW_OFFSET: view_offset32 where n, the iteration space, allows it.
-#define VIEW_OFFSET(i, dims, strides, rank) \
-    (n <= 0x7fffffffll ? view_offset32(i, dims, strides, rank) : view_offset(i, dims, strides, rank))
+// view_offset_n: element i's offset in an iteration space of n elements,
+// by view_offset32 where n allows it.
+__device__ __forceinline__ i64 view_offset_n(i64 i, i64 n, const i64* dims, const i64* strides, int rank) {
+    return n <= 0x7fffffffll ? view_offset32(i, dims, strides, rank) : view_offset(i, dims, strides, rank);
+}
 
 // rpac_mma: warp-wide tensor-core tiles, m16n16k16 with bf16 inputs and
 // fp32 accumulation (what WMMA calls fragments). Every lane of a warp calls
