@@ -450,10 +450,10 @@ func flashWarpTiles(T int, keys bool) float64 {
 
 // flashCost: flash.cu's tensor-core attention. Per 16×32 tile of scores a
 // warp does 16·32·Hp multiply-adds per product (Hp = Hd padded to 16): the
-// forward three (q·k twice, P·v), dq three (q·k, dO·v, dS·k), dk/dv four
-// (q·k, dO·v, P·dO, dS·q), and about 60 scalar instructions per score for
-// the mask, bias, exp, the dropout hash (two 64-bit multiplies) and the
-// bf16 rounding (twice in the forward: two passes). Bytes: the fp32
+// forward two (q·k, P·v: one pass with the online softmax), dq three (q·k,
+// dO·v, dS·k), dk/dv four (q·k, dO·v, P·dO, dS·q), and about 60 scalar
+// instructions per score for the mask, bias, exp, the dropout hash (two
+// 64-bit multiplies) and the bf16 rounding. Bytes: the fp32
 // operands read once and results written once (tiles re-read by other
 // blocks stay in L2); the bias read once; dq's bias-gradient partial sums
 // read and written once per (sequence, head) pair.
@@ -475,7 +475,7 @@ func flashCost(e *Event, a kargs, grid [3]uint32) {
 	switch e.Name {
 	case "attention_fwd_bf16":
 		n := BH * flashWarpTiles(int(T), false)
-		e.Flops, e.Scalar, e.Bytes = 3*tile*n, 2*perScore*512*n, 4*rows+bias
+		e.Flops, e.Scalar, e.Bytes = 2*tile*n, perScore*512*n, 4*rows+bias
 	case "attention_bwd_dq_bf16":
 		n := BH * flashWarpTiles(int(T), false)
 		e.Flops, e.Scalar, e.Bytes = 3*tile*n, perScore*512*n, 6*rows+bias

@@ -10,9 +10,9 @@
 // dk/dv kernel) and walks the other side in tiles of 32. Operands are
 // staged in shared memory as bf16, the head padded with zeros to Hp, a
 // multiple of 16 (zero columns add nothing to any product); Hd ≤ 128. The
-// [T,T] weights never exist in device memory: the forward makes two passes
-// over the keys (the rows' log-sum-exp, then o = P·v with P already
-// normalised, so no accumulator is ever rescaled), and the backward
+// [T,T] weights never exist in device memory: the forward makes one pass
+// over the keys with the online softmax (the accumulator's rows rescaled
+// through fa_row_ids when a row's maximum rises), and the backward
 // recomputes P from lse. Tiles entirely above the diagonal are skipped.
 // The elementwise work on a warp's 16×32 tile of scores goes through
 // shared memory: lane l owns row r = l/2, columns 16·(l mod 2) to +16. The
@@ -22,8 +22,11 @@
 // 8 rows over all banks, and the dq kernel stages its bias tile in shared
 // memory with coalesced loads; the dk/dv kernel, short of shared memory,
 // reads the bias from global memory in an order that keeps a step within 4
-// sectors (fa_col_keys). The forward keeps the plain order (measured faster
-// there, see attention_fwd_bf16).
+// sectors (fa_col_keys). The forward keeps the plain order, rows of Hp and
+// the bias read from global memory: on an H200 at the paper preset the
+// rotated order with padded rows and a staged bias tile took 89.1 ms per
+// step against 80.3 ms for this form (the two-pass forward of the time,
+// rpac bench train --measure).
 
 #define FA_ROWS 64   // rows per block: 4 warps × 16
 #define FA_TILE 32   // keys (or queries) per tile
@@ -47,11 +50,19 @@ __device__ __forceinline__ int fa_col_keys(int c, int r, int c0) { return c0 + (
 
 // fa_stage: rows [r0, r0+rows) of the [T,Hd] fp32 matrix src as a bf16
 // [rows][Hs] tile (Hs ≥ Hp), zero beyond T and Hd up to Hp (all the
-// block's threads).
+// block's threads, element e = r·Hp + d by thread e mod blockDim.x; the
+// thread's (r, d) advances by blockDim.x elements without a division).
 __device__ __forceinline__ void fa_stage(bf16_t* dst, const float* src, int r0, int rows, int T, int Hd, int Hp, int Hs) {
-    for (int e = threadIdx.x; e < rows * Hp; e += blockDim.x) {
-        int r = e / Hp, d = e - r * Hp, t = r0 + r;
+    int r = threadIdx.x / Hp, d = threadIdx.x - r * Hp;
+    int sr = blockDim.x / Hp, sd = blockDim.x - sr * Hp;
+    for (; r < rows; r += sr) {
+        int t = r0 + r;
         dst[r * Hs + d] = f32_to_bf16(t < T && d < Hd ? src[(i64)t * Hd + d] : 0.0f);
+        d += sd;
+        if (d >= Hp) {
+            d -= Hp;
+            r++;
+        }
     }
 }
 
@@ -147,53 +158,65 @@ __device__ __forceinline__ float fa_logit(float dot, float scale, float b, int T
     return dot * scale + b;
 }
 
-// fa_online: the running max m and sum l of exp(x − m) over the lane's 16
-// logits of one tile of scores (row i, keys from j0), the bias read from
-// global memory.
-__device__ __forceinline__ void fa_online(const float* s, float scale, const float* bias, int T, int i, int j0,
-                                          float* m, float* l) {
-    int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 16;
-    float x[16];
-    float tm = RPAC_NEG_INF;
-    for (int c = 0; c < 16; c++) {
-        int j = j0 + c0 + c;
-        x[c] = fa_logit(s[r * FA_TILE + c0 + c], scale, fa_bias_at(bias, T, i, j), T, i, j);
-        tm = fmaxf(tm, x[c]);
+// fa_row_ids: the accumulator fragment whose every element holds its own
+// row (0..15) of the 16×16 tile, made by the tensor cores from two pattern
+// tiles in shared memory (a[r][0] = r, b[0][c] = 1, zero elsewhere; 512
+// bf16 of scratch, all the warp's lanes). Fragments of one type share one
+// element-to-position mapping, so a loop over f.x[e] can scale element e
+// by a per-row factor through ids.x[e] without assuming the mapping.
+__device__ __forceinline__ void fa_row_ids(rpac_acc& ids, bf16_t* scratch) {
+    int lane = threadIdx.x & 31;
+    for (int e = lane; e < 256; e += 32) {
+        int r = e >> 4, c = e & 15;
+        scratch[e] = f32_to_bf16(c == 0 ? (float)r : 0.0f);
+        scratch[256 + e] = f32_to_bf16(r == 0 ? 1.0f : 0.0f);
     }
-    if (tm == RPAC_NEG_INF) return;
-    float mn = fmaxf(*m, tm);
-    float sum = *l * expf(*m - mn);
-    for (int c = 0; c < 16; c++) sum += expf(x[c] - mn);
-    *m = mn;
-    *l = sum;
+    __syncwarp();
+    rpac_a_row a;
+    rpac_b_row b;
+    rpac_load(a, scratch, 16);
+    rpac_load(b, scratch + 256, 16);
+    rpac_fill(ids, 0.0f);
+    rpac_mma(ids, a, b, ids);
+    __syncwarp();
 }
 
-// fa_lse: log Σ exp over the row, from the two lanes that share it.
-__device__ __forceinline__ float fa_lse(float m, float l) {
-    float m2 = __shfl_xor_sync(FA_FULL, m, 1), l2 = __shfl_xor_sync(FA_FULL, l, 1);
-    float mm = fmaxf(m, m2);
-    if (mm == RPAC_NEG_INF) return RPAC_NEG_INF;
-    float a = m == RPAC_NEG_INF ? 0.0f : l * expf(m - mm);
-    float b = m2 == RPAC_NEG_INF ? 0.0f : l2 * expf(m2 - mm);
-    return mm + logf(a + b);
+// fa_scale_rows: acc[nn] element e times f[row of e] for the warp's 16
+// rows (f in shared memory, ids from fa_row_ids).
+__device__ __forceinline__ void fa_scale_rows(rpac_acc* acc, const rpac_acc& ids, const float* f, int nk) {
+#pragma unroll
+    for (int nn = 0; nn < FA_NK; nn++) {
+        if (nn < nk) {
+            for (int e = 0; e < RPAC_ACC_N; e++) acc[nn].x[e] *= f[(int)ids.x[e]];
+        }
+    }
 }
 
-// attention_fwd_bf16: o and the rows' log-sum-exp. grid = (⌈T/64⌉, B·H).
-// Unlike the backward kernels it keeps the plain lane order, rows of Hp and
-// the bias read from global memory: on an H200 at the paper preset the
-// rotated order with padded rows and a staged bias tile took 89.1 ms per
-// step against 80.3 ms for this form (rpac bench train --measure).
-extern "C" __global__ void attention_fwd_bf16(float* o, float* lse, const float* q, const float* k, const float* v, const float* bias, int T,
+// fa_max2: the maximum over the row's two lanes.
+__device__ __forceinline__ float fa_max2(float x) { return fmaxf(x, __shfl_xor_sync(FA_FULL, x, 1)); }
+
+// attention_fwd_bf16: o and the rows' log-sum-exp, in one pass over the
+// keys with the online softmax. grid = (⌈T/64⌉, B·H). Per tile of 32 keys
+// the two lanes of a row take the tile's row maximum m' = max(m, scores),
+// rescale their running sum l by α = exp(m − m'), add exp(x − m'), and
+// write P = exp(x − m')·dropout as bf16; when a row's maximum rose (α < 1
+// for some row of the warp) the accumulator's rows are scaled by α through
+// fa_row_ids before o += P·v; at the end o = acc / l and lse = m + log l.
+// The backward recomputes P as exp(x − lse).
+extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o, float* lse, const float* q, const float* k, const float* v, const float* bias, int T,
                        int Hd, float scale, unsigned long long key, unsigned long long thresh, float keep) {
     __shared__ __align__(32) bf16_t sq[FA_ROWS * FA_HMAX];   // q's rows; then each warp's P tile
     __shared__ __align__(32) bf16_t skv[FA_TILE * FA_HMAX];  // a tile of k or v
     __shared__ __align__(32) float ss[4][16 * FA_TILE];      // each warp's scores
+    __shared__ float srow[4][16];                            // each warp's per-row factors
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nk = (Hd + 15) >> 4, Hp = nk * 16;
     int q0 = blockIdx.x * FA_ROWS, wr = q0 + w * 16;
     int i = wr + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
     i64 bh = blockIdx.y, base = bh * T * Hd;
     float* s = ss[w];
+    rpac_acc ids;
+    fa_row_ids(ids, (bf16_t*)s);  // ss[w] is 2,048 bytes: the patterns fit
     fa_stage(sq, q + base, q0, FA_ROWS, T, Hd, Hp, Hp);
     __syncthreads();
     rpac_a_row qa[FA_NK];
@@ -201,34 +224,42 @@ extern "C" __global__ void attention_fwd_bf16(float* o, float* lse, const float*
     __syncthreads();
     int tiles = (min(q0 + FA_ROWS, T) - 1) / FA_TILE + 1;
     float m = RPAC_NEG_INF, l = 0.0f;
-    for (int t = 0; t < tiles; t++) {  // pass 1: max and sum
-        fa_stage(skv, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp, Hp);
-        __syncthreads();
-        if (wr < T && t * FA_TILE <= wr + 15) {
-            fa_dots(s, FA_TILE, qa, skv, nk, Hp);
-            __syncwarp();
-            fa_online(s, scale, bias, T, i, t * FA_TILE, &m, &l);
-        }
-        __syncthreads();
-    }
-    float L = fa_lse(m, l);
-    if ((lane & 1) == 0 && i < T) lse[bh * T + i] = L;
     rpac_acc acc[FA_NK];
     fa_zero(acc);
     bf16_t* p = sq + w * 16 * FA_TILE;
-    for (int t = 0; t < tiles; t++) {  // pass 2: o = P·v
+    for (int t = 0; t < tiles; t++) {
         bool live = wr < T && t * FA_TILE <= wr + 15;
         fa_stage(skv, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp, Hp);
         __syncthreads();
         if (live) {
             fa_dots(s, FA_TILE, qa, skv, nk, Hp);
             __syncwarp();
-            for (int c = c0; c < c0 + 16; c++) {
-                int j = t * FA_TILE + c;
-                float x = fa_logit(s[r * FA_TILE + c], scale, fa_bias_at(bias, T, i, j), T, i, j);
+            float x[16];
+            float tm = RPAC_NEG_INF;
+            for (int c = 0; c < 16; c++) {
+                int j = t * FA_TILE + c0 + c;
+                x[c] = fa_logit(s[r * FA_TILE + c0 + c], scale, fa_bias_at(bias, T, i, j), T, i, j);
+                tm = fmaxf(tm, x[c]);
+            }
+            float mn = fmaxf(m, fa_max2(tm));
+            float alpha = mn == m ? 1.0f : (m == RPAC_NEG_INF ? 0.0f : expf(m - mn));
+            float sum = 0.0f;
+            for (int c = 0; c < 16; c++) {
+                int j = t * FA_TILE + c0 + c;
                 float pv = 0.0f;
-                if (x != RPAC_NEG_INF) pv = expf(x - L) * dropout_keep(key, (bh * T + i) * T + j, thresh, keep);
-                p[r * FA_TILE + c] = f32_to_bf16(pv);
+                if (x[c] != RPAC_NEG_INF) {
+                    pv = expf(x[c] - mn);
+                    sum += pv;
+                    pv *= dropout_keep(key, (bh * T + i) * T + j, thresh, keep);
+                }
+                p[r * FA_TILE + c0 + c] = f32_to_bf16(pv);
+            }
+            l = l * alpha + sum;
+            m = mn;
+            if (__any_sync(FA_FULL, alpha != 1.0f)) {
+                if ((lane & 1) == 0) srow[w][r] = alpha;
+                __syncwarp();
+                fa_scale_rows(acc, ids, srow[w], nk);
             }
         }
         __syncthreads();
@@ -237,6 +268,13 @@ extern "C" __global__ void attention_fwd_bf16(float* o, float* lse, const float*
         if (live) fa_accumulate(acc, p, FA_TILE, skv, nk, Hp);
         __syncthreads();
     }
+    float lt = l + __shfl_xor_sync(FA_FULL, l, 1);
+    if ((lane & 1) == 0) {
+        if (i < T) lse[bh * T + i] = m == RPAC_NEG_INF ? RPAC_NEG_INF : m + logf(lt);
+        srow[w][r] = lt > 0.0f ? 1.0f / lt : 0.0f;
+    }
+    __syncwarp();
+    fa_scale_rows(acc, ids, srow[w], nk);
     fa_write(o + base, acc, s, wr, T, Hd, nk, 1.0f);
 }
 
