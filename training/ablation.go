@@ -111,6 +111,10 @@ type AblationOptions struct {
 	LRFlat, LRFloor *float64
 	// KeepCheckpoints keeps each run's checkpoint (about 140 MB for tiny).
 	KeepCheckpoints bool
+	// AtLengths, when set, scores every run at other context lengths once
+	// it is trained (before its checkpoint goes): rpac ablate
+	// --eval-lengths, through the folded export (internal/lengtheval).
+	AtLengths *LengthEval
 	// Log receives the events of the ablation and its runs (nil: one
 	// human-readable line each on Progress, which is nil for stderr).
 	Log      *slog.Logger
@@ -139,9 +143,47 @@ type RunResult struct {
 	// RecallByDist is the final evaluation's recall by query distance (the
 	// MQAR corpus).
 	RecallByDist []data.RecallBucket `json:"recall_by_dist,omitempty"`
+	// AtLengths: the run's CE at each length of AblationOptions.AtLengths.
+	AtLengths []LengthCE `json:"length_ce,omitempty"`
 	// Setup describes the options the run was trained with (runSetup); a
 	// finished run is reused only under the same setup.
 	Setup string `json:"setup"`
+}
+
+// LengthCE is a trained run's mean cross-entropy over Tokens tokens of its
+// evaluation split, cut into chunks of T tokens.
+type LengthCE struct {
+	T      int     `json:"T"`
+	CE     float64 `json:"ce"`
+	Tokens int     `json:"tokens"`
+}
+
+// LengthEval scores a finished run at other lengths than it trained at.
+type LengthEval struct {
+	Lengths []int
+	// Score evaluates the run in dir (its checkpoint/ still there) under
+	// the weights it reports (last, ema or swa) at every length.
+	Score func(ctx context.Context, dir, weights string) ([]LengthCE, error)
+}
+
+// ceAt is the run's CE at length T (ok false: not scored there).
+func (r RunResult) ceAt(T int) (float64, bool) {
+	for _, l := range r.AtLengths {
+		if l.T == T {
+			return l.CE, true
+		}
+	}
+	return 0, false
+}
+
+// scoredAt reports whether the run has a CE at every length.
+func (r RunResult) scoredAt(lengths []int) bool {
+	for _, T := range lengths {
+		if _, ok := r.ceAt(T); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // runSetup is the part of a run's options that decides its result (what
@@ -276,7 +318,10 @@ func ablationRun(ctx context.Context, ao AblationOptions, st Stage, seed uint64,
 				dir, setupDiff(rr.Setup, setup))
 		}
 		logging.Info(ao.Log, AblationReuseEvent{Stage: st.Name, Seed: seed, CE: rr.ValCE})
-		return *rr, nil
+		if ao.AtLengths == nil || rr.scoredAt(ao.AtLengths.Lengths) {
+			return *rr, nil
+		}
+		return scoreLengths(ctx, ao, dir, *rr)
 	}
 	if _, err := os.Stat(dir); err == nil {
 		if err := os.RemoveAll(dir); err != nil { // an unfinished run: start it again
@@ -290,13 +335,41 @@ func ablationRun(ctx context.Context, ao AblationOptions, st Stage, seed uint64,
 		return RunResult{}, fmt.Errorf("ablation stage %s, seed %d: %w", st.Name, seed, err)
 	}
 	rr := newRunResult(st, seed, setup, res, o, time.Since(t0))
+	if err := writeRunResult(dir, rr); err != nil {
+		return RunResult{}, err
+	}
+	if ao.AtLengths != nil {
+		if rr, err = scoreLengths(ctx, ao, dir, rr); err != nil {
+			return RunResult{}, err
+		}
+	}
 	if !ao.KeepCheckpoints {
 		if err := os.RemoveAll(filepath.Join(dir, "checkpoint")); err != nil {
 			return RunResult{}, err
 		}
 	}
+	return rr, nil
+}
+
+// scoreLengths adds the run's CE at ao.AtLengths' lengths to rr and
+// rewrites its result.json. A run whose checkpoint is gone (an ablation
+// without --eval-lengths, not keeping checkpoints) cannot be scored.
+func scoreLengths(ctx context.Context, ao AblationOptions, dir string, rr RunResult) (RunResult, error) {
+	if _, err := os.Stat(filepath.Join(dir, "checkpoint")); err != nil {
+		return RunResult{}, fmt.Errorf("%s: a finished run without a checkpoint cannot be scored at lengths %v: give another --out, or remove it to run again",
+			dir, ao.AtLengths.Lengths)
+	}
+	at, err := ao.AtLengths.Score(ctx, dir, rr.Weights)
+	if err != nil {
+		return RunResult{}, fmt.Errorf("ablation stage %s, seed %d, scoring at lengths %v: %w", rr.Stage, rr.Seed, ao.AtLengths.Lengths, err)
+	}
+	rr.AtLengths = at
+	return rr, writeRunResult(dir, rr)
+}
+
+func writeRunResult(dir string, rr RunResult) error {
 	b, _ := json.MarshalIndent(rr, "", "  ")
-	return rr, os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644)
+	return os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644)
 }
 
 // newRunResult is a finished run's result: its figures and the weights
@@ -601,37 +674,71 @@ func RecallByDistanceTable(rs []StageResult) string {
 	if len(cols) == 0 {
 		return ""
 	}
+	heads := make([]string, len(cols))
+	for k, j := range cols {
+		heads[k] = fmt.Sprintf("distance [%d,%d)", buckets[j].Lo, buckets[j].Hi)
+	}
+	return seedTable(rs, heads, func(k int) func(RunResult) (float64, bool) {
+		j := cols[k]
+		return func(r RunResult) (float64, bool) {
+			if j >= len(r.RecallByDist) || r.RecallByDist[j].Total == 0 {
+				return 0, false
+			}
+			return float64(r.RecallByDist[j].Correct) / float64(r.RecallByDist[j].Total), true
+		}
+	})
+}
+
+// seedTable is a Markdown table with a row per stage and a column per
+// heading: the figure at(k) reads off each run (ok false: the run has
+// none), as mean ± std over the seeds and, after the first stage, the
+// paired difference from the first stage with its 95% interval.
+func seedTable(rs []StageResult, heads []string, at func(k int) func(RunResult) (float64, bool)) string {
 	var b strings.Builder
 	b.WriteString("| Stage |")
-	for _, j := range cols {
-		fmt.Fprintf(&b, " distance [%d,%d) |", buckets[j].Lo, buckets[j].Hi)
+	for _, h := range heads {
+		fmt.Fprintf(&b, " %s |", h)
 	}
-	b.WriteString("\n| --- |" + strings.Repeat(" ---: |", len(cols)) + "\n")
+	b.WriteString("\n| --- |" + strings.Repeat(" ---: |", len(heads)) + "\n")
 	for i, sr := range rs {
 		fmt.Fprintf(&b, "| %s |", sr.Stage.Label)
-		for _, j := range cols {
-			at := func(r RunResult) (float64, bool) {
-				if j >= len(r.RecallByDist) || r.RecallByDist[j].Total == 0 {
-					return 0, false
-				}
-				return float64(r.RecallByDist[j].Correct) / float64(r.RecallByDist[j].Total), true
-			}
+		for k := range heads {
+			f := at(k)
 			var x []float64
 			for _, r := range sr.Runs {
-				if v, ok := at(r); ok {
+				if v, ok := f(r); ok {
 					x = append(x, v)
 				}
 			}
 			mean, std := MeanStd(x)
 			cell := pm(mean, std, 3)
 			if i > 0 {
-				cell += "; Δ " + PairedBy(sr.Runs, rs[0].Runs, at).String()
+				cell += "; Δ " + PairedBy(sr.Runs, rs[0].Runs, f).String()
 			}
 			fmt.Fprintf(&b, " %s |", cell)
 		}
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// LengthTable is a Markdown table of every stage's CE at each length of
+// lengths (rpac ablate --eval-lengths): mean ± std over the seeds and,
+// after the first stage, the paired difference from the first stage with
+// its 95% interval; "" when no run was scored at a length.
+func LengthTable(rs []StageResult, lengths []int) string {
+	if !slices.ContainsFunc(rs, func(sr StageResult) bool {
+		return slices.ContainsFunc(sr.Runs, func(r RunResult) bool { return len(r.AtLengths) > 0 })
+	}) {
+		return ""
+	}
+	heads := make([]string, len(lengths))
+	for k, T := range lengths {
+		heads[k] = fmt.Sprintf("CE at T = %d ↓", T)
+	}
+	return seedTable(rs, heads, func(k int) func(RunResult) (float64, bool) {
+		return func(r RunResult) (float64, bool) { return r.ceAt(lengths[k]) }
+	})
 }
 
 // WriteAblation writes ablation.md (header lines, the table, then each

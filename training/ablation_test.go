@@ -147,3 +147,86 @@ func TestRecallByDistanceTable(t *testing.T) {
 		t.Errorf("no breakdown: %q", s)
 	}
 }
+
+// TestLengthTable: CE per length as mean ± std over the seeds and the
+// paired difference from the first stage; a length a run was not scored at
+// is left out of its cells.
+func TestLengthTable(t *testing.T) {
+	run := func(seed uint64, ce ...float64) RunResult {
+		r := RunResult{Seed: seed}
+		for i, v := range ce {
+			r.AtLengths = append(r.AtLengths, LengthCE{T: 64 << i, CE: v, Tokens: 640})
+		}
+		return r
+	}
+	rs := []StageResult{
+		{Stage: Stage{Label: "A"}, Runs: []RunResult{run(1, 5, 6), run(2, 5.2, 6.4)}},
+		{Stage: Stage{Label: "B"}, Runs: []RunResult{run(2, 5.1, 6.1), run(1, 4.8)}},
+	}
+	got := LengthTable(rs, []int{64, 128})
+	for _, want := range []string{"| Stage | CE at T = 64 ↓ | CE at T = 128 ↓ |\n",
+		"| A | 5.100 ± 0.141 | 6.200 ± 0.283 |\n",
+		"| B | 4.950 ± 0.212; Δ -0.150 ± 0.635 (n 2) | 6.100; Δ -0.300 (n 1) |\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	if s := LengthTable([]StageResult{{Runs: []RunResult{{Seed: 1}}}}, []int{64}); s != "" {
+		t.Errorf("no run scored: %q", s)
+	}
+}
+
+// TestAblateAtLengths: with AtLengths every run is scored once, its
+// checkpoint still there, and its figures land in result.json; a reused run
+// is not scored again, one that lacks a length is scored from its kept
+// checkpoint, and without a checkpoint that is an error that says so.
+func TestAblateAtLengths(t *testing.T) {
+	dir := t.TempDir()
+	base := microOptions(dir)
+	base.Steps, base.EvalEvery = 2, 2
+	var calls []string
+	score := func(lengths ...int) *LengthEval {
+		return &LengthEval{Lengths: lengths, Score: func(_ context.Context, run, weights string) ([]LengthCE, error) {
+			if _, err := os.Stat(filepath.Join(run, "checkpoint")); err != nil {
+				t.Errorf("scored without a checkpoint: %v", err)
+			}
+			calls = append(calls, run+" "+weights)
+			var out []LengthCE
+			for _, T := range lengths {
+				out = append(out, LengthCE{T: T, CE: float64(T), Tokens: T})
+			}
+			return out, nil
+		}}
+	}
+	ao := AblationOptions{Base: base, Seeds: 1, Contexts: []int{16, 32}, Stages: []string{"transformer", "guardian_late"},
+		AtLengths: score(16, 32), KeepCheckpoints: true, Progress: &strings.Builder{}}
+	res, err := Ablate(context.Background(), ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 2 || !strings.HasSuffix(calls[0], " last") || !strings.HasSuffix(calls[1], " ema") {
+		t.Fatalf("scorer calls %q: want one per run, under the weights each stage reports", calls)
+	}
+	if ce, ok := res[1].Runs[0].ceAt(32); !ok || ce != 32 {
+		t.Errorf("stage 2's CE at 32: %v %v", ce, ok)
+	}
+	rr, err := readRunResult(filepath.Join(dir, "transformer", "seed3"))
+	if err != nil || !rr.scoredAt([]int{16, 32}) {
+		t.Fatalf("result.json lacks the lengths: %v %+v", err, rr)
+	}
+	calls = nil
+	if _, err := Ablate(context.Background(), ao); err != nil || len(calls) != 0 {
+		t.Fatalf("reused runs scored again: %v %q", err, calls)
+	}
+	ao.AtLengths = score(16, 32, 64)
+	if _, err := Ablate(context.Background(), ao); err != nil || len(calls) != 2 {
+		t.Fatalf("runs lacking a length not scored from their checkpoints: %v %q", err, calls)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "transformer", "seed3", "checkpoint")); err != nil {
+		t.Fatal(err)
+	}
+	ao.AtLengths = score(8)
+	if _, err := Ablate(context.Background(), ao); err == nil || !strings.Contains(err.Error(), "without a checkpoint cannot be scored") {
+		t.Errorf("a run without its checkpoint: %v", err)
+	}
+}

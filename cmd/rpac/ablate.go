@@ -2,12 +2,16 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/internal/lengtheval"
+	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"
 )
@@ -47,6 +51,8 @@ func ablateFlags() []cli.Flag {
 		&cli.Float64Flag{Name: "lr-floor", Usage: "LR floor as a fraction of the peak, for every stage (default: each stage's own)"},
 		&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
 		&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
+		&cli.StringFlag{Name: "eval-lengths", Usage: "also score every run's evaluation split at these context lengths (e.g. 64,128,256; up to the preset's max_len) through the folded export in onnxruntime, lengths it did not train at calibrated as rpac export does; a table per length"},
+		&cli.IntFlag{Name: "eval-lengths-chunks", Usage: "--eval-lengths: chunks scored per length (0: the whole split)"},
 		&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
 	}
 }
@@ -70,13 +76,18 @@ func ablateAction(c *cli.Context) error {
 		return err
 	}
 	byDist := training.RecallByDistanceTable(results)
-	table, err := training.WriteAblation(opts.Base.Out, ablationHeader(c, opts.Base, results), training.Summarize(results), byDist)
+	var byLength string
+	if opts.AtLengths != nil {
+		byLength = training.LengthTable(results, opts.AtLengths.Lengths)
+	}
+	table, err := training.WriteAblation(opts.Base.Out, ablationHeader(c, opts.Base, results), training.Summarize(results), byDist, byLength)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(c.App.Writer, table)
-	if byDist != "" {
-		fmt.Fprintln(c.App.Writer, byDist)
+	for _, t := range []string{table, byDist, byLength} {
+		if t != "" {
+			fmt.Fprintln(c.App.Writer, t)
+		}
 	}
 	fmt.Fprintf(c.App.Writer, "wrote %s/ablation.md and %s/ablation.csv\n", opts.Base.Out, opts.Base.Out)
 	return nil
@@ -127,6 +138,9 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 	}
 	ao := training.AblationOptions{Base: base, Seeds: c.Int("seeds"), Contexts: contexts, Stages: splitList(c.String("stages")),
 		KeepCheckpoints: c.Bool("keep-checkpoints"), Log: logger(c), Progress: c.App.ErrWriter}
+	if ao.AtLengths, err = lengthEval(c); err != nil {
+		return training.AblationOptions{}, err
+	}
 	if c.IsSet("lr-flat") {
 		v := c.Float64("lr-flat")
 		ao.LRFlat = &v
@@ -153,7 +167,7 @@ func ablationHeader(c *cli.Context, base training.Options, results []training.St
 	case "mqar":
 		protocol = "MQAR corpus"
 	}
-	return []string{
+	lines := []string{
 		fmt.Sprintf("- command: `rpac %s`", strings.Join(os.Args[1:], " ")),
 		fmt.Sprintf("- preset %s, dataset %s (%s), %d seeds from %d, %d steps, eval every %d steps on %d batches, final eval on %s",
 			base.Preset, c.String("dataset"), protocol, c.Int("seeds"), c.Uint64("seed"), base.Steps, base.EvalEvery, c.Int("eval-batches"),
@@ -163,6 +177,36 @@ func ablationHeader(c *cli.Context, base training.Options, results []training.St
 		"- Val CE / PPL: mean ± sample std over seeds of the weights each stage reports (last = raw, ema, swa); PPL is averaged per seed",
 		"- Δ: the stage's Val CE minus the first (previous) stage's, seed by seed (the stages share each seed), mean ± half the 95% interval (Student's t over the n pairs)",
 	}
+	if c.String("eval-lengths") != "" {
+		chunks := "the whole split"
+		if n := c.Int("eval-lengths-chunks"); n > 0 {
+			chunks = fmt.Sprintf("at most %d chunks", n)
+		}
+		lines = append(lines, fmt.Sprintf("- CE at T: each run's reported weights exported in fp32 with the prior folded into one constant bias per length (lengths the run did not train at calibrated on %d batches of %d sequences of its training split), scored in onnxruntime on %s in chunks of T tokens (%s per length); Δ paired against the first stage",
+			export.DefaultCalibBatches, export.DefaultCalibBatch, c.String("eval-split"), chunks))
+	}
+	return lines
+}
+
+// lengthEval is --eval-lengths: nil without it.
+func lengthEval(c *cli.Context) (*training.LengthEval, error) {
+	if c.String("eval-lengths") == "" {
+		return nil, nil
+	}
+	lengths, err := export.ParseLengths(c.String("eval-lengths"))
+	if err != nil {
+		return nil, fmt.Errorf("--eval-lengths: %w", err)
+	}
+	if c.Int("eval-lengths-chunks") < 0 {
+		return nil, fmt.Errorf("--eval-lengths-chunks must not be negative (got %d)", c.Int("eval-lengths-chunks"))
+	}
+	if err := runtime.Available(); err != nil {
+		return nil, fmt.Errorf("--eval-lengths runs the exports in onnxruntime: %w", err)
+	}
+	o := lengtheval.Options{Lengths: lengths, MaxChunks: c.Int("eval-lengths-chunks"), Log: logger(c)}
+	return &training.LengthEval{Lengths: lengths, Score: func(ctx context.Context, dir, weights string) ([]training.LengthCE, error) {
+		return lengtheval.Score(ctx, dir, weights, o)
+	}}, nil
 }
 
 func batchesText(n int) string {

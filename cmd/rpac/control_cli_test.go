@@ -23,6 +23,8 @@ func TestControlFlagErrors(t *testing.T) {
 		{"ablate unknown stage", []string{"ablate", "--dataset", "synthetic", "--stages", "nope", "--steps", "1"}, "unknown stage"},
 		{"ablate no seeds", []string{"ablate", "--dataset", "synthetic", "--seeds", "0"}, "seeds"},
 		{"ablate bad loss", []string{"ablate", "--dataset", "synthetic", "--loss", "some", "--steps", "1"}, "loss"},
+		{"ablate bad eval lengths", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64,x", "--steps", "1"}, "--eval-lengths"},
+		{"ablate negative eval chunks", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64", "--eval-lengths-chunks", "-2"}, "--eval-lengths-chunks"},
 		{"plot without run", []string{"plot"}, "run directory"},
 		{"plot of a non-run", []string{"plot", "/nonexistent/run"}, "metrics.jsonl"},
 	}

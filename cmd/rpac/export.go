@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/internal/lengtheval"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -204,11 +205,7 @@ func exportData(c *cli.Context, run *training.Run) (*export.Data, error) {
 	if err != nil {
 		return nil, err
 	}
-	src := fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
-	if ds.Name == "wikitext2" {
-		src = "wikitext2 " + ds.TrainSplit
-	}
-	return &export.Data{Train: ds.Train, Source: src, Eval: ds.Eval, EvalName: ds.EvalName, Protocol: ds.Protocol, Vocab: ds.Vocab}, nil
+	return lengtheval.ExportData(ds), nil
 }
 
 // reportExport prints what an ONNX export wrote.

@@ -1,0 +1,116 @@
+// Package lengtheval scores a trained run at context lengths, including
+// lengths it never trained at, the way a service runs the model: the run's
+// checkpoint goes through the folded export (one constant RPA bias per
+// length; the running statistics of untrained lengths calibrated on the
+// run's training split, as rpac export does) and onnxruntime scores the
+// run's evaluation split cut into chunks of each length. rpac ablate
+// --eval-lengths calls it for every run (training.LengthEval).
+package lengtheval
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training"
+)
+
+// Options configure Score.
+type Options struct {
+	Lengths []int
+	// MaxChunks bounds the chunks scored at each length (0: the whole
+	// split).
+	MaxChunks int
+	// Threads are onnxruntime's intra-op threads (0: one per core).
+	Threads int
+	Log     *slog.Logger
+}
+
+// exportDir is where Score writes the export inside the run directory; it
+// is removed once scored.
+const exportDir = "export-lengths"
+
+// Score exports the run in dir (its weights: which, "" for EMA when the
+// checkpoint has it) at o.Lengths and returns its CE at each.
+func Score(ctx context.Context, dir, which string, o Options) ([]training.LengthCE, error) {
+	if len(o.Lengths) == 0 {
+		return nil, fmt.Errorf("lengtheval: no lengths")
+	}
+	if err := runtime.Available(); err != nil {
+		return nil, fmt.Errorf("scoring at other lengths runs the export in onnxruntime: %w", err)
+	}
+	run, err := training.OpenRun(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := run.SelectWeights(which); err != nil {
+		return nil, err
+	}
+	if err := export.CheckLengths(o.Lengths, run.Config.MaxLen); err != nil {
+		return nil, err
+	}
+	ds, err := training.LoadDataset(ctx, run.DataSpec("", "", ""), o.Log)
+	if err != nil {
+		return nil, err
+	}
+	out := filepath.Join(dir, exportDir)
+	defer os.RemoveAll(out)
+	if _, err := export.RunJob(ctx, job(run, ds, out, o)); err != nil {
+		return nil, err
+	}
+	m, err := runtime.OpenContext(ctx, out, runtime.Options{Threads: o.Threads})
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var res []training.LengthCE
+	for _, T := range o.Lengths {
+		chunks := (len(ds.Eval) - 1) / T
+		if o.MaxChunks > 0 {
+			chunks = min(chunks, o.MaxChunks)
+		}
+		if chunks < 1 {
+			return nil, fmt.Errorf("the %s split has %d tokens, fewer than one chunk of %d+1", ds.EvalName, len(ds.Eval), T)
+		}
+		ev, err := runtime.Evaluate(ctx, m, ds.Eval, T, chunks, 1)
+		if err != nil {
+			return nil, fmt.Errorf("T = %d: %w", T, err)
+		}
+		res = append(res, training.LengthCE{T: T, CE: ev.MeanCE, Tokens: ev.Tokens})
+	}
+	return res, nil
+}
+
+// job is the fp32 folded export of run at o.Lengths into out. Under EMA or
+// SWA weights every length is calibrated again (the running statistics
+// kept in training come from the live weights).
+func job(run *training.Run, ds *training.Dataset, out string, o Options) export.Job {
+	tok, eos := run.Tokenizer()
+	calibrate := export.CalibrateAuto
+	if run.Weights != "last" {
+		calibrate = export.CalibrateAlways
+	}
+	return export.Job{
+		Options: export.Options{DType: ir.FP32, Config: run.Config, Store: run.Store, Trained: run.Trained, Lengths: o.Lengths,
+			CalibBatches: export.DefaultCalibBatches, CalibBatch: export.DefaultCalibBatch,
+			Out: out, Tokenizer: tok, EOS: eos, Provenance: run.Provenance(), Log: o.Log},
+		Format:    export.FormatONNX,
+		Calibrate: calibrate,
+		LoadData:  func(context.Context) (*export.Data, error) { return ExportData(ds), nil },
+	}
+}
+
+// ExportData is the export's view of a run's dataset: the training split
+// to calibrate on and the evaluation split to verify on.
+func ExportData(ds *training.Dataset) *export.Data {
+	src := fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
+	if ds.Name == "wikitext2" {
+		src = "wikitext2 " + ds.TrainSplit
+	}
+	return &export.Data{Train: ds.Train, Source: src, Eval: ds.Eval, EvalName: ds.EvalName, Protocol: ds.Protocol, Vocab: ds.Vocab}
+}

@@ -1,0 +1,67 @@
+package lengtheval
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training"
+)
+
+// requireORT skips without onnxruntime, except under CI=true, where a
+// missing library fails the test.
+func requireORT(t *testing.T) {
+	t.Helper()
+	if err := runtime.Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and %v", err)
+		}
+		t.Skipf("%v", err)
+	}
+}
+
+// TestScore: a small fuzzy run trained at T = 32 is scored at 32 (its
+// trained length: the folded export in onnxruntime gives the training
+// evaluation's CE over the same chunks) and at 64 (calibrated: a finite
+// CE over the chunks asked for); the export is removed afterwards.
+func TestScore(t *testing.T) {
+	requireORT(t)
+	dir := t.TempDir()
+	p, _ := model.LookupPreset("tiny")
+	c := p.Config
+	c.DModel, c.Layers, c.Heads, c.MaxLen, c.Dropout = 16, 2, 2, 64, 0
+	res, err := training.Train(context.Background(), training.Options{Preset: "tiny", Config: &c, Dataset: "synthetic", Context: 32,
+		TokensPerStep: 128, Steps: 4, EvalEvery: 4, EvalBatches: 2, FinalEvalBatches: -1, Seed: 5, Out: dir,
+		Progress: &bytes.Buffer{}, Dropout: -1, WarmIn: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Score(context.Background(), dir, "last", Options{Lengths: []int{32, 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].T != 32 || got[1].T != 64 {
+		t.Fatalf("scored %+v", got)
+	}
+	if d := math.Abs(got[0].CE - res.FinalValCE); d > 1e-4 {
+		t.Errorf("CE at the trained length %.6f, the training evaluation's %.6f: off by %.2g", got[0].CE, res.FinalValCE, d)
+	}
+	if math.IsNaN(got[1].CE) || got[1].CE <= 0 || got[1].Tokens%64 != 0 || got[1].Tokens == 0 {
+		t.Errorf("at 64: %+v", got[1])
+	}
+	bounded, err := Score(context.Background(), dir, "last", Options{Lengths: []int{64}, MaxChunks: 3})
+	if err != nil || bounded[0].Tokens != 3*64 {
+		t.Errorf("MaxChunks 3 at 64: %+v %v", bounded, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, exportDir)); !os.IsNotExist(err) {
+		t.Errorf("the export is left in the run: %v", err)
+	}
+	if _, err := Score(context.Background(), dir, "last", Options{Lengths: []int{128}}); err == nil {
+		t.Error("a length above the model's max_len was accepted")
+	}
+}
