@@ -86,8 +86,8 @@ func LoadBLAS() (*BLAS, error) {
 
 // GemmShape describes a strided batch of row-major GEMMs C = op(A)·op(B):
 // op(A) is [M,K] (A is stored [K,M] when TransA), op(B) is [K,N] (B is
-// stored [N,K] when TransB), C is [M,N] in fp32, dense. LDA and LDB are
-// the leading dimensions of A and B as stored (elements between rows; 0:
+// stored [N,K] when TransB), C is [M,N] in fp32. LDA, LDB and LDC are
+// the leading dimensions of A, B and C as stored (elements between rows; 0:
 // dense, the stored row length). Matrix i of the batch starts StrideA,
 // StrideB, StrideC elements after matrix i-1 (0 for a matrix shared by the
 // whole batch).
@@ -96,7 +96,7 @@ type GemmShape struct {
 	M, N, K                   int
 	Batch                     int
 	StrideA, StrideB, StrideC int64
-	LDA, LDB                  int
+	LDA, LDB, LDC             int
 }
 
 // storedA is A's shape as stored (rows, columns), row-major.
@@ -131,6 +131,14 @@ func (s GemmShape) ldb() int {
 	}
 	_, c := s.storedB()
 	return c
+}
+
+// ldc is C's leading dimension (elements).
+func (s GemmShape) ldc() int {
+	if s.LDC > 0 {
+		return s.LDC
+	}
+	return s.N
 }
 
 // GemmKey is everything a cuBLASLt plan depends on: the problem, the
@@ -240,7 +248,7 @@ func (b *BLAS) describe(p *GemmPlan) error {
 	if p.lb, err = b.layout(p.Key.AB, ca, ra, s.lda(), s.Batch, s.StrideA); err != nil {
 		return err
 	}
-	p.lc, err = b.layout(F32, s.N, s.M, s.N, s.Batch, s.StrideC)
+	p.lc, err = b.layout(F32, s.N, s.M, s.ldc(), s.Batch, s.StrideC)
 	return err
 }
 

@@ -206,6 +206,9 @@ func (f *fakeDevice) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) 
 	if _, cb := s.storedB(); s.ldb() < cb {
 		return nil, fmt.Errorf("gemm %+v: ldb %d < %d", s, s.ldb(), cb)
 	}
+	if s.ldc() < s.N {
+		return nil, fmt.Errorf("gemm %+v: ldc %d < %d", s, s.ldc(), s.N)
+	}
 	f.plans++
 	return &fakePlan{k: k, ws: min(maxWorkspace, 1<<20)}, nil
 }
@@ -225,7 +228,7 @@ func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
 			s, got.Align, got.BiasAlign, k.Align, k.BiasAlign)
 	}
 	na, nb := gemmElems(s)
-	nc := s.M * s.N
+	nc := (s.M-1)*s.ldc() + s.N
 	if s.Batch > 1 {
 		nc += int(s.StrideC) * (s.Batch - 1)
 	}

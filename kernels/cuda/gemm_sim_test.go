@@ -412,28 +412,31 @@ func TestSimLinearBiasEpilogue(t *testing.T) {
 }
 
 // TestGPUBF16Pad: f32_to_bf16_pad_kernel writes each row's values rounded
-// to bf16 (nearest even) and zeros up to the leading dimension.
+// to bf16 (nearest even) and zeros up to the leading dimension, from dense
+// source rows and from rows further apart (the LM head's padded logits).
 func TestGPUBF16Pad(t *testing.T) {
 	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(51, 52))
 	const rows, cols, ld = 37, 85, 88
-	x := randF32(r, rows*cols, 10)
-	dx := devF32(t, c, x)
-	dh := devF32(t, c, randF32(r, rows*ld/2, 1)) // garbage where the padding goes
-	if err := c.Launch("f32_to_bf16_pad_kernel", grid1D, block1D, 0, dh.Ptr, dx.Ptr, int64(rows), int32(cols), int32(ld)); err != nil {
-		t.Fatal(err)
-	}
-	words := hostF32(t, c, dh, rows*ld/2)
-	h := unsafe.Slice((*uint16)(unsafe.Pointer(&words[0])), rows*ld)
-	for i := 0; i < rows; i++ {
-		for j := 0; j < ld; j++ {
-			got := float64(math.Float32frombits(uint32(h[i*ld+j]) << 16))
-			want := 0.0
-			if j < cols {
-				want = roundBF16(x[i*cols+j])
-			}
-			if got != want {
-				t.Fatalf("row %d column %d: %g, want %g", i, j, got, want)
+	for _, xld := range []int{cols, 92} {
+		x := randF32(r, rows*xld, 10)
+		dx := devF32(t, c, x)
+		dh := devF32(t, c, randF32(r, rows*ld/2, 1)) // garbage where the padding goes
+		if err := c.Launch("f32_to_bf16_pad_kernel", grid1D, block1D, 0, dh.Ptr, dx.Ptr, int64(rows), int32(cols), int32(xld), int32(ld)); err != nil {
+			t.Fatal(err)
+		}
+		words := hostF32(t, c, dh, rows*ld/2)
+		h := unsafe.Slice((*uint16)(unsafe.Pointer(&words[0])), rows*ld)
+		for i := 0; i < rows; i++ {
+			for j := 0; j < ld; j++ {
+				got := float64(math.Float32frombits(uint32(h[i*ld+j]) << 16))
+				want := 0.0
+				if j < cols {
+					want = roundBF16(x[i*xld+j])
+				}
+				if got != want {
+					t.Fatalf("source rows %d apart: row %d column %d: %g, want %g", xld, i, j, got, want)
+				}
 			}
 		}
 	}

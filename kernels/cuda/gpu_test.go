@@ -229,13 +229,21 @@ func TestGPULayerNorm(t *testing.T) {
 	closeTo(t, "layernorm db", hostF32(t, c, ddb, D), wdb, 1e-4)
 }
 
-// TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient.
+// TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient,
+// on rows padded to ld (the LM head's chunk): the padding is neither read
+// nor written.
 func TestGPUSoftmaxCE(t *testing.T) {
 	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(7, 8))
-	const rows, V = 9, 50257
+	const rows, V, ld = 9, 50257, 50264
 	const ls, scale = 0.015, 0.25
-	x := randF32(r, rows*V, 3)
+	const pad = 1e30 // would win the argmax and overflow the sums if read
+	x := randF32(r, rows*ld, 3)
+	for i := 0; i < rows; i++ {
+		for j := V; j < ld; j++ {
+			x[i*ld+j] = pad
+		}
+	}
 	tg := make([]float32, rows) // int32 bits, uploaded as 4-byte words
 	tgi := make([]int32, rows)
 	for i := range tgi {
@@ -245,13 +253,18 @@ func TestGPUSoftmaxCE(t *testing.T) {
 	dl, dt := devF32(t, c, x), devF32(t, c, tg)
 	dsm, dce, dpred := devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
 	if err := c.Launch("softmax_ce_fused_f32", [3]uint32{rows, 1, 1}, [3]uint32{512, 1, 1}, 0,
-		dl.Ptr, dsm.Ptr, dce.Ptr, dpred.Ptr, dt.Ptr, int32(rows), int32(V), float32(ls), float32(scale)); err != nil {
+		dl.Ptr, dsm.Ptr, dce.Ptr, dpred.Ptr, dt.Ptr, int32(rows), int32(V), int32(ld), float32(ls), float32(scale)); err != nil {
 		t.Fatal(err)
 	}
-	grad := hostF32(t, c, dl, rows*V)
+	grad := hostF32(t, c, dl, rows*ld)
 	sm, ce, pr := hostF32(t, c, dsm, rows), hostF32(t, c, dce, rows), hostF32(t, c, dpred, rows)
 	for i := 0; i < rows; i++ {
-		row := x[i*V : (i+1)*V]
+		row := x[i*ld : i*ld+V]
+		for j := V; j < ld; j++ {
+			if grad[i*ld+j] != pad {
+				t.Fatalf("row %d: padding column %d written (%g)", i, j, grad[i*ld+j])
+			}
+		}
 		m, arg, sx := math.Inf(-1), 0, 0.0
 		for j, v := range row {
 			if float64(v) > m {
@@ -279,7 +292,7 @@ func TestGPUSoftmaxCE(t *testing.T) {
 			}
 			want[j] = scale * (math.Exp(float64(v)-lse) - tgt)
 		}
-		closeTo(t, "dlogits", grad[i*V:(i+1)*V], want, 1e-6)
+		closeTo(t, "dlogits", grad[i*ld:i*ld+V], want, 1e-6)
 	}
 }
 

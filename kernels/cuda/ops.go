@@ -623,11 +623,16 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 	return p.bf16[side], nil
 }
 
-// toBF16 converts rows×cols fp32 elements into dst with leading dimension
-// bf16LD(cols).
+// toBF16 converts rows×cols dense fp32 elements into dst with leading
+// dimension bf16LD(cols).
 func (p *program) toBF16(dst, src Buffer, rows, cols int) error {
+	return p.toBF16Strided(dst, src, rows, cols, cols)
+}
+
+// toBF16Strided is toBF16 for source rows srcLD elements apart.
+func (p *program) toBF16Strided(dst, src Buffer, rows, cols, srcLD int) error {
 	ld := bf16LD(cols)
-	return p.each("f32_to_bf16_pad_kernel", rows*ld/8, dst.Ptr, src.Ptr, int64(rows), int32(cols), int32(ld))
+	return p.each("f32_to_bf16_pad_kernel", rows*ld/8, dst.Ptr, src.Ptr, int64(rows), int32(cols), int32(srcLD), int32(ld))
 }
 
 // storedBF16 returns the bf16 copy of a store tensor seen as rows×cols,
@@ -962,12 +967,19 @@ func (p *program) buildCrossEntropyGrad(n *ir.Node, in, out []*dval) (func() err
 }
 
 // lmHead is the device state of one LMHeadCrossEntropy node: the chunk of
-// logits, the per-row losses and, when the graph also asks for the
-// gradient, the unscaled dx and dW accumulated while the forward runs.
+// logits (rows of logitsLD(V) floats), the per-row losses and, when the
+// graph also asks for the gradient, the unscaled dx and dW accumulated
+// while the forward runs.
 type lmHead struct {
 	logits, rows Buffer
 	dx, dW       Buffer // zero Ptr when no gradient is wanted
 }
+
+// logitsLD is the row stride of the LM head's logits: the vocabulary
+// rounded up to 8 floats, so the logits GEMM writes 16-byte-aligned rows
+// (cuBLASLt's fastest Hopper kernels need them; 50,257 floats are not) and
+// their bf16 copy has the same stride.
+func logitsLD(V int) int { return bf16LD(V) }
 
 // lmHeadGradOf finds the LMHeadCrossEntropyGrad node on the same inputs.
 func (p *program) lmHeadGradOf(n *ir.Node) *ir.Node {
@@ -985,10 +997,10 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	if err := p.checkTargets(tg.v, V); err != nil {
 		return nil, err
 	}
-	chunk := ir.LMHeadChunkRows(n)
+	chunk, ld := ir.LMHeadChunkRows(n), logitsLD(V)
 	st := &lmHead{}
 	var err error
-	if st.logits, err = p.alloc(chunk * V); err != nil {
+	if st.logits, err = p.alloc(chunk * ld); err != nil {
 		return nil, err
 	}
 	if st.rows, err = p.alloc(2 * N); err != nil {
@@ -1009,7 +1021,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	p.needSumRows(N)
 	ls := float32(n.Attrs.Float("label_smoothing", 0))
 	wt := operandOf(W)
-	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1}, act(Buffer{}), wt)
+	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1, LDC: ld}, act(Buffer{}), wt)
 	p.needGEMM(GemmShape{M: chunk, N: D, K: V, Batch: 1}, act(Buffer{}), wt)
 	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1}, act(Buffer{}), act(Buffer{}))
 	sm, ce, pred := out[0], out[1], out[2]
@@ -1018,22 +1030,25 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		for lo := 0; lo < N; lo += chunk {
 			c := min(chunk, N-lo)
 			xc := Buffer{Ptr: x.buf.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1}, act(xc), wt, 0, st.logits); err != nil {
+			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, act(xc), wt, 0, st.logits); err != nil {
 				return err
 			}
 			if err := p.launch("softmax_ce_fused_f32", blocks(c, 1), [3]uint32{512, 1, 1}, 0, st.logits.Ptr,
 				st.rows.Ptr+uint64(4*lo), ceRows.Ptr+uint64(4*lo), pred.buf.Ptr+uint64(4*lo), tg.buf.Ptr+uint64(4*lo),
-				int32(c), int32(V), ls, float32(1)); err != nil {
+				int32(c), int32(V), int32(ld), ls, float32(1)); err != nil {
 				return err
 			}
 			if st.dx.Ptr == 0 {
 				continue
 			}
 			dxc := Buffer{Ptr: st.dx.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			dx := GemmShape{M: c, N: D, K: V, Batch: 1}
+			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}
 			logits, err := p.stageLogits(dx, st.logits, c, V)
 			if err != nil {
 				return err
+			}
+			if !logits.staged { // fp32 GEMMs read the padded rows as they are
+				dx.LDA, dW.LDA = ld, ld
 			}
 			if err := p.gemm(dx, logits, wt, 0, dxc); err != nil {
 				return err
@@ -1042,7 +1057,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if lo == 0 {
 				beta = 0
 			}
-			if err := p.gemm(GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}, logits, act(xc), beta, st.dW); err != nil {
+			if err := p.gemm(dW, logits, act(xc), beta, st.dW); err != nil {
 				return err
 			}
 		}
@@ -1053,14 +1068,15 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	}, nil
 }
 
-// stageLogits converts the chunk's logit gradients (rows×V) once for the
-// two GEMMs that read them as A (dx and dW) when they run in bf16.
+// stageLogits converts the chunk's logit gradients (rows×V, rows
+// logitsLD(V) apart) once for the two GEMMs that read them as A (dx and dW)
+// when they run in bf16.
 func (p *program) stageLogits(s GemmShape, logits Buffer, rows, V int) (operand, error) {
 	if !p.bf16GEMM(s) {
 		return act(logits), nil
 	}
 	p.staging[0] = stagedCopy{}
-	if err := p.toBF16(p.bf16[0], logits, rows, V); err != nil {
+	if err := p.toBF16Strided(p.bf16[0], logits, rows, V, logitsLD(V)); err != nil {
 		return operand{}, err
 	}
 	return operand{buf: logits, staged: true}, nil

@@ -241,10 +241,10 @@ func gemmAlignedAB(s GemmShape) bool {
 	return ok
 }
 
-// gemmAlignedC: C's rows (fp32, N elements) and batch stride are multiples
-// of 4 elements (16 bytes).
+// gemmAlignedC: C's leading dimension (fp32) and batch stride are
+// multiples of 4 elements (16 bytes).
 func gemmAlignedC(s GemmShape) bool {
-	return s.N%4 == 0 && (s.Batch <= 1 || s.StrideC%4 == 0)
+	return s.ldc()%4 == 0 && (s.Batch <= 1 || s.StrideC%4 == 0)
 }
 
 func (h Hardware) gemmTime(e Event) (float64, string) {

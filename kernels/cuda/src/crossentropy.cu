@@ -4,14 +4,16 @@
 // scale·(softmax − ((1−ls)·onehot + ls/V)), so no probability tensor makes a
 // round trip through memory. A row whose target is the ignored target
 // (negative) gets zero losses and a zero gradient row; its argmax is kept.
+// Row r starts at logits + r·ld (ld ≥ V: the LM head's chunk has rows
+// padded to 16-byte multiples, which cuBLASLt's fastest kernels need).
 
 extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
-                                                const int* targets, int rows, int V, float ls, float scale) {
+                                                const int* targets, int rows, int V, int ld, float ls, float scale) {
     __shared__ float shared[32];
     __shared__ int shared_arg[32];
     int r = blockIdx.x;
     if (r >= rows) return;
-    float* x = logits + (i64)r * V;
+    float* x = logits + (i64)r * ld;
     float m = RPAC_NEG_INF;
     int arg = 0x7fffffff;
     float sx = 0.0f;

@@ -2,17 +2,18 @@
 extern "C" __global__ void f32_to_bf16_kernel(bf16_t* out, const float* x, i64 n) {
     GRID_STRIDE(i, n) out[i] = f32_to_bf16(x[i]);
 }
-// f32_to_bf16_pad_kernel: x is rows×cols fp32 (dense, row-major); out gets
-// it as rows of ld ≥ cols bf16 elements, the columns from cols to ld zero
-// (GEMM operands with 16-byte-aligned leading dimensions: ld is a multiple
-// of 8). Each thread writes 8 elements with one 16-byte store.
+// f32_to_bf16_pad_kernel: x is rows×cols fp32 (row-major, rows xld ≥ cols
+// apart); out gets it as rows of ld ≥ cols bf16 elements, the columns from
+// cols to ld zero (GEMM operands with 16-byte-aligned leading dimensions:
+// ld is a multiple of 8). Each thread writes 8 elements with one 16-byte
+// store.
 struct __align__(16) rpac_bf16x8 { unsigned int w[4]; };
-extern "C" __global__ void f32_to_bf16_pad_kernel(bf16_t* out, const float* x, i64 rows, int cols, int ld) {
+extern "C" __global__ void f32_to_bf16_pad_kernel(bf16_t* out, const float* x, i64 rows, int cols, int xld, int ld) {
     int groups = ld >> 3;
     GRID_STRIDE(g, rows * groups) {
         i64 r = g / groups;
         int c = (int)(g - r * groups) << 3;
-        const float* src = x + r * cols;
+        const float* src = x + r * xld;
         rpac_bf16x8 v;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
