@@ -29,6 +29,10 @@ type OpDef struct {
 	// of the same shape (a plan slot shared between them). Elementwise ops
 	// are InPlace without saying so.
 	InPlace bool
+	// Alias ops give their one input's elements in the same order
+	// (Reshape, StopGradient): the memory plan may give the output its
+	// input's slot, and then the op has nothing to do.
+	Alias bool
 	// Elementwise ops compute each output element from the input elements
 	// at the same (numpy-broadcast) index: a backend may run them in place,
 	// and a KV cache may run them on the new positions only.
@@ -224,7 +228,7 @@ func init() {
 		}})
 	reg(&OpDef{Name: "SliceGrad", NumIn: 1, Gradient: true, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(Shape(a.Ints("shape"))) }})
-	reg(&OpDef{Name: "Reshape", NumIn: 1, InPlace: true, AnyDType: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
+	reg(&OpDef{Name: "Reshape", NumIn: 1, InPlace: true, Alias: true, AnyDType: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := Shape(a.Ints("shape")).Clone()
 			if s.Numel() != in[0].Shape.Numel() {
@@ -329,6 +333,7 @@ func init() {
 	unary("GELU", "", "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).")
 	unary("ReLU", "Relu", "ReLU(x) -> max(x, 0).")
 	unary("StopGradient", "", "StopGradient(x) -> x; no gradient flows through (PyTorch .detach()).")
+	Ops["StopGradient"].Alias = true
 	unary("Clamp", "", "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN.")
 	unary("NanToNum", "", "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced.")
 	gradUnary("SigmoidGrad", "SigmoidGrad(dy, y) -> dy·y·(1-y).")

@@ -171,7 +171,9 @@ type Plan struct {
 
 // SlotClash reports whether output i of node n must not be computed in its
 // plan slot: the slot is shared with another output of n, or with an input
-// that the op cannot overwrite in place (ir.OpDef.InPlace, same shape).
+// that the op cannot overwrite in place (ir.OpDef.InPlace, same shape) and
+// whose elements it does not give unchanged (ir.OpDef.Alias: the planner
+// gave the output its input's slot, and there is nothing to do).
 // slot gives a value's plan slot (-1: none). A backend computes such an
 // output into a temporary and copies it into the slot afterwards.
 func SlotClash(n *ir.Node, i int, slot func(*ir.Value) int) bool {
@@ -182,8 +184,9 @@ func SlotClash(n *ir.Node, i int, slot func(*ir.Value) int) bool {
 	}
 	def := ir.Ops[n.Op]
 	inPlace := def != nil && def.InPlace
+	alias := def != nil && def.Alias
 	for _, x := range n.Inputs {
-		if slot(x) == s && !(inPlace && x.Shape.Equal(o.Shape)) {
+		if slot(x) == s && !(inPlace && x.Shape.Equal(o.Shape)) && !(alias && x.Shape.Numel() == o.Shape.Numel()) {
 			return true
 		}
 	}

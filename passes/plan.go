@@ -10,7 +10,10 @@ import (
 // Plan lays out the intermediate float values of g into reusable slots.
 // A value's slot is taken when its node runs and given back after the last
 // node that reads it; graph outputs stay live to the end. A node's outputs
-// never share a slot with its own inputs. Free slots are reused best-fit.
+// never share a slot with its own inputs, except the output of an alias op
+// (ir.OpDef.Alias: Reshape, StopGradient), which takes its input's slot:
+// the slot is given back when every value in it is dead, and the op has
+// nothing to do. Free slots are reused best-fit.
 // The memory that kernels allocate besides the slots is counted in
 // ScratchElems.
 func Plan(g *ir.Graph) *kernels.Plan {
@@ -32,6 +35,7 @@ func Plan(g *ir.Graph) *kernels.Plan {
 		copy(free[i+1:], free[i:])
 		free[i] = s
 	}
+	live := map[int]int{} // slot -> values in it not yet dead
 	for i, n := range g.Nodes {
 		for _, o := range n.Outputs {
 			if o.DType != ir.F32 {
@@ -39,6 +43,14 @@ func Plan(g *ir.Graph) *kernels.Plan {
 			}
 			need := max(1, o.Shape.Numel())
 			p.Naive += need
+			if _, used := last[o]; !used { // dead output: free right after the node
+				last[o] = i
+			}
+			if s, ok := aliasSlot(p, n); ok {
+				p.Slot[o.ID] = s
+				live[s]++
+				continue
+			}
 			j := sort.Search(len(free), func(j int) bool { return p.SlotElems[free[j]] >= need })
 			var s int
 			if j < len(free) {
@@ -49,9 +61,7 @@ func Plan(g *ir.Graph) *kernels.Plan {
 				p.SlotElems = append(p.SlotElems, need)
 			}
 			p.Slot[o.ID] = s
-			if _, used := last[o]; !used { // dead output: free right after the node
-				last[o] = i
-			}
+			live[s] = 1
 		}
 		// Free values whose last reader is this node (inputs and dead outputs).
 		seen := map[*ir.Value]bool{}
@@ -60,8 +70,10 @@ func Plan(g *ir.Graph) *kernels.Plan {
 				continue
 			}
 			seen[v] = true
-			if last[v] == i {
-				insertFree(p.Slot[v.ID])
+			if s := p.Slot[v.ID]; last[v] == i {
+				if live[s]--; live[s] == 0 {
+					insertFree(s)
+				}
 			}
 		}
 	}
@@ -74,4 +86,18 @@ func Plan(g *ir.Graph) *kernels.Plan {
 		}
 	}
 	return p
+}
+
+// aliasSlot is the slot an alias op's output shares with its input: the
+// input's, when it has one of the output's size.
+func aliasSlot(p *kernels.Plan, n *ir.Node) (int, bool) {
+	if d := ir.Ops[n.Op]; d == nil || !d.Alias || len(n.Inputs) != 1 || len(n.Outputs) != 1 {
+		return 0, false
+	}
+	x, o := n.Inputs[0], n.Outputs[0]
+	s, ok := p.Slot[x.ID]
+	if !ok || x.Kind != ir.Intermediate || x.DType != ir.F32 || x.Shape.Numel() != o.Shape.Numel() {
+		return 0, false
+	}
+	return s, true
 }

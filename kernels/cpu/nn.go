@@ -548,10 +548,13 @@ func expRowSum[T float](x []T, m T, store bool) float64 {
 	return s
 }
 
-// ceInPlaceOK reports whether CrossEntropy node n may overwrite its logits.
+// ceInPlaceOK reports whether CrossEntropy node n may overwrite its logits:
+// no later reader but its gradient (an alias op reading them shares their
+// slot), and not the output of an alias op (ir.OpDef.Alias), whose input
+// may live on in that slot.
 func ceInPlaceOK(g *ir.Graph, n *ir.Node) bool {
 	lg := n.Inputs[0]
-	if lg.Kind != ir.Intermediate || lg.DType != ir.F32 {
+	if lg.Kind != ir.Intermediate || lg.DType != ir.F32 || isAlias(lg.Def) {
 		return false
 	}
 	for _, v := range g.Outputs {
@@ -575,6 +578,11 @@ func ceInPlaceOK(g *ir.Graph, n *ir.Node) bool {
 		}
 	}
 	return true
+}
+
+// isAlias: n is an alias op (its output may share its input's slot).
+func isAlias(n *ir.Node) bool {
+	return n != nil && ir.Ops[n.Op] != nil && ir.Ops[n.Op].Alias
 }
 
 func (p *program[T]) buildCrossEntropy(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
