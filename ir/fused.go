@@ -19,11 +19,32 @@ type FusedStep struct {
 type FusedBody []FusedStep
 
 // MaxFusedInputs and MaxFusedSteps bound a FusedElementwise node (a
-// backend keeps one register per input and step).
+// backend keeps one register per input and step), MaxFusedDraws its steps
+// of ElementDraws ops (a backend passes one stream key per such step).
 const (
 	MaxFusedInputs = 8
 	MaxFusedSteps  = 16
+	MaxFusedDraws  = 4
 )
+
+// Fusable reports whether op may be a step of a FusedElementwise body:
+// elementwise and either deterministic or drawing per element
+// (OpDef.ElementDraws).
+func Fusable(op string) bool {
+	d := Ops[op]
+	return d != nil && (d.Elementwise || d.ElementDraws) && (!d.Random || d.ElementDraws) && !d.Fused
+}
+
+// Draws counts the body's steps of ElementDraws ops.
+func (b FusedBody) Draws() int {
+	n := 0
+	for _, s := range b {
+		if d := Ops[s.Op]; d != nil && d.ElementDraws {
+			n++
+		}
+	}
+	return n
+}
 
 // Body returns a FusedElementwise node's steps.
 func (n *Node) Body() (FusedBody, error) {
@@ -34,17 +55,21 @@ func (n *Node) Body() (FusedBody, error) {
 	return b, nil
 }
 
-// check verifies a body against k inputs: every step an elementwise,
-// non-random op with its input count, reading only registers defined
-// before it.
+// check verifies a body against k inputs: every step a fusable op
+// (Fusable; a drawing one with its stream) with its input count, reading
+// only registers defined before it.
 func (b FusedBody) check(k int) error {
-	if k > MaxFusedInputs || len(b) > MaxFusedSteps {
-		return fmt.Errorf("fused body of %d inputs and %d steps exceeds %d and %d", k, len(b), MaxFusedInputs, MaxFusedSteps)
+	if k > MaxFusedInputs || len(b) > MaxFusedSteps || b.Draws() > MaxFusedDraws {
+		return fmt.Errorf("fused body of %d inputs, %d steps and %d draws exceeds %d, %d and %d", k, len(b), b.Draws(),
+			MaxFusedInputs, MaxFusedSteps, MaxFusedDraws)
 	}
 	for j, s := range b {
 		d := Ops[s.Op]
-		if d == nil || !d.Elementwise || d.Random {
-			return fmt.Errorf("fused step %d: %s is not a deterministic elementwise op", j, s.Op)
+		if !Fusable(s.Op) {
+			return fmt.Errorf("fused step %d: %s is not an elementwise op that fuses", j, s.Op)
+		}
+		if d.ElementDraws && s.Attrs.Int("stream", -1) < 0 {
+			return fmt.Errorf("fused step %d: %s without its stream", j, s.Op)
 		}
 		if len(s.Args) != d.NumIn {
 			return fmt.Errorf("fused step %d: %s takes %d inputs, got %d", j, s.Op, d.NumIn, len(s.Args))

@@ -29,6 +29,11 @@ type OpDef struct {
 	// of the same shape (a plan slot shared between them). Elementwise ops
 	// are InPlace without saying so.
 	InPlace bool
+	// ElementDraws ops are Random ops whose draw for output element i
+	// depends only on the run's seed, the node's stream ("stream", else the
+	// node's id) and i (Dropout, DropoutGrad): they are elementwise and
+	// join FusedElementwise chains, the stream kept in the step's attrs.
+	ElementDraws bool
 	// Alias ops give their one input's elements in the same order
 	// (Reshape, StopGradient): the memory plan may give the output its
 	// input's slot, and then the op has nothing to do.
@@ -371,10 +376,10 @@ func init() {
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
 		}})
-	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
+	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Infer: same(0),
 		Doc: "Dropout(x; p) -> x·mask with mask = Bernoulli(1-p)/(1-p), fresh per step: element i keeps when the 32-bit half (i&1) " +
-			"of draw i>>1 of the node's stream is below (1-p)·2³²."})
-	reg(&OpDef{Name: "DropoutGrad", NumIn: 1, TrainingOnly: true, Random: true, Gradient: true, Infer: same(0),
+			"of draw i>>1 of the node's stream (attribute stream, else the node's id) is below (1-p)·2³²."})
+	reg(&OpDef{Name: "DropoutGrad", NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Gradient: true, Infer: same(0),
 		Doc: "DropoutGrad(dy; p, stream) -> dy·mask, mask the one the Dropout node whose id is stream drew in the same run " +
 			"(drawn again from its stream: no mask is kept between the forward and the backward)."})
 	reg(&OpDef{Name: "GumbelNoise", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),

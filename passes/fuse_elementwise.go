@@ -13,9 +13,11 @@ import (
 // instead of writing and reading every intermediate. A producer joins its
 // consumer's group when its output is read by that consumer only, is not a
 // graph output, and has the consumer's output shape (the chain's inputs may
-// broadcast); groups stay within ir.MaxFusedInputs inputs and
-// ir.MaxFusedSteps steps. Values are unchanged: each step is the op it
-// replaces.
+// broadcast); groups stay within ir.MaxFusedInputs inputs, ir.MaxFusedSteps
+// steps and ir.MaxFusedDraws dropout steps. Values are unchanged: each step
+// is the op it replaces, a Dropout step keeping its node's id as its stream
+// (its draws for element i depend on the run's seed, the stream and i
+// only).
 func FuseElementwise(g *ir.Graph) error {
 	uses := g.Uses()
 	outputs := map[*ir.Value]bool{}
@@ -44,10 +46,9 @@ func FuseElementwise(g *ir.Graph) error {
 	return emitFused(g, groups)
 }
 
-// fusable: an elementwise, deterministic single-output op on float data.
+// fusable: a single-output op on float data that fuses (ir.Fusable).
 func fusable(n *ir.Node) bool {
-	d := ir.Ops[n.Op]
-	if d == nil || !d.Elementwise || d.Random || d.Fused || len(n.Outputs) != 1 {
+	if !ir.Fusable(n.Op) || len(n.Outputs) != 1 {
 		return false
 	}
 	for _, v := range append(slices.Clone(n.Inputs), n.Outputs...) {
@@ -78,10 +79,21 @@ func (grp *fuseGroup) absorb(p *fuseGroup, v *ir.Value) (*fuseGroup, bool) {
 		}
 	}
 	steps := len(p.members) + len(grp.members)
-	if len(in) > ir.MaxFusedInputs || steps > ir.MaxFusedSteps {
+	if len(in) > ir.MaxFusedInputs || steps > ir.MaxFusedSteps || p.draws()+grp.draws() > ir.MaxFusedDraws {
 		return nil, false
 	}
 	return &fuseGroup{members: append(slices.Clone(p.members), grp.members...), inputs: in}, true
+}
+
+// draws counts the group's members that draw (Dropout, DropoutGrad).
+func (grp *fuseGroup) draws() int {
+	n := 0
+	for _, m := range grp.members {
+		if ir.Ops[m.Op].ElementDraws {
+			n++
+		}
+	}
+	return n
 }
 
 // body numbers the group's registers (inputs, then one per member) and
@@ -97,7 +109,11 @@ func (grp *fuseGroup) body() ir.FusedBody {
 		for i, x := range m.Inputs {
 			args[i] = reg[x]
 		}
-		b = append(b, ir.FusedStep{Op: m.Op, Attrs: m.Attrs.Clone(), Args: args})
+		a := m.Attrs.Clone()
+		if ir.Ops[m.Op].ElementDraws && a.Int("stream", -1) < 0 {
+			a["stream"] = m.ID // a Dropout's own stream
+		}
+		b = append(b, ir.FusedStep{Op: m.Op, Attrs: a, Args: args})
 		reg[m.Outputs[0]] = len(grp.inputs) + j
 	}
 	return b

@@ -13,7 +13,7 @@ import (
 
 // chainGraph: a chain with a broadcast input, a parameterised unary op, a
 // gradient op and a value read twice (c feeds two nodes: it stays), plus a
-// Dropout (random: never fused).
+// Dropout (its draws per element fuse too, from its own stream).
 func chainGraph() *ir.Graph {
 	g := ir.New("chain")
 	x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
@@ -43,8 +43,9 @@ func runGraph(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []flo
 }
 
 // TestFuseElementwise: the chain becomes FusedElementwise nodes (the value
-// read twice ends a group; Dropout stays), the graph verifies, and the
-// fused graph computes the unfused one's values bit for bit.
+// read twice ends a group; Dropout joins the second with its node's id as
+// its stream), the graph verifies, and the fused graph computes the
+// unfused one's values bit for bit (the same dropout mask).
 func TestFuseElementwise(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	feeds := map[string]*kernels.Tensor{}
@@ -60,6 +61,12 @@ func TestFuseElementwise(t *testing.T) {
 	}
 	want := runGraph(t, chainGraph(), feeds)
 	g := chainGraph()
+	dropID := -1
+	for _, n := range g.Nodes {
+		if n.Op == "Dropout" {
+			dropID = n.ID
+		}
+	}
 	if err := passes.FuseElementwise(g); err != nil {
 		t.Fatal(err)
 	}
@@ -68,13 +75,59 @@ func TestFuseElementwise(t *testing.T) {
 	}
 	counts := g.OpCounts()
 	// {Add, Scale, GELU} (GELU's output c is read twice), {GELUGrad, Mul,
-	// Clamp}, Dropout, Neg alone
-	if counts["FusedElementwise"] != 2 || counts["Dropout"] != 1 || counts["Neg"] != 1 || len(g.Nodes) != 4 {
-		t.Fatalf("fused graph ops %v, want 2 FusedElementwise, Dropout, Neg", counts)
+	// Clamp, Dropout, Neg}
+	if counts["FusedElementwise"] != 2 || len(g.Nodes) != 2 {
+		t.Fatalf("fused graph ops %v, want 2 FusedElementwise", counts)
 	}
 	first, _ := g.Nodes[0].Body()
 	if len(first) != 3 || first[1].Op != "Scale" || first[1].Attrs.Float("alpha", 0) != 1.5 || len(g.Nodes[0].Inputs) != 2 {
 		t.Errorf("first group: %d inputs, body %+v", len(g.Nodes[0].Inputs), first)
+	}
+	second, _ := g.Nodes[1].Body()
+	if len(second) != 5 || second[3].Op != "Dropout" || second[3].Attrs.Int("stream", -1) != dropID {
+		t.Errorf("second group: body %+v, want the Dropout fourth with stream %d", second, dropID)
+	}
+	got := runGraph(t, g, feeds)
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("out[%d] = %v fused, %v unfused", i, got[i], want[i])
+		}
+	}
+}
+
+// TestFuseElementwiseDraws: a chain of more dropouts than
+// ir.MaxFusedDraws is split into groups within the bound, and computes the
+// unfused chain's values bit for bit.
+func TestFuseElementwiseDraws(t *testing.T) {
+	build := func() *ir.Graph {
+		g := ir.New("drops")
+		v := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
+		for i := range 6 {
+			v = g.Apply("Dropout", ir.Attrs{"p": 0.1 * float64(i%3)}, g.Op1("Neg", nil, v))[0]
+		}
+		g.SetOutput("out", v)
+		return g
+	}
+	x := kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7})
+	for i := range x.F32 {
+		x.F32[i] = float32(i%11) - 5
+	}
+	feeds := map[string]*kernels.Tensor{"x": x}
+	want := runGraph(t, build(), feeds)
+	g := build()
+	if err := passes.FuseElementwise(g); err != nil {
+		t.Fatal(err)
+	}
+	if err := ir.Verify(g, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range g.Nodes {
+		if b, err := n.Body(); err != nil || b.Draws() > ir.MaxFusedDraws {
+			t.Fatalf("%s: %v, %d draws", n.Op, err, b.Draws())
+		}
+	}
+	if len(g.Nodes) != 2 {
+		t.Errorf("%d nodes, want 2", len(g.Nodes))
 	}
 	got := runGraph(t, g, feeds)
 	for i := range want {

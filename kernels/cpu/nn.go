@@ -265,8 +265,10 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 
 // ---- Dropout / GumbelNoise ----
 
+// buildDropout draws from the node's stream: attribute stream (a Dropout
+// step of a FusedElementwise body), else its id.
 func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-	return p.dropoutKernel(n.Attrs.Float("p", 0), n.ID, in[0], out[0])
+	return p.dropoutKernel(n.Attrs.Float("p", 0), n.Attrs.Int("stream", n.ID), in[0], out[0])
 }
 
 // buildDropoutGrad draws the mask of the Dropout node n.Attrs["stream"]

@@ -97,6 +97,15 @@ func opCases() []opCase {
 			{Op: "Clamp", Attrs: ir.Attrs{"lo": -0.5, "hi": 0.5}, Args: []int{7}},
 			{Op: "Sub", Args: []int{8, 0}},
 		}}, in: []ir.Shape{s357, {7}, s357}},
+		// dropout steps: each draws its stream's mask, as Dropout and
+		// DropoutGrad do alone (p 0 keeps everything)
+		{op: "FusedElementwise", attrs: ir.Attrs{"shape": []int{3, 5, 7}, "body": ir.FusedBody{
+			{Op: "Mul", Args: []int{0, 1}},
+			{Op: "Dropout", Attrs: ir.Attrs{"p": 0.3, "stream": 11}, Args: []int{2}},
+			{Op: "DropoutGrad", Attrs: ir.Attrs{"p": 0.1, "stream": 12}, Args: []int{3}},
+			{Op: "Dropout", Attrs: ir.Attrs{"p": 0.0, "stream": 13}, Args: []int{4}},
+			{Op: "Add", Args: []int{5, 0}},
+		}}, in: []ir.Shape{s357, {5, 1}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": 1}, in: []ir.Shape{{3, 2, 7}, s357, {3, 1, 7}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": -1}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 3}}},
 	}

@@ -2,9 +2,11 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 )
 
 // fusedStepKind is how fused_ew_f32 evaluates a step (src/fused.cu).
@@ -14,11 +16,13 @@ const (
 	fusedBinary fusedStepKind = iota
 	fusedUnary
 	fusedGrad
+	fusedDraw // Dropout, DropoutGrad: a stream key slot, a register
 )
 
 // fusedStep encodes one step of a FusedElementwise body for fused_ew_f32:
-// its kind, op code, registers and parameters.
-func fusedStep(s ir.FusedStep) (prog [4]int32, params [3]float32, err error) {
+// its kind, op code (a drawing step: slot, its stream key's place among
+// the launch's keys), registers and parameters.
+func fusedStep(s ir.FusedStep, slot int) (prog [4]int32, params [3]float32, err error) {
 	reg := func(i int) int32 {
 		if i < len(s.Args) {
 			return int32(s.Args[i])
@@ -38,10 +42,19 @@ func fusedStep(s ir.FusedStep) (prog [4]int32, params [3]float32, err error) {
 		k := gradParams(s.Attrs)
 		return [4]int32{int32(fusedGrad), code, reg(0), reg(1)}, [3]float32{k[0], k[1], 0}, nil
 	}
+	if d := ir.Ops[s.Op]; d != nil && d.ElementDraws {
+		thresh, scale := dropoutThreshold(s.Attrs.Float("p", 0))
+		all := float32(0)
+		if thresh > math.MaxUint32 {
+			all, thresh = 1, 0
+		}
+		return [4]int32{int32(fusedDraw), int32(slot), reg(0), 0}, [3]float32{scale, math.Float32frombits(uint32(thresh)), all}, nil
+	}
 	return prog, params, fmt.Errorf("fused step %s: no fused_ew_f32 code", s.Op)
 }
 
-// fusedMaxRegs is FUSED_MAX_REGS of src/fused.cu.
+// fusedMaxRegs is FUSED_MAX_REGS of src/fused.cu (its FUSED_MAX_STEPS is
+// ir.MaxFusedSteps, its FUSED_THREADS the launch's block, threads).
 const fusedMaxRegs = 24
 
 // buildFused launches fused_ew_f32 over a FusedElementwise node: the input
@@ -52,8 +65,8 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	if err != nil {
 		return nil, err
 	}
-	if len(in)+len(body) > fusedMaxRegs {
-		return nil, fmt.Errorf("FusedElementwise: %d inputs and %d steps exceed %d registers", len(in), len(body), fusedMaxRegs)
+	if len(body) > ir.MaxFusedSteps || len(in)+len(body) > fusedMaxRegs {
+		return nil, fmt.Errorf("FusedElementwise: %d inputs and %d steps exceed %d steps or %d registers", len(in), len(body), ir.MaxFusedSteps, fusedMaxRegs)
 	}
 	if len(in) == 0 {
 		return nil, fmt.Errorf("FusedElementwise: no inputs")
@@ -61,10 +74,17 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	o := out[0]
 	prog := make([]int32, 0, 4*len(body))
 	params := make([]float32, 0, 3*len(body))
+	var streams []int // the drawing steps' streams, by slot
 	for _, s := range body {
-		c, k, err := fusedStep(s)
+		c, k, err := fusedStep(s, len(streams))
 		if err != nil {
 			return nil, err
+		}
+		if c[0] == int32(fusedDraw) {
+			if len(streams) == ir.MaxFusedDraws {
+				return nil, fmt.Errorf("FusedElementwise: more than %d drawing steps", ir.MaxFusedDraws)
+			}
+			streams = append(streams, s.Attrs.Int("stream", -1))
 		}
 		prog, params = append(prog, c[:]...), append(params, k[:]...)
 	}
@@ -88,8 +108,12 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		return nil, err
 	}
 	return func() error {
+		var keys [ir.MaxFusedDraws]uint64 // this run's stream keys
+		for i, s := range streams {
+			keys[i] = kernels.StreamKey(p.seed, s)
+		}
 		return p.each("fused_ew_f32", o.n, o.buf.Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr, bufs[4].Ptr,
-			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n))
+			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n), keys[0], keys[1], keys[2], keys[3])
 	}, nil
 }
 

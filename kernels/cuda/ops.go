@@ -896,8 +896,9 @@ func dropoutThreshold(p float64) (thresh uint64, scale float32) {
 	return thresh, scale
 }
 
+// buildDropout draws from the node's stream: attribute stream, else its id.
 func (p *program) buildDropout(n *ir.Node, in, out []*dval) (func() error, error) {
-	return p.dropout(n.Attrs.Float("p", 0), n.ID, in[0], out[0]), nil
+	return p.dropout(n.Attrs.Float("p", 0), n.Attrs.Int("stream", n.ID), in[0], out[0]), nil
 }
 
 // buildDropoutGrad applies the mask of the Dropout node n.Attrs["stream"]

@@ -160,12 +160,7 @@ extern "C" __global__ void causal_mask_f32(float* y, const float* x, int T, floa
 // DropoutGrad (dy, with the forward node's key) are the same launch.
 extern "C" __global__ void dropout_f32(float* y, const float* x, unsigned long long key,
                                        unsigned long long thresh, float scale, i64 n) {
-    GRID_STRIDE(i, n) {
-        unsigned long long h = mix64(key + (unsigned long long)((i >> 1) + 1) * RPAC_GOLDEN);
-        unsigned int half = (unsigned int)(h >> (32 * (i & 1)));
-        float m = ((unsigned long long)half < thresh) ? scale : 0.0f;
-        y[i] = x[i] * m;
-    }
+    GRID_STRIDE(i, n) y[i] = x[i] * dropout_scale(key, i, thresh, scale);
 }
 
 // gumbel_f32: y = x − log(−log(u)), u the 53-bit uniform draw i clamped to

@@ -88,14 +88,21 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     return z ^ (z >> 31);
 }
 
+// dropout_scale: scale when element e of stream key keeps (the 32-bit half
+// (e&1) of draw e>>1 below thresh), else 0: Dropout's multiplier
+// (dropout_f32, and a dropout step of fused_ew_f32).
+__device__ __forceinline__ float dropout_scale(unsigned long long key, i64 e, unsigned long long thresh, float scale) {
+    unsigned long long h = mix64(key + (unsigned long long)((e >> 1) + 1) * RPAC_GOLDEN);
+    unsigned int half = (unsigned int)(h >> (32 * (e & 1)));
+    return ((unsigned long long)half < thresh) ? scale : 0.0f;
+}
+
 // dropout_keep: the Dropout multiplier of element e (0 or keep): element e
 // keeps when the 32-bit half (e&1) of draw e>>1 is below thresh. keep == 0
 // means no dropout (multiplier 1).
 __device__ __forceinline__ float dropout_keep(unsigned long long key, i64 e, unsigned long long thresh, float keep) {
     if (keep == 0.0f) return 1.0f;
-    unsigned long long h = mix64(key + (unsigned long long)((e >> 1) + 1) * RPAC_GOLDEN);
-    unsigned int half = (unsigned int)(h >> (32 * (e & 1)));
-    return ((unsigned long long)half < thresh) ? keep : 0.0f;
+    return dropout_scale(key, e, thresh, keep);
 }
 
 // ---- elementwise formulas (graph.cu's unary/grad/binary kernels and
