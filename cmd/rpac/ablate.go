@@ -52,7 +52,7 @@ func ablateFlags() []cli.Flag {
 		&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
 		&cli.BoolFlag{Name: "keep-checkpoints", Usage: "keep each run's checkpoint (tiny: ~140 MB each)"},
 		&cli.StringFlag{Name: "eval-lengths", Usage: "also score every run's evaluation split at these context lengths (e.g. 64,128,256; up to the preset's max_len) through the folded export in onnxruntime, lengths it did not train at calibrated as rpac export does; a table per length"},
-		&cli.IntFlag{Name: "eval-lengths-chunks", Usage: "--eval-lengths: chunks scored per length (0: the whole split)"},
+		&cli.IntFlag{Name: "eval-lengths-tokens", Usage: "--eval-lengths: score the first N tokens of the evaluation split at each length, in ⌊N/T⌋ chunks of T (0: the whole split)"},
 		&cli.StringFlag{Name: "out", Usage: "directory for the runs, ablation.md and ablation.csv", Required: true},
 	}
 }
@@ -178,12 +178,12 @@ func ablationHeader(c *cli.Context, base training.Options, results []training.St
 		"- Δ: the stage's Val CE minus the first (previous) stage's, seed by seed (the stages share each seed), mean ± half the 95% interval (Student's t over the n pairs)",
 	}
 	if c.String("eval-lengths") != "" {
-		chunks := "the whole split"
-		if n := c.Int("eval-lengths-chunks"); n > 0 {
-			chunks = fmt.Sprintf("at most %d chunks", n)
+		text := "the whole split"
+		if n := c.Int("eval-lengths-tokens"); n > 0 {
+			text = fmt.Sprintf("its first %d tokens", n)
 		}
-		lines = append(lines, fmt.Sprintf("- CE at T: each run's reported weights exported in fp32 with the prior folded into one constant bias per length (lengths the run did not train at calibrated on %d batches of %d sequences of its training split), scored in onnxruntime on %s in chunks of T tokens (%s per length); Δ paired against the first stage",
-			export.DefaultCalibBatches, export.DefaultCalibBatch, c.String("eval-split"), chunks))
+		lines = append(lines, fmt.Sprintf("- CE at T: each run's reported weights exported in fp32 with the prior folded into one constant bias per length (lengths the run did not train at calibrated on %d batches of %d sequences of its training split), scored in onnxruntime on %s of %s in chunks of T tokens; Δ paired against the first stage",
+			export.DefaultCalibBatches, export.DefaultCalibBatch, text, c.String("eval-split")))
 	}
 	return lines
 }
@@ -197,13 +197,13 @@ func lengthEval(c *cli.Context) (*training.LengthEval, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--eval-lengths: %w", err)
 	}
-	if c.Int("eval-lengths-chunks") < 0 {
-		return nil, fmt.Errorf("--eval-lengths-chunks must not be negative (got %d)", c.Int("eval-lengths-chunks"))
+	if c.Int("eval-lengths-tokens") < 0 {
+		return nil, fmt.Errorf("--eval-lengths-tokens must not be negative (got %d)", c.Int("eval-lengths-tokens"))
 	}
 	if err := runtime.Available(); err != nil {
 		return nil, fmt.Errorf("--eval-lengths runs the exports in onnxruntime: %w", err)
 	}
-	o := lengtheval.Options{Lengths: lengths, MaxChunks: c.Int("eval-lengths-chunks"), Log: logger(c)}
+	o := lengtheval.Options{Lengths: lengths, Tokens: c.Int("eval-lengths-tokens"), Log: logger(c)}
 	return &training.LengthEval{Lengths: lengths, Score: func(ctx context.Context, dir, weights string) ([]training.LengthCE, error) {
 		return lengtheval.Score(ctx, dir, weights, o)
 	}}, nil

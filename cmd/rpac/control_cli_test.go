@@ -24,7 +24,7 @@ func TestControlFlagErrors(t *testing.T) {
 		{"ablate no seeds", []string{"ablate", "--dataset", "synthetic", "--seeds", "0"}, "seeds"},
 		{"ablate bad loss", []string{"ablate", "--dataset", "synthetic", "--loss", "some", "--steps", "1"}, "loss"},
 		{"ablate bad eval lengths", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64,x", "--steps", "1"}, "--eval-lengths"},
-		{"ablate negative eval chunks", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64", "--eval-lengths-chunks", "-2"}, "--eval-lengths-chunks"},
+		{"ablate negative eval tokens", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64", "--eval-lengths-tokens", "-2"}, "--eval-lengths-tokens"},
 		{"plot without run", []string{"plot"}, "run directory"},
 		{"plot of a non-run", []string{"plot", "/nonexistent/run"}, "metrics.jsonl"},
 	}

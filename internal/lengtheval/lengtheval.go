@@ -23,9 +23,10 @@ import (
 // Options configure Score.
 type Options struct {
 	Lengths []int
-	// MaxChunks bounds the chunks scored at each length (0: the whole
-	// split).
-	MaxChunks int
+	// Tokens bounds the text scored at each length to its first Tokens
+	// tokens, in ⌊Tokens/T⌋ chunks of T (0: the whole split), so every
+	// length scores the same text.
+	Tokens int
 	// Threads are onnxruntime's intra-op threads (0: one per core).
 	Threads int
 	Log     *slog.Logger
@@ -71,8 +72,8 @@ func Score(ctx context.Context, dir, which string, o Options) ([]training.Length
 	var res []training.LengthCE
 	for _, T := range o.Lengths {
 		chunks := (len(ds.Eval) - 1) / T
-		if o.MaxChunks > 0 {
-			chunks = min(chunks, o.MaxChunks)
+		if o.Tokens > 0 {
+			chunks = min(chunks, o.Tokens/T)
 		}
 		if chunks < 1 {
 			return nil, fmt.Errorf("the %s split has %d tokens, fewer than one chunk of %d+1", ds.EvalName, len(ds.Eval), T)

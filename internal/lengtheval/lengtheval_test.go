@@ -54,9 +54,9 @@ func TestScore(t *testing.T) {
 	if math.IsNaN(got[1].CE) || got[1].CE <= 0 || got[1].Tokens%64 != 0 || got[1].Tokens == 0 {
 		t.Errorf("at 64: %+v", got[1])
 	}
-	bounded, err := Score(context.Background(), dir, "last", Options{Lengths: []int{64}, MaxChunks: 3})
-	if err != nil || bounded[0].Tokens != 3*64 {
-		t.Errorf("MaxChunks 3 at 64: %+v %v", bounded, err)
+	bounded, err := Score(context.Background(), dir, "last", Options{Lengths: []int{32, 64}, Tokens: 200})
+	if err != nil || bounded[0].Tokens != 6*32 || bounded[1].Tokens != 3*64 {
+		t.Errorf("the first 200 tokens at 32 and 64: %+v %v", bounded, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, exportDir)); !os.IsNotExist(err) {
 		t.Errorf("the export is left in the run: %v", err)
