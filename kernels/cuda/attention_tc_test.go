@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 )
 
 // tcAttentionCases: FusedAttention and its gradient on shapes that stress
@@ -61,6 +62,9 @@ func attnErrors(got []float32, want []float64) (worst, l2 float64) {
 const (
 	tcAttnWorst = 0.1  // relative to max(1, |cpu|)
 	tcAttnL2    = 1e-2 // ‖got − cpu‖ / ‖cpu‖
+	// tcAttnBiasWorst: the bias gradient's worst entry where dropout
+	// scales dS by 1/(1 − p) (TestGPUAttentionBandMask: 0.105 at p = 0.1).
+	tcAttnBiasWorst = 0.15
 )
 
 // TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
@@ -175,6 +179,77 @@ func TestFlashWarpTiles(t *testing.T) {
 	}{{64, false, 6}, {64, true, 6}, {67, false, 9}, {67, true, 11}} {
 		if got := flashWarpTiles(c.T, c.keys); got != c.want {
 			t.Errorf("T %d, keys %v: %v tiles, want %v", c.T, c.keys, got, c.want)
+		}
+	}
+}
+
+// TestGPUAttentionBandMask: a bias of −Inf outside a band of 24 keys (a
+// sliding window) leaves the first key tiles of later rows wholly masked,
+// so the one-pass forward's running maximum starts at −Inf and jumps (its
+// rescale by 0, then by exp(m − m')); o, the gradients and the bias
+// gradient (0 where masked) match the CPU within bf16's bounds, with and
+// without dropout; the fp32 kernels (attention.cu) too, within fp32's
+// bounds.
+func TestGPUAttentionBandMask(t *testing.T) {
+	for _, prec := range []GEMMPrecision{GEMMBF16, GEMMF32} {
+		bandMaskCase(t, gpuBackend(t, prec), prec)
+	}
+}
+
+func bandMaskCase(t *testing.T, be kernels.Backend, prec GEMMPrecision) {
+	r := rand.New(rand.NewPCG(23, 4))
+	const B, H, T, Hd, band = 2, 3, 100, 85, 24
+	s := ir.Shape{B, H, T, Hd}
+	worstBound, biasBound, l2Bound := tcAttnWorst, tcAttnBiasWorst, tcAttnL2
+	if prec == GEMMF32 {
+		worstBound, biasBound, l2Bound = 1e-4, 1e-4, 1e-5
+	}
+	for _, p := range []float64{0, 0.1} {
+		a := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true}
+		if p > 0 {
+			a["dropout"], a["stream"] = p, 9
+		}
+		g := ir.New("band")
+		feeds := map[string]*kernels.Tensor{}
+		var in []*ir.Value
+		for i, sh := range []ir.Shape{s, s, s, s} {
+			name := string(rune('a' + i))
+			in = append(in, g.Input(name, sh, ir.F32))
+			feeds[name] = &kernels.Tensor{Shape: sh.Clone(), F32: randF32(r, sh.Numel(), 1)}
+		}
+		mask := make([]float32, T*T)
+		for i := range T {
+			for j := range T {
+				mask[i*T+j] = float32(r.NormFloat64())
+				if j < i-band {
+					mask[i*T+j] = float32(math.Inf(-1))
+				}
+			}
+		}
+		in = append(in, g.Input("m", ir.Shape{T, T}, ir.F32))
+		feeds["m"] = &kernels.Tensor{Shape: ir.Shape{T, T}, F32: mask}
+		g.SetOutput("o", g.Apply("FusedAttention", a, in[1], in[2], in[3], in[4])[0])
+		for i, v := range g.Apply("FusedAttentionGrad", a, in...) {
+			g.SetOutput(string(rune('w'+i)), v)
+		}
+		what := fmt.Sprintf("%s, band mask, dropout %g", prec, p)
+		for name, pair := range runBoth(t, what, g, feeds, be) {
+			worst, l2 := attnErrors(pair[1].F32, pair[0].Float64s())
+			t.Logf("%s output %s: worst %.2e, L2 %.2e", what, name, worst, l2)
+			bound := worstBound
+			if name == "z" {
+				bound = biasBound
+			}
+			if worst > bound || l2 > l2Bound {
+				t.Errorf("%s output %s: worst %.3g (bound %g), L2 %.3g (bound %g)", what, name, worst, bound, l2, l2Bound)
+			}
+			if name == "z" { // the bias gradient: nothing where the bias is −Inf
+				for e, m := range mask {
+					if math.IsInf(float64(m), -1) && pair[1].F32[e] != 0 {
+						t.Fatalf("%s: bias gradient %g at masked entry %d", what, pair[1].F32[e], e)
+					}
+				}
+			}
 		}
 	}
 }

@@ -344,10 +344,10 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float
                     if (x != RPAC_NEG_INF) {
                         float pij = expf(x - L), drop = dropout_keep(key, row * T + j, thresh, keep);
                         ds = pij * (drop * sp[w][r * FA_TILE + col] - Di);
-                        if (mypart) {
-                            float* dst = mypart + (i64)i * T + j;
-                            *dst = first ? ds : *dst + ds;
-                        }
+                    }
+                    if (mypart && i < T && j <= i) {  // every entry the reduction reads, 0 where masked
+                        float* dst = mypart + (i64)i * T + j;
+                        *dst = first ? ds : *dst + ds;
                     }
                     sds[w][r * FA_TILE + col] = f32_to_bf16(ds);
                 }
