@@ -466,12 +466,52 @@ func init() {
 			"causal sets entries j > i to -Inf before the softmax. A row that is entirely -Inf gives zeros. " +
 			"D is 1 without dropout (export graphs); with dropout p > 0 (training graphs) it is the mask a Dropout node " +
 			"with ID stream draws over the [B,H,T,S] weights (element ((b·H+h)·T+i)·S+j of that node's stream), so the " +
-			"fused core equals the unfused one draw for draw (stream absent: this node's own ID)."})
+			"fused core equals the unfused one draw for draw (stream absent: this node's own ID). With layout bthd, q, k, v " +
+			"and the output are [B,T,H,·] instead (the same attention, heads not moved before the sequence)."})
 	reg(&OpDef{Name: "FusedAttentionGrad", NumIn: -1, Gradient: true, Infer: inferAttention(true),
 		Doc: "FusedAttentionGrad(dO[B,H,T,Hv], q, k, v, mask?, out?; scale, causal, dropout, stream, with_out) -> (dq, dk, dv, dmask?): " +
 			"the gradient of Σ dO·FusedAttention(q, k, v, mask) (same attributes); dmask [T,S] sums over B and H. " +
 			"The weights are recomputed, never stored. With with_out the last input is the forward's output, " +
 			"which a backend may use (with the forward's row statistics) instead of running the forward again."})
+}
+
+// AttnLayout is the layout of a FusedAttention(Grad) node's q, k, v,
+// output, dO and gradients (attribute "layout").
+type AttnLayout uint8
+
+const (
+	// AttnBHTD: [B,H,T,D], each head's rows together (the default).
+	AttnBHTD AttnLayout = iota
+	// AttnBTHD: [B,T,H,D], a projection's [B,T,H·D] rows as they are
+	// (passes.AttentionLayout): no Transpose on either side.
+	AttnBTHD
+)
+
+// attnLayoutBTHD is AttnBTHD's spelling in the layout attribute.
+const attnLayoutBTHD = "bthd"
+
+// AttnLayoutOf reads a node's layout attribute.
+func AttnLayoutOf(a Attrs) AttnLayout {
+	if s, _ := a["layout"].(string); s == attnLayoutBTHD {
+		return AttnBTHD
+	}
+	return AttnBHTD
+}
+
+// Set writes the layout into a (the default: no attribute).
+func (l AttnLayout) Set(a Attrs) {
+	delete(a, "layout")
+	if l == AttnBTHD {
+		a["layout"] = attnLayoutBTHD
+	}
+}
+
+// Dims reads batch, heads, length and head size off a q, k or v shape.
+func (l AttnLayout) Dims(s Shape) (B, H, T, D int) {
+	if l == AttnBTHD {
+		return s[0], s[2], s[1], s[3]
+	}
+	return s[0], s[1], s[2], s[3]
 }
 
 // SplitAttentionGrad separates a FusedAttentionGrad node's inputs (or
@@ -506,17 +546,23 @@ func inferAttention(grad bool) func(in []*Value, a Attrs) ([]Shape, []DType, err
 		}
 		q, k, v := in[0].Shape, in[1].Shape, in[2].Shape
 		if len(q) != 4 || len(k) != 4 || len(v) != 4 {
-			return nil, nil, errors.New("want rank-4 q, k, v [B,H,T,Hd]")
+			return nil, nil, errors.New("want rank-4 q, k, v ([B,H,T,Hd], or [B,T,H,Hd] with layout bthd)")
 		}
-		if q[0] != k[0] || q[1] != k[1] || q[3] != k[3] || !k[:3].Equal(v[:3]) {
+		if l, ok := a["layout"]; ok && l != attnLayoutBTHD {
+			return nil, nil, fmt.Errorf("layout %v, want %q or none", l, attnLayoutBTHD)
+		}
+		lay := AttnLayoutOf(a)
+		qB, qH, T, qD := lay.Dims(q)
+		kB, kH, S, kD := lay.Dims(k)
+		if qB != kB || qH != kH || qD != kD || !k[:3].Equal(v[:3]) {
 			return nil, nil, fmt.Errorf("q %v, k %v, v %v do not agree", q, k, v)
 		}
 		if len(in) == 4 {
-			if m := in[3].Shape; len(m) != 2 || m[0] != q[2] || m[1] != k[2] {
-				return nil, nil, fmt.Errorf("mask %v, want [%d,%d]", m, q[2], k[2])
+			if m := in[3].Shape; len(m) != 2 || m[0] != T || m[1] != S {
+				return nil, nil, fmt.Errorf("mask %v, want [%d,%d]", m, T, S)
 			}
 		}
-		if a.Bool("causal", false) && q[2] != k[2] {
+		if a.Bool("causal", false) && T != S {
 			return nil, nil, errors.New("causal attention wants T == S")
 		}
 		if p := a.Float("dropout", 0); p < 0 || p >= 1 {

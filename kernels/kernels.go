@@ -231,6 +231,10 @@ type Capabilities struct {
 	// pass over memory; its graphs fuse chains of elementwise ops
 	// (passes.FuseElementwise).
 	FusedElementwise bool
+	// AttentionBTHD: the backend's FusedAttention(Grad) kernels take the
+	// [B,T,H,D] layout (ir.AttnBTHD); its graphs keep the projections' rows
+	// as they are (passes.AttentionLayout).
+	AttentionBTHD bool
 	// DeviceMemory is the memory of the device the programs run on, in
 	// bytes (0: they run in the host's memory).
 	DeviceMemory int64

@@ -10,6 +10,7 @@ import (
 	"io"
 
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 )
 
 // Context carries what passes need besides the graph.
@@ -26,6 +27,10 @@ type Context struct {
 	// elementwise ops (FuseElementwise), for backends with a
 	// FusedElementwise kernel that saves the intermediates' traffic.
 	FuseElementwise bool
+	// AttentionLayout asks the train and eval pipelines to give the fused
+	// attention cores the [B,T,H,D] layout (AttentionLayout), for backends
+	// whose attention kernels take it.
+	AttentionLayout bool
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -33,6 +38,13 @@ type Context struct {
 	// backend that evaluates folded subgraphs, the fold and attention modes);
 	// the export pipeline refuses to run without them.
 	ExportOptions *ExportOptions
+}
+
+// ForBackend sets what a backend asks of the train and eval pipelines
+// (FuseAttention, FuseElementwise, AttentionLayout) from its capabilities.
+func (c *Context) ForBackend(caps kernels.Capabilities) *Context {
+	c.FuseAttention, c.FuseElementwise, c.AttentionLayout = caps.FusedAttention, caps.FusedElementwise, caps.AttentionBTHD
+	return c
 }
 
 // ModelInfo is what the passes know of a model graph, given as types by
@@ -89,6 +101,7 @@ var TrainPipeline = []Pass{
 	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "autodiff", Fn: func(g *ir.Graph, c *Context) error { return Autodiff(g, c.Loss) }},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+	{Name: "attention layout", Fn: attentionLayoutIfAsked},
 	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
 }
 
@@ -96,7 +109,15 @@ var TrainPipeline = []Pass{
 var EvalPipeline = []Pass{
 	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+	{Name: "attention layout", Fn: attentionLayoutIfAsked},
 	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
+}
+
+func attentionLayoutIfAsked(g *ir.Graph, c *Context) error {
+	if !c.AttentionLayout {
+		return nil
+	}
+	return AttentionLayout(g)
 }
 
 func fuseElementwiseIfAsked(g *ir.Graph, c *Context) error {
@@ -127,6 +148,8 @@ var Constraints = []Constraint{
 	{"autodiff", "fuse elementwise", "fused ops have no gradient rule: the backward must exist before fusion"},
 	{"fuse training attention", "fuse elementwise", "attention fusion pattern-matches the unfused scale, mask and dropout ops"},
 	{"dce", "fuse elementwise", "dead readers would keep intermediates from fusing"},
+	{"fuse training attention", "attention layout", "the layout is a fused core's"},
+	{"autodiff", "attention layout", "the core and its gradient change layout together"},
 }
 
 // Pipelines lists every registered pipeline by name (export pipelines add

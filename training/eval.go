@@ -54,8 +54,7 @@ func evalGraph(cfg *model.Config, T, micro int, batchStats bool, caps kernels.Ca
 	for _, l := range mg.Layers {
 		mg.SetOutput(probeBias(l.Index), l.Bias)
 	}
-	if err := passes.Run(mg.Graph, passes.EvalPipeline, &passes.Context{Model: mg.Info(), FuseAttention: caps.FusedAttention,
-		FuseElementwise: caps.FusedElementwise}); err != nil {
+	if err := passes.Run(mg.Graph, passes.EvalPipeline, (&passes.Context{Model: mg.Info()}).ForBackend(caps)); err != nil {
 		return nil, nil, err
 	}
 	return mg, passes.Plan(mg.Graph), nil

@@ -129,3 +129,66 @@ func TestFusedElementwiseStepMatchesUnfused(t *testing.T) {
 		t.Logf("%s: %d FusedElementwise nodes; loss and gradients bit-identical", kind, counts["FusedElementwise"])
 	}
 }
+
+// TestAttentionLayoutStepMatches: with the [B,T,H,D] attention layout (as
+// on the CUDA backend), the step graphs of both models lose every Transpose
+// and give the [B,H,T,D] fused step's loss and gradients (dropout on the
+// attention weights: the same draws); the evaluator's CE too.
+func TestAttentionLayoutStepMatches(t *testing.T) {
+	for _, kind := range []string{"fuzzy", "baseline"} {
+		f := newStepFixture(t, kind, 24, 4)
+		f.cfg.Dropout = 0.2
+		plain := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}}
+		bthd := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}}
+		loss, ce, grads := f.stepOn(t, plain, 2, 11)
+		s, err := CompileStep(&f.cfg, f.store, bthd, f.T, f.B, 2, f.cfg.Dropout, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := s.graph.Graph.OpCounts()
+		layouts := 0
+		for _, n := range s.graph.Graph.Nodes {
+			if (n.Op == "FusedAttention" || n.Op == "FusedAttentionGrad") && ir.AttnLayoutOf(n.Attrs) == ir.AttnBTHD {
+				layouts++
+			}
+		}
+		s.Close()
+		if counts["Transpose"] != 0 || layouts != 2*f.cfg.Layers {
+			t.Fatalf("%s: %d Transposes left, %d of %d attention nodes in bthd", kind, counts["Transpose"], layouts, 2*f.cfg.Layers)
+		}
+		bl, bce, bg := f.stepOn(t, bthd, 2, 11)
+		if math.Abs(bl-loss)/math.Abs(loss) > 1e-6 || math.Abs(bce-ce)/math.Abs(ce) > 1e-6 {
+			t.Errorf("%s: bthd loss %.8f CE %.8f, bhtd %.8f %.8f", kind, bl, bce, loss, ce)
+		}
+		worst, at := 0.0, ""
+		for n, g := range grads {
+			if d := relDiff(bg[n], g); d > worst {
+				worst, at = d, n
+			}
+		}
+		t.Logf("%s: worst gradient %s rel %.2g", kind, at, worst)
+		if worst > 1e-5 {
+			t.Errorf("%s: gradient of %s differs by %.2g between the layouts", kind, at, worst)
+		}
+	}
+	f := newStepFixture(t, "fuzzy", 24, 4)
+	var ces []float64
+	for _, caps := range []kernels.Capabilities{{FusedAttention: true}, {FusedAttention: true, AttentionBTHD: true}} {
+		ev, err := compileEvaluator(&f.cfg, f.store, capsCPU{cpu.New(kernels.F32), caps}, f.T, f.B, f.B, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		feeds := map[string]*kernels.Tensor{
+			"input_ids": kernels.IntTensor(ir.Shape{f.B, f.T}, f.x),
+			"targets":   kernels.IntTensor(ir.Shape{f.B * f.T}, f.y),
+		}
+		if err := ev.prog.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+		ces = append(ces, ev.prog.Output("ce_sum").At(0))
+		ev.prog.Close()
+	}
+	if d := math.Abs(ces[1]-ces[0]) / ces[0]; d > 1e-6 {
+		t.Errorf("eval CE sum: bthd %.8f, bhtd %.8f", ces[1], ces[0])
+	}
+}

@@ -88,8 +88,7 @@ func (e *memEstimator) step(T, micro int) (int64, error) {
 	if b, ok := e.steps[k]; ok {
 		return b, nil
 	}
-	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, LossAll, &passes.Context{FuseAttention: e.caps.FusedAttention,
-		FuseElementwise: e.caps.FusedElementwise})
+	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, LossAll, (&passes.Context{}).ForBackend(e.caps))
 	if err != nil {
 		return 0, err
 	}

@@ -78,12 +78,6 @@ type LayerStats struct {
 func probeMu(layer int) string   { return fmt.Sprintf("probe:blocks.%d.mu", layer) }
 func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", layer) }
 
-// fusesAttention reports whether be's attention kernels recompute the
-// weights (the CUDA backend): its step and eval graphs then fuse each
-// attention core (passes.FuseTrainingAttention), so that no [B,H,T,T]
-// tensor is planned. The CPU backend runs the unfused core, whose
-// GEMMs are its fastest path.
-func fusesAttention(be kernels.Backend) bool { return be.Capabilities().FusedAttention }
 
 // stepGraph builds and plans the training graph of a step.
 func stepGraph(cfg *model.Config, T, micro int, dropout float64, loss LossTargets, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
@@ -123,8 +117,7 @@ func CompileStepLoss(cfg *model.Config, store *kernels.Store, be kernels.Backend
 	if pc == nil {
 		pc = &passes.Context{}
 	}
-	pc.FuseAttention = fusesAttention(be)
-	pc.FuseElementwise = be.Capabilities().FusedElementwise
+	pc.ForBackend(be.Capabilities()) // the CPU backend: none (its unfused attention's GEMMs are its fastest path)
 	mg, plan, err := stepGraph(cfg, T, micro, dropout, loss, pc)
 	if err != nil {
 		return nil, err

@@ -20,6 +20,9 @@ func init() {
 // scaled scores; is_causal masks the entries j > i. Below opset 23 the op
 // is spelled out as MatMul, Mul, Add, Where, Softmax and MatMul.
 func lowerFusedAttention(b *builder, n *ir.Node, in []string, out string) (string, error) {
+	if ir.AttnLayoutOf(n.Attrs) != ir.AttnBHTD {
+		return "", fmt.Errorf("%s: layout bthd (a training backend's) has no ONNX lowering", n.Op)
+	}
 	scale := float32(n.Attrs.Float("scale", 1/math.Sqrt(float64(n.Inputs[0].Shape[3]))))
 	causal := n.Attrs.Bool("causal", false)
 	if b.opts.Opset >= AttentionOpset {

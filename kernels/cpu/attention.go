@@ -10,8 +10,12 @@ import (
 // attnShape is a FusedAttention node's geometry and attributes.
 type attnShape struct {
 	BH, Tq, S, Hd, Hv int
-	causal            bool
-	scale             float64
+	// H and bthd: the heads per sequence, and whether q, k, v and the
+	// outputs are [B,T,H,·] (ir.AttnBTHD) rather than [B,H,T,·].
+	H      int
+	bthd   bool
+	causal bool
+	scale  float64
 	// dropout: keep an element when its 32-bit draw is below thresh, then
 	// scale it by keep (1/(1-p)); stream is the node whose draws are used.
 	dropout      bool
@@ -29,10 +33,17 @@ func newAttnShape[T float](n *ir.Node, in []*tensor[T]) (attnShape, error) {
 	}
 	q, k, v := in[0], in[1], in[2]
 	qs, ks := q.shape, k.shape
-	if len(qs) != 4 || len(ks) != 4 || len(v.shape) != 4 || !ks[:3].Equal(v.shape[:3]) || qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3] {
+	if len(qs) != 4 || len(ks) != 4 || len(v.shape) != 4 || !ks[:3].Equal(v.shape[:3]) {
 		return a, fmt.Errorf("q %v, k %v, v %v do not agree", qs, ks, v.shape)
 	}
-	a.BH, a.Tq, a.S, a.Hd, a.Hv = qs[0]*qs[1], qs[2], ks[2], qs[3], v.shape[3]
+	lay := ir.AttnLayoutOf(n.Attrs)
+	B, H, Tq, Hd := lay.Dims(qs)
+	kB, kH, S, kD := lay.Dims(ks)
+	if B != kB || H != kH || Hd != kD {
+		return a, fmt.Errorf("q %v, k %v, v %v do not agree", qs, ks, v.shape)
+	}
+	a.BH, a.Tq, a.S, a.Hd, a.Hv = B*H, Tq, S, Hd, v.shape[3]
+	a.H, a.bthd = H, lay == ir.AttnBTHD
 	if len(in) == 4 {
 		if in[3].numel() != a.Tq*a.S {
 			return a, fmt.Errorf("mask %v, want [%d,%d]", in[3].shape, a.Tq, a.S)
@@ -56,6 +67,23 @@ func newAttnShape[T float](n *ir.Node, in []*tensor[T]) (attnShape, error) {
 	return a, nil
 }
 
+// head is where head bh of a tensor of rows rows of d per head starts and
+// its row stride: [B,H,rows,d], or [B,rows,H,d] under bthd.
+func (a *attnShape) head(bh, rows, d int) (off, ld int) {
+	if !a.bthd {
+		return bh * rows * d, d
+	}
+	b, h := bh/a.H, bh%a.H
+	return (b*rows*a.H + h) * d, a.H * d
+}
+
+// clearRows zeroes rows rows of d elements ld apart from off.
+func clearRows[T float](x []T, off, ld, rows, d int) {
+	for i := range rows {
+		clear(x[off+i*ld : off+i*ld+d])
+	}
+}
+
 // dropMask returns the Dropout multiplier (0 or 1/(1-p)) of element e of
 // stream key, as the Dropout kernel draws it.
 func (a *attnShape) dropMask(key uint64, e int) float64 {
@@ -67,10 +95,10 @@ func (a *attnShape) dropMask(key uint64, e int) float64 {
 }
 
 // weights computes the softmax weights of head bh into p [Tq,S] (before
-// dropout).
-func attnWeights[T float](a *attnShape, p, qb, kb, M []T) {
+// dropout), its q and k rows ldq and ldk apart.
+func attnWeights[T float](a *attnShape, p, qb []T, ldq int, kb []T, ldk int, M []T) {
 	negInf := T(math.Inf(-1))
-	gemm(false, true, a.Tq, a.S, a.Hd, T(a.scale), qb, a.Hd, kb, a.Hd, 0, p, a.S)
+	gemm(false, true, a.Tq, a.S, a.Hd, T(a.scale), qb, ldq, kb, ldk, 0, p, a.S)
 	for i := 0; i < a.Tq; i++ {
 		row := p[i*a.S : (i+1)*a.S]
 		if M != nil {
@@ -121,16 +149,19 @@ func (p *program[T]) buildFusedAttention(n *ir.Node, in, out []*tensor[T]) (func
 		parallelParts(a.BH, parts, 1, func(w, lo, hi int) {
 			sc := scratch[w]
 			for bh := lo; bh < hi; bh++ {
-				ob := O[bh*a.Tq*a.Hv : (bh+1)*a.Tq*a.Hv]
+				qo, ldq := a.head(bh, a.Tq, a.Hd)
+				ko, ldk := a.head(bh, a.S, a.Hd)
+				vo, ldv := a.head(bh, a.S, a.Hv)
+				oo, ldo := a.head(bh, a.Tq, a.Hv)
 				if a.S == 0 {
-					clear(ob)
+					clearRows(O, oo, ldo, a.Tq, a.Hv)
 					continue
 				}
-				attnWeights(&a, sc, Q[bh*a.Tq*a.Hd:(bh+1)*a.Tq*a.Hd], K[bh*a.S*a.Hd:(bh+1)*a.S*a.Hd], M)
+				attnWeights(&a, sc, Q[qo:], ldq, K[ko:], ldk, M)
 				if a.dropout {
 					attnDropout(&a, key, bh, sc)
 				}
-				gemm(false, false, a.Tq, a.Hv, a.S, 1, sc, a.S, V[bh*a.S*a.Hv:(bh+1)*a.S*a.Hv], a.Hv, 0, ob, a.Hv)
+				gemm(false, false, a.Tq, a.Hv, a.S, 1, sc, a.S, V[vo:], ldv, 0, O[oo:], ldo)
 			}
 		})
 		return nil
@@ -173,18 +204,20 @@ func (p *program[T]) buildFusedAttentionGrad(n *ir.Node, in, out []*tensor[T]) (
 		parallelParts(a.BH, parts, 1, func(w, lo, hi int) {
 			P, dP := ws[w].P, ws[w].dP
 			for bh := lo; bh < hi; bh++ {
-				qb, kb := Q[bh*a.Tq*a.Hd:(bh+1)*a.Tq*a.Hd], K[bh*a.S*a.Hd:(bh+1)*a.S*a.Hd]
-				vb, gb := V[bh*a.S*a.Hv:(bh+1)*a.S*a.Hv], G[bh*a.Tq*a.Hv:(bh+1)*a.Tq*a.Hv]
-				dqb, dkb := dq.f[bh*a.Tq*a.Hd:(bh+1)*a.Tq*a.Hd], dk.f[bh*a.S*a.Hd:(bh+1)*a.S*a.Hd]
-				dvb := dv.f[bh*a.S*a.Hv : (bh+1)*a.S*a.Hv]
+				qo, ldq := a.head(bh, a.Tq, a.Hd)
+				ko, ldk := a.head(bh, a.S, a.Hd)
+				vo, ldv := a.head(bh, a.S, a.Hv)
+				gOff, ldg := a.head(bh, a.Tq, a.Hv)
+				qb, kb, vb, gb := Q[qo:], K[ko:], V[vo:], G[gOff:]
+				dqb, dkb, dvb := dq.f[qo:], dk.f[ko:], dv.f[vo:]
 				if a.S == 0 || a.Tq == 0 {
-					clear(dqb)
-					clear(dkb)
-					clear(dvb)
+					clearRows(dq.f, qo, ldq, a.Tq, a.Hd)
+					clearRows(dk.f, ko, ldk, a.S, a.Hd)
+					clearRows(dv.f, vo, ldv, a.S, a.Hv)
 					continue
 				}
-				attnWeights(&a, P, qb, kb, M)
-				gemm(false, true, a.Tq, a.S, a.Hv, 1, gb, a.Hv, vb, a.Hv, 0, dP, a.S) // dO·vᵀ
+				attnWeights(&a, P, qb, ldq, kb, ldk, M)
+				gemm(false, true, a.Tq, a.S, a.Hv, 1, gb, ldg, vb, ldv, 0, dP, a.S) // dO·vᵀ
 				base := bh * a.Tq * a.S
 				for i := 0; i < a.Tq; i++ {
 					pr, dr := P[i*a.S:(i+1)*a.S], dP[i*a.S:(i+1)*a.S]
@@ -204,12 +237,12 @@ func (p *program[T]) buildFusedAttentionGrad(n *ir.Node, in, out []*tensor[T]) (
 						ws[w].dmask[e] += d
 					}
 				}
-				gemm(false, false, a.Tq, a.Hd, a.S, T(a.scale), dP, a.S, kb, a.Hd, 0, dqb, a.Hd)
-				gemm(true, false, a.S, a.Hd, a.Tq, T(a.scale), dP, a.S, qb, a.Hd, 0, dkb, a.Hd)
+				gemm(false, false, a.Tq, a.Hd, a.S, T(a.scale), dP, a.S, kb, ldk, 0, dqb, ldq)
+				gemm(true, false, a.S, a.Hd, a.Tq, T(a.scale), dP, a.S, qb, ldq, 0, dkb, ldk)
 				if a.dropout {
 					attnDropout(&a, key, bh, P)
 				}
-				gemm(true, false, a.S, a.Hv, a.Tq, 1, P, a.S, gb, a.Hv, 0, dvb, a.Hv)
+				gemm(true, false, a.S, a.Hv, a.Tq, 1, P, a.S, gb, ldg, 0, dvb, ldv)
 			}
 		})
 		if a.hasMask {

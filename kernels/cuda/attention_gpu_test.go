@@ -77,21 +77,21 @@ func TestGPUAttention(t *testing.T) {
 	grid, block := [3]uint32{T, uint32(BH), 1}, [3]uint32{128, 1, 1}
 	sh := uint32(4 * (32 + T))
 	none := []any{uint64(0), uint64(0), float32(0)} // no dropout
-	if err := c.Launch("attention_fwd_f32", grid, block, sh, append([]any{gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale)}, none...)...); err != nil {
+	if err := c.Launch("attention_fwd_f32", grid, block, sh, append([]any{gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), int32(0), float32(scale)}, none...)...); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "attention o", hostF32(t, c, gO, n), o, 1e-5)
 	closeTo(t, "attention lse", hostF32(t, c, gL, BH*T), lse, 1e-5)
 	if err := c.Launch("attention_bwd_dq_f32", grid, block, sh, append([]any{gdq.Ptr, gD.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, gO.Ptr, dOb.Ptr,
-		gL.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale)}, none...)...); err != nil {
+		gL.Ptr, dB.Ptr, int32(T), int32(Hd), int32(0), float32(scale)}, none...)...); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Launch("attention_bwd_dkdv_f32", grid, block, uint32(4*2*T), append([]any{gdk.Ptr, gdv.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dOb.Ptr,
-		gL.Ptr, gD.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale)}, none...)...); err != nil {
+		gL.Ptr, gD.Ptr, dB.Ptr, int32(T), int32(Hd), int32(0), float32(scale)}, none...)...); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Launch("attention_bwd_dbias_f32", [3]uint32{T, 1, 1}, block, 0, append([]any{gdb.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dOb.Ptr,
-		gL.Ptr, gD.Ptr, dB.Ptr, int32(BH), int32(T), int32(Hd), float32(scale)}, none...)...); err != nil {
+		gL.Ptr, gD.Ptr, dB.Ptr, int32(BH), int32(T), int32(Hd), int32(0), float32(scale)}, none...)...); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "attention dq", hostF32(t, c, gdq, n), dq, 1e-4)
@@ -178,11 +178,11 @@ func checkFlashKernels(t *testing.T, c *Context, BH, T, Hd, G int) {
 		}
 	}
 	pairs := [3]uint32{tiles, uint32(BH), 1}
-	launch("attention_fwd_bf16", pairs, gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
+	launch("attention_fwd_bf16", pairs, gO.Ptr, gL.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dB.Ptr, int32(T), int32(Hd), int32(0), float32(scale))
 	launch("attention_bwd_dq_bf16", [3]uint32{tiles, uint32(G), 1}, gdq.Ptr, gD.Ptr, part.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, gO.Ptr, dOb.Ptr,
-		gL.Ptr, dB.Ptr, int32(BH), int32(T), int32(Hd), float32(scale))
+		gL.Ptr, dB.Ptr, int32(BH), int32(T), int32(Hd), int32(0), float32(scale))
 	launch("attention_bwd_dkdv_bf16", pairs, gdk.Ptr, gdv.Ptr, dQ.Ptr, dK.Ptr, dV.Ptr, dOb.Ptr,
-		gL.Ptr, gD.Ptr, dB.Ptr, int32(T), int32(Hd), float32(scale))
+		gL.Ptr, gD.Ptr, dB.Ptr, int32(T), int32(Hd), int32(0), float32(scale))
 	if err := c.Launch("attention_dbias_reduce_f32", grid1D, block1D, 0, gdb.Ptr, part.Ptr, int32(G), int32(T)); err != nil {
 		t.Fatal(err)
 	}

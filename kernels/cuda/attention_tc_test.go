@@ -14,25 +14,30 @@ import (
 // flash.cu's tiles: lengths that are not a multiple of 64 or 32 (37, 67,
 // 20), the paper's head size 85 and small ones (9, 12) padded to 16, 35
 // (sequence, head) pairs, with and without the bias and dropout (blocks
-// that take several pairs: TestGPUAttentionTensorCores).
+// that take several pairs: TestGPUAttentionTensorCores), and in the
+// [B,T,H,Hd] layout (ir.AttnBTHD: rows H·Hd apart).
 func tcAttentionCases() []opCase {
 	var cases []opCase
-	add := func(s ir.Shape, bias bool, dropout float64) {
+	add := func(s ir.Shape, bias bool, dropout float64, lay ir.AttnLayout) {
 		a := ir.Attrs{"scale": 1 / math.Sqrt(float64(s[3])), "causal": true}
+		lay.Set(a)
 		if dropout > 0 {
 			a["dropout"], a["stream"] = dropout, 3
 		}
+		_, _, T, _ := lay.Dims(s)
 		fwd, grad := []ir.Shape{s, s, s}, []ir.Shape{s, s, s, s}
 		if bias {
-			fwd, grad = append(fwd, ir.Shape{s[2], s[2]}), append(grad, ir.Shape{s[2], s[2]})
+			fwd, grad = append(fwd, ir.Shape{T, T}), append(grad, ir.Shape{T, T})
 		}
 		cases = append(cases, opCase{op: "FusedAttention", attrs: a, in: fwd}, opCase{op: "FusedAttentionGrad", attrs: a, in: grad})
 	}
-	add(ir.Shape{2, 3, 67, 85}, true, 0)
-	add(ir.Shape{1, 2, 37, 85}, true, 0.1)
-	add(ir.Shape{1, 2, 37, 9}, false, 0.1)
-	add(ir.Shape{1, 1, 20, 12}, false, 0)
-	add(ir.Shape{5, 7, 20, 12}, true, 0.1)
+	add(ir.Shape{2, 3, 67, 85}, true, 0, ir.AttnBHTD)
+	add(ir.Shape{1, 2, 37, 85}, true, 0.1, ir.AttnBHTD)
+	add(ir.Shape{1, 2, 37, 9}, false, 0.1, ir.AttnBHTD)
+	add(ir.Shape{1, 1, 20, 12}, false, 0, ir.AttnBHTD)
+	add(ir.Shape{5, 7, 20, 12}, true, 0.1, ir.AttnBHTD)
+	add(ir.Shape{2, 67, 3, 85}, true, 0.1, ir.AttnBTHD)
+	add(ir.Shape{5, 20, 7, 12}, true, 0, ir.AttnBTHD)
 	return cases
 }
 

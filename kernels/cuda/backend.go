@@ -187,7 +187,7 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 // [B,H,T,T] tensor; programs live in the device's memory; the training
 // state can stay on the device (DeviceAdamW).
 func (b *Backend) Capabilities() kernels.Capabilities {
-	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true}
+	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true}
 }
 
 // Device describes the GPU.

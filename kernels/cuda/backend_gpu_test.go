@@ -88,6 +88,11 @@ func opCases() []opCase {
 			in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
 		{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.25, "stream": 5},
 			in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {2, 3, 9, 5}, {9, 9}}},
+		// the [B,T,H,Hd] layout
+		{op: "FusedAttention", attrs: bthd(ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.25, "stream": 5}),
+			in: []ir.Shape{{2, 9, 3, 5}, {2, 9, 3, 5}, {2, 9, 3, 5}, {9, 9}}},
+		{op: "FusedAttentionGrad", attrs: bthd(ir.Attrs{"scale": 0.4, "causal": true, "dropout": 0.25, "stream": 5}),
+			in: []ir.Shape{{2, 9, 3, 5}, {2, 9, 3, 5}, {2, 9, 3, 5}, {2, 9, 3, 5}, {9, 9}}},
 		{op: "FusedElementwise", attrs: ir.Attrs{"shape": []int{3, 5, 7}, "body": ir.FusedBody{
 			{Op: "Add", Args: []int{0, 1}},
 			{Op: "Scale", Attrs: ir.Attrs{"alpha": 1.5, "beta": -0.25}, Args: []int{3}},
@@ -151,6 +156,12 @@ func gpuBackend(t *testing.T, gemm GEMMPrecision) *Backend {
 	}
 	t.Logf("%s", b.Name())
 	return b
+}
+
+// bthd is a with the [B,T,H,Hd] attention layout.
+func bthd(a ir.Attrs) ir.Attrs {
+	ir.AttnBTHD.Set(a)
+	return a
 }
 
 // caseGraph builds c's graph and random feeds.

@@ -1200,6 +1200,9 @@ func (p *program) buildZScore(n *ir.Node, in, out []*dval) (func() error, error)
 // the CUDA kernels (causal, T == S, v's head size equal to q's).
 type attention struct {
 	BH, T, Hd int
+	// H is the kernels' layout argument: 0 for [B,H,T,Hd], the heads for
+	// [B,T,H,Hd] (ir.AttnBTHD).
+	H         int
 	scale     float32
 	bias      *dval // nil without a mask
 	stream    int
@@ -1227,14 +1230,19 @@ const (
 )
 
 func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*attention, error) {
-	s := q.v.Shape
-	a := &attention{BH: s[0] * s[1], T: s[2], Hd: s[3], bias: mask, stream: n.Attrs.Int("stream", n.ID)}
+	lay := ir.AttnLayoutOf(n.Attrs)
+	B, H, T, Hd := lay.Dims(q.v.Shape)
+	_, _, S, _ := lay.Dims(k.v.Shape)
+	a := &attention{BH: B * H, T: T, Hd: Hd, bias: mask, stream: n.Attrs.Int("stream", n.ID)}
+	if lay == ir.AttnBTHD {
+		a.H = H
+	}
 	if v.v.Shape[3] != a.Hd {
 		return nil, fmt.Errorf("the CUDA attention kernels want v's head size (%d) equal to q's and k's (%d)", v.v.Shape[3], a.Hd)
 	}
-	if !n.Attrs.Bool("causal", false) || k.v.Shape[2] != a.T {
+	if !n.Attrs.Bool("causal", false) || S != a.T {
 		return nil, fmt.Errorf("the CUDA attention kernels are causal over equal lengths; got causal=%v, T=%d, S=%d",
-			n.Attrs.Bool("causal", false), a.T, k.v.Shape[2])
+			n.Attrs.Bool("causal", false), a.T, S)
 	}
 	a.scale = float32(n.Attrs.Float("scale", 1/math.Sqrt(float64(a.Hd))))
 	if pr := n.Attrs.Float("dropout", 0); pr > 0 {
@@ -1284,7 +1292,7 @@ var attnBlock = [3]uint32{128, 1, 1}
 
 // forward launches the forward kernel: o and the rows' log-sum-exp.
 func (p *program) attentionForward(a *attention, o, lse uint64, q, k, v *dval) error {
-	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), a.scale}, a.dropoutArgs(p.seed)...)
+	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), int32(a.H), a.scale}, a.dropoutArgs(p.seed)...)
 	if a.tc {
 		return p.launch("attention_fwd_bf16", a.tiles(a.BH), attnBlock, 0, args...)
 	}
@@ -1380,7 +1388,7 @@ type attnGrad struct {
 func (p *program) attentionBackwardScalar(g *attnGrad) error {
 	a := g.a
 	drop := a.dropoutArgs(p.seed)
-	common := []any{int32(a.T), int32(a.Hd), a.scale}
+	common := []any{int32(a.T), int32(a.Hd), int32(a.H), a.scale}
 	dq := append(append([]any{g.out[0].buf.Ptr, g.D, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.o, g.dO.buf.Ptr, g.lse, a.biasPtr()}, common...), drop...)
 	if err := p.launch("attention_bwd_dq_f32", a.rows(), attnBlock, uint32(4*(32+a.T)), dq...); err != nil {
 		return err
@@ -1407,12 +1415,12 @@ func (p *program) attentionBackwardTC(g *attnGrad) error {
 		part = p.attnPart.Ptr
 	}
 	dq := append([]any{g.out[0].buf.Ptr, g.D, part, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.o, g.dO.buf.Ptr, g.lse, a.biasPtr(),
-		int32(a.BH), int32(a.T), int32(a.Hd), a.scale}, drop...)
+		int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), a.scale}, drop...)
 	if err := p.launch("attention_bwd_dq_bf16", a.tiles(a.parts()), attnBlock, 0, dq...); err != nil {
 		return err
 	}
 	dkdv := append([]any{g.out[1].buf.Ptr, g.out[2].buf.Ptr, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.dO.buf.Ptr, g.lse, g.D, a.biasPtr(),
-		int32(a.T), int32(a.Hd), a.scale}, drop...)
+		int32(a.T), int32(a.Hd), int32(a.H), a.scale}, drop...)
 	if err := p.launch("attention_bwd_dkdv_bf16", a.tiles(a.BH), attnBlock, 0, dkdv...); err != nil {
 		return err
 	}

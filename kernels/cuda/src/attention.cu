@@ -1,7 +1,8 @@
 // Causal multi-head attention with an optional additive [T,T] bias (the
 // folded or live RPA prior, shared by every sequence and head) and optional
 // dropout on the weights (training), for any head size. q, k, v, o, dO, dq,
-// dk, dv are [B,H,T,Hd]; lse and D are [B,H,T]. The [B,H,T,T] weights never
+// dk, dv are [B,H,T,Hd], or [B,T,H,Hd] when H > 0 (attn_head); lse and D
+// are [B,H,T]. The [B,H,T,T] weights never
 // exist in device memory: each block handles one row and keeps that row's T
 // weights in shared memory (dynamic shared memory of T floats, plus 32 for
 // reductions), and the backward recomputes them from lse.
@@ -24,19 +25,20 @@ __device__ __forceinline__ float attn_score(const float* q, const float* k, int 
 }
 
 extern "C" __global__ void attention_fwd_f32(float* o, float* lse, const float* q, const float* k, const float* v,
-                                             const float* bias, int T, int Hd, float scale,
+                                             const float* bias, int T, int Hd, int H, float scale,
                                              unsigned long long key, unsigned long long thresh, float keep) {
     extern __shared__ float sh[];
     float* red = sh;        // 32 floats
     float* p = sh + 32;     // T floats
     int i = blockIdx.x;
     i64 bh = blockIdx.y;
-    const float* qi = q + (bh * T + i) * Hd;
-    const float* kb = k + bh * T * Hd;
-    const float* vb = v + bh * T * Hd;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    const float* qi = q + hv.base + (i64)i * hv.rs;
+    const float* kb = k + hv.base;
+    const float* vb = v + hv.base;
     float m = RPAC_NEG_INF;
     for (int j = threadIdx.x; j <= i; j += blockDim.x) {
-        float s = attn_score(qi, kb + (i64)j * Hd, Hd, scale, bias, T, i, j);
+        float s = attn_score(qi, kb + (i64)j * hv.rs, Hd, scale, bias, T, i, j);
         p[j] = s;
         m = fmaxf(m, s);
     }
@@ -50,10 +52,10 @@ extern "C" __global__ void attention_fwd_f32(float* o, float* lse, const float* 
     }
     sum = block_sum(sum, red);  // synchronises: p is complete
     float inv = 1.0f / sum;
-    float* oi = o + (bh * T + i) * Hd;
+    float* oi = o + hv.base + (i64)i * hv.rs;
     for (int d = threadIdx.x; d < Hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j <= i; j++) acc += p[j] * vb[(i64)j * Hd + d];
+        for (int j = 0; j <= i; j++) acc += p[j] * vb[(i64)j * hv.rs + d];
         oi[d] = acc * inv;
     }
     if (threadIdx.x == 0) lse[bh * T + i] = m + logf(sum);
@@ -73,7 +75,7 @@ __device__ __forceinline__ float attn_ds(const float* qi, const float* kj, const
 // dq for row i, and D_i = dO_i·O_i (kept for the other backward kernels).
 extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, const float* q, const float* k,
                                                 const float* v, const float* o, const float* dO, const float* lse,
-                                                const float* bias, int T, int Hd, float scale,
+                                                const float* bias, int T, int Hd, int H, float scale,
                                                 unsigned long long key, unsigned long long thresh, float keep) {
     extern __shared__ float sh[];
     float* red = sh;
@@ -81,25 +83,26 @@ extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, const fl
     int i = blockIdx.x;
     i64 bh = blockIdx.y;
     i64 row = bh * T + i;
-    const float* qi = q + row * Hd;
-    const float* doi = dO + row * Hd;
-    const float* oi = o + row * Hd;
-    const float* kb = k + bh * T * Hd;
-    const float* vb = v + bh * T * Hd;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    const float* qi = q + hv.base + (i64)i * hv.rs;
+    const float* doi = dO + hv.base + (i64)i * hv.rs;
+    const float* oi = o + hv.base + (i64)i * hv.rs;
+    const float* kb = k + hv.base;
+    const float* vb = v + hv.base;
     float part = 0.0f;
     for (int d = threadIdx.x; d < Hd; d += blockDim.x) part += doi[d] * oi[d];
     float Di = block_sum(part, red);
     float L = lse[row];
     for (int j = threadIdx.x; j <= i; j += blockDim.x) {
         float pij;
-        ds[j] = attn_ds(qi, kb + (i64)j * Hd, vb + (i64)j * Hd, doi, Hd, scale, bias, T, i, j, L, Di,
+        ds[j] = attn_ds(qi, kb + (i64)j * hv.rs, vb + (i64)j * hv.rs, doi, Hd, scale, bias, T, i, j, L, Di,
                         dropout_keep(key, row * T + j, thresh, keep), &pij);
     }
     __syncthreads();
-    float* dqi = dq + row * Hd;
+    float* dqi = dq + hv.base + (i64)i * hv.rs;
     for (int d = threadIdx.x; d < Hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j <= i; j++) acc += ds[j] * kb[(i64)j * Hd + d];
+        for (int j = 0; j <= i; j++) acc += ds[j] * kb[(i64)j * hv.rs + d];
         dqi[d] = acc * scale;
     }
     if (threadIdx.x == 0) Dbuf[row] = Di;
@@ -108,33 +111,34 @@ extern "C" __global__ void attention_bwd_dq_f32(float* dq, float* Dbuf, const fl
 // dk and dv for key row j (blockIdx.x), from the rows i ≥ j that see it.
 extern "C" __global__ void attention_bwd_dkdv_f32(float* dk, float* dv, const float* q, const float* k, const float* v,
                                                   const float* dO, const float* lse, const float* Dbuf,
-                                                  const float* bias, int T, int Hd, float scale,
+                                                  const float* bias, int T, int Hd, int H, float scale,
                                                   unsigned long long key, unsigned long long thresh, float keep) {
     extern __shared__ float sh[];
     float* p = sh;           // T floats: D_ij·p_ij
     float* ds = sh + T;      // T floats: dS_ij
     int j = blockIdx.x;
     i64 bh = blockIdx.y;
-    const float* kj = k + (bh * T + j) * Hd;
-    const float* vj = v + (bh * T + j) * Hd;
-    const float* qb = q + bh * T * Hd;
-    const float* dob = dO + bh * T * Hd;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    const float* kj = k + hv.base + (i64)j * hv.rs;
+    const float* vj = v + hv.base + (i64)j * hv.rs;
+    const float* qb = q + hv.base;
+    const float* dob = dO + hv.base;
     for (int i = j + threadIdx.x; i < T; i += blockDim.x) {
         i64 row = bh * T + i;
         float drop = dropout_keep(key, row * T + j, thresh, keep);
         float pij;
-        ds[i] = attn_ds(qb + (i64)i * Hd, kj, vj, dob + (i64)i * Hd, Hd, scale, bias, T, i, j, lse[row], Dbuf[row],
+        ds[i] = attn_ds(qb + (i64)i * hv.rs, kj, vj, dob + (i64)i * hv.rs, Hd, scale, bias, T, i, j, lse[row], Dbuf[row],
                         drop, &pij);
         p[i] = drop * pij;
     }
     __syncthreads();
-    float* dkj = dk + (bh * T + j) * Hd;
-    float* dvj = dv + (bh * T + j) * Hd;
+    float* dkj = dk + hv.base + (i64)j * hv.rs;
+    float* dvj = dv + hv.base + (i64)j * hv.rs;
     for (int d = threadIdx.x; d < Hd; d += blockDim.x) {
         float ak = 0.0f, av = 0.0f;
         for (int i = j; i < T; i++) {
-            ak += ds[i] * qb[(i64)i * Hd + d];
-            av += p[i] * dob[(i64)i * Hd + d];
+            ak += ds[i] * qb[(i64)i * hv.rs + d];
+            av += p[i] * dob[(i64)i * hv.rs + d];
         }
         dkj[d] = ak * scale;
         dvj[d] = av;
@@ -146,7 +150,7 @@ extern "C" __global__ void attention_bwd_dkdv_f32(float* dk, float* dv, const fl
 // every run (no atomics). BH is the number of (sequence, head) pairs.
 extern "C" __global__ void attention_bwd_dbias_f32(float* dbias, const float* q, const float* k, const float* v,
                                                    const float* dO, const float* lse, const float* Dbuf,
-                                                   const float* bias, int BH, int T, int Hd, float scale,
+                                                   const float* bias, int BH, int T, int Hd, int H, float scale,
                                                    unsigned long long key, unsigned long long thresh, float keep) {
     int i = blockIdx.x;
     for (int j = threadIdx.x; j < T; j += blockDim.x) {
@@ -154,8 +158,10 @@ extern "C" __global__ void attention_bwd_dbias_f32(float* dbias, const float* q,
         if (j <= i) {
             for (int bh = 0; bh < BH; bh++) {
                 i64 row = (i64)bh * T + i;
+                attn_view hv = attn_head(bh, T, Hd, H);
                 float pij;
-                acc += attn_ds(q + row * Hd, k + ((i64)bh * T + j) * Hd, v + ((i64)bh * T + j) * Hd, dO + row * Hd, Hd,
+                acc += attn_ds(q + hv.base + (i64)i * hv.rs, k + hv.base + (i64)j * hv.rs, v + hv.base + (i64)j * hv.rs,
+                               dO + hv.base + (i64)i * hv.rs, Hd,
                                scale, bias, T, i, j, lse[row], Dbuf[row], dropout_keep(key, row * T + j, thresh, keep),
                                &pij);
             }

@@ -3,7 +3,8 @@
 // kernels: an optional additive [T,T] bias shared by every sequence and
 // head, optional dropout on the weights with the same draws (element
 // ((bh·T)+i)·T+j of stream key, see dropout_keep; keep = 0: none). q, k,
-// v, o, dO, dq, dk, dv are fp32 [B,H,T,Hd]; lse and D are [B,H,T].
+// v, o, dO, dq, dk, dv are fp32 [B,H,T,Hd], or [B,T,H,Hd] when H > 0
+// (attn_head); lse and D are [B,H,T].
 //
 // Tiles: a block is 4 warps (blockDim.x = 128); each warp owns 16 rows of
 // a 64-row block tile (queries in the forward and dq kernels, keys in the
@@ -48,16 +49,18 @@ __device__ __forceinline__ int fa_col(int c, int r, int c0) { return c0 + ((c + 
 // 2-way conflicting words of FA_KS-wide tiles.
 __device__ __forceinline__ int fa_col_keys(int c, int r, int c0) { return c0 + ((c + (r >> 3)) & 15); }
 
-// fa_stage: rows [r0, r0+rows) of the [T,Hd] fp32 matrix src as a bf16
-// [rows][Hs] tile (Hs ≥ Hp), zero beyond T and Hd up to Hp (all the
+// fa_stage: rows [r0, r0+rows) of the fp32 matrix src (T rows of Hd, rs
+// apart) as a bf16 [rows][Hs] tile (Hs ≥ Hp), zero beyond T and Hd up to
+// Hp (all the
 // block's threads, element e = r·Hp + d by thread e mod blockDim.x; the
 // thread's (r, d) advances by blockDim.x elements without a division).
-__device__ __forceinline__ void fa_stage(bf16_t* dst, const float* src, int r0, int rows, int T, int Hd, int Hp, int Hs) {
+__device__ __forceinline__ void fa_stage(bf16_t* dst, const float* src, int r0, int rows, int T, int Hd, int rs, int Hp,
+                                         int Hs) {
     int r = threadIdx.x / Hp, d = threadIdx.x - r * Hp;
     int sr = blockDim.x / Hp, sd = blockDim.x - sr * Hp;
     for (; r < rows; r += sr) {
         int t = r0 + r;
-        dst[r * Hs + d] = f32_to_bf16(t < T && d < Hd ? src[(i64)t * Hd + d] : 0.0f);
+        dst[r * Hs + d] = f32_to_bf16(t < T && d < Hd ? src[(i64)t * rs + d] : 0.0f);
         d += sd;
         if (d >= Hp) {
             d -= Hp;
@@ -134,7 +137,7 @@ __device__ __forceinline__ void fa_zero(rpac_acc* acc) {
 
 // fa_write: a warp's 16 accumulated rows (from row0) times mul into the
 // [T,Hd] matrix out, through stage (256 floats of the warp's own).
-__device__ __forceinline__ void fa_write(float* out, const rpac_acc* acc, float* stage, int row0, int T, int Hd, int nk,
+__device__ __forceinline__ void fa_write(float* out, const rpac_acc* acc, float* stage, int row0, int T, int Hd, int rs, int nk,
                                          float mul) {
     int lane = threadIdx.x & 31;
 #pragma unroll
@@ -144,7 +147,7 @@ __device__ __forceinline__ void fa_write(float* out, const rpac_acc* acc, float*
             __syncwarp();
             for (int e = lane; e < 256; e += 32) {
                 int r = e >> 4, d = nn * 16 + (e & 15);
-                if (row0 + r < T && d < Hd) out[(i64)(row0 + r) * Hd + d] = stage[e] * mul;
+                if (row0 + r < T && d < Hd) out[(i64)(row0 + r) * rs + d] = stage[e] * mul;
             }
             __syncwarp();
         }
@@ -204,7 +207,7 @@ __device__ __forceinline__ float fa_max2(float x) { return fmaxf(x, __shfl_xor_s
 // fa_row_ids before o += P·v; at the end o = acc / l and lse = m + log l.
 // The backward recomputes P as exp(x − lse).
 extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o, float* lse, const float* q, const float* k, const float* v, const float* bias, int T,
-                       int Hd, float scale, unsigned long long key, unsigned long long thresh, float keep) {
+                       int Hd, int H, float scale, unsigned long long key, unsigned long long thresh, float keep) {
     __shared__ __align__(32) bf16_t sq[FA_ROWS * FA_HMAX];   // q's rows; then each warp's P tile
     __shared__ __align__(32) bf16_t skv[FA_TILE * FA_HMAX];  // a tile of k or v
     __shared__ __align__(32) float ss[4][16 * FA_TILE];      // each warp's scores
@@ -213,11 +216,14 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o
     int nk = (Hd + 15) >> 4, Hp = nk * 16;
     int q0 = blockIdx.x * FA_ROWS, wr = q0 + w * 16;
     int i = wr + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
-    i64 bh = blockIdx.y, base = bh * T * Hd;
+    i64 bh = blockIdx.y;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    i64 base = hv.base;
+    int rs = hv.rs;
     float* s = ss[w];
     rpac_acc ids;
     fa_row_ids(ids, (bf16_t*)s);  // ss[w] is 2,048 bytes: the patterns fit
-    fa_stage(sq, q + base, q0, FA_ROWS, T, Hd, Hp, Hp);
+    fa_stage(sq, q + base, q0, FA_ROWS, T, Hd, rs, Hp, Hp);
     __syncthreads();
     rpac_a_row qa[FA_NK];
     fa_rows(qa, sq + w * 16 * Hp, nk, Hp);
@@ -229,7 +235,7 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o
     bf16_t* p = sq + w * 16 * FA_TILE;
     for (int t = 0; t < tiles; t++) {
         bool live = wr < T && t * FA_TILE <= wr + 15;
-        fa_stage(skv, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp, Hp);
+        fa_stage(skv, k + base, t * FA_TILE, FA_TILE, T, Hd, rs, Hp, Hp);
         __syncthreads();
         if (live) {
             fa_dots(s, FA_TILE, qa, skv, nk, Hp);
@@ -263,7 +269,7 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o
             }
         }
         __syncthreads();
-        fa_stage(skv, v + base, t * FA_TILE, FA_TILE, T, Hd, Hp, Hp);
+        fa_stage(skv, v + base, t * FA_TILE, FA_TILE, T, Hd, rs, Hp, Hp);
         __syncthreads();
         if (live) fa_accumulate(acc, p, FA_TILE, skv, nk, Hp);
         __syncthreads();
@@ -275,15 +281,15 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o
     }
     __syncwarp();
     fa_scale_rows(acc, ids, srow[w], nk);
-    fa_write(o + base, acc, s, wr, T, Hd, nk, 1.0f);
+    fa_write(o + base, acc, s, wr, T, Hd, rs, nk, 1.0f);
 }
 
 // fa_rowdot: dO_i·o_i, each of the row's two lanes summing every other
 // column, then both adding the two halves.
-__device__ __forceinline__ float fa_rowdot(const float* a, const float* b, int i, int T, int Hd) {
+__device__ __forceinline__ float fa_rowdot(const float* a, const float* b, int i, int T, int Hd, int rs) {
     float part = 0.0f;
     if (i < T) {
-        for (int d = threadIdx.x & 1; d < Hd; d += 2) part += a[(i64)i * Hd + d] * b[(i64)i * Hd + d];
+        for (int d = threadIdx.x & 1; d < Hd; d += 2) part += a[(i64)i * rs + d] * b[(i64)i * rs + d];
     }
     return part + __shfl_xor_sync(FA_FULL, part, 1);
 }
@@ -295,7 +301,7 @@ __device__ __forceinline__ float fa_rowdot(const float* a, const float* b, int i
 // stores), so every partial sum is formed in one fixed order.
 extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float* dq, float* Dbuf, float* part, const float* q, const float* k, const float* v,
                           const float* o, const float* dO, const float* lse, const float* bias, int BH, int T, int Hd,
-                          float scale, unsigned long long key, unsigned long long thresh, float keep) {
+                          int H, float scale, unsigned long long key, unsigned long long thresh, float keep) {
     __shared__ __align__(32) bf16_t skv[2 * FA_TILE * FA_LD];  // q's, then dO's rows; then tiles of k and v
     __shared__ __align__(32) float ss[4][16 * FA_TILE];        // scores
     __shared__ __align__(32) float sp[4][16 * FA_TILE];        // dO·v
@@ -312,24 +318,26 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float
     float* mypart = part ? part + (i64)blockIdx.y * T * T : 0;
     for (int bh = blockIdx.y; bh < BH; bh += gridDim.y) {
         bool first = bh == (int)blockIdx.y;
-        i64 base = (i64)bh * T * Hd, row = (i64)bh * T + i;
-        float Di = fa_rowdot(dO + base, o + base, i, T, Hd);
+        attn_view hv = attn_head(bh, T, Hd, H);
+        i64 base = hv.base, row = (i64)bh * T + i;
+        int rs = hv.rs;
+        float Di = fa_rowdot(dO + base, o + base, i, T, Hd, rs);
         if ((lane & 1) == 0 && i < T) Dbuf[row] = Di;
         float L = i < T ? lse[row] : 0.0f;
         rpac_a_row qa[FA_NK], da[FA_NK];
-        fa_stage(skv, q + base, q0, FA_ROWS, T, Hd, Hp, Hs);
+        fa_stage(skv, q + base, q0, FA_ROWS, T, Hd, rs, Hp, Hs);
         __syncthreads();
         fa_rows(qa, skv + w * 16 * Hs, nk, Hs);
         __syncthreads();
-        fa_stage(skv, dO + base, q0, FA_ROWS, T, Hd, Hp, Hs);
+        fa_stage(skv, dO + base, q0, FA_ROWS, T, Hd, rs, Hp, Hs);
         __syncthreads();
         fa_rows(da, skv + w * 16 * Hs, nk, Hs);
         __syncthreads();
         rpac_acc acc[FA_NK];
         fa_zero(acc);
         for (int t = 0; t < tiles; t++) {
-            fa_stage(sk, k + base, t * FA_TILE, FA_TILE, T, Hd, Hp, Hs);
-            fa_stage(sv, v + base, t * FA_TILE, FA_TILE, T, Hd, Hp, Hs);
+            fa_stage(sk, k + base, t * FA_TILE, FA_TILE, T, Hd, rs, Hp, Hs);
+            fa_stage(sv, v + base, t * FA_TILE, FA_TILE, T, Hd, rs, Hp, Hs);
             fa_stage_bias(sbias, bias, q0, t * FA_TILE, T);
             __syncthreads();
             if (wr < T && t * FA_TILE <= wr + 15) {
@@ -356,7 +364,7 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float
             }
             __syncthreads();
         }
-        fa_write(dq + base, acc, ss[w], wr, T, Hd, nk, scale);
+        fa_write(dq + base, acc, ss[w], wr, T, Hd, rs, nk, scale);
         __syncthreads();
     }
 }
@@ -364,7 +372,7 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float
 // attention_bwd_dkdv_bf16: dk and dv for the block's 64 keys, from the
 // query tiles at or below the diagonal. grid = (⌈T/64⌉, B·H).
 extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const float* q, const float* k, const float* v, const float* dO,
-                            const float* lse, const float* Dbuf, const float* bias, int T, int Hd, float scale,
+                            const float* lse, const float* Dbuf, const float* bias, int T, int Hd, int H, float scale,
                             unsigned long long key, unsigned long long thresh, float keep) {
     __shared__ __align__(32) bf16_t sqd[2 * FA_TILE * FA_LD];  // k's, then v's rows; then tiles of q and dO
     __shared__ __align__(32) float ss[4][16 * FA_KS];          // scores, transposed (keys × queries)
@@ -376,15 +384,18 @@ extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const f
     int nk = (Hd + 15) >> 4, Hp = nk * 16, Hs = Hp + FA_PAD;
     int k0 = blockIdx.x * FA_ROWS, kw = k0 + w * 16;
     int j = kw + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
-    i64 bh = blockIdx.y, base = bh * T * Hd;
+    i64 bh = blockIdx.y;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    i64 base = hv.base;
+    int rs = hv.rs;
     bf16_t* sq = sqd;
     bf16_t* sdo = sqd + FA_TILE * Hs;
     rpac_a_row ka[FA_NK], va[FA_NK];
-    fa_stage(sqd, k + base, k0, FA_ROWS, T, Hd, Hp, Hs);
+    fa_stage(sqd, k + base, k0, FA_ROWS, T, Hd, rs, Hp, Hs);
     __syncthreads();
     fa_rows(ka, sqd + w * 16 * Hs, nk, Hs);
     __syncthreads();
-    fa_stage(sqd, v + base, k0, FA_ROWS, T, Hd, Hp, Hs);
+    fa_stage(sqd, v + base, k0, FA_ROWS, T, Hd, rs, Hp, Hs);
     __syncthreads();
     fa_rows(va, sqd + w * 16 * Hs, nk, Hs);
     __syncthreads();
@@ -393,8 +404,8 @@ extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const f
     fa_zero(dV);
     for (int t = k0 / FA_TILE; t * FA_TILE < T; t++) {
         int i0 = t * FA_TILE;
-        fa_stage(sq, q + base, i0, FA_TILE, T, Hd, Hp, Hs);
-        fa_stage(sdo, dO + base, i0, FA_TILE, T, Hd, Hp, Hs);
+        fa_stage(sq, q + base, i0, FA_TILE, T, Hd, rs, Hp, Hs);
+        fa_stage(sdo, dO + base, i0, FA_TILE, T, Hd, rs, Hp, Hs);
         for (int e = threadIdx.x; e < FA_TILE; e += blockDim.x) {
             bool in = i0 + e < T;
             sl[e] = in ? lse[bh * T + i0 + e] : 0.0f;
@@ -424,8 +435,8 @@ extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const f
         }
         __syncthreads();
     }
-    fa_write(dk + base, dK, ss[w], kw, T, Hd, nk, scale);
-    fa_write(dv + base, dV, ss[w], kw, T, Hd, nk, 1.0f);
+    fa_write(dk + base, dK, ss[w], kw, T, Hd, rs, nk, scale);
+    fa_write(dv + base, dV, ss[w], kw, T, Hd, rs, nk, 1.0f);
 }
 
 // attention_dbias_reduce_f32: dbias[i,j] = Σ_g part[g,i,j] in g order for

@@ -105,6 +105,26 @@ __device__ __forceinline__ float dropout_keep(unsigned long long key, i64 e, uns
     return dropout_scale(key, e, thresh, keep);
 }
 
+// attn_view: where head bh's rows start (elements) in an attention operand
+// of T rows of Hd per head, and how far apart they are: [B,H,T,Hd] when
+// H = 0, [B,T,H,Hd] with H heads otherwise (ir.AttnBTHD: a projection's
+// rows as they are).
+struct attn_view {
+    i64 base;
+    int rs;
+};
+__device__ __forceinline__ attn_view attn_head(i64 bh, int T, int Hd, int H) {
+    attn_view v;
+    if (H > 0) {
+        v.base = ((bh / H) * (i64)T * H + bh % H) * Hd;
+        v.rs = H * Hd;
+    } else {
+        v.base = bh * (i64)T * Hd;
+        v.rs = Hd;
+    }
+    return v;
+}
+
 // ---- elementwise formulas (graph.cu's unary/grad/binary kernels and
 // fused.cu's FusedElementwise interpreter: one definition of each) ----
 
