@@ -78,7 +78,6 @@ type LayerStats struct {
 func probeMu(layer int) string   { return fmt.Sprintf("probe:blocks.%d.mu", layer) }
 func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", layer) }
 
-
 // stepGraph builds and plans the training graph of a step.
 func stepGraph(cfg *model.Config, T, micro int, dropout float64, loss LossTargets, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
 	c := *cfg

@@ -1202,12 +1202,12 @@ type attention struct {
 	BH, T, Hd int
 	// H is the kernels' layout argument: 0 for [B,H,T,Hd], the heads for
 	// [B,T,H,Hd] (ir.AttnBTHD).
-	H         int
-	scale     float32
-	bias      *dval // nil without a mask
-	stream    int
-	thresh    uint64
-	keep      float32 // 0: no dropout
+	H      int
+	scale  float32
+	bias   *dval // nil without a mask
+	stream int
+	thresh uint64
+	keep   float32 // 0: no dropout
 	// tc: the tensor-core kernels of flash.cu (bf16 inputs, fp32
 	// accumulation) rather than attention.cu's scalar fp32 ones.
 	tc bool
