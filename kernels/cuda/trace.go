@@ -398,8 +398,9 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "ce_grad_f32":
 		e.Bytes = 3 * w * a.i("rows") * a.i("V")
 	case "softmax_ce_fused_f32":
-		// the chunk's logits: read for the max, read for the sum, written as
-		// the gradient (a chunk of rows × 50,257 does not fit in L2)
+		// the chunk's logits: read for the maximum and the sum (one pass),
+		// read again and written as the gradient (a chunk of rows × 50,257
+		// does not fit in L2)
 		e.Bytes = 3 * w * a.i("rows") * a.i("V")
 	case "gaussian_membership_f32":
 		N, D, R := a.i("N"), a.i("D"), a.i("R")

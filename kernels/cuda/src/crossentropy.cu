@@ -14,12 +14,22 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
     int r = blockIdx.x;
     if (r >= rows) return;
     float* x = logits + (i64)r * ld;
+    // One pass over the row for the maximum, its index, Σx and Σ exp(x − m)
+    // (each thread's sum rescaled when its maximum rises), then the row is
+    // read once more to write the gradient.
     float m = RPAC_NEG_INF;
     int arg = 0x7fffffff;
-    float sx = 0.0f;
+    float sx = 0.0f, se = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float v = x[j];
-        if (v > m || (v == m && j < arg)) { m = v; arg = j; }
+        if (v > m) {
+            se = (m == RPAC_NEG_INF ? 0.0f : se * expf(m - v)) + 1.0f;
+            m = v;
+            arg = j;
+        } else {
+            if (m != RPAC_NEG_INF) se += expf(v - m);  // (v = m = −Inf adds nothing)
+            if (v == m && j < arg) arg = j;
+        }
         sx += v;
     }
     // argmax with ties to the lower index: reduce (value, index) pairs.
@@ -33,9 +43,7 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
         for (int w = 0; w < (blockDim.x >> 5); w++) best = min(best, shared_arg[w]);
         pred[r] = best;
     }
-    float se = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) se += expf(x[j] - bm);
-    se = block_sum(se, shared);
+    se = block_sum(m == RPAC_NEG_INF ? 0.0f : se * expf(m - bm), shared);
     sx = block_sum(sx, shared);
     float lse = bm + logf(se);
     int t = targets[r];
