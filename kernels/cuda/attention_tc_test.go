@@ -131,7 +131,7 @@ func TestGPUFusedAttentionBF16(t *testing.T) {
 	d.SimConfig("diff", 1)
 	defer d.SimConfig("diff", 0)
 	cases := tcAttentionCases()
-	checkParity(t, be, []opCase{withTol(cases[3], tcAttnWorst), withTol(cases[9], tcAttnWorst)}, 5)
+	checkParity(t, be, []opCase{withTol(cases[3], tcAttnWorst), withTol(cases[9], tcAttnWorst), withTol(cases[11], tcAttnWorst), withTol(cases[13], tcAttnWorst)}, 5)
 }
 
 func withTol(c opCase, tol float64) opCase {
@@ -198,6 +198,17 @@ func TestFlashWarpTiles(t *testing.T) {
 func TestGPUAttentionBandMask(t *testing.T) {
 	for _, prec := range []GEMMPrecision{GEMMBF16, GEMMF32} {
 		bandMaskCase(t, gpuBackend(t, prec), prec)
+	}
+	d, err := LoadDriver()
+	if err != nil || !d.Simulated() || t.Failed() {
+		return
+	}
+	d.SimConfig("diff", 1) // each launch again in reverse block and thread order, compared bit for bit
+	defer d.SimConfig("diff", 0)
+	before := d.SimStat("diff_launches")
+	bandMaskCase(t, gpuBackend(t, GEMMBF16), GEMMBF16)
+	if d.SimStat("diff_launches") == before {
+		t.Error("no launch ran in differential mode")
 	}
 }
 
