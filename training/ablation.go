@@ -722,10 +722,12 @@ func seedTable(rs []StageResult, heads []string, at func(k int) func(RunResult) 
 	return b.String()
 }
 
-// LengthTable is a Markdown table of every stage's CE at each length of
-// lengths (rpac ablate --eval-lengths): mean ± std over the seeds and,
-// after the first stage, the paired difference from the first stage with
-// its 95% interval; "" when no run was scored at a length.
+// LengthTable is two Markdown tables (rpac ablate --eval-lengths): every
+// stage's CE at each length of lengths, and, from the second length on, its
+// rise over the CE at the first (what a longer context costs a model
+// trained at the first length): mean ± std over the seeds and, after the
+// first stage, the paired difference from the first stage with its 95%
+// interval; "" when no run was scored at a length.
 func LengthTable(rs []StageResult, lengths []int) string {
 	if !slices.ContainsFunc(rs, func(sr StageResult) bool {
 		return slices.ContainsFunc(sr.Runs, func(r RunResult) bool { return len(r.AtLengths) > 0 })
@@ -736,8 +738,22 @@ func LengthTable(rs []StageResult, lengths []int) string {
 	for k, T := range lengths {
 		heads[k] = fmt.Sprintf("CE at T = %d ↓", T)
 	}
-	return seedTable(rs, heads, func(k int) func(RunResult) (float64, bool) {
+	at := seedTable(rs, heads, func(k int) func(RunResult) (float64, bool) {
 		return func(r RunResult) (float64, bool) { return r.ceAt(lengths[k]) }
+	})
+	if len(lengths) < 2 {
+		return at
+	}
+	rise := make([]string, len(lengths)-1)
+	for k, T := range lengths[1:] {
+		rise[k] = fmt.Sprintf("CE at %d − CE at %d ↓", T, lengths[0])
+	}
+	return at + "\n" + seedTable(rs, rise, func(k int) func(RunResult) (float64, bool) {
+		return func(r RunResult) (float64, bool) {
+			a, okA := r.ceAt(lengths[k+1])
+			b, okB := r.ceAt(lengths[0])
+			return a - b, okA && okB
+		}
 	})
 }
 

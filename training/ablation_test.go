@@ -166,7 +166,10 @@ func TestLengthTable(t *testing.T) {
 	got := LengthTable(rs, []int{64, 128})
 	for _, want := range []string{"| Stage | CE at T = 64 ↓ | CE at T = 128 ↓ |\n",
 		"| A | 5.100 ± 0.141 | 6.200 ± 0.283 |\n",
-		"| B | 4.950 ± 0.212; Δ -0.150 ± 0.635 (n 2) | 6.100; Δ -0.300 (n 1) |\n"} {
+		"| B | 4.950 ± 0.212; Δ -0.150 ± 0.635 (n 2) | 6.100; Δ -0.300 (n 1) |\n",
+		"| Stage | CE at 128 − CE at 64 ↓ |\n",
+		"| A | 1.100 ± 0.141 |\n",
+		"| B | 1.000; Δ -0.200 (n 1) |\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)
 		}
