@@ -44,26 +44,7 @@ func AttentionLayout(g *ir.Graph) error {
 	if len(put) == 0 {
 		return nil
 	}
-	nodes := g.Nodes[:0]
-	for _, n := range g.Nodes {
-		if r := put[n]; r != nil {
-			n = r
-		}
-		nodes = append(nodes, n)
-	}
-	g.Nodes = nodes
-	for _, n := range g.Nodes {
-		for i, x := range n.Inputs {
-			if y := repl[x]; y != nil {
-				n.Inputs[i] = y
-			}
-		}
-	}
-	for k, v := range g.Outputs {
-		if y := repl[v]; y != nil {
-			g.Outputs[k] = y
-		}
-	}
+	splice(g, put, nil, repl)
 	return DCE(g)
 }
 

@@ -143,27 +143,7 @@ func emitFused(g *ir.Graph, groups map[*ir.Node]*fuseGroup) error {
 			drop[m] = true
 		}
 	}
-	nodes := g.Nodes[:0]
-	for _, n := range g.Nodes {
-		if f := put[n]; f != nil {
-			nodes = append(nodes, f)
-		} else if !drop[n] {
-			nodes = append(nodes, n)
-		}
-	}
-	g.Nodes = nodes
-	for _, n := range g.Nodes {
-		for i, x := range n.Inputs {
-			if y := repl[x]; y != nil {
-				n.Inputs[i] = y
-			}
-		}
-	}
-	for k, v := range g.Outputs {
-		if y := repl[v]; y != nil {
-			g.Outputs[k] = y
-		}
-	}
+	splice(g, put, drop, repl)
 	g.Prune()
 	return nil
 }

@@ -71,25 +71,28 @@ func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
 // the unfused one's CE.
 func TestFusedAttentionEvalMatchesUnfused(t *testing.T) {
 	f := newStepFixture(t, "fuzzy", 24, 4)
-	var ces []float64
-	for _, be := range []kernels.Backend{cpu.New(kernels.F32), fusingCPU{cpu.New(kernels.F32)}} {
-		ev, err := compileEvaluator(&f.cfg, f.store, be, f.T, f.B, f.B, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		feeds := map[string]*kernels.Tensor{
-			"input_ids": kernels.IntTensor(ir.Shape{f.B, f.T}, f.x),
-			"targets":   kernels.IntTensor(ir.Shape{f.B * f.T}, f.y),
-		}
-		if err := ev.prog.Run(feeds, 0); err != nil {
-			t.Fatal(err)
-		}
-		ces = append(ces, ev.prog.Output("ce_sum").At(0))
-		ev.prog.Close()
+	unfused, fused := evalCESum(t, f, cpu.New(kernels.F32)), evalCESum(t, f, fusingCPU{cpu.New(kernels.F32)})
+	if d := math.Abs(fused-unfused) / unfused; d > 1e-6 {
+		t.Errorf("eval CE sum: fused %.8f, unfused %.8f", fused, unfused)
 	}
-	if d := math.Abs(ces[1]-ces[0]) / ces[0]; d > 1e-6 {
-		t.Errorf("eval CE sum: fused %.8f, unfused %.8f", ces[1], ces[0])
+}
+
+// evalCESum is the evaluator's CE sum over the fixture's batch on be.
+func evalCESum(t *testing.T, f *stepFixture, be kernels.Backend) float64 {
+	t.Helper()
+	ev, err := compileEvaluator(&f.cfg, f.store, be, f.T, f.B, f.B, false)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer ev.prog.Close()
+	feeds := map[string]*kernels.Tensor{
+		"input_ids": kernels.IntTensor(ir.Shape{f.B, f.T}, f.x),
+		"targets":   kernels.IntTensor(ir.Shape{f.B * f.T}, f.y),
+	}
+	if err := ev.prog.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	return ev.prog.Output("ce_sum").At(0)
 }
 
 // capsCPU is the CPU backend reporting the given capabilities (the graphs
@@ -172,23 +175,9 @@ func TestAttentionLayoutStepMatches(t *testing.T) {
 		}
 	}
 	f := newStepFixture(t, "fuzzy", 24, 4)
-	var ces []float64
-	for _, caps := range []kernels.Capabilities{{FusedAttention: true}, {FusedAttention: true, AttentionBTHD: true}} {
-		ev, err := compileEvaluator(&f.cfg, f.store, capsCPU{cpu.New(kernels.F32), caps}, f.T, f.B, f.B, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		feeds := map[string]*kernels.Tensor{
-			"input_ids": kernels.IntTensor(ir.Shape{f.B, f.T}, f.x),
-			"targets":   kernels.IntTensor(ir.Shape{f.B * f.T}, f.y),
-		}
-		if err := ev.prog.Run(feeds, 0); err != nil {
-			t.Fatal(err)
-		}
-		ces = append(ces, ev.prog.Output("ce_sum").At(0))
-		ev.prog.Close()
-	}
-	if d := math.Abs(ces[1]-ces[0]) / ces[0]; d > 1e-6 {
-		t.Errorf("eval CE sum: bthd %.8f, bhtd %.8f", ces[1], ces[0])
+	bhtd := evalCESum(t, f, capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}})
+	bthd := evalCESum(t, f, capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}})
+	if d := math.Abs(bthd-bhtd) / bhtd; d > 1e-6 {
+		t.Errorf("eval CE sum: bthd %.8f, bhtd %.8f", bthd, bhtd)
 	}
 }
