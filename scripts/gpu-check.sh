@@ -41,8 +41,11 @@
 #            a 16-core H200 host it trains the tiny preset at 0.69 step/s);
 #   resume   exact resume on CUDA (10 steps + 10 resumed = 20 straight);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
-#            bf16 and fp32.
-# RPAC_CHECKS="probe kernels steps predict runs resume bench" (the default: all)
+#            bf16 and fp32;
+#   profile  Nsight Compute (ncu, when installed) on one launch of each of the
+#            paper step's costliest kernels: speed of light, occupancy,
+#            launch statistics (registers, shared memory), warp stalls.
+# RPAC_CHECKS="probe kernels steps predict runs resume bench profile" (the default: all)
 # picks groups; RPAC_CHECK_RUN=REGEXP limits the kernels and steps groups to
 # those tests; RPAC_CHECK_BUDGET=SECONDS stops starting checks after that
 # long (the rest are reported "not run: time budget"), for a machine with a
@@ -121,7 +124,7 @@ check() {
 	printf '%s\t%s\t%s\n' "$name" "$r" "$((SECONDS - t0))" >>"$tsv"
 	[[ $r -eq 0 ]] || rc=1
 }
-want() { [[ " ${RPAC_CHECKS:-probe kernels steps runs resume predict bench} " == *" $1 "* ]]; }
+want() { [[ " ${RPAC_CHECKS:-probe kernels steps runs resume predict bench profile} " == *" $1 "* ]]; }
 testrun=()
 [[ -n "${RPAC_CHECK_RUN:-}" ]] && testrun=(-test.run "$RPAC_CHECK_RUN")
 
@@ -171,6 +174,18 @@ if want bench; then
 			check "bench-paper-$model-$prec" bin/rpac bench train --device cuda --precision "$prec" --preset paper --model "$model" --steps 5
 		done
 	done
+fi
+
+# Nsight Compute, one launch of each kernel (a paper step each).
+if want profile; then
+	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1 || true)
+	if [[ -n "$ncu" ]]; then
+		for k in attention_fwd_bf16 attention_bwd_dq_bf16 attention_bwd_dkdv_bf16 fused_ew_f32 softmax_ce_fused_f32; do
+			check "profile-$k" "$ncu" --clock-control none -k "$k" -c 1 --section SpeedOfLight --section Occupancy \
+				--section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+				bin/rpac bench train --device cuda --preset paper --context 768 --steps 1
+		done
+	fi
 fi
 set -e
 
