@@ -107,10 +107,17 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	if err != nil {
 		return nil, err
 	}
+	bytes := 4 * float64(o.n) // each input read once (a broadcast one stays in cache), the output written
+	for _, x := range in {
+		bytes += 4 * float64(x.n)
+	}
 	return func() error {
 		var keys [ir.MaxFusedDraws]uint64 // this run's stream keys
 		for i, s := range streams {
 			keys[i] = kernels.StreamKey(p.seed, s)
+		}
+		if h, ok := p.be.dev.(costHinter); ok {
+			h.hintBytes(bytes)
 		}
 		return p.each("fused_ew_f32", o.n, o.buf.Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr, bufs[4].Ptr,
 			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n), keys[0], keys[1], keys[2], keys[3])

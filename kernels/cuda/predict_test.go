@@ -304,3 +304,41 @@ func traceTinyStep(t *testing.T, gemm GEMMPrecision) tracedStep {
 	s.again = tr.Events()
 	return s
 }
+
+// TestTraceFusedBytes: a FusedElementwise launch is charged its inputs'
+// own sizes (a broadcast one counted once) and its output, which the
+// backend states (costHinter) since fused_ew_f32's arguments cannot.
+func TestTraceFusedBytes(t *testing.T) {
+	g := ir.New("fused")
+	x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
+	y := g.Input("y", ir.Shape{7}, ir.F32)
+	body := ir.FusedBody{{Op: "Add", Args: []int{0, 1}}, {Op: "Neg", Args: []int{2}}}
+	g.SetOutput("o", g.Apply("FusedElementwise", ir.Attrs{"shape": []int{3, 5, 7}, "body": body}, x, y)[0])
+	be := newBackend(mustFake(t), GEMMF32)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, ir.Shape{7})}
+	tr.Reset()
+	if err := prog.Run(feeds, 1); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range tr.Events() {
+		if e.Name == "fused_ew_f32" {
+			n++
+			if want := 4.0 * (105 + 7 + 105); e.Bytes != want {
+				t.Errorf("fused_ew_f32 charged %g bytes, want %g", e.Bytes, want)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d fused_ew_f32 launches traced, want 1", n)
+	}
+}

@@ -182,7 +182,17 @@ type tracedDevice struct {
 	sigs    map[string][]param
 	measure bool // time each launch and GEMM (StartMeasuredTrace)
 	floored bool // the launch floor is measured
+	// bytes: the DRAM traffic the next launch's caller stated (costHinter),
+	// where the kernel's arguments do not tell it; 0: none.
+	bytes float64
 }
+
+// costHinter is a device that records costs: the backend states the DRAM
+// bytes of its next launch when the kernel's arguments cannot say them
+// (fused_ew_f32: the inputs' sizes sit in device tables).
+type costHinter interface{ hintBytes(bytes float64) }
+
+func (d *tracedDevice) hintBytes(bytes float64) { d.bytes = bytes }
 
 // timed runs call and, when measuring, sets e.Measured to its wall time
 // between two synchronizations of the device, less the launch floor; then
@@ -257,6 +267,9 @@ func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32,
 		Threads: int64(grid[0]) * int64(grid[1]) * int64(grid[2]) * int64(block[0]) * int64(block[1]) * int64(block[2])}
 	e.Blocks = int64(grid[0]) * int64(grid[1]) * int64(grid[2])
 	kernelCost(&e, kargs{d.sigs[name], args}, grid)
+	if d.bytes > 0 {
+		e.Bytes, d.bytes = d.bytes, 0
+	}
 	return d.timed(e, func() error { return d.device.launch(name, grid, block, shared, args...) })
 }
 
@@ -354,7 +367,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 3 * w * n
 	case "fused_ew_f32":
 		// every input counted at the output's size: an upper bound (a
-		// broadcast input is smaller and stays in L2)
+		// broadcast input is smaller and stays in L2); the backend states
+		// the inputs' own sizes instead (costHinter)
 		e.Bytes = w * n * float64(1+a.i("nin"))
 	case "sat_count_f32":
 		e.Bytes = w * a.i("rows") * a.i("R")
