@@ -53,6 +53,13 @@ func fusedStep(s ir.FusedStep, slot int) (prog [4]int32, params [3]float32, err 
 	return prog, params, fmt.Errorf("fused step %s: no fused_ew_f32 code", s.Op)
 }
 
+// fused_ew_f32 takes exactly four stream keys (k0..k3): ir.MaxFusedDraws
+// must be 4 (these fail to compile otherwise).
+var (
+	_ [4 - ir.MaxFusedDraws]struct{}
+	_ [ir.MaxFusedDraws - 4]struct{}
+)
+
 // fusedMaxRegs is FUSED_MAX_REGS of src/fused.cu (its FUSED_MAX_STEPS is
 // ir.MaxFusedSteps, its FUSED_THREADS the launch's block, threads).
 const fusedMaxRegs = 24
