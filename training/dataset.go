@@ -94,7 +94,7 @@ func LoadDataset(ctx context.Context, spec DataSpec, log *slog.Logger) (*Dataset
 			return nil, err
 		}
 		mc := spec.MQAR.WithDefaults()
-		return &Dataset{Name: "mqar", Protocol: fmt.Sprintf("MQAR multi-query associative recall (sequences of %d tokens, %d pairs, query distance %d–%d, vocab %d; train and eval streams from different seeds)", mc.SeqLen, mc.Pairs, mc.MinDist, mc.MaxDist, mc.Vocab),
+		return &Dataset{Name: "mqar", Protocol: fmt.Sprintf("MQAR multi-query associative recall (sequences of %d tokens, %d pairs, %s, query distance %d–%d, vocab %d; train and eval streams from different seeds)", mc.SeqLen, mc.Pairs, mc.Draw.Phrase(), mc.MinDist, mc.MaxDist, mc.Vocab),
 			EvalName: "mqar-eval", Vocab: mc.Vocab, Train: c.Train.IDs, Eval: c.Eval.IDs, MQAR: c,
 			Answers: &c.Eval.AnswerStream, Align: mc.SeqLen}, nil
 	}

@@ -239,13 +239,14 @@ func syntheticFlags() []cli.Flag {
 		&cli.IntFlag{Name: "mqar-vocab", Usage: "MQAR corpus: vocabulary size, half keys and half values (default 256)"},
 		&cli.IntFlag{Name: "mqar-min-dist", Usage: "MQAR corpus: least distance from a pair's key to its query's key (default 1)"},
 		&cli.IntFlag{Name: "mqar-max-dist", Usage: "MQAR corpus: most distance from a pair's key to its query's key (default the sequence length)"},
+		&cli.StringFlag{Name: "mqar-draw", Usage: "MQAR corpus: which pairs the queries ask for: each (every pair once, in random order; default) | random (drawn with replacement, so the values already asked for tell nothing)"},
 	}
 }
 
 // mqarFromFlags reads the MQAR corpus's shape; the corpus checks it.
 func mqarFromFlags(c *cli.Context) (data.MQARConfig, error) {
 	cfg := data.MQARConfig{SeqLen: c.Int("mqar-len"), Pairs: c.Int("mqar-pairs"), Vocab: c.Int("mqar-vocab"),
-		MinDist: c.Int("mqar-min-dist"), MaxDist: c.Int("mqar-max-dist")}
+		MinDist: c.Int("mqar-min-dist"), MaxDist: c.Int("mqar-max-dist"), Draw: data.MQARDraw(c.String("mqar-draw"))}
 	if cfg.SeqLen < 0 || cfg.Pairs < 0 || cfg.Vocab < 0 || cfg.MinDist < 0 || cfg.MaxDist < 0 {
 		return cfg, fmt.Errorf("--mqar-len, --mqar-pairs, --mqar-vocab, --mqar-min-dist and --mqar-max-dist must not be negative")
 	}

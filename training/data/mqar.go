@@ -18,24 +18,60 @@ const (
 	MQARMaxVocab = 1 << 16
 )
 
+// MQARDraw says which pairs a sequence's queries ask for.
+type MQARDraw string
+
+const (
+	// MQARDrawEach queries every pair once, in random order (the default).
+	// A model that only remembers which values were already asked for
+	// answers the last query of a sequence right without matching keys
+	// ("elimination").
+	MQARDrawEach MQARDraw = "each"
+	// MQARDrawRandom draws each query's pair uniformly at random, with
+	// replacement: a pair may be asked for twice or not at all, so the
+	// values already asked for tell nothing about the next answer and only
+	// matching the query's key to its pair scores above 1/Pairs.
+	MQARDrawRandom MQARDraw = "random"
+)
+
+// Phrase says what d does, for protocol lines.
+func (d MQARDraw) Phrase() string {
+	if d == MQARDrawRandom {
+		return "queries drawn at random with replacement"
+	}
+	return "each pair queried once"
+}
+
+// ParseMQARDraw checks a draw's name ("" is MQARDrawEach).
+func ParseMQARDraw(s string) (MQARDraw, error) {
+	switch d := MQARDraw(s); d {
+	case "", MQARDrawEach:
+		return MQARDrawEach, nil
+	case MQARDrawRandom:
+		return d, nil
+	}
+	return "", fmt.Errorf("mqar: draw %q: choose %s or %s", s, MQARDrawEach, MQARDrawRandom)
+}
+
 // MQARConfig shapes the multi-query associative recall corpus (MQAR, after
 // Arora et al. 2023, "Zoology: Measuring and Improving Recall in Efficient
 // Language Models"). Zero fields take the defaults given with each field.
 //
 // Each sequence is SeqLen tokens: MQARBOS, then Pairs key-value pairs
 // "k v" (distinct keys, random values) back to back, then the query region:
-// MQARBlank tokens into which one query "k v" per pair is placed, in random
-// order. The distance of a query (from its pair's key to the query's key)
+// MQARBlank tokens into which Pairs queries "k v" are placed: one per pair
+// in random order, or pairs drawn at random (Draw). The distance of a query (from its pair's key to the query's key)
 // lies in [MinDist, MaxDist]. Predicting the v of a query requires recalling
 // the pair; nothing else in the sequence reveals it. The vocabulary is
 // MQARBOS, MQARBlank, then (Vocab-2)/2 key ids and the rest value ids
 // (chance level 1/Values()).
 type MQARConfig struct {
-	SeqLen  int `json:"seq_len"`  // tokens per sequence, MQARBOS included; default 128
-	Pairs   int `json:"pairs"`    // key-value pairs (and queries) per sequence; default 8
-	Vocab   int `json:"vocab"`    // vocabulary size; default 256
-	MinDist int `json:"min_dist"` // least distance from a pair's key to its query's key; default 1 (no bound)
-	MaxDist int `json:"max_dist"` // most distance; default SeqLen (no bound)
+	SeqLen  int      `json:"seq_len"`        // tokens per sequence, MQARBOS included; default 128
+	Pairs   int      `json:"pairs"`          // key-value pairs (and queries) per sequence; default 8
+	Vocab   int      `json:"vocab"`          // vocabulary size; default 256
+	MinDist int      `json:"min_dist"`       // least distance from a pair's key to its query's key; default 1 (no bound)
+	MaxDist int      `json:"max_dist"`       // most distance; default SeqLen (no bound)
+	Draw    MQARDraw `json:"draw,omitempty"` // which pairs the queries ask for; default MQARDrawEach
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -54,6 +90,9 @@ func (c MQARConfig) WithDefaults() MQARConfig {
 	}
 	if c.MaxDist == 0 {
 		c.MaxDist = c.SeqLen
+	}
+	if c.Draw == "" {
+		c.Draw = MQARDrawEach
 	}
 	return c
 }
@@ -99,6 +138,9 @@ func (c MQARConfig) Validate() error {
 			c.Pairs, c.Vocab, c.Keys(), 2*c.Pairs+2)
 	case c.MinDist < 1 || c.MaxDist < c.MinDist:
 		return fmt.Errorf("mqar: distances [%d, %d]: need 1 ≤ min_dist ≤ max_dist", c.MinDist, c.MaxDist)
+	}
+	if _, err := ParseMQARDraw(string(c.Draw)); err != nil {
+		return err
 	}
 	// A placed query blocks at most 3 start positions of another (its own
 	// and the one either side), so a window of 3(Pairs-1)+1 starts always
@@ -182,7 +224,7 @@ func (s *MQARStream) fill(base int, rng *rand.Rand, cand []int) {
 		vals[i] = c.ValueBase() + int32(rng.IntN(c.Values()))
 		seq[mqarKeyPos(i)], seq[mqarKeyPos(i)+1] = c.KeyBase()+int32(keys[i]), vals[i]
 	}
-	for _, i := range rng.Perm(c.Pairs) {
+	for _, i := range c.queried(rng) {
 		lo, hi := c.window(i)
 		cand = cand[:0]
 		for q := lo; q <= hi; q++ {
@@ -195,4 +237,17 @@ func (s *MQARStream) fill(base int, rng *rand.Rand, cand []int) {
 		s.Answers[base+q+1] = true
 		s.Distances[base+q+1] = int32(q - mqarKeyPos(i))
 	}
+}
+
+// queried returns the pairs a sequence's queries ask for, in the order
+// they are placed.
+func (c MQARConfig) queried(rng *rand.Rand) []int {
+	if c.Draw != MQARDrawRandom {
+		return rng.Perm(c.Pairs)
+	}
+	picks := make([]int, c.Pairs)
+	for j := range picks {
+		picks[j] = rng.IntN(c.Pairs)
+	}
+	return picks
 }
