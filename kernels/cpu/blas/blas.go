@@ -10,6 +10,12 @@
 // (or with the build tag noopenblas) a blocked, parallel pure-Go GEMM is
 // used. The pure-Go path is always available as SgemmGo and DgemmGo.
 //
+// Either way the parallelism is Go's: a large product is cut into
+// GOMAXPROCS parts of C, each a single-threaded GEMM on its own goroutine
+// (OpenBLAS is set to one thread). OpenBLAS's own threads spin for a while
+// after each call, waiting for the next; on a machine with few cores they
+// took that time from the Go kernels that run between the GEMMs.
+//
 // As in reference BLAS, C is not read when beta is 0 (NaN or Inf already in
 // C are overwritten), and A and B are not read when alpha is 0 or k is 0.
 package blas
@@ -26,13 +32,18 @@ import (
 // cheaper without the call.
 const nativeMinWork = 4 * 4 * 4
 
+// nativeAlign: a split of C by columns cuts at multiples of this many
+// columns, so that no part but the last ends in a partial register tile of
+// OpenBLAS's x86-64 single-precision kernels (16 elements wide).
+const nativeAlign = 16
+
 // Sgemm is float32 GEMM.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	if !checkArgs("Sgemm", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc) {
 		return
 	}
 	if haveNative && alpha != 0 && useNative(m, n, k, lda, ldb, ldc) {
-		nativeSgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		splitGemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nativeAlign, nativeSgemm)
 		return
 	}
 	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
@@ -44,7 +55,7 @@ func Dgemm(transA, transB bool, m, n, k int, alpha float64, a []float64, lda int
 		return
 	}
 	if haveNative && alpha != 0 && useNative(m, n, k, lda, ldb, ldc) {
-		nativeDgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		splitGemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nativeAlign, nativeDgemm)
 		return
 	}
 	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)

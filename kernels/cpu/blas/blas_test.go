@@ -238,9 +238,10 @@ func TestGoBlocking(t *testing.T) {
 	})
 }
 
-// TestGoSplits runs the pure-Go path with several worker counts, so that
-// row and column splits into uneven parts are exercised.
-func TestGoSplits(t *testing.T) {
+// TestSplits runs both paths (the pure-Go one and, where built, the
+// OpenBLAS one, which splitGemm cuts the same way) with several worker
+// counts, so that row and column splits into uneven parts are exercised.
+func TestSplits(t *testing.T) {
 	var cases []gemmCase
 	for _, s := range []struct{ m, n, k int }{{401, 130, 50}, {130, 401, 50}, {1000, 13, 200}, {5, 1000, 500}} {
 		for ti := 0; ti < 4; ti++ {
@@ -257,6 +258,8 @@ func TestGoSplits(t *testing.T) {
 		t.Run(fmt.Sprintf("procs=%d", procs), func(t *testing.T) {
 			testS(t, cases, SgemmGo)
 			testD(t, cases, DgemmGo)
+			testS(t, cases, Sgemm)
+			testD(t, cases, Dgemm)
 		})
 	}
 }

@@ -23,17 +23,26 @@ const (
 // gemmGo computes C = alpha·op(A)·op(B) + beta·C for checked arguments with
 // m, n > 0, splitting the work across GOMAXPROCS goroutines when large.
 func gemmGo[T float32 | float64](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
+	splitGemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nr, gemmSerial[T])
+}
+
+// splitGemm runs serial, a single-threaded GEMM with splitGemm's
+// arguments, over parts of C on GOMAXPROCS goroutines (one part when the
+// product is small). It splits along the longer side of C: rows of C share
+// B and own a band of A; columns of C share A and own a band of B, in
+// multiples of align columns. Each part runs the whole blocked algorithm on
+// its own sub-problem, so an element of C is summed in the same order
+// however the work is split.
+func splitGemm[T float32 | float64](transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int,
+	align int, serial func(transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int)) {
 	workers := runtime.GOMAXPROCS(0)
 	if float64(m)*float64(n)*float64(k) < parMinWork {
 		workers = 1
 	}
-	// Split along the longer side of C: rows of C share B and own a band of
-	// A; columns of C share A and own a band of B. Each part runs the whole
-	// blocked algorithm on its own sub-problem with its own packing buffers.
 	if m >= n {
 		parts := min(workers, m)
 		if parts <= 1 {
-			gemmSerial(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+			serial(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 			return
 		}
 		step := (m + parts - 1) / parts
@@ -42,22 +51,22 @@ func gemmGo[T float32 | float64](transA, transB bool, m, n, k int, alpha T, a []
 			if transA {
 				ai = i0
 			}
-			gemmSerial(transA, transB, i1-i0, n, k, alpha, a[ai:], lda, b, ldb, beta, c[i0*ldc:], ldc)
+			serial(transA, transB, i1-i0, n, k, alpha, a[ai:], lda, b, ldb, beta, c[i0*ldc:], ldc)
 		})
 		return
 	}
-	parts := min(workers, (n+nr-1)/nr)
+	parts := min(workers, (n+align-1)/align)
 	if parts <= 1 {
-		gemmSerial(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		serial(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
-	step := ((n+parts-1)/parts + nr - 1) / nr * nr
+	step := ((n+parts-1)/parts + align - 1) / align * align
 	parallel(n, step, func(j0, j1 int) {
 		bj := j0
 		if transB {
 			bj = j0 * ldb
 		}
-		gemmSerial(transA, transB, m, j1-j0, k, alpha, a, lda, b[bj:], ldb, beta, c[j0:], ldc)
+		serial(transA, transB, m, j1-j0, k, alpha, a, lda, b[bj:], ldb, beta, c[j0:], ldc)
 	})
 }
 

@@ -24,6 +24,10 @@ static void rpac_dgemm(int ta, int tb, int m, int n, int k, double alpha,
 */
 import "C"
 
+// OpenBLAS computes each call on the calling thread; splitGemm spreads
+// large products over goroutines.
+func init() { C.openblas_set_num_threads(1) }
+
 // coreName is the kernel family OpenBLAS chose for this CPU (or the one
 // OPENBLAS_CORETYPE forced), e.g. "Haswell", "SkylakeX", "Zen",
 // "NeoverseV2".
@@ -43,8 +47,7 @@ func cbool(v bool) C.int {
 
 // nativeSgemm calls OpenBLAS. Arguments are already checked, m, n > 0 and
 // k > 0 (so a and b are not empty), and every size fits in a C int.
-// OpenBLAS runs on its own threads, one per core unless OPENBLAS_NUM_THREADS
-// says otherwise.
+// OpenBLAS runs on the calling thread (init).
 func nativeSgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	C.rpac_sgemm(cbool(transA), cbool(transB), C.int(m), C.int(n), C.int(k), C.float(alpha),
 		(*C.float)(&a[0]), C.int(lda), (*C.float)(&b[0]), C.int(ldb),
