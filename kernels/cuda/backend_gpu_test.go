@@ -57,6 +57,11 @@ func opCases() []opCase {
 		{op: "Sub", in: []ir.Shape{{5, 1}, s357}},
 		{op: "Mul", in: []ir.Shape{s357, s357}},
 		{op: "Div", in: []ir.Shape{s357, {3, 1, 7}}, pos: true},
+		// same shapes: binary_dense_f32; the cases above broadcast (binary_f32)
+		{op: "Add", in: []ir.Shape{s357, s357}},
+		{op: "Sub", in: []ir.Shape{{1000}, {1000}}},
+		{op: "Mul", in: []ir.Shape{{5, 1}, s357}},
+		{op: "Div", in: []ir.Shape{s357, s357}, pos: true},
 		{op: "Scale", attrs: ir.Attrs{"alpha": 1.5, "beta": -0.5}, in: []ir.Shape{s357}},
 		{op: "Clamp", attrs: ir.Attrs{"lo": -0.5, "hi": 0.7}, in: []ir.Shape{s357}},
 		{op: "NanToNum", attrs: ir.Attrs{"nan": 0.0, "posinf": 4.0, "neginf": -4.0}, in: []ir.Shape{s357}},

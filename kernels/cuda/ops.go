@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -227,6 +228,12 @@ func checkI32Inputs(n *ir.Node, in []*dval) error {
 }
 
 func (p *program) buildBinary(code int32, in, out []*dval) (func() error, error) {
+	a, b, o := in[0], in[1], out[0]
+	if slices.Equal(a.v.Shape, o.v.Shape) && slices.Equal(b.v.Shape, o.v.Shape) {
+		return func() error {
+			return p.each("binary_dense_f32", o.n, o.buf.Ptr, a.buf.Ptr, b.buf.Ptr, code, int64(o.n))
+		}, nil
+	}
 	v, err := binaryView(out[0].v.Shape, in[0].v.Shape, in[1].v.Shape)
 	if err != nil {
 		return nil, err
@@ -235,7 +242,6 @@ func (p *program) buildBinary(code int32, in, out []*dval) (func() error, error)
 	if err != nil {
 		return nil, err
 	}
-	a, b, o := in[0], in[1], out[0]
 	return func() error {
 		return p.each("binary_f32", o.n, o.buf.Ptr, a.buf.Ptr, b.buf.Ptr, meta.Ptr, int32(v.rank()), code, int64(o.n))
 	}, nil

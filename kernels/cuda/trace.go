@@ -363,7 +363,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 6 * n
 	case "f32_to_bf16_pad_kernel": // fp32 rows×cols read, bf16 rows×ld written
 		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
-	case "grad_unary_f32", "binary_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
+	case "grad_unary_f32", "binary_f32", "binary_dense_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
 	case "fused_ew_f32":
 		// every input counted at the output's size: an upper bound (a

@@ -18,6 +18,13 @@ extern "C" __global__ void grad_unary_f32(float* dx, const float* dy, const floa
     GRID_STRIDE(i, n) dx[i] = ew_grad(op, dy[i], x[i], a, b);
 }
 
+// binary_dense_f32: out[i] = a[i] op b[i], for operands of the output's
+// shape (no broadcast axis): a plain stream, without binary_f32's index
+// arithmetic.
+extern "C" __global__ void binary_dense_f32(float* out, const float* a, const float* b, int op, i64 n) {
+    GRID_STRIDE(i, n) out[i] = ew_binary(op, a[i], b[i]);
+}
+
 // binary_f32: out[i] = a[view_a(i)] op b[view_b(i)]; view = dims, astrides,
 // bstrides (numpy broadcasting: stride 0 on broadcast axes).
 extern "C" __global__ void binary_f32(float* out, const float* a, const float* b, const i64* view, int rank, int op, i64 n) {
