@@ -279,15 +279,18 @@ type program struct {
 	producer map[int]*ir.Node // value ID -> the node that defines it
 	lmHeads  map[int]*lmHead  // LMHeadCrossEntropy node ID -> its state
 	// GEMM input staging for GEMMBF16: the largest padded A and B
-	// activation operand (in elements) of any GEMM, and their bf16 buffers.
+	// activation operand (in elements) of any GEMM, and per side
+	// stageSlots bf16 buffers of that size.
 	bf16Need [2]int
-	bf16     [2]Buffer
+	bf16     [2][stageSlots]Buffer
 	// The two-pass reductions' partials (doubles): the most any node
 	// needs, one allocation shared by every node (reduce.go).
-	workNeed int
-	work     Buffer
-	staging  [2]stagedCopy // what each bf16 staging buffer holds
-	runs     uint64        // Runs started
+	workNeed   int
+	work       Buffer
+	staging    [2][stageSlots]stagedCopy // what each bf16 staging buffer holds
+	stageUse   [2][stageSlots]uint64     // when each was last read (stageClock)
+	stageClock uint64
+	runs       uint64 // Runs started
 	// plans: one cuBLASLt plan per GEMM key, made on first use; ws: their
 	// workspace.
 	plans map[GemmKey]gemmPlan

@@ -510,15 +510,16 @@ type operand struct {
 	// staged: the staging buffer of its side already holds buf's padded
 	// bf16 copy (converted once for several GEMMs).
 	staged bool
-	// val: the graph value buf holds (0: none), which a Run writes once, so
-	// its bf16 copy stays valid in the staging buffer until another
-	// conversion there (a GEMM's gradient pair reads dy twice).
+	// val: the graph value buf holds, as its ID + 1 (0: none), which a Run
+	// writes once, so its bf16 copy stays valid in a staging buffer until
+	// another conversion replaces it (a GEMM's gradient pair reads dy
+	// twice).
 	val int
 }
 
 // operandOf is the operand for a value of the graph.
 func operandOf(d *dval) operand {
-	o := operand{buf: d.buf, val: d.v.ID}
+	o := operand{buf: d.buf, val: d.v.ID + 1}
 	if d.v.Kind == ir.Param || d.v.Kind == ir.Buffer {
 		o.stored = d
 	}
@@ -605,28 +606,62 @@ func batchRows(batch int, stride int64, rows int) int {
 	return batch * rows
 }
 
+// stageSlots is the number of bf16 staging buffers per GEMM side. Two keep
+// an operand that several GEMMs read while other operands are converted in
+// between: the fuzzy block's expert FFNs read the same input x in each up
+// projection, with each expert's hidden activation converted for its down
+// projection after it (and x again, beside each expert's output gradient,
+// in the weight gradients).
+const stageSlots = 2
+
 // bf16Input returns the padded bf16 copy of an operand of rows×cols fp32
 // elements: a store tensor's persistent copy (made again only after the
-// tensor changed), or this side's staging buffer, converted now.
+// tensor changed), or one of this side's staging buffers: the one that
+// already holds the value's copy, else the least recently read one,
+// converted now.
 func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error) {
 	switch {
 	case o.staged:
-		return p.bf16[side], nil
+		return p.bf16[side][0], nil
 	case o.stored != nil:
 		return p.storedBF16(o.stored, rows, cols)
 	}
 	held := stagedCopy{val: o.val, cols: cols, run: p.runs}
-	if o.val != 0 && p.staging[side] == held {
-		return p.bf16[side], nil
+	if o.val != 0 {
+		for k, c := range p.staging[side] {
+			if c == held {
+				p.touchStage(side, k)
+				return p.bf16[side][k], nil
+			}
+		}
 	}
-	p.staging[side] = stagedCopy{}
-	if err := p.toBF16(p.bf16[side], o.buf, rows, cols); err != nil {
+	k := p.lruStage(side)
+	p.staging[side][k] = stagedCopy{}
+	if err := p.toBF16(p.bf16[side][k], o.buf, rows, cols); err != nil {
 		return Buffer{}, err
 	}
 	if o.val != 0 {
-		p.staging[side] = held
+		p.staging[side][k] = held
 	}
-	return p.bf16[side], nil
+	p.touchStage(side, k)
+	return p.bf16[side][k], nil
+}
+
+// lruStage is the staging buffer of a side read least recently.
+func (p *program) lruStage(side int) int {
+	k := 0
+	for j := range p.stageUse[side] {
+		if p.stageUse[side][j] < p.stageUse[side][k] {
+			k = j
+		}
+	}
+	return k
+}
+
+// touchStage marks a staging buffer as just read.
+func (p *program) touchStage(side, k int) {
+	p.stageClock++
+	p.stageUse[side][k] = p.stageClock
 }
 
 // toBF16 converts rows×cols dense fp32 elements into dst with leading
@@ -743,11 +778,13 @@ func (p *program) stageBF16() error {
 		return nil
 	}
 	for i, n := range p.bf16Need {
-		b, err := p.alloc((n + 1) / 2)
-		if err != nil {
-			return err
+		for k := range p.bf16[i] {
+			b, err := p.alloc((n + 1) / 2)
+			if err != nil {
+				return err
+			}
+			p.bf16[i][k] = b
 		}
-		p.bf16[i] = b
 	}
 	return nil
 }
@@ -1082,8 +1119,11 @@ func (p *program) stageLogits(s GemmShape, logits Buffer, rows, V int) (operand,
 	if !p.bf16GEMM(s) {
 		return act(logits), nil
 	}
-	p.staging[0] = stagedCopy{}
-	if err := p.toBF16Strided(p.bf16[0], logits, rows, V, logitsLD(V)); err != nil {
+	// Buffer 0 of side 0, marked as just read: the two GEMMs that read it
+	// follow with no conversion on side 0 between them.
+	p.staging[0][0] = stagedCopy{}
+	p.touchStage(0, 0)
+	if err := p.toBF16Strided(p.bf16[0][0], logits, rows, V, logitsLD(V)); err != nil {
 		return operand{}, err
 	}
 	return operand{buf: logits, staged: true}, nil

@@ -342,3 +342,59 @@ func TestTraceFusedBytes(t *testing.T) {
 		t.Fatalf("%d fused_ew_f32 launches traced, want 1", n)
 	}
 }
+
+// TestTraceBF16StagingKeepsSharedInput: under GEMMBF16 an activation that
+// several GEMMs read stays in its staging buffer while another activation
+// is converted between them (two buffers per side, least recently read
+// replaced): x feeds two up projections, each followed by a down
+// projection of its own hidden activation, so the activations x, h1 and h2
+// take three conversions, not four.
+func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
+	const M, K, F = 40, 24, 32
+	g := ir.New("experts")
+	x := g.Input("x", ir.Shape{M, K}, ir.F32)
+	st := kernels.NewStore(kernels.F32)
+	w := func(name string, n, k int) *ir.Value {
+		v := g.Param(name, ir.Shape{n, k})
+		if _, err := st.Ensure(name, v.Shape); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	h1 := g.Op1("Linear", nil, x, w("up1", F, K))
+	y1 := g.Op1("Linear", nil, h1, w("down1", K, F))
+	h2 := g.Op1("Linear", nil, x, w("up2", F, K))
+	y2 := g.Op1("Linear", nil, h2, w("down2", K, F))
+	g.SetOutput("y", g.Op1("Add", nil, y1, y2))
+	be := newBackend(mustFake(t), GEMMBF16)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := be.Compile(g, passes.Plan(g), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{M, K})}
+	if err := prog.Run(feeds, 1); err != nil { // converts the weights too
+		t.Fatal(err)
+	}
+	tr.Reset()
+	prog.(interface{ ReuseStored() }).ReuseStored()
+	if err := prog.Run(feeds, 2); err != nil {
+		t.Fatal(err)
+	}
+	conv, gemms := 0, 0
+	for _, e := range tr.Events() {
+		switch {
+		case e.Name == "f32_to_bf16_pad_kernel":
+			conv++
+		case e.Kind == EvGEMM && e.DType == BF16:
+			gemms++
+		}
+	}
+	if gemms != 4 || conv != 3 {
+		t.Fatalf("%d bf16 GEMMs and %d activation conversions, want 4 and 3", gemms, conv)
+	}
+}
