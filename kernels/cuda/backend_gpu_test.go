@@ -57,7 +57,9 @@ func opCases() []opCase {
 		{op: "Sub", in: []ir.Shape{{5, 1}, s357}},
 		{op: "Mul", in: []ir.Shape{s357, s357}},
 		{op: "Div", in: []ir.Shape{s357, {3, 1, 7}}, pos: true},
-		// same shapes: binary_dense_f32; the cases above broadcast (binary_f32)
+		// Each op code once with both operands of the output's shape
+		// (binary_dense_f32) and once broadcast (binary_f32): the Mul
+		// above is the dense one, the Add, Sub and Div above broadcast.
 		{op: "Add", in: []ir.Shape{s357, s357}},
 		{op: "Sub", in: []ir.Shape{{1000}, {1000}}},
 		{op: "Mul", in: []ir.Shape{{5, 1}, s357}},

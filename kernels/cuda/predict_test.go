@@ -398,3 +398,42 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 		t.Fatalf("%d bf16 GEMMs and %d activation conversions, want 4 and 3", gemms, conv)
 	}
 }
+
+// TestBinaryKernelChoice: a binary op whose operands both have the output's
+// shape launches binary_dense_f32; one with a broadcast operand launches
+// binary_f32 (the view kernel).
+func TestBinaryKernelChoice(t *testing.T) {
+	for _, tc := range []struct {
+		b    ir.Shape
+		want string
+	}{{ir.Shape{3, 5, 7}, "binary_dense_f32"}, {ir.Shape{5, 1}, "binary_f32"}} {
+		g := ir.New("binary")
+		a := g.Input("a", ir.Shape{3, 5, 7}, ir.F32)
+		b := g.Input("b", tc.b, ir.F32)
+		g.SetOutput("o", g.Op1("Mul", nil, a, b))
+		be := newBackend(mustFake(t), GEMMF32)
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+		if err != nil {
+			t.Fatal(err)
+		}
+		feeds := map[string]*kernels.Tensor{"a": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "b": kernels.NewTensor(kernels.F32, tc.b)}
+		tr.Reset()
+		if err := prog.Run(feeds, 1); err != nil {
+			t.Fatal(err)
+		}
+		prog.Close()
+		var names []string
+		for _, e := range tr.Events() {
+			if strings.HasPrefix(e.Name, "binary_") {
+				names = append(names, e.Name)
+			}
+		}
+		if len(names) != 1 || names[0] != tc.want {
+			t.Errorf("b%v: launched %v, want [%s]", tc.b, names, tc.want)
+		}
+	}
+}

@@ -60,8 +60,8 @@ func ParseMQARDraw(s string) (MQARDraw, error) {
 // Each sequence is SeqLen tokens: MQARBOS, then Pairs key-value pairs
 // "k v" (distinct keys, random values) back to back, then the query region:
 // MQARBlank tokens into which Pairs queries "k v" are placed: one per pair
-// in random order, or pairs drawn at random (Draw). The distance of a query (from its pair's key to the query's key)
-// lies in [MinDist, MaxDist]. Predicting the v of a query requires recalling
+// in random order, or pairs drawn at random (Draw). The distance of a query
+// (from its pair's key to the query's key) lies in [MinDist, MaxDist]. Predicting the v of a query requires recalling
 // the pair; nothing else in the sequence reveals it. The vocabulary is
 // MQARBOS, MQARBlank, then (Vocab-2)/2 key ids and the rest value ids
 // (chance level 1/Values()).
