@@ -118,12 +118,14 @@ func same(t *testing.T, what string, got, want map[string][]float32) {
 
 // TestSimStepParity: one whole fuzzy and baseline training step (dropout,
 // micro-batches, the Gumbel top-k gate) on the simulator (or a GPU)
-// against the CPU, with the tiny preset's head size and an awkward one.
+// against the CPU, with the tiny preset's head size and an awkward one;
+// with rotary positions too.
 func TestSimStepParity(t *testing.T) {
 	be := parityBackend(t, parityDevice(t), cuda.GEMMF32)
-	for _, kind := range []string{"fuzzy", "baseline"} {
-		f := newStepFixture(t, kind, 19, 3)
-		f.cfg.Dropout = 0.1
+	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope"} {
+		name, rope := strings.CutSuffix(kind, "+rope")
+		f := newStepFixture(t, name, 19, 3)
+		f.cfg.Dropout, f.cfg.RoPE = 0.1, rope
 		loss, _, grads := f.stepOn(t, cpu.New(kernels.F32), 3, 11)
 		gl, _, gg := f.stepOn(t, be, 3, 11)
 		if d := math.Abs(gl-loss) / math.Abs(loss); d > 1e-5 {

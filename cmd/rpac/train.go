@@ -284,6 +284,7 @@ func sizeFlags() []cli.Flag {
 		&cli.IntFlag{Name: "top-k", Usage: "experts kept per token"},
 		&cli.IntFlag{Name: "ff-mult", Usage: "expert hidden width as a multiple of d"},
 		&cli.IntFlag{Name: "max-len", Usage: "rows of the learned position embedding"},
+		&cli.BoolFlag{Name: "rope", Usage: "rotate queries and keys by position (rotary embedding, on top of the learned positions; not in the paper)"},
 	}
 }
 
@@ -296,8 +297,13 @@ func sizesFromFlags(c *cli.Context) model.Overrides {
 		v := c.Int(name)
 		return &v
 	}
-	return model.Overrides{DModel: get("d-model"), Layers: get("layers"), Heads: get("heads"), R: get("regimes"),
+	o := model.Overrides{DModel: get("d-model"), Layers: get("layers"), Heads: get("heads"), R: get("regimes"),
 		Experts: get("experts"), TopK: get("top-k"), FFMult: get("ff-mult"), MaxLen: get("max-len")}
+	if c.IsSet("rope") {
+		v := c.Bool("rope")
+		o.RoPE = &v
+	}
+	return o
 }
 
 // memoryFlagDefs are the flags of the memory plan (train, bench train).

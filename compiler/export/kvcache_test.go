@@ -17,10 +17,16 @@ import (
 // TestExportKVCache: --kv-cache adds a prefill and a decode graph per
 // length, listed in the manifest with their kind and hash and described by
 // its kv_cache record; each file says which graph it is; plain attention
-// spells attention out in them too.
+// spells attention out in them too; a model with rotary positions decodes
+// with the rows of its tables at each position.
 func TestExportKVCache(t *testing.T) {
-	for _, att := range []string{passes.AttentionOp, passes.AttentionPlain} {
+	for _, c := range []struct {
+		att  string
+		rope bool
+	}{{passes.AttentionOp, false}, {passes.AttentionPlain, false}, {passes.AttentionOp, true}} {
+		att := c.att
 		cfg := smallCfg("fuzzy")
+		cfg.RoPE = c.rope
 		st := smallStore(t, &cfg, lengths...)
 		dir := t.TempDir()
 		res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Attention: att,
@@ -70,7 +76,7 @@ func TestExportKVCache(t *testing.T) {
 			// sequence r decodes its last 16+r positions (fewer when T is short)
 			want := min(16, r.T-1) + min(17, r.T-1)
 			if r.KVSteps != want || r.KVMaxAbsDiff > 1e-4 {
-				t.Errorf("verify L=%d with %s: %d KV decode steps (want %d), max|Δlogit| %.3g", r.T, att, r.KVSteps, want, r.KVMaxAbsDiff)
+				t.Errorf("verify L=%d with %s (rope %v): %d KV decode steps (want %d), max|Δlogit| %.3g", r.T, att, c.rope, r.KVSteps, want, r.KVMaxAbsDiff)
 			}
 		}
 	}

@@ -30,9 +30,19 @@ type Config struct {
 	// (N(0, 0.02²), the default) or "sinusoid" (the sinusoids of Vaswani et
 	// al. 2017 scaled to the same RMS, from which a linear map reaches
 	// relative offsets; still learned).
-	PosInit string  `json:"pos_init,omitempty"`
-	Dropout float64 `json:"dropout"`
-	Type2   bool    `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
+	PosInit string `json:"pos_init,omitempty"`
+	// RoPE rotates each head's queries and keys by their position (rotary
+	// position embedding, Su et al. 2021, the half-split pairing of GPT-NeoX
+	// and Llama: dimension i pairs with i + ⌊d_head/2⌋; with an odd head
+	// dimension the last one is left as it is), on top of the learned
+	// position embedding. Not in the paper: an option for tasks that need
+	// attention by relative offset early in training (MQAR's lookup).
+	RoPE bool `json:"rope,omitempty"`
+	// RoPEBase is the base of the rotary frequencies base^(-i/⌊d_head/2⌋);
+	// 0 means 10000.
+	RoPEBase float64 `json:"rope_base,omitempty"`
+	Dropout  float64 `json:"dropout"`
+	Type2    bool    `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
 
 	// FuzzyMHA / RPA (listing names).
 	UseRPA        bool    `json:"use_rpa"`
@@ -139,6 +149,12 @@ func (c *Config) Validate() error {
 	}
 	if c.PosInit != "" && c.PosInit != "normal" && c.PosInit != "sinusoid" {
 		bad("pos_init %q is unknown (want normal or sinusoid)", c.PosInit)
+	}
+	if c.RoPEBase != 0 && !(c.RoPEBase > 1 && c.RoPEBase <= 1e9) {
+		bad("rope_base %g is outside (1, 1e9] (0 means 10000)", c.RoPEBase)
+	}
+	if c.RoPE && c.DModel >= 1 && c.Heads >= 1 && c.DModel/c.Heads < 2 {
+		bad("rope needs a head dimension of at least 2 (d_model %d / heads %d)", c.DModel, c.Heads)
 	}
 	if !(c.Dropout >= 0 && c.Dropout < 1) {
 		bad("dropout %g is outside [0, 1)", c.Dropout)

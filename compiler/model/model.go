@@ -83,6 +83,7 @@ type builder struct {
 	layers []Layer
 	cur    *Layer   // the fuzzy block being built
 	hooks  []string // outputs only training reads
+	rope   *ropeConsts
 }
 
 // hook makes v the output name that only training reads (the loss, the
@@ -386,13 +387,16 @@ func (b *builder) build() error {
 func (b *builder) attention(xn *ir.Value, prefix string, bias *ir.Value) *ir.Value {
 	c, o := b.cfg, b.o
 	D, H, Hd, T, B := c.DModel, c.Heads, c.HeadDim(), o.T, o.B
-	heads := func(v *ir.Value) *ir.Value {
+	heads := func(v *ir.Value, rotate bool) *ir.Value {
 		v = b.op("Reshape", ir.Attrs{"shape": []int{B, T, H, Hd}}, v)
+		if rotate && c.RoPE {
+			v = b.rotary(v)
+		}
 		return b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, v)
 	}
-	q := heads(b.linear(xn, prefix+".Wq", D, D, false))
-	k := heads(b.linear(xn, prefix+".Wk", D, D, false))
-	v := heads(b.linear(xn, prefix+".Wv", D, D, false))
+	q := heads(b.linear(xn, prefix+".Wq", D, D, false), true)
+	k := heads(b.linear(xn, prefix+".Wk", D, D, false), true)
+	v := heads(b.linear(xn, prefix+".Wv", D, D, false), false)
 	s := b.op("MatMul", ir.Attrs{"transB": true}, q, k)
 	s = b.scale(s, 1/math.Sqrt(float64(Hd)), 0)
 	if bias != nil {
@@ -404,6 +408,27 @@ func (b *builder) attention(xn *ir.Value, prefix string, bias *ir.Value) *ir.Val
 	out = b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, out)
 	out = b.op("Reshape", ir.Attrs{"shape": []int{B, T, D}}, out)
 	return b.linear(out, prefix+".out_proj", D, D, false)
+}
+
+// ropeConsts are the rotary tables of one graph, shared by its layers.
+type ropeConsts struct{ cos, sin, rot *ir.Value }
+
+// rotary applies the rotary position embedding to v [B,T,H,Hd] as
+// v⊙cos + (v·Rᵀ)⊙sin, with cos and sin [T,1,Hd] tables and R the [Hd,Hd]
+// rotate-half matrix: plain Mul, Linear and Add nodes, so every backend,
+// the gradient and the ONNX export need nothing of their own.
+func (b *builder) rotary(v *ir.Value) *ir.Value {
+	if b.rope == nil {
+		T, Hd := b.o.T, b.cfg.HeadDim()
+		cos, sin := RotaryTables(T, Hd, b.cfg.RoPEBase)
+		b.rope = &ropeConsts{
+			cos: b.g.Const(fmt.Sprintf("rope.cos.T%d", T), ir.Shape{T, 1, Hd}, cos),
+			sin: b.g.Const(fmt.Sprintf("rope.sin.T%d", T), ir.Shape{T, 1, Hd}, sin),
+			rot: b.g.Const(fmt.Sprintf("rope.rotate_half.D%d", Hd), ir.Shape{Hd, Hd}, RotateHalf(Hd)),
+		}
+	}
+	r := b.rope
+	return b.op("Add", nil, b.op("Mul", nil, v, r.cos), b.op("Mul", nil, b.op("Linear", nil, v, r.rot), r.sin))
 }
 
 func (b *builder) baselineBlock(x *ir.Value, i int) *ir.Value {
@@ -621,6 +646,42 @@ func PosDistance(T int) []float64 {
 		}
 	}
 	return d
+}
+
+// RotaryTables returns the [T,Hd] cosine and sine tables of the rotary
+// embedding: with h = ⌊Hd/2⌋, dimensions i and i+h (i < h) of position t
+// turn by the angle t·base^(-i/h). A last, odd dimension does not turn
+// (cos 1, sin 0). base 0 means 10000.
+func RotaryTables(T, Hd int, base float64) (cos, sin []float64) {
+	if base == 0 {
+		base = 10000
+	}
+	h := Hd / 2
+	cos, sin = make([]float64, T*Hd), make([]float64, T*Hd)
+	for t := 0; t < T; t++ {
+		row := t * Hd
+		for i := 0; i < Hd; i++ {
+			cos[row+i] = 1
+		}
+		for i := 0; i < h; i++ {
+			s, c := math.Sincos(float64(t) * math.Pow(base, -float64(i)/float64(h)))
+			cos[row+i], cos[row+i+h] = c, c
+			sin[row+i], sin[row+i+h] = s, s
+		}
+	}
+	return cos, sin
+}
+
+// RotateHalf returns the [Hd,Hd] matrix R with (v·Rᵀ)[i] = -v[i+h] and
+// (v·Rᵀ)[i+h] = v[i] for i < h = ⌊Hd/2⌋ (a last, odd dimension maps to 0).
+func RotateHalf(Hd int) []float64 {
+	h := Hd / 2
+	r := make([]float64, Hd*Hd)
+	for i := 0; i < h; i++ {
+		r[i*Hd+i+h] = -1
+		r[(i+h)*Hd+i] = 1
+	}
+	return r
 }
 
 // CountParams sums the element counts of trainable specs.

@@ -62,6 +62,14 @@ func TestModelGradients(t *testing.T) {
 		{"fuzzy-legacy", func() model.Config { c := microConfig("fuzzy"); c.UseRPA = false; return c }},
 		{"fuzzy-nodetach", func() model.Config { c := microConfig("fuzzy"); c.RPADetach = false; return c }},
 		{"baseline", func() model.Config { return microConfig("baseline") }},
+		{"baseline-rope", func() model.Config { c := microConfig("baseline"); c.RoPE = true; return c }},
+		// head dimension 3: one rotated pair and a dimension left as it is
+		{"baseline-rope-odd", func() model.Config {
+			c := microConfig("baseline")
+			c.RoPE, c.DModel, c.RoPEBase = true, 6, 50
+			return c
+		}},
+		{"fuzzy-rope", func() model.Config { c := microConfig("fuzzy"); c.RoPE = true; return c }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

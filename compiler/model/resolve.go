@@ -24,6 +24,7 @@ type Overrides struct {
 	TopK    *int // top_k
 	FFMult  *int // ff_mult
 	MaxLen  *int // max_len
+	RoPE    *bool
 }
 
 // Apply returns c with every set override written over it.
@@ -38,6 +39,9 @@ func (o Overrides) Apply(c Config) Config {
 		if f.v != nil {
 			*f.dst = *f.v
 		}
+	}
+	if o.RoPE != nil {
+		c.RoPE = *o.RoPE
 	}
 	return c
 }
@@ -209,10 +213,20 @@ func lineCol(data []byte, off int64) (line, col int) {
 // Summary is a one-line description of the model's shape for logs, in the
 // JSON field names.
 func (c Config) Summary() string {
+	var s string
 	if c.Model != "fuzzy" {
-		return fmt.Sprintf("model=%s d_model=%d layers=%d heads=%d ff_mult=%d top_k=%d (ffn width %d) max_len=%d",
+		s = fmt.Sprintf("model=%s d_model=%d layers=%d heads=%d ff_mult=%d top_k=%d (ffn width %d) max_len=%d",
 			c.Model, c.DModel, c.Layers, c.Heads, c.FFMult, c.TopK, c.FFMult*c.DModel*max(1, c.TopK), c.MaxLen)
+	} else {
+		s = fmt.Sprintf("model=fuzzy d_model=%d layers=%d heads=%d R=%d experts=%d top_k=%d ff_mult=%d max_len=%d",
+			c.DModel, c.Layers, c.Heads, c.R, c.Experts, c.TopK, c.FFMult, c.MaxLen)
 	}
-	return fmt.Sprintf("model=fuzzy d_model=%d layers=%d heads=%d R=%d experts=%d top_k=%d ff_mult=%d max_len=%d",
-		c.DModel, c.Layers, c.Heads, c.R, c.Experts, c.TopK, c.FFMult, c.MaxLen)
+	if c.RoPE {
+		base := c.RoPEBase
+		if base == 0 {
+			base = 10000
+		}
+		s += fmt.Sprintf(" rope=true rope_base=%g", base)
+	}
+	return s
 }

@@ -56,6 +56,12 @@ func TestResolve(t *testing.T) {
 					t.Errorf("got d_model %d heads %d R %d layers %d, want 96, 4 (flag), 6 (file), preset layers", c.DModel, c.Heads, c.R, c.Layers)
 				}
 			}},
+		{name: "rope flag over file", file: `{"rope": false, "rope_base": 500}`, ov: model.Overrides{RoPE: func() *bool { v := true; return &v }()},
+			check: func(t *testing.T, c model.Config) {
+				if !c.RoPE || c.RoPEBase != 500 {
+					t.Errorf("got rope %v rope_base %g, want true (flag), 500 (file)", c.RoPE, c.RoPEBase)
+				}
+			}},
 		{name: "flag repairs file", file: `{"d_model": 100, "heads": 3}`, ov: model.Overrides{DModel: ip(99)},
 			check: func(t *testing.T, c model.Config) {
 				if c.DModel != 99 || c.Heads != 3 {
@@ -249,6 +255,10 @@ func TestSummary(t *testing.T) {
 	}
 	c.Model = "baseline"
 	if got, want := c.Summary(), "model=baseline d_model=128 layers=2 heads=4 ff_mult=2 top_k=2 (ffn width 512) max_len=256"; got != want {
+		t.Errorf("Summary() = %q, want %q", got, want)
+	}
+	c.RoPE = true
+	if got, want := c.Summary(), "model=baseline d_model=128 layers=2 heads=4 ff_mult=2 top_k=2 (ffn width 512) max_len=256 rope=true rope_base=10000"; got != want {
 		t.Errorf("Summary() = %q, want %q", got, want)
 	}
 }

@@ -32,10 +32,13 @@ import (
 // buffer is) and attends to slots 0..p_b only, so each sequence of a batch
 // can be at its own position and slots beyond it may hold anything. The
 // folded RPA prior of length T enters as row p_b of the layer's [T,T]
-// bias (a Gather from the constant), the position embedding as row p_b of
-// the position table. Every other part of the graph is per position; LowerKV
-// checks that (positionAxes) and refuses a graph that mixes positions
-// anywhere but in attention, because a cache would then not be exact.
+// bias (a Gather from the constant); a position table, a weight or constant
+// whose first axis runs over the T positions and that an elementwise node
+// applies along the sequence axis (the position embedding, the rotary
+// tables), enters as its row p_b (decode) or its rows 0..sequence-1
+// (prefill). Every other part of the graph is per position; LowerKV checks
+// that (positionAxes) and refuses a graph that mixes positions anywhere but
+// in attention, because a cache would then not be exact.
 //
 // The prefill graph applies the LM head to the last prompt position only: a
 // generation needs no other logits, and the head over every position would
@@ -85,7 +88,7 @@ type KVLayout struct {
 type kvState struct {
 	which  KVGraph
 	axes   map[*ir.Value]posAxes
-	posAdd *ir.Node // Add(token embedding, position table)
+	tables map[*ir.Node]int // elementwise nodes that read a position table: the table's input index
 	head   *ir.Node // the LM head (prefill: last position only)
 	plain  bool     // MatMul, Add, Softmax, MatMul instead of Attention
 	layout KVLayout
@@ -135,7 +138,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 		return nil, KVLayout{}, fmt.Errorf("onnx: graph %s has no output %q f32 [B,T,V]", g.Name, OutputName)
 	}
 	T, V := ids.Shape[1], out.Shape[2]
-	axes, posAdd, err := positionAxes(g, ids, out)
+	axes, tables, err := positionAxes(g, ids, out)
 	if err != nil {
 		return nil, KVLayout{}, fmt.Errorf("onnx: %s graph: %w", which, err)
 	}
@@ -144,7 +147,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 		return nil, KVLayout{}, fmt.Errorf("onnx: graph %s: %q is not computed by the LM head (a Linear)", g.Name, OutputName)
 	}
 	b := newBuilder(g, weights, opts)
-	b.kv = &kvState{which: which, axes: axes, posAdd: posAdd, head: out.Def, plain: ko.PlainAttention, layout: KVLayout{Length: T}}
+	b.kv = &kvState{which: which, axes: axes, tables: tables, head: out.Def, plain: ko.PlainAttention, layout: KVLayout{Length: T}}
 	b.reserve(InputName)
 	b.reserve(OutputName)
 	b.reserve(PositionIDsName)
@@ -235,13 +238,14 @@ type posAxes struct{ batch, seq int }
 
 // positionAxes finds, for every value that depends on the token ids, its
 // batch and sequence axes, and checks that no node combines different
-// positions except FusedAttention (causal) and the one Add of the position
-// table to the token embedding, which it returns. A graph that fails this
-// check cannot be decoded with a cache exactly.
-func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, *ir.Node, error) {
+// positions except FusedAttention (causal) and the elementwise nodes that
+// apply a position table (isPositionTable), which it returns with the
+// table's input index. A graph that fails this check cannot be decoded
+// with a cache exactly.
+func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*ir.Node]int, error) {
 	T := ids.Shape[1]
 	ax := map[*ir.Value]posAxes{ids: {0, 1}}
-	var posAdd *ir.Node
+	tables := map[*ir.Node]int{}
 	live := liveNodes(g, out)
 	for _, n := range g.Nodes {
 		if !live[n] {
@@ -286,15 +290,18 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, *ir.N
 					got = &s
 				}
 			}
-			for _, v := range n.Inputs {
+			for i, v := range n.Inputs {
 				if _, ok := ax[v]; ok {
 					continue
 				}
-				if isPositionAdd(n, in0, v, ids, T) && posAdd == nil {
-					posAdd = n
+				shift := r - len(v.Shape)
+				if isPositionTable(v, *got, shift, T) {
+					if _, two := tables[n]; two {
+						return nil, nil, bad("reads two position tables")
+					}
+					tables[n] = i
 					continue
 				}
-				shift := r - len(v.Shape)
 				for _, axis := range []int{got.batch, got.seq} {
 					if j := axis - shift; j >= 0 && v.Shape[j] != 1 {
 						return nil, nil, bad("combines per-position values with %s%v along the batch or sequence axis", v, v.Shape)
@@ -388,17 +395,18 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, *ir.N
 	if _, ok := ax[out]; !ok {
 		return nil, nil, errors.New("the logits do not depend on the token ids")
 	}
-	if posAdd == nil {
-		return nil, nil, errors.New("found no Add of a position table [T,D] to the token embedding")
-	}
-	return ax, posAdd, nil
+	return ax, tables, nil
 }
 
-// isPositionAdd says whether n = Add(Gather(table, ids), pos) adds the
-// position table pos [T,D] to the token embedding.
-func isPositionAdd(n *ir.Node, emb, pos, ids *ir.Value, T int) bool {
-	return n.Op == "Add" && len(n.Inputs) == 2 && emb.Def != nil && emb.Def.Op == "Gather" && emb.Def.Inputs[1] == ids &&
-		len(emb.Shape) == 3 && len(pos.Shape) == 2 && pos.Shape[0] == T && pos.Shape[1] == emb.Shape[2]
+// isPositionTable says whether v, a value that does not depend on the
+// tokens, broadcast against a per-position value with axes a (v's axes
+// shifted right by shift), is a table of the T positions: its first axis
+// meets the sequence axis with length T, right after the batch axis, so
+// that its rows 0..sequence-1 (a Slice) or the rows position_ids [batch,1]
+// (a Gather, which puts [batch,1] where that axis was) line up with the
+// batch and sequence axes.
+func isPositionTable(v *ir.Value, a posAxes, shift, T int) bool {
+	return len(v.Shape) > 0 && a.seq-shift == 0 && a.batch == a.seq-1 && v.Shape[0] == T
 }
 
 // override returns the KV-cache lowering of n, or nil for the default one.
@@ -406,7 +414,7 @@ func (k *kvState) override(n *ir.Node) lowering {
 	if k == nil {
 		return nil
 	}
-	if n == k.posAdd {
+	if _, ok := k.tables[n]; ok {
 		return lowerKVPosition
 	}
 	if k.which == KVPrefill && n == k.head {
@@ -441,22 +449,24 @@ func (b *builder) shapeOf(x string, start, end int64) string {
 
 func (b *builder) scalarI64(v int64) string { return b.constI64Shaped([]int64{}, []int64{v}) }
 
-// lowerKVPosition adds the position embedding: rows 0..sequence-1 of the
-// table (prefill) or row position_ids (decode).
+// lowerKVPosition applies a position table (positionAxes) to the
+// per-position operand: rows 0..sequence-1 of the table (prefill) or rows
+// position_ids (decode).
 func lowerKVPosition(b *builder, n *ir.Node, in []string, out string) (string, error) {
-	ti := 1
-	if _, dyn := b.kv.axes[n.Inputs[1]]; dyn {
-		ti = 0
-	}
+	ti := b.kv.tables[n]
 	var rows string
 	if b.kv.which == KVPrefill {
 		rows = b.emit(out+".pos", "Slice", []string{in[ti], b.constI64(0), b.shapeOf(InputName, 1, 2), b.constI64(0)})
 	} else {
 		rows = b.emit(out+".pos", "Gather", []string{in[ti], PositionIDsName}, attrInt("axis", 0))
 	}
-	args := []string{in[0], in[1]}
+	args := append([]string(nil), in...)
 	args[ti] = rows
-	return b.emitTo(out, "Add", args), nil
+	f, ok := lowererOf(n.Op)
+	if !ok {
+		return "", fmt.Errorf("op %s has no ONNX lowering", n.Op)
+	}
+	return f(b, n, args, out)
 }
 
 // lowerKVReshape keeps the (dynamic) batch and sequence dims: 0 copies them.

@@ -97,6 +97,40 @@ func TestLowerKVInputsOutputs(t *testing.T) {
 	}
 }
 
+// TestLowerKVPositionTables: a constant whose first axis runs over the
+// positions, applied elementwise to the stream (as the rotary tables are),
+// is read at the rows of the positions: a Slice of rows 0..sequence-1 in
+// prefill, a Gather of position_ids in decode, besides the position
+// embedding's.
+func TestLowerKVPositionTables(t *testing.T) {
+	gain := func(g *ir.Graph, x *ir.Value) *ir.Value {
+		return g.Op1("Mul", nil, x, g.Const("gain", ir.Shape{6, 1}, make([]float64, 6)))
+	}
+	for _, c := range []struct {
+		graph KVGraph
+		op    string
+	}{{KVPrefill, "Slice"}, {KVDecode, "Gather"}} {
+		count := func(mix func(g *ir.Graph, x *ir.Value) *ir.Value) int {
+			m, _, err := LowerKV(kvGraph(6, mix), seqWeights, KVOptions{Graph: c.graph}, Options{})
+			if err != nil {
+				t.Fatalf("%v: %v", c.graph, err)
+			}
+			n := 0
+			for _, nd := range m.Graph.Node {
+				for _, in := range nd.Input {
+					if nd.OpType == c.op && (in == "gain" || in == "pos_emb.weight") {
+						n++
+					}
+				}
+			}
+			return n
+		}
+		if without, with := count(nil), count(gain); without != 1 || with != 2 {
+			t.Errorf("%v: %d %s nodes read a position table without the gain, %d with it (want 1 and 2)", c.graph, without, c.op, with)
+		}
+	}
+}
+
 // TestLowerKVRefusesPositionMixing: a graph that combines positions other
 // than in causal attention cannot be decoded with a cache; LowerKV says
 // which node does it.
@@ -109,8 +143,8 @@ func TestLowerKVRefusesPositionMixing(t *testing.T) {
 		{"mean over positions", func(g *ir.Graph, x *ir.Value) *ir.Value {
 			return g.Op1("Add", nil, x, g.Op1("ReduceMean", ir.Attrs{"axes": []int{1}, "keepdims": true}, x))
 		}, "reduces over the batch or sequence axis"},
-		{"per-position constant", func(g *ir.Graph, x *ir.Value) *ir.Value {
-			return g.Op1("Mul", nil, x, g.Const("gain", ir.Shape{6, 1}, make([]float64, 6)))
+		{"per-position constant with a leading axis", func(g *ir.Graph, x *ir.Value) *ir.Value {
+			return g.Op1("Mul", nil, x, g.Const("gain", ir.Shape{1, 6, 1}, make([]float64, 6)))
 		}, "along the batch or sequence axis"},
 		{"z-score of the stream", func(g *ir.Graph, x *ir.Value) *ir.Value { return g.Op1("ZScore", nil, x) }, "no KV-cache lowering"},
 		{"token mixing matmul", func(g *ir.Graph, x *ir.Value) *ir.Value {
@@ -127,8 +161,8 @@ func TestLowerKVRefusesPositionMixing(t *testing.T) {
 		t.Errorf("int8: %v", err)
 	}
 	_, _, err = LowerKV(embedHead(1, 4, 5, 3, true), seqWeights, KVOptions{Graph: KVPrefill}, Options{})
-	if err == nil || !strings.Contains(err.Error(), "position table") {
-		t.Errorf("no position table: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "no FusedAttention") {
+		t.Errorf("no attention: %v", err)
 	}
 	_, _, err = LowerKV(kvGraph(6, nil), seqWeights, KVOptions{}, Options{})
 	if err == nil || !strings.Contains(err.Error(), "unknown KV-cache graph") {

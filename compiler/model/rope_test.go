@@ -1,0 +1,130 @@
+package model_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+// rotate applies the rotary embedding to v at position t as the graph does:
+// v⊙cos[t] + (v·Rᵀ)⊙sin[t].
+func rotate(v []float64, t int, cos, sin, rot []float64) []float64 {
+	Hd := len(v)
+	out := make([]float64, Hd)
+	for i := range Hd {
+		var rv float64
+		for j := range Hd {
+			rv += rot[i*Hd+j] * v[j]
+		}
+		out[i] = v[i]*cos[t*Hd+i] + rv*sin[t*Hd+i]
+	}
+	return out
+}
+
+func dot(a, b []float64) float64 {
+	var s float64
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// TestRotaryRelative: with the tables and the rotate-half matrix the model
+// uses, the score of a query at position t and a key at position s depends
+// on t-s only, the rotation keeps the length of a vector, and with an odd
+// head dimension the last dimension passes through unchanged.
+func TestRotaryRelative(t *testing.T) {
+	for _, Hd := range []int{2, 8, 85} {
+		const T = 40
+		cos, sin := model.RotaryTables(T, Hd, 0)
+		rot := model.RotateHalf(Hd)
+		r := rand.New(rand.NewPCG(uint64(Hd), 1))
+		q, k := make([]float64, Hd), make([]float64, Hd)
+		for i := range q {
+			q[i], k[i] = r.NormFloat64(), r.NormFloat64()
+		}
+		for _, c := range []struct{ t, s, shift int }{{5, 2, 30}, {9, 9, 17}, {3, 0, 36}, {39, 1, -1}} {
+			a := dot(rotate(q, c.t, cos, sin, rot), rotate(k, c.s, cos, sin, rot))
+			b := dot(rotate(q, c.t+c.shift, cos, sin, rot), rotate(k, c.s+c.shift, cos, sin, rot))
+			if math.Abs(a-b) > 1e-9 {
+				t.Errorf("Hd %d: score(%d,%d) = %.12g but score(%d,%d) = %.12g", Hd, c.t, c.s, a, c.t+c.shift, c.s+c.shift, b)
+			}
+		}
+		for _, pos := range []int{0, 7, 39} {
+			rq := rotate(q, pos, cos, sin, rot)
+			if d := math.Abs(dot(rq, rq) - dot(q, q)); d > 1e-9 {
+				t.Errorf("Hd %d position %d: |v|² changed by %g", Hd, pos, d)
+			}
+			if Hd%2 == 1 && rq[Hd-1] != q[Hd-1] {
+				t.Errorf("Hd %d position %d: the odd last dimension turned (%g to %g)", Hd, pos, q[Hd-1], rq[Hd-1])
+			}
+			if pos == 0 {
+				for i := range q {
+					if rq[i] != q[i] {
+						t.Fatalf("Hd %d: position 0 is not the identity", Hd)
+					}
+				}
+			}
+		}
+		// pair i turns at base^(-i/h): at position 1 the first pair by 1 radian
+		if h := Hd / 2; math.Abs(sin[1*Hd]-math.Sin(1)) > 1e-15 || math.Abs(cos[1*Hd+h-1]-math.Cos(math.Pow(10000, -float64(h-1)/float64(h)))) > 1e-15 {
+			t.Errorf("Hd %d: frequencies off", Hd)
+		}
+	}
+}
+
+// TestRoPEWired: a model with rope gives the logits of the same weights
+// without it at position 0 (where every rotation is the identity) and other
+// logits after it; rope_base is checked.
+func TestRoPEWired(t *testing.T) {
+	plain := microConfig("baseline")
+	plain.Dropout = 0
+	rope := plain
+	rope.RoPE = true
+	logits := func(cfg model.Config) []float64 {
+		const B, T = 1, 8
+		mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := kernels.NewStore(kernels.F64)
+		if err := model.InitStore(mg.Specs, st, 3); err != nil {
+			t.Fatal(err)
+		}
+		prog := compile(t, mg.Graph, st, kernels.F64)
+		if err := prog.Run(feeds(rand.New(rand.NewPCG(8, 9)), cfg.Vocab, B, T), 0); err != nil {
+			t.Fatal(err)
+		}
+		return prog.Output("logits").Float64s()
+	}
+	a, b := logits(plain), logits(rope)
+	V := plain.Vocab
+	for i := 0; i < V; i++ {
+		if math.Abs(a[i]-b[i]) > 1e-12 {
+			t.Fatalf("position 0, logit %d: %g without rope, %g with", i, a[i], b[i])
+		}
+	}
+	var diff float64
+	for i := V; i < len(a); i++ {
+		diff = math.Max(diff, math.Abs(a[i]-b[i]))
+	}
+	if diff < 1e-6 {
+		t.Fatalf("rope changed no logit after position 0 (max |Δ| %g)", diff)
+	}
+	for _, base := range []float64{1, -5, math.NaN(), 2e9} {
+		c := rope
+		c.RoPEBase = base
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "rope_base") {
+			t.Errorf("rope_base %g: %v", base, err)
+		}
+	}
+	c := rope
+	c.DModel, c.Heads = 4, 4
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "rope needs") {
+		t.Errorf("head dimension 1 with rope: %v", err)
+	}
+}
