@@ -89,8 +89,8 @@ type kvState struct {
 	which  KVGraph
 	axes   map[*ir.Value]posAxes
 	tables map[*ir.Node]int // elementwise nodes that read a position table: the table's input index
-	head   *ir.Node // the LM head (prefill: last position only)
-	plain  bool     // MatMul, Add, Softmax, MatMul instead of Attention
+	head   *ir.Node         // the LM head (prefill: last position only)
+	plain  bool             // MatMul, Add, Softmax, MatMul instead of Attention
 	layout KVLayout
 	// decode: shared by every layer, built at the first attention
 	slot, valid, zeroMask, pastLen string
