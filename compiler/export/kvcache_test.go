@@ -17,8 +17,8 @@ import (
 // TestExportKVCache: --kv-cache adds a prefill and a decode graph per
 // length, listed in the manifest with their kind and hash and described by
 // its kv_cache record; each file says which graph it is; plain attention
-// spells attention out in them too; a model with rotary positions decodes
-// with the rows of its tables at each position.
+// spells attention out in them too; a model with rotary positions and no
+// position embedding decodes with the rows of its tables at each position.
 func TestExportKVCache(t *testing.T) {
 	for _, c := range []struct {
 		att  string
@@ -26,7 +26,9 @@ func TestExportKVCache(t *testing.T) {
 	}{{passes.AttentionOp, false}, {passes.AttentionPlain, false}, {passes.AttentionOp, true}} {
 		att := c.att
 		cfg := smallCfg("fuzzy")
-		cfg.RoPE = c.rope
+		if c.rope {
+			cfg.RoPE, cfg.PosInit = true, "none"
+		}
 		st := smallStore(t, &cfg, lengths...)
 		dir := t.TempDir()
 		res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Attention: att,

@@ -29,14 +29,18 @@ type Config struct {
 	// PosInit initialises the learned position embedding: "" or "normal"
 	// (N(0, 0.02²), the default) or "sinusoid" (the sinusoids of Vaswani et
 	// al. 2017 scaled to the same RMS, from which a linear map reaches
-	// relative offsets; still learned).
+	// relative offsets; still learned); "none" leaves the embedding out
+	// (positions then enter through rope alone, or only through the causal
+	// mask).
 	PosInit string `json:"pos_init,omitempty"`
 	// RoPE rotates each head's queries and keys by their position (rotary
 	// position embedding, Su et al. 2021, the half-split pairing of GPT-NeoX
 	// and Llama: dimension i pairs with i + ⌊d_head/2⌋; with an odd head
 	// dimension the last one is left as it is), on top of the learned
-	// position embedding. Not in the paper: an option for tasks that need
-	// attention by relative offset early in training (MQAR's lookup).
+	// position embedding unless pos_init is "none". Not in the paper: an
+	// option for tasks that need attention by relative offset early in
+	// training (MQAR's lookup) and for lengths beyond the trained one (with
+	// pos_init "none").
 	RoPE bool `json:"rope,omitempty"`
 	// RoPEBase is the base of the rotary frequencies base^(-i/⌊d_head/2⌋);
 	// 0 means 10000.
@@ -147,8 +151,8 @@ func (c *Config) Validate() error {
 	if c.MaxLen < 2 {
 		bad("max_len %d is too short (at least 2 positions)", c.MaxLen)
 	}
-	if c.PosInit != "" && c.PosInit != "normal" && c.PosInit != "sinusoid" {
-		bad("pos_init %q is unknown (want normal or sinusoid)", c.PosInit)
+	if c.PosInit != "" && c.PosInit != "normal" && c.PosInit != "sinusoid" && c.PosInit != "none" {
+		bad("pos_init %q is unknown (want normal, sinusoid or none)", c.PosInit)
 	}
 	if c.RoPEBase != 0 && !(c.RoPEBase > 1 && c.RoPEBase <= 1e9) {
 		bad("rope_base %g is outside (1, 1e9] (0 means 10000)", c.RoPEBase)

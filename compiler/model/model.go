@@ -301,17 +301,20 @@ func (b *builder) build() error {
 	D, T, B := c.DModel, o.T, o.B
 	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
 	tok := b.paramDecay("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02}, true)
-	posInit := Init{"normal", 0.02}
-	if c.PosInit == "sinusoid" {
-		posInit = Init{"sinusoid", 0.02 * math.Sqrt2} // RMS 0.02, as the normal init
-	}
-	pos := b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true)
 	x := b.op("Gather", nil, tok, ids)
-	p := pos
-	if T < c.MaxLen {
-		p = b.op("Slice", ir.Attrs{"axis": 0, "start": 0, "end": T}, pos)
+	if c.PosInit != "none" {
+		posInit := Init{"normal", 0.02}
+		if c.PosInit == "sinusoid" {
+			posInit = Init{"sinusoid", 0.02 * math.Sqrt2} // RMS 0.02, as the normal init
+		}
+		pos := b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true)
+		p := pos
+		if T < c.MaxLen {
+			p = b.op("Slice", ir.Attrs{"axis": 0, "start": 0, "end": T}, pos)
+		}
+		x = b.op("Add", nil, x, p)
 	}
-	x = b.dropout(b.op("Add", nil, x, p))
+	x = b.dropout(x)
 
 	var entropies []*ir.Value
 	for i := 0; i < c.Layers; i++ {

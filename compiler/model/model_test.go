@@ -70,6 +70,7 @@ func TestModelGradients(t *testing.T) {
 			return c
 		}},
 		{"fuzzy-rope", func() model.Config { c := microConfig("fuzzy"); c.RoPE = true; return c }},
+		{"baseline-rope-nopos", func() model.Config { c := microConfig("baseline"); c.RoPE, c.PosInit = true, "none"; return c }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -128,3 +128,63 @@ func TestRoPEWired(t *testing.T) {
 		t.Errorf("head dimension 1 with rope: %v", err)
 	}
 }
+
+// TestPosInitNone: pos_init "none" builds no position embedding (D·max_len
+// fewer parameters); with rope the logits still depend on the order of the
+// tokens: in one layer the last position attends to the set of tokens
+// before it, so swapping two earlier tokens changes its logits with rope
+// and cannot without (nor without positions at all).
+func TestPosInitNone(t *testing.T) {
+	base := microConfig("baseline")
+	base.Dropout = 0
+	none := base
+	none.PosInit = "none"
+	count := func(c model.Config) int {
+		mg, err := model.Build(&c, model.Opts{T: 8, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range mg.Specs {
+			if s.Name == "pos_emb.weight" && c.PosInit == "none" {
+				t.Fatalf("pos_init none built %s", s.Name)
+			}
+		}
+		return model.CountParams(mg.Specs)
+	}
+	if a, b := count(base), count(none); a-b != base.DModel*base.MaxLen {
+		t.Fatalf("%d parameters with the position embedding, %d without (want %d fewer)", a, b, base.DModel*base.MaxLen)
+	}
+	lastLogits := func(c model.Config, ids []int32) []float64 {
+		T := len(ids)
+		mg, err := model.Build(&c, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := kernels.NewStore(kernels.F64)
+		if err := model.InitStore(mg.Specs, st, 5); err != nil {
+			t.Fatal(err)
+		}
+		prog := compile(t, mg.Graph, st, kernels.F64)
+		if err := prog.Run(map[string]*kernels.Tensor{"input_ids": kernels.IntTensor([]int{1, T}, ids)}, 0); err != nil {
+			t.Fatal(err)
+		}
+		return prog.Output("logits").Float64s()[(T-1)*c.Vocab:]
+	}
+	a, b := []int32{1, 2, 3, 4, 5, 6}, []int32{2, 1, 3, 4, 5, 6}
+	swapDiff := func(c model.Config) float64 {
+		x, y := lastLogits(c, a), lastLogits(c, b)
+		var d float64
+		for i := range x {
+			d = math.Max(d, math.Abs(x[i]-y[i]))
+		}
+		return d
+	}
+	none.Layers = 1
+	if d := swapDiff(none); d > 1e-12 {
+		t.Fatalf("no positions, no rope: swapping two earlier tokens moved the last logits by %g", d)
+	}
+	none.RoPE = true
+	if d := swapDiff(none); d < 1e-6 {
+		t.Fatalf("rope without a position embedding: swapping two earlier tokens moved the last logits by only %g", d)
+	}
+}
