@@ -25,7 +25,7 @@ func ablateCommand() *cli.Command {
 			"Every run has the same steps and tokens per step and is evaluated at the same length.\n" +
 			"Runs go seed by seed through every stage (paired: the stages share each seed, the seed of the data order and the initialisation), and finished runs\n" +
 			"(their result.json, made with the same settings) are reused, so an interrupted ablation continues where it stopped.",
-		Flags:  append(append(ablateFlags(), memoryFlagDefs()...), syntheticFlags()...),
+		Flags:  append(append(append(ablateFlags(), memoryFlagDefs()...), sizeFlags()...), syntheticFlags()...),
 		Action: ablateAction,
 	}
 }
@@ -131,7 +131,7 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 		TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
 		TokensPerStep: c.Int("tokens-per-step"), EvalEvery: cmp.Or(c.Int("eval-every"), max(1, steps/10)), EvalBatches: c.Int("eval-batches"),
 		FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: c.String("out"), LR: c.Float64("lr"),
-		Dropout: -1, WarmIn: -1, GradClip: 1,
+		Dropout: -1, WarmIn: -1, GradClip: 1, ConfigFile: c.String("config"), Sizes: sizesFromFlags(c),
 	}
 	if err := applyRunFlags(c, &base); err != nil {
 		return training.AblationOptions{}, err
