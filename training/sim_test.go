@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,13 +120,15 @@ func same(t *testing.T, what string, got, want map[string][]float32) {
 // TestSimStepParity: one whole fuzzy and baseline training step (dropout,
 // micro-batches, the Gumbel top-k gate) on the simulator (or a GPU)
 // against the CPU, with the tiny preset's head size and an awkward one;
-// with rotary positions too.
+// with rotary positions and smeared keys too.
 func TestSimStepParity(t *testing.T) {
 	be := parityBackend(t, parityDevice(t), cuda.GEMMF32)
-	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope"} {
-		name, rope := strings.CutSuffix(kind, "+rope")
-		f := newStepFixture(t, name, 19, 3)
-		f.cfg.Dropout, f.cfg.RoPE = 0.1, rope
+	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope+smear", "baseline+smear"} {
+		opts := strings.Split(kind, "+")
+		f := newStepFixture(t, opts[0], 19, 3, func(c *model.Config) {
+			c.RoPE, c.SmearKeys = slices.Contains(opts, "rope"), slices.Contains(opts, "smear")
+		})
+		f.cfg.Dropout = 0.1
 		loss, _, grads := f.stepOn(t, cpu.New(kernels.F32), 3, 11)
 		gl, _, gg := f.stepOn(t, be, 3, 11)
 		if d := math.Abs(gl-loss) / math.Abs(loss); d > 1e-5 {

@@ -28,11 +28,14 @@ type stepFixture struct {
 	T, B  int
 }
 
-func newStepFixture(t *testing.T, kind string, T, B int) *stepFixture {
+func newStepFixture(t *testing.T, kind string, T, B int, mods ...func(*model.Config)) *stepFixture {
 	t.Helper()
 	p, _ := model.LookupPreset("tiny")
 	cfg := p.Config
 	cfg.Model, cfg.Vocab, cfg.DModel, cfg.Layers, cfg.Heads, cfg.MaxLen, cfg.Dropout = kind, 97, 16, 2, 2, T, 0
+	for _, m := range mods {
+		m(&cfg)
+	}
 	mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Train})
 	if err != nil {
 		t.Fatal(err)

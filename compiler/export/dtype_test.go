@@ -37,7 +37,7 @@ func dtypeExport(t *testing.T, dt ir.Precision, quant, fold, att string) exporte
 	if err != nil {
 		t.Fatalf("%s %s %s: %v", dt, fold, att, err)
 	}
-	return exported{variant{"fuzzy", fold, att, quant, false}, cfg, st, dir, res}
+	return exported{variant{"fuzzy", fold, att, quant, ""}, cfg, st, dir, res}
 }
 
 // initTypes counts the initializers of an exported file by element type.

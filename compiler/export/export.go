@@ -244,6 +244,9 @@ func (o *Options) defaults() error {
 	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain && o.Attention != passes.AttentionOpPadded {
 		return fmt.Errorf("export: attention lowering %q: want %s, %s or %s", o.Attention, passes.AttentionOp, passes.AttentionOpPadded, passes.AttentionPlain)
 	}
+	if o.KVCache && o.Config.SmearKeys {
+		return errors.New("export: the model smears keys (smear_keys: each key mixed with the one before), which a KV cache of the mixed keys cannot step exactly; drop --kv-cache")
+	}
 	if o.KVCache && o.Attention == passes.AttentionOpPadded {
 		return fmt.Errorf("export: the KV-cache graphs have no %s lowering; use --attention op or plain", passes.AttentionOpPadded)
 	}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -101,7 +102,7 @@ func smallStore(t testing.TB, cfg *model.Config, ls ...int) *kernels.Store {
 type variant struct {
 	kind, fold, attention string
 	quantize              string // "" or onnx.QuantizeInt8
-	rope                  bool   // rotary positions (model.Config.RoPE)
+	options               string // "", or "+"-joined model options: rope, smear
 }
 
 func (v variant) String() string {
@@ -109,23 +110,24 @@ func (v variant) String() string {
 	if v.quantize != "" {
 		s += "/" + v.quantize
 	}
-	if v.rope {
-		s += "/rope"
+	if v.options != "" {
+		s += "/" + v.options
 	}
 	return s
 }
 
 var variants = []variant{
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionPlain, "", false},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", false},
-	{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", false},
-	{"fuzzy", passes.FoldNoneMode, passes.AttentionOp, "", false},
-	{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", false},
-	{"baseline", passes.FoldNoneMode, passes.AttentionOp, "", false},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeInt8, false},
-	{"baseline", passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeInt8, false},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", true},
-	{"baseline", passes.FoldNoneMode, passes.AttentionPlain, "", true},
+	{"fuzzy", passes.FoldRPAMode, passes.AttentionPlain, "", ""},
+	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""},
+	{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", ""},
+	{"fuzzy", passes.FoldNoneMode, passes.AttentionOp, "", ""},
+	{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", ""},
+	{"baseline", passes.FoldNoneMode, passes.AttentionOp, "", ""},
+	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeInt8, ""},
+	{"baseline", passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeInt8, ""},
+	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", "rope"},
+	{"baseline", passes.FoldNoneMode, passes.AttentionPlain, "", "rope"},
+	{"fuzzy", passes.FoldRPAMode, passes.AttentionPlain, "", "rope+smear"},
 }
 
 type exported struct {
@@ -139,7 +141,8 @@ type exported struct {
 func doExport(t *testing.T, v variant, batch int) exported {
 	t.Helper()
 	cfg := smallCfg(v.kind)
-	cfg.RoPE = v.rope
+	opts := strings.Split(v.options, "+")
+	cfg.RoPE, cfg.SmearKeys = slices.Contains(opts, "rope"), slices.Contains(opts, "smear")
 	st := smallStore(t, &cfg, lengths...)
 	dir := t.TempDir()
 	res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Batch: batch,
@@ -373,7 +376,7 @@ func TestExportedFilesAreClean(t *testing.T) {
 // Verify compares onnxruntime with the Go executor on held-out ids.
 func TestVerify(t *testing.T) {
 	requireORT(t)
-	e := doExport(t, variant{"fuzzy", passes.FoldRPAMode, passes.DefaultAttention, "", false}, 2)
+	e := doExport(t, variant{"fuzzy", passes.FoldRPAMode, passes.DefaultAttention, "", ""}, 2)
 	r := rand.New(rand.NewPCG(41, 42))
 	ids := randSeqs(r, 1, 200, e.cfg.Vocab)[0]
 	res, err := export.Verify(context.Background(), export.VerifyOptions{Dir: e.dir, Config: e.cfg, Store: e.st, IDs: ids, Batches: 2, Batch: 2})

@@ -89,6 +89,12 @@ func TestExportKVCache(t *testing.T) {
 			t.Errorf("KV cache with quantize %q, drop bias %v: %v", o.Quantize, o.DropBias, err)
 		}
 	}
+	// smeared keys mix each key with the one before: no exact cache
+	cfg.SmearKeys = true
+	o := export.Options{Config: cfg, Store: smallStore(t, &cfg, 8), Lengths: []int{8}, KVCache: true, Out: t.TempDir(), EOS: 3}
+	if _, err := export.Export(context.Background(), o); err == nil || !strings.Contains(err.Error(), "smear_keys") {
+		t.Errorf("KV cache with smeared keys: %v", err)
+	}
 }
 
 func indexOf(xs []int, x int) int {

@@ -23,7 +23,7 @@ func rankExport(t *testing.T, clip float64, fold, attention string) (exported, e
 	dir := t.TempDir()
 	res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Batch: 2,
 		Fold: fold, Attention: attention, Out: dir, Tokenizer: "test", EOS: 3})
-	return exported{variant{"fuzzy", fold, attention, "", false}, cfg, st, dir, res}, err
+	return exported{variant{"fuzzy", fold, attention, "", ""}, cfg, st, dir, res}, err
 }
 
 func logitsIn(t *testing.T, dir string, seqs [][]int32) []runtime.Logits {

@@ -197,10 +197,10 @@ func TestTriton(t *testing.T) {
 		v     variant
 		opset int64
 	}{
-		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", false}, 0},
-		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", false}, 18},
-		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", false}, 0},
-		{variant{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", false}, 0},
+		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""}, 0},
+		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""}, 18},
+		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", ""}, 0},
+		{variant{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", ""}, 0},
 	} {
 		v := c.v
 		t.Run(fmt.Sprintf("%s/opset%d", v, c.opset), func(t *testing.T) {

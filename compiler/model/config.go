@@ -45,6 +45,15 @@ type Config struct {
 	// RoPEBase is the base of the rotary frequencies base^(-i/⌊d_head/2⌋);
 	// 0 means 10000.
 	RoPEBase float64 `json:"rope_base,omitempty"`
+	// SmearKeys mixes each key with the key of the position before it,
+	// per head: k'_t = σ(a)·k_t + (1−σ(a))·k_{t−1} (k_{−1} = 0; a learned,
+	// initialised at 0), the "smeared key" of Olsson et al. 2022. A query
+	// can then find a position by the token before it in one layer, which
+	// an induction (copy what followed this token last time) otherwise needs
+	// two layers for. Not in the paper; the KV-cache export refuses it
+	// (the cache holds mixed keys, and a step would need the previous
+	// position's own key).
+	SmearKeys bool `json:"smear_keys,omitempty"`
 	Dropout  float64 `json:"dropout"`
 	Type2    bool    `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
 

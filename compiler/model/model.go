@@ -395,11 +395,16 @@ func (b *builder) attention(xn *ir.Value, prefix string, bias *ir.Value) *ir.Val
 		if rotate && c.RoPE {
 			v = b.rotary(v)
 		}
-		return b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, v)
+		return v
 	}
-	q := heads(b.linear(xn, prefix+".Wq", D, D, false), true)
+	toBHTD := func(v *ir.Value) *ir.Value { return b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, v) }
+	q := toBHTD(heads(b.linear(xn, prefix+".Wq", D, D, false), true))
 	k := heads(b.linear(xn, prefix+".Wk", D, D, false), true)
-	v := heads(b.linear(xn, prefix+".Wv", D, D, false), false)
+	if c.SmearKeys {
+		k = b.smear(k, prefix)
+	}
+	k = toBHTD(k)
+	v := toBHTD(heads(b.linear(xn, prefix+".Wv", D, D, false), false))
 	s := b.op("MatMul", ir.Attrs{"transB": true}, q, k)
 	s = b.scale(s, 1/math.Sqrt(float64(Hd)), 0)
 	if bias != nil {
@@ -432,6 +437,20 @@ func (b *builder) rotary(v *ir.Value) *ir.Value {
 	}
 	r := b.rope
 	return b.op("Add", nil, b.op("Mul", nil, v, r.cos), b.op("Mul", nil, b.op("Linear", nil, v, r.rot), r.sin))
+}
+
+// smear mixes each key of k [B,T,H,Hd] with the one before it, per head
+// (Config.SmearKeys): σ(a)·k_t + (1−σ(a))·k_{t−1}, the key before position
+// 0 being zero.
+func (b *builder) smear(k *ir.Value, prefix string) *ir.Value {
+	B, T, H, Hd := k.Shape[0], k.Shape[1], k.Shape[2], k.Shape[3]
+	zero := b.g.Const(fmt.Sprintf("smear.zeros.B%dH%dD%d", B, H, Hd), ir.Shape{B, 1, H, Hd}, make([]float64, B*H*Hd))
+	prev := zero
+	if T > 1 {
+		prev = b.op("Concat", ir.Attrs{"axis": 1}, zero, b.op("Slice", ir.Attrs{"axis": 1, "start": 0, "end": T - 1}, k))
+	}
+	s := b.op("Sigmoid", nil, b.param(prefix+".smear", ir.Shape{H, 1}, Init{"const", 0}))
+	return b.op("Add", nil, b.op("Mul", nil, s, k), b.op("Mul", nil, b.scale(s, -1, 1), prev))
 }
 
 func (b *builder) baselineBlock(x *ir.Value, i int) *ir.Value {

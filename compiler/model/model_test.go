@@ -70,6 +70,8 @@ func TestModelGradients(t *testing.T) {
 			return c
 		}},
 		{"fuzzy-rope", func() model.Config { c := microConfig("fuzzy"); c.RoPE = true; return c }},
+		{"baseline-smear", func() model.Config { c := microConfig("baseline"); c.SmearKeys = true; return c }},
+		{"fuzzy-smear-rope", func() model.Config { c := microConfig("fuzzy"); c.SmearKeys, c.RoPE = true, true; return c }},
 		{"baseline-rope-nopos", func() model.Config { c := microConfig("baseline"); c.RoPE, c.PosInit = true, "none"; return c }},
 	}
 	for _, tc := range cases {

@@ -228,5 +228,11 @@ func (c Config) Summary() string {
 		}
 		s += fmt.Sprintf(" rope=true rope_base=%g", base)
 	}
+	if c.PosInit == "none" {
+		s += " pos_init=none"
+	}
+	if c.SmearKeys {
+		s += " smear_keys=true"
+	}
 	return s
 }

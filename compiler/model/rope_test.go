@@ -188,3 +188,61 @@ func TestPosInitNone(t *testing.T) {
 		t.Fatalf("rope without a position embedding: swapping two earlier tokens moved the last logits by only %g", d)
 	}
 }
+
+// TestSmearKeys: with the mixing weight σ(a) near 1 a smeared model gives
+// the logits of the same weights without smearing; at its initial a = 0
+// (half the key before) it gives others, from the second position on.
+func TestSmearKeys(t *testing.T) {
+	plain := microConfig("baseline")
+	plain.Dropout = 0
+	smear := plain
+	smear.SmearKeys = true
+	var weights map[string]*kernels.Tensor // the plain model's, shared
+	run := func(cfg model.Config, a float64) []float64 {
+		const B, T = 2, 7
+		mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := kernels.NewStore(kernels.F64)
+		if err := model.InitStore(mg.Specs, st, 4); err != nil {
+			t.Fatal(err)
+		}
+		if weights == nil {
+			weights = st.Tensors
+		}
+		n := 0
+		for name, x := range st.Tensors {
+			if strings.HasSuffix(name, ".smear") {
+				for i := range x.F64 {
+					x.F64[i] = a
+				}
+				n++
+			} else {
+				copy(x.F64, weights[name].F64)
+			}
+		}
+		if cfg.SmearKeys && n != cfg.Layers {
+			t.Fatalf("%d smear parameters, want one per layer (%d)", n, cfg.Layers)
+		}
+		prog := compile(t, mg.Graph, st, kernels.F64)
+		if err := prog.Run(feeds(rand.New(rand.NewPCG(2, 3)), cfg.Vocab, B, T), 0); err != nil {
+			t.Fatal(err)
+		}
+		return prog.Output("logits").Float64s()
+	}
+	want := run(plain, 0)
+	maxDiff := func(a, b []float64) float64 {
+		var d float64
+		for i := range a {
+			d = math.Max(d, math.Abs(a[i]-b[i]))
+		}
+		return d
+	}
+	if d := maxDiff(run(smear, 40), want); d > 1e-9 {
+		t.Fatalf("σ(a) ≈ 1: logits differ from the unsmeared model's by %g", d)
+	}
+	if d := maxDiff(run(smear, 0), want); d < 1e-6 {
+		t.Fatalf("a = 0: logits equal the unsmeared model's (max |Δ| %g)", d)
+	}
+}
