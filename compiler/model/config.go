@@ -53,9 +53,9 @@ type Config struct {
 	// two layers for. Not in the paper; the KV-cache export refuses it
 	// (the cache holds mixed keys, and a step would need the previous
 	// position's own key).
-	SmearKeys bool `json:"smear_keys,omitempty"`
-	Dropout  float64 `json:"dropout"`
-	Type2    bool    `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
+	SmearKeys bool    `json:"smear_keys,omitempty"`
+	Dropout   float64 `json:"dropout"`
+	Type2     bool    `json:"type2"` // GaussianFuzzy type-2 uncertainty head (computed, unused downstream, as in the listing)
 
 	// FuzzyMHA / RPA (listing names).
 	UseRPA        bool    `json:"use_rpa"`
