@@ -285,6 +285,7 @@ func sizeFlags() []cli.Flag {
 		&cli.IntFlag{Name: "ff-mult", Usage: "expert hidden width as a multiple of d"},
 		&cli.IntFlag{Name: "max-len", Usage: "rows of the learned position embedding"},
 		&cli.BoolFlag{Name: "rope", Usage: "rotate queries and keys by position (rotary embedding, on top of the learned positions; not in the paper)"},
+		&cli.BoolFlag{Name: "smear-keys", Usage: "mix each attention key with the one before it (learned per head; not in the paper)"},
 	}
 }
 
@@ -299,10 +300,14 @@ func sizesFromFlags(c *cli.Context) model.Overrides {
 	}
 	o := model.Overrides{DModel: get("d-model"), Layers: get("layers"), Heads: get("heads"), R: get("regimes"),
 		Experts: get("experts"), TopK: get("top-k"), FFMult: get("ff-mult"), MaxLen: get("max-len")}
-	if c.IsSet("rope") {
-		v := c.Bool("rope")
-		o.RoPE = &v
+	flag := func(name string) *bool {
+		if !c.IsSet(name) {
+			return nil
+		}
+		v := c.Bool(name)
+		return &v
 	}
+	o.RoPE, o.SmearKeys = flag("rope"), flag("smear-keys")
 	return o
 }
 

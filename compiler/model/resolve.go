@@ -16,15 +16,16 @@ import (
 // Overrides replace single size fields of a configuration (the command-line
 // flags). A nil field leaves the value beneath it alone.
 type Overrides struct {
-	DModel  *int // d_model
-	Layers  *int // layers
-	Heads   *int // heads
-	R       *int // R, fuzzy regimes
-	Experts *int // experts
-	TopK    *int // top_k
-	FFMult  *int // ff_mult
-	MaxLen  *int // max_len
-	RoPE    *bool
+	DModel    *int // d_model
+	Layers    *int // layers
+	Heads     *int // heads
+	R         *int // R, fuzzy regimes
+	Experts   *int // experts
+	TopK      *int // top_k
+	FFMult    *int // ff_mult
+	MaxLen    *int // max_len
+	RoPE      *bool
+	SmearKeys *bool
 }
 
 // Apply returns c with every set override written over it.
@@ -42,6 +43,9 @@ func (o Overrides) Apply(c Config) Config {
 	}
 	if o.RoPE != nil {
 		c.RoPE = *o.RoPE
+	}
+	if o.SmearKeys != nil {
+		c.SmearKeys = *o.SmearKeys
 	}
 	return c
 }

@@ -56,10 +56,11 @@ func TestResolve(t *testing.T) {
 					t.Errorf("got d_model %d heads %d R %d layers %d, want 96, 4 (flag), 6 (file), preset layers", c.DModel, c.Heads, c.R, c.Layers)
 				}
 			}},
-		{name: "rope flag over file", file: `{"rope": false, "rope_base": 500}`, ov: model.Overrides{RoPE: func() *bool { v := true; return &v }()},
+		{name: "rope flag over file", file: `{"rope": false, "rope_base": 500, "smear_keys": true}`,
+			ov: model.Overrides{RoPE: func() *bool { v := true; return &v }(), SmearKeys: func() *bool { v := false; return &v }()},
 			check: func(t *testing.T, c model.Config) {
-				if !c.RoPE || c.RoPEBase != 500 {
-					t.Errorf("got rope %v rope_base %g, want true (flag), 500 (file)", c.RoPE, c.RoPEBase)
+				if !c.RoPE || c.RoPEBase != 500 || c.SmearKeys {
+					t.Errorf("got rope %v rope_base %g smear_keys %v, want true (flag), 500 (file), false (flag)", c.RoPE, c.RoPEBase, c.SmearKeys)
 				}
 			}},
 		{name: "flag repairs file", file: `{"d_model": 100, "heads": 3}`, ov: model.Overrides{DModel: ip(99)},
