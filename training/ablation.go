@@ -151,11 +151,15 @@ type RunResult struct {
 }
 
 // LengthCE is a trained run's mean cross-entropy over Tokens tokens of its
-// evaluation split, cut into chunks of T tokens.
+// evaluation split, cut into chunks of T tokens (the MQAR corpus: of
+// sequences of T tokens), and, where the text has answers, its recall at
+// them (RecallN answers).
 type LengthCE struct {
-	T      int     `json:"T"`
-	CE     float64 `json:"ce"`
-	Tokens int     `json:"tokens"`
+	T       int      `json:"T"`
+	CE      float64  `json:"ce"`
+	Tokens  int      `json:"tokens"`
+	Recall  *float64 `json:"recall_acc,omitempty"`
+	RecallN int      `json:"recall_n,omitempty"`
 }
 
 // LengthEval scores a finished run at other lengths than it trained at.
@@ -171,6 +175,16 @@ func (r RunResult) ceAt(T int) (float64, bool) {
 	for _, l := range r.AtLengths {
 		if l.T == T {
 			return l.CE, true
+		}
+	}
+	return 0, false
+}
+
+// recallAt is the run's recall at length T (ok false: none there).
+func (r RunResult) recallAt(T int) (float64, bool) {
+	for _, l := range r.AtLengths {
+		if l.T == T && l.Recall != nil {
+			return *l.Recall, true
 		}
 	}
 	return 0, false
@@ -727,7 +741,8 @@ func seedTable(rs []StageResult, heads []string, at func(k int) func(RunResult) 
 // rise over the CE at the first (what a longer context costs a model
 // trained at the first length): mean ± std over the seeds and, after the
 // first stage, the paired difference from the first stage with its 95%
-// interval; "" when no run was scored at a length.
+// interval; "" when no run was scored at a length. Runs with recall at the
+// lengths (the MQAR corpus) get a third table, of recall.
 func LengthTable(rs []StageResult, lengths []int) string {
 	if !slices.ContainsFunc(rs, func(sr StageResult) bool {
 		return slices.ContainsFunc(sr.Runs, func(r RunResult) bool { return len(r.AtLengths) > 0 })
@@ -741,19 +756,30 @@ func LengthTable(rs []StageResult, lengths []int) string {
 	at := seedTable(rs, heads, func(k int) func(RunResult) (float64, bool) {
 		return func(r RunResult) (float64, bool) { return r.ceAt(lengths[k]) }
 	})
-	if len(lengths) < 2 {
+	if len(lengths) >= 2 {
+		rise := make([]string, len(lengths)-1)
+		for k, T := range lengths[1:] {
+			rise[k] = fmt.Sprintf("CE at %d − CE at %d ↓", T, lengths[0])
+		}
+		at += "\n" + seedTable(rs, rise, func(k int) func(RunResult) (float64, bool) {
+			return func(r RunResult) (float64, bool) {
+				a, okA := r.ceAt(lengths[k+1])
+				b, okB := r.ceAt(lengths[0])
+				return a - b, okA && okB
+			}
+		})
+	}
+	if !slices.ContainsFunc(rs, func(sr StageResult) bool {
+		return slices.ContainsFunc(sr.Runs, func(r RunResult) bool { _, ok := r.recallAt(lengths[0]); return ok })
+	}) {
 		return at
 	}
-	rise := make([]string, len(lengths)-1)
-	for k, T := range lengths[1:] {
-		rise[k] = fmt.Sprintf("CE at %d − CE at %d ↓", T, lengths[0])
+	rec := make([]string, len(lengths))
+	for k, T := range lengths {
+		rec[k] = fmt.Sprintf("recall at T = %d ↑", T)
 	}
-	return at + "\n" + seedTable(rs, rise, func(k int) func(RunResult) (float64, bool) {
-		return func(r RunResult) (float64, bool) {
-			a, okA := r.ceAt(lengths[k+1])
-			b, okB := r.ceAt(lengths[0])
-			return a - b, okA && okB
-		}
+	return at + "\n" + seedTable(rs, rec, func(k int) func(RunResult) (float64, bool) {
+		return func(r RunResult) (float64, bool) { return r.recallAt(lengths[k]) }
 	})
 }
 

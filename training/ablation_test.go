@@ -177,6 +177,26 @@ func TestLengthTable(t *testing.T) {
 	if s := LengthTable([]StageResult{{Runs: []RunResult{{Seed: 1}}}}, []int{64}); s != "" {
 		t.Errorf("no run scored: %q", s)
 	}
+	if strings.Contains(got, "recall") {
+		t.Errorf("a recall table without recall:\n%s", got)
+	}
+	// MQAR runs: a recall table too
+	withRecall := func(r RunResult, rec ...float64) RunResult {
+		for i := range rec {
+			r.AtLengths[i].Recall = &rec[i]
+		}
+		return r
+	}
+	rs[0].Runs[0], rs[0].Runs[1] = withRecall(rs[0].Runs[0], 1, 0.5), withRecall(rs[0].Runs[1], 0.9, 0.3)
+	rs[1].Runs[0] = withRecall(rs[1].Runs[0], 0.8, 0.2)
+	got = LengthTable(rs, []int{64, 128})
+	for _, want := range []string{"| Stage | recall at T = 64 ↑ | recall at T = 128 ↑ |\n",
+		"| A | 0.950 ± 0.071 | 0.400 ± 0.141 |\n",
+		"| B | 0.800; Δ -0.100 (n 1) | 0.200; Δ -0.100 (n 1) |\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
 }
 
 // TestAblateAtLengths: with AtLengths every run is scored once, its

@@ -3,8 +3,11 @@
 // checkpoint goes through the folded export (one constant RPA bias per
 // length; the running statistics of untrained lengths calibrated on the
 // run's training split, as rpac export does) and onnxruntime scores the
-// run's evaluation split cut into chunks of each length. rpac ablate
-// --eval-lengths calls it for every run (training.LengthEval).
+// run's evaluation split cut into chunks of each length. A run on the MQAR
+// corpus is scored at length T on MQAR sequences of T tokens instead (its
+// pairs, the eval stream's seed; distances up to T unless the run bounded
+// them), for CE and recall. rpac ablate --eval-lengths calls it for every
+// run (training.LengthEval).
 package lengtheval
 
 import (
@@ -18,6 +21,7 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // Options configure Score.
@@ -71,6 +75,14 @@ func Score(ctx context.Context, dir, which string, o Options) ([]training.Length
 	defer m.Close()
 	var res []training.LengthCE
 	for _, T := range o.Lengths {
+		if ds.MQAR != nil {
+			l, err := mqarAt(ctx, m, ds.MQAR.Eval, T, len(ds.Eval), o.Tokens)
+			if err != nil {
+				return nil, fmt.Errorf("T = %d: %w", T, err)
+			}
+			res = append(res, l)
+			continue
+		}
 		chunks := (len(ds.Eval) - 1) / T
 		if o.Tokens > 0 {
 			chunks = min(chunks, o.Tokens/T)
@@ -114,4 +126,72 @@ func ExportData(ds *training.Dataset) *export.Data {
 		src = "wikitext2 " + ds.TrainSplit
 	}
 	return &export.Data{Train: ds.Train, Source: src, Eval: ds.Eval, EvalName: ds.EvalName, Protocol: ds.Protocol, Vocab: ds.Vocab}
+}
+
+// mqarBatch is the number of sequences per onnxruntime call in mqarAt.
+const mqarBatch = 8
+
+// mqarAt scores the model on MQAR sequences of T tokens generated like
+// eval (its pairs, seed and least distance; its greatest distance when it
+// was below its own sequence length, else T): evalTokens of them (at most
+// maxTokens when that is positive), one sequence per chunk. It returns the
+// mean CE over every token and the recall at the answers.
+func mqarAt(ctx context.Context, m *runtime.Model, eval *data.MQARStream, T, evalTokens, maxTokens int) (training.LengthCE, error) {
+	cfg := eval.Config
+	if cfg.MaxDist >= cfg.SeqLen {
+		cfg.MaxDist = 0 // no bound: T
+	}
+	cfg.SeqLen = T
+	n := evalTokens / T
+	if maxTokens > 0 {
+		n = min(n, maxTokens/T)
+	}
+	if n < 1 {
+		return training.LengthCE{}, fmt.Errorf("fewer than one MQAR sequence of %d tokens in %d", T, max(evalTokens, maxTokens))
+	}
+	s, err := data.MQAR(eval.Seed, n*T+1, cfg)
+	if err != nil {
+		return training.LengthCE{}, err
+	}
+	b := s.Config.NewRecallBreakdown()
+	var nll float64
+	for c := 0; c < n; c += mqarBatch {
+		var seqs [][]int32
+		for i := c; i < min(c+mqarBatch, n); i++ {
+			seqs = append(seqs, s.IDs[i*T:(i+1)*T])
+		}
+		out, err := m.Logits(ctx, seqs)
+		if err != nil {
+			return training.LengthCE{}, err
+		}
+		for r, l := range out {
+			start := (c + r) * T
+			nll += l.NLL(s.IDs[start+1 : start+T+1])
+			if err := b.Add(s, start, argmaxRows(l)); err != nil {
+				return training.LengthCE{}, err
+			}
+		}
+	}
+	l := training.LengthCE{T: T, CE: nll / float64(n*T), Tokens: n * T, RecallN: b.Total()}
+	if l.RecallN > 0 {
+		r := float64(b.Correct()) / float64(l.RecallN)
+		l.Recall = &r
+	}
+	return l, nil
+}
+
+// argmaxRows is the argmax of each position's logits (the first of ties).
+func argmaxRows(l runtime.Logits) []int32 {
+	pred := make([]int32, l.Len)
+	for t := range pred {
+		row := l.Row(t)
+		best := 0
+		for v, x := range row {
+			if x > row[best] {
+				best = v
+			}
+		}
+		pred[t] = int32(best)
+	}
+	return pred
 }

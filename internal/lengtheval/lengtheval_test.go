@@ -11,6 +11,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 // requireORT skips without onnxruntime, except under CI=true, where a
@@ -63,5 +64,42 @@ func TestScore(t *testing.T) {
 	}
 	if _, err := Score(context.Background(), dir, "last", Options{Lengths: []int{128}}); err == nil {
 		t.Error("a length above the model's max_len was accepted")
+	}
+}
+
+// TestScoreMQAR: a run on the MQAR corpus is scored on MQAR sequences of
+// each length: at its trained length (32) onnxruntime gives the training
+// evaluation's CE and recall over the same sequences; at 64 (twice the
+// sequence, distances up to 64) a CE and a recall over the answers of the
+// sequences scored.
+func TestScoreMQAR(t *testing.T) {
+	requireORT(t)
+	dir := t.TempDir()
+	p, _ := model.LookupPreset("mqar")
+	c := p.Config
+	c.Model, c.Vocab, c.DModel, c.Layers, c.Heads, c.MaxLen, c.SmearKeys = "baseline", 32, 16, 2, 2, 64, true
+	res, err := training.Train(context.Background(), training.Options{Preset: "mqar", Config: &c, Dataset: "mqar",
+		MQAR: data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, Context: 32, TokensPerStep: 256, Steps: 6, EvalEvery: 6,
+		EvalBatches: 2, FinalEvalBatches: -1, Seed: 3, Out: dir, Progress: &bytes.Buffer{}, Dropout: -1, WarmIn: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Score(context.Background(), dir, "last", Options{Lengths: []int{32, 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Recall == nil || got[1].Recall == nil {
+		t.Fatalf("scored %+v", got)
+	}
+	if d := math.Abs(got[0].CE - res.FinalValCE); d > 1e-4 {
+		t.Errorf("CE at the trained length %.6f, the training evaluation's %.6f", got[0].CE, res.FinalValCE)
+	}
+	if *got[0].Recall != res.FinalRecall || got[0].RecallN != res.FinalRecallN {
+		t.Errorf("recall at the trained length %.4f over %d answers, the training evaluation's %.4f over %d",
+			*got[0].Recall, got[0].RecallN, res.FinalRecall, res.FinalRecallN)
+	}
+	// 3 answers a sequence, half as many sequences of 64
+	if got[1].Tokens != got[0].Tokens/64*64 || got[1].RecallN != 3*got[1].Tokens/64 || math.IsNaN(got[1].CE) {
+		t.Errorf("at 64: %+v, at 32: %+v", got[1], got[0])
 	}
 }

@@ -141,6 +141,15 @@ func (b *RecallBreakdown) Total() int {
 	return n
 }
 
+// Correct returns the number of answers right.
+func (b *RecallBreakdown) Correct() int {
+	n := 0
+	for _, k := range b.BySlot {
+		n += k.Correct
+	}
+	return n
+}
+
 // Text renders the breakdown for people: ", by distance [1,4) 0.950 …;
 // by pair 0 0.900 …; by query order 0 0.250 …" (cells without answers are
 // left out).
