@@ -52,7 +52,7 @@ func benchCommand() *cli.Command {
 					&cli.BoolFlag{Name: "measure", Usage: "with --predict on a GPU (or cuda-sim): also time each kernel and GEMM of the traced step, the device synchronized around each, and print the measured times beside the predicted ones"},
 					&cli.IntFlag{Name: "kernels", Value: 10, Usage: "with --predict: how many of the costliest kernels to list (0: all)"},
 					&cli.IntFlag{Name: "gemm-shapes", Usage: "with --predict: also list the N costliest GEMM shapes (0: none)"},
-				}, memoryFlagDefs()...),
+				}, append(memoryFlagDefs(), sizeFlags()...)...),
 				Action: benchTrain,
 			},
 			benchInferCommand(),
@@ -89,7 +89,7 @@ func benchTrain(c *cli.Context) error {
 // benchTrainOptions is the training step the flags describe.
 func benchTrainOptions(c *cli.Context) (training.Options, error) {
 	o := training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
-		TokensPerStep: c.Int("tokens-per-step"), Dropout: -1, Seed: 1}
+		TokensPerStep: c.Int("tokens-per-step"), Dropout: -1, Seed: 1, ConfigFile: c.String("config"), Sizes: sizesFromFlags(c)}
 	if err := applyRunFlags(c, &o); err != nil {
 		return training.Options{}, err
 	}

@@ -27,13 +27,14 @@ func TestControlFlagErrors(t *testing.T) {
 		{"ablate negative eval tokens", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64", "--eval-lengths-tokens", "-2"}, "--eval-lengths-tokens"},
 		{"ablate size flags reach the model", []string{"ablate", "--dataset", "synthetic", "--heads", "3", "--steps", "1"}, "not divisible by heads 3"},
 		{"ablate config reaches the model", []string{"ablate", "--dataset", "synthetic", "--config", "/nonexistent/cfg.json", "--steps", "1"}, "cfg.json does not exist"},
+		{"bench train size flags reach the model", []string{"bench", "train", "--preset", "mqar", "--heads", "3"}, "not divisible by heads 3"},
 		{"plot without run", []string{"plot"}, "run directory"},
 		{"plot of a non-run", []string{"plot", "/nonexistent/run"}, "metrics.jsonl"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := tc.args
-			if args[0] != "plot" {
+			if args[0] == "train" || args[0] == "ablate" {
 				args = append(args, "--out", filepath.Join(t.TempDir(), "run"))
 			}
 			got, code := rpac(t, args...)
