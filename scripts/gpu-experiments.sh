@@ -10,15 +10,18 @@
 # RPAC_EXP_BUDGET seconds (default 480). An ablation goes seed by seed and
 # keeps finished runs, so a stopped one reports the complete pairs it has:
 #   mqar      the transformer, the fuzzy model with the legacy bias and with
-#             the RPA prior, at the MQAR setting where the transformer learns
-#             the lookup (64 tokens, 4 pairs, vocab 128, lr 1e-3 flat, 8,000
-#             steps; RPAC_EXP_MQAR_SEEDS, default 3): recall and its paired
-#             differences, also by query distance;
+#             the RPA prior, every one with smeared keys and no learned
+#             position embedding (the CPU comparison of docs/RESULTS.md), at
+#             256 tokens and 16 pairs (vocab 128, lr 1e-3 flat, 3,000 steps;
+#             RPAC_EXP_MQAR_SEEDS, default 5): recall and its paired
+#             differences, also by query distance, and at 256, 512 and 1,024
+#             tokens through the folded export (where onnxruntime's C library
+#             is found: $ORT_LIB or a libonnxruntime.so on the machine);
 #   wikitext  the stepwise ablation at the tiny preset, 200 steps, train on
 #             the test split, evaluate on valid (RPAC_EXP_ABL_SEEDS, default
 #             20: about what separates 0.02 nats).
 # RPAC_EXPERIMENTS="mqar wikitext" picks them; RPAC_EXP_DEVICE (default
-# cuda) and RPAC_EXP_STEPS (default 8,000 and 200) make a dry run of the
+# cuda) and RPAC_EXP_STEPS (default 3,000 and 200) make a dry run of the
 # script elsewhere, e.g. RPAC_EXP_DEVICE=cpu RPAC_EXP_STEPS=4. Each writes
 # OUT/<name>.md (the ablation's tables, or why there are none) and
 # OUT/<name>.log.
@@ -54,10 +57,25 @@ complete() {
 for e in "${exps[@]}"; do
 	case "$e" in
 	mqar)
-		seeds="${RPAC_EXP_MQAR_SEEDS:-3}"
-		args=(ablate --dataset mqar --mqar-len 64 --mqar-pairs 4 --mqar-vocab 128 --preset tiny --contexts 32,64
-			--tokens-per-step 2048 --stages transformer,fuzzy_legacy,fuzzy_rpa
-			--steps "${RPAC_EXP_STEPS:-8000}" --lr 1e-3 --lr-flat 1 --eval-every 500 --eval-batches 8 --device "${RPAC_EXP_DEVICE:-cuda}" --precision fp32) ;;
+		seeds="${RPAC_EXP_MQAR_SEEDS:-5}"
+		echo '{"smear_keys": true, "pos_init": "none"}' >"$work/mqar.json"
+		args=(ablate --dataset mqar --mqar-len 256 --mqar-pairs 16 --mqar-vocab 128 --preset tiny --max-len 1024 --contexts 128,256
+			--tokens-per-step 4096 --stages transformer,fuzzy_legacy,fuzzy_rpa --config "$work/mqar.json"
+			--steps "${RPAC_EXP_STEPS:-3000}" --lr 1e-3 --lr-flat 1 --eval-every 250 --eval-batches 8 --device "${RPAC_EXP_DEVICE:-cuda}" --precision fp32)
+		# the longer lengths run the export in onnxruntime's C library, when this machine has one
+		ort="${ORT_LIB:-}"
+		if [[ -z "$ort" ]]; then
+			arch="$(uname -m | sed 's/_/-/')" # x86-64 or aarch64, as file(1) names them
+			while read -r f; do
+				if ! command -v file >/dev/null || file -L "$f" | grep -q "$arch"; then ort="$f"; break; fi
+			done < <(find "${roots[@]}" -name 'libonnxruntime.so*' -not -name '*providers*' -not -name '*.sha256' -not -path "$PWD/*" 2>/dev/null)
+		fi
+		if [[ -n "$ort" ]]; then
+			export ORT_LIB="$ort"
+			args+=(--eval-lengths 256,512,1024)
+		else
+			echo "gpu-experiments: no libonnxruntime here: mqar without --eval-lengths" >&2
+		fi ;;
 	wikitext)
 		seeds="${RPAC_EXP_ABL_SEEDS:-20}"
 		args=(ablate --preset tiny --dataset wikitext2 --data-dir bin/data --train-split test --eval-split valid

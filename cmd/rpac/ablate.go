@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -182,8 +183,13 @@ func ablationHeader(c *cli.Context, base training.Options, results []training.St
 		if n := c.Int("eval-lengths-tokens"); n > 0 {
 			text = fmt.Sprintf("its first %d tokens", n)
 		}
-		lines = append(lines, fmt.Sprintf("- CE at T: each run's reported weights exported in fp32 with the prior folded into one constant bias per length (lengths the run did not train at calibrated on %d batches of %d sequences of its training split), scored in onnxruntime on %s of %s in chunks of T tokens; Δ paired against the first stage",
-			export.DefaultCalibBatches, export.DefaultCalibBatch, text, c.String("eval-split")))
+		scored := fmt.Sprintf("on %s of %s in chunks of T tokens", text, c.String("eval-split"))
+		if c.String("dataset") == "mqar" {
+			scored = fmt.Sprintf("on MQAR sequences of T tokens (the eval stream's seed and pairs, as many tokens as the eval split%s), CE over every token and recall at the answers",
+				map[bool]string{true: ", at most " + strconv.Itoa(c.Int("eval-lengths-tokens"))}[c.Int("eval-lengths-tokens") > 0])
+		}
+		lines = append(lines, fmt.Sprintf("- CE at T: each run's reported weights exported in fp32 with the prior folded into one constant bias per length (lengths the run did not train at calibrated on %d batches of %d sequences of its training split), scored in onnxruntime %s; Δ paired against the first stage",
+			export.DefaultCalibBatches, export.DefaultCalibBatch, scored))
 	}
 	return lines
 }
