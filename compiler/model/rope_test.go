@@ -85,22 +85,8 @@ func TestRoPEWired(t *testing.T) {
 	plain.Dropout = 0
 	rope := plain
 	rope.RoPE = true
-	logits := func(cfg model.Config) []float64 {
-		const B, T = 1, 8
-		mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := kernels.NewStore(kernels.F64)
-		if err := model.InitStore(mg.Specs, st, 3); err != nil {
-			t.Fatal(err)
-		}
-		prog := compile(t, mg.Graph, st, kernels.F64)
-		if err := prog.Run(feeds(rand.New(rand.NewPCG(8, 9)), cfg.Vocab, B, T), 0); err != nil {
-			t.Fatal(err)
-		}
-		return prog.Output("logits").Float64s()
-	}
+	fd := feeds(rand.New(rand.NewPCG(8, 9)), plain.Vocab, 1, 8)
+	logits := func(cfg model.Config) []float64 { return evalLogits(t, cfg, 1, 8, fd, 3, nil) }
 	a, b := logits(plain), logits(rope)
 	V := plain.Vocab
 	for i := 0; i < V; i++ {
@@ -156,19 +142,8 @@ func TestPosInitNone(t *testing.T) {
 	}
 	lastLogits := func(c model.Config, ids []int32) []float64 {
 		T := len(ids)
-		mg, err := model.Build(&c, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := kernels.NewStore(kernels.F64)
-		if err := model.InitStore(mg.Specs, st, 5); err != nil {
-			t.Fatal(err)
-		}
-		prog := compile(t, mg.Graph, st, kernels.F64)
-		if err := prog.Run(map[string]*kernels.Tensor{"input_ids": kernels.IntTensor([]int{1, T}, ids)}, 0); err != nil {
-			t.Fatal(err)
-		}
-		return prog.Output("logits").Float64s()[(T-1)*c.Vocab:]
+		fd := map[string]*kernels.Tensor{"input_ids": kernels.IntTensor([]int{1, T}, ids)}
+		return evalLogits(t, c, 1, T, fd, 5, nil)[(T-1)*c.Vocab:]
 	}
 	a, b := []int32{1, 2, 3, 4, 5, 6}, []int32{2, 1, 3, 4, 5, 6}
 	swapDiff := func(c model.Config) float64 {
@@ -198,38 +173,27 @@ func TestSmearKeys(t *testing.T) {
 	smear := plain
 	smear.SmearKeys = true
 	var weights map[string]*kernels.Tensor // the plain model's, shared
+	fd := feeds(rand.New(rand.NewPCG(2, 3)), plain.Vocab, 2, 7)
 	run := func(cfg model.Config, a float64) []float64 {
-		const B, T = 2, 7
-		mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := kernels.NewStore(kernels.F64)
-		if err := model.InitStore(mg.Specs, st, 4); err != nil {
-			t.Fatal(err)
-		}
-		if weights == nil {
-			weights = st.Tensors
-		}
-		n := 0
-		for name, x := range st.Tensors {
-			if strings.HasSuffix(name, ".smear") {
-				for i := range x.F64 {
-					x.F64[i] = a
-				}
-				n++
-			} else {
-				copy(x.F64, weights[name].F64)
+		return evalLogits(t, cfg, 2, 7, fd, 4, func(st *kernels.Store) {
+			if weights == nil {
+				weights = st.Tensors
 			}
-		}
-		if cfg.SmearKeys && n != cfg.Layers {
-			t.Fatalf("%d smear parameters, want one per layer (%d)", n, cfg.Layers)
-		}
-		prog := compile(t, mg.Graph, st, kernels.F64)
-		if err := prog.Run(feeds(rand.New(rand.NewPCG(2, 3)), cfg.Vocab, B, T), 0); err != nil {
-			t.Fatal(err)
-		}
-		return prog.Output("logits").Float64s()
+			n := 0
+			for name, x := range st.Tensors {
+				if strings.HasSuffix(name, ".smear") {
+					for i := range x.F64 {
+						x.F64[i] = a
+					}
+					n++
+				} else {
+					copy(x.F64, weights[name].F64)
+				}
+			}
+			if cfg.SmearKeys && n != cfg.Layers {
+				t.Fatalf("%d smear parameters, want one per layer (%d)", n, cfg.Layers)
+			}
+		})
 	}
 	want := run(plain, 0)
 	maxDiff := func(a, b []float64) float64 {
@@ -245,4 +209,27 @@ func TestSmearKeys(t *testing.T) {
 	if d := maxDiff(run(smear, 0), want); d < 1e-6 {
 		t.Fatalf("a = 0: logits equal the unsmeared model's (max |Δ| %g)", d)
 	}
+}
+
+// evalLogits builds cfg's eval graph for the ids fd feeds ([B,T]),
+// initialises its weights with seed, lets edit (when set) change them, and
+// returns the logits.
+func evalLogits(t *testing.T, cfg model.Config, B, T int, fd map[string]*kernels.Tensor, seed uint64, edit func(*kernels.Store)) []float64 {
+	t.Helper()
+	mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := kernels.NewStore(kernels.F64)
+	if err := model.InitStore(mg.Specs, st, seed); err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(st)
+	}
+	prog := compile(t, mg.Graph, st, kernels.F64)
+	if err := prog.Run(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	return prog.Output("logits").Float64s()
 }
