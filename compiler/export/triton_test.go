@@ -201,6 +201,7 @@ func TestTriton(t *testing.T) {
 		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""}, 18},
 		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", ""}, 0},
 		{variant{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", ""}, 0},
+		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", "rope+smear"}, 0},
 	} {
 		v := c.v
 		t.Run(fmt.Sprintf("%s/opset%d", v, c.opset), func(t *testing.T) {

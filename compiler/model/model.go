@@ -441,13 +441,14 @@ func (b *builder) rotary(v *ir.Value) *ir.Value {
 
 // smear mixes each key of k [B,T,H,Hd] with the one before it, per head
 // (Config.SmearKeys): σ(a)·k_t + (1−σ(a))·k_{t−1}, the key before position
-// 0 being zero.
+// 0 being zero. The zero row is computed from k (0·k_0), not a constant,
+// so that the graph holds nothing of the batch size (a variable-batch
+// export).
 func (b *builder) smear(k *ir.Value, prefix string) *ir.Value {
-	B, T, H, Hd := k.Shape[0], k.Shape[1], k.Shape[2], k.Shape[3]
-	zero := b.g.Const(fmt.Sprintf("smear.zeros.B%dH%dD%d", B, H, Hd), ir.Shape{B, 1, H, Hd}, make([]float64, B*H*Hd))
-	prev := zero
+	T, H := k.Shape[1], k.Shape[2]
+	prev := b.scale(b.op("Slice", ir.Attrs{"axis": 1, "start": 0, "end": 1}, k), 0, 0)
 	if T > 1 {
-		prev = b.op("Concat", ir.Attrs{"axis": 1}, zero, b.op("Slice", ir.Attrs{"axis": 1, "start": 0, "end": T - 1}, k))
+		prev = b.op("Concat", ir.Attrs{"axis": 1}, prev, b.op("Slice", ir.Attrs{"axis": 1, "start": 0, "end": T - 1}, k))
 	}
 	s := b.op("Sigmoid", nil, b.param(prefix+".smear", ir.Shape{H, 1}, Init{"const", 0}))
 	return b.op("Add", nil, b.op("Mul", nil, s, k), b.op("Mul", nil, b.scale(s, -1, 1), prev))
