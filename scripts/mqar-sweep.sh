@@ -11,7 +11,8 @@
 # e.g. bash scripts/mqar-sweep.sh runs/sweep 128:4 256:4 512:4 -- --model baseline --smear-keys
 #
 # Every run: --dataset mqar --mqar-vocab 128 --preset tiny --lr 1e-3
-# --lr-flat 1 --eval-every 250 --eval-batches 8 --steps 100000 --seed 1, and
+# --lr-flat 1 --eval-every 250 --eval-batches 8 --steps 20000 --seed 1 (the train
+# stream is generated for the steps up front: more steps, a longer start), and
 # max(2048, 4·LEN) tokens per step (at least 4 sequences), then the flags
 # after --, which win. RPAC (default: bin/rpac, else ./rpac) is the binary.
 set -uo pipefail
@@ -43,7 +44,7 @@ run() {
 	((tps < 2048)) && tps=2048
 	GOMAXPROCS=1 OPENBLAS_NUM_THREADS=1 timeout "$secs" "$rpac" train --dataset mqar --mqar-len "$len" --mqar-pairs "$pairs" \
 		--mqar-vocab 128 --preset tiny --context "$len" --tokens-per-step "$tps" --lr 1e-3 --lr-flat 1 \
-		--eval-every 250 --eval-batches 8 --steps 100000 --seed 1 --device cpu "${extra[@]}" --out "$dir" >"$dir.log" 2>&1
+		--eval-every 250 --eval-batches 8 --steps 20000 --seed 1 --device cpu "${extra[@]}" --out "$dir" >"$dir.log" 2>&1
 	local rc=$?
 	# stopped by the time limit: rpac saves a checkpoint and says so
 	if [[ $rc -ne 0 ]] && ! grep -q "checkpoint saved" "$dir.log"; then
