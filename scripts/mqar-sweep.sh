@@ -17,7 +17,7 @@
 # after --, which win. RPAC (default: bin/rpac, else ./rpac) is the binary.
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
-	sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 fi
 out="$1"
