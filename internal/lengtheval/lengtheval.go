@@ -133,9 +133,10 @@ const mqarBatch = 8
 
 // mqarAt scores the model on MQAR sequences of T tokens generated like
 // eval (its pairs, seed and least distance; its greatest distance when it
-// was below its own sequence length, else T): evalTokens of them (at most
-// maxTokens when that is positive), one sequence per chunk. It returns the
-// mean CE over every token and the recall at the answers.
+// was below its own sequence length, else T), as many as fit in evalTokens
+// tokens (in maxTokens, when that is positive and fewer), one sequence per
+// chunk. It returns the mean CE over every token and the recall at the
+// answers.
 func mqarAt(ctx context.Context, m *runtime.Model, eval *data.MQARStream, T, evalTokens, maxTokens int) (training.LengthCE, error) {
 	cfg := eval.Config
 	if cfg.MaxDist >= cfg.SeqLen {
