@@ -301,13 +301,16 @@ func (b *builder) build() error {
 	D, T, B := c.DModel, o.T, o.B
 	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
 	tok := b.paramDecay("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02}, true)
-	x := b.op("Gather", nil, tok, ids)
+	var pos *ir.Value
 	if c.PosInit != "none" {
 		posInit := Init{"normal", 0.02}
 		if c.PosInit == "sinusoid" {
 			posInit = Init{"sinusoid", 0.02 * math.Sqrt2} // RMS 0.02, as the normal init
 		}
-		pos := b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true)
+		pos = b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true)
+	}
+	x := b.op("Gather", nil, tok, ids)
+	if pos != nil {
 		p := pos
 		if T < c.MaxLen {
 			p = b.op("Slice", ir.Attrs{"axis": 0, "start": 0, "end": T}, pos)
