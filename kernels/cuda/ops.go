@@ -307,7 +307,8 @@ func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, err
 
 // reduce sums x over the marked axes into o (scaled to a mean when asked):
 // a two-pass reduction when the axes are the middle axis of a row-major
-// [A, R, C] (reduce.go), else reduce_view_f32's thread per output.
+// [A, R, C], two of them when they are the outer and inner axes of an
+// [X, K, Y] (reduce.go), else reduce_view_f32's thread per output.
 func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error) {
 	ov, rv := reduceViews(x.v.Shape, red)
 	nred := 1
@@ -323,6 +324,11 @@ func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error
 	}
 	if m, ok := midAxisOf(ov, rv); ok {
 		plan := planReduce(m)
+		p.needWork(plan.workspace())
+		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, scale) }, nil
+	}
+	if m, ok := outerInnerOf(ov, rv); ok {
+		plan := planOuterInner(m)
 		p.needWork(plan.workspace())
 		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, scale) }, nil
 	}

@@ -42,6 +42,56 @@ func midAxisOf(ov, rv view) (midAxis, bool) {
 	return m, R == 1 || rs == int64(m.C)
 }
 
+// outerInner is a sum of x, read as a row-major [X, K, Y], over its outer
+// and inner axes: out[k] = Σ_x Σ_y x[x, k, y] (the gradient of a per-head
+// or per-channel parameter broadcast over the rows and the columns). It
+// runs as two midAxis reductions: row sums over Y into [X·K], then column
+// sums over X.
+type outerInner struct{ X, K, Y int }
+
+// outerInnerOf recognises the collapsed views of reduceViews that are an
+// outerInner sum.
+func outerInnerOf(ov, rv view) (outerInner, bool) {
+	if rv.rank() != 2 || ov.rank() != 1 {
+		return outerInner{}, false
+	}
+	X, Y, K := rv.dims[0], rv.dims[1], ov.dims[0]
+	if rv.strides[0][1] != 1 || rv.strides[0][0] != K*Y || ov.strides[0][0] != Y {
+		return outerInner{}, false
+	}
+	return outerInner{int(X), int(K), int(Y)}, true
+}
+
+// outerInnerPlan is how an outerInner sum runs: the two reductions and
+// the [X·K] float32 row sums between them, kept at the start of the
+// workspace (tmpDoubles of it), the partials after them.
+type outerInnerPlan struct {
+	rows, cols reducePlan
+	tmpDoubles int
+}
+
+func planOuterInner(m outerInner) outerInnerPlan {
+	return outerInnerPlan{
+		rows:       planReduce(midAxis{A: m.X * m.K, R: m.Y, C: 1}),
+		cols:       planReduce(midAxis{A: 1, R: m.X, C: m.K}),
+		tmpDoubles: ceilDiv(m.X*m.K, 2),
+	}
+}
+
+// workspace is the doubles the plan needs.
+func (r outerInnerPlan) workspace() int {
+	return r.tmpDoubles + max(r.rows.workspace(), r.cols.workspace())
+}
+
+// run sums x into out (scaled) through work (r.workspace() doubles).
+func (r outerInnerPlan) run(launch launcher, out, work, x uint64, scale float32) error {
+	tmp, part := work, work+uint64(8*r.tmpDoubles)
+	if err := r.rows.run(launch, tmp, part, x, 1); err != nil {
+		return err
+	}
+	return r.cols.run(launch, out, part, tmp, scale)
+}
+
 // reduceBlock is the block of every reduction kernel: 8 warps.
 var reduceBlock = [3]uint32{256, 1, 1}
 

@@ -42,6 +42,33 @@ func TestMidAxisOfRecognisesReductions(t *testing.T) {
 	}
 }
 
+// TestOuterInnerOfRecognisesReductions: sums over the outer and inner axes
+// around one kept axis are recognised with their extents; other
+// interleavings are not.
+func TestOuterInnerOfRecognisesReductions(t *testing.T) {
+	for _, tc := range []struct {
+		x    ir.Shape
+		axes []int
+		want outerInner
+		ok   bool
+	}{
+		{ir.Shape{3, 4, 5}, []int{0, 2}, outerInner{3, 4, 5}, true},
+		{ir.Shape{32, 768, 6, 85}, []int{0, 1, 3}, outerInner{24576, 6, 85}, true}, // a per-head parameter
+		{ir.Shape{2, 3, 4, 5}, []int{0, 3}, outerInner{2, 12, 5}, true},            // two adjacent kept axes, collapsed
+		{ir.Shape{2, 3, 4, 5}, []int{1, 3}, outerInner{}, false},
+		{ir.Shape{3, 4, 5}, []int{1}, outerInner{}, false}, // the middle axis: midAxis
+	} {
+		red, err := reduceAxes(tc.x, tc.axes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := outerInnerOf(reduceViews(tc.x, red))
+		if ok != tc.ok || (ok && got != tc.want) {
+			t.Errorf("%v axes %v: outerInner %+v %v, want %+v %v", tc.x, tc.axes, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
 // TestPlanReduceCoversTheAxis: the chunks of a plan cover the reduced axis
 // exactly once, aligned to the kernels' lanes, and a large reduction is
 // spread over many warps or blocks.
@@ -94,7 +121,11 @@ func reductionCases() []reductionCase {
 		{opCase{op: "ReduceSum", attrs: ir.Attrs{"axes": []int{1}}, in: []ir.Shape{{5, 701, 9}}}, two("reduce_cols_f32")},
 		{opCase{op: "ReduceMean", attrs: ir.Attrs{"axes": []int{1}}, in: []ir.Shape{{4, 37, 6}}}, []string{"reduce_cols_f32"}},
 		{opCase{op: "ReduceSum", in: []ir.Shape{{100, 103}}}, two("reduce_rows_f32")},
-		{opCase{op: "ReduceMean", attrs: ir.Attrs{"axes": []int{0, 2}}, in: []ir.Shape{{3, 40, 5}}}, []string{"reduce_view_f32"}},
+		{opCase{op: "ReduceMean", attrs: ir.Attrs{"axes": []int{0, 2}}, in: []ir.Shape{{3, 40, 5}}}, []string{"reduce_rows_f32", "reduce_cols_f32"}},
+		// a per-head parameter's gradient ([B,T,H,Hd] to [H,1]), rows and columns over many chunks
+		{opCase{op: "SumTo", attrs: ir.Attrs{"shape": []int{4, 1}}, in: []ir.Shape{{3, 700, 4, 300}}},
+			[]string{"reduce_rows_f32", "reduce_cols_f32", "reduce_parts_f32"}},
+		{opCase{op: "ReduceSum", attrs: ir.Attrs{"axes": []int{1, 3}}, in: []ir.Shape{{2, 3, 4, 5}}}, []string{"reduce_view_f32"}},
 		{opCase{op: "ZScore", in: []ir.Shape{{100, 103}}}, []string{"reduce_rows_f32", "sum_parts_f64", "zscore_sq_part_f32"}},
 		{opCase{op: "ZScoreGrad", in: []ir.Shape{{100, 103}, {100, 103}}}, []string{"zscore_grad_part_f32", "sum_parts_f64"}},
 		{opCase{op: "ZScoreGrad", in: []ir.Shape{{1, 2}, {1, 2}}}, []string{"zscore_grad_part_f32", "sum_parts_f64"}},
@@ -147,6 +178,9 @@ func checkReductions(t *testing.T, be *Backend, tr *Trace) {
 			if !ran[k] {
 				t.Errorf("%s %v: no launch of %s", c.op, c.in, k)
 			}
+		}
+		if ran["reduce_view_f32"] && !slices.Contains(c.kernels, "reduce_view_f32") {
+			t.Errorf("%s %v: fell back to reduce_view_f32", c.op, c.in)
 		}
 	}
 }
