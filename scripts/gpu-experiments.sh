@@ -88,6 +88,13 @@ for e in "${exps[@]}"; do
 	echo "gpu-experiments: $e, $seeds seeds, at most $share s" >&2
 	timeout "$share" bin/rpac "${args[@]}" --seeds "$seeds" --out "$work/$e" >"$out/$e.log" 2>&1
 	r=$?
+	if [[ $r -ne 0 && $r -ne 124 ]] && grep -q -- "--eval-lengths runs the exports in onnxruntime" "$out/$e.log"; then
+		# the library found does not load (another version or build): without the lengths
+		echo "gpu-experiments: onnxruntime at ${ORT_LIB:-} does not load: $e without --eval-lengths" | tee -a "$out/$e.log" >&2
+		args=("${args[@]:0:${#args[@]}-2}")
+		timeout "$share" bin/rpac "${args[@]}" --seeds "$seeds" --out "$work/$e" >>"$out/$e.log" 2>&1
+		r=$?
+	fi
 	if [[ $r -eq 124 ]]; then
 		# stopped: the table of the complete seeds (all reused, nothing trained)
 		k=$(complete "$work/$e" "$seeds")
