@@ -305,15 +305,10 @@ func traceTinyStep(t *testing.T, gemm GEMMPrecision) tracedStep {
 	return s
 }
 
-// TestTraceFusedBytes: a FusedElementwise launch is charged its inputs'
-// own sizes (a broadcast one counted once) and its output, which the
-// backend states (costHinter) since fused_ew_f32's arguments cannot.
-func TestTraceFusedBytes(t *testing.T) {
-	g := ir.New("fused")
-	x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
-	y := g.Input("y", ir.Shape{7}, ir.F32)
-	body := ir.FusedBody{{Op: "Add", Args: []int{0, 1}}, {Op: "Neg", Args: []int{2}}}
-	g.SetOutput("o", g.Apply("FusedElementwise", ir.Attrs{"shape": []int{3, 5, 7}, "body": body}, x, y)[0])
+// dryRunEvents compiles g on the dry-run device (fp32 GEMMs), runs it once
+// on feeds and returns the launches of that run.
+func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []Event {
+	t.Helper()
 	be := newBackend(mustFake(t), GEMMF32)
 	tr, err := be.StartTrace()
 	if err != nil {
@@ -324,13 +319,25 @@ func TestTraceFusedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prog.Close()
-	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, ir.Shape{7})}
 	tr.Reset()
 	if err := prog.Run(feeds, 1); err != nil {
 		t.Fatal(err)
 	}
+	return tr.Events()
+}
+
+// TestTraceFusedBytes: a FusedElementwise launch is charged its inputs'
+// own sizes (a broadcast one counted once) and its output, which the
+// backend states (costHinter) since fused_ew_f32's arguments cannot.
+func TestTraceFusedBytes(t *testing.T) {
+	g := ir.New("fused")
+	x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
+	y := g.Input("y", ir.Shape{7}, ir.F32)
+	body := ir.FusedBody{{Op: "Add", Args: []int{0, 1}}, {Op: "Neg", Args: []int{2}}}
+	g.SetOutput("o", g.Apply("FusedElementwise", ir.Attrs{"shape": []int{3, 5, 7}, "body": body}, x, y)[0])
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, ir.Shape{7})}
 	n := 0
-	for _, e := range tr.Events() {
+	for _, e := range dryRunEvents(t, g, feeds) {
 		if e.Name == "fused_ew_f32" {
 			n++
 			if want := 4.0 * (105 + 7 + 105); e.Bytes != want {
@@ -411,23 +418,9 @@ func TestBinaryKernelChoice(t *testing.T) {
 		a := g.Input("a", ir.Shape{3, 5, 7}, ir.F32)
 		b := g.Input("b", tc.b, ir.F32)
 		g.SetOutput("o", g.Op1("Mul", nil, a, b))
-		be := newBackend(mustFake(t), GEMMF32)
-		tr, err := be.StartTrace()
-		if err != nil {
-			t.Fatal(err)
-		}
-		prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
-		if err != nil {
-			t.Fatal(err)
-		}
 		feeds := map[string]*kernels.Tensor{"a": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "b": kernels.NewTensor(kernels.F32, tc.b)}
-		tr.Reset()
-		if err := prog.Run(feeds, 1); err != nil {
-			t.Fatal(err)
-		}
-		prog.Close()
 		var names []string
-		for _, e := range tr.Events() {
+		for _, e := range dryRunEvents(t, g, feeds) {
 			if strings.HasPrefix(e.Name, "binary_") {
 				names = append(names, e.Name)
 			}
