@@ -98,7 +98,7 @@ func (n *NVRTC) CompilePTX(name, src, arch string, extra ...string) (string, err
 	if !strings.HasPrefix(arch, "compute_") {
 		return "", fmt.Errorf("architecture %q: want compute_NN", arch)
 	}
-	b, err := n.compile(name, src, arch, extra, "PTX", n.getPTXSize, n.getPTX)
+	b, _, err := n.compile(name, src, arch, extra, "PTX", n.getPTXSize, n.getPTX)
 	if err != nil {
 		return "", err
 	}
@@ -117,20 +117,21 @@ func (n *NVRTC) CompileCUBIN(name, src, arch string, extra ...string) ([]byte, e
 		major, minor := n.Version()
 		return nil, fmt.Errorf("NVRTC %d.%d has no nvrtcGetCUBIN (11.1 or later has)", major, minor)
 	}
-	return n.compile(name, src, arch, extra, "cubin", n.getCUBINSize, n.getCUBIN)
+	b, _, err := n.compile(name, src, arch, extra, "cubin", n.getCUBINSize, n.getCUBIN)
+	return b, err
 }
 
 // compile runs NVRTC on src for arch and fetches the result with
 // getSize/get (PTX or cubin).
 func (n *NVRTC) compile(name, src, arch string, extra []string, what string,
-	getSize func(uintptr, *uint64) int32, get func(uintptr, unsafe.Pointer) int32) ([]byte, error) {
+	getSize func(uintptr, *uint64) int32, get func(uintptr, unsafe.Pointer) int32) ([]byte, string, error) {
 	// NVRTC programs are independent, but one at a time keeps the log
 	// handling simple and NVRTC's memory low.
 	n.compileSerialize.Lock()
 	defer n.compileSerialize.Unlock()
 	var prog uintptr
 	if err := n.check(n.createProgram(&prog, src, name, 0, nil, nil), "create program "+name); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer n.destroyProgram(&prog)
 	opts := append(compileOptions(arch), extra...)
@@ -144,20 +145,20 @@ func (n *NVRTC) compile(name, src, arch string, extra []string, what string,
 	runtime.KeepAlive(cstrs)
 	runtime.KeepAlive(ptrs)
 	if r != 0 {
-		return nil, &CompileError{Name: name, Arch: arch, Log: n.log(prog), Err: n.check(r, "compile")}
+		return nil, "", &CompileError{Name: name, Arch: arch, Log: n.log(prog), Err: n.check(r, "compile")}
 	}
 	var size uint64
 	if err := n.check(getSize(prog, &size), what+" size"); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if size == 0 {
-		return nil, fmt.Errorf("NVRTC returned an empty %s for %s", what, arch)
+		return nil, "", fmt.Errorf("NVRTC returned an empty %s for %s", what, arch)
 	}
 	buf := make([]byte, size)
 	if err := n.check(get(prog, unsafe.Pointer(&buf[0])), what); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return buf, nil
+	return buf, n.log(prog), nil
 }
 
 // compileOptions are NVRTC's options for arch (part of the cache key).
