@@ -76,9 +76,10 @@ build() {
 	cache="$(dirname "$cache")"
 	rm -rf "$ORT"
 	mkdir -p "$ORT/bin" "$ORT/lib"
-	go build -ldflags "-s -w" -o "$ORT/bin/rpac" ./cmd/rpac
-	go test -c -ldflags "-s -w" -o "$ORT/bin/export.test" ./compiler/export
-	go test -c -ldflags "-s -w" -o "$ORT/bin/runtime.test" ./runtime
+	# noopenblas: the GPU machine has no libopenblas; these need only the C library
+	go build -tags noopenblas -ldflags "-s -w" -o "$ORT/bin/rpac" ./cmd/rpac
+	go test -c -tags noopenblas -ldflags "-s -w" -o "$ORT/bin/export.test" ./compiler/export
+	go test -c -tags noopenblas -ldflags "-s -w" -o "$ORT/bin/runtime.test" ./runtime
 	cp "$cache/libonnxruntime.so" "$cache/libonnxruntime_providers_shared.so" "$ORT/lib/"
 	(cd "$cache" && sha256sum "${FILES[@]}") >"$ORT/lib/SHA256SUMS"
 	split -b 60M "$cache/$PARTS_OF" "$ORT/lib/$PARTS_OF.part-"

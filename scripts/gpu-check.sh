@@ -3,7 +3,7 @@
 # binaries built elsewhere (GPU machines may have no Go toolchain).
 #
 # On a machine with Go (x86-64 or, with GOARCH=arm64, for a Grace host):
-#     bash scripts/gpu-check.sh --build        # writes bin/ (tests, rpac, data), CGO_ENABLED=0
+#     bash scripts/gpu-check.sh --build        # writes bin/ (tests with CGO_ENABLED=0, rpac, data)
 # Carry the checkout (with bin/, about 40 MB) to the GPU machine, then:
 #     bash scripts/gpu-check.sh --all [OUT]     # this check, then scripts/gpu-check-ort.sh: the first run on a GPU
 #     bash scripts/gpu-check.sh [OUT]           # this check only
@@ -37,7 +37,7 @@
 #            CPU;
 #   runs     a 40-step (RPAC_CHECK_STEPS) tiny WikiText-2 run on CUDA (fp32)
 #            and on the CPU with the same seed, final val CE within 0.02
-#            (the CPU binary is built without cgo, so without OpenBLAS: on
+#            (the CPU binary is built without OpenBLAS: on
 #            a 16-core H200 host it trains the tiny preset at 0.69 step/s);
 #   resume   exact resume on CUDA (10 steps + 10 resumed = 20 straight);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
@@ -62,10 +62,20 @@ if [[ "${1:-}" == "--build" ]]; then
 	export CGO_ENABLED=0
 	go test -c -ldflags="-s -w" -o bin/cuda.test ./kernels/cuda
 	go test -c -ldflags="-s -w" -o bin/training.test ./training
-	go build -ldflags="-s -w" -o bin/rpac ./cmd/rpac
+	# rpac with cgo where it can be (same architecture, a C compiler) and
+	# without OpenBLAS, so it needs only the C library: then it runs the
+	# exports in an onnxruntime library found on the GPU machine
+	# (gpu-experiments.sh's --eval-lengths); the test binaries stay cgo-free.
+	if [[ "$(go env GOARCH)" == "$(go env GOHOSTARCH)" ]] && command -v "$(go env CC)" >/dev/null; then
+		CGO_ENABLED=1 go build -tags noopenblas -ldflags="-s -w" -o bin/rpac ./cmd/rpac
+		rpac_cgo="cgo without OpenBLAS"
+	else
+		go build -ldflags="-s -w" -o bin/rpac ./cmd/rpac
+		rpac_cgo="no cgo: no onnxruntime"
+	fi
 	data="${RPAC_DATA:-../shared/data/wikitext-2-raw-v1}"
 	cp "$data"/wiki.valid.raw "$data"/wiki.test.raw bin/data/
-	echo "built bin/ ($(go env GOOS)/$(go env GOARCH), CGO_ENABLED=0, $(du -sh bin | cut -f1)); carry bin/ to the GPU machine"
+	echo "built bin/ ($(go env GOOS)/$(go env GOARCH), tests CGO_ENABLED=0, rpac $rpac_cgo, $(du -sh bin | cut -f1)); carry bin/ to the GPU machine"
 	exit 0
 fi
 

@@ -5,26 +5,30 @@
 #
 #     bash scripts/gpu-experiments.sh [OUT]      # OUT: $OUT or gpu-experiments
 #
-# Two `rpac ablate` runs, one after the other (processes sharing a GPU run
-# slower in all than one alone), each stopped after its share of
+# `rpac ablate` runs, one after the other (processes sharing a GPU run
+# slower in all than one alone), each experiment stopped after its share of
 # RPAC_EXP_BUDGET seconds (default 480). An ablation goes seed by seed and
 # keeps finished runs, so a stopped one reports the complete pairs it has:
-#   mqar      the transformer, the fuzzy model with the legacy bias and with
-#             the RPA prior, every one with smeared keys and no learned
-#             position embedding (the CPU comparison of docs/RESULTS.md), at
-#             256 tokens and 16 pairs (vocab 128, lr 1e-3 flat, 3,000 steps;
-#             RPAC_EXP_MQAR_SEEDS, default 5): recall and its paired
-#             differences, also by query distance, and at 256, 512 and 1,024
-#             tokens through the folded export (where onnxruntime's C library
-#             is found: $ORT_LIB or a libonnxruntime.so on the machine);
-#   wikitext  the stepwise ablation at the tiny preset, 200 steps, train on
-#             the test split, evaluate on valid (RPAC_EXP_ABL_SEEDS, default
-#             20: about what separates 0.02 nats).
-# RPAC_EXPERIMENTS="mqar wikitext" picks them; RPAC_EXP_DEVICE (default
-# cuda) and RPAC_EXP_STEPS (default 3,000 and 200) make a dry run of the
-# script elsewhere, e.g. RPAC_EXP_DEVICE=cpu RPAC_EXP_STEPS=4. Each writes
-# OUT/<name>.md (the ablation's tables, or why there are none) and
-# OUT/<name>.log.
+#   mqar        the transformer, the fuzzy model with the legacy bias and
+#               with the RPA prior, every one with smeared keys and learned
+#               positions, at 256 tokens and 16 pairs (vocab 128, lr 1e-3
+#               flat, 3,000 steps; RPAC_EXP_MQAR_SEEDS, default 3): recall
+#               and its paired differences, also by query distance, and at
+#               256, 512 and 1,024 tokens through the folded export (where
+#               onnxruntime's C library is found, $ORT_LIB or a
+#               libonnxruntime.so on the machine, and bin/rpac has cgo:
+#               gpu-check.sh --build makes it so on x86-64);
+#   mqar-sweep  the same three models, one seed, at each LEN:PAIRS of
+#               RPAC_EXP_SWEEP (default "512:32 1024:64"; 4·LEN tokens per
+#               step), sharing the experiment's time: where each breaks;
+#   wikitext    the stepwise ablation at the tiny preset, 200 steps, train on
+#               the test split, evaluate on valid (RPAC_EXP_ABL_SEEDS,
+#               default 20: about what separates 0.02 nats).
+# RPAC_EXPERIMENTS (default "mqar mqar-sweep wikitext") picks them;
+# RPAC_EXP_DEVICE (default cuda) and RPAC_EXP_STEPS (default 3,000 and 200)
+# make a dry run of the script elsewhere, e.g. RPAC_EXP_DEVICE=cpu
+# RPAC_EXP_STEPS=4. Each writes OUT/<name>.md (the ablations' tables, or
+# why there are none) and OUT/<name>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-gpu-experiments}}"
@@ -40,7 +44,7 @@ libdirs="$(find "${roots[@]}" \( -name 'libnvrtc.so*' -o -name 'libcublasLt.so*'
 export RPAC_CUDA_LIBS="${RPAC_CUDA_LIBS:+$RPAC_CUDA_LIBS:}$libdirs"
 export RPAC_CUDA_CACHE="${RPAC_CUDA_CACHE:-$work/cuda-cache}"
 
-exps=(${RPAC_EXPERIMENTS:-mqar wikitext})
+exps=(${RPAC_EXPERIMENTS:-mqar mqar-sweep wikitext})
 share=$(( ${RPAC_EXP_BUDGET:-480} / ${#exps[@]} ))
 rc=0
 # complete DIR N: how many seeds from 1 every stage of the ablation in DIR
@@ -54,59 +58,86 @@ complete() {
 	done
 	echo "$n"
 }
+# ort_lib: onnxruntime's C library of this machine's architecture ($ORT_LIB
+# first), for --eval-lengths; empty when there is none.
+ort_lib() {
+	[[ -n "${ORT_LIB:-}" ]] && { echo "$ORT_LIB"; return; }
+	local arch f
+	arch="$(uname -m | sed 's/_/-/')" # x86-64 or aarch64, as file(1) names them
+	while read -r f; do
+		if ! command -v file >/dev/null || file -L "$f" | grep -q "$arch"; then echo "$f"; return; fi
+	done < <(find "${roots[@]}" -name 'libonnxruntime.so*' -not -name '*providers*' -not -name '*.sha256' -not -path "$PWD/*" 2>/dev/null)
+}
+# ablate NAME SEEDS SECONDS ARGS...: rpac ablate ARGS for SEEDS seeds into
+# $work/NAME, stopped after SECONDS (then the table of the complete seeds);
+# its log goes to $out/LOG and its table is added to $out/MD (LOG and MD:
+# the experiment's files, set by the caller).
+ablate() {
+	local name="$1" seeds="$2" secs="$3"
+	shift 3
+	local args=("$@") r k
+	echo "gpu-experiments: $name, $seeds seeds, at most $secs s" >&2
+	timeout "$secs" bin/rpac ablate "${args[@]}" --seeds "$seeds" --out "$work/$name" >>"$out/$LOG" 2>&1
+	r=$?
+	if [[ $r -ne 0 && $r -ne 124 ]] && grep -q -- "--eval-lengths runs the exports in onnxruntime" "$out/$LOG"; then
+		# the library found does not load (another version or build, or an rpac without cgo): without the lengths
+		echo "gpu-experiments: onnxruntime at ${ORT_LIB:-} does not load: $name without --eval-lengths" | tee -a "$out/$LOG" >&2
+		args=("${args[@]:0:${#args[@]}-2}")
+		timeout "$secs" bin/rpac ablate "${args[@]}" --seeds "$seeds" --out "$work/$name" >>"$out/$LOG" 2>&1
+		r=$?
+	fi
+	if [[ $r -eq 124 ]]; then
+		# stopped: the table of the complete seeds (all reused, nothing trained)
+		k=$(complete "$work/$name" "$seeds")
+		echo "gpu-experiments: $name stopped after $secs s with $k complete seeds" | tee -a "$out/$LOG" >&2
+		((k > 0)) && bin/rpac ablate "${args[@]}" --seeds "$k" --out "$work/$name" >>"$out/$LOG" 2>&1
+	elif [[ $r -ne 0 ]]; then
+		rc=1
+	fi
+	if [[ -f "$work/$name/ablation.md" ]]; then
+		cat "$work/$name/ablation.md" >>"$out/$MD"
+	else
+		printf '# %s\n\nNo table (exit %s): no seed finished every stage. See %s.\n' "$name" "$r" "$LOG" >>"$out/$MD"
+	fi
+	echo >>"$out/$MD"
+}
+# mqar_args LEN PAIRS STEPS: the comparison's ablate flags at LEN tokens
+# and PAIRS pairs (smeared keys, learned positions; 4·LEN tokens per step,
+# at least 4,096).
+mqar_args() {
+	local len="$1" pairs="$2" steps="$3" tps=$((4 * $1))
+	((tps < 4096)) && tps=4096
+	echo '{"smear_keys": true}' >"$work/mqar.json"
+	echo --dataset mqar --mqar-len "$len" --mqar-pairs "$pairs" --mqar-vocab 128 --preset tiny --contexts "$((len / 2)),$len" \
+		--tokens-per-step "$tps" --stages transformer,fuzzy_legacy,fuzzy_rpa --config "$work/mqar.json" \
+		--steps "$steps" --lr 1e-3 --lr-flat 1 --eval-every 250 --eval-batches 8 --device "${RPAC_EXP_DEVICE:-cuda}" --precision fp32
+}
 for e in "${exps[@]}"; do
+	LOG="$e.log" MD="$e.md"
+	: >"$out/$LOG"
+	: >"$out/$MD"
 	case "$e" in
 	mqar)
-		seeds="${RPAC_EXP_MQAR_SEEDS:-5}"
-		echo '{"smear_keys": true, "pos_init": "none"}' >"$work/mqar.json"
-		args=(ablate --dataset mqar --mqar-len 256 --mqar-pairs 16 --mqar-vocab 128 --preset tiny --max-len 1024 --contexts 128,256
-			--tokens-per-step 4096 --stages transformer,fuzzy_legacy,fuzzy_rpa --config "$work/mqar.json"
-			--steps "${RPAC_EXP_STEPS:-3000}" --lr 1e-3 --lr-flat 1 --eval-every 250 --eval-batches 8 --device "${RPAC_EXP_DEVICE:-cuda}" --precision fp32)
-		# the longer lengths run the export in onnxruntime's C library, when this machine has one
-		ort="${ORT_LIB:-}"
-		if [[ -z "$ort" ]]; then
-			arch="$(uname -m | sed 's/_/-/')" # x86-64 or aarch64, as file(1) names them
-			while read -r f; do
-				if ! command -v file >/dev/null || file -L "$f" | grep -q "$arch"; then ort="$f"; break; fi
-			done < <(find "${roots[@]}" -name 'libonnxruntime.so*' -not -name '*providers*' -not -name '*.sha256' -not -path "$PWD/*" 2>/dev/null)
-		fi
+		args=($(mqar_args 256 16 "${RPAC_EXP_STEPS:-3000}") --max-len 1024)
+		ort="$(ort_lib)"
 		if [[ -n "$ort" ]]; then
 			export ORT_LIB="$ort"
 			args+=(--eval-lengths 256,512,1024)
 		else
 			echo "gpu-experiments: no libonnxruntime here: mqar without --eval-lengths" >&2
-		fi ;;
+		fi
+		ablate mqar "${RPAC_EXP_MQAR_SEEDS:-3}" "$share" "${args[@]}" ;;
+	mqar-sweep)
+		settings=(${RPAC_EXP_SWEEP:-512:32 1024:64})
+		for st in "${settings[@]}"; do
+			ablate "mqar-L${st%%:*}-P${st##*:}" 1 $((share / ${#settings[@]})) $(mqar_args "${st%%:*}" "${st##*:}" "${RPAC_EXP_STEPS:-3000}")
+		done ;;
 	wikitext)
-		seeds="${RPAC_EXP_ABL_SEEDS:-20}"
-		args=(ablate --preset tiny --dataset wikitext2 --data-dir bin/data --train-split test --eval-split valid
-			--steps "${RPAC_EXP_STEPS:-200}" --device "${RPAC_EXP_DEVICE:-cuda}") ;;
+		ablate wikitext "${RPAC_EXP_ABL_SEEDS:-20}" "$share" --preset tiny --dataset wikitext2 --data-dir bin/data --train-split test --eval-split valid \
+			--steps "${RPAC_EXP_STEPS:-200}" --device "${RPAC_EXP_DEVICE:-cuda}" ;;
 	*)
-		echo "gpu-experiments: unknown experiment $e (mqar, wikitext)" >&2
-		rc=1
-		continue ;;
+		echo "gpu-experiments: unknown experiment $e (mqar, mqar-sweep, wikitext)" >&2
+		rc=1 ;;
 	esac
-	echo "gpu-experiments: $e, $seeds seeds, at most $share s" >&2
-	timeout "$share" bin/rpac "${args[@]}" --seeds "$seeds" --out "$work/$e" >"$out/$e.log" 2>&1
-	r=$?
-	if [[ $r -ne 0 && $r -ne 124 ]] && grep -q -- "--eval-lengths runs the exports in onnxruntime" "$out/$e.log"; then
-		# the library found does not load (another version or build): without the lengths
-		echo "gpu-experiments: onnxruntime at ${ORT_LIB:-} does not load: $e without --eval-lengths" | tee -a "$out/$e.log" >&2
-		args=("${args[@]:0:${#args[@]}-2}")
-		timeout "$share" bin/rpac "${args[@]}" --seeds "$seeds" --out "$work/$e" >>"$out/$e.log" 2>&1
-		r=$?
-	fi
-	if [[ $r -eq 124 ]]; then
-		# stopped: the table of the complete seeds (all reused, nothing trained)
-		k=$(complete "$work/$e" "$seeds")
-		echo "gpu-experiments: $e stopped after $share s with $k complete seeds" | tee -a "$out/$e.log" >&2
-		((k > 0)) && bin/rpac "${args[@]}" --seeds "$k" --out "$work/$e" >>"$out/$e.log" 2>&1
-	elif [[ $r -ne 0 ]]; then
-		rc=1
-	fi
-	if [[ -f "$work/$e/ablation.md" ]]; then
-		cp "$work/$e/ablation.md" "$out/$e.md"
-	else
-		printf '# %s\n\nNo table (exit %s): no seed finished every stage. See %s.log.\n' "$e" "$r" "$e" >"$out/$e.md"
-	fi
 done
 exit "$rc"
