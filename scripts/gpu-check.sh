@@ -43,7 +43,8 @@
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
 #            bf16 and fp32;
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
-#            paper step's costliest kernels: speed of light, occupancy,
+#            paper step's costliest kernels (a generated elementwise chain
+#            of each kind among them): speed of light, occupancy,
 #            launch statistics (registers, shared memory), warp stalls.
 # RPAC_CHECKS="probe kernels steps predict runs resume bench profile" (the default: all)
 # picks groups; RPAC_CHECK_RUN=REGEXP limits the kernels and steps groups to
@@ -153,6 +154,8 @@ if want predict; then
 	esac
 	check predict-paper bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --gemm-shapes 24 --preset paper --context 768
 	check predict-tiny bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --preset tiny
+	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
+	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 fi
 
 # CUDA vs CPU, 40 tiny steps, same seed.
@@ -190,8 +193,12 @@ fi
 if want profile; then
 	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1 || true)
 	if [[ -n "$ncu" ]]; then
-		for k in attention_fwd_bf16 attention_bwd_dq_bf16 attention_bwd_dkdv_bf16 fused_ew_f32 softmax_ce_fused_f32; do
-			check "profile-$k" "$ncu" --clock-control none -k "$k" -c 1 --section SpeedOfLight --section Occupancy \
+		# LABEL=REGEX of the kernel names (the generated chains have hashed names)
+		for lk in attention_fwd_bf16=attention_fwd_bf16 attention_bwd_dq_bf16=attention_bwd_dq_bf16 \
+			attention_bwd_dkdv_bf16=attention_bwd_dkdv_bf16 fused_gen_view=fused_gen_view_ 'fused_gen_dense=fused_gen_[0-9a-f]' \
+			softmax_ce_fused_f32=softmax_ce_fused_f32; do
+			k="${lk%%=*}"
+			check "profile-$k" "$ncu" --clock-control none -k "regex:^${lk#*=}" -c 1 --section SpeedOfLight --section Occupancy \
 				--section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
 				bin/rpac bench train --device cuda --preset paper --context 768 --steps 1
 		done

@@ -40,6 +40,9 @@ func (p GEMMPrecision) String() string {
 type Backend struct {
 	dev  device
 	gemm GEMMPrecision
+	// fusedInterp: run FusedElementwise chains on the interpreter kernel
+	// fused_ew_f32 instead of generated kernels (RPAC_CUDA_FUSED=interp)
+	fusedInterp bool
 
 	mu     sync.Mutex
 	mirror map[mirrorKey]*mirrorEntry
@@ -166,11 +169,11 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBackend(&gpu{ctx: c, blas: b, syncEach: os.Getenv("RPAC_CUDA_SYNC") == "1"}, gemm), nil
+	return newBackend(&gpu{ctx: c, blas: b, nv: n, syncEach: os.Getenv("RPAC_CUDA_SYNC") == "1"}, gemm), nil
 }
 
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
-	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}}
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter()}
 }
 
 // Name says "cuda" and the device.
@@ -258,6 +261,7 @@ func (d *dval) i32() bool { return d.v.DType == ir.I32 }
 
 type program struct {
 	be     *Backend
+	gen    map[string]string // generated kernels (name → source), loaded by loadGenerated
 	g      *ir.Graph
 	store  *kernels.Store
 	vals   map[int]*dval
@@ -586,6 +590,9 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 		}
 		sort.Strings(ops)
 		return fmt.Errorf("no cuda kernel for op(s) %s", strings.Join(ops, ", "))
+	}
+	if err := p.loadGenerated(); err != nil {
+		return err
 	}
 	if err := p.stageWork(); err != nil {
 		return err

@@ -64,11 +64,16 @@ func (n *NVRTC) CachePath(src, arch string) (string, error) {
 // source was compiled before for arch by the same NVRTC version, else
 // compiling it and storing the result (atomically). hit says which.
 func (n *NVRTC) CompileCached(name, arch string) (img Image, hit bool, err error) {
-	kind, err := imageKind(arch)
+	src, err := Source(name)
 	if err != nil {
 		return Image{}, false, err
 	}
-	src, err := Source(name)
+	return n.compileCached(name, src, arch)
+}
+
+// compileCached is CompileCached for the source text src.
+func (n *NVRTC) compileCached(name, src, arch string) (img Image, hit bool, err error) {
+	kind, err := imageKind(arch)
 	if err != nil {
 		return Image{}, false, err
 	}
@@ -102,17 +107,26 @@ func (n *NVRTC) CompileCached(name, arch string) (img Image, hit bool, err error
 // RPAC_CUDA_PTX=1), PTX for its compute_NN, which the driver compiles
 // itself. cubinErr says why the cubin was not used (nil when it was).
 func (n *NVRTC) DeviceImage(name string, dev DeviceInfo) (img Image, hit bool, cubinErr, err error) {
+	src, err := Source(name)
+	if err != nil {
+		return Image{}, false, nil, err
+	}
+	return n.deviceImage(name, src, dev)
+}
+
+// deviceImage is DeviceImage for the source text src.
+func (n *NVRTC) deviceImage(name, src string, dev DeviceInfo) (img Image, hit bool, cubinErr, err error) {
 	if os.Getenv("RPAC_CUDA_PTX") == "1" {
 		cubinErr = fmt.Errorf("RPAC_CUDA_PTX=1")
 	} else if dev.SM == "" {
 		cubinErr = fmt.Errorf("the device's real architecture is unknown")
 	} else {
-		img, hit, cubinErr = n.CompileCached(name, dev.SM)
+		img, hit, cubinErr = n.compileCached(name, src, dev.SM)
 		if cubinErr == nil {
 			return img, hit, nil, nil
 		}
 	}
-	img, hit, err = n.CompileCached(name, dev.Arch)
+	img, hit, err = n.compileCached(name, src, dev.Arch)
 	return img, hit, cubinErr, err
 }
 
@@ -171,33 +185,73 @@ func firstLine(s string) string {
 func (c *Context) LoadKernels(n *NVRTC) error {
 	c.Images = c.Images[:0]
 	for _, name := range SourceNames() {
-		img, hit, cubinErr, err := n.DeviceImage(name, c.Dev)
+		src, err := Source(name)
 		if err != nil {
-			if cubinErr != nil {
-				return fmt.Errorf("%w (the cubin for %s failed first: %v)", err, c.Dev.SM, cubinErr)
-			}
 			return err
 		}
 		entries, err := Entries(name)
 		if err != nil {
 			return err
 		}
-		err = c.LoadImage(img.Data, entries)
-		if err != nil && img.Kind == "cubin" {
-			cubinErr = fmt.Errorf("the driver refused the cubin: %w", err)
-			img, hit, err = n.CompileCached(name, c.Dev.Arch)
-			if err == nil {
-				err = c.LoadImage(img.Data, entries)
-			}
-		}
+		li, err := c.loadSource(n, name, src, entries)
 		if err != nil {
-			return fmt.Errorf("%s (%s %s): %w", name, img.Kind, img.Arch, err)
-		}
-		li := LoadedImage{Source: name, Kind: img.Kind, Arch: img.Arch, Cached: hit}
-		if cubinErr != nil {
-			li.Fallback = cubinErr.Error()
+			return err
 		}
 		c.Images = append(c.Images, li)
 	}
 	return nil
+}
+
+// loadSource compiles src (or reads it from the cache) for the context's
+// device, a cubin for its sm_NN with PTX as the fallback (also when the
+// driver refuses the cubin), loads it and registers its kernels.
+func (c *Context) loadSource(n *NVRTC, name, src string, kernels []string) (LoadedImage, error) {
+	img, hit, cubinErr, err := n.deviceImage(name, src, c.Dev)
+	if err != nil {
+		if cubinErr != nil {
+			return LoadedImage{}, fmt.Errorf("%w (the cubin for %s failed first: %v)", err, c.Dev.SM, cubinErr)
+		}
+		return LoadedImage{}, err
+	}
+	err = c.LoadImage(img.Data, kernels)
+	if err != nil && img.Kind == "cubin" {
+		cubinErr = fmt.Errorf("the driver refused the cubin: %w", err)
+		img, hit, err = n.compileCached(name, src, c.Dev.Arch)
+		if err == nil {
+			err = c.LoadImage(img.Data, kernels)
+		}
+	}
+	if err != nil {
+		return LoadedImage{}, fmt.Errorf("%s (%s %s): %w", name, img.Kind, img.Arch, err)
+	}
+	li := LoadedImage{Source: name, Kind: img.Kind, Arch: img.Arch, Cached: hit}
+	if cubinErr != nil {
+		li.Fallback = cubinErr.Error()
+	}
+	return li, nil
+}
+
+// Loaded says whether every one of kernels is loaded.
+func (c *Context) Loaded(kernels []string) bool {
+	c.lock.Lock()
+	defer c.lock.Unlock()
+	for _, k := range kernels {
+		if _, ok := c.fns[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// loadedWithPrefix counts the loaded kernels whose names start with prefix.
+func (c *Context) loadedWithPrefix(prefix string) int {
+	c.lock.Lock()
+	defer c.lock.Unlock()
+	n := 0
+	for k := range c.fns {
+		if strings.HasPrefix(k, prefix) {
+			n++
+		}
+	}
+	return n
 }

@@ -20,6 +20,9 @@ type device interface {
 	download(dst unsafe.Pointer, b Buffer, bytes uint64) error
 	zero(b Buffer, bytes uint64) error
 	launch(name string, grid, block [3]uint32, shared uint32, args ...any) error
+	// loadModule compiles and loads a generated source (name is for
+	// messages) defining kernels, unless they are all loaded already.
+	loadModule(name, src string, kernels []string) error
 	// gemmPlan makes the cuBLASLt state of one GEMM (descriptor, layouts,
 	// algorithm needing at most maxWorkspace bytes of workspace), reused by
 	// every gemm call with that key until freeGemmPlan.
@@ -47,6 +50,7 @@ func (p *GemmPlan) workspace() uint64 { return p.Workspace() }
 type gpu struct {
 	ctx  *Context
 	blas *BLAS
+	nv   *NVRTC // compiles generated sources (loadModule)
 	// syncEach (RPAC_CUDA_SYNC=1): synchronize after every launch and GEMM
 	// and name the kernel that failed.
 	syncEach bool
@@ -86,6 +90,13 @@ func (g *gpu) launch(name string, grid, block [3]uint32, shared uint32, args ...
 		}
 	}
 	return nil
+}
+func (g *gpu) loadModule(name, src string, kernels []string) error {
+	if g.ctx.Loaded(kernels) {
+		return nil
+	}
+	_, err := g.ctx.loadSource(g.nv, name, src, kernels)
+	return err
 }
 func (g *gpu) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
 	return g.blas.NewPlan(k, maxWorkspace)

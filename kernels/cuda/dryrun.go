@@ -20,6 +20,7 @@ type fakeDevice struct {
 	gemms    int
 	plans    int // GEMM plans made
 	uploads  int
+	modules  []string // generated sources loaded (loadModule)
 }
 
 // fakePlan is the dry-run device's GEMM plan; like a real algorithm it
@@ -47,38 +48,47 @@ func kernelSignatures() (map[string][]param, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, m := range sigRE.FindAllStringSubmatch(src, -1) {
-			var ps []param
-			for _, raw := range strings.Split(m[2], ",") {
-				f := strings.Fields(strings.TrimSpace(raw))
-				if len(f) < 2 {
-					return nil, fmt.Errorf("kernel %s: cannot read parameter %q", m[1], raw)
-				}
-				typ, pname := strings.Join(f[:len(f)-1], " "), strings.TrimLeft(f[len(f)-1], "*")
-				if strings.HasPrefix(f[len(f)-1], "*") {
-					typ += "*"
-				}
-				var kind string
-				switch {
-				case strings.Contains(typ, "*"):
-					kind = "ptr"
-				case typ == "unsigned long long":
-					kind = "u64"
-				case typ == "i64" || typ == "long long":
-					kind = "i64"
-				case typ == "int":
-					kind = "i32"
-				case typ == "float":
-					kind = "f32"
-				default:
-					return nil, fmt.Errorf("kernel %s: parameter type %q", m[1], typ)
-				}
-				ps = append(ps, param{pname, kind})
-			}
-			sigs[m[1]] = ps
+		if err := parseSignatures(src, sigs); err != nil {
+			return nil, err
 		}
 	}
 	return sigs, nil
+}
+
+// parseSignatures adds the parameter list of every kernel src defines to
+// sigs.
+func parseSignatures(src string, sigs map[string][]param) error {
+	for _, m := range sigRE.FindAllStringSubmatch(src, -1) {
+		var ps []param
+		for _, raw := range strings.Split(m[2], ",") {
+			f := strings.Fields(strings.TrimSpace(raw))
+			if len(f) < 2 {
+				return fmt.Errorf("kernel %s: cannot read parameter %q", m[1], raw)
+			}
+			typ, pname := strings.Join(f[:len(f)-1], " "), strings.TrimLeft(f[len(f)-1], "*")
+			if strings.HasPrefix(f[len(f)-1], "*") {
+				typ += "*"
+			}
+			var kind string
+			switch {
+			case strings.Contains(typ, "*"):
+				kind = "ptr"
+			case typ == "unsigned long long":
+				kind = "u64"
+			case typ == "i64" || typ == "long long":
+				kind = "i64"
+			case typ == "int":
+				kind = "i32"
+			case typ == "float":
+				kind = "f32"
+			default:
+				return fmt.Errorf("kernel %s: parameter type %q", m[1], typ)
+			}
+			ps = append(ps, param{pname, kind})
+		}
+		sigs[m[1]] = ps
+	}
+	return nil
 }
 
 func newFakeDevice() (*fakeDevice, error) {
@@ -138,7 +148,22 @@ func (f *fakeDevice) download(dst unsafe.Pointer, b Buffer, bytes uint64) error 
 
 func (f *fakeDevice) zero(b Buffer, bytes uint64) error { return f.within(b.Ptr, bytes) }
 func (f *fakeDevice) sync() error                       { return nil }
-func (f *fakeDevice) separateSlots() bool               { return false }
+
+// loadModule takes the kernels of a generated source: their signatures
+// check the launches that follow.
+func (f *fakeDevice) loadModule(_, src string, kernels []string) error {
+	if err := parseSignatures(src, f.sigs); err != nil {
+		return err
+	}
+	for _, k := range kernels {
+		if _, ok := f.sigs[k]; !ok {
+			return fmt.Errorf("generated module defines no kernel %s", k)
+		}
+	}
+	f.modules = append(f.modules, src)
+	return nil
+}
+func (f *fakeDevice) separateSlots() bool { return false }
 
 // nullable are the pointer parameters (kernel.parameter) a kernel accepts
 // as null besides the attention kernels' bias: the first pass of a

@@ -110,25 +110,87 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		}
 	}
 	v = v.collapse()
-	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
-	if err != nil {
-		return nil, err
-	}
 	bytes := 4 * float64(o.n) // each input read once (a broadcast one stays in cache), the output written
 	for _, x := range in {
 		bytes += 4 * float64(x.n)
 	}
-	return func() error {
-		var keys [ir.MaxFusedDraws]uint64 // this run's stream keys
+	keys := func() [ir.MaxFusedDraws]uint64 { // this run's stream keys
+		var k [ir.MaxFusedDraws]uint64
 		for i, s := range streams {
-			keys[i] = kernels.StreamKey(p.seed, s)
+			k[i] = kernels.StreamKey(p.seed, s)
 		}
 		if h, ok := p.be.dev.(costHinter); ok {
 			h.hintBytes(bytes)
 		}
+		return k
+	}
+	if !p.be.fusedInterp {
+		return p.buildFusedGen(o, in, v, dense, prog, params, keys)
+	}
+	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		k := keys()
 		return p.each("fused_ew_f32", o.n, o.buf.Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr, bufs[4].Ptr,
-			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n), keys[0], keys[1], keys[2], keys[3])
+			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n), k[0], k[1], k[2], k[3])
 	}, nil
+}
+
+// buildFusedGen launches the chain's generated kernel (fusedgen.go), which
+// the program's module defines once every node is built (loadGenerated).
+func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32, params []float32,
+	keys func() [ir.MaxFusedDraws]uint64) (func() error, error) {
+	c := fusedChain{dense: make([]bool, len(in)), prog: prog, params: params}
+	for k := range in {
+		c.dense[k] = dense[k] != 0
+		if !c.dense[k] {
+			c.rank = v.rank()
+		}
+	}
+	packed := v.pack()
+	vbuf, err := p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
+	if err != nil {
+		return nil, err
+	}
+	name := c.name()
+	if p.gen == nil {
+		p.gen = map[string]string{}
+	}
+	p.gen[name] = c.source(name)
+	args := make([]any, 0, len(in)+7)
+	args = append(args, o.buf.Ptr)
+	for _, x := range in {
+		args = append(args, x.buf.Ptr)
+	}
+	args = append(args, vbuf.Ptr, int64(o.n))
+	nk := len(args)
+	args = append(args, uint64(0), uint64(0), uint64(0), uint64(0))
+	return func() error {
+		k := keys()
+		for i := range k {
+			args[nk+i] = k[i]
+		}
+		return p.each(name, o.n, args...)
+	}, nil
+}
+
+// loadGenerated compiles and loads the module of the program's generated
+// kernels (nothing when it has none).
+func (p *program) loadGenerated() error {
+	if len(p.gen) == 0 {
+		return nil
+	}
+	src, err := fusedModule(p.gen)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(p.gen))
+	for n := range p.gen {
+		names = append(names, n)
+	}
+	return p.be.dev.loadModule("fused_gen.cu", src, names)
 }
 
 // uploadFused puts fused_ew_f32's tables on the device: input pointers,

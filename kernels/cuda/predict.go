@@ -59,6 +59,13 @@ const (
 	// plain streaming kernels (unary, dropout, copies, the bf16 conversion)
 	// took 1.0–1.4×.
 	viewStream = 0.28
+	// interpStream: fused_ew_f32, the chain interpreter (ClassInterp), moved
+	// its 47.6 GB per paper step (T = 768) in 51.2 ms on an H200
+	// (2026-11-26, less the launch floor): 0.93 TB/s, 0.19 of the HBM
+	// bandwidth; Nsight Compute found it bound by its instructions (69% SM
+	// throughput, 35% memory). The view rate above had been fitted to its
+	// earlier form with fewer steps per chain.
+	interpStream = 0.19
 	// memLatency: the latency of one dependent global load, seconds.
 	memLatency = 600e-9
 	// inflightStream / inflightSerial: bytes in flight per thread for
@@ -157,8 +164,11 @@ type Prediction struct {
 // eventTime is the roofline time of one event and what bounds it.
 func (h Hardware) eventTime(e Event) (float64, string) {
 	bw := hbmStream * h.HBMTBs * 1e12
-	if e.Class == ClassView {
+	switch e.Class {
+	case ClassView:
 		bw = viewStream * h.HBMTBs * 1e12
+	case ClassInterp:
+		bw = interpStream * h.HBMTBs * 1e12
 	}
 	switch e.Kind {
 	case EvH2D, EvD2H:

@@ -328,25 +328,50 @@ func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) [
 
 // TestTraceFusedBytes: a FusedElementwise launch is charged its inputs'
 // own sizes (a broadcast one counted once) and its output, which the
-// backend states (costHinter) since fused_ew_f32's arguments cannot.
+// backend states (costHinter) since the kernels' arguments cannot; a
+// generated chain is reported by kind (a broadcast input: the view class;
+// every input dense: a stream), the interpreter (RPAC_CUDA_FUSED=interp)
+// as fused_ew_f32.
 func TestTraceFusedBytes(t *testing.T) {
-	g := ir.New("fused")
-	x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
-	y := g.Input("y", ir.Shape{7}, ir.F32)
-	body := ir.FusedBody{{Op: "Add", Args: []int{0, 1}}, {Op: "Neg", Args: []int{2}}}
-	g.SetOutput("o", g.Apply("FusedElementwise", ir.Attrs{"shape": []int{3, 5, 7}, "body": body}, x, y)[0])
-	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, ir.Shape{7})}
-	n := 0
-	for _, e := range dryRunEvents(t, g, feeds) {
-		if e.Name == "fused_ew_f32" {
-			n++
-			if want := 4.0 * (105 + 7 + 105); e.Bytes != want {
-				t.Errorf("fused_ew_f32 charged %g bytes, want %g", e.Bytes, want)
-			}
-		}
+	cases := []struct {
+		name, env, kernel string
+		y                 ir.Shape
+		class             CostClass
+	}{
+		{"generated, broadcast", "", fusedGenView, ir.Shape{7}, ClassView},
+		{"generated, dense", "", fusedGenDense, ir.Shape{3, 5, 7}, ClassStream},
+		{"interpreter", "interp", "fused_ew_f32", ir.Shape{7}, ClassInterp},
 	}
-	if n != 1 {
-		t.Fatalf("%d fused_ew_f32 launches traced, want 1", n)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("RPAC_CUDA_FUSED", c.env)
+			g := ir.New("fused")
+			x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
+			y := g.Input("y", c.y, ir.F32)
+			body := ir.FusedBody{{Op: "Add", Args: []int{0, 1}}, {Op: "Neg", Args: []int{2}}}
+			g.SetOutput("o", g.Apply("FusedElementwise", ir.Attrs{"shape": []int{3, 5, 7}, "body": body}, x, y)[0])
+			feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, c.y)}
+			n := 0
+			for _, e := range dryRunEvents(t, g, feeds) {
+				if e.Kind != EvLaunch || strings.HasPrefix(e.Name, "copy") {
+					continue
+				}
+				if e.Name != c.kernel {
+					t.Errorf("launch of %s, want %s", e.Name, c.kernel)
+					continue
+				}
+				n++
+				if want := 4.0 * float64(105+c.y.Numel()+105); e.Bytes != want {
+					t.Errorf("%s charged %g bytes, want %g", e.Name, e.Bytes, want)
+				}
+				if e.Class != c.class {
+					t.Errorf("%s in class %v, want %v", e.Name, e.Class, c.class)
+				}
+			}
+			if n != 1 {
+				t.Fatalf("%d %s launches traced, want 1", n, c.kernel)
+			}
+		})
 	}
 }
 

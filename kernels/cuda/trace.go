@@ -52,10 +52,14 @@ const (
 	// which work out every operand's multi-dimensional index per element
 	// (64-bit divisions): memory-bound at viewStream of the bandwidth.
 	ClassView
+	// ClassInterp: fused_ew_f32, which interprets its chain per element
+	// (RPAC_CUDA_FUSED=interp): bound by its instructions, charged at
+	// interpStream of the bandwidth for the bytes it moves.
+	ClassInterp
 )
 
 func (c CostClass) String() string {
-	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma", "view"}[c]
+	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma", "view", "interp"}[c]
 }
 
 // Event is one traced device call with its estimated work: Flops that
@@ -262,8 +266,17 @@ func (d *tracedDevice) zero(b Buffer, bytes uint64) error {
 	return d.device.zero(b, bytes)
 }
 
+// loadModule takes the generated kernels' signatures, which their costs
+// read, and loads them.
+func (d *tracedDevice) loadModule(name, src string, kernels []string) error {
+	if err := parseSignatures(src, d.sigs); err != nil {
+		return err
+	}
+	return d.device.loadModule(name, src, kernels)
+}
+
 func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
-	e := Event{Kind: EvLaunch, Name: name,
+	e := Event{Kind: EvLaunch, Name: reportName(name),
 		Threads: int64(grid[0]) * int64(grid[1]) * int64(grid[2]) * int64(block[0]) * int64(block[1]) * int64(block[2])}
 	e.Blocks = int64(grid[0]) * int64(grid[1]) * int64(grid[2])
 	kernelCost(&e, kargs{d.sigs[name], args}, grid)
@@ -352,8 +365,10 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	n := a.i("n")
 	e.Class = ClassStream
 	switch e.Name {
-	case "binary_f32", "gather_view_f32", "scatter_view_f32", "fused_ew_f32":
+	case "binary_f32", "gather_view_f32", "scatter_view_f32", fusedGenView:
 		e.Class = ClassView
+	case "fused_ew_f32":
+		e.Class = ClassInterp
 	}
 	switch e.Name {
 	case "copy_words", "unary_f32", "dropout_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "add_rows_f32",
@@ -365,6 +380,10 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
 	case "grad_unary_f32", "binary_f32", "binary_dense_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
+	case fusedGenDense, fusedGenView:
+		// the backend states the inputs' sizes (costHinter); without
+		// that, one input and the output
+		e.Bytes = 2 * w * n
 	case "fused_ew_f32":
 		// every input counted at the output's size: an upper bound (a
 		// broadcast input is smaller and stays in L2); the backend states

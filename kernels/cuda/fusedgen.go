@@ -1,0 +1,142 @@
+package cuda
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+)
+
+// Generated elementwise chains. fused_ew_f32 (src/fused.cu) interprets a
+// FusedElementwise body per element: a switch over the step kinds and op
+// codes, its registers in shared memory. On an H200 that interpreter was
+// bound by its instructions (Nsight Compute: 69% SM throughput, 35% of the
+// memory bandwidth), not by the bytes it moves. So each chain of a program
+// becomes a kernel of its own instead: the steps as straight-line code over
+// local variables, the op codes and parameters as constants (the prelude's
+// ew_* switches fold away), the dense inputs read at i without a view. All
+// chains of one program are one NVRTC module, compiled when the program is
+// (cached on disk like the embedded sources). The formulas are the
+// interpreter's, step for step.
+
+// fusedGenPrefix starts every generated chain kernel's name.
+const fusedGenPrefix = "fused_gen_"
+
+// The names the trace gives the generated chain kernels: those that read
+// every input at i (costed as streams, like binary_dense_f32) and those
+// with a broadcast input read through the view (like binary_f32).
+const (
+	fusedGenDense = "fused_gen_f32"
+	fusedGenView  = "fused_gen_view_f32"
+)
+
+// reportName is the name a launch of kernel name is reported under: the
+// generated chains by kind, every other kernel by its own name.
+func reportName(name string) string {
+	switch {
+	case strings.HasPrefix(name, fusedGenPrefix+"view_"):
+		return fusedGenView
+	case strings.HasPrefix(name, fusedGenPrefix):
+		return fusedGenDense
+	}
+	return name
+}
+
+// fusedChain is one FusedElementwise body as fused_ew_f32 would run it:
+// the encoded steps (fusedStep) and how each input is read.
+type fusedChain struct {
+	dense  []bool // input k has the output's shape
+	rank   int    // of the collapsed view (0: every input dense)
+	prog   []int32
+	params []float32
+}
+
+// source is the chain's kernel. Its parameters: out, the inputs x0..,
+// view (dims, then a stride row per input, as fused_ew_f32 takes it), n,
+// and the four stream keys.
+func (c fusedChain) source(name string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "extern \"C\" __global__ void %s(float* out", name)
+	for k := range c.dense {
+		fmt.Fprintf(&b, ", const float* x%d", k)
+	}
+	b.WriteString(", const i64* view, i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
+	b.WriteString("    GRID_STRIDE(i, n) {\n")
+	for k, d := range c.dense {
+		if d {
+			fmt.Fprintf(&b, "        float r%d = x%d[i];\n", k, k)
+		} else {
+			fmt.Fprintf(&b, "        float r%d = x%d[view_offset_n(i, n, view, view + %d, %d)];\n", k, k, (1+k)*c.rank, c.rank)
+		}
+	}
+	nin := len(c.dense)
+	for j := 0; j < len(c.prog)/4; j++ {
+		s, q := c.prog[4*j:4*j+4], c.params[3*j:3*j+3]
+		fmt.Fprintf(&b, "        float r%d = %s;\n", nin+j, fusedExpr(fusedStepKind(s[0]), s, q))
+	}
+	fmt.Fprintf(&b, "        out[i] = r%d;\n    }\n}\n", nin+len(c.prog)/4-1)
+	return b.String()
+}
+
+// fusedExpr is one step's right-hand side, fused_ew_f32's formula for it
+// with the op code and parameters written as constants (floats by their
+// bits, so they are exact).
+func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
+	f := func(x float32) string { return fmt.Sprintf("__uint_as_float(0x%08xu)", math.Float32bits(x)) }
+	switch kind {
+	case fusedBinary:
+		return fmt.Sprintf("ew_binary(%d, r%d, r%d)", s[1], s[2], s[3])
+	case fusedUnary:
+		return fmt.Sprintf("ew_unary(%d, r%d, %s, %s, %s)", s[1], s[2], f(q[0]), f(q[1]), f(q[2]))
+	case fusedGrad:
+		return fmt.Sprintf("ew_grad(%d, r%d, r%d, %s, %s)", s[1], s[2], s[3], f(q[0]), f(q[1]))
+	}
+	// a drawing step: key slot s[1]; everything kept (q[2] != 0) draws
+	// against 2³², which no 32-bit draw reaches
+	thresh := uint64(math.Float32bits(q[1]))
+	if q[2] != 0 {
+		thresh = 1 << 32
+	}
+	return fmt.Sprintf("r%d * dropout_scale(k%d, i, 0x%xull, %s)", s[2], s[1], thresh, f(q[0]))
+}
+
+// name is the chain's kernel name: a hash of what the kernel does, so
+// equal chains share one kernel within and across programs.
+func (c fusedChain) name() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d %v %v %v", c.rank, c.dense, c.prog, c.params)
+	kind := ""
+	if c.rank > 0 {
+		kind = "view_"
+	}
+	return fusedGenPrefix + kind + hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// fusedModule is the source of one module holding the given chain kernels
+// (name → body), in name order, after the prelude.
+func fusedModule(kernels map[string]string) (string, error) {
+	pre, err := sourceFS.ReadFile("src/prelude.cuh")
+	if err != nil {
+		return "", err
+	}
+	names := make([]string, 0, len(kernels))
+	for n := range kernels {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.Write(pre)
+	b.WriteString("\n#line 1 \"fused_gen.cu\"\n")
+	for _, n := range names {
+		b.WriteString(kernels[n])
+	}
+	return b.String(), nil
+}
+
+// fusedInterpreter: RPAC_CUDA_FUSED=interp runs every chain on
+// fused_ew_f32, the interpreter, instead of generated kernels (to compare
+// the two on a GPU).
+func fusedInterpreter() bool { return os.Getenv("RPAC_CUDA_FUSED") == "interp" }

@@ -1,0 +1,162 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+// fusedCases are the FusedElementwise cases of the op table, and one chain
+// with every unary and gradient op the generator writes.
+func fusedCases() []opCase {
+	var out []opCase
+	for _, c := range append(opCases(), awkwardCases()...) {
+		if c.op == "FusedElementwise" {
+			out = append(out, c)
+		}
+	}
+	s := ir.Shape{4, 6}
+	out = append(out, opCase{op: "FusedElementwise", pos: true, attrs: ir.Attrs{"shape": []int{4, 6}, "body": ir.FusedBody{
+		{Op: "Log", Args: []int{0}},                                                  // 2
+		{Op: "Exp", Args: []int{2}},                                                  // 3
+		{Op: "Neg", Args: []int{3}},                                                  // 4
+		{Op: "Sigmoid", Args: []int{4}},                                              // 5
+		{Op: "Tanh", Args: []int{5}},                                                 // 6
+		{Op: "ReLU", Args: []int{6}},                                                 // 7
+		{Op: "NanToNum", Attrs: ir.Attrs{"nan": 0.5}, Args: []int{7}},                // 8
+		{Op: "SigmoidGrad", Args: []int{1, 5}},                                       // 9
+		{Op: "TanhGrad", Args: []int{9, 6}},                                          // 10
+		{Op: "ReLUGrad", Args: []int{10, 4}},                                         // 11
+		{Op: "ClampGrad", Attrs: ir.Attrs{"lo": 0.1, "hi": 0.9}, Args: []int{11, 5}}, // 12
+		{Op: "NanToNumGrad", Args: []int{12, 8}},                                     // 13
+		{Op: "Div", Args: []int{13, 0}},                                              // 14
+		{Op: "StopGradient", Args: []int{14}},                                        // 15
+	}}, in: []ir.Shape{s, {1, 6}}})
+	return out
+}
+
+// TestFusedGenCompiles: the generated kernels of every fused case compile
+// with NVRTC for Ampere and Hopper, each kernel the backend launches is in
+// the module, and the module holds one kernel per distinct chain.
+func TestFusedGenCompiles(t *testing.T) {
+	n := nvrtcOrSkip(t)
+	if n.Simulated() {
+		t.Skip("the simulator's NVRTC writes no PTX (TestSimFusedGenMatchesInterpreter runs these kernels there)")
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	cases := fusedCases()
+	f := mustFake(t)
+	be := newBackend(f, GEMMF32)
+	launched := map[string]bool{}
+	for _, c := range cases {
+		cg, cf := caseGraph(c, r)
+		prog, err := be.Compile(cg, passes.Plan(cg), kernels.NewStore(kernels.F32))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := prog.Run(cf, 1); err != nil {
+			t.Fatal(err)
+		}
+		prog.Close()
+	}
+	for k := range f.launches {
+		if strings.HasPrefix(k, fusedGenPrefix) {
+			launched[k] = true
+		}
+	}
+	if len(launched) != len(cases) {
+		t.Errorf("%d generated kernels launched for %d distinct chains", len(launched), len(cases))
+	}
+	if len(f.modules) != len(cases) {
+		t.Fatalf("%d modules loaded for %d programs", len(f.modules), len(cases))
+	}
+	entry := regexp.MustCompile(`extern "C" __global__ void (` + fusedGenPrefix + `\w+)\(`)
+	for _, src := range f.modules {
+		names := entry.FindAllStringSubmatch(src, -1)
+		if len(names) == 0 {
+			t.Fatalf("a generated module defines no kernel:\n%s", src)
+		}
+		for _, arch := range []string{"compute_80", "compute_90"} {
+			ptx, err := n.CompilePTX("fused_gen.cu", src, arch)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, src[strings.Index(src, "#line 1 \"fused_gen.cu\""):])
+			}
+			for _, m := range names {
+				if !strings.Contains(ptx, ".entry "+m[1]+"(") {
+					t.Errorf("%s: kernel %s missing from the PTX", arch, m[1])
+				}
+				delete(launched, m[1])
+			}
+		}
+		if _, err := n.CompileCUBIN("fused_gen.cu", src, "sm_90"); err != nil {
+			t.Errorf("sm_90 cubin: %v", err)
+		}
+	}
+	for k := range launched {
+		t.Errorf("kernel %s launched but in no module", k)
+	}
+}
+
+// TestSimFusedGenMatchesInterpreter: on the simulator (or a GPU) every
+// fused case's generated kernel gives the interpreter's result
+// (RPAC_CUDA_FUSED=interp): bit for bit on the simulator, whose compiler
+// contracts no multiply-add, within float32 rounding on a GPU, whose
+// compiler may contract across the generated steps. Both are checked
+// against the CPU backend by TestSimOpParity's cases too.
+func TestSimFusedGenMatchesInterpreter(t *testing.T) {
+	d := parityDevice(t)
+	cases := fusedCases()
+	run := func(interp string) []map[string][]float32 {
+		t.Setenv("RPAC_CUDA_FUSED", interp)
+		be := gpuBackend(t, GEMMF32)
+		r := rand.New(rand.NewPCG(41, 42))
+		var outs []map[string][]float32
+		for _, c := range cases {
+			g, feeds := caseGraph(c, r)
+			prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := prog.Run(feeds, 1); err != nil {
+				t.Fatal(err)
+			}
+			o := map[string][]float32{}
+			for name := range g.Outputs {
+				o[name] = append([]float32(nil), prog.Output(name).F32...)
+			}
+			prog.Close()
+			outs = append(outs, o)
+		}
+		if gen := be.dev.(*gpu).ctx.loadedWithPrefix(fusedGenPrefix); (interp == "") != (gen > 0) {
+			t.Fatalf("RPAC_CUDA_FUSED=%q: %d generated kernels loaded", interp, gen)
+		}
+		return outs
+	}
+	gen, interp := run(""), run("interp")
+	tol := 0.0
+	if !d.Simulated() {
+		tol = 1e-6
+	}
+	for i, c := range cases {
+		for name, want := range interp[i] {
+			got := gen[i][name]
+			worst := 0.0
+			for j := range want {
+				a, b := float64(got[j]), float64(want[j])
+				if math.IsNaN(a) != math.IsNaN(b) {
+					t.Fatalf("case %d (%s) %s[%d]: generated %g, interpreter %g", i, c.op, name, j, a, b)
+				}
+				worst = max(worst, math.Abs(a-b)/max(1, math.Abs(b)))
+			}
+			if worst > tol {
+				t.Errorf("case %d %s: generated and interpreter differ by %.3g (relative), limit %g", i, name, worst, tol)
+			}
+		}
+	}
+}
