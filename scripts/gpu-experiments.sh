@@ -21,10 +21,23 @@
 #   mqar-sweep  the same three models, one seed, at each LEN:PAIRS of
 #               RPAC_EXP_SWEEP (default "512:32 1024:64"; 4·LEN tokens per
 #               step), sharing the experiment's time: where each breaks;
+#   mqar-prior  the two fuzzy models at 64 tokens and 4 pairs (smeared keys,
+#               no position embedding: the CPU comparison, where neither
+#               learned in 1,500 steps), 4,000 steps, the prior ramped in
+#               over each --warm-in of RPAC_EXP_WARMIN (default "50 2000
+#               100000": the preset's, half the run, about off;
+#               RPAC_EXP_PRIOR_SEEDS, default 3): whether the prior's
+#               strength is what keeps them from the lookup (not in the
+#               default list);
 #   wikitext    the stepwise ablation at the tiny preset, 200 steps, train on
 #               the test split, evaluate on valid (RPAC_EXP_ABL_SEEDS,
-#               default 20: about what separates 0.02 nats).
-# RPAC_EXPERIMENTS (default "mqar mqar-sweep wikitext") picks them;
+#               default 20: about what separates 0.02 nats; run on an H200
+#               on 2026-11-26, docs/RESULTS.md);
+#   wikitext-small  the prior's stage against the baseline (stages baseline
+#               and cg_align) at the small preset, 200 steps, same protocol
+#               (RPAC_EXP_SMALL_SEEDS, default 10): the issue's point at a
+#               larger model.
+# RPAC_EXPERIMENTS (default "mqar mqar-sweep wikitext-small") picks them;
 # RPAC_EXP_DEVICE (default cuda) and RPAC_EXP_STEPS (default 3,000 and 200)
 # make a dry run of the script elsewhere, e.g. RPAC_EXP_DEVICE=cpu
 # RPAC_EXP_STEPS=4. Each writes OUT/<name>.md (the ablations' tables, or
@@ -44,7 +57,7 @@ libdirs="$(find "${roots[@]}" \( -name 'libnvrtc.so*' -o -name 'libcublasLt.so*'
 export RPAC_CUDA_LIBS="${RPAC_CUDA_LIBS:+$RPAC_CUDA_LIBS:}$libdirs"
 export RPAC_CUDA_CACHE="${RPAC_CUDA_CACHE:-$work/cuda-cache}"
 
-exps=(${RPAC_EXPERIMENTS:-mqar mqar-sweep wikitext})
+exps=(${RPAC_EXPERIMENTS:-mqar mqar-sweep wikitext-small})
 share=$(( ${RPAC_EXP_BUDGET:-480} / ${#exps[@]} ))
 rc=0
 # complete DIR N: how many seeds from 1 every stage of the ablation in DIR
@@ -132,11 +145,23 @@ for e in "${exps[@]}"; do
 		for st in "${settings[@]}"; do
 			ablate "mqar-L${st%%:*}-P${st##*:}" 1 $((share / ${#settings[@]})) $(mqar_args "${st%%:*}" "${st##*:}" "${RPAC_EXP_STEPS:-3000}")
 		done ;;
+	mqar-prior)
+		echo '{"smear_keys": true, "pos_init": "none"}' >"$work/mqar-prior.json"
+		warms=(${RPAC_EXP_WARMIN:-50 2000 100000})
+		for w in "${warms[@]}"; do
+			ablate "mqar-prior-W$w" "${RPAC_EXP_PRIOR_SEEDS:-3}" $((share / ${#warms[@]})) --dataset mqar --mqar-len 64 --mqar-pairs 4 \
+				--mqar-vocab 128 --preset tiny --contexts 32,64 --tokens-per-step 2048 --stages fuzzy_legacy,fuzzy_rpa \
+				--config "$work/mqar-prior.json" --steps "${RPAC_EXP_STEPS:-4000}" --lr 1e-3 --lr-flat 1 --eval-every 250 \
+				--eval-batches 8 --warm-in "$w" --device "${RPAC_EXP_DEVICE:-cuda}" --precision fp32
+		done ;;
 	wikitext)
 		ablate wikitext "${RPAC_EXP_ABL_SEEDS:-20}" "$share" --preset tiny --dataset wikitext2 --data-dir bin/data --train-split test --eval-split valid \
 			--steps "${RPAC_EXP_STEPS:-200}" --device "${RPAC_EXP_DEVICE:-cuda}" ;;
+	wikitext-small)
+		ablate wikitext-small "${RPAC_EXP_SMALL_SEEDS:-10}" "$share" --preset small --dataset wikitext2 --data-dir bin/data --train-split test \
+			--eval-split valid --stages baseline,cg_align --steps "${RPAC_EXP_STEPS:-200}" --device "${RPAC_EXP_DEVICE:-cuda}" ;;
 	*)
-		echo "gpu-experiments: unknown experiment $e (mqar, mqar-sweep, wikitext)" >&2
+		echo "gpu-experiments: unknown experiment $e (mqar, mqar-sweep, mqar-prior, wikitext, wikitext-small)" >&2
 		rc=1 ;;
 	esac
 done

@@ -48,6 +48,7 @@ func ablateFlags() []cli.Flag {
 		&cli.IntFlag{Name: "eval-batches", Value: 4, Usage: "batches per in-run evaluation (0: the whole split)"},
 		&cli.IntFlag{Name: "final-eval-batches", Value: 24, Usage: "batches of the final evaluation that the table reports (0: the whole split)"},
 		&cli.Float64Flag{Name: "lr", Usage: "peak learning rate (default: the preset's)"},
+		&cli.IntFlag{Name: "warm-in", Value: -1, Usage: "steps over which the attention bias (prior) ramps in, for every stage (default: the preset's)"},
 		&cli.Float64Flag{Name: "lr-flat", Usage: "fraction of steps at the peak LR before the cosine, for every stage (default: each stage's own)"},
 		&cli.Float64Flag{Name: "lr-floor", Usage: "LR floor as a fraction of the peak, for every stage (default: each stage's own)"},
 		&cli.StringFlag{Name: "stages", Usage: "comma-separated stages: baseline,cg_align,guardian_late,swa_select (default: these four), or the comparison stages transformer,fuzzy_legacy,fuzzy_rpa"},
@@ -132,7 +133,10 @@ func ablationOptions(c *cli.Context) (training.AblationOptions, error) {
 		TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"), Steps: steps,
 		TokensPerStep: c.Int("tokens-per-step"), EvalEvery: cmp.Or(c.Int("eval-every"), max(1, steps/10)), EvalBatches: c.Int("eval-batches"),
 		FinalEvalBatches: finalBatches, Seed: c.Uint64("seed"), Out: c.String("out"), LR: c.Float64("lr"),
-		Dropout: -1, WarmIn: -1, GradClip: 1, ConfigFile: c.String("config"), Sizes: sizesFromFlags(c),
+		Dropout: -1, GradClip: 1, ConfigFile: c.String("config"), Sizes: sizesFromFlags(c),
+	}
+	if base.WarmIn, err = warmInFlag(c); err != nil {
+		return training.AblationOptions{}, err
 	}
 	if err := applyRunFlags(c, &base); err != nil {
 		return training.AblationOptions{}, err

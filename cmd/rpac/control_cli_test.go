@@ -24,6 +24,7 @@ func TestControlFlagErrors(t *testing.T) {
 		{"ablate no seeds", []string{"ablate", "--dataset", "synthetic", "--seeds", "0"}, "seeds"},
 		{"ablate bad loss", []string{"ablate", "--dataset", "synthetic", "--loss", "some", "--steps", "1"}, "loss"},
 		{"ablate bad eval lengths", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64,x", "--steps", "1"}, "--eval-lengths"},
+		{"ablate negative warm-in", []string{"ablate", "--dataset", "synthetic", "--warm-in", "-3", "--steps", "1"}, "--warm-in"},
 		{"ablate negative eval tokens", []string{"ablate", "--dataset", "synthetic", "--eval-lengths", "64", "--eval-lengths-tokens", "-2"}, "--eval-lengths-tokens"},
 		{"ablate size flags reach the model", []string{"ablate", "--dataset", "synthetic", "--heads", "3", "--steps", "1"}, "not divisible by heads 3"},
 		{"ablate config reaches the model", []string{"ablate", "--dataset", "synthetic", "--config", "/nonexistent/cfg.json", "--steps", "1"}, "cfg.json does not exist"},

@@ -333,6 +333,15 @@ func memoryFlags(c *cli.Context) (micro int, budget int64, err error) {
 
 // applyRunFlags reads the flags of memoryFlagDefs (where the run trains,
 // in what precision and memory) into o.
+// warmInFlag is --warm-in: steps ≥ 0, or -1 (unset: the preset's).
+func warmInFlag(c *cli.Context) (int, error) {
+	w := c.Int("warm-in")
+	if c.IsSet("warm-in") && w < 0 {
+		return 0, fmt.Errorf("--warm-in %d: want 0 or more steps", w)
+	}
+	return w, nil
+}
+
 func applyRunFlags(c *cli.Context, o *training.Options) error {
 	micro, budget, err := memoryFlags(c)
 	if err != nil {
@@ -392,8 +401,8 @@ func checkTrainFlags(c *cli.Context) error {
 	if d := c.Float64("dropout"); c.IsSet("dropout") && !(d >= 0 && d < 1) {
 		return fmt.Errorf("--dropout %v: want a rate in [0,1)", d)
 	}
-	if w := c.Int("warm-in"); c.IsSet("warm-in") && w < 0 {
-		return fmt.Errorf("--warm-in %d: want 0 or more steps", w)
+	if _, err := warmInFlag(c); err != nil {
+		return err
 	}
 	if lr := c.Float64("lr"); c.IsSet("lr") && !(lr > 0 && !math.IsInf(lr, 0)) {
 		return fmt.Errorf("--lr %v: want a positive, finite learning rate", lr)
