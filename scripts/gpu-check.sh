@@ -40,6 +40,10 @@
 #            (the CPU binary is built without OpenBLAS: on
 #            a 16-core H200 host it trains the tiny preset at 0.69 step/s);
 #   resume   exact resume on CUDA (10 steps + 10 resumed = 20 straight);
+#   predict  rpac bench train --predict --measure at the paper (T = 768) and
+#            tiny presets, the paper step again with the chain interpreter
+#            (RPAC_CUDA_FUSED=interp), and rpac bench gemm-algos on the paper
+#            step's GEMM shapes (cuBLASLt's first 8 candidates each);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
 #            bf16 and fp32;
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
@@ -156,6 +160,9 @@ if want predict; then
 	check predict-tiny bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --preset tiny
 	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
+	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain
+	check gemm-algos bin/rpac bench gemm-algos --algos 8 --reps 10 --shapes \
+		1024x50257x510:NT:50264,1024x510x50257,50257x510x1024:TN,24576x1020x510:NT,24576x1020x510,24576x510x1020:NT,24576x510x1020,24576x510x510:NT,24576x510x510,510x510x24576:TN,1020x510x24576:TN,510x1020x24576:TN
 fi
 
 # CUDA vs CPU, 40 tiny steps, same seed.

@@ -16,8 +16,9 @@ import (
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this machine: gemm | train | infer | generate | serve",
+		Usage: "measure this machine: gemm | gemm-algos | train | infer | generate | serve",
 		Subcommands: []*cli.Command{
+			benchGemmAlgosCommand(),
 			{
 				Name:  "gemm",
 				Usage: "GFLOP/s of the CPU GEMM (n×n×n)",

@@ -29,6 +29,10 @@ func TestControlFlagErrors(t *testing.T) {
 		{"ablate size flags reach the model", []string{"ablate", "--dataset", "synthetic", "--heads", "3", "--steps", "1"}, "not divisible by heads 3"},
 		{"ablate config reaches the model", []string{"ablate", "--dataset", "synthetic", "--config", "/nonexistent/cfg.json", "--steps", "1"}, "cfg.json does not exist"},
 		{"bench train size flags reach the model", []string{"bench", "train", "--preset", "mqar", "--heads", "3"}, "not divisible by heads 3"},
+		{"gemm-algos on the cpu", []string{"bench", "gemm-algos", "--device", "cpu", "--shapes", "8x8x8"}, "cuda or cuda-sim"},
+		{"gemm-algos bad shape", []string{"bench", "gemm-algos", "--shapes", "8x8x8,8x8"}, "GEMM shape \"8x8\""},
+		{"gemm-algos bad transposes", []string{"bench", "gemm-algos", "--shapes", "8x8x8:NX"}, "NN, NT, TN, TT"},
+		{"gemm-algos no algorithms", []string{"bench", "gemm-algos", "--shapes", "8x8x8", "--algos", "0"}, "--algos"},
 		{"plot without run", []string{"plot"}, "run directory"},
 		{"plot of a non-run", []string{"plot", "/nonexistent/run"}, "metrics.jsonl"},
 	}

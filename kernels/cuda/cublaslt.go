@@ -271,30 +271,78 @@ func (b *BLAS) describeBias(p *GemmPlan) error {
 
 // chooseAlgo asks cublasLtMatmulAlgoGetHeuristic for the plan's algorithm.
 func (b *BLAS) chooseAlgo(p *GemmPlan, maxWorkspace uint64) error {
+	res, err := b.heuristics(p, maxWorkspace, 1)
+	if err != nil {
+		return err
+	}
+	p.res = res[0]
+	return nil
+}
+
+// heuristics asks cublasLtMatmulAlgoGetHeuristic for up to n algorithms
+// for the plan's descriptor and layouts that need at most maxWorkspace
+// bytes of workspace and work with the key's pointer alignments, best
+// first; at least one, or an error.
+func (b *BLAS) heuristics(p *GemmPlan, maxWorkspace uint64, n int) ([]heuristicResult, error) {
 	var pref uintptr
 	if r := b.prefNew(&pref); r != 0 {
-		return fmt.Errorf("cublasLtMatmulPreferenceCreate: status %d", r)
+		return nil, fmt.Errorf("cublasLtMatmulPreferenceCreate: status %d", r)
 	}
 	defer b.prefDel(pref)
 	if r := b.prefSet(pref, prefMaxWorkspace, unsafe.Pointer(&maxWorkspace), 8); r != 0 {
-		return fmt.Errorf("cuBLASLt MAX_WORKSPACE_BYTES: status %d", r)
+		return nil, fmt.Errorf("cuBLASLt MAX_WORKSPACE_BYTES: status %d", r)
 	}
 	// cuBLASLt's A is our B, its B our A; C and D are our C.
 	al := p.Key.Align
 	for i, a := range []uint16{al[1], al[0], al[2], al[2]} {
 		v := uint32(a)
 		if r := b.prefSet(pref, prefMinAlignmentA+int32(i), unsafe.Pointer(&v), 4); r != 0 {
-			return fmt.Errorf("cuBLASLt MIN_ALIGNMENT %d: status %d", i, r)
+			return nil, fmt.Errorf("cuBLASLt MIN_ALIGNMENT %d: status %d", i, r)
 		}
 	}
-	var n int32
-	if r := b.heur(b.lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, unsafe.Pointer(&p.res), &n); r != 0 {
-		return fmt.Errorf("cublasLtMatmulAlgoGetHeuristic %+v: status %d", p.Key, r)
+	res := make([]heuristicResult, n)
+	var got int32
+	if r := b.heur(b.lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, int32(n), unsafe.Pointer(&res[0]), &got); r != 0 {
+		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic %+v: status %d", p.Key, r)
 	}
-	if n < 1 || p.res.state != 0 {
-		return fmt.Errorf("cublasLtMatmulAlgoGetHeuristic %+v: no algorithm (%d results, state %d)", p.Key, n, p.res.state)
+	res = res[:min(int(got), n)]
+	for i, x := range res {
+		if x.state != 0 {
+			res = res[:i]
+			break
+		}
 	}
-	return nil
+	if len(res) == 0 {
+		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic %+v: no algorithm (%d results)", p.Key, got)
+	}
+	return res, nil
+}
+
+// candidatePlans makes one plan per algorithm of the heuristic's first n
+// for key (TimeGemmAlgos), rank 0 first: the algorithm NewPlan takes.
+func (b *BLAS) candidatePlans(k GemmKey, maxWorkspace uint64, n int) ([]*GemmPlan, error) {
+	first, err := b.NewPlan(k, maxWorkspace)
+	if err != nil {
+		return nil, err
+	}
+	res, err := b.heuristics(first, maxWorkspace, n)
+	if err != nil {
+		b.DestroyPlan(first)
+		return nil, err
+	}
+	plans := []*GemmPlan{first}
+	for _, r := range res[1:] {
+		p := &GemmPlan{Key: k, res: r}
+		if err := b.describe(p); err != nil {
+			b.DestroyPlan(p)
+			for _, q := range plans {
+				b.DestroyPlan(q)
+			}
+			return nil, err
+		}
+		plans = append(plans, p)
+	}
+	return plans, nil
 }
 
 // DestroyPlan frees a plan's descriptor and layouts.

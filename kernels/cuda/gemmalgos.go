@@ -1,0 +1,217 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+	"unsafe"
+)
+
+// AlgoTime is one cuBLASLt algorithm's time on a GEMM (TimeGemmAlgos).
+type AlgoTime struct {
+	Rank      int     // its place in the heuristic's list (0: the one a plan takes)
+	Workspace uint64  // bytes
+	Waves     float32 // the heuristic's wave count
+	Seconds   float64 // median of the timed runs, each between two synchronizations
+	// MaxDiff: the largest |C − C₀| over the first rows of C, relative to
+	// max |C₀|, C₀ the result of rank 0 (the algorithms must agree to the
+	// precision's rounding).
+	MaxDiff float64
+}
+
+// gemmProbeWorkspace is the workspace the candidates may use: the plans'
+// (bf16Workspace in ops.go).
+const gemmProbeWorkspace = 32 << 20
+
+// gemmProbeCompare is how many elements of C are compared between ranks.
+const gemmProbeCompare = 1 << 20
+
+// TimeGemmAlgos times the first algos algorithms cuBLASLt's heuristic
+// lists for C = A·B of shape s (operands of dtype ab, random in [−1, 1),
+// fresh 256-byte-aligned buffers, β = 0, no bias), each the median of reps
+// runs after one warm-up, and checks each result against rank 0's. It is
+// what a plan would gain from timing the candidates instead of taking the
+// heuristic's first (on a GPU; the simulator lists one algorithm).
+func (b *Backend) TimeGemmAlgos(s GemmShape, ab DType, algos, reps int) ([]AlgoTime, error) {
+	g, ok := b.dev.(*gpu)
+	if !ok {
+		return nil, fmt.Errorf("timing GEMM algorithms needs a GPU or the simulator")
+	}
+	if s.Batch > 1 || s.M <= 0 || s.N <= 0 || s.K <= 0 || algos < 1 || reps < 1 {
+		return nil, fmt.Errorf("GEMM %dx%dx%d (batch %d), %d algorithms, %d runs: want one positive problem, ≥ 1 of each", s.M, s.N, s.K, s.Batch, algos, reps)
+	}
+	s.Batch = 1
+	unbind, err := g.bind()
+	if err != nil {
+		return nil, err
+	}
+	defer unbind()
+	var bufs []Buffer
+	defer func() {
+		for _, x := range bufs {
+			g.free(x)
+		}
+	}()
+	alloc := func(bytes uint64) (Buffer, error) {
+		x, err := g.alloc(bytes)
+		if err == nil {
+			bufs = append(bufs, x)
+		}
+		return x, err
+	}
+	ra, _ := s.storedA()
+	rb, _ := s.storedB()
+	var call GemmCall
+	call.Alpha = 1
+	if call.A, err = randomOperand(g, alloc, ra*s.lda(), ab); err != nil {
+		return nil, err
+	}
+	if call.B, err = randomOperand(g, alloc, rb*s.ldb(), ab); err != nil {
+		return nil, err
+	}
+	cElems := s.M * s.ldc()
+	if call.C, err = alloc(uint64(4 * cElems)); err != nil {
+		return nil, err
+	}
+	if call.WS, err = alloc(gemmProbeWorkspace); err != nil {
+		return nil, err
+	}
+	plans, err := g.blas.candidatePlans(gemmKey(s, ab, call), gemmProbeWorkspace, algos)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, p := range plans {
+			g.blas.DestroyPlan(p)
+		}
+	}()
+	var ref []float32
+	out := make([]AlgoTime, 0, len(plans))
+	for rank, p := range plans {
+		at := AlgoTime{Rank: rank, Workspace: p.res.workspace, Waves: p.res.waves}
+		if at.Seconds, err = timeGemm(g, p, call, reps); err != nil {
+			return out, fmt.Errorf("algorithm %d: %w", rank, err)
+		}
+		c := make([]float32, min(cElems, gemmProbeCompare))
+		if err := g.download(unsafe.Pointer(&c[0]), call.C, uint64(4*len(c))); err != nil {
+			return out, err
+		}
+		if rank == 0 {
+			ref = c
+		}
+		at.MaxDiff = relMaxDiff(c, ref)
+		out = append(out, at)
+	}
+	return out, nil
+}
+
+// randomOperand allocates elems values of dtype ab, uniform in [−1, 1).
+func randomOperand(g *gpu, alloc func(uint64) (Buffer, error), elems int, ab DType) (Buffer, error) {
+	r := rand.New(rand.NewPCG(uint64(elems), 7))
+	if ab == BF16 {
+		h := make([]uint16, elems)
+		for i := range h {
+			h[i] = uint16(math.Float32bits(2*r.Float32()-1) >> 16)
+		}
+		x, err := alloc(uint64(2 * elems))
+		if err != nil {
+			return Buffer{}, err
+		}
+		return x, g.upload(x, unsafe.Pointer(&h[0]), uint64(2*elems))
+	}
+	h := make([]float32, elems)
+	for i := range h {
+		h[i] = 2*r.Float32() - 1
+	}
+	x, err := alloc(uint64(4 * elems))
+	if err != nil {
+		return Buffer{}, err
+	}
+	return x, g.upload(x, unsafe.Pointer(&h[0]), uint64(4*elems))
+}
+
+// timeGemm is the median wall time of reps calls of p, each between two
+// synchronizations, after one untimed call.
+func timeGemm(g *gpu, p *GemmPlan, call GemmCall, reps int) (float64, error) {
+	if err := g.gemm(p, call); err != nil {
+		return 0, err
+	}
+	ts := make([]float64, reps)
+	for i := range ts {
+		if err := g.sync(); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		if err := g.gemm(p, call); err != nil {
+			return 0, err
+		}
+		if err := g.sync(); err != nil {
+			return 0, err
+		}
+		ts[i] = time.Since(t0).Seconds()
+	}
+	slices.Sort(ts)
+	return ts[len(ts)/2], nil
+}
+
+// relMaxDiff is max|a − b| / max(max|b|, tiny); NaN anywhere counts as +Inf.
+func relMaxDiff(a, b []float32) float64 {
+	var d, m float64
+	for i := range b {
+		x, y := float64(a[i]), float64(b[i])
+		if math.IsNaN(x) || math.IsNaN(y) {
+			return math.Inf(1)
+		}
+		d = max(d, math.Abs(x-y))
+		m = max(m, math.Abs(y))
+	}
+	return d / max(m, 1e-30)
+}
+
+// ParseGemmShape reads "MxNxK", "MxNxK:TT" or "MxNxK:TT:LDC" (TT: N or T
+// for A and for B, "NT": C = A·Bᵀ; LDC: C's row length, ≥ N, as the
+// backend gives the LM head's logits) as the backend would run it in dtype
+// ab: bf16 operands in rows padded to 16 bytes (bf16LD), C in rows of N
+// floats unless LDC says otherwise.
+func ParseGemmShape(spec string, ab DType) (GemmShape, error) {
+	var s GemmShape
+	bad := func() (GemmShape, error) {
+		return s, fmt.Errorf("GEMM shape %q: want MxNxK[:TT[:LDC]] with positive sizes, TT one of NN, NT, TN, TT, LDC ≥ N (e.g. 24576x510x510:NT)", spec)
+	}
+	parts := strings.Split(spec, ":")
+	if len(parts) > 3 {
+		return bad()
+	}
+	if _, err := fmt.Sscanf(parts[0], "%dx%dx%d", &s.M, &s.N, &s.K); err != nil || s.M <= 0 || s.N <= 0 || s.K <= 0 ||
+		fmt.Sprintf("%dx%dx%d", s.M, s.N, s.K) != parts[0] {
+		return bad()
+	}
+	if len(parts) > 1 {
+		switch parts[1] {
+		case "NN":
+		case "NT":
+			s.TransB = true
+		case "TN":
+			s.TransA = true
+		case "TT":
+			s.TransA, s.TransB = true, true
+		default:
+			return bad()
+		}
+	}
+	if len(parts) > 2 {
+		if _, err := fmt.Sscanf(parts[2], "%d", &s.LDC); err != nil || s.LDC < s.N || fmt.Sprint(s.LDC) != parts[2] {
+			return bad()
+		}
+	}
+	s.Batch = 1
+	if ab == BF16 {
+		_, ca := s.storedA()
+		_, cb := s.storedB()
+		s.LDA, s.LDB = bf16LD(ca), bf16LD(cb)
+	}
+	return s, nil
+}
