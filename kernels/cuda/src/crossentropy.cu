@@ -7,6 +7,8 @@
 // Row r starts at logits + r·ld (ld ≥ V: the LM head's chunk has rows
 // padded to 16-byte multiples, which cuBLASLt's fastest kernels need).
 
+#define CE_AHEAD 4  // loads in flight per thread
+
 extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
                                                 const int* targets, int rows, int V, int ld, float ls, float scale) {
     __shared__ float shared[32];
@@ -17,20 +19,35 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
     // One pass over the row for the maximum, its index, Σx and Σ exp(x − m)
     // (each thread's sum rescaled when its maximum rises), then the row is
     // read once more to write the gradient.
+    // The loads go CE_AHEAD at a time (independent, all in flight before
+    // the first is used: the loop is bound by memory latency otherwise);
+    // the values are taken in the same order as one at a time.
     float m = RPAC_NEG_INF;
     int arg = 0x7fffffff;
     float sx = 0.0f, se = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float v = x[j];
-        if (v > m) {
-            se = (m == RPAC_NEG_INF ? 0.0f : se * expf(m - v)) + 1.0f;
-            m = v;
-            arg = j;
-        } else {
-            if (m != RPAC_NEG_INF) se += expf(v - m);  // (v = m = −Inf adds nothing)
-            if (v == m && j < arg) arg = j;
+    const int step = blockDim.x;
+    for (int j0 = threadIdx.x; j0 < V; j0 += CE_AHEAD * step) {
+        float vs[CE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < CE_AHEAD; u++) {
+            int j = j0 + u * step;
+            vs[u] = j < V ? x[j] : 0.0f;
         }
-        sx += v;
+#pragma unroll
+        for (int u = 0; u < CE_AHEAD; u++) {
+            int j = j0 + u * step;
+            if (j >= V) break;
+            float v = vs[u];
+            if (v > m) {
+                se = (m == RPAC_NEG_INF ? 0.0f : se * expf(m - v)) + 1.0f;
+                m = v;
+                arg = j;
+            } else {
+                if (m != RPAC_NEG_INF) se += expf(v - m);  // (v = m = −Inf adds nothing)
+                if (v == m && j < arg) arg = j;
+            }
+            sx += v;
+        }
     }
     // argmax with ties to the lower index: reduce (value, index) pairs.
     float bm = block_max(m, shared);
@@ -62,9 +79,21 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
     }
     __syncthreads();  // every thread has read x[t] before it is overwritten
     float inv = 1.0f / se;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(x[j] - bm) * inv;
-        float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
-        x[j] = scale * (p - tgt);
+    for (int j0 = threadIdx.x; j0 < V; j0 += CE_AHEAD * step) {
+        float vs[CE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < CE_AHEAD; u++) {
+            int j = j0 + u * step;
+            vs[u] = j < V ? x[j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < CE_AHEAD; u++) {
+            int j = j0 + u * step;
+            if (j < V) {
+                float p = expf(vs[u] - bm) * inv;
+                float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
+                x[j] = scale * (p - tgt);
+            }
+        }
     }
 }
