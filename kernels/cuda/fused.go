@@ -1,8 +1,12 @@
 package cuda
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -190,7 +194,22 @@ func (p *program) loadGenerated() error {
 	for n := range p.gen {
 		names = append(names, n)
 	}
+	if dir := os.Getenv("RPAC_CUDA_DUMP_GEN"); dir != "" {
+		if err := dumpGenerated(dir, src); err != nil {
+			return err
+		}
+	}
 	return p.be.dev.loadModule("fused_gen.cu", src, names)
+}
+
+// dumpGenerated writes a generated source into dir as
+// fused_gen-HASH.cu (RPAC_CUDA_DUMP_GEN=dir: to read or compile it alone).
+func dumpGenerated(dir, src string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("RPAC_CUDA_DUMP_GEN: %w", err)
+	}
+	h := sha256.Sum256([]byte(src))
+	return os.WriteFile(filepath.Join(dir, "fused_gen-"+hex.EncodeToString(h[:8])+".cu"), []byte(src), 0o644)
 }
 
 // uploadFused puts fused_ew_f32's tables on the device: input pointers,

@@ -3,6 +3,8 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -157,6 +159,37 @@ func TestSimFusedGenMatchesInterpreter(t *testing.T) {
 			if worst > tol {
 				t.Errorf("case %d %s: generated and interpreter differ by %.3g (relative), limit %g", i, name, worst, tol)
 			}
+		}
+	}
+}
+
+// TestFusedGenDump: RPAC_CUDA_DUMP_GEN writes each generated source, the
+// kernel the program launches in it.
+func TestFusedGenDump(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("RPAC_CUDA_DUMP_GEN", dir)
+	f := mustFake(t)
+	be := newBackend(f, GEMMF32)
+	g, feeds := caseGraph(fusedCases()[0], rand.New(rand.NewPCG(1, 2)))
+	prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	if err := prog.Run(feeds, 1); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "fused_gen-*.cu"))
+	if len(files) != 1 {
+		t.Fatalf("%d files dumped, want 1", len(files))
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range f.launches {
+		if strings.HasPrefix(k, fusedGenPrefix) && !strings.Contains(string(b), "void "+k+"(") {
+			t.Errorf("launched %s, not in the dumped source", k)
 		}
 	}
 }
