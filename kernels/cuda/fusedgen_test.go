@@ -57,15 +57,7 @@ func TestFusedGenCompiles(t *testing.T) {
 	be := newBackend(f, GEMMF32)
 	launched := map[string]bool{}
 	for _, c := range cases {
-		cg, cf := caseGraph(c, r)
-		prog, err := be.Compile(cg, passes.Plan(cg), kernels.NewStore(kernels.F32))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := prog.Run(cf, 1); err != nil {
-			t.Fatal(err)
-		}
-		prog.Close()
+		runCase(t, be, c, r, nil)
 	}
 	for k := range f.launches {
 		if strings.HasPrefix(k, fusedGenPrefix) {
@@ -120,19 +112,12 @@ func TestSimFusedGenMatchesInterpreter(t *testing.T) {
 		r := rand.New(rand.NewPCG(41, 42))
 		var outs []map[string][]float32
 		for _, c := range cases {
-			g, feeds := caseGraph(c, r)
-			prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := prog.Run(feeds, 1); err != nil {
-				t.Fatal(err)
-			}
 			o := map[string][]float32{}
-			for name := range g.Outputs {
-				o[name] = append([]float32(nil), prog.Output(name).F32...)
-			}
-			prog.Close()
+			runCase(t, be, c, r, func(g *ir.Graph, prog kernels.Program) {
+				for name := range g.Outputs {
+					o[name] = append([]float32(nil), prog.Output(name).F32...)
+				}
+			})
 			outs = append(outs, o)
 		}
 		if gen := be.dev.(*gpu).ctx.loadedWithPrefix(fusedGenPrefix); (interp == "") != (gen > 0) {
@@ -169,16 +154,7 @@ func TestFusedGenDump(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("RPAC_CUDA_DUMP_GEN", dir)
 	f := mustFake(t)
-	be := newBackend(f, GEMMF32)
-	g, feeds := caseGraph(fusedCases()[0], rand.New(rand.NewPCG(1, 2)))
-	prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
-	if err := prog.Run(feeds, 1); err != nil {
-		t.Fatal(err)
-	}
+	runCase(t, newBackend(f, GEMMF32), fusedCases()[0], rand.New(rand.NewPCG(1, 2)), nil)
 	files, _ := filepath.Glob(filepath.Join(dir, "fused_gen-*.cu"))
 	if len(files) != 1 {
 		t.Fatalf("%d files dumped, want 1", len(files))
@@ -191,5 +167,23 @@ func TestFusedGenDump(t *testing.T) {
 		if strings.HasPrefix(k, fusedGenPrefix) && !strings.Contains(string(b), "void "+k+"(") {
 			t.Errorf("launched %s, not in the dumped source", k)
 		}
+	}
+}
+
+// runCase compiles the case's graph on be, runs it once and hands the
+// program to read (when not nil) before closing it.
+func runCase(t *testing.T, be *Backend, c opCase, r *rand.Rand, read func(*ir.Graph, kernels.Program)) {
+	t.Helper()
+	g, feeds := caseGraph(c, r)
+	prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	if err := prog.Run(feeds, 1); err != nil {
+		t.Fatal(err)
+	}
+	if read != nil {
+		read(g, prog)
 	}
 }

@@ -9,6 +9,16 @@
 
 #define CE_AHEAD 4  // loads in flight per thread
 
+// ce_load: x[j0 + u·step] for u < CE_AHEAD (0 at and past V), all issued
+// before any is used.
+__device__ __forceinline__ void ce_load(float* vs, const float* x, int j0, int step, int V) {
+#pragma unroll
+    for (int u = 0; u < CE_AHEAD; u++) {
+        int j = j0 + u * step;
+        vs[u] = j < V ? x[j] : 0.0f;
+    }
+}
+
 extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
                                                 const int* targets, int rows, int V, int ld, float ls, float scale) {
     __shared__ float shared[32];
@@ -28,11 +38,7 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
     const int step = blockDim.x;
     for (int j0 = threadIdx.x; j0 < V; j0 += CE_AHEAD * step) {
         float vs[CE_AHEAD];
-#pragma unroll
-        for (int u = 0; u < CE_AHEAD; u++) {
-            int j = j0 + u * step;
-            vs[u] = j < V ? x[j] : 0.0f;
-        }
+        ce_load(vs, x, j0, step, V);
 #pragma unroll
         for (int u = 0; u < CE_AHEAD; u++) {
             int j = j0 + u * step;
@@ -81,11 +87,7 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
     float inv = 1.0f / se;
     for (int j0 = threadIdx.x; j0 < V; j0 += CE_AHEAD * step) {
         float vs[CE_AHEAD];
-#pragma unroll
-        for (int u = 0; u < CE_AHEAD; u++) {
-            int j = j0 + u * step;
-            vs[u] = j < V ? x[j] : 0.0f;
-        }
+        ce_load(vs, x, j0, step, V);
 #pragma unroll
         for (int u = 0; u < CE_AHEAD; u++) {
             int j = j0 + u * step;
