@@ -214,7 +214,7 @@ run kernels-cpu ./kernels/cpu 240 . ""
 # OpenBLAS GEMM against a float64 reference (every shape, transposition, stride).
 run blas ./kernels/cpu/blas 300 'TestSgemm$|TestDgemm$|TestImpl$|TestBadArgsPanic$' ""
 # The CUDA backend's host side (no GPU; NVRTC is not installed for arm64,
-# so the kernel-source compiles are left out, and the CUDA simulator is
+# so the kernel-source compiles (ptxas reports and generated chains too) are left out, and the CUDA simulator is
 # built by the host's g++, so its tests run in the host stage): views and reductions against
 # the CPU, every op and whole training steps on the fake device.
 run cuda-host ./kernels/cuda 120 . 'TestGPU|TestSim|TestKernelSourcesCompile$|TestCompileErrorHasLog$|TestCompileCache$|TestMMASourceCompiles$'
