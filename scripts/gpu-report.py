@@ -14,7 +14,8 @@ import re
 import sys
 
 TEST_RE = re.compile(r"^\s*--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)")
-MEASURE_RE = re.compile(r"^(bench train.*|\s+(step time|tokens/s|achieved|MFU).*|final val CE.*)$")
+MEASURE_RE = re.compile(r"^(bench train.*|\s+(step time|tokens/s|achieved|MFU|measured|GPU time).*|final val CE.*"
+                        r"|predicted .*|gemm-algos on .*|  \S+ \(\d+ algorithms\)|\s+best: rank.*)$")
 
 
 def read(path, default=""):
@@ -83,7 +84,7 @@ def gpu(out, work, rc):
     ver = versions(probe)
     measured = []
     for name, log in logs.items():
-        if name.startswith("bench-") or name == "compare-ce":
+        if name.startswith(("bench-", "predict-")) or name in ("compare-ce", "gemm-algos"):
             lines = [l.rstrip() for l in log.splitlines() if MEASURE_RE.match(l)]
             if lines:
                 measured.append({"check": name, "lines": lines})
