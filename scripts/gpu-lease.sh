@@ -8,7 +8,8 @@
 #    included), at most RPAC_LEASE_CHECK seconds of checks (default 240);
 # 2. scripts/gpu-experiments.sh in the time left of RPAC_LEASE_SECONDS
 #    (default 540, the whole command), less 20 s for the reports.
-# OUT gets five files, within the device tool's eight: summary.md,
+# With the defaults the command ends within about 9 minutes: give the device
+# call a 600 s limit. OUT gets five files, within the device tool's eight: summary.md,
 # report.json and logs.txt (the check), experiments.md (every experiment's
 # tables, one after the other) and experiments.log.
 set -uo pipefail
