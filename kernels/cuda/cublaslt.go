@@ -321,8 +321,9 @@ func (b *BLAS) heuristics(p *GemmPlan, maxWorkspace uint64, n int) ([]heuristicR
 // candidatePlans makes one plan per algorithm of the heuristic's first n
 // for key (TimeGemmAlgos), rank 0 first: the algorithm NewPlan takes.
 func (b *BLAS) candidatePlans(k GemmKey, maxWorkspace uint64, n int) ([]*GemmPlan, error) {
-	first, err := b.NewPlan(k, maxWorkspace)
-	if err != nil {
+	first := &GemmPlan{Key: k}
+	if err := b.describe(first); err != nil {
+		b.DestroyPlan(first)
 		return nil, err
 	}
 	res, err := b.heuristics(first, maxWorkspace, n)
@@ -330,6 +331,7 @@ func (b *BLAS) candidatePlans(k GemmKey, maxWorkspace uint64, n int) ([]*GemmPla
 		b.DestroyPlan(first)
 		return nil, err
 	}
+	first.res = res[0]
 	plans := []*GemmPlan{first}
 	for _, r := range res[1:] {
 		p := &GemmPlan{Key: k, res: r}

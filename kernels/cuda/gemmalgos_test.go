@@ -64,12 +64,13 @@ func TestSimGemmAlgos(t *testing.T) {
 			t.Logf("%s (dtype %d): %d algorithms", spec, dt, len(ts))
 		}
 	}
-	if _, err := mustDryRun(t).TimeGemmAlgos(GemmShape{M: 2, N: 2, K: 2}, F32, 1, 1); err == nil || !strings.Contains(err.Error(), "needs a GPU") {
-		t.Errorf("dry-run device: %v", err)
-	}
 }
 
-func mustDryRun(t *testing.T) *Backend {
-	t.Helper()
-	return newBackend(mustFake(t), GEMMF32)
+// TestGemmAlgosNeedsAGPU: on the dry-run device timing is refused with an
+// error that says why.
+func TestGemmAlgosNeedsAGPU(t *testing.T) {
+	be := newBackend(mustFake(t), GEMMF32)
+	if _, err := be.TimeGemmAlgos(GemmShape{M: 2, N: 2, K: 2}, F32, 1, 1); err == nil || !strings.Contains(err.Error(), "needs a GPU") {
+		t.Errorf("dry-run device: %v", err)
+	}
 }
