@@ -110,15 +110,21 @@ func (n *NVRTC) CompilePTX(name, src, arch string, extra ...string) (string, err
 // driver loads as it is, whatever NVRTC's version (the driver only has to
 // know the architecture).
 func (n *NVRTC) CompileCUBIN(name, src, arch string, extra ...string) ([]byte, error) {
+	b, _, err := n.cubin(name, src, arch, extra)
+	return b, err
+}
+
+// cubin is CompileCUBIN that also returns NVRTC's log (ptxas's report
+// when asked for with --ptxas-options=-v).
+func (n *NVRTC) cubin(name, src, arch string, extra []string) ([]byte, string, error) {
 	if !strings.HasPrefix(arch, "sm_") {
-		return nil, fmt.Errorf("architecture %q: want sm_NN", arch)
+		return nil, "", fmt.Errorf("architecture %q: want sm_NN", arch)
 	}
 	if n.getCUBIN == nil {
 		major, minor := n.Version()
-		return nil, fmt.Errorf("NVRTC %d.%d has no nvrtcGetCUBIN (11.1 or later has)", major, minor)
+		return nil, "", fmt.Errorf("NVRTC %d.%d has no nvrtcGetCUBIN (11.1 or later has)", major, minor)
 	}
-	b, _, err := n.compile(name, src, arch, extra, "cubin", n.getCUBINSize, n.getCUBIN)
-	return b, err
+	return n.compile(name, src, arch, extra, "cubin", n.getCUBINSize, n.getCUBIN)
 }
 
 // compile runs NVRTC on src for arch and fetches the result with

@@ -39,13 +39,7 @@ func (n *NVRTC) Resources(name, arch string) ([]KernelResources, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !strings.HasPrefix(arch, "sm_") {
-		return nil, fmt.Errorf("architecture %q: want sm_NN", arch)
-	}
-	if n.getCUBIN == nil {
-		return nil, fmt.Errorf("this NVRTC has no nvrtcGetCUBIN (11.1 or later has)")
-	}
-	_, log, err := n.compile(name, src, arch, []string{"--ptxas-options=-v"}, "cubin", n.getCUBINSize, n.getCUBIN)
+	_, log, err := n.cubin(name, src, arch, []string{"--ptxas-options=-v"})
 	if err != nil {
 		return nil, err
 	}
