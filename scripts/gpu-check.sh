@@ -41,11 +41,12 @@
 #            a 16-core H200 host it trains the tiny preset at 0.69 step/s);
 #   resume   exact resume on CUDA (10 steps + 10 resumed = 20 straight);
 #   predict  rpac bench train --predict --measure at the paper (T = 768) and
-#            tiny presets, the paper step again with the chain interpreter
+#            tiny presets, the paper step again with flash.cu's attention
+#            (RPAC_CUDA_ATTENTION=flash) and with the chain interpreter
 #            (RPAC_CUDA_FUSED=interp), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
-#            bf16 and fp32;
+#            bf16 and fp32, and the fuzzy bf16 step with flash.cu's attention;
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
 #            paper step's costliest kernels (a generated elementwise chain
 #            of each kind among them): speed of light, occupancy,
@@ -158,6 +159,8 @@ if want predict; then
 	esac
 	check predict-paper bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --gemm-shapes 24 --preset paper --context 768
 	check predict-tiny bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --preset tiny
+	# the attention on flash.cu's kernels instead of the GEMM path, to compare
+	check predict-paper-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain
@@ -194,6 +197,7 @@ if want bench; then
 			check "bench-paper-$model-$prec" bin/rpac bench train --device cuda --precision "$prec" --preset paper --model "$model" --steps 5
 		done
 	done
+	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 fi
 
 # Nsight Compute, one launch of each kernel (a paper step each).
@@ -201,8 +205,8 @@ if want profile; then
 	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1 || true)
 	if [[ -n "$ncu" ]]; then
 		# LABEL=REGEX of the kernel names (the generated chains have hashed names)
-		for lk in attention_fwd_bf16=attention_fwd_bf16 attention_bwd_dq_bf16=attention_bwd_dq_bf16 \
-			attention_bwd_dkdv_bf16=attention_bwd_dkdv_bf16 fused_gen_view=fused_gen_view_ 'fused_gen_dense=fused_gen_[0-9a-f]' \
+		for lk in attn_softmax_fwd_f32=attn_softmax_fwd_f32 attn_softmax_bwd_f32=attn_softmax_bwd_f32 \
+			fused_gen_view=fused_gen_view_ 'fused_gen_dense=fused_gen_[0-9a-f]' \
 			softmax_ce_fused_f32=softmax_ce_fused_f32; do
 			k="${lk%%=*}"
 			check "profile-$k" "$ncu" --clock-control none -k "regex:^${lk#*=}" -c 1 --section SpeedOfLight --section Occupancy \

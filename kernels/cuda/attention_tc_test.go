@@ -72,14 +72,42 @@ const (
 	tcAttnBiasWorst = 0.15
 )
 
-// TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
-// FusedAttention(Grad) on flash.cu's tensor-core kernels (the trace says
-// so); o, dq, dk, dv and the bias gradient match the CPU backend within
-// bf16's bounds, a second run is bit-identical, and on the simulator the
-// differential run (reverse block and thread order, another shared-memory
-// poison) agrees.
-func TestGPUFusedAttentionBF16(t *testing.T) {
+// attnPathKernels are the kernels each tensor-core path launches for a
+// forward and its gradient with a bias.
+var attnPathKernels = map[attnChoice][]string{
+	attnChooseFlash: {"attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16", "attention_dbias_reduce_f32"},
+	attnChooseGEMM: {"attn_pack_bf16", "attn_softmax_fwd_f32", "attn_unpack_f32", "attn_pack_do_bf16", "attn_softmax_bwd_f32",
+		"attention_dbias_reduce_f32"},
+}
+
+// gpuBackendPath is a bf16 backend that prefers the given attention path.
+func gpuBackendPath(t *testing.T, choice attnChoice) *Backend {
 	be := gpuBackend(t, GEMMBF16)
+	be.attention = choice
+	return be
+}
+
+// TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
+// FusedAttention(Grad) on the tensor cores, through the GEMM path
+// (attngemm.go) by default and flash.cu's kernels when asked (the trace
+// says which); o, dq, dk, dv and the bias gradient match the CPU backend
+// within bf16's bounds, a second run is bit-identical, and on the
+// simulator the differential run (reverse block and thread order, another
+// shared-memory poison) agrees.
+func TestGPUFusedAttentionBF16(t *testing.T) {
+	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
+		t.Run(attnChoiceName(choice), func(t *testing.T) { fusedAttentionBF16(t, gpuBackendPath(t, choice), choice) })
+	}
+}
+
+func attnChoiceName(c attnChoice) string {
+	if c == attnChooseFlash {
+		return "flash"
+	}
+	return "gemm"
+}
+
+func fusedAttentionBF16(t *testing.T, be *Backend, choice attnChoice) {
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -106,9 +134,14 @@ func TestGPUFusedAttentionBF16(t *testing.T) {
 	for _, e := range tr.Events() {
 		seen[e.Name] = true
 	}
-	for _, k := range []string{"attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16", "attention_dbias_reduce_f32"} {
+	for _, k := range attnPathKernels[choice] {
 		if !seen[k] {
 			t.Errorf("kernel %s never ran", k)
+		}
+	}
+	for other, ks := range attnPathKernels {
+		if other != choice && seen[ks[0]] {
+			t.Errorf("%s ran, a kernel of the other path", ks[0])
 		}
 	}
 	if seen["attention_fwd_f32"] {
@@ -120,7 +153,7 @@ func TestGPUFusedAttentionBF16(t *testing.T) {
 	small := opCase{op: "FusedAttentionGrad", attrs: ir.Attrs{"scale": 0.35, "causal": true}, in: []ir.Shape{{1, 2, 20, 8}, {1, 2, 20, 8}, {1, 2, 20, 8}, {1, 2, 20, 8}, {20, 20}}}
 	checkParity(t, be, []opCase{small}, 7)
 	for _, e := range tr.Events() {
-		if e.Name == "attention_fwd_bf16" {
+		if e.Name == attnPathKernels[choice][0] {
 			t.Error("a head of 8 ran on the tensor cores")
 		}
 	}
@@ -196,8 +229,9 @@ func TestFlashWarpTiles(t *testing.T) {
 // without dropout; the fp32 kernels (attention.cu) too, within fp32's
 // bounds.
 func TestGPUAttentionBandMask(t *testing.T) {
-	for _, prec := range []GEMMPrecision{GEMMBF16, GEMMF32} {
-		bandMaskCase(t, gpuBackend(t, prec), prec)
+	bandMaskCase(t, gpuBackend(t, GEMMF32), GEMMF32)
+	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
+		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
 	}
 	d, err := LoadDriver()
 	if err != nil || !d.Simulated() || t.Failed() {
@@ -206,7 +240,9 @@ func TestGPUAttentionBandMask(t *testing.T) {
 	d.SimConfig("diff", 1) // each launch again in reverse block and thread order, compared bit for bit
 	defer d.SimConfig("diff", 0)
 	before := d.SimStat("diff_launches")
-	bandMaskCase(t, gpuBackend(t, GEMMBF16), GEMMBF16)
+	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
+		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
+	}
 	if d.SimStat("diff_launches") == before {
 		t.Error("no launch ran in differential mode")
 	}

@@ -43,6 +43,9 @@ type Backend struct {
 	// fusedInterp: run FusedElementwise chains on the interpreter kernel
 	// fused_ew_f32 instead of generated kernels (RPAC_CUDA_FUSED=interp)
 	fusedInterp bool
+	// attention: the tensor-core attention path it prefers
+	// (RPAC_CUDA_ATTENTION, attngemm.go)
+	attention attnChoice
 
 	mu     sync.Mutex
 	mirror map[mirrorKey]*mirrorEntry
@@ -148,6 +151,9 @@ func (b *Backend) resident(st *kernels.Store, name string) bool {
 // New opens device ordinal, loads every kernel (compiled by NVRTC for the
 // device, cached on disk) and cuBLASLt.
 func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
+	if _, err := attnChoiceEnv(); err != nil {
+		return nil, err
+	}
 	d, err := LoadDriver()
 	if err != nil {
 		return nil, err
@@ -173,12 +179,16 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 }
 
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
-	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter()}
+	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice}
 }
 
 // Name says "cuda" and the device.
 func (b *Backend) Name() string {
 	d := b.dev.Info()
+	if b.gemm == GEMMBF16 && b.attention == attnChooseFlash {
+		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention flash)", d.Name, d.Arch, b.gemm)
+	}
 	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, b.gemm)
 }
 
@@ -186,8 +196,8 @@ func (b *Backend) Name() string {
 func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 
 // Capabilities: training and eval graphs on this backend fuse each
-// attention core, whose kernels recompute the weights instead of holding a
-// [B,H,T,T] tensor; programs live in the device's memory; the training
+// attention core, whose kernels hold the weights of one node at a time at
+// most (attngemm.go) instead of a [B,H,T,T] tensor per node; programs live in the device's memory; the training
 // state can stay on the device (DeviceAdamW).
 func (b *Backend) Capabilities() kernels.Capabilities {
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true}
@@ -299,10 +309,11 @@ type program struct {
 	// workspace.
 	plans map[GemmKey]gemmPlan
 	ws    Buffer
-	// The tensor-core attention backward's bias-gradient partial sums
-	// (elements), one buffer shared by every FusedAttentionGrad node.
-	attnPartNeed int
-	attnPart     Buffer
+	// The tensor-core attention paths' work buffer (bytes): flash.cu's
+	// bias-gradient partial sums or the GEMM path's operands, one buffer
+	// shared by every attention node.
+	attnWorkNeed int64
+	attnWork     Buffer
 	// attnLSE: each FusedAttention output's row log-sum-exp, which the
 	// forward writes and a FusedAttentionGrad given that output reads.
 	attnLSE map[*dval]Buffer

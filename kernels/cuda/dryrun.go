@@ -105,6 +105,9 @@ func newFakeDevice() (*fakeDevice, error) {
 // downloads zeros. It runs the backend's whole host side without a GPU, so
 // tests can drive training and evaluation through it.
 func NewDryRun(gemm GEMMPrecision) (*Backend, error) {
+	if _, err := attnChoiceEnv(); err != nil {
+		return nil, err
+	}
 	f, err := newFakeDevice()
 	if err != nil {
 		return nil, err
@@ -170,7 +173,8 @@ func (f *fakeDevice) separateSlots() bool { return false }
 // two-pass reduction writes its partials to part, or without part its
 // result to out (src/graph.cu).
 var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.part": true, "reduce_cols_f32.part": true,
-	"attention_bwd_dq_bf16.part": true} // no bias, no bias-gradient partial sums
+	"attention_bwd_dq_bf16.part": true, // no bias, no bias-gradient partial sums
+	"attn_softmax_bwd_f32.dSf": true} // no bias
 
 func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	sig, ok := f.sigs[name]

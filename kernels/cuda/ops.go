@@ -1260,9 +1260,8 @@ type attention struct {
 	stream int
 	thresh uint64
 	keep   float32 // 0: no dropout
-	// tc: the tensor-core kernels of flash.cu (bf16 inputs, fp32
-	// accumulation) rather than attention.cu's scalar fp32 ones.
-	tc bool
+	// path: the kernels that run it (attngemm.go)
+	path attnPath
 }
 
 // attnMaxHead is the largest head size of flash.cu's kernels (8 tiles of
@@ -1281,7 +1280,7 @@ const (
 	attnPartBytes = 512 << 20
 )
 
-func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*attention, error) {
+func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, choice attnChoice) (*attention, error) {
 	lay := ir.AttnLayoutOf(n.Attrs)
 	B, H, T, Hd := lay.Dims(q.v.Shape)
 	_, _, S, _ := lay.Dims(k.v.Shape)
@@ -1305,7 +1304,14 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision) (*a
 	// over at most SmallGEMMDim terms (a head of 8: q·k, dO·v) stay fp32
 	// (with the heads of 8 of a d_model-16 model in bf16, pos_beta's
 	// gradient was off by 0.15). Heads above attnMaxHead do not fit.
-	a.tc = gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead
+	// The GEMM path where the backend prefers it and its work buffer
+	// fits, else flash.cu's.
+	if gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead {
+		a.path = attnFlash
+		if choice == attnChooseGEMM && attnGEMMFits(a) {
+			a.path = attnGEMM
+		}
+	}
 	return a, nil
 }
 
@@ -1345,7 +1351,10 @@ var attnBlock = [3]uint32{128, 1, 1}
 // forward launches the forward kernel: o and the rows' log-sum-exp.
 func (p *program) attentionForward(a *attention, o, lse uint64, q, k, v *dval) error {
 	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), int32(a.H), a.scale}, a.dropoutArgs(p.seed)...)
-	if a.tc {
+	switch a.path {
+	case attnGEMM:
+		return p.attentionForwardGEMM(a, o, lse, q, k, v)
+	case attnFlash:
 		return p.launch("attention_fwd_bf16", a.tiles(a.BH), attnBlock, 0, args...)
 	}
 	return p.launch("attention_fwd_f32", a.rows(), attnBlock, uint32(4*(32+a.T)), args...)
@@ -1356,9 +1365,12 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	if len(in) == 4 {
 		mask = in[3]
 	}
-	a, err := newAttention(n, in[0], in[1], in[2], mask, p.be.gemm)
+	a, err := newAttention(n, in[0], in[1], in[2], mask, p.be.gemm, p.be.attention)
 	if err != nil {
 		return nil, err
+	}
+	if a.path == attnGEMM {
+		p.attnWorkNeed = max(p.attnWorkNeed, newAGLayout(a).fwdBytes)
 	}
 	lse, err := p.alloc(a.BH * a.T)
 	if err != nil {
@@ -1383,14 +1395,17 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 	if len(in) == 5 {
 		mask = in[4]
 	}
-	a, err := newAttention(n, q, k, v, mask, p.be.gemm)
+	a, err := newAttention(n, q, k, v, mask, p.be.gemm, p.be.attention)
 	if err != nil {
 		return nil, err
 	}
 	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out}
 	lse, saved := p.attnLSE[fwdOut]
-	if a.tc && mask != nil {
-		p.attnPartNeed = max(p.attnPartNeed, a.parts()*a.T*a.T)
+	switch {
+	case a.path == attnGEMM:
+		p.attnWorkNeed = max(p.attnWorkNeed, newAGLayout(a).bytes)
+	case a.path == attnFlash && mask != nil:
+		p.attnWorkNeed = max(p.attnWorkNeed, int64(4*a.parts()*a.T*a.T))
 	}
 	if hasOut && saved {
 		D, err := p.alloc(a.BH * a.T)
@@ -1420,7 +1435,10 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 
 // attentionBackward runs the backward kernels of a's path.
 func (p *program) attentionBackward(g *attnGrad) error {
-	if g.a.tc {
+	switch g.a.path {
+	case attnGEMM:
+		return p.attentionBackwardGEMM(g)
+	case attnFlash:
 		return p.attentionBackwardTC(g)
 	}
 	return p.attentionBackwardScalar(g)
@@ -1464,7 +1482,7 @@ func (p *program) attentionBackwardTC(g *attnGrad) error {
 	drop := a.dropoutArgs(p.seed)
 	var part uint64
 	if a.bias != nil {
-		part = p.attnPart.Ptr
+		part = p.attnWork.Ptr
 	}
 	dq := append([]any{g.out[0].buf.Ptr, g.D, part, g.q.buf.Ptr, g.k.buf.Ptr, g.v.buf.Ptr, g.o, g.dO.buf.Ptr, g.lse, a.biasPtr(),
 		int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), a.scale}, drop...)
@@ -1482,16 +1500,17 @@ func (p *program) attentionBackwardTC(g *attnGrad) error {
 	return p.each("attention_dbias_reduce_f32", a.T*a.T, g.out[3].buf.Ptr, part, int32(a.parts()), int32(a.T))
 }
 
-// stageAttention allocates the bias-gradient partial sums the tensor-core
-// attention backward needs (nodes run one at a time, so they share it).
+// stageAttention allocates the work buffer of the tensor-core attention
+// paths: flash.cu's bias-gradient partial sums, the GEMM path's operands
+// (nodes run one at a time, so they share it).
 func (p *program) stageAttention() error {
-	if p.attnPartNeed == 0 {
+	if p.attnWorkNeed == 0 {
 		return nil
 	}
-	b, err := p.alloc(p.attnPartNeed)
+	b, err := p.alloc(int((p.attnWorkNeed + 3) / 4))
 	if err != nil {
 		return err
 	}
-	p.attnPart = b
+	p.attnWork = b
 	return nil
 }

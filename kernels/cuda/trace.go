@@ -459,9 +459,42 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		attentionCost(e, a, grid)
 	case "attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16":
 		flashCost(e, a, grid)
+	case "attn_pack_bf16", "attn_unpack_f32", "attn_pack_do_bf16", "attn_softmax_fwd_f32", "attn_softmax_bwd_f32":
+		attnGEMMCost(e, a)
 	case "attention_dbias_reduce_f32":
 		T := a.i("T")
 		e.Bytes = w * T * T * (a.i("G")/2 + 1) // the partial sums on and below the diagonal, the result
+	}
+}
+
+// attnGEMMCost: attngemm.cu's kernels. The packs read the fp32 operand
+// and write its bf16 copy, the unpack reads and writes fp32; the row
+// kernels read the scores (and dP) on and below the diagonal, the bias
+// once (its re-reads by every sequence and head stay in L2), and write
+// whole bf16 rows of Tp (and, with a bias, fp32 dS on and below the
+// diagonal).
+func attnGEMMCost(e *Event, a kargs) {
+	const w = 4.0
+	BH, T, Hd := a.i("BH"), a.i("T"), a.i("Hd")
+	rows, tri := BH*T, BH*T*(T+1)/2
+	bias := 0.0
+	if a.ptr("bias") != 0 {
+		bias = w * T * T
+	}
+	switch e.Name {
+	case "attn_pack_bf16":
+		e.Bytes = w*rows*Hd + 2*rows*a.i("Hp")
+	case "attn_unpack_f32":
+		e.Bytes = 2 * w * rows * Hd
+	case "attn_pack_do_bf16":
+		e.Bytes = 2*w*rows*Hd + 2*rows*a.i("Hp") + w*rows
+	case "attn_softmax_fwd_f32":
+		e.Bytes = w*tri + bias + 2*rows*a.i("Tp") + w*rows
+	case "attn_softmax_bwd_f32":
+		e.Bytes = 2*w*tri + bias + 4*rows*a.i("Tp") + 2*w*rows
+		if a.ptr("dSf") != 0 {
+			e.Bytes += w * tri
+		}
 	}
 }
 

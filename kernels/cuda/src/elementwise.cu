@@ -7,22 +7,12 @@ extern "C" __global__ void f32_to_bf16_kernel(bf16_t* out, const float* x, i64 n
 // cols to ld zero (GEMM operands with 16-byte-aligned leading dimensions:
 // ld is a multiple of 8). Each thread writes 8 elements with one 16-byte
 // store.
-struct __align__(16) rpac_bf16x8 { unsigned int w[4]; };
 extern "C" __global__ void f32_to_bf16_pad_kernel(bf16_t* out, const float* x, i64 rows, int cols, int xld, int ld) {
     int groups = ld >> 3;
     GRID_STRIDE(g, rows * groups) {
         i64 r = g / groups;
         int c = (int)(g - r * groups) << 3;
-        const float* src = x + r * xld;
-        rpac_bf16x8 v;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int c0 = c + 2 * e, c1 = c0 + 1;
-            unsigned lo = c0 < cols ? f32_to_bf16(src[c0]) : 0u;
-            unsigned hi = c1 < cols ? f32_to_bf16(src[c1]) : 0u;
-            v.w[e] = lo | (hi << 16);
-        }
-        ((rpac_bf16x8*)out)[g] = v;
+        ((rpac_bf16x8*)out)[g] = bf16x8_of(x + r * xld, c, cols);
     }
 }
 extern "C" __global__ void bf16_to_f32_kernel(float* out, const bf16_t* x, i64 n) {

@@ -18,6 +18,22 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     return (bf16_t)(u >> 16);
 }
 
+// rpac_bf16x8: eight bf16 for one 16-byte store. bf16x8_of: elements c to
+// c+7 of the fp32 row src as bf16, zero from column cols on (GEMM operands
+// padded to 16-byte-aligned rows).
+struct __align__(16) rpac_bf16x8 { unsigned int w[4]; };
+__device__ __forceinline__ rpac_bf16x8 bf16x8_of(const float* src, int c, int cols) {
+    rpac_bf16x8 v;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int c0 = c + 2 * e, c1 = c0 + 1;
+        unsigned lo = c0 < cols ? f32_to_bf16(src[c0]) : 0u;
+        unsigned hi = c1 < cols ? f32_to_bf16(src[c1]) : 0u;
+        v.w[e] = lo | (hi << 16);
+    }
+    return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     return v;

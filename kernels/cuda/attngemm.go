@@ -1,0 +1,231 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+)
+
+// attnPath is the kernels that run an attention node.
+type attnPath uint8
+
+const (
+	// attnScalar: attention.cu's fp32 kernels, a block per row (fp32
+	// GEMMs, and heads of at most SmallGEMMDim).
+	attnScalar attnPath = iota
+	// attnFlash: flash.cu's tensor-core kernels; the [T,T] scores never
+	// exist in device memory.
+	attnFlash
+	// attnGEMM: attngemm.cu's row kernels around batched cuBLASLt GEMMs
+	// (bf16 inputs, fp32 accumulation); the scores of one node at a time
+	// in a work buffer of attnGEMMBytes at most.
+	attnGEMM
+)
+
+func (a attnPath) String() string {
+	return [...]string{"scalar", "flash", "gemm"}[a]
+}
+
+// attnChoice is the tensor-core path a backend prefers
+// (RPAC_CUDA_ATTENTION): attnGEMM where its work buffer fits
+// attnGEMMBytes (the default), or flash.cu's kernels always.
+type attnChoice uint8
+
+const (
+	attnChooseGEMM attnChoice = iota
+	attnChooseFlash
+)
+
+// attnChoiceEnv reads RPAC_CUDA_ATTENTION: unset or "gemm", or "flash".
+func attnChoiceEnv() (attnChoice, error) {
+	switch v := os.Getenv("RPAC_CUDA_ATTENTION"); v {
+	case "", "gemm":
+		return attnChooseGEMM, nil
+	case "flash":
+		return attnChooseFlash, nil
+	default:
+		return 0, fmt.Errorf("RPAC_CUDA_ATTENTION=%q: want gemm (the default: the scores through cuBLASLt) or flash (flash.cu's kernels)", v)
+	}
+}
+
+// attnGEMMBytes caps the GEMM path's work buffer, which the graph's
+// memory plan does not count: it comes out of the share of the device's
+// memory a run leaves unplanned (training.gpuBudgetFraction). At the paper
+// preset (T = 768, 32 sequences of 6 heads of 85) the backward needs
+// 1.62 GB.
+const attnGEMMBytes = 2 << 30
+
+// agAlign: each region of the work buffer starts on 256 bytes (cuBLASLt's
+// preferred operand alignment).
+const agAlign = 256
+
+// agLayout is where the GEMM path's operands sit in the work buffer
+// (byte offsets). The forward's regions come first: a program without a
+// gradient node needs only fwdBytes.
+type agLayout struct {
+	Hp, Tp int // the head and the key length rounded up to 8 (bf16 rows of 16 bytes)
+	// forward: the scores S (fp32 [BH,T,T]), P (bf16 [BH,T,Tp]), packed q,
+	// k, v (bf16 [BH,T,Hp]) and a GEMM result (fp32 [BH,T,Hp]: o, then dq)
+	S, P, Q, K, V, R0 int64
+	fwdBytes         int64
+	// backward: dP (fp32 [BH,T,T]), dS (bf16 [BH,T,Tp]), packed dO, and
+	// the results dk and dv
+	DP, DS, DO, R1, R2 int64
+	bytes              int64
+}
+
+func newAGLayout(a *attention) agLayout {
+	l := agLayout{Hp: bf16LD(a.Hd), Tp: bf16LD(a.T)}
+	BH, T := int64(a.BH), int64(a.T)
+	scores, weights := 4*BH*T*T, 2*BH*T*int64(l.Tp)
+	packed, result := 2*BH*T*int64(l.Hp), 4*BH*T*int64(l.Hp)
+	at := int64(0)
+	next := func(n int64) int64 {
+		o := at
+		at += (n + agAlign - 1) / agAlign * agAlign
+		return o
+	}
+	l.S, l.P = next(scores), next(weights)
+	l.Q, l.K, l.V, l.R0 = next(packed), next(packed), next(packed), next(result)
+	l.fwdBytes = at
+	l.DP, l.DS, l.DO = next(scores), next(weights), next(packed)
+	l.R1, l.R2 = next(result), next(result)
+	l.bytes = at
+	return l
+}
+
+// agBuf is n bytes of the work buffer at offset off.
+func agBuf(work uint64, off, n int64) Buffer { return Buffer{Ptr: work + uint64(off), Bytes: uint64(n)} }
+
+// attnGEMMFits: the backward's work buffer within attnGEMMBytes.
+func attnGEMMFits(a *attention) bool { return newAGLayout(a).bytes <= attnGEMMBytes }
+
+// agScores is the batch of GEMMs S = alpha·x·yᵀ over the packed operands
+// ([T,Hp] each, T×T fp32 results).
+func agScores(a *attention, l agLayout) GemmShape {
+	T, Hp := int64(a.T), int64(l.Hp)
+	return GemmShape{TransB: true, M: a.T, N: a.T, K: l.Hp, Batch: a.BH, StrideA: T * Hp, StrideB: T * Hp, StrideC: T * T}
+}
+
+// agApply is the batch of GEMMs C = alpha·op(W)·x: W a [T,T] weight tile
+// in rows of Tp (transposed for trans), x a packed operand [T,Hp], C fp32
+// [T,Hp].
+func agApply(a *attention, l agLayout, trans bool) GemmShape {
+	T, Hp, Tp := int64(a.T), int64(l.Hp), int64(l.Tp)
+	return GemmShape{TransA: trans, M: a.T, N: l.Hp, K: a.T, Batch: a.BH, StrideA: T * Tp, StrideB: T * Hp, StrideC: T * Hp, LDA: l.Tp}
+}
+
+// agRowGrid: the row kernels' grid, a warp per row (bh, i).
+func agRowGrid(a *attention) [3]uint32 {
+	return [3]uint32{uint32((a.BH*a.T + 7) / 8), 1, 1}
+}
+
+var agRowBlock = [3]uint32{256, 1, 1}
+
+// agGEMM runs one bf16 batch of the GEMM path.
+func (p *program) agGEMM(s GemmShape, alpha float32, A, B, C Buffer) error {
+	return p.matmul(s, BF16, GemmCall{Alpha: alpha, A: A, B: B, C: C})
+}
+
+// agPack converts an attention operand into its packed bf16 region.
+func (p *program) agPack(a *attention, l agLayout, dst Buffer, src uint64) error {
+	return p.each("attn_pack_bf16", a.BH*a.T*l.Hp/8, dst.Ptr, src, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
+}
+
+// agUnpack writes a packed fp32 GEMM result into an attention output.
+func (p *program) agUnpack(a *attention, l agLayout, dst uint64, src Buffer) error {
+	return p.each("attn_unpack_f32", a.BH*a.T*a.Hd, dst, src.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
+}
+
+// agPackQKV packs q, k and v.
+func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval) error {
+	for _, x := range []struct {
+		off int64
+		src *dval
+	}{{l.Q, q}, {l.K, k}, {l.V, v}} {
+		if err := p.agPack(a, l, agBuf(work, x.off, l.R0-l.Q), x.src.buf.Ptr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attentionForwardGEMM: o and the rows' log-sum-exp through the scores.
+func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dval) error {
+	l, w := newAGLayout(a), p.attnWork.Ptr
+	packed := l.K - l.Q
+	if err := p.agPackQKV(a, l, w, q, k, v); err != nil {
+		return err
+	}
+	S := agBuf(w, l.S, l.P-l.S)
+	if err := p.agGEMM(agScores(a, l), a.scale, agBuf(w, l.Q, packed), agBuf(w, l.K, packed), S); err != nil {
+		return err
+	}
+	P := agBuf(w, l.P, l.Q-l.P)
+	args := append([]any{P.Ptr, lse, S.Ptr, a.biasPtr(), int32(a.BH), int32(a.T), int32(l.Tp)}, a.dropoutArgs(p.seed)...)
+	if err := p.launch("attn_softmax_fwd_f32", agRowGrid(a), agRowBlock, 0, args...); err != nil {
+		return err
+	}
+	R := agBuf(w, l.R0, l.fwdBytes-l.R0)
+	if err := p.agGEMM(agApply(a, l, false), 1, P, agBuf(w, l.V, packed), R); err != nil {
+		return err
+	}
+	return p.agUnpack(a, l, o, R)
+}
+
+// attentionBackwardGEMM: dq, dk, dv and the bias gradient through the
+// scores, recomputed from q and k.
+func (p *program) attentionBackwardGEMM(g *attnGrad) error {
+	a := g.a
+	l, w := newAGLayout(a), p.attnWork.Ptr
+	packed, scores, weights, result := l.K-l.Q, l.P-l.S, l.Q-l.P, l.fwdBytes-l.R0
+	if err := p.agPackQKV(a, l, w, g.q, g.k, g.v); err != nil {
+		return err
+	}
+	dO := agBuf(w, l.DO, packed)
+	if err := p.launch("attn_pack_do_bf16", agRowGrid(a), agRowBlock, 0, dO.Ptr, g.D, g.dO.buf.Ptr, g.o,
+		int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp)); err != nil {
+		return err
+	}
+	Q, K, V := agBuf(w, l.Q, packed), agBuf(w, l.K, packed), agBuf(w, l.V, packed)
+	S, dP := agBuf(w, l.S, scores), agBuf(w, l.DP, scores)
+	if err := p.agGEMM(agScores(a, l), a.scale, Q, K, S); err != nil {
+		return err
+	}
+	if err := p.agGEMM(agScores(a, l), 1, dO, V, dP); err != nil {
+		return err
+	}
+	Pd, dS := agBuf(w, l.P, weights), agBuf(w, l.DS, weights)
+	var dSf uint64
+	if a.bias != nil {
+		dSf = S.Ptr // dS in fp32 over the scores, for the bias gradient
+	}
+	args := append([]any{Pd.Ptr, dS.Ptr, dSf, S.Ptr, dP.Ptr, a.biasPtr(), g.lse, g.D, int32(a.BH), int32(a.T), int32(l.Tp)},
+		a.dropoutArgs(p.seed)...)
+	if err := p.launch("attn_softmax_bwd_f32", agRowGrid(a), agRowBlock, 0, args...); err != nil {
+		return err
+	}
+	for _, r := range []struct {
+		trans bool
+		alpha float32
+		W     Buffer
+		x     Buffer
+		off   int64
+		out   *dval
+	}{
+		{true, 1, Pd, dO, l.R2, g.out[2]},      // dv = Pᵀ·dO
+		{false, a.scale, dS, K, l.R0, g.out[0]}, // dq = scale·dS·k
+		{true, a.scale, dS, Q, l.R1, g.out[1]},  // dk = scale·dSᵀ·q
+	} {
+		R := agBuf(w, r.off, result)
+		if err := p.agGEMM(agApply(a, l, r.trans), r.alpha, r.W, r.x, R); err != nil {
+			return err
+		}
+		if err := p.agUnpack(a, l, r.out.buf.Ptr, R); err != nil {
+			return err
+		}
+	}
+	if a.bias == nil {
+		return nil
+	}
+	return p.each("attention_dbias_reduce_f32", a.T*a.T, g.out[3].buf.Ptr, dSf, int32(a.BH), int32(a.T))
+}

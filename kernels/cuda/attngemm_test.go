@@ -1,0 +1,68 @@
+package cuda
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestAGLayout: the GEMM path's work buffer: regions on 256 bytes, in
+// order, each as large as its operand; the forward's regions first; the
+// paper's shape (32 sequences of 6 heads, T = 768, heads of 85) takes
+// 1.62 GB and fits the cap, T = 4,096 at the same batch does not.
+func TestAGLayout(t *testing.T) {
+	a := &attention{BH: 192, T: 768, Hd: 85}
+	l := newAGLayout(a)
+	if l.Hp != 88 || l.Tp != 768 {
+		t.Fatalf("Hp %d, Tp %d, want 88, 768", l.Hp, l.Tp)
+	}
+	scores, weights := int64(4*192*768*768), int64(2*192*768*768)
+	packed, result := int64(2*192*768*88), int64(4*192*768*88)
+	regions := []struct {
+		name     string
+		off, len int64
+	}{{"S", l.S, scores}, {"P", l.P, weights}, {"Q", l.Q, packed}, {"K", l.K, packed}, {"V", l.V, packed}, {"R0", l.R0, result},
+		{"DP", l.DP, scores}, {"DS", l.DS, weights}, {"DO", l.DO, packed}, {"R1", l.R1, result}, {"R2", l.R2, result}}
+	end := int64(0)
+	for _, r := range regions {
+		if r.off%agAlign != 0 || r.off < end {
+			t.Errorf("region %s at %d: want a multiple of %d at or after %d", r.name, r.off, agAlign, end)
+		}
+		end = r.off + r.len
+		if r.name == "R0" && l.fwdBytes < end {
+			t.Errorf("fwdBytes %d ends before R0 (%d)", l.fwdBytes, end)
+		}
+	}
+	if l.bytes < end || l.bytes > end+agAlign {
+		t.Errorf("bytes %d, the regions end at %d", l.bytes, end)
+	}
+	if l.bytes < 1.61e9 || l.bytes > 1.63e9 || !attnGEMMFits(a) {
+		t.Errorf("paper shape: %d bytes (fits %v), want about 1.62e9 and fits", l.bytes, attnGEMMFits(a))
+	}
+	if attnGEMMFits(&attention{BH: 192, T: 4096, Hd: 85}) {
+		t.Error("T = 4,096 at 192 heads fits the GEMM path's cap")
+	}
+	odd := newAGLayout(&attention{BH: 3, T: 37, Hd: 9})
+	if odd.Hp != 16 || odd.Tp != 40 {
+		t.Errorf("T 37, Hd 9: Hp %d, Tp %d, want 16, 40", odd.Hp, odd.Tp)
+	}
+}
+
+// TestAttnChoiceEnv: RPAC_CUDA_ATTENTION takes gemm, flash or nothing; any
+// other value is refused by the dry run (and New) with the variable named.
+func TestAttnChoiceEnv(t *testing.T) {
+	for v, want := range map[string]attnChoice{"": attnChooseGEMM, "gemm": attnChooseGEMM, "flash": attnChooseFlash} {
+		t.Setenv("RPAC_CUDA_ATTENTION", v)
+		got, err := attnChoiceEnv()
+		if err != nil || got != want {
+			t.Errorf("%q: %v, %v; want %v", v, got, err, want)
+		}
+		be, err := NewDryRun(GEMMBF16)
+		if err != nil || be.attention != want {
+			t.Errorf("%q: dry run %v, want the choice %v", v, err, want)
+		}
+	}
+	t.Setenv("RPAC_CUDA_ATTENTION", "tiles")
+	if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_ATTENTION") {
+		t.Errorf("tiles: %v, want a refusal naming RPAC_CUDA_ATTENTION", err)
+	}
+}
