@@ -66,7 +66,7 @@ type agLayout struct {
 	// forward: the scores S (fp32 [BH,T,T]), P (bf16 [BH,T,Tp]), packed q,
 	// k, v (bf16 [BH,T,Hp]) and a GEMM result (fp32 [BH,T,Hp]: o, then dq)
 	S, P, Q, K, V, R0 int64
-	fwdBytes         int64
+	fwdBytes          int64
 	// backward: dP (fp32 [BH,T,T]), dS (bf16 [BH,T,Tp]), packed dO, and
 	// the results dk and dv
 	DP, DS, DO, R1, R2 int64
@@ -94,7 +94,9 @@ func newAGLayout(a *attention) agLayout {
 }
 
 // agBuf is n bytes of the work buffer at offset off.
-func agBuf(work uint64, off, n int64) Buffer { return Buffer{Ptr: work + uint64(off), Bytes: uint64(n)} }
+func agBuf(work uint64, off, n int64) Buffer {
+	return Buffer{Ptr: work + uint64(off), Bytes: uint64(n)}
+}
 
 // attnGEMMFits: the backward's work buffer within attnGEMMBytes.
 func attnGEMMFits(a *attention) bool { return newAGLayout(a).bytes <= attnGEMMBytes }
@@ -212,7 +214,7 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		off   int64
 		out   *dval
 	}{
-		{true, 1, Pd, dO, l.R2, g.out[2]},      // dv = Pᵀ·dO
+		{true, 1, Pd, dO, l.R2, g.out[2]},       // dv = Pᵀ·dO
 		{false, a.scale, dS, K, l.R0, g.out[0]}, // dq = scale·dS·k
 		{true, a.scale, dS, Q, l.R1, g.out[1]},  // dk = scale·dSᵀ·q
 	} {
