@@ -11,8 +11,9 @@ import (
 )
 
 // tcAttentionCases: FusedAttention and its gradient on shapes that stress
-// flash.cu's tiles: lengths that are not a multiple of 64 or 32 (37, 67,
-// 20), the paper's head size 85 and small ones (9, 12) padded to 16, 35
+// flash.cu's tiles and the GEMM path's blocks: lengths that are not a
+// multiple of 64 or 32 (37, 67, 20, 300: the GEMM path's blocks of 128,
+// the last partial), the paper's head size 85 and small ones (9, 12) padded to 16, 35
 // (sequence, head) pairs, with and without the bias and dropout (blocks
 // that take several pairs: TestGPUAttentionTensorCores), and in the
 // [B,T,H,Hd] layout (ir.AttnBTHD: rows H·Hd apart).
@@ -38,6 +39,7 @@ func tcAttentionCases() []opCase {
 	add(ir.Shape{5, 7, 20, 12}, true, 0.1, ir.AttnBHTD)
 	add(ir.Shape{2, 67, 3, 85}, true, 0.1, ir.AttnBTHD)
 	add(ir.Shape{5, 20, 7, 12}, true, 0, ir.AttnBTHD)
+	add(ir.Shape{1, 300, 2, 12}, true, 0.1, ir.AttnBTHD) // three query blocks of the GEMM path (agBlock)
 	return cases
 }
 

@@ -66,3 +66,34 @@ func TestAttnChoiceEnv(t *testing.T) {
 		t.Errorf("tiles: %v, want a refusal naming RPAC_CUDA_ATTENTION", err)
 	}
 }
+
+// TestAGBlocks: the GEMM path's score blocks at T = 300 (128, 128, 44)
+// form every score on or below the diagonal exactly once, each block over
+// the keys up to its last query.
+func TestAGBlocks(t *testing.T) {
+	a := &attention{BH: 2, T: 300, Hd: 12}
+	l := newAGLayout(a)
+	T := a.T
+	count := make([]int, T*T)
+	for _, c := range agScores(a, l) {
+		r0 := int(c.offA / 2 / int64(l.Hp))
+		if c.offC != 4*int64(r0*T) || c.s.N != r0+c.s.M || c.s.LDC != T {
+			t.Fatalf("scores block at row %d: %+v", r0, c)
+		}
+		for i := r0; i < r0+c.s.M; i++ {
+			for j := range c.s.N {
+				count[i*T+j]++
+			}
+		}
+	}
+	for i := range T {
+		for j := 0; j <= i; j++ {
+			if count[i*T+j] != 1 {
+				t.Fatalf("score (%d, %d) formed %d times, want once", i, j, count[i*T+j])
+			}
+		}
+	}
+	if n := len(agBlocks(768)); n != 6 {
+		t.Errorf("T 768: %d blocks, want 6", n)
+	}
+}
