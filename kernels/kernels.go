@@ -241,4 +241,8 @@ type Capabilities struct {
 	// DeviceState: the backend can keep the training state (weights,
 	// moments, gradients) on its device between steps.
 	DeviceState bool
+	// LMHeadChunk: the rows an LMHeadCrossEntropy(Grad) node of the
+	// backend's graphs computes at once (0: ir.LMHeadChunk); the train and
+	// eval pipelines set it on the nodes (passes.LMHeadChunk).
+	LMHeadChunk int
 }

@@ -164,3 +164,53 @@ func TestFusedHeadPlanAndFlops(t *testing.T) {
 		t.Errorf("head flops %d, want 6·N·V·D = %d", head, 6*N*V*D)
 	}
 }
+
+// TestLMHeadChunkPass: a backend's LM-head chunk (Context.LMHeadChunk,
+// from kernels.Capabilities) reaches the fused head and its gradient
+// through the train pipeline, and the plan's scratch follows it; without
+// one the nodes keep ir.LMHeadChunk; a node's own chunk stays.
+func TestLMHeadChunkPass(t *testing.T) {
+	p, _ := model.LookupPreset("tiny")
+	c := p.Config
+	c.Model = "baseline"
+	c.Vocab, c.DModel, c.MaxLen, c.Dropout = 97, 32, 16, 0
+	const B, T, N, V, D = 4, 16, 64, 97, 32
+	build := func(chunk int) *ir.Graph {
+		mg, err := model.Build(&c, model.Opts{T: T, B: B, Mode: model.Train})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := passes.Run(mg.Graph, passes.TrainPipeline, &passes.Context{Loss: "loss", LMHeadChunk: chunk}); err != nil {
+			t.Fatal(err)
+		}
+		return mg.Graph
+	}
+	// chunk 0: ir.LMHeadChunk, above N: one chunk; 24: three chunks of 22
+	for _, cs := range []struct{ chunk, rows int }{{0, N}, {24, 22}} {
+		chunk := cs.chunk
+		g := build(chunk)
+		heads := 0
+		for _, n := range g.Nodes {
+			if n.Op == "LMHeadCrossEntropy" || n.Op == "LMHeadCrossEntropyGrad" {
+				heads++
+				if got := n.Attrs.Int("chunk", 0); got != chunk {
+					t.Errorf("chunk %d: %s has chunk attribute %d", chunk, n.Op, got)
+				}
+				if rows := ir.LMHeadChunkRows(n); rows != cs.rows {
+					t.Errorf("chunk %d: %s computes %d rows at once", chunk, n.Op, rows)
+				}
+			}
+		}
+		if heads != 2 {
+			t.Fatalf("chunk %d: %d head nodes, want the head and its gradient", chunk, heads)
+		}
+	}
+	g := ir.New("own")
+	x, w := g.Input("x", ir.Shape{N, D}, ir.F32), g.Input("w", ir.Shape{V, D}, ir.F32)
+	y := g.Input("y", ir.Shape{N}, ir.I32)
+	g.Apply("LMHeadCrossEntropy", ir.Attrs{"chunk": 7}, x, w, y)
+	passes.LMHeadChunk(g, 4096)
+	if got := g.Nodes[0].Attrs.Int("chunk", 0); got != 7 {
+		t.Errorf("a node's own chunk 7 became %d", got)
+	}
+}

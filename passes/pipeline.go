@@ -31,6 +31,10 @@ type Context struct {
 	// attention cores the [B,T,H,D] layout (AttentionLayout), for backends
 	// whose attention kernels take it.
 	AttentionLayout bool
+	// LMHeadChunk, when positive, is the chunk of rows the train and eval
+	// pipelines give the fused LM heads (LMHeadChunk), for backends whose
+	// GEMMs want more rows than ir.LMHeadChunk.
+	LMHeadChunk int
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -41,9 +45,11 @@ type Context struct {
 }
 
 // ForBackend sets what a backend asks of the train and eval pipelines
-// (FuseAttention, FuseElementwise, AttentionLayout) from its capabilities.
+// (FuseAttention, FuseElementwise, AttentionLayout, LMHeadChunk) from its
+// capabilities.
 func (c *Context) ForBackend(caps kernels.Capabilities) *Context {
 	c.FuseAttention, c.FuseElementwise, c.AttentionLayout = caps.FusedAttention, caps.FusedElementwise, caps.AttentionBTHD
+	c.LMHeadChunk = caps.LMHeadChunk
 	return c
 }
 
@@ -103,6 +109,7 @@ var TrainPipeline = []Pass{
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
 	{Name: "attention layout", Fn: attentionLayoutIfAsked},
 	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
+	{Name: "lm head chunk", Fn: lmHeadChunkIfAsked},
 }
 
 // EvalPipeline cleans a forward graph for evaluation.
@@ -111,6 +118,28 @@ var EvalPipeline = []Pass{
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
 	{Name: "attention layout", Fn: attentionLayoutIfAsked},
 	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
+	{Name: "lm head chunk", Fn: lmHeadChunkIfAsked},
+}
+
+func lmHeadChunkIfAsked(g *ir.Graph, c *Context) error {
+	if c.LMHeadChunk <= 0 {
+		return nil
+	}
+	LMHeadChunk(g, c.LMHeadChunk)
+	return nil
+}
+
+// LMHeadChunk gives every LMHeadCrossEntropy and LMHeadCrossEntropyGrad
+// node without a chunk attribute of its own a chunk of rows rows.
+func LMHeadChunk(g *ir.Graph, rows int) {
+	for _, n := range g.Nodes {
+		if (n.Op == "LMHeadCrossEntropy" || n.Op == "LMHeadCrossEntropyGrad") && n.Attrs.Int("chunk", 0) <= 0 {
+			if n.Attrs == nil {
+				n.Attrs = ir.Attrs{}
+			}
+			n.Attrs["chunk"] = rows
+		}
+	}
 }
 
 func attentionLayoutIfAsked(g *ir.Graph, c *Context) error {
@@ -150,6 +179,7 @@ var Constraints = []Constraint{
 	{"dce", "fuse elementwise", "dead readers would keep intermediates from fusing"},
 	{"fuse training attention", "attention layout", "the layout is a fused core's"},
 	{"autodiff", "attention layout", "the core and its gradient change layout together"},
+	{"autodiff", "lm head chunk", "the head's gradient node, which autodiff adds, takes the chunk too"},
 }
 
 // Pipelines lists every registered pipeline by name (export pipelines add

@@ -165,7 +165,7 @@ if want predict; then
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain
 	check gemm-algos bin/rpac bench gemm-algos --algos 8 --reps 10 --shapes \
-		1024x50257x510:NT:50264,1024x510x50257,50257x510x1024:TN,24576x1020x510:NT,24576x1020x510,24576x510x1020:NT,24576x510x1020,24576x510x510:NT,24576x510x510,510x510x24576:TN,1020x510x24576:TN,510x1020x24576:TN
+		4096x50257x510:NT:50264,4096x510x50257,50257x510x4096:TN,1024x510x50257,24576x1020x510:NT,24576x1020x510,24576x510x1020:NT,24576x510x1020,24576x510x510:NT,24576x510x510,510x510x24576:TN,1020x510x24576:TN,510x1020x24576:TN
 fi
 
 # CUDA vs CPU, 40 tiny steps, same seed.

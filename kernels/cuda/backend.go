@@ -183,6 +183,14 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice}
 }
 
+// lmHeadChunk is the rows the fused LM head computes at once on the GPU:
+// its input-gradient GEMM (chunk × d_model, over the vocabulary) has
+// ⌈chunk/128⌉·⌈d/128⌉ output tiles, which at 1,024 rows and the paper's
+// d of 510 fill 32 of an H100's 132 SMs (the fifth run measured the head's
+// 1,024-row GEMMs at 85–125 TFLOP/s); 4,096 rows fill 128. A chunk of
+// logits is then 823 MB at 50,257 tokens (the plan counts it).
+const lmHeadChunk = 4096
+
 // Name says "cuda" and the device.
 func (b *Backend) Name() string {
 	d := b.dev.Info()
@@ -200,7 +208,8 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 // most (attngemm.go) instead of a [B,H,T,T] tensor per node; programs live in the device's memory; the training
 // state can stay on the device (DeviceAdamW).
 func (b *Backend) Capabilities() kernels.Capabilities {
-	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true}
+	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
+		LMHeadChunk: lmHeadChunk}
 }
 
 // Device describes the GPU.
