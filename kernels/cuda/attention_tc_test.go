@@ -98,15 +98,8 @@ func gpuBackendPath(t *testing.T, choice attnChoice) *Backend {
 // shared-memory poison) agrees.
 func TestGPUFusedAttentionBF16(t *testing.T) {
 	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
-		t.Run(attnChoiceName(choice), func(t *testing.T) { fusedAttentionBF16(t, gpuBackendPath(t, choice), choice) })
+		t.Run(choice.String(), func(t *testing.T) { fusedAttentionBF16(t, gpuBackendPath(t, choice), choice) })
 	}
-}
-
-func attnChoiceName(c attnChoice) string {
-	if c == attnChooseFlash {
-		return "flash"
-	}
-	return "gemm"
 }
 
 func fusedAttentionBF16(t *testing.T, be *Backend, choice attnChoice) {

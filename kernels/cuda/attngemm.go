@@ -21,10 +21,6 @@ const (
 	attnGEMM
 )
 
-func (a attnPath) String() string {
-	return [...]string{"scalar", "flash", "gemm"}[a]
-}
-
 // attnChoice is the tensor-core path a backend prefers
 // (RPAC_CUDA_ATTENTION): attnGEMM where its work buffer fits
 // attnGEMMBytes (the default), or flash.cu's kernels always.
@@ -34,6 +30,14 @@ const (
 	attnChooseGEMM attnChoice = iota
 	attnChooseFlash
 )
+
+// String is the choice as RPAC_CUDA_ATTENTION names it.
+func (c attnChoice) String() string {
+	if c == attnChooseFlash {
+		return "flash"
+	}
+	return "gemm"
+}
 
 // attnChoiceEnv reads RPAC_CUDA_ATTENTION: unset or "gemm", or "flash".
 func attnChoiceEnv() (attnChoice, error) {
@@ -151,12 +155,16 @@ func agApply(a *attention, l agLayout, trans bool) []agCall {
 	return []agCall{{s: s}}
 }
 
+// agRows: the row kernels' rows per block, a warp each (AG_ROWS in
+// attngemm.cu).
+const agRows = 8
+
 // agRowGrid: the row kernels' grid, a warp per row (bh, i).
 func agRowGrid(a *attention) [3]uint32 {
-	return [3]uint32{uint32((a.BH*a.T + 7) / 8), 1, 1}
+	return [3]uint32{uint32((a.BH*a.T + agRows - 1) / agRows), 1, 1}
 }
 
-var agRowBlock = [3]uint32{256, 1, 1}
+var agRowBlock = [3]uint32{32 * agRows, 1, 1}
 
 // agGEMM runs the bf16 GEMMs of calls on the regions A, B and C.
 func (p *program) agGEMM(calls []agCall, alpha float32, A, B, C Buffer) error {
@@ -187,7 +195,7 @@ func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval
 		off int64
 		src *dval
 	}{{l.Q, q}, {l.K, k}, {l.V, v}} {
-		if err := p.agPack(a, l, agBuf(work, x.off, l.R0-l.Q), x.src.buf.Ptr); err != nil {
+		if err := p.agPack(a, l, agBuf(work, x.off, l.K-l.Q), x.src.buf.Ptr); err != nil {
 			return err
 		}
 	}

@@ -195,7 +195,7 @@ const lmHeadChunk = 4096
 func (b *Backend) Name() string {
 	d := b.dev.Info()
 	if b.gemm == GEMMBF16 && b.attention == attnChooseFlash {
-		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention flash)", d.Name, d.Arch, b.gemm)
+		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention %s)", d.Name, d.Arch, b.gemm, b.attention)
 	}
 	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, b.gemm)
 }
@@ -205,8 +205,9 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 
 // Capabilities: training and eval graphs on this backend fuse each
 // attention core, whose kernels hold the weights of one node at a time at
-// most (attngemm.go) instead of a [B,H,T,T] tensor per node; programs live in the device's memory; the training
-// state can stay on the device (DeviceAdamW).
+// most (attngemm.go) instead of a [B,H,T,T] tensor per node; programs live
+// in the device's memory; the training state can stay on the device
+// (DeviceAdamW); the fused LM head takes lmHeadChunk rows at a time.
 func (b *Backend) Capabilities() kernels.Capabilities {
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
 		LMHeadChunk: lmHeadChunk}

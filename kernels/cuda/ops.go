@@ -1350,11 +1350,11 @@ var attnBlock = [3]uint32{128, 1, 1}
 
 // forward launches the forward kernel: o and the rows' log-sum-exp.
 func (p *program) attentionForward(a *attention, o, lse uint64, q, k, v *dval) error {
-	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), int32(a.H), a.scale}, a.dropoutArgs(p.seed)...)
-	switch a.path {
-	case attnGEMM:
+	if a.path == attnGEMM {
 		return p.attentionForwardGEMM(a, o, lse, q, k, v)
-	case attnFlash:
+	}
+	args := append([]any{o, lse, q.buf.Ptr, k.buf.Ptr, v.buf.Ptr, a.biasPtr(), int32(a.T), int32(a.Hd), int32(a.H), a.scale}, a.dropoutArgs(p.seed)...)
+	if a.path == attnFlash {
 		return p.launch("attention_fwd_bf16", a.tiles(a.BH), attnBlock, 0, args...)
 	}
 	return p.launch("attention_fwd_f32", a.rows(), attnBlock, uint32(4*(32+a.T)), args...)
