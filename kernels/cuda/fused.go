@@ -146,17 +146,12 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 // the program's module defines once every node is built (loadGenerated).
 func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32, params []float32,
 	keys func() [ir.MaxFusedDraws]uint64) (func() error, error) {
-	c := fusedChain{dense: make([]bool, len(in)), prog: prog, params: params}
+	c := fusedChain{dense: make([]bool, len(in)), prog: prog, params: params, idx32: o.n <= math.MaxInt32}
 	for k := range in {
 		c.dense[k] = dense[k] != 0
 		if !c.dense[k] {
-			c.rank = v.rank()
+			c.view = v
 		}
-	}
-	packed := v.pack()
-	vbuf, err := p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
-	if err != nil {
-		return nil, err
 	}
 	name := c.name()
 	if p.gen == nil {
@@ -168,7 +163,7 @@ func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32
 	for _, x := range in {
 		args = append(args, x.buf.Ptr)
 	}
-	args = append(args, vbuf.Ptr, int64(o.n))
+	args = append(args, int64(o.n))
 	nk := len(args)
 	args = append(args, uint64(0), uint64(0), uint64(0), uint64(0))
 	return func() error {

@@ -17,7 +17,10 @@ import (
 // memory bandwidth), not by the bytes it moves. So each chain of a program
 // becomes a kernel of its own instead: the steps as straight-line code over
 // local variables, the op codes and parameters as constants (the prelude's
-// ew_* switches fold away), the dense inputs read at i without a view. All
+// ew_* switches fold away), the dense inputs read at i, a broadcast input
+// at an offset computed from the view's dims and strides as constants
+// (divisions by constants: a multiply and a shift, not the runtime view's
+// division loop, the interpreter's and binary_f32's cost). All
 // chains of one program are one NVRTC module, compiled when the program is
 // (cached on disk like the embedded sources). The formulas are the
 // interpreter's, step for step.
@@ -27,7 +30,8 @@ const fusedGenPrefix = "fused_gen_"
 
 // The names the trace gives the generated chain kernels: those that read
 // every input at i (costed as streams, like binary_dense_f32) and those
-// with a broadcast input read through the view (like binary_f32).
+// with a broadcast input (costed like binary_f32, which reads through a
+// runtime view, until a GPU measures the constant one).
 const (
 	fusedGenDense = "fused_gen_f32"
 	fusedGenView  = "fused_gen_view_f32"
@@ -48,14 +52,18 @@ func reportName(name string) string {
 // fusedChain is one FusedElementwise body as fused_ew_f32 would run it:
 // the encoded steps (fusedStep) and how each input is read.
 type fusedChain struct {
-	dense  []bool // input k has the output's shape
-	rank   int    // of the collapsed view (0: every input dense)
+	dense []bool // input k has the output's shape
+	// view: the collapsed view of the inputs over the output (its dims
+	// and each input's strides; rank 0 when every input is dense)
+	view view
+	// idx32: the output has fewer than 2³¹ elements, so the view's
+	// divisions go in 32 bits
+	idx32  bool
 	prog   []int32
 	params []float32
 }
 
-// source is the chain's kernel. Its parameters: out, the inputs x0..,
-// view (dims, then a stride row per input, as fused_ew_f32 takes it), n,
+// source is the chain's kernel. Its parameters: out, the inputs x0.., n,
 // and the four stream keys.
 func (c fusedChain) source(name string) string {
 	var b strings.Builder
@@ -63,13 +71,13 @@ func (c fusedChain) source(name string) string {
 	for k := range c.dense {
 		fmt.Fprintf(&b, ", const float* x%d", k)
 	}
-	b.WriteString(", const i64* view, i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
+	b.WriteString(", i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
 	b.WriteString("    GRID_STRIDE(i, n) {\n")
 	for k, d := range c.dense {
 		if d {
 			fmt.Fprintf(&b, "        float r%d = x%d[i];\n", k, k)
 		} else {
-			fmt.Fprintf(&b, "        float r%d = x%d[view_offset_n(i, n, view, view + %d, %d)];\n", k, k, (1+k)*c.rank, c.rank)
+			fmt.Fprintf(&b, "        float r%d = x%d[%s];\n", k, k, c.offset(k))
 		}
 	}
 	nin := len(c.dense)
@@ -79,6 +87,42 @@ func (c fusedChain) source(name string) string {
 	}
 	fmt.Fprintf(&b, "        out[i] = r%d;\n    }\n}\n", nin+len(c.prog)/4-1)
 	return b.String()
+}
+
+// offset is input k's offset at element i as an expression over
+// constants: view_offset's loop unrolled, the innermost dim first, each
+// dim's index (u mod dim) times its stride, the dims outside the
+// outermost one with a stride left out (that dim's index is then u
+// itself, since i < n).
+func (c fusedChain) offset(k int) string {
+	ty, suffix := "(i64)", "ll"
+	if c.idx32 {
+		ty, suffix = "(unsigned)", "u"
+	}
+	last := -1 // the outermost dim with a stride
+	for d, st := range c.view.strides[k] {
+		if st != 0 {
+			last = d
+			break
+		}
+	}
+	if last < 0 {
+		return "0"
+	}
+	var terms []string
+	u := ty + "i"
+	for d := len(c.view.dims) - 1; d >= last; d-- {
+		dim, st := c.view.dims[d], c.view.strides[k][d]
+		if st != 0 {
+			idx := u
+			if d > 0 {
+				idx = fmt.Sprintf("(%s %% %d%s)", u, dim, suffix)
+			}
+			terms = append(terms, fmt.Sprintf("(i64)%s * %dll", idx, st))
+		}
+		u = fmt.Sprintf("(%s / %d%s)", u, dim, suffix)
+	}
+	return strings.Join(terms, " + ")
 }
 
 // fusedExpr is one step's right-hand side, fused_ew_f32's formula for it
@@ -107,9 +151,9 @@ func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
 // equal chains share one kernel within and across programs.
 func (c fusedChain) name() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%d %v %v %v", c.rank, c.dense, c.prog, c.params)
+	fmt.Fprintf(h, "%v %v %v %v %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params)
 	kind := ""
-	if c.rank > 0 {
+	if c.view.rank() > 0 {
 		kind = "view_"
 	}
 	return fusedGenPrefix + kind + hex.EncodeToString(h.Sum(nil)[:8])
