@@ -40,6 +40,13 @@ func fusedCases() []opCase {
 		{Op: "Div", Args: []int{13, 0}},                                              // 14
 		{Op: "StopGradient", Args: []int{14}},                                        // 15
 	}}, in: []ir.Shape{s, {1, 6}}})
+	// broadcast views the generator writes as constant offsets: over the
+	// middle dim (strides D, 0, 1: a division, a remainder and a
+	// multiply), and a scalar (offset 0)
+	out = append(out, opCase{op: "FusedElementwise", attrs: ir.Attrs{"shape": []int{3, 5, 7}, "body": ir.FusedBody{
+		{Op: "Mul", Args: []int{0, 1}}, // 3
+		{Op: "Add", Args: []int{3, 2}}, // 4
+	}}, in: []ir.Shape{{3, 5, 7}, {3, 1, 7}, {1}}})
 	return out
 }
 
