@@ -231,7 +231,8 @@ func TestGPULayerNorm(t *testing.T) {
 
 // TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient,
 // on rows padded to ld (the LM head's chunk): the padding is neither read
-// nor written.
+// nor written; with a bf16 output the gradient goes there, bit for bit the
+// bf16 rounding of the fp32 one, its padding zeroed, the logits untouched.
 func TestGPUSoftmaxCE(t *testing.T) {
 	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(7, 8))
@@ -252,11 +253,39 @@ func TestGPUSoftmaxCE(t *testing.T) {
 	}
 	dl, dt := devF32(t, c, x), devF32(t, c, tg)
 	dsm, dce, dpred := devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
-	if err := c.Launch("softmax_ce_fused_f32", [3]uint32{rows, 1, 1}, [3]uint32{512, 1, 1}, 0,
-		dl.Ptr, dsm.Ptr, dce.Ptr, dpred.Ptr, dt.Ptr, int32(rows), int32(V), int32(ld), float32(ls), float32(scale)); err != nil {
-		t.Fatal(err)
+	const gld = 50264
+	dl2 := devF32(t, c, x)
+	garbage := make([]float32, rows*gld/2) // bf16 pairs, the padding's included
+	for i := range garbage {
+		garbage[i] = math.Float32frombits(0x7fc17fc1)
+	}
+	dg := devF32(t, c, garbage)
+	for _, l := range []struct {
+		logits, gb uint64
+		gld        int32
+	}{{dl.Ptr, 0, 0}, {dl2.Ptr, dg.Ptr, gld}} {
+		if err := c.Launch("softmax_ce_fused_f32", [3]uint32{rows, 1, 1}, [3]uint32{512, 1, 1}, 0,
+			l.logits, dsm.Ptr, dce.Ptr, dpred.Ptr, dt.Ptr, int32(rows), int32(V), int32(ld), float32(ls), float32(scale), l.gb, l.gld); err != nil {
+			t.Fatal(err)
+		}
 	}
 	grad := hostF32(t, c, dl, rows*ld)
+	gb := hostF32(t, c, dg, rows*gld/2)
+	bf := func(i int) uint16 { return uint16(math.Float32bits(gb[i/2]) >> (16 * (i % 2))) }
+	for i := 0; i < rows; i++ {
+		for j := 0; j < gld; j++ {
+			want := uint16(0)
+			if j < V {
+				want = uint16(math.Float32bits(float32(roundBF16(grad[i*ld+j]))) >> 16)
+			}
+			if got := bf(i*gld + j); got != want {
+				t.Fatalf("bf16 gradient row %d column %d: %#04x, want %#04x", i, j, got, want)
+			}
+		}
+	}
+	if !sameBits(hostF32(t, c, dl2, rows*ld), x) {
+		t.Error("the launch with a bf16 gradient wrote the logits")
+	}
 	sm, ce, pr := hostF32(t, c, dsm, rows), hostF32(t, c, dce, rows), hostF32(t, c, dpred, rows)
 	for i := 0; i < rows; i++ {
 		row := x[i*ld : i*ld+V]

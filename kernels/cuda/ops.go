@@ -1083,20 +1083,17 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, act(xc), wt, 0, st.logits); err != nil {
 				return err
 			}
+			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}
+			logits, gb, gld := p.stageLogits(dx, st)
 			if err := p.launch("softmax_ce_fused_f32", blocks(c, 1), [3]uint32{512, 1, 1}, 0, st.logits.Ptr,
 				st.rows.Ptr+uint64(4*lo), ceRows.Ptr+uint64(4*lo), pred.buf.Ptr+uint64(4*lo), tg.buf.Ptr+uint64(4*lo),
-				int32(c), int32(V), int32(ld), ls, float32(1)); err != nil {
+				int32(c), int32(V), int32(ld), ls, float32(1), gb, int32(gld)); err != nil {
 				return err
 			}
 			if st.dx.Ptr == 0 {
 				continue
 			}
 			dxc := Buffer{Ptr: st.dx.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}
-			logits, err := p.stageLogits(dx, st.logits, c, V)
-			if err != nil {
-				return err
-			}
 			if !logits.staged { // fp32 GEMMs read the padded rows as they are
 				dx.LDA, dW.LDA = ld, ld
 			}
@@ -1118,21 +1115,19 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	}, nil
 }
 
-// stageLogits converts the chunk's logit gradients (rows×V, rows
-// logitsLD(V) apart) once for the two GEMMs that read them as A (dx and dW)
-// when they run in bf16.
-func (p *program) stageLogits(s GemmShape, logits Buffer, rows, V int) (operand, error) {
-	if !p.bf16GEMM(s) {
-		return act(logits), nil
+// stageLogits is where the chunk's logit gradients go for the two GEMMs
+// that read them as A (dx and dW): under bf16 GEMMs the fused softmax
+// writes them as bf16 (gb, rows gld apart) into staging buffer 0 of side 0,
+// marked as just read (the two GEMMs follow with no conversion on side 0
+// between them); else (or with no gradient) they stay in the fp32 logits
+// (gb 0).
+func (p *program) stageLogits(s GemmShape, st *lmHead) (operand, uint64, int) {
+	if st.dx.Ptr == 0 || !p.bf16GEMM(s) {
+		return act(st.logits), 0, 0
 	}
-	// Buffer 0 of side 0, marked as just read: the two GEMMs that read it
-	// follow with no conversion on side 0 between them.
 	p.staging[0][0] = stagedCopy{}
 	p.touchStage(0, 0)
-	if err := p.toBF16Strided(p.bf16[0][0], logits, rows, V, logitsLD(V)); err != nil {
-		return operand{}, err
-	}
-	return operand{buf: logits, staged: true}, nil
+	return operand{buf: st.logits, staged: true}, p.bf16[0][0].Ptr, bf16LD(s.K)
 }
 
 func (p *program) buildLMHeadGrad(n *ir.Node, in, out []*dval) (func() error, error) {

@@ -433,8 +433,11 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "softmax_ce_fused_f32":
 		// the chunk's logits: read for the maximum and the sum (one pass),
 		// read again and written as the gradient (a chunk of rows × 50,257
-		// does not fit in L2)
+		// does not fit in L2), in fp32 or (gb) as bf16
 		e.Bytes = 3 * w * a.i("rows") * a.i("V")
+		if a.ptr("gb") != 0 {
+			e.Bytes = 2*w*a.i("rows")*a.i("V") + 2*a.i("rows")*a.i("gld")
+		}
 	case "gaussian_membership_f32":
 		N, D, R := a.i("N"), a.i("D"), a.i("R")
 		e.Bytes, e.Flops = w*(N*D+N*R), 3*N*D*R

@@ -6,6 +6,10 @@
 // (negative) gets zero losses and a zero gradient row; its argmax is kept.
 // Row r starts at logits + r·ld (ld ≥ V: the LM head's chunk has rows
 // padded to 16-byte multiples, which cuBLASLt's fastest kernels need).
+// With gb not null the gradient goes to gb instead, as bf16 in rows of
+// gld ≥ V (the columns from V to gld zero): the operand of the bf16 GEMMs
+// that read it, with the bits a conversion of the fp32 gradient would
+// give; the logits are then left as they are.
 
 #define CE_AHEAD 4  // loads in flight per thread
 
@@ -19,13 +23,28 @@ __device__ __forceinline__ void ce_load(float* vs, const float* x, int j0, int s
     }
 }
 
+// ce_put: gradient entry j of the row, into the fp32 row x or the bf16
+// row g.
+__device__ __forceinline__ void ce_put(float* x, bf16_t* g, int j, float v) {
+    if (g) {
+        g[j] = f32_to_bf16(v);
+    } else {
+        x[j] = v;
+    }
+}
+
 extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
-                                                const int* targets, int rows, int V, int ld, float ls, float scale) {
+                                                const int* targets, int rows, int V, int ld, float ls, float scale,
+                                                bf16_t* gb, int gld) {
     __shared__ float shared[32];
     __shared__ int shared_arg[32];
     int r = blockIdx.x;
     if (r >= rows) return;
     float* x = logits + (i64)r * ld;
+    bf16_t* g = gb ? gb + (i64)r * gld : 0;
+    if (g) {
+        for (int j = V + threadIdx.x; j < gld; j += blockDim.x) g[j] = 0;
+    }
     // One pass over the row for the maximum, its index, Σx and Σ exp(x − m)
     // (each thread's sum rescaled when its maximum rises), then the row is
     // read once more to write the gradient.
@@ -75,7 +94,7 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
             loss_ce[r] = 0.0f;
             loss_sm[r] = 0.0f;
         }
-        for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.0f;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) ce_put(x, g, j, 0.0f);
         return;
     }
     float ce = lse - x[t];
@@ -83,7 +102,7 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
         loss_ce[r] = ce;
         loss_sm[r] = (1.0f - ls) * ce + ls * (lse - sx / V);
     }
-    __syncthreads();  // every thread has read x[t] before it is overwritten
+    __syncthreads();  // every thread has read x[t] before it is overwritten (fp32 gradient)
     float inv = 1.0f / se;
     for (int j0 = threadIdx.x; j0 < V; j0 += CE_AHEAD * step) {
         float vs[CE_AHEAD];
@@ -94,7 +113,7 @@ extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, f
             if (j < V) {
                 float p = expf(vs[u] - bm) * inv;
                 float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
-                x[j] = scale * (p - tgt);
+                ce_put(x, g, j, scale * (p - tgt));
             }
         }
     }
