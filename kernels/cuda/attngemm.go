@@ -102,8 +102,25 @@ func agBuf(work uint64, off, n int64) Buffer {
 	return Buffer{Ptr: work + uint64(off), Bytes: uint64(n)}
 }
 
-// attnGEMMFits: the backward's work buffer within attnGEMMBytes.
-func attnGEMMFits(a *attention) bool { return newAGLayout(a).bytes <= attnGEMMBytes }
+// attnGEMMFits: the work buffer within attnGEMMBytes: the backward's
+// when the program has an attention backward, else the forward's.
+func attnGEMMFits(a *attention, backward bool) bool {
+	l := newAGLayout(a)
+	if backward {
+		return l.bytes <= attnGEMMBytes
+	}
+	return l.fwdBytes <= attnGEMMBytes
+}
+
+// hasAttentionGrad: the program's graph has a FusedAttentionGrad node.
+func (p *program) hasAttentionGrad() bool {
+	for _, n := range p.g.Nodes {
+		if n.Op == "FusedAttentionGrad" {
+			return true
+		}
+	}
+	return false
+}
 
 // agBlock: the score GEMMs go over the causal triangle in blocks of this
 // many queries, so the scores above the diagonal are mostly not formed:

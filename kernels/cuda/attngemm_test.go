@@ -8,7 +8,8 @@ import (
 // TestAGLayout: the GEMM path's work buffer: regions on 256 bytes, in
 // order, each as large as its operand; the forward's regions first; the
 // paper's shape (32 sequences of 6 heads, T = 768, heads of 85) takes
-// 1.62 GB and fits the cap, T = 4,096 at the same batch does not.
+// 1.62 GB and fits the cap, T = 4,096 at the same batch does not, and a
+// program without a backward is held to the forward's share.
 func TestAGLayout(t *testing.T) {
 	a := &attention{BH: 192, T: 768, Hd: 85}
 	l := newAGLayout(a)
@@ -35,11 +36,18 @@ func TestAGLayout(t *testing.T) {
 	if l.bytes < end || l.bytes > end+agAlign {
 		t.Errorf("bytes %d, the regions end at %d", l.bytes, end)
 	}
-	if l.bytes < 1.61e9 || l.bytes > 1.63e9 || !attnGEMMFits(a) {
-		t.Errorf("paper shape: %d bytes (fits %v), want about 1.62e9 and fits", l.bytes, attnGEMMFits(a))
+	if l.bytes < 1.61e9 || l.bytes > 1.63e9 || !attnGEMMFits(a, true) {
+		t.Errorf("paper shape: %d bytes (fits %v), want about 1.62e9 and fits", l.bytes, attnGEMMFits(a, true))
 	}
-	if attnGEMMFits(&attention{BH: 192, T: 4096, Hd: 85}) {
+	if attnGEMMFits(&attention{BH: 192, T: 4096, Hd: 85}, true) {
 		t.Error("T = 4,096 at 192 heads fits the GEMM path's cap")
+	}
+	// an evaluation at twice the batch: the forward's 1.0 GB fits, the
+	// backward's 3.2 GB would not
+	eval := &attention{BH: 384, T: 768, Hd: 85}
+	if !attnGEMMFits(eval, false) || attnGEMMFits(eval, true) {
+		t.Errorf("384 pairs at T = 768: forward %d bytes, backward %d; want only the forward within the cap",
+			newAGLayout(eval).fwdBytes, newAGLayout(eval).bytes)
 	}
 	odd := newAGLayout(&attention{BH: 3, T: 37, Hd: 9})
 	if odd.Hp != 16 || odd.Tp != 40 {

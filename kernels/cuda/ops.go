@@ -1275,7 +1275,10 @@ const (
 	attnPartBytes = 512 << 20
 )
 
-func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, choice attnChoice) (*attention, error) {
+// newAttention is a node's geometry and path: under bf16 GEMMs the GEMM
+// path when choice allows and its work buffer fits (the backward's when
+// backward, else the forward's), else flash.cu's kernels.
+func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, choice attnChoice, backward bool) (*attention, error) {
 	lay := ir.AttnLayoutOf(n.Attrs)
 	B, H, T, Hd := lay.Dims(q.v.Shape)
 	_, _, S, _ := lay.Dims(k.v.Shape)
@@ -1303,7 +1306,7 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, cho
 	// fits, else flash.cu's.
 	if gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead {
 		a.path = attnFlash
-		if choice == attnChooseGEMM && attnGEMMFits(a) {
+		if choice == attnChooseGEMM && attnGEMMFits(a, backward) {
 			a.path = attnGEMM
 		}
 	}
@@ -1360,7 +1363,7 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	if len(in) == 4 {
 		mask = in[3]
 	}
-	a, err := newAttention(n, in[0], in[1], in[2], mask, p.be.gemm, p.be.attention)
+	a, err := newAttention(n, in[0], in[1], in[2], mask, p.be.gemm, p.be.attention, p.hasAttentionGrad())
 	if err != nil {
 		return nil, err
 	}
@@ -1390,7 +1393,7 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 	if len(in) == 5 {
 		mask = in[4]
 	}
-	a, err := newAttention(n, q, k, v, mask, p.be.gemm, p.be.attention)
+	a, err := newAttention(n, q, k, v, mask, p.be.gemm, p.be.attention, true)
 	if err != nil {
 		return nil, err
 	}
