@@ -62,18 +62,26 @@ const attnGEMMBytes = 2 << 30
 // preferred operand alignment).
 const agAlign = 256
 
-// agLayout is where the GEMM path's operands sit in the work buffer
-// (byte offsets). The forward's regions come first: a program without a
-// gradient node needs only fwdBytes.
+// agRegion is one operand's bytes in the work buffer.
+type agRegion struct{ off, n int64 }
+
+// in is the region in the work buffer at work.
+func (r agRegion) in(work uint64) Buffer {
+	return Buffer{Ptr: work + uint64(r.off), Bytes: uint64(r.n)}
+}
+
+// agLayout is where the GEMM path's operands sit in the work buffer. The
+// forward's regions come first: a program without a gradient node needs
+// only fwdBytes.
 type agLayout struct {
 	Hp, Tp int // the head and the key length rounded up to 8 (bf16 rows of 16 bytes)
 	// forward: the scores S (fp32 [BH,T,T]), P (bf16 [BH,T,Tp]), packed q,
 	// k, v (bf16 [BH,T,Hp]) and a GEMM result (fp32 [BH,T,Hp]: o, then dq)
-	S, P, Q, K, V, R0 int64
+	S, P, Q, K, V, R0 agRegion
 	fwdBytes          int64
 	// backward: dP (fp32 [BH,T,T]), dS (bf16 [BH,T,Tp]), packed dO, and
 	// the results dk and dv
-	DP, DS, DO, R1, R2 int64
+	DP, DS, DO, R1, R2 agRegion
 	bytes              int64
 }
 
@@ -83,10 +91,10 @@ func newAGLayout(a *attention) agLayout {
 	scores, weights := 4*BH*T*T, 2*BH*T*int64(l.Tp)
 	packed, result := 2*BH*T*int64(l.Hp), 4*BH*T*int64(l.Hp)
 	at := int64(0)
-	next := func(n int64) int64 {
-		o := at
+	next := func(n int64) agRegion {
+		r := agRegion{at, n}
 		at += (n + agAlign - 1) / agAlign * agAlign
-		return o
+		return r
 	}
 	l.S, l.P = next(scores), next(weights)
 	l.Q, l.K, l.V, l.R0 = next(packed), next(packed), next(packed), next(result)
@@ -95,11 +103,6 @@ func newAGLayout(a *attention) agLayout {
 	l.R1, l.R2 = next(result), next(result)
 	l.bytes = at
 	return l
-}
-
-// agBuf is n bytes of the work buffer at offset off.
-func agBuf(work uint64, off, n int64) Buffer {
-	return Buffer{Ptr: work + uint64(off), Bytes: uint64(n)}
 }
 
 // attnGEMMFits: the work buffer within attnGEMMBytes: the backward's
@@ -209,10 +212,10 @@ func (p *program) agUnpack(a *attention, l agLayout, dst uint64, src Buffer) err
 // agPackQKV packs q, k and v.
 func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval) error {
 	for _, x := range []struct {
-		off int64
+		r   agRegion
 		src *dval
 	}{{l.Q, q}, {l.K, k}, {l.V, v}} {
-		if err := p.agPack(a, l, agBuf(work, x.off, l.K-l.Q), x.src.buf.Ptr); err != nil {
+		if err := p.agPack(a, l, x.r.in(work), x.src.buf.Ptr); err != nil {
 			return err
 		}
 	}
@@ -222,21 +225,20 @@ func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval
 // attentionForwardGEMM: o and the rows' log-sum-exp through the scores.
 func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dval) error {
 	l, w := newAGLayout(a), p.attnWork.Ptr
-	packed := l.K - l.Q
 	if err := p.agPackQKV(a, l, w, q, k, v); err != nil {
 		return err
 	}
-	S := agBuf(w, l.S, l.P-l.S)
-	if err := p.agGEMM(agScores(a, l), a.scale, agBuf(w, l.Q, packed), agBuf(w, l.K, packed), S); err != nil {
+	S := l.S.in(w)
+	if err := p.agGEMM(agScores(a, l), a.scale, l.Q.in(w), l.K.in(w), S); err != nil {
 		return err
 	}
-	P := agBuf(w, l.P, l.Q-l.P)
+	P := l.P.in(w)
 	args := append([]any{P.Ptr, lse, S.Ptr, a.biasPtr(), int32(a.BH), int32(a.T), int32(l.Tp)}, a.dropoutArgs(p.seed)...)
 	if err := p.launch("attn_softmax_fwd_f32", agRowGrid(a), agRowBlock, 0, args...); err != nil {
 		return err
 	}
-	R := agBuf(w, l.R0, l.fwdBytes-l.R0)
-	if err := p.agGEMM(agApply(a, l, false), 1, P, agBuf(w, l.V, packed), R); err != nil {
+	R := l.R0.in(w)
+	if err := p.agGEMM(agApply(a, l, false), 1, P, l.V.in(w), R); err != nil {
 		return err
 	}
 	return p.agUnpack(a, l, o, R)
@@ -247,24 +249,23 @@ func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dva
 func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 	a := g.a
 	l, w := newAGLayout(a), p.attnWork.Ptr
-	packed, scores, weights, result := l.K-l.Q, l.P-l.S, l.Q-l.P, l.fwdBytes-l.R0
 	if err := p.agPackQKV(a, l, w, g.q, g.k, g.v); err != nil {
 		return err
 	}
-	dO := agBuf(w, l.DO, packed)
+	dO := l.DO.in(w)
 	if err := p.launch("attn_pack_do_bf16", agRowGrid(a), agRowBlock, 0, dO.Ptr, g.D, g.dO.buf.Ptr, g.o,
 		int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp)); err != nil {
 		return err
 	}
-	Q, K, V := agBuf(w, l.Q, packed), agBuf(w, l.K, packed), agBuf(w, l.V, packed)
-	S, dP := agBuf(w, l.S, scores), agBuf(w, l.DP, scores)
+	Q, K, V := l.Q.in(w), l.K.in(w), l.V.in(w)
+	S, dP := l.S.in(w), l.DP.in(w)
 	if err := p.agGEMM(agScores(a, l), a.scale, Q, K, S); err != nil {
 		return err
 	}
 	if err := p.agGEMM(agScores(a, l), 1, dO, V, dP); err != nil {
 		return err
 	}
-	Pd, dS := agBuf(w, l.P, weights), agBuf(w, l.DS, weights)
+	Pd, dS := l.P.in(w), l.DS.in(w)
 	var dSf uint64
 	if a.bias != nil {
 		dSf = S.Ptr // dS in fp32 over the scores, for the bias gradient
@@ -279,14 +280,14 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		alpha float32
 		W     Buffer
 		x     Buffer
-		off   int64
+		res   agRegion
 		out   *dval
 	}{
 		{agApply(a, l, true), 1, Pd, dO, l.R2, g.out[2]},       // dv = Pᵀ·dO
 		{agApply(a, l, false), a.scale, dS, K, l.R0, g.out[0]}, // dq = scale·dS·k
 		{agApply(a, l, true), a.scale, dS, Q, l.R1, g.out[1]},  // dk = scale·dSᵀ·q
 	} {
-		R := agBuf(w, r.off, result)
+		R := r.res.in(w)
 		if err := p.agGEMM(r.calls, r.alpha, r.W, r.x, R); err != nil {
 			return err
 		}

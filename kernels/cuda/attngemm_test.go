@@ -19,16 +19,17 @@ func TestAGLayout(t *testing.T) {
 	scores, weights := int64(4*192*768*768), int64(2*192*768*768)
 	packed, result := int64(2*192*768*88), int64(4*192*768*88)
 	regions := []struct {
-		name     string
-		off, len int64
+		name string
+		r    agRegion
+		len  int64
 	}{{"S", l.S, scores}, {"P", l.P, weights}, {"Q", l.Q, packed}, {"K", l.K, packed}, {"V", l.V, packed}, {"R0", l.R0, result},
 		{"DP", l.DP, scores}, {"DS", l.DS, weights}, {"DO", l.DO, packed}, {"R1", l.R1, result}, {"R2", l.R2, result}}
 	end := int64(0)
 	for _, r := range regions {
-		if r.off%agAlign != 0 || r.off < end {
-			t.Errorf("region %s at %d: want a multiple of %d at or after %d", r.name, r.off, agAlign, end)
+		if r.r.off%agAlign != 0 || r.r.off < end || r.r.n != r.len {
+			t.Errorf("region %s at %d, %d bytes: want a multiple of %d at or after %d, %d bytes", r.name, r.r.off, r.r.n, agAlign, end, r.len)
 		}
-		end = r.off + r.len
+		end = r.r.off + r.len
 		if r.name == "R0" && l.fwdBytes < end {
 			t.Errorf("fwdBytes %d ends before R0 (%d)", l.fwdBytes, end)
 		}
