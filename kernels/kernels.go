@@ -245,4 +245,8 @@ type Capabilities struct {
 	// backend's graphs computes at once (0: ir.LMHeadChunk); the train and
 	// eval pipelines set it on the nodes (passes.LMHeadChunk).
 	LMHeadChunk int
+	// JoinGrads: the backend's GEMMs gain from fewer, larger ones; the
+	// train pipeline joins the backward GEMMs of Linears that read one
+	// input (passes.JoinSiblingGrads).
+	JoinGrads bool
 }

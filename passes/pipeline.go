@@ -35,6 +35,10 @@ type Context struct {
 	// pipelines give the fused LM heads (LMHeadChunk), for backends whose
 	// GEMMs want more rows than ir.LMHeadChunk.
 	LMHeadChunk int
+	// JoinGrads asks the train pipeline to join the backward GEMMs of
+	// Linears that read one input (JoinSiblingGrads), for backends whose
+	// GEMMs gain from more output tiles and a deeper K.
+	JoinGrads bool
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -45,11 +49,11 @@ type Context struct {
 }
 
 // ForBackend sets what a backend asks of the train and eval pipelines
-// (FuseAttention, FuseElementwise, AttentionLayout, LMHeadChunk) from its
-// capabilities.
+// (FuseAttention, FuseElementwise, AttentionLayout, LMHeadChunk,
+// JoinGrads) from its capabilities.
 func (c *Context) ForBackend(caps kernels.Capabilities) *Context {
 	c.FuseAttention, c.FuseElementwise, c.AttentionLayout = caps.FusedAttention, caps.FusedElementwise, caps.AttentionBTHD
-	c.LMHeadChunk = caps.LMHeadChunk
+	c.LMHeadChunk, c.JoinGrads = caps.LMHeadChunk, caps.JoinGrads
 	return c
 }
 
@@ -107,6 +111,7 @@ var TrainPipeline = []Pass{
 	{Name: "fuse training attention", Fn: fuseIfAsked},
 	{Name: "autodiff", Fn: func(g *ir.Graph, c *Context) error { return Autodiff(g, c.Loss) }},
 	{Name: "dce", Fn: func(g *ir.Graph, c *Context) error { return DCE(g) }},
+	{Name: "join sibling grads", Fn: joinGradsIfAsked},
 	{Name: "attention layout", Fn: attentionLayoutIfAsked},
 	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
 	{Name: "lm head chunk", Fn: lmHeadChunkIfAsked},
@@ -140,6 +145,13 @@ func LMHeadChunk(g *ir.Graph, rows int) {
 			n.Attrs["chunk"] = rows
 		}
 	}
+}
+
+func joinGradsIfAsked(g *ir.Graph, c *Context) error {
+	if !c.JoinGrads {
+		return nil
+	}
+	return JoinSiblingGrads(g)
 }
 
 func attentionLayoutIfAsked(g *ir.Graph, c *Context) error {
@@ -179,6 +191,8 @@ var Constraints = []Constraint{
 	{"dce", "fuse elementwise", "dead readers would keep intermediates from fusing"},
 	{"fuse training attention", "attention layout", "the layout is a fused core's"},
 	{"autodiff", "attention layout", "the core and its gradient change layout together"},
+	{"autodiff", "join sibling grads", "it joins the gradient GEMMs autodiff makes"},
+	{"join sibling grads", "fuse elementwise", "fusion would take the Adds it replaces into chains"},
 	{"autodiff", "lm head chunk", "the head's gradient node, which autodiff adds, takes the chunk too"},
 }
 

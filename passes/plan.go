@@ -27,6 +27,7 @@ func Plan(g *ir.Graph) *kernels.Plan {
 	for _, v := range g.Outputs {
 		last[v] = end
 	}
+	late := lazyInputs(g, last)
 	p := &kernels.Plan{Slot: map[int]int{}}
 	var free []int // slot indices, kept sorted by size
 	insertFree := func(s int) {
@@ -65,7 +66,7 @@ func Plan(g *ir.Graph) *kernels.Plan {
 		}
 		// Free values whose last reader is this node (inputs and dead outputs).
 		seen := map[*ir.Value]bool{}
-		for _, v := range append(append([]*ir.Value(nil), n.Inputs...), n.Outputs...) {
+		for _, v := range append(append(append([]*ir.Value(nil), n.Inputs...), n.Outputs...), late[i]...) {
 			if seen[v] || v.Kind != ir.Intermediate || v.DType != ir.F32 {
 				continue
 			}
@@ -86,6 +87,28 @@ func Plan(g *ir.Graph) *kernels.Plan {
 		}
 	}
 	return p
+}
+
+// lazyInputs keeps the inputs of each lazy Concat (attribute lazy: a
+// backend may leave its result unwritten and have the readers read the
+// inputs) live as long as the result, moving their last reads in last; it
+// returns them by the position of that last read, where the planner frees
+// them (they are no input of the node there).
+func lazyInputs(g *ir.Graph, last map[*ir.Value]int) map[int][]*ir.Value {
+	late := map[int][]*ir.Value{}
+	for i := len(g.Nodes) - 1; i >= 0; i-- {
+		n := g.Nodes[i]
+		if n.Op != "Concat" || !n.Attrs.Bool("lazy", false) {
+			continue
+		}
+		for _, in := range n.Inputs {
+			if j := last[n.Outputs[0]]; j > last[in] {
+				last[in] = j
+				late[j] = append(late[j], in)
+			}
+		}
+	}
+	return late
 }
 
 // aliasSlot is the slot an alias op's output shares with its input: the

@@ -42,7 +42,8 @@
 #   resume   exact resume on CUDA (10 steps + 10 resumed = 20 straight);
 #   predict  rpac bench train --predict --measure at the paper (T = 768) and
 #            tiny presets, the paper step again with flash.cu's attention
-#            (RPAC_CUDA_ATTENTION=flash) and with the chain interpreter
+#            (RPAC_CUDA_ATTENTION=flash), without the joined sibling
+#            gradients (RPAC_CUDA_JOIN=off) and with the chain interpreter
 #            (RPAC_CUDA_FUSED=interp), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
@@ -161,11 +162,13 @@ if want predict; then
 	check predict-tiny bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --preset tiny
 	# the attention on flash.cu's kernels instead of the GEMM path, to compare
 	check predict-paper-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
+	# one backward GEMM per Linear instead of the joined sibling gradients, to compare
+	check predict-paper-unjoined env RPAC_CUDA_JOIN=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain
 	check gemm-algos bin/rpac bench gemm-algos --algos 8 --reps 10 --shapes \
-		4096x50257x510:NT:50264,4096x510x50257,50257x510x4096:TN,1024x510x50257,24576x1020x510:NT,24576x1020x510,24576x510x1020:NT,24576x510x1020,24576x510x510:NT,24576x510x510,510x510x24576:TN,1020x510x24576:TN,510x1020x24576:TN
+		4096x50257x510:NT:50264,4096x510x50257,50257x510x4096:TN,1024x510x50257,24576x1020x510:NT,24576x1020x510,24576x510x1020:NT,24576x510x1020,24576x510x510:NT,24576x510x510,510x510x24576:TN,1020x510x24576:TN,510x1020x24576:TN,1530x510x24576:TN,4080x510x24576:TN,24576x510x1530,24576x510x4080
 fi
 
 # CUDA vs CPU, 40 tiny steps, same seed.

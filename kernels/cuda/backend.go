@@ -46,6 +46,9 @@ type Backend struct {
 	// attention: the tensor-core attention path it prefers
 	// (RPAC_CUDA_ATTENTION, attngemm.go)
 	attention attnChoice
+	// joinGrads: the train pipeline joins sibling Linears' backward GEMMs
+	// (RPAC_CUDA_JOIN, joincat.go)
+	joinGrads bool
 
 	mu     sync.Mutex
 	mirror map[mirrorKey]*mirrorEntry
@@ -151,7 +154,7 @@ func (b *Backend) resident(st *kernels.Store, name string) bool {
 // New opens device ordinal, loads every kernel (compiled by NVRTC for the
 // device, cached on disk) and cuBLASLt.
 func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
-	if _, err := attnChoiceEnv(); err != nil {
+	if err := checkEnv(); err != nil {
 		return nil, err
 	}
 	d, err := LoadDriver()
@@ -179,8 +182,19 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 }
 
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
-	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first
-	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice}
+	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first (checkEnv)
+	join, _ := joinGradsEnv()
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join}
+}
+
+// checkEnv refuses a bad value of the variables that choose the backend's
+// paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN).
+func checkEnv() error {
+	if _, err := attnChoiceEnv(); err != nil {
+		return err
+	}
+	_, err := joinGradsEnv()
+	return err
 }
 
 // lmHeadChunk is the rows the fused LM head computes at once on the GPU:
@@ -207,10 +221,11 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 // attention core, whose kernels hold the weights of one node at a time at
 // most (attngemm.go) instead of a [B,H,T,T] tensor per node; programs live
 // in the device's memory; the training state can stay on the device
-// (DeviceAdamW); the fused LM head takes lmHeadChunk rows at a time.
+// (DeviceAdamW); the fused LM head takes lmHeadChunk rows at a time; the
+// backward GEMMs of Linears that read one input are joined.
 func (b *Backend) Capabilities() kernels.Capabilities {
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
-		LMHeadChunk: lmHeadChunk}
+		LMHeadChunk: lmHeadChunk, JoinGrads: b.joinGrads}
 }
 
 // Device describes the GPU.
@@ -327,6 +342,8 @@ type program struct {
 	// attnLSE: each FusedAttention output's row log-sum-exp, which the
 	// forward writes and a FusedAttentionGrad given that output reads.
 	attnLSE map[*dval]Buffer
+	// cats: the lazy Concats left unwritten (value ID → parts), joincat.go.
+	cats map[int]catParts
 }
 
 type step struct {

@@ -105,7 +105,7 @@ func newFakeDevice() (*fakeDevice, error) {
 // downloads zeros. It runs the backend's whole host side without a GPU, so
 // tests can drive training and evaluation through it.
 func NewDryRun(gemm GEMMPrecision) (*Backend, error) {
-	if _, err := attnChoiceEnv(); err != nil {
+	if err := checkEnv(); err != nil {
 		return nil, err
 	}
 	f, err := newFakeDevice()

@@ -204,6 +204,9 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 	case "FusedAttentionGrad":
 		return p.buildFusedAttentionGrad(n, in, out)
 	case "Concat":
+		if step, lazy, err := p.buildLazyConcat(n, in); lazy || err != nil {
+			return step, err
+		}
 		return p.buildConcat(n, in, out)
 	case "FusedElementwise":
 		return p.buildFused(n, in, out)
@@ -521,6 +524,9 @@ type operand struct {
 	// another conversion replaces it (a GEMM's gradient pair reads dy
 	// twice).
 	val int
+	// cat: the value is a lazy Concat left unwritten; its bf16 copy is
+	// converted from the parts (joincat.go).
+	cat *catParts
 }
 
 // operandOf is the operand for a value of the graph.
@@ -643,7 +649,13 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 	}
 	k := p.lruStage(side)
 	p.staging[side][k] = stagedCopy{}
-	if err := p.toBF16(p.bf16[side][k], o.buf, rows, cols); err != nil {
+	var err error
+	if o.cat != nil {
+		err = p.catToBF16(p.bf16[side][k], o.cat, rows, cols)
+	} else {
+		err = p.toBF16(p.bf16[side][k], o.buf, rows, cols)
+	}
+	if err != nil {
 		return Buffer{}, err
 	}
 	if o.val != 0 {
@@ -796,7 +808,7 @@ func (p *program) stageBF16() error {
 }
 
 func (p *program) gemmStep(s GemmShape, A, B, C *dval) func() error {
-	a, b := operandOf(A), operandOf(B)
+	a, b := p.operandOf(A), p.operandOf(B)
 	p.needGEMM(s, a, b)
 	return func() error { return p.gemm(s, a, b, 0, C.buf) }
 }

@@ -376,7 +376,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 2 * w * n
 	case "f32_to_bf16_kernel", "bf16_to_f32_kernel":
 		e.Bytes = 6 * n
-	case "f32_to_bf16_pad_kernel": // fp32 rows×cols read, bf16 rows×ld written
+	case "f32_to_bf16_pad_kernel", "f32_cat_to_bf16_pad_kernel": // fp32 rows×cols read, bf16 rows×ld written
 		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
 	case "grad_unary_f32", "binary_f32", "binary_dense_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n

@@ -1,0 +1,108 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"unsafe"
+
+	"github.com/rpac-dev/rpac/ir"
+)
+
+// catParts is a lazy Concat along the last axis that only bf16 GEMMs read
+// as their A operand (the joined gradients' D of passes.JoinSiblingGrads):
+// it is never written in fp32; each GEMM's staging conversion reads the
+// parts (f32_cat_to_bf16_pad_kernel), which the memory plan keeps live as
+// long as the Concat's result.
+type catParts struct {
+	table Buffer // per part its address and its columns (int64 pairs)
+	n     int    // parts
+}
+
+// buildLazyConcat records n's parts when its result can stay unwritten and
+// returns a step that does nothing; ok is false otherwise (the Concat is
+// built as any other).
+func (p *program) buildLazyConcat(n *ir.Node, in []*dval) (func() error, bool, error) {
+	if !p.foldsConcat(n) {
+		return nil, false, nil
+	}
+	table := make([]int64, 0, 2*len(in))
+	for _, x := range in {
+		table = append(table, int64(x.buf.Ptr), int64(lastDim(x.v.Shape)))
+	}
+	buf, err := p.uploadNew(unsafe.Pointer(&table[0]), 8*len(table))
+	if err != nil {
+		return nil, false, err
+	}
+	if p.cats == nil {
+		p.cats = map[int]catParts{}
+	}
+	p.cats[n.Outputs[0].ID] = catParts{table: buf, n: len(in)}
+	return func() error { return nil }, true, nil
+}
+
+// foldsConcat: n is a lazy Concat along the last axis, its result no graph
+// output, read only as the dy (A operand) of LinearGradX and LinearGradW
+// nodes whose GEMMs run in bf16.
+func (p *program) foldsConcat(n *ir.Node) bool {
+	if p.be.gemm != GEMMBF16 || !n.Attrs.Bool("lazy", false) {
+		return false
+	}
+	o := n.Outputs[0]
+	if ax := n.Attrs.Int("axis", 0); ax != -1 && ax != len(o.Shape)-1 {
+		return false
+	}
+	for _, v := range p.g.Outputs {
+		if v == o {
+			return false
+		}
+	}
+	N := lastDim(o.Shape)
+	rows := o.Shape.Numel() / max(1, N)
+	readers := 0
+	for _, m := range p.g.Nodes {
+		for i, x := range m.Inputs {
+			if x != o {
+				continue
+			}
+			if i != 0 || (m.Op != "LinearGradX" && m.Op != "LinearGradW") {
+				return false
+			}
+			if min(rows, N, lastDim(m.Outputs[0].Shape)) <= SmallGEMMDim {
+				return false
+			}
+			readers++
+		}
+	}
+	return readers > 0
+}
+
+// operandOf is the operand for a value, with its parts when it is a lazy
+// Concat left unwritten.
+func (p *program) operandOf(d *dval) operand {
+	o := operandOf(d)
+	if c, ok := p.cats[d.v.ID]; ok {
+		o.cat = &c
+	}
+	return o
+}
+
+// catToBF16 converts the parts of a lazy Concat (rows × cols in all) into
+// dst with leading dimension bf16LD(cols).
+func (p *program) catToBF16(dst Buffer, c *catParts, rows, cols int) error {
+	ld := bf16LD(cols)
+	return p.each("f32_cat_to_bf16_pad_kernel", rows*ld/8, dst.Ptr, c.table.Ptr, int32(c.n), int64(rows), int32(cols), int32(ld))
+}
+
+// joinGradsEnv reads RPAC_CUDA_JOIN: unset or "on" (the train pipeline
+// joins sibling Linears' backward GEMMs, passes.JoinSiblingGrads), or
+// "off" (one GEMM per Linear, to compare).
+func joinGradsEnv() (bool, error) {
+	switch v := os.Getenv("RPAC_CUDA_JOIN"); v {
+	case "", "on":
+		return true, nil
+	case "off":
+		return false, nil
+	default:
+		return false, fmt.Errorf("RPAC_CUDA_JOIN=%q: want on (the default: sibling Linears' backward GEMMs joined) or off", v)
+	}
+}
