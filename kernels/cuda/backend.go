@@ -49,6 +49,8 @@ type Backend struct {
 	// joinGrads: the train pipeline joins sibling Linears' backward GEMMs
 	// (RPAC_CUDA_JOIN, joincat.go)
 	joinGrads bool
+	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
+	sms int
 
 	mu     sync.Mutex
 	mirror map[mirrorKey]*mirrorEntry
@@ -184,7 +186,8 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first (checkEnv)
 	join, _ := joinGradsEnv()
-	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join}
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
+		sms: dev.Info().SMs}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's

@@ -841,10 +841,23 @@ func (p *program) buildLinearGradX(in, out []*dval) (func() error, error) {
 	return p.gemmStep(GemmShape{M: dy.n / max(1, N), N: K, K: N, Batch: 1}, dy, W, o), nil
 }
 
+// buildLinearGradW: dW = dyᵀ·x over all rows; split along the rows where
+// the output's tiles would leave most SMs idle (splitk.go).
 func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 	dy, x, o := in[0], in[1], out[0]
 	N, K := lastDim(dy.v.Shape), lastDim(x.v.Shape)
-	return p.gemmStep(GemmShape{TransA: true, M: N, N: K, K: dy.n / max(1, N), Batch: 1}, dy, x, o), nil
+	s := GemmShape{TransA: true, M: N, N: K, K: dy.n / max(1, N), Batch: 1}
+	slices := 1
+	if p.bf16GEMM(s) {
+		slices = splitK(s, p.be.sms)
+	}
+	if slices == 1 {
+		return p.gemmStep(s, dy, x, o), nil
+	}
+	a, b := p.operandOf(dy), p.operandOf(x)
+	p.needGEMM(splitShape(s, slices), a, b)
+	p.needWork((slices*N*K + 1) / 2)
+	return func() error { return p.gemmSplit(s, slices, a, b, o.buf) }, nil
 }
 
 func (p *program) buildMatMul(n *ir.Node, in, out []*dval) (func() error, error) {

@@ -397,6 +397,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 7 * w * a.i("n")
 	case "sumsq_f32", "sumsq_parts_f32":
 		e.Bytes = w * n
+	case "sum_slices_f32":
+		e.Bytes = w * n * (a.i("slices") + 1)
 	case "sum_part_f64":
 		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
 	case "reduce_view_f32":

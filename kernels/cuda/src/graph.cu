@@ -47,6 +47,16 @@ extern "C" __global__ void scatter_view_f32(float* out, const float* x, const i6
     GRID_STRIDE(i, n) out[base + view_offset_n(i, n, view, view + rank, rank)] = x[i];
 }
 
+// sum_slices_f32: out[i] = Σ_s x[s·n + i] over s = 0 … slices-1 in order
+// (the partial products of a GEMM split along K, splitk.go).
+extern "C" __global__ void sum_slices_f32(float* out, const float* x, int slices, i64 n) {
+    GRID_STRIDE(i, n) {
+        float acc = x[i];
+        for (int s = 1; s < slices; s++) acc += x[(i64)s * n + i];
+        out[i] = acc;
+    }
+}
+
 // reduce_view_f32: out[o] = scale · Σ_k x[view_out(o) + view_red(k)], in
 // order of k, accumulated in double; view = out dims, out strides (in x),
 // reduced dims, reduced strides. One thread per output: the general path
