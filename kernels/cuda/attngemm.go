@@ -1,10 +1,5 @@
 package cuda
 
-import (
-	"fmt"
-	"os"
-)
-
 // attnPath is the kernels that run an attention node.
 type attnPath uint8
 
@@ -41,14 +36,8 @@ func (c attnChoice) String() string {
 
 // attnChoiceEnv reads RPAC_CUDA_ATTENTION: unset or "gemm", or "flash".
 func attnChoiceEnv() (attnChoice, error) {
-	switch v := os.Getenv("RPAC_CUDA_ATTENTION"); v {
-	case "", "gemm":
-		return attnChooseGEMM, nil
-	case "flash":
-		return attnChooseFlash, nil
-	default:
-		return 0, fmt.Errorf("RPAC_CUDA_ATTENTION=%q: want gemm (the default: the scores through cuBLASLt) or flash (flash.cu's kernels)", v)
-	}
+	return envChoice("RPAC_CUDA_ATTENTION", map[string]attnChoice{"": attnChooseGEMM, "gemm": attnChooseGEMM, "flash": attnChooseFlash},
+		"gemm (the default: the scores through cuBLASLt) or flash (flash.cu's kernels)")
 }
 
 // attnGEMMBytes caps the GEMM path's work buffer, which the graph's

@@ -97,12 +97,18 @@ func (p *program) catToBF16(dst Buffer, c *catParts, rows, cols int) error {
 // joins sibling Linears' backward GEMMs, passes.JoinSiblingGrads), or
 // "off" (one GEMM per Linear, to compare).
 func joinGradsEnv() (bool, error) {
-	switch v := os.Getenv("RPAC_CUDA_JOIN"); v {
-	case "", "on":
-		return true, nil
-	case "off":
-		return false, nil
-	default:
-		return false, fmt.Errorf("RPAC_CUDA_JOIN=%q: want on (the default: sibling Linears' backward GEMMs joined) or off", v)
+	return envChoice("RPAC_CUDA_JOIN", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: sibling Linears' backward GEMMs joined) or off")
+}
+
+// envChoice reads the environment variable name, one of choices' keys
+// (unset: the key ""); any other value is refused, naming the variable
+// and want.
+func envChoice[T any](name string, choices map[string]T, want string) (T, error) {
+	v := os.Getenv(name)
+	c, ok := choices[v]
+	if !ok {
+		return c, fmt.Errorf("%s=%q: want %s", name, v, want)
 	}
+	return c, nil
 }
