@@ -9,8 +9,8 @@ import "github.com/rpac-dev/rpac/ir"
 //	dx = Σ_i dy_i·W_i        → dx = D·W, W = Concat(W_i; axis 0)
 //
 // with D = Concat(dy_i; axis -1), lazy: a backend may convert the dy_i
-// straight into its GEMMs' operand without writing D. One GEMM over all the siblings' output
-// columns replaces one per sibling: the weight gradient gets n times the
+// straight into its GEMMs' operand without writing D. One GEMM over all
+// the siblings' output columns replaces one per sibling: the weight gradient gets n times the
 // output tiles (510×510 is 16 tiles of 128×128 for 132 SMs) and the input
 // gradient n times the depth K, with the sum inside the GEMM instead of
 // n-1 Adds. The input gradient is joined where the Adds that autodiff
@@ -70,11 +70,14 @@ func siblingGroups(g *ir.Graph) [][]sibling {
 
 func lastDim(s ir.Shape) int { return s[len(s)-1] }
 
+// distinctDy: every sibling has its own dy, all with the same rows (the
+// leading dimensions of the first's).
 func distinctDy(grp []sibling) bool {
+	lead := func(v *ir.Value) ir.Shape { return v.Shape[:len(v.Shape)-1] }
 	seen := map[*ir.Value]bool{}
 	for _, s := range grp {
 		dy := s.gw.Inputs[0]
-		if seen[dy] || !dy.Shape[:len(dy.Shape)-1].Equal(grp[0].gw.Inputs[0].Shape[:len(dy.Shape)-1]) {
+		if seen[dy] || !lead(dy).Equal(lead(grp[0].gw.Inputs[0])) {
 			return false
 		}
 		seen[dy] = true

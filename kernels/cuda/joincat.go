@@ -40,8 +40,8 @@ func (p *program) buildLazyConcat(n *ir.Node, in []*dval) (func() error, bool, e
 	return func() error { return nil }, true, nil
 }
 
-// foldsConcat: n is a lazy Concat along the last axis, its result no graph
-// output, read only as the dy (A operand) of LinearGradX and LinearGradW
+// foldsConcat: n is a lazy Concat along the last axis of intermediate
+// values, its result no graph output, read only as the dy (A operand) of LinearGradX and LinearGradW
 // nodes whose GEMMs run in bf16.
 func (p *program) foldsConcat(n *ir.Node) bool {
 	if p.be.gemm != GEMMBF16 || !n.Attrs.Bool("lazy", false) {
@@ -50,6 +50,11 @@ func (p *program) foldsConcat(n *ir.Node) bool {
 	o := n.Outputs[0]
 	if ax := n.Attrs.Int("axis", 0); ax != -1 && ax != len(o.Shape)-1 {
 		return false
+	}
+	for _, x := range n.Inputs {
+		if x.Kind != ir.Intermediate { // parts in plan slots, whose addresses stay
+			return false
+		}
 	}
 	for _, v := range p.g.Outputs {
 		if v == o {

@@ -150,7 +150,7 @@ func TestPredictGroupsGEMMShapes(t *testing.T) {
 // of the graph (all but the fused attention, whose products run in its own
 // kernels), and the weights going up.
 func TestTraceRecordsTrainingStep(t *testing.T) {
-	s := traceTinyStep(t, GEMMF32)
+	s := traceTinyStep(t, GEMMF32, false)
 	var launches, gemms int
 	var gemmFlops float64
 	for _, e := range s.events {
@@ -213,7 +213,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 // per step: a second micro-batch on the same weights (ReuseStored)
 // converts only activations.
 func TestTraceBF16GEMMsPadded(t *testing.T) {
-	s := traceTinyStep(t, GEMMBF16)
+	s := traceTinyStep(t, GEMMBF16, false)
 	var bf16 int
 	for _, e := range s.events {
 		if e.Kind == EvGEMM && e.DType == BF16 {
@@ -242,7 +242,8 @@ func TestTraceBF16GEMMsPadded(t *testing.T) {
 }
 
 // tracedStep is one traced training step of a small fuzzy model on the
-// dry-run device.
+// dry-run device (traceTinyStep: with the sibling gradients joined when
+// join is set).
 type tracedStep struct {
 	g       *ir.Graph
 	events  []Event
@@ -253,7 +254,7 @@ type tracedStep struct {
 	weights int // weight tensors
 }
 
-func traceTinyStep(t *testing.T, gemm GEMMPrecision) tracedStep {
+func traceTinyStep(t *testing.T, gemm GEMMPrecision, join bool) tracedStep {
 	t.Helper()
 	p, err := model.LookupPreset("tiny")
 	if err != nil {
@@ -266,7 +267,7 @@ func traceTinyStep(t *testing.T, gemm GEMMPrecision) tracedStep {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := passes.Run(mg.Graph, passes.TrainPipeline, &passes.Context{Model: mg.Info(), FuseAttention: true, Loss: "loss"}); err != nil {
+	if err := passes.Run(mg.Graph, passes.TrainPipeline, &passes.Context{Model: mg.Info(), FuseAttention: true, Loss: "loss", JoinGrads: join}); err != nil {
 		t.Fatal(err)
 	}
 	st := kernels.NewStore(kernels.F32)
@@ -303,6 +304,57 @@ func traceTinyStep(t *testing.T, gemm GEMMPrecision) tracedStep {
 	}
 	s.again = tr.Events()
 	return s
+}
+
+// TestTraceJoinedGradients: with the sibling gradients joined, a bf16 step
+// launches one f32_cat_to_bf16_pad_kernel per lazy Concat whose GEMMs run
+// in bf16 (its parts converted once for both GEMMs) and writes none of
+// them: the scatters added are the other Concats' (the joined weights',
+// and the lazy ones of GEMMs too small for bf16: the membership's two
+// gates, 1 and 4 wide); fewer GEMMs, the same FLOPs.
+func TestTraceJoinedGradients(t *testing.T) {
+	count := func(s tracedStep) (gemms int, flops float64, names map[string]int) {
+		names = map[string]int{}
+		for _, e := range s.events {
+			names[e.Name]++
+			if e.Kind == EvGEMM {
+				gemms++
+				flops += e.Flops
+			}
+		}
+		return
+	}
+	plain, joined := traceTinyStep(t, GEMMBF16, false), traceTinyStep(t, GEMMBF16, true)
+	uses := joined.g.Uses()
+	folded, written := 0, 0
+	for _, n := range joined.g.Nodes {
+		if n.Op != "Concat" {
+			continue
+		}
+		o := n.Outputs[0]
+		bf16 := n.Attrs.Bool("lazy", false)
+		for _, u := range uses[o] {
+			N := lastDim(o.Shape)
+			bf16 = bf16 && min(o.Shape.Numel()/N, N, lastDim(u.Outputs[0].Shape)) > SmallGEMMDim
+		}
+		if bf16 {
+			folded++
+		} else {
+			written += len(n.Inputs)
+		}
+	}
+	pg, pf, pn := count(plain)
+	jg, jf, jn := count(joined)
+	if folded == 0 || jn["f32_cat_to_bf16_pad_kernel"] != folded || pn["f32_cat_to_bf16_pad_kernel"] != 0 {
+		t.Errorf("%d lazy Concats read by bf16 GEMMs; %d part conversions joined, %d plain", folded, jn["f32_cat_to_bf16_pad_kernel"], pn["f32_cat_to_bf16_pad_kernel"])
+	}
+	if got := jn["scatter_view_f32"] - pn["scatter_view_f32"]; got != written {
+		t.Errorf("scatter_view_f32: %d more launches joined than plain, want the %d parts of the Concats not folded", got, written)
+	}
+	if jg >= pg || math.Abs(jf-pf) > 1e-9*pf {
+		t.Errorf("GEMMs %d joined, %d plain; FLOPs %.6g and %.6g", jg, pg, jf, pf)
+	}
+	t.Logf("%d lazy Concats folded; GEMMs %d → %d", folded, pg, jg)
 }
 
 // dryRunEvents compiles g on the dry-run device (fp32 GEMMs), runs it once
