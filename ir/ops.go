@@ -269,6 +269,19 @@ func init() {
 			}
 			return one(s.Clone())
 		}})
+	reg(&OpDef{Name: "SumToProduct", NumIn: 2, Fused: true,
+		Doc: "SumToProduct(x, y; shape) -> SumTo(x·y; shape) for x and y of one shape, each product rounded as Mul " +
+			"rounds it: the product never written. Made by passes.FuseProductSums after autodiff.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			s := Shape(a.Ints("shape"))
+			if !in[0].Shape.Equal(in[1].Shape) {
+				return nil, nil, fmt.Errorf("x %v and y %v differ", in[0].Shape, in[1].Shape)
+			}
+			if !CanSumTo(in[0].Shape, s) {
+				return nil, nil, fmt.Errorf("cannot sum %v to %v", in[0].Shape, s)
+			}
+			return one(s.Clone())
+		}})
 
 	// ---- linear algebra ----
 	reg(&OpDef{Name: "Linear", NumIn: -1, Doc: "Linear(x[...,K], W[N,K], b[N]?) -> x·Wᵀ + b, [...,N] (PyTorch nn.Linear layout).",

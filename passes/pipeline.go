@@ -114,6 +114,7 @@ var TrainPipeline = []Pass{
 	{Name: "join sibling grads", Fn: joinGradsIfAsked},
 	{Name: "attention layout", Fn: attentionLayoutIfAsked},
 	{Name: "fuse elementwise", Fn: fuseElementwiseIfAsked},
+	{Name: "fuse product sums", Fn: fuseProductSumsIfAsked},
 	{Name: "lm head chunk", Fn: lmHeadChunkIfAsked},
 }
 
@@ -161,6 +162,15 @@ func attentionLayoutIfAsked(g *ir.Graph, c *Context) error {
 	return AttentionLayout(g)
 }
 
+// fuseProductSumsIfAsked: backends that fuse elementwise chains also sum
+// products without writing them (FuseProductSums).
+func fuseProductSumsIfAsked(g *ir.Graph, c *Context) error {
+	if !c.FuseElementwise {
+		return nil
+	}
+	return FuseProductSums(g)
+}
+
 func fuseElementwiseIfAsked(g *ir.Graph, c *Context) error {
 	if !c.FuseElementwise {
 		return nil
@@ -193,6 +203,8 @@ var Constraints = []Constraint{
 	{"autodiff", "attention layout", "the core and its gradient change layout together"},
 	{"autodiff", "join sibling grads", "it joins the gradient GEMMs autodiff makes"},
 	{"join sibling grads", "fuse elementwise", "fusion would take the Adds it replaces into chains"},
+	{"fuse elementwise", "fuse product sums", "a sum takes only the products fusion left as ops of their own; a Mul inside a chain keeps that chain's one write"},
+	{"autodiff", "fuse product sums", "SumToProduct has no gradient rule: the backward must exist first"},
 	{"autodiff", "lm head chunk", "the head's gradient node, which autodiff adds, takes the chunk too"},
 }
 

@@ -884,7 +884,8 @@ func TestGradientsLarge(t *testing.T) {
 func TestEveryOpHasKernelAndCheck(t *testing.T) {
 	// forward tests (no gradient rule)
 	seen := map[string]bool{"StopGradient": true, "TopKMask": true,
-		"FusedElementwise": true} // fused_test.go: no gradient (made after autodiff)
+		"FusedElementwise": true, // fused_test.go: no gradient (made after autodiff)
+		"SumToProduct":     true} // sumproduct_test.go: likewise
 	for _, c := range append(allGradCases(), bigCases()...) {
 		b := buildCase(c, 1)
 		for _, n := range b.g.Nodes {

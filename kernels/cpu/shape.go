@@ -399,6 +399,23 @@ func shapeKernels[T float](k kernelTable[T]) {
 	k.add("SumTo", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 		return p.sumToKernel(in[0], out[0], ir.Shape(n.Attrs.Ints("shape")), 1)
 	})
+	// SumToProduct: the products into a buffer of the node's own (only
+	// the CUDA pipeline makes this op; here it is the reference its kernels
+	// are checked against), then SumTo.
+	k.add("SumToProduct", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+		x, y := in[0], in[1]
+		prod := &tensor[T]{v: x.v, shape: x.shape, f: make([]T, x.numel()), slot: -1}
+		sum, err := p.sumToKernel(prod, out[0], ir.Shape(n.Attrs.Ints("shape")), 1)
+		if err != nil {
+			return nil, err
+		}
+		return func() error {
+			for i := range prod.f {
+				prod.f[i] = x.f[i] * y.f[i]
+			}
+			return sum()
+		}, nil
+	})
 	k.add("ReduceSum", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 		return p.buildReduce(n, in, out, false)
 	})

@@ -48,6 +48,7 @@ func opCases() []opCase {
 		{op: "Transpose", attrs: ir.Attrs{"perm": []int{2, 0, 1}}, in: []ir.Shape{s357}},
 		{op: "BroadcastTo", attrs: ir.Attrs{"shape": []int{3, 5, 7}}, in: []ir.Shape{{5, 1}}},
 		{op: "SumTo", attrs: ir.Attrs{"shape": []int{5, 1}}, in: []ir.Shape{s357}},
+		{op: "SumToProduct", attrs: ir.Attrs{"shape": []int{5, 1}}, in: []ir.Shape{s357, s357}},
 		{op: "Linear", in: []ir.Shape{s357, {9, 7}, {9}}},
 		{op: "LinearGradX", in: []ir.Shape{{3, 5, 9}, {9, 7}}},
 		{op: "LinearGradW", in: []ir.Shape{{3, 5, 9}, s357}},

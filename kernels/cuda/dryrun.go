@@ -171,8 +171,9 @@ func (f *fakeDevice) separateSlots() bool { return false }
 // nullable are the pointer parameters (kernel.parameter) a kernel accepts
 // as null besides the attention kernels' bias: the first pass of a
 // two-pass reduction writes its partials to part, or without part its
-// result to out (src/graph.cu).
+// result to out, and sums products x·y only with y (src/graph.cu).
 var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.part": true, "reduce_cols_f32.part": true,
+	"reduce_rows_f32.y": true, "reduce_cols_f32.y": true, "reduce_view_f32.y": true, // no product: a plain sum
 	"attention_bwd_dq_bf16.part": true, // no bias, no bias-gradient partial sums
 	"attn_softmax_bwd_f32.dSf":   true, // no bias
 	"softmax_ce_fused_f32.gb":    true} // the gradient in fp32, over the logits

@@ -140,6 +140,12 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 			return nil, err
 		}
 		return p.reduce(in[0], out[0], red, false)
+	case "SumToProduct":
+		red, err := sumToAxes(in[0].v.Shape, ir.Shape(a.Ints("shape")))
+		if err != nil {
+			return nil, err
+		}
+		return p.reduceProduct(in[0], in[1], out[0], red, false)
 	case "ReduceSum", "ReduceMean":
 		red, err := reduceAxes(in[0].v.Shape, a.Ints("axes"))
 		if err != nil {
@@ -313,6 +319,12 @@ func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, err
 // [A, R, C], two of them when they are the outer and inner axes of an
 // [X, K, Y] (reduce.go), else reduce_view_f32's thread per output.
 func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error) {
+	return p.reduceProduct(x, nil, o, red, mean)
+}
+
+// reduceProduct is reduce over the products x·y (y of x's shape), each
+// product rounded to float as a Mul writes it (SumToProduct); y nil: x.
+func (p *program) reduceProduct(x, y, o *dval, red []bool, mean bool) (func() error, error) {
 	ov, rv := reduceViews(x.v.Shape, red)
 	nred := 1
 	for _, d := range rv.dims {
@@ -325,15 +337,21 @@ func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error
 	if mean {
 		scale = float32(1 / float64(nred))
 	}
+	yp := func() uint64 {
+		if y == nil {
+			return 0
+		}
+		return y.buf.Ptr
+	}
 	if m, ok := midAxisOf(ov, rv); ok {
 		plan := planReduce(m)
 		p.needWork(plan.workspace())
-		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, scale) }, nil
+		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, yp(), scale) }, nil
 	}
 	if m, ok := outerInnerOf(ov, rv); ok {
 		plan := planOuterInner(m)
 		p.needWork(plan.workspace())
-		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, scale) }, nil
+		return func() error { return plan.run(p.launch, o.buf.Ptr, p.work.Ptr, x.buf.Ptr, yp(), scale) }, nil
 	}
 	packed := append(append(append(append([]int64(nil), ov.dims...), ov.strides[0]...), rv.dims...), rv.strides[0]...)
 	meta, err := p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
@@ -341,7 +359,7 @@ func (p *program) reduce(x, o *dval, red []bool, mean bool) (func() error, error
 		return nil, err
 	}
 	return func() error {
-		return p.each("reduce_view_f32", o.n, o.buf.Ptr, x.buf.Ptr, meta.Ptr, int32(ov.rank()), int32(rv.rank()),
+		return p.each("reduce_view_f32", o.n, o.buf.Ptr, x.buf.Ptr, yp(), meta.Ptr, int32(ov.rank()), int32(rv.rank()),
 			int64(nred), scale, int64(o.n))
 	}, nil
 }
@@ -997,7 +1015,7 @@ func (p *program) dropout(pr float64, id int, x, y *dval) func() error {
 
 // sumRows adds n per-row values into one scalar (needSumRows first).
 func (p *program) sumRows(dst, rows Buffer, n int) error {
-	return planReduce(midAxis{A: 1, R: n, C: 1}).run(p.launch, dst.Ptr, p.work.Ptr, rows.Ptr, 1)
+	return planReduce(midAxis{A: 1, R: n, C: 1}).run(p.launch, dst.Ptr, p.work.Ptr, rows.Ptr, 0, 1)
 }
 
 // needSumRows records sumRows' workspace for n rows.

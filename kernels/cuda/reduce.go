@@ -83,13 +83,14 @@ func (r outerInnerPlan) workspace() int {
 	return r.tmpDoubles + max(r.rows.workspace(), r.cols.workspace())
 }
 
-// run sums x into out (scaled) through work (r.workspace() doubles).
-func (r outerInnerPlan) run(launch launcher, out, work, x uint64, scale float32) error {
+// run sums x (or the products x·y, y non-zero) into out (scaled) through
+// work (r.workspace() doubles).
+func (r outerInnerPlan) run(launch launcher, out, work, x, y uint64, scale float32) error {
 	tmp, part := work, work+uint64(8*r.tmpDoubles)
-	if err := r.rows.run(launch, tmp, part, x, 1); err != nil {
+	if err := r.rows.run(launch, tmp, part, x, y, 1); err != nil {
 		return err
 	}
-	return r.cols.run(launch, out, part, tmp, scale)
+	return r.cols.run(launch, out, part, tmp, 0, scale)
 }
 
 // reduceBlock is the block of every reduction kernel: 8 warps.
@@ -146,30 +147,30 @@ func (r reducePlan) workspace() int {
 	return r.outputs() * r.chunks
 }
 
-// firstPass launches the partial sums of x into part (0: one chunk, the
-// sums scaled into out).
-func (r reducePlan) firstPass(launch launcher, out, part, x uint64, scale float32) error {
+// firstPass launches the partial sums of x (or of the products x·y, y
+// non-zero) into part (0: one chunk, the sums scaled into out).
+func (r reducePlan) firstPass(launch launcher, out, part, x, y uint64, scale float32) error {
 	m := r.m
 	if m.C == 1 {
 		warps := m.A * r.chunks
-		return launch("reduce_rows_f32", warpGrid(warps), reduceBlock, 0, out, part, x, int64(m.A), int64(m.R),
+		return launch("reduce_rows_f32", warpGrid(warps), reduceBlock, 0, out, part, x, y, int64(m.A), int64(m.R),
 			int32(r.chunk), scale)
 	}
 	b := m.A * r.chunks * ceilDiv(m.C, 32)
-	return launch("reduce_cols_f32", [3]uint32{uint32(b), 1, 1}, reduceBlock, 0, out, part, x, int64(m.A), int64(m.R),
+	return launch("reduce_cols_f32", [3]uint32{uint32(b), 1, 1}, reduceBlock, 0, out, part, x, y, int64(m.A), int64(m.R),
 		int64(m.C), int32(r.chunk), scale)
 }
 
-// run sums x into out (scaled), through part (r.workspace() doubles) when
-// there is more than one chunk.
-func (r reducePlan) run(launch launcher, out, part, x uint64, scale float32) error {
+// run sums x (or the products x·y, y non-zero) into out (scaled), through
+// part (r.workspace() doubles) when there is more than one chunk.
+func (r reducePlan) run(launch launcher, out, part, x, y uint64, scale float32) error {
 	if r.outputs() == 0 {
 		return nil
 	}
 	if r.chunks <= 1 {
-		return r.firstPass(launch, out, 0, x, scale)
+		return r.firstPass(launch, out, 0, x, y, scale)
 	}
-	if err := r.firstPass(launch, out, part, x, 1); err != nil {
+	if err := r.firstPass(launch, out, part, x, y, 1); err != nil {
 		return err
 	}
 	return sumParts(launch, out, part, r.chunks, scale, r.outputs())
@@ -199,7 +200,7 @@ func zscoreWorkspace(n int) int { return 2 * zscorePlan(n).chunks }
 // zscoreStats launches stats = {Σx, Σ(x − mean)²} (doubles) over x[0..n).
 func zscoreStats(launch launcher, stats, part, x uint64, n int) error {
 	r := zscorePlan(n)
-	if err := r.firstPass(launch, 0, part, x, 1); err != nil {
+	if err := r.firstPass(launch, 0, part, x, 0, 1); err != nil {
 		return err
 	}
 	if err := sumPartsF64(launch, stats, part, r.chunks, 1); err != nil {

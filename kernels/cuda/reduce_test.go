@@ -126,6 +126,13 @@ func reductionCases() []reductionCase {
 		{opCase{op: "SumTo", attrs: ir.Attrs{"shape": []int{4, 1}}, in: []ir.Shape{{3, 700, 4, 300}}},
 			[]string{"reduce_rows_f32", "reduce_cols_f32", "reduce_parts_f32"}},
 		{opCase{op: "ReduceSum", attrs: ir.Attrs{"axes": []int{1, 3}}, in: []ir.Shape{{2, 3, 4, 5}}}, []string{"reduce_view_f32"}},
+		// sums of products (SumToProduct): columns, rows, outer and inner axes, interleaved axes
+		{opCase{op: "SumToProduct", attrs: ir.Attrs{"shape": []int{7}}, in: []ir.Shape{{3, 411, 7}, {3, 411, 7}}}, two("reduce_cols_f32")},
+		{opCase{op: "SumToProduct", attrs: ir.Attrs{"shape": []int{5, 1}}, in: []ir.Shape{{5, 9001}, {5, 9001}}}, two("reduce_rows_f32")},
+		{opCase{op: "SumToProduct", attrs: ir.Attrs{"shape": []int{37, 1}}, in: []ir.Shape{{37, 85}, {37, 85}}}, []string{"reduce_rows_f32"}},
+		{opCase{op: "SumToProduct", attrs: ir.Attrs{"shape": []int{4, 1}}, in: []ir.Shape{{3, 700, 4, 300}, {3, 700, 4, 300}}},
+			[]string{"reduce_rows_f32", "reduce_cols_f32", "reduce_parts_f32"}},
+		{opCase{op: "SumToProduct", attrs: ir.Attrs{"shape": []int{2, 1, 4, 1}}, in: []ir.Shape{{2, 3, 4, 5}, {2, 3, 4, 5}}}, []string{"reduce_view_f32"}},
 		{opCase{op: "ZScore", in: []ir.Shape{{100, 103}}}, []string{"reduce_rows_f32", "sum_parts_f64", "zscore_sq_part_f32"}},
 		{opCase{op: "ZScoreGrad", in: []ir.Shape{{100, 103}, {100, 103}}}, []string{"zscore_grad_part_f32", "sum_parts_f64"}},
 		{opCase{op: "ZScoreGrad", in: []ir.Shape{{1, 2}, {1, 2}}}, []string{"zscore_grad_part_f32", "sum_parts_f64"}},
@@ -294,4 +301,33 @@ func bitsOf(x []float32) []uint32 {
 		out[i] = math.Float32bits(v)
 	}
 	return out
+}
+
+// TestSimSumToProductIsMulThenSumTo: a sum of products gives the bits of
+// the Mul and SumTo it replaces, on the same device, for each reduction
+// path (the products rounded to float as the Mul writes them, summed in
+// the same order).
+func TestSimSumToProductIsMulThenSumTo(t *testing.T) {
+	parityDevice(t)
+	be := gpuBackend(t, GEMMF32)
+	r := rand.New(rand.NewPCG(45, 46))
+	checked := 0
+	for _, c := range reductionCases() {
+		if c.op != "SumToProduct" {
+			continue
+		}
+		g, feeds := caseGraph(c.opCase, r)
+		u := ir.New("unfused")
+		a := u.Input("a", c.in[0], ir.F32)
+		b := u.Input("b", c.in[1], ir.F32)
+		u.SetOutput("p", u.Op1("SumTo", c.attrs, u.Op1("Mul", nil, a, b)))
+		got, want := runCUDA(t, be, g, feeds)[0], runCUDA(t, be, u, feeds)[0]
+		if !slices.Equal(bitsOf(got), bitsOf(want)) {
+			t.Errorf("SumToProduct %v to %v differs from SumTo(Mul)", c.in[0], c.attrs["shape"])
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no SumToProduct case")
+	}
 }

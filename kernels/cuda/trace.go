@@ -402,7 +402,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "sum_part_f64":
 		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
 	case "reduce_view_f32":
-		e.Class, e.Bytes = ClassSerial, w*a.i("nout")*(a.i("nred")+1)
+		e.Class, e.Bytes = ClassSerial, w*a.i("nout")*(a.i("nred")*reduceInputs(a)+1)
 	case "reduce_rows_f32", "reduce_cols_f32":
 		reduceCost(e, a)
 	case "reduce_parts_f32":
@@ -570,7 +570,16 @@ func reduceCost(e *Event, a kargs) {
 	if a.ptr("part") != 0 {
 		out = 8 * chunks
 	}
-	e.Bytes = 4*A*R*C + out*A*C
+	e.Bytes = 4*A*R*C*reduceInputs(a) + out*A*C
+}
+
+// reduceInputs: a reduction kernel reads x, and y too when it sums the
+// products x·y.
+func reduceInputs(a kargs) float64 {
+	if a.ptr("y") != 0 {
+		return 2
+	}
+	return 1
 }
 
 // attentionCost: the scalar attention kernels of attention.cu. P is the

@@ -57,21 +57,28 @@ extern "C" __global__ void sum_slices_f32(float* out, const float* x, int slices
     }
 }
 
-// reduce_view_f32: out[o] = scale · Σ_k x[view_out(o) + view_red(k)], in
-// order of k, accumulated in double; view = out dims, out strides (in x),
-// reduced dims, reduced strides. One thread per output: the general path
-// for reductions that are not over the middle axis of a row-major [A,R,C]
-// (those run in reduce_rows_f32 / reduce_cols_f32).
-extern "C" __global__ void reduce_view_f32(float* out, const float* x, const i64* view, int orank, int rrank, i64 nred,
-                                           float scale, i64 nout) {
+// red_term: the term i of a reduction, x[i], or with y (a product sum,
+// SumToProduct) the float product x[i]·y[i], as a Mul kernel writes it.
+__device__ __forceinline__ float red_term(const float* x, const float* y, i64 i) {
+    return y ? x[i] * y[i] : x[i];
+}
+
+// reduce_view_f32: out[o] = scale · Σ_k x[view_out(o) + view_red(k)] (times
+// y at the same offset when y is given), in order of k, accumulated in
+// double; view = out dims, out strides (in x), reduced dims, reduced
+// strides. One thread per output: the general path for reductions that
+// are not over the middle axis of a row-major [A,R,C] (those run in
+// reduce_rows_f32 / reduce_cols_f32).
+extern "C" __global__ void reduce_view_f32(float* out, const float* x, const float* y, const i64* view, int orank,
+                                           int rrank, i64 nred, float scale, i64 nout) {
     const i64* odims = view;
     const i64* ostr = view + orank;
     const i64* rdims = view + 2 * orank;
     const i64* rstr = view + 2 * orank + rrank;
     GRID_STRIDE(o, nout) {
-        const float* xo = x + view_offset(o, odims, ostr, orank);
+        i64 base = view_offset(o, odims, ostr, orank);
         double s = 0.0;
-        for (i64 k = 0; k < nred; k++) s += xo[view_offset(k, rdims, rstr, rrank)];
+        for (i64 k = 0; k < nred; k++) s += red_term(x, y, base + view_offset(k, rdims, rstr, rrank));
         out[o] = (float)(s * scale);
     }
 }
@@ -82,35 +89,35 @@ extern "C" __global__ void reduce_view_f32(float* out, const float* x, const i64
 // loads; the second sums each output's partials in a fixed tree. No
 // atomics: a step repeats bit for bit.
 
-// reduce_rows_f32: x is [A, R] row-major, summed over R. Warp w of the grid
-// (8 per 256-thread block) sums chunk k = w mod chunks of row a = w / chunks:
-// x[a, k·chunk, +chunk), each lane a strided partial in double, then the
-// tree. With part, part[w] holds the sum; without (one chunk per row),
-// out[a] = scale·sum.
-extern "C" __global__ void reduce_rows_f32(float* out, double* part, const float* x, i64 A, i64 R, int chunk,
-                                           float scale) {
+// reduce_rows_f32: x is [A, R] row-major, summed over R (with y, the
+// products x·y: red_term). Warp w of the grid (8 per 256-thread block) sums
+// chunk k = w mod chunks of row a = w / chunks: x[a, k·chunk, +chunk), each
+// lane a strided partial in double, then the tree. With part, part[w]
+// holds the sum; without (one chunk per row), out[a] = scale·sum.
+extern "C" __global__ void reduce_rows_f32(float* out, double* part, const float* x, const float* y, i64 A, i64 R,
+                                           int chunk, float scale) {
     i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     i64 chunks = (R + chunk - 1) / chunk;
     if (w >= A * chunks) return;  // the whole warp
     i64 a = w / chunks, lo = (w - a * chunks) * chunk;
     i64 hi = lo + chunk < R ? lo + chunk : R;
-    const float* xa = x + a * R;
     double s = 0.0;
-    for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) s += xa[i];
+    for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) s += red_term(x, y, a * R + i);
     s = warp_sum_d(s);
     if ((threadIdx.x & 31) != 0) return;
     if (part) part[w] = s;
     else out[a] = (float)(s * scale);
 }
 
-// reduce_cols_f32: x is [A, R, C] row-major, summed over R. Block b covers
+// reduce_cols_f32: x is [A, R, C] row-major, summed over R (with y, the
+// products x·y: red_term). Block b covers
 // the 32 columns [32·t, +32) of rows [k·chunk, +chunk) of slab a, b = (a·
 // chunks + k)·tiles + t; its 256 threads are 32 columns × 8 row lanes (a
 // warp reads 32 adjacent floats of one row), each lane a partial in double,
 // then a fixed tree over the row lanes. With part, part[(a·C + c)·chunks +
 // k] holds the sum; without (one chunk), out[a·C + c] = scale·sum.
-extern "C" __global__ void reduce_cols_f32(float* out, double* part, const float* x, i64 A, i64 R, i64 C, int chunk,
-                                           float scale) {
+extern "C" __global__ void reduce_cols_f32(float* out, double* part, const float* x, const float* y, i64 A, i64 R, i64 C,
+                                           int chunk, float scale) {
     __shared__ double sh[RED_ROW_LANES][32];
     i64 tiles = (C + 31) / 32, chunks = (R + chunk - 1) / chunk;
     i64 b = blockIdx.x;
@@ -120,8 +127,8 @@ extern "C" __global__ void reduce_cols_f32(float* out, double* part, const float
     i64 lo = k * chunk, hi = lo + chunk < R ? lo + chunk : R;
     double s = 0.0;
     if (c < C) {
-        const float* xa = x + a * R * C + c;
-        for (i64 r = lo + ty; r < hi; r += RED_ROW_LANES) s += xa[r * C];
+        i64 base = a * R * C + c;
+        for (i64 r = lo + ty; r < hi; r += RED_ROW_LANES) s += red_term(x, y, base + r * C);
     }
     sh[ty][tx] = s;
     __syncthreads();
