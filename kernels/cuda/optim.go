@@ -67,6 +67,10 @@ type DeviceAdamW struct {
 	// the gradients of the last ClipGlobalNorm; tableHost its host copy.
 	table     Buffer
 	tableHost []uint64
+	// stepTable: adamw_multi_f64_f32's entries (seven words each) of the
+	// last Step, a group of entries per step count; stepHost its host copy.
+	stepTable Buffer
+	stepHost  []uint64
 	chunks    map[string]int
 	first     map[string]int // each tensor's first chunk
 	total     int            // chunks in all
@@ -117,6 +121,9 @@ func NewDeviceAdamW(be *Backend, store *kernels.Store, cfg AdamWHyper, params []
 		return nil, err
 	}
 	if o.table, err = be.dev.alloc(uint64(24 * max(1, len(o.names)))); err != nil {
+		return nil, err
+	}
+	if o.stepTable, err = be.dev.alloc(uint64(8 * stepWords * max(1, len(o.names)))); err != nil {
 		return nil, err
 	}
 	be.setResident(store, o.names, true)
@@ -200,15 +207,13 @@ func (o *DeviceAdamW) ClipGlobalNorm(grads map[string]Buffer, maxNorm float64) (
 	if coef >= 1 {
 		return norm, nil
 	}
-	for _, name := range o.names {
-		if g, ok := grads[name]; ok {
-			n := o.n[name]
-			if err := o.be.dev.launch("scale_inplace_f32", grid1(n), block1, 0, g.Ptr, float32(coef), int64(n)); err != nil {
-				return 0, err
-			}
-		}
+	// every gradient of sumSquares' table, in one launch
+	elems := 0
+	for i := 1; i < len(o.tableHost); i += 3 {
+		elems += int(o.tableHost[i])
 	}
-	return norm, nil
+	return norm, o.be.dev.launch("scale_multi_f32", [3]uint32{uint32(used), 1, 1}, [3]uint32{256, 1, 1}, 0,
+		o.table.Ptr, int32(len(o.tableHost)/3), int32(normChunk), float32(coef), int64(elems))
 }
 
 // sumSquares launches the partial sums of squares of every gradient in
@@ -261,45 +266,121 @@ func (o *DeviceAdamW) Step(grads map[string]Buffer, lr float64) error {
 		return err
 	}
 	defer unbind()
-	b1, b2 := o.cfg.Beta1, o.cfg.Beta2
+	var entries []stepEntry
 	for _, name := range o.names {
 		g, ok := grads[name]
 		if !ok {
 			continue
 		}
-		n := o.n[name]
-		st := o.st[name]
-		if st == nil {
-			st = &devMoments{}
-			if st.m, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
-				return err
-			}
-			if st.v, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
-				return err
-			}
-			if err := o.be.dev.zero(st.m, uint64(4*n)); err != nil {
-				return err
-			}
-			if err := o.be.dev.zero(st.v, uint64(4*n)); err != nil {
-				return err
-			}
-			o.st[name] = st
+		st, err := o.moments(name)
+		if err != nil {
+			return err
 		}
 		st.t++
-		t := float64(st.t)
-		decay := 1.0
-		if o.cfg.WeightDecay != 0 && o.cfg.Decay(name) {
-			decay = 1 - lr*o.cfg.WeightDecay
+		entries = append(entries, stepEntry{name: name, g: g, st: st})
+	}
+	if err := o.update(entries, lr); err != nil {
+		return err
+	}
+	o.steps++
+	return nil
+}
+
+// stepEntry is one parameter of a Step: its gradient and moments.
+type stepEntry struct {
+	name string
+	g    Buffer
+	st   *devMoments
+}
+
+// stepWords: the words of an adamw_multi_f64_f32 table entry.
+const stepWords = 7
+
+// stepChunk: the elements one block of adamw_multi_f64_f32 updates.
+const stepChunk = 4096
+
+// moments returns a parameter's moments, zeros allocated on its first
+// update.
+func (o *DeviceAdamW) moments(name string) (*devMoments, error) {
+	if st := o.st[name]; st != nil {
+		return st, nil
+	}
+	n := o.n[name]
+	st := &devMoments{}
+	var err error
+	if st.m, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
+		return nil, err
+	}
+	if st.v, err = o.be.dev.alloc(uint64(4 * n)); err != nil {
+		return nil, err
+	}
+	if err := o.be.dev.zero(st.m, uint64(4*n)); err != nil {
+		return nil, err
+	}
+	if err := o.be.dev.zero(st.v, uint64(4*n)); err != nil {
+		return nil, err
+	}
+	o.st[name] = st
+	return st, nil
+}
+
+// update applies AdamW to the entries (their step counts already
+// advanced): one adamw_multi_f64_f32 launch per distinct step count (one
+// in a run where every parameter has a gradient at every step), the
+// entries' table uploaded only when it changed.
+func (o *DeviceAdamW) update(entries []stepEntry, lr float64) error {
+	var ts []int
+	for _, e := range entries {
+		if !slices.Contains(ts, e.st.t) {
+			ts = append(ts, e.st.t)
 		}
+	}
+	slices.Sort(ts)
+	var table []uint64
+	type group struct{ at, entries, blocks, elems, t int }
+	var groups []group
+	for _, t := range ts {
+		gr := group{at: len(table), t: t}
+		for _, e := range entries {
+			if e.st.t != t {
+				continue
+			}
+			n := o.n[e.name]
+			decays := uint64(0)
+			if o.cfg.WeightDecay != 0 && o.cfg.Decay(e.name) {
+				decays = 1
+			}
+			table = append(table, o.w[e.name].Ptr, e.g.Ptr, e.st.m.Ptr, e.st.v.Ptr, uint64(n), uint64(gr.blocks), decays)
+			gr.blocks += (n + stepChunk - 1) / stepChunk
+			gr.elems += n
+			gr.entries++
+		}
+		groups = append(groups, gr)
+	}
+	if len(table) == 0 {
+		return nil
+	}
+	if !slices.Equal(table, o.stepHost) {
+		if err := o.be.dev.upload(o.stepTable, unsafe.Pointer(&table[0]), uint64(8*len(table))); err != nil {
+			return err
+		}
+		o.stepHost = table
+	}
+	b1, b2 := o.cfg.Beta1, o.cfg.Beta2
+	decay := 1 - lr*o.cfg.WeightDecay
+	for _, gr := range groups {
+		t := float64(gr.t)
 		step := lr / (1 - math.Pow(b1, t))
 		bc2 := math.Sqrt(1 - math.Pow(b2, t))
-		if err := o.be.dev.launch("adamw_f64_f32", grid1(n), block1, 0, o.w[name].Ptr, g.Ptr, st.m.Ptr, st.v.Ptr, int64(n),
+		if err := o.be.dev.launch("adamw_multi_f64_f32", [3]uint32{uint32(gr.blocks), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			o.stepTable.Ptr+uint64(8*gr.at), int32(gr.entries), int32(stepChunk), int64(gr.elems),
 			f64bits(decay), f64bits(b1), f64bits(b2), f64bits(step), f64bits(bc2), f64bits(o.cfg.Eps)); err != nil {
 			return err
 		}
-		o.be.touch(o.store, name)
 	}
-	o.steps++
+	for _, e := range entries {
+		o.be.touch(o.store, e.name)
+	}
 	return nil
 }
 

@@ -393,8 +393,10 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = w * a.i("rows") * a.i("R")
 	case "adamw_f32":
 		e.Bytes = 7 * w * n // p, g, m, v read; p, m, v written
-	case "adamw_f64_f32":
+	case "adamw_f64_f32", "adamw_multi_f64_f32":
 		e.Bytes = 7 * w * a.i("n")
+	case "scale_multi_f32":
+		e.Bytes = 2 * w * a.i("n")
 	case "sumsq_f32", "sumsq_parts_f32":
 		e.Bytes = w * n
 	case "sum_slices_f32":

@@ -41,14 +41,22 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
 // order (each thread a strided partial, then a tree): the same every run.
 // Entries are in order of first; n is the elements of all of them.
 // blockDim.x must be 256.
+// table_entry: the entry of a many-tensor table (words words each, the
+// entry's first block at word first) that owns block b: the last whose
+// first block is ≤ b (entries in order of first).
+__device__ __forceinline__ int table_entry(const unsigned long long* table, int entries, int words, int first, i64 b) {
+    int lo = 0, hi = entries - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if ((i64)table[words * mid + first] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 extern "C" __global__ void sumsq_parts_f32(double* part, const unsigned long long* table, int entries, int chunk, i64 n) {
     __shared__ double sh[256];
-    int lo_e = 0, hi_e = entries - 1;  // the last entry whose first block is ≤ b
-    while (lo_e < hi_e) {
-        int mid = (lo_e + hi_e + 1) / 2;
-        if ((i64)table[3 * mid + 2] <= (i64)blockIdx.x) lo_e = mid;
-        else hi_e = mid - 1;
-    }
+    int lo_e = table_entry(table, entries, 3, 2, blockIdx.x);
     const float* g = (const float*)table[3 * lo_e];
     i64 len = (i64)table[3 * lo_e + 1];
     i64 lo = ((i64)blockIdx.x - (i64)table[3 * lo_e + 2]) * chunk;
@@ -92,27 +100,64 @@ extern "C" __global__ void axpy_acc_f32(float* y, const float* x, float a, int f
     }
 }
 
-// adamw_f64_f32: training/optim's AdamW element by element, in double with
-// every operation rounded on its own, so it equals the host's update. The
-// coefficients come as the bits of doubles: decay = 1 − lr·λ (or 1), b1,
-// b2, step = lr / (1 − b1ᵗ), bc2 = √(1 − b2ᵗ), eps.
+// adamw_elem: training/optim's AdamW on element i, in double with every
+// operation rounded on its own, so it equals the host's update. decay =
+// 1 − lr·λ (or 1), step = lr / (1 − b1ᵗ), bc2 = √(1 − b2ᵗ).
+__device__ __forceinline__ void adamw_elem(float* p, const float* g, float* m, float* v, i64 i, double decay, double b1,
+                                           double b2, double step, double bc2, double eps) {
+    double c1 = __dsub_rn(1.0, b1), c2 = __dsub_rn(1.0, b2);
+    double gi = (double)g[i];
+    double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(c1, gi));
+    double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(c2, gi), gi));
+    m[i] = (float)mi;
+    v[i] = (float)vi;
+    double denom = __dadd_rn(__ddiv_rn(__dsqrt_rn(vi), bc2), eps);
+    p[i] = (float)__dsub_rn(__dmul_rn((double)p[i], decay), __ddiv_rn(__dmul_rn(step, mi), denom));
+}
+
+__device__ __forceinline__ double f64_of(unsigned long long bits) { return __longlong_as_double((long long)bits); }
+
+// adamw_f64_f32: adamw_elem over one tensor. The coefficients come as the
+// bits of doubles: decay, b1, b2, step, bc2, eps.
 extern "C" __global__ void adamw_f64_f32(float* p, const float* g, float* m, float* v, i64 n,
                                          unsigned long long decay_bits, unsigned long long b1_bits,
                                          unsigned long long b2_bits, unsigned long long step_bits,
                                          unsigned long long bc2_bits, unsigned long long eps_bits) {
-    double decay = __longlong_as_double((long long)decay_bits), b1 = __longlong_as_double((long long)b1_bits);
-    double b2 = __longlong_as_double((long long)b2_bits), step = __longlong_as_double((long long)step_bits);
-    double bc2 = __longlong_as_double((long long)bc2_bits), eps = __longlong_as_double((long long)eps_bits);
-    double c1 = __dsub_rn(1.0, b1), c2 = __dsub_rn(1.0, b2);
-    GRID_STRIDE(i, n) {
-        double gi = (double)g[i];
-        double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(c1, gi));
-        double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(c2, gi), gi));
-        m[i] = (float)mi;
-        v[i] = (float)vi;
-        double denom = __dadd_rn(__ddiv_rn(__dsqrt_rn(vi), bc2), eps);
-        p[i] = (float)__dsub_rn(__dmul_rn((double)p[i], decay), __ddiv_rn(__dmul_rn(step, mi), denom));
-    }
+    double decay = f64_of(decay_bits), b1 = f64_of(b1_bits), b2 = f64_of(b2_bits);
+    double step = f64_of(step_bits), bc2 = f64_of(bc2_bits), eps = f64_of(eps_bits);
+    GRID_STRIDE(i, n) adamw_elem(p, g, m, v, i, decay, b1, b2, step, bc2, eps);
+}
+
+// adamw_multi_f64_f32: adamw_elem over many tensors of one step count in
+// one launch. Entry e of table (seven words: the parameter's, gradient's
+// and moments' addresses, the length, the first block, whether weight
+// decay applies) owns the blocks [first, first + ⌈len/chunk⌉); block b
+// finds its entry and updates [k·chunk, +chunk) ∩ [0, len), k = b − first,
+// with decay for the entries that decay and 1 for the others.
+extern "C" __global__ void adamw_multi_f64_f32(const unsigned long long* table, int entries, int chunk, i64 n,
+                                               unsigned long long decay_bits, unsigned long long b1_bits,
+                                               unsigned long long b2_bits, unsigned long long step_bits,
+                                               unsigned long long bc2_bits, unsigned long long eps_bits) {
+    const unsigned long long* e = table + 7 * table_entry(table, entries, 7, 5, blockIdx.x);
+    double decay = e[6] ? f64_of(decay_bits) : 1.0;
+    double b1 = f64_of(b1_bits), b2 = f64_of(b2_bits), step = f64_of(step_bits), bc2 = f64_of(bc2_bits), eps = f64_of(eps_bits);
+    i64 len = (i64)e[4];
+    i64 lo = ((i64)blockIdx.x - (i64)e[5]) * chunk;
+    i64 hi = lo + chunk < len ? lo + chunk : len;
+    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x)
+        adamw_elem((float*)e[0], (const float*)e[1], (float*)e[2], (float*)e[3], i, decay, b1, b2, step, bc2, eps);
+}
+
+// scale_multi_f32: x *= s over the tensors of a sumsq_parts_f32 table (the
+// gradients of a clipped step) in one launch, block b over its entry's
+// chunk as there.
+extern "C" __global__ void scale_multi_f32(const unsigned long long* table, int entries, int chunk, float s, i64 n) {
+    int e = table_entry(table, entries, 3, 2, blockIdx.x);
+    float* x = (float*)table[3 * e];
+    i64 len = (i64)table[3 * e + 1];
+    i64 lo = ((i64)blockIdx.x - (i64)table[3 * e + 2]) * chunk;
+    i64 hi = lo + chunk < len ? lo + chunk : len;
+    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) x[i] = x[i] * s;
 }
 
 // ema_f32: the EMA of the weights, s = d·s + (1 − d)·w, each operation
