@@ -52,6 +52,13 @@ func TestFusedElementwiseMatchesSteps(t *testing.T) {
 		}
 		feeds[string(rune('a'+i))] = x
 	}
+	sameBitsFused(t, feeds, build)
+}
+
+// sameBitsFused runs build(false) and build(true) (an output "out" each) on
+// feeds in float32 and float64 and requires the same bits.
+func sameBitsFused(t *testing.T, feeds map[string]*kernels.Tensor, build func(fused bool) *ir.Graph) {
+	t.Helper()
 	for _, prec := range []kernels.Precision{kernels.F32, kernels.F64} {
 		var outs [2][]float64
 		for k, fused := range []bool{false, true} {
@@ -68,7 +75,7 @@ func TestFusedElementwiseMatchesSteps(t *testing.T) {
 		}
 		for i := range outs[0] {
 			if math.Float64bits(outs[0][i]) != math.Float64bits(outs[1][i]) {
-				t.Fatalf("%v: out[%d] = %v fused, %v unfused", prec, i, outs[1][i], outs[0][i])
+				t.Fatalf("%s %v: out[%d] = %v fused, %v unfused", build(true).Name, prec, i, outs[1][i], outs[0][i])
 			}
 		}
 	}

@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -26,32 +25,16 @@ func TestSumToProductMatchesMulSumTo(t *testing.T) {
 			}
 			feeds[name] = x
 		}
-		for _, prec := range []kernels.Precision{kernels.F32, kernels.F64} {
-			var outs [2][]float64
-			for k, fused := range []bool{false, true} {
-				g := ir.New("sum")
-				x, y := g.Input("x", c.in, ir.F32), g.Input("y", c.in, ir.F32)
-				a := ir.Attrs{"shape": c.to}
-				if fused {
-					g.SetOutput("out", g.Op1("SumToProduct", a, x, y))
-				} else {
-					g.SetOutput("out", g.Op1("SumTo", a, g.Op1("Mul", nil, x, y)))
-				}
-				p, err := New(prec).Compile(g, nil, kernels.NewStore(prec))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := p.Run(feeds, 1); err != nil {
-					t.Fatal(err)
-				}
-				outs[k] = p.Output("out").Float64s()
-				p.Close()
+		sameBitsFused(t, feeds, func(fused bool) *ir.Graph {
+			g := ir.New("sum " + c.in.String())
+			x, y := g.Input("x", c.in, ir.F32), g.Input("y", c.in, ir.F32)
+			a := ir.Attrs{"shape": c.to}
+			if fused {
+				g.SetOutput("out", g.Op1("SumToProduct", a, x, y))
+			} else {
+				g.SetOutput("out", g.Op1("SumTo", a, g.Op1("Mul", nil, x, y)))
 			}
-			for i := range outs[0] {
-				if math.Float64bits(outs[0][i]) != math.Float64bits(outs[1][i]) {
-					t.Fatalf("%v %v to %v: out[%d] = %v fused, %v unfused", prec, c.in, c.to, i, outs[1][i], outs[0][i])
-				}
-			}
-		}
+			return g
+		})
 	}
 }
