@@ -34,8 +34,13 @@ func joinedGraph(R, K int, widths []int, lazy bool) *ir.Graph {
 // the GEMMs read is never written (its parts go straight to the staging
 // buffer through f32_cat_to_bf16_pad_kernel), and the outputs equal the
 // eager Concat's bit for bit and the bf16 products to 1e-4; with fp32
-// GEMMs the lazy Concat is written as any other.
+// GEMMs the lazy Concat is written as any other. On the simulator all of
+// it again in differential mode.
 func TestGPUJoinedGradsLazyConcat(t *testing.T) {
+	differentially(t, []string{"f32_cat_to_bf16_pad_kernel"}, func() { joinedGradsLazyConcat(t) })
+}
+
+func joinedGradsLazyConcat(t *testing.T) {
 	const R, K = 45, 37
 	widths := []int{13, 30, 21}
 	r := rand.New(rand.NewPCG(71, 72))

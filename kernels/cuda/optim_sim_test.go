@@ -22,9 +22,14 @@ import (
 // multiply-adds, within one float32 ulp), the norms to double rounding;
 // the exported state imports into the host optimizer, and a host export
 // imports back. On the simulator or a GPU (the kernel's explicit _rn
-// intrinsics keep a GPU from fusing them).
+// intrinsics keep a GPU from fusing them). On the simulator all of it
+// again in differential mode.
 func TestSimDeviceAdamWMatchesHost(t *testing.T) {
 	parityDevice(t)
+	differentially(t, []string{"adamw_multi_f64_f32", "scale_multi_f32", "sumsq_parts_f32", "sum_part_f64"}, func() { deviceAdamWMatchesHost(t) })
+}
+
+func deviceAdamWMatchesHost(t *testing.T) {
 	be, err := New(0, GEMMF32)
 	if err != nil {
 		t.Fatal(err)

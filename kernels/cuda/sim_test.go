@@ -170,6 +170,32 @@ func TestSimOpParity(t *testing.T) {
 	}
 }
 
+// differentially runs body, then, on the simulator, once more in
+// differential mode (each launch run a second time in reverse block and
+// thread order with another shared-memory poison, every allocation it
+// reaches compared bit for bit), and fails unless each kernel named ran
+// there. On a GPU body runs once.
+func differentially(t *testing.T, kernels []string, body func()) {
+	t.Helper()
+	body()
+	d, err := LoadDriver()
+	if err != nil || !d.Simulated() || t.Failed() {
+		return
+	}
+	before := make([]int64, len(kernels))
+	for i, k := range kernels {
+		before[i] = d.SimStat("diff:" + k)
+	}
+	d.SimConfig("diff", 1)
+	defer d.SimConfig("diff", 0)
+	body()
+	for i, k := range kernels {
+		if n := d.SimStat("diff:"+k) - before[i]; n <= 0 {
+			t.Errorf("%s: no launch ran in differential mode", k)
+		}
+	}
+}
+
 // TestSimReleaseFrees: Backend.Release frees the stored tensors' device
 // copies (it binds the context first; unbound frees fail).
 func TestSimReleaseFrees(t *testing.T) {

@@ -38,8 +38,13 @@ func TestSplitK(t *testing.T) {
 // TestGPUSplitKWeightGradient: a weight gradient of one output tile over
 // 8,192 rows, on a backend told it has 132 SMs, runs as slices (a batch of
 // GEMMs and sum_slices_f32) and equals the bf16 product to 1e-4; the
-// same program run again gives the same bits.
+// same program run again gives the same bits. On the simulator all of it
+// again in differential mode.
 func TestGPUSplitKWeightGradient(t *testing.T) {
+	differentially(t, []string{"sum_slices_f32"}, func() { splitKWeightGradient(t) })
+}
+
+func splitKWeightGradient(t *testing.T) {
 	be := gpuBackend(t, GEMMBF16)
 	be.sms = 132
 	const R, N, K = 8192, 37, 85

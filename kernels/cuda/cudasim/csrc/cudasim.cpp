@@ -130,6 +130,10 @@ std::atomic<int> cfg_verbose{(int)env_long("RPAC_CUDASIM_VERBOSE", 0)};
 // cannot give a cubin (tests the PTX fallback).
 std::atomic<int> cfg_no_cubin{(int)env_long("RPAC_CUDASIM_NO_CUBIN", 0)};
 std::atomic<long> stat_launches{0}, stat_blocks{0}, stat_gemms{0}, stat_diff_launches{0};
+// stat_diff_by_kernel: the differential launches of each kernel, by name
+// (rpacsim_stat("diff:NAME")), so a test can tell its kernel was compared.
+std::mutex stat_diff_mu;
+std::map<std::string, long> stat_diff_by_kernel;
 std::atomic<long> stat_cubin_loads{0}, stat_ptx_loads{0};
 std::atomic<long> stat_lt_descs{0}, stat_lt_layouts{0}, stat_lt_heuristics{0}, stat_lt_live{0};
 
@@ -1243,16 +1247,39 @@ EXPORT int cuModuleGetFunction(void** fn, void* mod, const char* name) {
 namespace {
 
 // The allocations a launch's pointer arguments point into.
+// tableScanLimit: the largest allocation whose words touched_allocs reads
+// as possible device pointers (the kernels' pointer tables are a few KiB).
+constexpr size_t tableScanLimit = 1 << 20;
+
+// touched_allocs lists the allocations a launch can reach: those its
+// pointer arguments point into and, one level down, those whose addresses
+// appear as aligned 64-bit words in a reached allocation of at most
+// tableScanLimit bytes (tables of pointers, such as the optimizer's and
+// the lazy Concat's). A word that only looks like an address adds an
+// allocation the kernel does not touch, which compares equal.
 std::vector<Alloc> touched_allocs(Function* f, void** args) {
     std::vector<Alloc> out;
     std::lock_guard<std::mutex> lk(g_mu);
+    auto add = [&](uint64_t v) {
+        const Alloc* a = find_alloc(v, 1);
+        if (a && std::find_if(out.begin(), out.end(), [&](const Alloc& b) { return b.base == a->base; }) == out.end())
+            out.push_back(*a);
+    };
     for (size_t i = 0; i < f->arg_sizes.size(); i++) {
         if (f->arg_sizes[i] != 8) continue;
         uint64_t v;
         memcpy(&v, args[i], 8);
-        const Alloc* a = find_alloc(v, 1);
-        if (a && std::find_if(out.begin(), out.end(), [&](const Alloc& b) { return b.base == a->base; }) == out.end())
-            out.push_back(*a);
+        add(v);
+    }
+    size_t direct = out.size();
+    for (size_t i = 0; i < direct; i++) {
+        if (out[i].size > tableScanLimit) continue;
+        uintptr_t base = out[i].base;
+        for (size_t off = 0; off + 8 <= out[i].size; off += 8) {
+            uint64_t v;
+            memcpy(&v, (const void*)(base + off), 8);
+            add(v);
+        }
     }
     return out;
 }
@@ -1313,6 +1340,10 @@ EXPORT int cuLaunchKernel(void* fnp, unsigned gx, unsigned gy, unsigned gz, unsi
     int r;
     if (cfg_diff.load()) {
         stat_diff_launches++;
+        {
+            std::lock_guard<std::mutex> dl(stat_diff_mu);
+            stat_diff_by_kernel[f->name]++;
+        }
         std::vector<Alloc> as = touched_allocs(f, args.data());
         std::vector<std::string> before(as.size()), first(as.size());
         for (size_t i = 0; i < as.size(); i++) before[i].assign((const char*)as[i].base, as[i].size);
@@ -1636,7 +1667,8 @@ EXPORT long rpacsim_config(const char* key, long v) {
 }
 
 // rpacsim_stat reads a counter: "allocs" (live allocations), "alloc_bytes",
-// "launches", "blocks", "gemms", "diff_launches", "cubin_loads" and
+// "launches", "blocks", "gemms", "diff_launches" ("diff:NAME": those of
+// kernel NAME), "cubin_loads" and
 // "ptx_loads" (modules loaded from each), "sticky" (the sticky error code),
 // "lt_descs", "lt_layouts" (cuBLASLt matmul descriptors and matrix layouts
 // created), "lt_live" (descriptors and layouts not yet destroyed) and
@@ -1650,6 +1682,11 @@ EXPORT long rpacsim_stat(const char* key) {
     if (k == "blocks") return stat_blocks.load();
     if (k == "gemms") return stat_gemms.load();
     if (k == "diff_launches") return stat_diff_launches.load();
+    if (k.rfind("diff:", 0) == 0) {
+        std::lock_guard<std::mutex> dl(stat_diff_mu);
+        auto it = stat_diff_by_kernel.find(k.substr(5));
+        return it == stat_diff_by_kernel.end() ? 0 : it->second;
+    }
     if (k == "cubin_loads") return stat_cubin_loads.load();
     if (k == "ptx_loads") return stat_ptx_loads.load();
     if (k == "lt_descs") return stat_lt_descs.load();
