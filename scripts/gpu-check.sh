@@ -43,7 +43,8 @@
 #   predict  rpac bench train --predict --measure at the paper (T = 768) and
 #            tiny presets, the paper step again with flash.cu's attention
 #            (RPAC_CUDA_ATTENTION=flash), without the joined sibling
-#            gradients (RPAC_CUDA_JOIN=off) and with the chain interpreter
+#            gradients (RPAC_CUDA_JOIN=off), with every chain's result in
+#            fp32 (RPAC_CUDA_PACK=off) and with the chain interpreter
 #            (RPAC_CUDA_FUSED=interp), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
@@ -164,6 +165,8 @@ if want predict; then
 	check predict-paper-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# one backward GEMM per Linear instead of the joined sibling gradients, to compare
 	check predict-paper-unjoined env RPAC_CUDA_JOIN=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
+	# chains whose results only bf16 GEMMs read writing them in fp32, converted before each GEMM, to compare
+	check predict-paper-unpacked env RPAC_CUDA_PACK=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain

@@ -179,6 +179,61 @@ func TestSimBF16GradientErrors(t *testing.T) {
 	}
 }
 
+// TestSimPackedStepSameBits: the fuzzy step under bf16 GEMMs (with
+// dropout, two micro-batches) gives the same loss and gradients bit for
+// bit whether the chains whose results only GEMMs read write them as bf16
+// (RPAC_CUDA_PACK, the default) or as fp32 converted before each GEMM, and
+// runs fewer conversions with them, on the simulator or a GPU.
+func TestSimPackedStepSameBits(t *testing.T) {
+	dev := parityDevice(t)
+	f := newStepFixture(t, "fuzzy", 24, 4)
+	f.cfg.DModel, f.cfg.Dropout = 32, 0.1
+	mg, err := model.Build(&f.cfg, model.Opts{T: 24, B: 1, Mode: model.Train})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.store = kernels.NewStore(kernels.F32)
+	if err := model.InitStore(mg.Specs, f.store, 7); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		loss, ce    float64
+		grads       map[string][]float32
+		conversions int
+	}
+	run := func(pack string) result {
+		t.Setenv("RPAC_CUDA_PACK", pack)
+		be := parityBackend(t, dev, cuda.GEMMBF16)
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		r.loss, r.ce, r.grads = f.stepOn(t, be, 2, 11)
+		for _, e := range tr.Events() {
+			if e.Name == "f32_to_bf16_pad_kernel" {
+				r.conversions++
+			}
+		}
+		return r
+	}
+	on, off := run("on"), run("off")
+	if on.loss != off.loss || on.ce != off.ce {
+		t.Errorf("loss %v, CE %v packed; %v, %v not", on.loss, on.ce, off.loss, off.ce)
+	}
+	for n, g := range off.grads {
+		for i, v := range g {
+			if on.grads[n][i] != v {
+				t.Fatalf("gradient of %s[%d]: %g packed, %g not", n, i, on.grads[n][i], v)
+			}
+		}
+	}
+	t.Logf("conversions per step: %d packed, %d not", on.conversions, off.conversions)
+	if on.conversions >= off.conversions {
+		t.Errorf("%d conversions with packing, %d without: no chain packed", on.conversions, off.conversions)
+	}
+}
+
 // paramGroup names a parameter's group: the last two parts of its name
 // without the block number (attn.pos_beta, mem.proj, ...).
 func paramGroup(n string) string {

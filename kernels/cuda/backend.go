@@ -49,6 +49,9 @@ type Backend struct {
 	// joinGrads: the train pipeline joins sibling Linears' backward GEMMs
 	// (RPAC_CUDA_JOIN, joincat.go)
 	joinGrads bool
+	// pack: chains write what only bf16 GEMMs read as bf16 (RPAC_CUDA_PACK,
+	// packed.go)
+	pack bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	sms int
 
@@ -186,17 +189,21 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first (checkEnv)
 	join, _ := joinGradsEnv()
+	pack, _ := packEnv()
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		sms: dev.Info().SMs}
+		pack: pack, sms: dev.Info().SMs}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
-// paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN).
+// paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
 	}
-	_, err := joinGradsEnv()
+	if _, err := joinGradsEnv(); err != nil {
+		return err
+	}
+	_, err := packEnv()
 	return err
 }
 
@@ -347,6 +354,8 @@ type program struct {
 	attnLSE map[*dval]Buffer
 	// cats: the lazy Concats left unwritten (value ID → parts), joincat.go.
 	cats map[int]catParts
+	// packed: the values their chains write as padded bf16 (packed.go).
+	packed map[int]bool
 }
 
 type step struct {

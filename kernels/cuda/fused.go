@@ -114,7 +114,17 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		}
 	}
 	v = v.collapse()
+	packCols := 0
+	if p.packsOutput(n) {
+		packCols = lastDim(o.v.Shape)
+		if err := p.packInto(o, packCols); err != nil {
+			return nil, err
+		}
+	}
 	bytes := 4 * float64(o.n) // each input read once (a broadcast one stays in cache), the output written
+	if packCols > 0 {
+		bytes = 2 * float64(o.n/packCols*bf16LD(packCols))
+	}
 	for _, x := range in {
 		bytes += 4 * float64(x.n)
 	}
@@ -129,7 +139,7 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		return k
 	}
 	if !p.be.fusedInterp {
-		return p.buildFusedGen(o, in, v, dense, prog, params, keys)
+		return p.buildFusedGen(o, in, v, dense, prog, params, packCols, keys)
 	}
 	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
 	if err != nil {
@@ -144,9 +154,9 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 
 // buildFusedGen launches the chain's generated kernel (fusedgen.go), which
 // the program's module defines once every node is built (loadGenerated).
-func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32, params []float32,
+func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32, params []float32, packCols int,
 	keys func() [ir.MaxFusedDraws]uint64) (func() error, error) {
-	c := fusedChain{dense: make([]bool, len(in)), prog: prog, params: params, idx32: o.n <= math.MaxInt32}
+	c := fusedChain{dense: make([]bool, len(in)), prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols}
 	for k := range in {
 		c.dense[k] = dense[k] != 0
 		if !c.dense[k] {
@@ -163,7 +173,11 @@ func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32
 	for _, x := range in {
 		args = append(args, x.buf.Ptr)
 	}
-	args = append(args, int64(o.n))
+	n := o.n // the threads' items: elements, or groups of eight bf16
+	if packCols > 0 {
+		n = o.n / packCols * bf16LD(packCols) / 8
+	}
+	args = append(args, int64(n))
 	nk := len(args)
 	args = append(args, uint64(0), uint64(0), uint64(0), uint64(0))
 	return func() error {
@@ -171,7 +185,7 @@ func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32
 		for i := range k {
 			args[nk+i] = k[i]
 		}
-		return p.each(name, o.n, args...)
+		return p.each(name, n, args...)
 	}, nil
 }
 

@@ -61,33 +61,64 @@ type fusedChain struct {
 	idx32  bool
 	prog   []int32
 	params []float32
+	// packCols: the result goes out as padded bf16 rows of packCols
+	// elements (packed.go), eight to a thread; 0: fp32 at i.
+	packCols int
 }
 
 // source is the chain's kernel. Its parameters: out, the inputs x0.., n,
-// and the four stream keys.
+// and the four stream keys. n is the elements, or with packCols the
+// groups of eight bf16 of the padded rows.
 func (c fusedChain) source(name string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "extern \"C\" __global__ void %s(float* out", name)
+	out := "float* out"
+	if c.packCols > 0 {
+		out = "rpac_bf16x8* out"
+	}
+	fmt.Fprintf(&b, "extern \"C\" __global__ void %s(%s", name, out)
 	for k := range c.dense {
 		fmt.Fprintf(&b, ", const float* x%d", k)
 	}
 	b.WriteString(", i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
-	b.WriteString("    GRID_STRIDE(i, n) {\n")
+	if c.packCols == 0 {
+		b.WriteString("    GRID_STRIDE(i, n) {\n")
+		c.body(&b, "        ")
+		fmt.Fprintf(&b, "        out[i] = r%d;\n    }\n}\n", c.result())
+		return b.String()
+	}
+	// a group g of eight columns of row r: element i = r·cols + c of the
+	// result for the columns c < cols, zero in the padding (as
+	// bf16x8_of writes it)
+	groups := bf16LD(c.packCols) / 8
+	fmt.Fprintf(&b, "    GRID_STRIDE(g, n) {\n        i64 row = g / %d;\n        int c0 = (int)(g - row * %d) << 3;\n", groups, groups)
+	b.WriteString("        unsigned h[8];\n#pragma unroll\n        for (int e = 0; e < 8; e++) {\n")
+	fmt.Fprintf(&b, "            h[e] = 0u;\n            if (c0 + e >= %d) continue;\n            i64 i = row * %dll + c0 + e;\n", c.packCols, c.packCols)
+	c.body(&b, "            ")
+	fmt.Fprintf(&b, "            h[e] = f32_to_bf16(r%d);\n        }\n", c.result())
+	b.WriteString("        rpac_bf16x8 v;\n#pragma unroll\n        for (int e = 0; e < 4; e++) v.w[e] = h[2 * e] | (h[2 * e + 1] << 16);\n")
+	b.WriteString("        out[g] = v;\n    }\n}\n")
+	return b.String()
+}
+
+// body writes the chain's statements for element i: the inputs read into
+// r0.., then each step into the next register.
+func (c fusedChain) body(b *strings.Builder, indent string) {
 	for k, d := range c.dense {
 		if d {
-			fmt.Fprintf(&b, "        float r%d = x%d[i];\n", k, k)
+			fmt.Fprintf(b, "%sfloat r%d = x%d[i];\n", indent, k, k)
 		} else {
-			fmt.Fprintf(&b, "        float r%d = x%d[%s];\n", k, k, c.offset(k))
+			fmt.Fprintf(b, "%sfloat r%d = x%d[%s];\n", indent, k, k, c.offset(k))
 		}
 	}
 	nin := len(c.dense)
 	for j := 0; j < len(c.prog)/4; j++ {
 		s, q := c.prog[4*j:4*j+4], c.params[3*j:3*j+3]
-		fmt.Fprintf(&b, "        float r%d = %s;\n", nin+j, fusedExpr(fusedStepKind(s[0]), s, q))
+		fmt.Fprintf(b, "%sfloat r%d = %s;\n", indent, nin+j, fusedExpr(fusedStepKind(s[0]), s, q))
 	}
-	fmt.Fprintf(&b, "        out[i] = r%d;\n    }\n}\n", nin+len(c.prog)/4-1)
-	return b.String()
 }
+
+// result is the register holding the chain's result.
+func (c fusedChain) result() int { return len(c.dense) + len(c.prog)/4 - 1 }
 
 // offset is input k's offset at element i as an expression over
 // constants: view_offset's loop unrolled, the innermost dim first, each
@@ -151,7 +182,7 @@ func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
 // equal chains share one kernel within and across programs.
 func (c fusedChain) name() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%v %v %v %v %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params)
+	fmt.Fprintf(h, "%v %v %v %v %v %v %d", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols)
 	kind := ""
 	if c.view.rank() > 0 {
 		kind = "view_"

@@ -41,10 +41,10 @@ func (p *program) buildLazyConcat(n *ir.Node, in []*dval) (func() error, bool, e
 }
 
 // foldsConcat: n is a lazy Concat along the last axis of intermediate
-// values, its result no graph output, read only as the dy (A operand) of LinearGradX and LinearGradW
-// nodes whose GEMMs run in bf16.
+// values whose result only bf16 GEMMs read, as the dy (A operand) of
+// LinearGradX and LinearGradW nodes (packed.go).
 func (p *program) foldsConcat(n *ir.Node) bool {
-	if p.be.gemm != GEMMBF16 || !n.Attrs.Bool("lazy", false) {
+	if !n.Attrs.Bool("lazy", false) {
 		return false
 	}
 	o := n.Outputs[0]
@@ -56,29 +56,7 @@ func (p *program) foldsConcat(n *ir.Node) bool {
 			return false
 		}
 	}
-	for _, v := range p.g.Outputs {
-		if v == o {
-			return false
-		}
-	}
-	N := lastDim(o.Shape)
-	rows := o.Shape.Numel() / max(1, N)
-	readers := 0
-	for _, m := range p.g.Nodes {
-		for i, x := range m.Inputs {
-			if x != o {
-				continue
-			}
-			if i != 0 || (m.Op != "LinearGradX" && m.Op != "LinearGradW") {
-				return false
-			}
-			if min(rows, N, lastDim(m.Outputs[0].Shape)) <= SmallGEMMDim {
-				return false
-			}
-			readers++
-		}
-	}
-	return readers > 0
+	return p.onlyBF16GEMMsRead(o, true)
 }
 
 // operandOf is the operand for a value, with its parts when it is a lazy
@@ -88,6 +66,7 @@ func (p *program) operandOf(d *dval) operand {
 	if c, ok := p.cats[d.v.ID]; ok {
 		o.cat = &c
 	}
+	o.packed = p.packed[d.v.ID]
 	return o
 }
 

@@ -545,6 +545,9 @@ type operand struct {
 	// cat: the value is a lazy Concat left unwritten; its bf16 copy is
 	// converted from the parts (joincat.go).
 	cat *catParts
+	// packed: buf holds the value as its padded bf16 copy, written so by
+	// its producer (packed.go).
+	packed bool
 }
 
 // operandOf is the operand for a value of the graph.
@@ -653,6 +656,8 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 	switch {
 	case o.staged:
 		return p.bf16[side][0], nil
+	case o.packed:
+		return o.buf, nil
 	case o.stored != nil:
 		return p.storedBF16(o.stored, rows, cols)
 	}
@@ -800,10 +805,10 @@ func (p *program) needGEMM(s GemmShape, a, b operand) {
 	}
 	ra, ca := s.storedA()
 	rb, cb := s.storedB()
-	if a.stored == nil {
+	if a.stored == nil && !a.packed {
 		p.bf16Need[0] = max(p.bf16Need[0], batchRows(s.Batch, s.StrideA, ra)*bf16LD(ca))
 	}
-	if b.stored == nil {
+	if b.stored == nil && !b.packed {
 		p.bf16Need[1] = max(p.bf16Need[1], batchRows(s.Batch, s.StrideB, rb)*bf16LD(cb))
 	}
 }
@@ -836,9 +841,8 @@ func lastDim(s ir.Shape) int { return s[len(s)-1] }
 // buildLinear: y = x·Wᵀ (+ b, added in the GEMM's epilogue).
 func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 	x, W, o := in[0], in[1], out[0]
-	N, K := W.v.Shape[0], W.v.Shape[1]
-	s := GemmShape{TransB: true, M: x.n / max(1, K), N: N, K: K, Batch: 1}
-	a, w := operandOf(x), operandOf(W)
+	s, _ := gemmShapeOf("Linear", []*ir.Value{x.v, W.v})
+	a, w := p.operandOf(x), operandOf(W)
 	p.needGEMM(s, a, w)
 	var bias *dval
 	if len(in) == 3 {
@@ -855,16 +859,16 @@ func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 
 func (p *program) buildLinearGradX(in, out []*dval) (func() error, error) {
 	dy, W, o := in[0], in[1], out[0]
-	N, K := W.v.Shape[0], W.v.Shape[1]
-	return p.gemmStep(GemmShape{M: dy.n / max(1, N), N: K, K: N, Batch: 1}, dy, W, o), nil
+	s, _ := gemmShapeOf("LinearGradX", []*ir.Value{dy.v, W.v})
+	return p.gemmStep(s, dy, W, o), nil
 }
 
 // buildLinearGradW: dW = dyᵀ·x over all rows; split along the rows where
 // the output's tiles would leave most SMs idle (splitk.go).
 func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 	dy, x, o := in[0], in[1], out[0]
-	N, K := lastDim(dy.v.Shape), lastDim(x.v.Shape)
-	s := GemmShape{TransA: true, M: N, N: K, K: dy.n / max(1, N), Batch: 1}
+	s, _ := gemmShapeOf("LinearGradW", []*ir.Value{dy.v, x.v})
+	N, K := s.M, s.N
 	slices := 1
 	if p.bf16GEMM(s) {
 		slices = splitK(s, p.be.sms)

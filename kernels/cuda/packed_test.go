@@ -1,0 +1,153 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
+)
+
+// packedGraph: h = GELU(x·s + b) with dropout (a chain with a broadcast
+// input and a drawing step) of R×N, then y = h·Wᵀ, dW = dyᵀ·h and
+// dx = dy2·W2 (dy2 = h2, a dense chain of R×M only LinearGradX reads).
+// With alsoRead, h is a graph output too, so only GEMMs no longer read it.
+func packedGraph(R, K, N, M int, alsoRead bool) *ir.Graph {
+	g := ir.New("packed")
+	x := g.Input("x", ir.Shape{R, N}, ir.F32)
+	b := g.Input("b", ir.Shape{N}, ir.F32)
+	h := g.Op1("FusedElementwise", ir.Attrs{"shape": []int{R, N}, "body": ir.FusedBody{
+		{Op: "Add", Args: []int{0, 1}},
+		{Op: "GELU", Args: []int{2}},
+		{Op: "Dropout", Attrs: ir.Attrs{"p": 0.2, "stream": 3}, Args: []int{3}},
+	}}, x, b)
+	W := g.Param("w", ir.Shape{K, N})
+	g.SetOutput("y", g.Op1("Linear", nil, h, W))
+	dy := g.Input("dy", ir.Shape{R, K}, ir.F32)
+	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, h))
+	z := g.Input("z", ir.Shape{R, M}, ir.F32)
+	h2 := g.Op1("FusedElementwise", ir.Attrs{"shape": []int{R, M}, "body": ir.FusedBody{
+		{Op: "Scale", Attrs: ir.Attrs{"alpha": 0.75, "beta": 0.125}, Args: []int{0}},
+	}}, z)
+	W2 := g.Param("w2", ir.Shape{M, N})
+	g.SetOutput("dx", g.Op1("LinearGradX", nil, h2, W2))
+	if alsoRead {
+		g.SetOutput("h", h)
+	}
+	return g
+}
+
+// TestGPUPackedChainOutputs: under bf16 GEMMs a chain whose result only
+// GEMMs read writes it as the padded bf16 copy (rows of 37 and 13
+// elements: padding in every row), no conversion kernel runs for it, and
+// the GEMMs' results equal those of the fp32 result converted, bit for
+// bit; a result also read otherwise, and every result under fp32 GEMMs,
+// stays fp32. On the simulator all of it again in differential mode.
+func TestGPUPackedChainOutputs(t *testing.T) {
+	differentially(t, []string{"f32_to_bf16_pad_kernel"}, func() { packedChainOutputs(t) })
+}
+
+func packedChainOutputs(t *testing.T) {
+	const R, K, N, M = 45, 21, 37, 13
+	r := rand.New(rand.NewPCG(91, 92))
+	feeds := map[string]*kernels.Tensor{
+		"x":  {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)},
+		"b":  {Shape: ir.Shape{N}, F32: randF32(r, N, 1)},
+		"dy": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)},
+		"z":  {Shape: ir.Shape{R, M}, F32: randF32(r, R*M, 1)},
+	}
+	w, w2 := randF32(r, K*N, 1), randF32(r, M*N, 1)
+	type result struct {
+		outs        map[string][]float32
+		packed, cvt int // chains writing bf16, conversion launches
+	}
+	run := func(prec GEMMPrecision, pack, alsoRead bool) result {
+		be := gpuBackend(t, prec)
+		be.pack = pack
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := packedGraph(R, K, N, M, alsoRead)
+		st := kernels.NewStore(kernels.F32)
+		copy(must(st.Ensure("w", ir.Shape{K, N})).F32, w)
+		copy(must(st.Ensure("w2", ir.Shape{M, N})).F32, w2)
+		p, err := be.Compile(g, passes.Plan(g), st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer be.Release(st)
+		defer p.Close()
+		if err := p.Run(feeds, 5); err != nil {
+			t.Fatal(err)
+		}
+		res := result{outs: map[string][]float32{}, packed: len(p.(*program).packed)}
+		for _, name := range []string{"y", "dw", "dx"} {
+			res.outs[name] = append([]float32(nil), p.Output(name).F32...)
+		}
+		for _, e := range tr.Events() {
+			if e.Name == "f32_to_bf16_pad_kernel" {
+				res.cvt++
+			}
+		}
+		return res
+	}
+	same := func(what string, a, b result) {
+		t.Helper()
+		for name, x := range a.outs {
+			for i, v := range x {
+				if v != b.outs[name][i] {
+					t.Fatalf("%s: %s[%d] = %g, %g without packing", what, name, i, v, b.outs[name][i])
+				}
+			}
+		}
+	}
+	off := run(GEMMBF16, false, false)
+	on := run(GEMMBF16, true, false)
+	if on.packed != 2 || off.packed != 0 {
+		t.Fatalf("bf16: %d chains packed (want 2), %d with packing off (want 0)", on.packed, off.packed)
+	}
+	if off.cvt-on.cvt != 3 { // h for y and for dw (two sides), h2 for dx
+		t.Errorf("bf16: %d conversions packed, %d not; want 3 fewer", on.cvt, off.cvt)
+	}
+	same("bf16", on, off)
+	if read := run(GEMMBF16, true, true); read.packed != 1 {
+		t.Errorf("h also an output: %d chains packed, want 1 (h2)", read.packed)
+	} else {
+		same("h also an output", read, off)
+	}
+	f32 := run(GEMMF32, true, false)
+	if f32.packed != 0 {
+		t.Errorf("fp32 GEMMs: %d chains packed", f32.packed)
+	}
+	h2 := make([]float32, R*M) // dx against its own reference: dy2 = 0.75·z + 0.125
+	for i, v := range feeds["z"].F32 {
+		h2[i] = 0.75*v + 0.125
+	}
+	closeTo(t, "dx", on.outs["dx"], matmulRef(h2, w2, 1, R, N, M, false, false, true), 1e-4)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestPackEnv: RPAC_CUDA_PACK takes on, off or nothing; any other value
+// is refused by the dry run with the variable named.
+func TestPackEnv(t *testing.T) {
+	for v, want := range map[string]bool{"": true, "on": true, "off": false} {
+		t.Setenv("RPAC_CUDA_PACK", v)
+		be, err := NewDryRun(GEMMBF16)
+		if err != nil || be.pack != want {
+			t.Errorf("%q: dry run %v, pack %v; want %v", v, err, be != nil && be.pack, want)
+		}
+	}
+	t.Setenv("RPAC_CUDA_PACK", "yes")
+	if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_PACK") {
+		t.Errorf("yes: %v, want a refusal naming RPAC_CUDA_PACK", err)
+	}
+}
