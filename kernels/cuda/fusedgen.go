@@ -28,12 +28,23 @@ import (
 // fusedGenPrefix starts every generated chain kernel's name.
 const fusedGenPrefix = "fused_gen_"
 
-// The names the trace gives the generated chain kernels: those that read
-// every input at i (costed as streams, like binary_dense_f32) and those
-// with a broadcast input (costed like binary_f32, which reads through a
-// runtime view, until a GPU measures the constant one).
+// The names the trace gives the generated chain kernels:
+//   - fusedGenDense: every input read at i (costed as a stream, like
+//     binary_dense_f32);
+//   - fusedGenBcast: a broadcast input over a view that collapses to two
+//     dims, rows and columns (a per-row value such as a gate [B,T,1] over
+//     [B,T,D], or a per-column one such as a bias): its offset is one
+//     division or one remainder by a constant (a multiply-high and a
+//     shift) and its loads are the same address across most of a warp,
+//     so the kernel is the dense chain's plus two or three integer
+//     instructions per element: costed as a stream too (an estimate, to
+//     calibrate: reported apart for that);
+//   - fusedGenView: a broadcast over three or more collapsed dims (a
+//     division and a remainder per dim), costed like binary_f32, which
+//     reads through a runtime view, until a GPU measures the constant one.
 const (
 	fusedGenDense = "fused_gen_f32"
+	fusedGenBcast = "fused_gen_bcast_f32"
 	fusedGenView  = "fused_gen_view_f32"
 )
 
@@ -43,6 +54,8 @@ func reportName(name string) string {
 	switch {
 	case strings.HasPrefix(name, fusedGenPrefix+"view_"):
 		return fusedGenView
+	case strings.HasPrefix(name, fusedGenPrefix+"bcast_"):
+		return fusedGenBcast
 	case strings.HasPrefix(name, fusedGenPrefix):
 		return fusedGenDense
 	}
@@ -184,8 +197,11 @@ func (c fusedChain) name() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%v %v %v %v %v %v %d", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols)
 	kind := ""
-	if c.view.rank() > 0 {
+	switch r := c.view.rank(); {
+	case r > 2:
 		kind = "view_"
+	case r > 0:
+		kind = "bcast_"
 	}
 	return fusedGenPrefix + kind + hex.EncodeToString(h.Sum(nil)[:8])
 }

@@ -930,6 +930,15 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 		return nil, err
 	}
 	eps := float32(n.Attrs.Float("eps", 1e-5))
+	if p.packsOutput(n) {
+		if err := p.packInto(o, D); err != nil {
+			return nil, err
+		}
+		return func() error {
+			return p.launch("layernorm_fwd_bf16pad", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, stats.Ptr,
+				stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), int32(bf16LD(D)), eps)
+		}, nil
+	}
 	return func() error {
 		return p.launch("layernorm_fwd_f32", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, stats.Ptr,
 			stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), eps)

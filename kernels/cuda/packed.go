@@ -11,11 +11,11 @@ import (
 // before each GEMM that reads it (twice for a forward activation: its
 // Linear, then its weight gradient in the backward, the staging buffer
 // long reused in between). When the producer is a generated elementwise
-// chain, the chain writes that copy itself, into the value's own buffer
-// (2·rows·bf16LD(cols) bytes fit in the 4·rows·cols of its fp32 slot), and
-// the GEMMs read it as it is: no fp32 write, no conversion. The chain
-// rounds each result with the conversion kernel's f32_to_bf16, so the GEMMs
-// see the same bits. RPAC_CUDA_PACK=off keeps the fp32 value (to compare).
+// chain or a LayerNorm, it writes that copy itself, into the value's own
+// buffer (2·rows·bf16LD(cols) bytes fit in the 4·rows·cols of its fp32
+// slot), and the GEMMs read it as it is: no fp32 write, no conversion. The
+// producer rounds each result with the conversion kernel's f32_to_bf16, so
+// the GEMMs see the same bits. RPAC_CUDA_PACK=off keeps the fp32 value (to compare).
 
 // gemmShapeOf is the GEMM a Linear, LinearGradX or LinearGradW node runs
 // (before any split), from its inputs' shapes; ok is false for other ops.
@@ -89,10 +89,19 @@ func operandSlot(op string, i int, dyOnly bool) bool {
 	return false
 }
 
-// packsOutput: the FusedElementwise node n writes its result as the padded
-// bf16 copy its GEMM readers take.
+// packsOutput: node n writes its result as the padded bf16 copy its GEMM
+// readers take: a generated chain (FusedElementwise) or a LayerNorm.
 func (p *program) packsOutput(n *ir.Node) bool {
-	if !p.be.pack || p.be.fusedInterp || n.Op != "FusedElementwise" || len(n.Outputs) != 1 {
+	if !p.be.pack || len(n.Outputs) != 1 {
+		return false
+	}
+	switch n.Op {
+	case "FusedElementwise":
+		if p.be.fusedInterp {
+			return false
+		}
+	case "LayerNorm":
+	default:
 		return false
 	}
 	o := n.Outputs[0]

@@ -12,7 +12,8 @@ import (
 
 // packedGraph: h = GELU(x·s + b) with dropout (a chain with a broadcast
 // input and a drawing step) of R×N, then y = h·Wᵀ, dW = dyᵀ·h and
-// dx = dy2·W2 (dy2 = h2, a dense chain of R×M only LinearGradX reads).
+// dx = dy2·W2 (dy2 = h2, a dense chain of R×M only LinearGradX reads),
+// and y3 = LayerNorm(x)·W3ᵀ.
 // With alsoRead, h is a graph output too, so only GEMMs no longer read it.
 func packedGraph(R, K, N, M int, alsoRead bool) *ir.Graph {
 	g := ir.New("packed")
@@ -33,20 +34,22 @@ func packedGraph(R, K, N, M int, alsoRead bool) *ir.Graph {
 	}}, z)
 	W2 := g.Param("w2", ir.Shape{M, N})
 	g.SetOutput("dx", g.Op1("LinearGradX", nil, h2, W2))
+	ln := g.Op1("LayerNorm", ir.Attrs{"eps": 1e-5}, x, g.Param("ln.g", ir.Shape{N}), g.Param("ln.b", ir.Shape{N}))
+	g.SetOutput("y3", g.Op1("Linear", nil, ln, W))
 	if alsoRead {
 		g.SetOutput("h", h)
 	}
 	return g
 }
 
-// TestGPUPackedChainOutputs: under bf16 GEMMs a chain whose result only
-// GEMMs read writes it as the padded bf16 copy (rows of 37 and 13
+// TestGPUPackedChainOutputs: under bf16 GEMMs a chain or a LayerNorm whose
+// result only GEMMs read writes it as the padded bf16 copy (rows of 37 and 13
 // elements: padding in every row), no conversion kernel runs for it, and
 // the GEMMs' results equal those of the fp32 result converted, bit for
 // bit; a result also read otherwise, and every result under fp32 GEMMs,
 // stays fp32. On the simulator all of it again in differential mode.
 func TestGPUPackedChainOutputs(t *testing.T) {
-	differentially(t, []string{"f32_to_bf16_pad_kernel"}, func() { packedChainOutputs(t) })
+	differentially(t, []string{"f32_to_bf16_pad_kernel", "layernorm_fwd_bf16pad"}, func() { packedChainOutputs(t) })
 }
 
 func packedChainOutputs(t *testing.T) {
@@ -58,7 +61,7 @@ func packedChainOutputs(t *testing.T) {
 		"dy": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)},
 		"z":  {Shape: ir.Shape{R, M}, F32: randF32(r, R*M, 1)},
 	}
-	w, w2 := randF32(r, K*N, 1), randF32(r, M*N, 1)
+	w, w2, lnG, lnB := randF32(r, K*N, 1), randF32(r, M*N, 1), randF32(r, N, 1), randF32(r, N, 1)
 	type result struct {
 		outs        map[string][]float32
 		packed, cvt int // chains writing bf16, conversion launches
@@ -74,6 +77,8 @@ func packedChainOutputs(t *testing.T) {
 		st := kernels.NewStore(kernels.F32)
 		copy(must(st.Ensure("w", ir.Shape{K, N})).F32, w)
 		copy(must(st.Ensure("w2", ir.Shape{M, N})).F32, w2)
+		copy(must(st.Ensure("ln.g", ir.Shape{N})).F32, lnG)
+		copy(must(st.Ensure("ln.b", ir.Shape{N})).F32, lnB)
 		p, err := be.Compile(g, passes.Plan(g), st)
 		if err != nil {
 			t.Fatal(err)
@@ -84,7 +89,7 @@ func packedChainOutputs(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := result{outs: map[string][]float32{}, packed: len(p.(*program).packed)}
-		for _, name := range []string{"y", "dw", "dx"} {
+		for _, name := range []string{"y", "dw", "dx", "y3"} {
 			res.outs[name] = append([]float32(nil), p.Output(name).F32...)
 		}
 		for _, e := range tr.Events() {
@@ -106,15 +111,15 @@ func packedChainOutputs(t *testing.T) {
 	}
 	off := run(GEMMBF16, false, false)
 	on := run(GEMMBF16, true, false)
-	if on.packed != 2 || off.packed != 0 {
-		t.Fatalf("bf16: %d chains packed (want 2), %d with packing off (want 0)", on.packed, off.packed)
+	if on.packed != 3 || off.packed != 0 {
+		t.Fatalf("bf16: %d results packed (want 3), %d with packing off (want 0)", on.packed, off.packed)
 	}
-	if off.cvt-on.cvt != 3 { // h for y and for dw (two sides), h2 for dx
-		t.Errorf("bf16: %d conversions packed, %d not; want 3 fewer", on.cvt, off.cvt)
+	if off.cvt-on.cvt != 4 { // h for y and for dw (two sides), h2 for dx, the LayerNorm's for y3
+		t.Errorf("bf16: %d conversions packed, %d not; want 4 fewer", on.cvt, off.cvt)
 	}
 	same("bf16", on, off)
-	if read := run(GEMMBF16, true, true); read.packed != 1 {
-		t.Errorf("h also an output: %d chains packed, want 1 (h2)", read.packed)
+	if read := run(GEMMBF16, true, true); read.packed != 2 {
+		t.Errorf("h also an output: %d results packed, want 2 (h2, the LayerNorm's)", read.packed)
 	} else {
 		same("h also an output", read, off)
 	}

@@ -381,8 +381,9 @@ func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) [
 // TestTraceFusedBytes: a FusedElementwise launch is charged its inputs'
 // own sizes (a broadcast one counted once) and its output, which the
 // backend states (costHinter) since the kernels' arguments cannot; a
-// generated chain is reported by kind (a broadcast input: the view class;
-// every input dense: a stream), the interpreter (RPAC_CUDA_FUSED=interp)
+// generated chain is reported by kind (every input dense, or a broadcast
+// over a view of two dims: a stream; a broadcast over more: the view
+// class), the interpreter (RPAC_CUDA_FUSED=interp)
 // as fused_ew_f32.
 func TestTraceFusedBytes(t *testing.T) {
 	cases := []struct {
@@ -390,7 +391,8 @@ func TestTraceFusedBytes(t *testing.T) {
 		y                 ir.Shape
 		class             CostClass
 	}{
-		{"generated, broadcast", "", fusedGenView, ir.Shape{7}, ClassView},
+		{"generated, broadcast over rows", "", fusedGenBcast, ir.Shape{7}, ClassStream},
+		{"generated, broadcast inside", "", fusedGenView, ir.Shape{5, 1}, ClassView},
 		{"generated, dense", "", fusedGenDense, ir.Shape{3, 5, 7}, ClassStream},
 		{"interpreter", "interp", "fused_ew_f32", ir.Shape{7}, ClassInterp},
 	}

@@ -380,7 +380,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
 	case "grad_unary_f32", "binary_f32", "binary_dense_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
-	case fusedGenDense, fusedGenView:
+	case fusedGenDense, fusedGenBcast, fusedGenView:
 		// the backend states the inputs' sizes (costHinter); without
 		// that, one input and the output
 		e.Bytes = 2 * w * n
@@ -421,6 +421,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 2 * w * a.i("nuniq") * a.i("D")
 	case "layernorm_fwd_f32":
 		e.Bytes = 2 * w * a.i("rows") * a.i("D")
+	case "layernorm_fwd_bf16pad": // fp32 rows×D read, bf16 rows×ld written
+		e.Bytes = w*a.i("rows")*a.i("D") + 2*a.i("rows")*a.i("ld")
 	case "layernorm_bwd_dx_f32":
 		e.Bytes = 3 * w * a.i("rows") * a.i("D")
 	case "layernorm_bwd_params_f32":

@@ -3,20 +3,48 @@
 // gradients over fixed chunks of rows, then the chunks' partials in a fixed
 // tree (no atomics: a step repeats bit for bit).
 
+// ln_stats: the mean and 1/std of row xr (D elements), by the block.
+__device__ __forceinline__ void ln_stats(const float* xr, int D, float eps, float* shared, float* mu, float* rs) {
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
+    float m = block_sum(s, shared) / D;
+    float q = 0.0f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { float d = xr[j] - m; q += d * d; }
+    *mu = m;
+    *rs = rsqrtf(block_sum(q, shared) / D + eps);
+}
+// ln_out: output element j of a row, each operation rounded on its own
+// (no contraction), so the fp32 and the bf16 forms agree bit for bit.
+__device__ __forceinline__ float ln_out(const float* xr, int j, float mu, float rs, const float* g, const float* b) {
+    return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xr[j], mu), rs), g[j]), b[j]);
+}
+
 extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
                                              const float* g, const float* b, int rows, int D, float eps) {
     __shared__ float shared[32];
     int r = blockIdx.x;
     if (r >= rows) return;
     const float* xr = x + (i64)r * D;
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
-    float mu = block_sum(s, shared) / D;
-    float q = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) { float d = xr[j] - mu; q += d * d; }
-    float rs = rsqrtf(block_sum(q, shared) / D + eps);
+    float mu, rs;
+    ln_stats(xr, D, eps, shared, &mu, &rs);
     float* yr = out + (i64)r * D;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) yr[j] = (xr[j] - mu) * rs * g[j] + b[j];
+    for (int j = threadIdx.x; j < D; j += blockDim.x) yr[j] = ln_out(xr, j, mu, rs, g, b);
+    if (threadIdx.x == 0) { mean[r] = mu; rstd[r] = rs; }
+}
+
+// layernorm_fwd_bf16pad: layernorm_fwd_f32 with the output written as the
+// padded bf16 rows its GEMMs read (ld ≥ D, a multiple of 8; columns D to
+// ld zero), each element rounded as f32_to_bf16_pad_kernel rounds it.
+extern "C" __global__ void layernorm_fwd_bf16pad(bf16_t* out, float* mean, float* rstd, const float* x,
+                                                 const float* g, const float* b, int rows, int D, int ld, float eps) {
+    __shared__ float shared[32];
+    int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* xr = x + (i64)r * D;
+    float mu, rs;
+    ln_stats(xr, D, eps, shared, &mu, &rs);
+    bf16_t* yr = out + (i64)r * ld;
+    for (int j = threadIdx.x; j < ld; j += blockDim.x) yr[j] = j < D ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
     if (threadIdx.x == 0) { mean[r] = mu; rstd[r] = rs; }
 }
 

@@ -162,6 +162,7 @@ static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c);
 // compiled with -ffp-contract=off as well).
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline double __dsub_rn(double a, double b) { return a - b; }
