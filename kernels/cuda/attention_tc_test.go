@@ -200,6 +200,37 @@ func TestAttentionParts(t *testing.T) {
 	}
 }
 
+// TestAgBiasGroups: the GEMM path's bias gradient is summed over groups of
+// (sequence, head) pairs, about agWarps warps of queries in all, at most
+// one group per pair.
+func TestAgBiasGroups(t *testing.T) {
+	for _, c := range []struct {
+		BH, T, want int
+	}{{192, 768, 11}, {192, 384, 22}, {192, 8192, 1}, {192, 20000, 1}, {6, 67, 6}, {2, 300, 2}} {
+		if got := agBiasGroups(&attention{BH: c.BH, T: c.T}); got != c.want {
+			t.Errorf("BH %d, T %d: %d groups, want %d", c.BH, c.T, got, c.want)
+		}
+	}
+}
+
+// TestGPUAttentionBiasGroups: with groups of several (sequence, head)
+// pairs, uneven ones among them (agWarps lowered to 40: 35 pairs at T = 20
+// in groups of 17 and 18, 6 at T = 67 in one), the GEMM path's gradients
+// and bias gradient match the CPU within bf16's bounds, and, on the
+// simulator, again in differential mode.
+func TestGPUAttentionBiasGroups(t *testing.T) {
+	be := gpuBackendPath(t, attnChooseGEMM)
+	defer func(w int) { agWarps = w }(agWarps)
+	agWarps = 40
+	var cases []opCase
+	for _, c := range tcAttentionCases() {
+		if c.op == "FusedAttentionGrad" && len(c.in) == 5 {
+			cases = append(cases, withTol(c, tcAttnWorst))
+		}
+	}
+	differentially(t, []string{"attn_softmax_bwd_f32", "attention_dbias_reduce_f32"}, func() { checkParity(t, be, cases, 13) })
+}
+
 // TestFlashWarpTiles: the cost model's count of flash.cu's 16×32 tiles of
 // scores: the causal triangle at T = 64 (rows 0–31 see one key tile, rows
 // 32–63 two; symmetric for the keys), and T = 67, whose last warp of rows

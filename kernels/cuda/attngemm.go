@@ -68,10 +68,11 @@ type agLayout struct {
 	// k, v (bf16 [BH,T,Hp]) and a GEMM result (fp32 [BH,T,Hp]: o, then dq)
 	S, P, Q, K, V, R0 agRegion
 	fwdBytes          int64
-	// backward: dP (fp32 [BH,T,T]), dS (bf16 [BH,T,Tp]), packed dO, and
-	// the results dk and dv
-	DP, DS, DO, R1, R2 agRegion
-	bytes              int64
+	// backward: dP (fp32 [BH,T,T]), dS (bf16 [BH,T,Tp]), packed dO, the
+	// results dk and dv, and with a bias its gradient's partial sums (fp32
+	// [G,T,T], G = agBiasGroups)
+	DP, DS, DO, R1, R2, DB agRegion
+	bytes                  int64
 }
 
 func newAGLayout(a *attention) agLayout {
@@ -90,8 +91,25 @@ func newAGLayout(a *attention) agLayout {
 	l.fwdBytes = at
 	l.DP, l.DS, l.DO = next(scores), next(weights), next(packed)
 	l.R1, l.R2 = next(result), next(result)
+	if a.bias != nil {
+		l.DB = next(4 * int64(agBiasGroups(a)) * T * T)
+	}
 	l.bytes = at
 	return l
+}
+
+// agWarps is about the warps the backward row kernel should run to keep
+// every SM's memory requests in flight (132 SMs × 64 resident warps); a
+// variable so that tests can make groups of several pairs at small shapes.
+var agWarps = 8192
+
+// agBiasGroups: the groups of (sequence, head) pairs attn_softmax_bwd_f32
+// sums the bias gradient over, each a partial [T,T] sum: a warp per query
+// and group, about agWarps in all (at most one group per pair). At the
+// paper preset (T = 768, 192 pairs) 11 groups of 17 or 18 pairs, 26 MB of
+// partial sums.
+func agBiasGroups(a *attention) int {
+	return max(1, min(a.BH, (agWarps+a.T-1)/a.T))
 }
 
 // attnGEMMFits: the work buffer within attnGEMMBytes: the backward's
@@ -170,7 +188,12 @@ const agRows = 8
 
 // agRowGrid: the row kernels' grid, a warp per row (bh, i).
 func agRowGrid(a *attention) [3]uint32 {
-	return [3]uint32{uint32((a.BH*a.T + agRows - 1) / agRows), 1, 1}
+	return agWarpGrid(a.BH * a.T)
+}
+
+// agWarpGrid: a grid of agRows warps per block for n warps.
+func agWarpGrid(n int) [3]uint32 {
+	return [3]uint32{uint32((n + agRows - 1) / agRows), 1, 1}
 }
 
 var agRowBlock = [3]uint32{32 * agRows, 1, 1}
@@ -255,13 +278,14 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		return err
 	}
 	Pd, dS := l.P.in(w), l.DS.in(w)
-	var dSf uint64
+	var part uint64 // the bias gradient's partial sums
 	if a.bias != nil {
-		dSf = S.Ptr // dS in fp32 over the scores, for the bias gradient
+		part = l.DB.in(w).Ptr
 	}
-	args := append([]any{Pd.Ptr, dS.Ptr, dSf, S.Ptr, dP.Ptr, a.biasPtr(), g.lse, g.D, int32(a.BH), int32(a.T), int32(l.Tp)},
+	G := agBiasGroups(a)
+	args := append([]any{Pd.Ptr, dS.Ptr, part, S.Ptr, dP.Ptr, a.biasPtr(), g.lse, g.D, int32(a.BH), int32(a.T), int32(l.Tp), int32(G)},
 		a.dropoutArgs(p.seed)...)
-	if err := p.launch("attn_softmax_bwd_f32", agRowGrid(a), agRowBlock, 0, args...); err != nil {
+	if err := p.launch("attn_softmax_bwd_f32", agWarpGrid(G*a.T), agRowBlock, 0, args...); err != nil {
 		return err
 	}
 	for _, r := range []struct {
@@ -287,5 +311,5 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 	if a.bias == nil {
 		return nil
 	}
-	return p.each("attention_dbias_reduce_f32", a.T*a.T, g.out[3].buf.Ptr, dSf, int32(a.BH), int32(a.T))
+	return p.each("attention_dbias_reduce_f32", a.T*a.T, g.out[3].buf.Ptr, part, int32(G), int32(a.T))
 }

@@ -175,7 +175,7 @@ func (f *fakeDevice) separateSlots() bool { return false }
 var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.part": true, "reduce_cols_f32.part": true,
 	"reduce_rows_f32.y": true, "reduce_cols_f32.y": true, "reduce_view_f32.y": true, // no product: a plain sum
 	"attention_bwd_dq_bf16.part": true, // no bias, no bias-gradient partial sums
-	"attn_softmax_bwd_f32.dSf":   true, // no bias
+	"attn_softmax_bwd_f32.part":  true, // no bias
 	"softmax_ce_fused_f32.gb":    true} // the gradient in fp32, over the logits
 
 func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {

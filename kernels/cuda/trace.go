@@ -480,8 +480,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 // and write its bf16 copy, the unpack reads and writes fp32; the row
 // kernels read the scores (and dP) on and below the diagonal, the bias
 // once (its re-reads by every sequence and head stay in L2), and write
-// whole bf16 rows of Tp (and, with a bias, fp32 dS on and below the
-// diagonal).
+// whole bf16 rows of Tp (and, with a bias, the bias gradient's G partial
+// sums on and below the diagonal).
 func attnGEMMCost(e *Event, a kargs) {
 	const w = 4.0
 	BH, T, Hd := a.i("BH"), a.i("T"), a.i("Hd")
@@ -501,8 +501,8 @@ func attnGEMMCost(e *Event, a kargs) {
 		e.Bytes = w*tri + bias + 2*rows*a.i("Tp") + w*rows
 	case "attn_softmax_bwd_f32":
 		e.Bytes = 2*w*tri + bias + 4*rows*a.i("Tp") + 2*w*rows
-		if a.ptr("dSf") != 0 {
-			e.Bytes += w * tri
+		if a.ptr("part") != 0 {
+			e.Bytes += w * a.i("G") * T * (T + 1) / 2
 		}
 	}
 }

@@ -10,8 +10,10 @@
 //   backward: q, k, v and dO packed (attn_pack_do_bf16 also takes
 //             D_i = dO_i·o_i) → S again and dP = dO·vᵀ (GEMMs) →
 //             attn_softmax_bwd_f32 (P after dropout and dS as bf16; with a
-//             bias, dS in fp32 over S for the bias gradient) → dv = Pᵀ·dO,
-//             dq = scale·dS·k, dk = scale·dSᵀ·q (GEMMs) → unpacked.
+//             bias, the bias gradient's partial sums over groups of
+//             (sequence, head) pairs, attention_dbias_reduce_f32 their
+//             sum) → dv = Pᵀ·dO, dq = scale·dS·k, dk = scale·dSᵀ·q (GEMMs)
+//             → unpacked.
 //
 // Packed operands are bf16 [BH,T,Hp], Hp the head rounded up to 8 (16-byte
 // rows for the GEMMs; zero columns add nothing); P and dS are [BH,T,Tp],
@@ -121,29 +123,51 @@ extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const flo
 
 // attn_softmax_bwd_f32: for each row, with P_j = exp(x_j − lse) over
 // j ≤ i and dropout multiplier r_j: Pd = P·r and dS = P·(r·dP − D) as bf16
-// in rows of Tp (zero above the diagonal), and, when dSf is not null,
-// dS in fp32 into dSf [BH,T,T] at j ≤ i, what attention_dbias_reduce_f32
-// reads (dSf may be S itself: each element is read before it is written,
-// by the same thread).
-extern "C" __global__ void attn_softmax_bwd_f32(bf16_t* Pd, bf16_t* dS, float* dSf, const float* S, const float* dP,
+// in rows of Tp (zero above the diagonal), and, when part is not null,
+// the bias gradient's partial sums: part[g,i,j] = Σ dS_j over the rows
+// (bh, i) of group g (the pairs bh from g·BH/G to (g+1)·BH/G, in order) at
+// j ≤ i, which attention_dbias_reduce_f32 sums over g in order. A warp
+// takes query i of group g and walks the group's rows, AG_CHUNK columns
+// per lane at a time, its sums in registers.
+#define AG_CHUNK 8
+extern "C" __global__ void attn_softmax_bwd_f32(bf16_t* Pd, bf16_t* dS, float* part, const float* S, const float* dP,
                                                  const float* bias, const float* lse, const float* D, int BH, int T, int Tp,
-                                                 unsigned long long key, unsigned long long thresh, float keep) {
-    i64 row = ag_row(BH, T);
-    if (row < 0) return;
-    int lane = threadIdx.x & 31, i = (int)(row % T);
-    float L = lse[row], Di = D[row];
-    for (int j = lane; j < Tp; j += 32) {
-        float pd = 0.0f, ds = 0.0f;
-        if (j < T) {
-            float x = ag_logit(S, bias, row, T, i, j);
-            if (x != RPAC_NEG_INF) {
-                float p = expf(x - L), r = dropout_keep(key, row * T + j, thresh, keep);
-                pd = p * r;
-                ds = p * (r * dP[row * T + j] - Di);
+                                                 int G, unsigned long long key, unsigned long long thresh, float keep) {
+    i64 w = (i64)blockIdx.x * AG_ROWS + (threadIdx.x >> 5);
+    if (w >= (i64)G * T) return;
+    int g = (int)(w / T), i = (int)(w - (i64)g * T), lane = threadIdx.x & 31;
+    int bh0 = (int)((i64)g * BH / G), bh1 = (int)((i64)(g + 1) * BH / G);
+    for (int c0 = 0; c0 < Tp; c0 += 32 * AG_CHUNK) {
+        float acc[AG_CHUNK];
+#pragma unroll
+        for (int u = 0; u < AG_CHUNK; u++) acc[u] = 0.0f;
+        for (int bh = bh0; bh < bh1; bh++) {
+            i64 row = (i64)bh * T + i;
+            float L = lse[row], Di = D[row];
+#pragma unroll
+            for (int u = 0; u < AG_CHUNK; u++) {
+                int j = c0 + lane + 32 * u;
+                if (j >= Tp) break;
+                float pd = 0.0f, ds = 0.0f;
+                if (j < T) {
+                    float x = ag_logit(S, bias, row, T, i, j);
+                    if (x != RPAC_NEG_INF) {
+                        float p = expf(x - L), r = dropout_keep(key, row * T + j, thresh, keep);
+                        pd = p * r;
+                        ds = p * (r * dP[row * T + j] - Di);
+                    }
+                }
+                Pd[row * Tp + j] = f32_to_bf16(pd);
+                dS[row * Tp + j] = f32_to_bf16(ds);
+                acc[u] += ds;
             }
-            if (dSf && j <= i) dSf[row * T + j] = ds;
         }
-        Pd[row * Tp + j] = f32_to_bf16(pd);
-        dS[row * Tp + j] = f32_to_bf16(ds);
+        if (part) {
+#pragma unroll
+            for (int u = 0; u < AG_CHUNK; u++) {
+                int j = c0 + lane + 32 * u;
+                if (j <= i) part[((i64)g * T + i) * T + j] = acc[u];
+            }
+        }
     }
 }
