@@ -181,9 +181,11 @@ func TestSimBF16GradientErrors(t *testing.T) {
 
 // TestSimPackedStepSameBits: the fuzzy step under bf16 GEMMs (with
 // dropout, two micro-batches) gives the same loss and gradients bit for
-// bit whether the chains whose results only GEMMs read write them as bf16
-// (RPAC_CUDA_PACK, the default) or as fp32 converted before each GEMM, and
-// runs fewer conversions with them, on the simulator or a GPU.
+// bit whether producers write the bf16 copies their GEMMs read
+// (RPAC_CUDA_PACK, the default: in place of a result only GEMMs read, or
+// beside it, or as their part of a lazy Concat's rows) or the GEMMs
+// convert fp32 values first, and runs fewer conversions with them, on the
+// simulator or a GPU.
 func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := newStepFixture(t, "fuzzy", 24, 4)

@@ -49,8 +49,8 @@ type Backend struct {
 	// joinGrads: the train pipeline joins sibling Linears' backward GEMMs
 	// (RPAC_CUDA_JOIN, joincat.go)
 	joinGrads bool
-	// pack: chains write what only bf16 GEMMs read as bf16 (RPAC_CUDA_PACK,
-	// packed.go)
+	// pack: producers write the bf16 copies bf16 GEMMs read
+	// (RPAC_CUDA_PACK, packed.go)
 	pack bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	sms int
@@ -354,8 +354,17 @@ type program struct {
 	attnLSE map[*dval]Buffer
 	// cats: the lazy Concats left unwritten (value ID → parts), joincat.go.
 	cats map[int]catParts
-	// packed: the values their chains write as padded bf16 (packed.go).
-	packed map[int]bool
+	// packed: the values their producers write as padded bf16 (packed.go);
+	// twins: the bf16 copies producers write beside fp32 values (and a
+	// lazy Concat's, which its parts write: parts says where each goes),
+	// in the buffers of twinPool (twinBytes in all); nodeIndex: each
+	// node's place in the step order.
+	packed    map[int]bool
+	twins     map[int]twin
+	parts     map[int]twin
+	twinPool  []pooled
+	twinBytes uint64
+	nodeIndex map[*ir.Node]int
 }
 
 type step struct {

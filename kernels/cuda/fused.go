@@ -115,15 +115,24 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	}
 	v = v.collapse()
 	packCols := 0
+	var tw twin
+	hasTwin := false
 	if p.packsOutput(n) {
 		packCols = lastDim(o.v.Shape)
 		if err := p.packInto(o, packCols); err != nil {
 			return nil, err
 		}
+	} else if !p.be.fusedInterp {
+		if tw, hasTwin, err = p.twinFor(n); err != nil {
+			return nil, err
+		}
 	}
 	bytes := 4 * float64(o.n) // each input read once (a broadcast one stays in cache), the output written
-	if packCols > 0 {
+	switch {
+	case packCols > 0:
 		bytes = 2 * float64(o.n/packCols*bf16LD(packCols))
+	case hasTwin:
+		bytes += 2 * float64(o.n)
 	}
 	for _, x := range in {
 		bytes += 4 * float64(x.n)
@@ -139,7 +148,12 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		return k
 	}
 	if !p.be.fusedInterp {
-		return p.buildFusedGen(o, in, v, dense, prog, params, packCols, keys)
+		c := fusedChain{prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols}
+		var twinBuf Buffer
+		if hasTwin {
+			c.twinCols, c.twinLD, c.twinOff, twinBuf = lastDim(o.v.Shape), tw.ld, tw.off, tw.buf
+		}
+		return p.buildFusedGen(c, o, twinBuf, in, v, dense, keys)
 	}
 	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
 	if err != nil {
@@ -154,9 +168,9 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 
 // buildFusedGen launches the chain's generated kernel (fusedgen.go), which
 // the program's module defines once every node is built (loadGenerated).
-func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32, params []float32, packCols int,
+func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf Buffer, in []*dval, v view, dense []int32,
 	keys func() [ir.MaxFusedDraws]uint64) (func() error, error) {
-	c := fusedChain{dense: make([]bool, len(in)), prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols}
+	c.dense = make([]bool, len(in))
 	for k := range in {
 		c.dense[k] = dense[k] != 0
 		if !c.dense[k] {
@@ -168,14 +182,17 @@ func (p *program) buildFusedGen(o *dval, in []*dval, v view, dense, prog []int32
 		p.gen = map[string]string{}
 	}
 	p.gen[name] = c.source(name)
-	args := make([]any, 0, len(in)+7)
+	args := make([]any, 0, len(in)+8)
 	args = append(args, o.buf.Ptr)
+	if c.twinCols > 0 {
+		args = append(args, twinBuf.Ptr)
+	}
 	for _, x := range in {
 		args = append(args, x.buf.Ptr)
 	}
 	n := o.n // the threads' items: elements, or groups of eight bf16
-	if packCols > 0 {
-		n = o.n / packCols * bf16LD(packCols) / 8
+	if c.packCols > 0 {
+		n = o.n / c.packCols * bf16LD(c.packCols) / 8
 	}
 	args = append(args, int64(n))
 	nk := len(args)

@@ -77,6 +77,10 @@ type fusedChain struct {
 	// packCols: the result goes out as padded bf16 rows of packCols
 	// elements (packed.go), eight to a thread; 0: fp32 at i.
 	packCols int
+	// twinCols: the result also goes out as bf16 into tw, element (r, c)
+	// of its rows of twinCols at tw[r·twinLD + twinOff + c] (packed.go's
+	// twins); 0: no copy.
+	twinCols, twinLD, twinOff int
 }
 
 // source is the chain's kernel. Its parameters: out, the inputs x0.., n,
@@ -89,6 +93,9 @@ func (c fusedChain) source(name string) string {
 		out = "rpac_bf16x8* out"
 	}
 	fmt.Fprintf(&b, "extern \"C\" __global__ void %s(%s", name, out)
+	if c.twinCols > 0 {
+		b.WriteString(", bf16_t* tw")
+	}
 	for k := range c.dense {
 		fmt.Fprintf(&b, ", const float* x%d", k)
 	}
@@ -96,7 +103,16 @@ func (c fusedChain) source(name string) string {
 	if c.packCols == 0 {
 		b.WriteString("    GRID_STRIDE(i, n) {\n")
 		c.body(&b, "        ")
-		fmt.Fprintf(&b, "        out[i] = r%d;\n    }\n}\n", c.result())
+		fmt.Fprintf(&b, "        out[i] = r%d;\n", c.result())
+		if c.twinCols > 0 {
+			u, suffix := "(i64)i", "ll"
+			if c.idx32 {
+				u, suffix = "(unsigned)i", "u"
+			}
+			fmt.Fprintf(&b, "        tw[(i64)(%s / %d%s) * %dll + %dll + (i64)(%s %% %d%s)] = f32_to_bf16(r%d);\n",
+				u, c.twinCols, suffix, c.twinLD, c.twinOff, u, c.twinCols, suffix, c.result())
+		}
+		b.WriteString("    }\n}\n")
 		return b.String()
 	}
 	// a group g of eight columns of row r: element i = r·cols + c of the
@@ -195,7 +211,8 @@ func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
 // equal chains share one kernel within and across programs.
 func (c fusedChain) name() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%v %v %v %v %v %v %d", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols)
+	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
+		c.twinCols, c.twinLD, c.twinOff)
 	kind := ""
 	switch r := c.view.rank(); {
 	case r > 2:

@@ -25,6 +25,9 @@ func (p *program) buildLazyConcat(n *ir.Node, in []*dval) (func() error, bool, e
 	if !p.foldsConcat(n) {
 		return nil, false, nil
 	}
+	if _, ok := p.twins[n.Outputs[0].ID]; ok { // its parts' chains wrote its bf16 rows
+		return func() error { return nil }, true, nil
+	}
 	table := make([]int64, 0, 2*len(in))
 	for _, x := range in {
 		table = append(table, int64(x.buf.Ptr), int64(lastDim(x.v.Shape)))
@@ -66,7 +69,11 @@ func (p *program) operandOf(d *dval) operand {
 	if c, ok := p.cats[d.v.ID]; ok {
 		o.cat = &c
 	}
-	o.packed = p.packed[d.v.ID]
+	if p.packed[d.v.ID] {
+		o.bf16 = d.buf
+	} else if t, ok := p.twins[d.v.ID]; ok {
+		o.bf16 = t.buf
+	}
 	return o
 }
 

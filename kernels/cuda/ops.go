@@ -545,9 +545,9 @@ type operand struct {
 	// cat: the value is a lazy Concat left unwritten; its bf16 copy is
 	// converted from the parts (joincat.go).
 	cat *catParts
-	// packed: buf holds the value as its padded bf16 copy, written so by
-	// its producer (packed.go).
-	packed bool
+	// bf16: the value's padded bf16 copy, written by its producer in place
+	// of the fp32 value or beside it (packed.go); none when Ptr is 0.
+	bf16 Buffer
 }
 
 // operandOf is the operand for a value of the graph.
@@ -656,8 +656,8 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 	switch {
 	case o.staged:
 		return p.bf16[side][0], nil
-	case o.packed:
-		return o.buf, nil
+	case o.bf16.Ptr != 0:
+		return o.bf16, nil
 	case o.stored != nil:
 		return p.storedBF16(o.stored, rows, cols)
 	}
@@ -805,10 +805,10 @@ func (p *program) needGEMM(s GemmShape, a, b operand) {
 	}
 	ra, ca := s.storedA()
 	rb, cb := s.storedB()
-	if a.stored == nil && !a.packed {
+	if a.stored == nil && a.bf16.Ptr == 0 {
 		p.bf16Need[0] = max(p.bf16Need[0], batchRows(s.Batch, s.StrideA, ra)*bf16LD(ca))
 	}
-	if b.stored == nil && !b.packed {
+	if b.stored == nil && b.bf16.Ptr == 0 {
 		p.bf16Need[1] = max(p.bf16Need[1], batchRows(s.Batch, s.StrideB, rb)*bf16LD(cb))
 	}
 }

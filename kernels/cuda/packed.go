@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"slices"
+
 	"github.com/rpac-dev/rpac/ir"
 )
 
@@ -15,7 +17,8 @@ import (
 // buffer (2·rows·bf16LD(cols) bytes fit in the 4·rows·cols of its fp32
 // slot), and the GEMMs read it as it is: no fp32 write, no conversion. The
 // producer rounds each result with the conversion kernel's f32_to_bf16, so
-// the GEMMs see the same bits. RPAC_CUDA_PACK=off keeps the fp32 value (to compare).
+// the GEMMs see the same bits. RPAC_CUDA_PACK=off keeps the fp32 value (to
+// compare), and the twins below too.
 
 // gemmShapeOf is the GEMM a Linear, LinearGradX or LinearGradW node runs
 // (before any split), from its inputs' shapes; ok is false for other ops.
@@ -34,45 +37,57 @@ func gemmShapeOf(op string, in []*ir.Value) (s GemmShape, ok bool) {
 	return GemmShape{}, false
 }
 
-// onlyBF16GEMMsRead: v is an intermediate value, no graph output, read at
-// least once and only as a dense operand of Linear-family GEMMs that run
-// in bf16, each seeing it as rows of its last dimension (so one padded
-// copy serves them all). dyOnly admits only the dy of LinearGradX and
+// gemmReads sorts v's reads: gemm counts those as a dense operand of a
+// Linear-family GEMM that runs in bf16 and sees v as rows of its last
+// dimension (so one padded copy serves them all), other every other read
+// (a graph output counts as one); last is the index in the graph's nodes
+// of the last GEMM read. dyOnly admits only the dy of LinearGradX and
 // LinearGradW (the lazy Concats of joined gradients).
-func (p *program) onlyBF16GEMMsRead(v *ir.Value, dyOnly bool) bool {
-	if p.be.gemm != GEMMBF16 || v.Kind != ir.Intermediate || v.DType != ir.F32 || len(v.Shape) == 0 {
-		return false
-	}
+func (p *program) gemmReads(v *ir.Value, dyOnly bool) (gemm, other, last int) {
 	for _, o := range p.g.Outputs {
 		if o == v {
-			return false
+			other++
 		}
 	}
 	cols := lastDim(v.Shape)
-	readers := 0
-	for _, m := range p.g.Nodes {
+	for k, m := range p.g.Nodes {
 		for i, x := range m.Inputs {
 			if x != v {
 				continue
 			}
 			if !operandSlot(m.Op, i, dyOnly) {
-				return false
+				other++
+				continue
 			}
 			s, _ := gemmShapeOf(m.Op, m.Inputs)
-			if !p.bf16GEMM(s) {
-				return false
-			}
 			r, c := s.storedA()
 			if i == 1 {
 				r, c = s.storedB()
 			}
-			if c != cols || r*c != v.Shape.Numel() {
-				return false
+			if !p.bf16GEMM(s) || c != cols || r*c != v.Shape.Numel() {
+				other++
+				continue
 			}
-			readers++
+			gemm, last = gemm+1, k
 		}
 	}
-	return readers > 0
+	return gemm, other, last
+}
+
+// bf16Candidate: v is an fp32 intermediate of rows of at least 8 elements
+// under bf16 GEMMs, a value whose producer may write a bf16 copy.
+func (p *program) bf16Candidate(v *ir.Value) bool {
+	return p.be.gemm == GEMMBF16 && v.Kind == ir.Intermediate && v.DType == ir.F32 && len(v.Shape) > 0 && lastDim(v.Shape) >= 8
+}
+
+// onlyBF16GEMMsRead: v is an intermediate value, no graph output, read at
+// least once and only by GEMMs gemmReads counts.
+func (p *program) onlyBF16GEMMsRead(v *ir.Value, dyOnly bool) bool {
+	if !p.bf16Candidate(v) {
+		return false
+	}
+	gemm, other, _ := p.gemmReads(v, dyOnly)
+	return gemm > 0 && other == 0
 }
 
 // operandSlot: input i of op is a GEMM operand onlyBF16GEMMsRead admits
@@ -112,7 +127,7 @@ func (p *program) packsOutput(n *ir.Node) bool {
 			}
 		}
 	}
-	return p.onlyBF16GEMMsRead(o, false) && lastDim(o.Shape) >= 8
+	return p.onlyBF16GEMMsRead(o, false)
 }
 
 // packInto marks o as written packed, rows of cols. On the simulator,
@@ -137,9 +152,165 @@ func (p *program) packInto(o *dval, cols int) error {
 	return nil
 }
 
-// packEnv reads RPAC_CUDA_PACK: unset or "on" (chains whose results only
-// bf16 GEMMs read write them as bf16), or "off".
+// packEnv reads RPAC_CUDA_PACK: unset or "on" (producers write the bf16
+// copies bf16 GEMMs read: packed values and twins), or "off" (the GEMMs
+// convert fp32 values).
 func packEnv() (bool, error) {
 	return envChoice("RPAC_CUDA_PACK", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: chains write what only bf16 GEMMs read as bf16) or off")
+		"on (the default: producers write the bf16 copies their GEMMs read) or off")
+}
+
+// Twins. A value that bf16 GEMMs read and something else reads too (the
+// column sum of a bias gradient, a LayerNorm, a graph output) keeps its
+// fp32 result; when a generated chain produces it, the chain also writes
+// the bf16 copy the GEMMs take, into a buffer of its own: no fp32 re-read
+// and no conversion launch. Where the value is a part of a lazy Concat
+// that only bf16 GEMMs read (the joined gradients' D), and every part
+// comes from a generated chain, each chain writes its columns of the
+// Concat's bf16 rows, and the Concat needs no f32_cat_to_bf16_pad_kernel.
+// The copies' buffers are the program's, each reused by a later copy of
+// the same size once the last GEMM that reads it has run, twinPoolBytes
+// at most in all (a value past that is converted as before). The padding
+// columns of a copy are never written and never read.
+
+// twin is where a bf16 copy goes: rows of ld elements in buf, the value's
+// columns from off on (a Concat's part: its place in the Concat's rows).
+type twin struct {
+	buf     Buffer
+	ld, off int
+}
+
+// twinPoolBytes bounds the twins' buffers of one program (at the paper
+// preset the step's peak is a few hundred MB).
+const twinPoolBytes = 1 << 30
+
+// pooled is a twin buffer and the index of the last node that reads what
+// it holds now.
+type pooled struct {
+	buf       Buffer
+	freeAfter int
+}
+
+// twinFor is where the generated chain of node n writes a bf16 copy of
+// its result beside the fp32 one; ok is false for none.
+func (p *program) twinFor(n *ir.Node) (t twin, ok bool, err error) {
+	o := n.Outputs[0]
+	if !p.be.pack || p.be.fusedInterp || p.be.gemm != GEMMBF16 || o.Kind != ir.Intermediate || o.DType != ir.F32 {
+		return twin{}, false, nil
+	}
+	if t, ok := p.parts[o.ID]; ok { // a Concat's part, placed with the first
+		return t, true, nil
+	}
+	if c := p.twinnedConcat(o); c != nil {
+		return p.placeConcat(c, o, p.index(n))
+	}
+	if !p.bf16Candidate(o) {
+		return twin{}, false, nil
+	}
+	gemm, other, last := p.gemmReads(o, false)
+	if gemm == 0 || other == 0 { // no GEMM wants it, or packsOutput's case
+		return twin{}, false, nil
+	}
+	cols := lastDim(o.Shape)
+	t = twin{ld: bf16LD(cols)}
+	if t.buf, ok, err = p.twinBuffer(uint64(2*o.Shape.Numel()/cols*t.ld), p.index(n), last); !ok || err != nil {
+		return twin{}, false, err
+	}
+	p.setTwin(o.ID, t)
+	return t, true, nil
+}
+
+// twinnedConcat is the lazy Concat among v's readers whose parts can all
+// write its bf16 rows: it folds (foldsConcat), each part is a distinct
+// fp32 intermediate made by a FusedElementwise node. Nil if none.
+func (p *program) twinnedConcat(v *ir.Value) *ir.Node {
+	for _, m := range p.g.Nodes {
+		if m.Op != "Concat" || !slices.Contains(m.Inputs, v) || !p.foldsConcat(m) {
+			continue
+		}
+		seen := map[*ir.Value]bool{}
+		all := true
+		for _, x := range m.Inputs {
+			prod := p.producer[x.ID]
+			if seen[x] || x.DType != ir.F32 || prod == nil || prod.Op != "FusedElementwise" {
+				all = false
+				break
+			}
+			seen[x] = true
+		}
+		if all {
+			return m
+		}
+	}
+	return nil
+}
+
+// placeConcat allocates the bf16 rows of lazy Concat c, whose first part
+// o its producer, node index first, writes now, and records where every
+// part goes.
+func (p *program) placeConcat(c *ir.Node, o *ir.Value, first int) (twin, bool, error) {
+	out := c.Outputs[0]
+	gemm, _, last := p.gemmReads(out, true)
+	if gemm == 0 {
+		return twin{}, false, nil
+	}
+	cols := lastDim(out.Shape)
+	t := twin{ld: bf16LD(cols)}
+	buf, ok, err := p.twinBuffer(uint64(2*out.Shape.Numel()/cols*t.ld), first, last)
+	if !ok || err != nil {
+		return twin{}, false, err
+	}
+	t.buf = buf
+	p.setTwin(out.ID, t)
+	if p.parts == nil {
+		p.parts = map[int]twin{}
+	}
+	for _, x := range c.Inputs {
+		p.parts[x.ID] = t
+		t.off += lastDim(x.Shape)
+	}
+	return p.parts[o.ID], true, nil
+}
+
+// setTwin records where value id's bf16 copy is.
+func (p *program) setTwin(id int, t twin) {
+	if p.twins == nil {
+		p.twins = map[int]twin{}
+	}
+	p.twins[id] = t
+}
+
+// twinBuffer is a buffer of bytes for a copy written at node index first
+// and read last at node index last: one of the pool's of that size free by
+// then, or a new one while the pool stays within twinPoolBytes (ok is
+// false past that).
+func (p *program) twinBuffer(bytes uint64, first, last int) (Buffer, bool, error) {
+	for i, b := range p.twinPool {
+		if b.buf.Bytes == bytes && b.freeAfter < first {
+			p.twinPool[i].freeAfter = last
+			return b.buf, true, nil
+		}
+	}
+	if p.twinBytes+bytes > twinPoolBytes {
+		return Buffer{}, false, nil
+	}
+	b, err := p.alloc(int((bytes + 3) / 4))
+	if err != nil {
+		return Buffer{}, false, err
+	}
+	b.Bytes = bytes
+	p.twinBytes += bytes
+	p.twinPool = append(p.twinPool, pooled{buf: b, freeAfter: last})
+	return b, true, nil
+}
+
+// index is node n's place in the graph's node order (the steps' order).
+func (p *program) index(n *ir.Node) int {
+	if p.nodeIndex == nil {
+		p.nodeIndex = map[*ir.Node]int{}
+		for k, m := range p.g.Nodes {
+			p.nodeIndex[m] = k
+		}
+	}
+	return p.nodeIndex[n]
 }

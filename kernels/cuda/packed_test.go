@@ -156,3 +156,142 @@ func TestPackEnv(t *testing.T) {
 		t.Errorf("yes: %v, want a refusal naming RPAC_CUDA_PACK", err)
 	}
 }
+
+// twinGraph: h = 1.5·a − 0.25 (R×N), read by y = h·Wᵀ and by its column
+// sum sh (a bias gradient's shape of read); and the joined gradients of
+// three Linears over parts c_i = 0.5·u_i + 0.125 of widths 13, 30 and 21
+// (odd: the parts' columns share the Concat's 16-byte groups), each part
+// also summed (sc_i): D = Concat(c_i) (lazy), dw = LinearGradW(D, x),
+// dx = LinearGradX(D, Concat(w_i)).
+func twinGraph(R, K, N int, widths []int) *ir.Graph {
+	g := ir.New("twins")
+	a := g.Input("a", ir.Shape{R, N}, ir.F32)
+	h := g.Op1("FusedElementwise", ir.Attrs{"shape": []int{R, N}, "body": ir.FusedBody{
+		{Op: "Scale", Attrs: ir.Attrs{"alpha": 1.5, "beta": -0.25}, Args: []int{0}},
+	}}, a)
+	g.SetOutput("y", g.Op1("Linear", nil, h, g.Param("w", ir.Shape{K, N})))
+	g.SetOutput("sh", g.Op1("SumTo", ir.Attrs{"shape": []int{N}}, h))
+	x := g.Input("x", ir.Shape{R, K}, ir.F32)
+	var parts, ws []*ir.Value
+	for i, n := range widths {
+		u := g.Input(string(rune('u'+i)), ir.Shape{R, n}, ir.F32)
+		c := g.Op1("FusedElementwise", ir.Attrs{"shape": []int{R, n}, "body": ir.FusedBody{
+			{Op: "Scale", Attrs: ir.Attrs{"alpha": 0.5, "beta": 0.125}, Args: []int{0}},
+		}}, u)
+		g.SetOutput("sc"+string(rune('0'+i)), g.Op1("SumTo", ir.Attrs{"shape": []int{n}}, c))
+		parts = append(parts, c)
+		ws = append(ws, g.Param(string(rune('p'+i)), ir.Shape{n, K}))
+	}
+	d := g.Op1("Concat", ir.Attrs{"axis": -1, "lazy": true}, parts...)
+	g.SetOutput("dw", g.Op1("LinearGradW", nil, d, x))
+	g.SetOutput("dx", g.Op1("LinearGradX", nil, d, g.Op1("Concat", ir.Attrs{"axis": 0}, ws...)))
+	return g
+}
+
+// TestGPUTwinCopies: under bf16 GEMMs a chain whose result a GEMM and a
+// column sum read writes a bf16 copy beside it (no conversion for the
+// GEMM), and the chains making a lazy Concat's parts write its bf16 rows
+// (no f32_cat_to_bf16_pad_kernel); every output equals the one without
+// copies bit for bit. On the simulator all of it again in differential
+// mode.
+func TestGPUTwinCopies(t *testing.T) {
+	differentially(t, []string{"f32_to_bf16_pad_kernel"}, func() { twinCopies(t) })
+}
+
+func twinCopies(t *testing.T) {
+	const R, K, N = 45, 21, 37
+	widths := []int{13, 30, 21}
+	r := rand.New(rand.NewPCG(93, 94))
+	feeds := map[string]*kernels.Tensor{
+		"a": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)},
+		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)},
+	}
+	for i, n := range widths {
+		feeds[string(rune('u'+i))] = &kernels.Tensor{Shape: ir.Shape{R, n}, F32: randF32(r, R*n, 1)}
+	}
+	weights := map[string][]float32{"w": randF32(r, K*N, 1)}
+	shapes := map[string]ir.Shape{"w": {K, N}}
+	for i, n := range widths {
+		name := string(rune('p' + i))
+		weights[name], shapes[name] = randF32(r, n*K, 1), ir.Shape{n, K}
+	}
+	names := []string{"y", "sh", "dw", "dx", "sc0", "sc1", "sc2"}
+	type result struct {
+		outs           map[string][]float32
+		twins, cvt, ct int // values with a copy, conversions, Concat conversions
+	}
+	run := func(pack bool) result {
+		be := gpuBackend(t, GEMMBF16)
+		be.pack = pack
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := twinGraph(R, K, N, widths)
+		st := kernels.NewStore(kernels.F32)
+		for name, w := range weights {
+			copy(must(st.Ensure(name, shapes[name])).F32, w)
+		}
+		p, err := be.Compile(g, passes.Plan(g), st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer be.Release(st)
+		defer p.Close()
+		if err := p.Run(feeds, 3); err != nil {
+			t.Fatal(err)
+		}
+		res := result{outs: map[string][]float32{}, twins: len(p.(*program).twins)}
+		for _, name := range names {
+			res.outs[name] = append([]float32(nil), p.Output(name).F32...)
+		}
+		for _, e := range tr.Events() {
+			switch e.Name {
+			case "f32_to_bf16_pad_kernel":
+				res.cvt++
+			case "f32_cat_to_bf16_pad_kernel":
+				res.ct++
+			}
+		}
+		return res
+	}
+	on, off := run(true), run(false)
+	if on.twins != 2 || off.twins != 0 { // h's copy and the Concat's rows
+		t.Fatalf("%d bf16 copies written by chains (want 2), %d with them off (want 0)", on.twins, off.twins)
+	}
+	if on.ct != 0 || off.ct != 1 {
+		t.Errorf("Concat conversions: %d with the parts writing its rows (want 0), %d without (want 1)", on.ct, off.ct)
+	}
+	if off.cvt-on.cvt != 1 {
+		t.Errorf("conversions: %d with copies, %d without; want 1 fewer (h for y)", on.cvt, off.cvt)
+	}
+	for _, name := range names {
+		for i, v := range off.outs[name] {
+			if on.outs[name][i] != v {
+				t.Fatalf("%s[%d] = %g with copies, %g without", name, i, on.outs[name][i], v)
+			}
+		}
+	}
+}
+
+// TestTwinPool: a copy's buffer is reused by a later copy of the same size
+// once the last node reading it has run, never while it is read, and the
+// pool stops at twinPoolBytes.
+func TestTwinPool(t *testing.T) {
+	be, err := NewDryRun(GEMMBF16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &program{be: be}
+	a, _, _ := p.twinBuffer(1024, 0, 5)
+	b, _, _ := p.twinBuffer(1024, 3, 8) // a still read
+	c, _, _ := p.twinBuffer(1024, 6, 9) // a free after 5
+	d, _, _ := p.twinBuffer(2048, 10, 11)
+	if a.Ptr == b.Ptr || c.Ptr != a.Ptr || d.Ptr == a.Ptr || d.Ptr == b.Ptr || len(p.twinPool) != 3 {
+		t.Errorf("buffers a %#x b %#x c %#x d %#x, %d in the pool; want c = a and three buffers", a.Ptr, b.Ptr, c.Ptr, d.Ptr, len(p.twinPool))
+	}
+	if _, ok, _ := p.twinBuffer(twinPoolBytes, 20, 21); ok {
+		t.Error("a buffer past twinPoolBytes was given")
+	}
+	p.free()
+}
