@@ -143,7 +143,9 @@ func SimulatorNote(be kernels.Backend) string {
 }
 
 // gpuBudgetFraction is the share of the GPU's memory a CUDA run plans for
-// (the rest: cuBLASLt, the driver, fragmentation).
+// (the rest, 8 GB of an 80 GB card: the backend's buffers outside the plan,
+// the GEMM attention's work buffer of at most 2 GiB, the bf16 twins' of at
+// most 1 GiB and the GEMMs' staging; cuBLASLt, the driver, fragmentation).
 const gpuBudgetFraction = 0.9
 
 // memBudget is the default memory budget of a run on a backend with caps:
