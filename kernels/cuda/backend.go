@@ -364,7 +364,7 @@ type program struct {
 	parts     map[int]twin
 	twinPool  []pooled
 	twinBytes uint64
-	nodeIndex map[*ir.Node]int
+	nodeIndex map[int]int
 }
 
 type step struct {

@@ -94,6 +94,9 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 	}
 	a := n.Attrs
 	if code, ok := binaryCode[n.Op]; ok {
+		if !p.be.fusedInterp && !slices.Equal(in[0].v.Shape, in[1].v.Shape) {
+			return p.buildFused(oneStepChain(n), in, out) // a generated kernel: constant offsets
+		}
 		return p.buildBinary(code, in, out)
 	}
 	if code, ok := unaryCode[n.Op]; ok {
@@ -234,6 +237,17 @@ func checkI32Inputs(n *ir.Node, in []*dval) error {
 		return fmt.Errorf("input %s is i32; %s takes float data there", x.v, n.Op)
 	}
 	return nil
+}
+
+// oneStepChain is binary node n as a FusedElementwise node of one step
+// (same ID, inputs and outputs), which runs as a generated kernel: a
+// broadcast input read at offsets whose divisions are by constants
+// instead of binary_f32's runtime view.
+func oneStepChain(n *ir.Node) *ir.Node {
+	c := *n
+	c.Op = "FusedElementwise"
+	c.Attrs = ir.Attrs{"shape": []int(n.Outputs[0].Shape), "body": ir.FusedBody{{Op: n.Op, Args: []int{0, 1}}}}
+	return &c
 }
 
 func (p *program) buildBinary(code int32, in, out []*dval) (func() error, error) {

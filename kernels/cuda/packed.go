@@ -304,13 +304,14 @@ func (p *program) twinBuffer(bytes uint64, first, last int) (Buffer, bool, error
 	return b, true, nil
 }
 
-// index is node n's place in the graph's node order (the steps' order).
+// index is node n's place in the graph's node order (the steps' order),
+// found by ID (n may stand in for the graph's node: oneStepChain).
 func (p *program) index(n *ir.Node) int {
 	if p.nodeIndex == nil {
-		p.nodeIndex = map[*ir.Node]int{}
+		p.nodeIndex = map[int]int{}
 		for k, m := range p.g.Nodes {
-			p.nodeIndex[m] = k
+			p.nodeIndex[m.ID] = k
 		}
 	}
-	return p.nodeIndex[n]
+	return p.nodeIndex[n.ID]
 }

@@ -486,13 +486,21 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 }
 
 // TestBinaryKernelChoice: a binary op whose operands both have the output's
-// shape launches binary_dense_f32; one with a broadcast operand launches
-// binary_f32 (the view kernel).
+// shape launches binary_dense_f32; one with a broadcast operand runs as a
+// generated one-step chain (a two-dim broadcast: fused_gen_bcast_f32; a
+// deeper one: fused_gen_view_f32), or, with the chain interpreter
+// (RPAC_CUDA_FUSED=interp), binary_f32 (the runtime view kernel).
 func TestBinaryKernelChoice(t *testing.T) {
 	for _, tc := range []struct {
-		b    ir.Shape
-		want string
-	}{{ir.Shape{3, 5, 7}, "binary_dense_f32"}, {ir.Shape{5, 1}, "binary_f32"}} {
+		b         ir.Shape
+		env, want string
+	}{
+		{ir.Shape{3, 5, 7}, "", "binary_dense_f32"},
+		{ir.Shape{7}, "", fusedGenBcast},
+		{ir.Shape{5, 1}, "", fusedGenView},
+		{ir.Shape{5, 1}, "interp", "binary_f32"},
+	} {
+		t.Setenv("RPAC_CUDA_FUSED", tc.env)
 		g := ir.New("binary")
 		a := g.Input("a", ir.Shape{3, 5, 7}, ir.F32)
 		b := g.Input("b", tc.b, ir.F32)
@@ -500,12 +508,12 @@ func TestBinaryKernelChoice(t *testing.T) {
 		feeds := map[string]*kernels.Tensor{"a": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "b": kernels.NewTensor(kernels.F32, tc.b)}
 		var names []string
 		for _, e := range dryRunEvents(t, g, feeds) {
-			if strings.HasPrefix(e.Name, "binary_") {
+			if strings.HasPrefix(e.Name, "binary_") || strings.HasPrefix(e.Name, fusedGenPrefix) {
 				names = append(names, e.Name)
 			}
 		}
 		if len(names) != 1 || names[0] != tc.want {
-			t.Errorf("b%v: launched %v, want [%s]", tc.b, names, tc.want)
+			t.Errorf("b%v %q: launched %v, want [%s]", tc.b, tc.env, names, tc.want)
 		}
 	}
 }
