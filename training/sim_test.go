@@ -144,22 +144,20 @@ func TestSimStepParity(t *testing.T) {
 	}
 }
 
+// wideFixture is the fuzzy step fixture at d_model 32 (so the big GEMMs
+// run in bf16 and the products over R = E = 4 in fp32) with dropout.
+func wideFixture(t *testing.T, dropout float64) *stepFixture {
+	t.Helper()
+	return newStepFixture(t, "fuzzy", 24, 4, func(c *model.Config) { c.DModel, c.Dropout = 32, dropout })
+}
+
 // TestSimBF16GradientErrors measures the bf16 GEMM policy's gradient error
 // per parameter group on the simulator or a GPU (fuzzy model, d_model 32,
 // so the big GEMMs run in bf16 and the products over R = E = 4 in fp32) and
 // holds each group to its documented bound (docs/CUDASIM.md).
 func TestSimBF16GradientErrors(t *testing.T) {
 	be := parityBackend(t, parityDevice(t), cuda.GEMMBF16)
-	f := newStepFixture(t, "fuzzy", 24, 4)
-	f.cfg.DModel = 32
-	mg, err := model.Build(&f.cfg, model.Opts{T: 24, B: 1, Mode: model.Train})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.store = kernels.NewStore(kernels.F32)
-	if err := model.InitStore(mg.Specs, f.store, 7); err != nil {
-		t.Fatal(err)
-	}
+	f := wideFixture(t, 0)
 	_, _, want := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
 	_, _, got := f.stepOn(t, be, 2, 11)
 	groups := map[string]float64{}
@@ -188,16 +186,7 @@ func TestSimBF16GradientErrors(t *testing.T) {
 // simulator or a GPU.
 func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
-	f := newStepFixture(t, "fuzzy", 24, 4)
-	f.cfg.DModel, f.cfg.Dropout = 32, 0.1
-	mg, err := model.Build(&f.cfg, model.Opts{T: 24, B: 1, Mode: model.Train})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.store = kernels.NewStore(kernels.F32)
-	if err := model.InitStore(mg.Specs, f.store, 7); err != nil {
-		t.Fatal(err)
-	}
+	f := wideFixture(t, 0.1)
 	type result struct {
 		loss, ce    float64
 		grads       map[string][]float32

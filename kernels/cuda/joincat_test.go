@@ -7,7 +7,6 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
-	"github.com/rpac-dev/rpac/passes"
 )
 
 // joinedGraph is the joined backward of three Linears that read x (as
@@ -17,17 +16,28 @@ import (
 // padded bf16 rows of D take columns of two parts in one 16-byte store.
 func joinedGraph(R, K int, widths []int, lazy bool) *ir.Graph {
 	g := ir.New("joined")
-	x := g.Input("x", ir.Shape{R, K}, ir.F32)
-	var dys, ws []*ir.Value
+	var dys []*ir.Value
 	for i, n := range widths {
 		dy := g.Input(string(rune('a'+i)), ir.Shape{R, n}, ir.F32)
 		dys = append(dys, g.Op1("Scale", ir.Attrs{"alpha": 1.0, "beta": 0.0}, dy)) // intermediates, in plan slots
-		ws = append(ws, g.Param(string(rune('p'+i)), ir.Shape{n, K}))
 	}
-	d := g.Op1("Concat", ir.Attrs{"axis": -1, "lazy": lazy}, dys...)
+	addJoinedGrads(g, g.Input("x", ir.Shape{R, K}, ir.F32), dys, lazy)
+	return g
+}
+
+// addJoinedGrads adds the joined gradients over parts to g: D =
+// Concat(parts) along the columns (lazy as asked), outputs dw =
+// LinearGradW(D, x) and dx = LinearGradX(D, Concat(w_i)), the weights w_i
+// params p, q, r, ... of the parts' widths.
+func addJoinedGrads(g *ir.Graph, x *ir.Value, parts []*ir.Value, lazy bool) {
+	K := lastDim(x.Shape)
+	var ws []*ir.Value
+	for i, v := range parts {
+		ws = append(ws, g.Param(string(rune('p'+i)), ir.Shape{lastDim(v.Shape), K}))
+	}
+	d := g.Op1("Concat", ir.Attrs{"axis": -1, "lazy": lazy}, parts...)
 	g.SetOutput("dw", g.Op1("LinearGradW", nil, d, x))
 	g.SetOutput("dx", g.Op1("LinearGradX", nil, d, g.Op1("Concat", ir.Attrs{"axis": 0}, ws...)))
-	return g
 }
 
 // TestGPUJoinedGradsLazyConcat: under bf16 GEMMs a lazy Concat that only
@@ -61,26 +71,15 @@ func joinedGradsLazyConcat(t *testing.T) {
 		}
 	}
 	W := randF32(r, N*K, 1)
+	weights := map[string]*kernels.Tensor{}
+	off := 0
+	for i, n := range widths {
+		weights[string(rune('p'+i))] = &kernels.Tensor{Shape: ir.Shape{n, K}, F32: W[off*K : (off+n)*K]}
+		off += n
+	}
 	run := func(prec GEMMPrecision, lazy bool) (dw, dx []float32, folded int) {
-		be := gpuBackend(t, prec)
-		g := joinedGraph(R, K, widths, lazy)
-		st := kernels.NewStore(kernels.F32)
-		off := 0
-		for i, n := range widths {
-			w, _ := st.Ensure(string(rune('p'+i)), ir.Shape{n, K})
-			copy(w.F32, W[off*K:(off+n)*K])
-			off += n
-		}
-		p, err := be.Compile(g, passes.Plan(g), st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer be.Release(st)
-		defer p.Close()
-		if err := p.Run(feeds, 0); err != nil {
-			t.Fatal(err)
-		}
-		return p.Output("dw").F32, p.Output("dx").F32, len(p.(*program).cats)
+		res := runPacked(t, joinedGraph(R, K, widths, lazy), prec, true, weights, feeds, []string{"dw", "dx"})
+		return res.outs["dw"], res.outs["dx"], res.cats
 	}
 	dw, dx, folded := run(GEMMBF16, true)
 	if folded != 1 {

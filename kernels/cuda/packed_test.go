@@ -55,83 +55,36 @@ func TestGPUPackedChainOutputs(t *testing.T) {
 func packedChainOutputs(t *testing.T) {
 	const R, K, N, M = 45, 21, 37, 13
 	r := rand.New(rand.NewPCG(91, 92))
-	feeds := map[string]*kernels.Tensor{
-		"x":  {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)},
-		"b":  {Shape: ir.Shape{N}, F32: randF32(r, N, 1)},
-		"dy": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)},
-		"z":  {Shape: ir.Shape{R, M}, F32: randF32(r, R*M, 1)},
+	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{R, N}), "b": randTensor(r, ir.Shape{N}),
+		"dy": randTensor(r, ir.Shape{R, K}), "z": randTensor(r, ir.Shape{R, M})}
+	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, N}), "w2": randTensor(r, ir.Shape{M, N}),
+		"ln.g": randTensor(r, ir.Shape{N}), "ln.b": randTensor(r, ir.Shape{N})}
+	names := []string{"y", "dw", "dx", "y3"}
+	run := func(prec GEMMPrecision, pack, alsoRead bool) packRun {
+		return runPacked(t, packedGraph(R, K, N, M, alsoRead), prec, pack, weights, feeds, names)
 	}
-	w, w2, lnG, lnB := randF32(r, K*N, 1), randF32(r, M*N, 1), randF32(r, N, 1), randF32(r, N, 1)
-	type result struct {
-		outs        map[string][]float32
-		packed, cvt int // chains writing bf16, conversion launches
-	}
-	run := func(prec GEMMPrecision, pack, alsoRead bool) result {
-		be := gpuBackend(t, prec)
-		be.pack = pack
-		tr, err := be.StartTrace()
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := packedGraph(R, K, N, M, alsoRead)
-		st := kernels.NewStore(kernels.F32)
-		copy(must(st.Ensure("w", ir.Shape{K, N})).F32, w)
-		copy(must(st.Ensure("w2", ir.Shape{M, N})).F32, w2)
-		copy(must(st.Ensure("ln.g", ir.Shape{N})).F32, lnG)
-		copy(must(st.Ensure("ln.b", ir.Shape{N})).F32, lnB)
-		p, err := be.Compile(g, passes.Plan(g), st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer be.Release(st)
-		defer p.Close()
-		if err := p.Run(feeds, 5); err != nil {
-			t.Fatal(err)
-		}
-		res := result{outs: map[string][]float32{}, packed: len(p.(*program).packed)}
-		for _, name := range []string{"y", "dw", "dx", "y3"} {
-			res.outs[name] = append([]float32(nil), p.Output(name).F32...)
-		}
-		for _, e := range tr.Events() {
-			if e.Name == "f32_to_bf16_pad_kernel" {
-				res.cvt++
-			}
-		}
-		return res
-	}
-	same := func(what string, a, b result) {
-		t.Helper()
-		for name, x := range a.outs {
-			for i, v := range x {
-				if v != b.outs[name][i] {
-					t.Fatalf("%s: %s[%d] = %g, %g without packing", what, name, i, v, b.outs[name][i])
-				}
-			}
-		}
-	}
-	off := run(GEMMBF16, false, false)
-	on := run(GEMMBF16, true, false)
+	on, off := run(GEMMBF16, true, false), run(GEMMBF16, false, false)
 	if on.packed != 3 || off.packed != 0 {
 		t.Fatalf("bf16: %d results packed (want 3), %d with packing off (want 0)", on.packed, off.packed)
 	}
-	if off.cvt-on.cvt != 4 { // h for y and for dw (two sides), h2 for dx, the LayerNorm's for y3
-		t.Errorf("bf16: %d conversions packed, %d not; want 4 fewer", on.cvt, off.cvt)
+	// h for y and for dw (two sides), h2 for dx, the LayerNorm's for y3
+	if cvt := "f32_to_bf16_pad_kernel"; off.launches[cvt]-on.launches[cvt] != 4 {
+		t.Errorf("bf16: %d conversions packed, %d not; want 4 fewer", on.launches[cvt], off.launches[cvt])
 	}
-	same("bf16", on, off)
+	sameOutputs(t, "bf16", on, off)
 	if read := run(GEMMBF16, true, true); read.packed != 2 {
 		t.Errorf("h also an output: %d results packed, want 2 (h2, the LayerNorm's)", read.packed)
 	} else {
-		same("h also an output", read, off)
+		sameOutputs(t, "h also an output", read, off)
 	}
-	f32 := run(GEMMF32, true, false)
-	if f32.packed != 0 {
+	if f32 := run(GEMMF32, true, false); f32.packed != 0 {
 		t.Errorf("fp32 GEMMs: %d chains packed", f32.packed)
 	}
 	h2 := make([]float32, R*M) // dx against its own reference: dy2 = 0.75·z + 0.125
 	for i, v := range feeds["z"].F32 {
 		h2[i] = 0.75*v + 0.125
 	}
-	closeTo(t, "dx", on.outs["dx"], matmulRef(h2, w2, 1, R, N, M, false, false, true), 1e-4)
+	closeTo(t, "dx", on.outs["dx"], matmulRef(h2, weights["w2"].F32, 1, R, N, M, false, false, true), 1e-4)
 }
 
 func must[T any](v T, err error) T {
@@ -171,8 +124,7 @@ func twinGraph(R, K, N int, widths []int) *ir.Graph {
 	}}, a)
 	g.SetOutput("y", g.Op1("Linear", nil, h, g.Param("w", ir.Shape{K, N})))
 	g.SetOutput("sh", g.Op1("SumTo", ir.Attrs{"shape": []int{N}}, h))
-	x := g.Input("x", ir.Shape{R, K}, ir.F32)
-	var parts, ws []*ir.Value
+	var parts []*ir.Value
 	for i, n := range widths {
 		u := g.Input(string(rune('u'+i)), ir.Shape{R, n}, ir.F32)
 		c := g.Op1("FusedElementwise", ir.Attrs{"shape": []int{R, n}, "body": ir.FusedBody{
@@ -180,11 +132,8 @@ func twinGraph(R, K, N int, widths []int) *ir.Graph {
 		}}, u)
 		g.SetOutput("sc"+string(rune('0'+i)), g.Op1("SumTo", ir.Attrs{"shape": []int{n}}, c))
 		parts = append(parts, c)
-		ws = append(ws, g.Param(string(rune('p'+i)), ir.Shape{n, K}))
 	}
-	d := g.Op1("Concat", ir.Attrs{"axis": -1, "lazy": true}, parts...)
-	g.SetOutput("dw", g.Op1("LinearGradW", nil, d, x))
-	g.SetOutput("dx", g.Op1("LinearGradX", nil, d, g.Op1("Concat", ir.Attrs{"axis": 0}, ws...)))
+	addJoinedGrads(g, g.Input("x", ir.Shape{R, K}, ir.F32), parts, true)
 	return g
 }
 
@@ -202,76 +151,25 @@ func twinCopies(t *testing.T) {
 	const R, K, N = 45, 21, 37
 	widths := []int{13, 30, 21}
 	r := rand.New(rand.NewPCG(93, 94))
-	feeds := map[string]*kernels.Tensor{
-		"a": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)},
-		"x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)},
-	}
+	feeds := map[string]*kernels.Tensor{"a": randTensor(r, ir.Shape{R, N}), "x": randTensor(r, ir.Shape{R, K})}
+	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, N})}
 	for i, n := range widths {
-		feeds[string(rune('u'+i))] = &kernels.Tensor{Shape: ir.Shape{R, n}, F32: randF32(r, R*n, 1)}
-	}
-	weights := map[string][]float32{"w": randF32(r, K*N, 1)}
-	shapes := map[string]ir.Shape{"w": {K, N}}
-	for i, n := range widths {
-		name := string(rune('p' + i))
-		weights[name], shapes[name] = randF32(r, n*K, 1), ir.Shape{n, K}
+		feeds[string(rune('u'+i))] = randTensor(r, ir.Shape{R, n})
+		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{n, K})
 	}
 	names := []string{"y", "sh", "dw", "dx", "sc0", "sc1", "sc2"}
-	type result struct {
-		outs           map[string][]float32
-		twins, cvt, ct int // values with a copy, conversions, Concat conversions
-	}
-	run := func(pack bool) result {
-		be := gpuBackend(t, GEMMBF16)
-		be.pack = pack
-		tr, err := be.StartTrace()
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := twinGraph(R, K, N, widths)
-		st := kernels.NewStore(kernels.F32)
-		for name, w := range weights {
-			copy(must(st.Ensure(name, shapes[name])).F32, w)
-		}
-		p, err := be.Compile(g, passes.Plan(g), st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer be.Release(st)
-		defer p.Close()
-		if err := p.Run(feeds, 3); err != nil {
-			t.Fatal(err)
-		}
-		res := result{outs: map[string][]float32{}, twins: len(p.(*program).twins)}
-		for _, name := range names {
-			res.outs[name] = append([]float32(nil), p.Output(name).F32...)
-		}
-		for _, e := range tr.Events() {
-			switch e.Name {
-			case "f32_to_bf16_pad_kernel":
-				res.cvt++
-			case "f32_cat_to_bf16_pad_kernel":
-				res.ct++
-			}
-		}
-		return res
-	}
-	on, off := run(true), run(false)
+	on := runPacked(t, twinGraph(R, K, N, widths), GEMMBF16, true, weights, feeds, names)
+	off := runPacked(t, twinGraph(R, K, N, widths), GEMMBF16, false, weights, feeds, names)
 	if on.twins != 2 || off.twins != 0 { // h's copy and the Concat's rows
 		t.Fatalf("%d bf16 copies written by chains (want 2), %d with them off (want 0)", on.twins, off.twins)
 	}
-	if on.ct != 0 || off.ct != 1 {
-		t.Errorf("Concat conversions: %d with the parts writing its rows (want 0), %d without (want 1)", on.ct, off.ct)
+	if ct := "f32_cat_to_bf16_pad_kernel"; on.launches[ct] != 0 || off.launches[ct] != 1 {
+		t.Errorf("Concat conversions: %d with the parts writing its rows (want 0), %d without (want 1)", on.launches[ct], off.launches[ct])
 	}
-	if off.cvt-on.cvt != 1 {
-		t.Errorf("conversions: %d with copies, %d without; want 1 fewer (h for y)", on.cvt, off.cvt)
+	if cvt := "f32_to_bf16_pad_kernel"; off.launches[cvt]-on.launches[cvt] != 1 {
+		t.Errorf("conversions: %d with copies, %d without; want 1 fewer (h for y)", on.launches[cvt], off.launches[cvt])
 	}
-	for _, name := range names {
-		for i, v := range off.outs[name] {
-			if on.outs[name][i] != v {
-				t.Fatalf("%s[%d] = %g with copies, %g without", name, i, on.outs[name][i], v)
-			}
-		}
-	}
+	sameOutputs(t, "copies", on, off)
 }
 
 // TestTwinPool: a copy's buffer is reused by a later copy of the same size
@@ -294,4 +192,65 @@ func TestTwinPool(t *testing.T) {
 		t.Error("a buffer past twinPoolBytes was given")
 	}
 	p.free()
+}
+
+// packRun is one run of a graph for the packing tests: its named outputs,
+// how many values the program packed and gave twins, and the launches of
+// each kernel.
+type packRun struct {
+	outs                map[string][]float32
+	packed, twins, cats int // values packed, given twins, lazy Concats converted from their parts
+	launches            map[string]int
+}
+
+// runPacked compiles g with GEMM precision prec and packing as asked over
+// weights, runs it once on feeds and reads the named outputs.
+func runPacked(t *testing.T, g *ir.Graph, prec GEMMPrecision, pack bool, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
+	t.Helper()
+	be := gpuBackend(t, prec)
+	be.pack = pack
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := kernels.NewStore(kernels.F32)
+	for name, w := range weights {
+		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)
+	}
+	p, err := be.Compile(g, passes.Plan(g), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Release(st)
+	defer p.Close()
+	if err := p.Run(feeds, 5); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.(*program)
+	res := packRun{outs: map[string][]float32{}, packed: len(prog.packed), twins: len(prog.twins), cats: len(prog.cats),
+		launches: map[string]int{}}
+	for _, name := range names {
+		res.outs[name] = append([]float32(nil), p.Output(name).F32...)
+	}
+	for _, e := range tr.Events() {
+		res.launches[e.Name]++
+	}
+	return res
+}
+
+// sameOutputs fails unless a's outputs are b's, bit for bit.
+func sameOutputs(t *testing.T, what string, a, b packRun) {
+	t.Helper()
+	for name, x := range b.outs {
+		for i, v := range x {
+			if a.outs[name][i] != v {
+				t.Fatalf("%s: %s[%d] = %g, %g without", what, name, i, a.outs[name][i], v)
+			}
+		}
+	}
+}
+
+// randTensor is a tensor of shape s with N(0, 1) values.
+func randTensor(r *rand.Rand, s ir.Shape) *kernels.Tensor {
+	return &kernels.Tensor{Shape: s, F32: randF32(r, s.Numel(), 1)}
 }

@@ -3,8 +3,11 @@
 // gradients over fixed chunks of rows, then the chunks' partials in a fixed
 // tree (no atomics: a step repeats bit for bit).
 
-// ln_stats: the mean and 1/std of row xr (D elements), by the block.
-__device__ __forceinline__ void ln_stats(const float* xr, int D, float eps, float* shared, float* mu, float* rs) {
+// ln_row: row r of x (D elements), its mean and 1/std computed by the
+// block (thread 0 stores them in mean[r] and rstd[r]).
+__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, float eps, float* shared, float* mean,
+                                               float* rstd, float* mu, float* rs) {
+    const float* xr = x + (i64)r * D;
     float s = 0.0f;
     for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
     float m = block_sum(s, shared) / D;
@@ -12,6 +15,8 @@ __device__ __forceinline__ void ln_stats(const float* xr, int D, float eps, floa
     for (int j = threadIdx.x; j < D; j += blockDim.x) { float d = xr[j] - m; q += d * d; }
     *mu = m;
     *rs = rsqrtf(block_sum(q, shared) / D + eps);
+    if (threadIdx.x == 0) { mean[r] = *mu; rstd[r] = *rs; }
+    return xr;
 }
 // ln_out: output element j of a row, each operation rounded on its own
 // (no contraction), so the fp32 and the bf16 forms agree bit for bit.
@@ -22,14 +27,11 @@ __device__ __forceinline__ float ln_out(const float* xr, int j, float mu, float 
 extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
                                              const float* g, const float* b, int rows, int D, float eps) {
     __shared__ float shared[32];
-    int r = blockIdx.x;
-    if (r >= rows) return;
-    const float* xr = x + (i64)r * D;
+    if ((int)blockIdx.x >= rows) return;
     float mu, rs;
-    ln_stats(xr, D, eps, shared, &mu, &rs);
-    float* yr = out + (i64)r * D;
+    const float* xr = ln_row(x, blockIdx.x, D, eps, shared, mean, rstd, &mu, &rs);
+    float* yr = out + (i64)blockIdx.x * D;
     for (int j = threadIdx.x; j < D; j += blockDim.x) yr[j] = ln_out(xr, j, mu, rs, g, b);
-    if (threadIdx.x == 0) { mean[r] = mu; rstd[r] = rs; }
 }
 
 // layernorm_fwd_bf16pad: layernorm_fwd_f32 with the output written as the
@@ -38,14 +40,11 @@ extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rst
 extern "C" __global__ void layernorm_fwd_bf16pad(bf16_t* out, float* mean, float* rstd, const float* x,
                                                  const float* g, const float* b, int rows, int D, int ld, float eps) {
     __shared__ float shared[32];
-    int r = blockIdx.x;
-    if (r >= rows) return;
-    const float* xr = x + (i64)r * D;
+    if ((int)blockIdx.x >= rows) return;
     float mu, rs;
-    ln_stats(xr, D, eps, shared, &mu, &rs);
-    bf16_t* yr = out + (i64)r * ld;
+    const float* xr = ln_row(x, blockIdx.x, D, eps, shared, mean, rstd, &mu, &rs);
+    bf16_t* yr = out + (i64)blockIdx.x * ld;
     for (int j = threadIdx.x; j < ld; j += blockDim.x) yr[j] = j < D ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
-    if (threadIdx.x == 0) { mean[r] = mu; rstd[r] = rs; }
 }
 
 // layernorm_bwd_dx_f32: dx per row, recomputing the row's mean and 1/std
