@@ -247,8 +247,14 @@ func (p *program) twinnedConcat(v *ir.Value) *ir.Node {
 
 // placeConcat allocates the bf16 rows of lazy Concat c, whose first part
 // o its producer, node index first, writes now, and records where every
-// part goes.
+// part goes. A part already placed in another Concat's rows (a value
+// joined twice) leaves c to f32_cat_to_bf16_pad_kernel.
 func (p *program) placeConcat(c *ir.Node, o *ir.Value, first int) (twin, bool, error) {
+	for _, x := range c.Inputs {
+		if _, taken := p.parts[x.ID]; taken {
+			return twin{}, false, nil
+		}
+	}
 	out := c.Outputs[0]
 	gemm, _, last := p.gemmReads(out, true)
 	if gemm == 0 {

@@ -254,3 +254,33 @@ func sameOutputs(t *testing.T, what string, a, b packRun) {
 func randTensor(r *rand.Rand, s ir.Shape) *kernels.Tensor {
 	return &kernels.Tensor{Shape: s, F32: randF32(r, s.Numel(), 1)}
 }
+
+// TestGPUTwinSharedPart: a chain's result that is a part of two lazy
+// Concats writes its columns of one Concat's bf16 rows only; the other
+// Concat is converted from its fp32 parts; both weight gradients equal
+// the run without copies bit for bit.
+func TestGPUTwinSharedPart(t *testing.T) {
+	const R, K = 45, 21
+	g := ir.New("shared")
+	x := g.Input("x", ir.Shape{R, K}, ir.F32)
+	var c []*ir.Value
+	for i, n := range []int{13, 30, 21} {
+		u := g.Input(string(rune('u'+i)), ir.Shape{R, n}, ir.F32)
+		c = append(c, g.Op1("FusedElementwise", ir.Attrs{"shape": []int{R, n}, "body": ir.FusedBody{
+			{Op: "Scale", Attrs: ir.Attrs{"alpha": 0.5, "beta": 0.125}, Args: []int{0}},
+		}}, u))
+	}
+	for i, parts := range [][]*ir.Value{{c[0], c[1]}, {c[1], c[2]}} {
+		d := g.Op1("Concat", ir.Attrs{"axis": -1, "lazy": true}, parts...)
+		g.SetOutput("dw"+string(rune('0'+i)), g.Op1("LinearGradW", nil, d, x))
+	}
+	r := rand.New(rand.NewPCG(95, 96))
+	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{R, K}), "u": randTensor(r, ir.Shape{R, 13}),
+		"v": randTensor(r, ir.Shape{R, 30}), "w": randTensor(r, ir.Shape{R, 21})}
+	on := runPacked(t, g, GEMMBF16, true, nil, feeds, []string{"dw0", "dw1"})
+	off := runPacked(t, g, GEMMBF16, false, nil, feeds, []string{"dw0", "dw1"})
+	if on.twins != 1 || on.launches["f32_cat_to_bf16_pad_kernel"] != 1 {
+		t.Errorf("%d Concats written by their parts (want 1), %d converted (want 1)", on.twins, on.launches["f32_cat_to_bf16_pad_kernel"])
+	}
+	sameOutputs(t, "shared part", on, off)
+}
