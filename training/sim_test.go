@@ -188,9 +188,9 @@ func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
 	type result struct {
-		loss, ce    float64
-		grads       map[string][]float32
-		conversions int
+		loss, ce             float64
+		grads                map[string][]float32
+		conversions, unpacks int // f32_to_bf16_pad_kernel, attn_unpack_bf16
 	}
 	run := func(pack string) result {
 		t.Setenv("RPAC_CUDA_PACK", pack)
@@ -202,8 +202,11 @@ func TestSimPackedStepSameBits(t *testing.T) {
 		var r result
 		r.loss, r.ce, r.grads = f.stepOn(t, be, 2, 11)
 		for _, e := range tr.Events() {
-			if e.Name == "f32_to_bf16_pad_kernel" {
+			switch e.Name {
+			case "f32_to_bf16_pad_kernel":
 				r.conversions++
+			case "attn_unpack_bf16":
+				r.unpacks++
 			}
 		}
 		return r
@@ -219,9 +222,12 @@ func TestSimPackedStepSameBits(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("conversions per step: %d packed, %d not", on.conversions, off.conversions)
+	t.Logf("conversions per step: %d packed, %d not; attention gradients written into their Concat: %d", on.conversions, off.conversions, on.unpacks)
 	if on.conversions >= off.conversions {
 		t.Errorf("%d conversions with packing, %d without: no chain packed", on.conversions, off.conversions)
+	}
+	if on.unpacks == 0 || off.unpacks != 0 {
+		t.Errorf("attn_unpack_bf16 ran %d times with packing (want some), %d without (want none)", on.unpacks, off.unpacks)
 	}
 }
 

@@ -294,17 +294,24 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		W     Buffer
 		x     Buffer
 		res   agRegion
-		out   *dval
+		j     int // the output
 	}{
-		{agApply(a, l, true), 1, Pd, dO, l.R2, g.out[2]},       // dv = Pᵀ·dO
-		{agApply(a, l, false), a.scale, dS, K, l.R0, g.out[0]}, // dq = scale·dS·k
-		{agApply(a, l, true), a.scale, dS, Q, l.R1, g.out[1]},  // dk = scale·dSᵀ·q
+		{agApply(a, l, true), 1, Pd, dO, l.R2, 2},       // dv = Pᵀ·dO
+		{agApply(a, l, false), a.scale, dS, K, l.R0, 0}, // dq = scale·dS·k
+		{agApply(a, l, true), a.scale, dS, Q, l.R1, 1},  // dk = scale·dSᵀ·q
 	} {
 		R := r.res.in(w)
 		if err := p.agGEMM(r.calls, r.alpha, r.W, r.x, R); err != nil {
 			return err
 		}
-		if err := p.agUnpack(a, l, r.out.buf.Ptr, R); err != nil {
+		var err error
+		if off := g.cols[r.j]; off >= 0 {
+			err = p.each("attn_unpack_bf16", a.BH*a.T*a.Hd, g.rows.buf.Ptr, R.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H),
+				int32(l.Hp), int32(g.rows.ld), int32(off))
+		} else {
+			err = p.agUnpack(a, l, g.out[r.j].buf.Ptr, R)
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -1467,11 +1467,16 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 	if err != nil {
 		return nil, err
 	}
-	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out}
+	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out, cols: [3]int{-1, -1, -1}}
 	lse, saved := p.attnLSE[fwdOut]
 	switch {
 	case a.path == attnGEMM:
 		p.attnWorkNeed = max(p.attnWorkNeed, newAGLayout(a).bytes)
+		if a.H > 0 {
+			if g.rows, g.cols, _, err = p.attnGradRows(n); err != nil {
+				return nil, err
+			}
+		}
 	case a.path == attnFlash && mask != nil:
 		p.attnWorkNeed = max(p.attnWorkNeed, int64(4*a.parts()*a.T*a.T))
 	}
@@ -1520,6 +1525,11 @@ type attnGrad struct {
 	dO, q, k, v *dval
 	out         []*dval
 	o, lse, D   uint64
+	// rows: where the GEMM path writes dq, dk and dv as bf16 instead, the
+	// joined gradients' operand (packed.go's attnGradRows), from column
+	// cols[j] for output j (-1: in fp32 as usual)
+	rows twin
+	cols [3]int
 }
 
 // attentionBackwardScalar: attention.cu's kernels, a block per row.

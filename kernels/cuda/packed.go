@@ -321,3 +321,88 @@ func (p *program) index(n *ir.Node) int {
 	}
 	return p.nodeIndex[n.ID]
 }
+
+// attnGradRows: the GEMM attention's backward (FusedAttentionGrad node n,
+// [B,T,H,Hd] operands) writes dq, dk and dv as bf16 straight into the rows
+// of the lazy Concat that joins them (the q, k, v projections' joined
+// gradients), when each of the Concat's parts is a Reshape to [B,T,H·Hd]
+// of one of n's first three outputs that nothing else reads. cols[j] is
+// output j's first column in those rows, -1 for an output not among them.
+func (p *program) attnGradRows(n *ir.Node) (t twin, cols [3]int, ok bool, err error) {
+	cols = [3]int{-1, -1, -1}
+	if !p.be.pack || p.be.gemm != GEMMBF16 {
+		return twin{}, cols, false, nil
+	}
+	var c *ir.Node
+	for _, m := range p.g.Nodes {
+		if m.Op == "Concat" && p.foldsConcat(m) && p.partsFrom(m, n) {
+			c = m
+			break
+		}
+	}
+	if c == nil {
+		return twin{}, cols, false, nil
+	}
+	out := c.Outputs[0]
+	for _, x := range c.Inputs {
+		if _, taken := p.parts[x.ID]; taken {
+			return twin{}, cols, false, nil
+		}
+	}
+	gemm, _, last := p.gemmReads(out, true)
+	if gemm == 0 {
+		return twin{}, cols, false, nil
+	}
+	w := lastDim(out.Shape)
+	t = twin{ld: bf16LD(w)}
+	if t.buf, ok, err = p.twinBuffer(uint64(2*out.Shape.Numel()/w*t.ld), p.index(n), last); !ok || err != nil {
+		return twin{}, cols, false, err
+	}
+	p.setTwin(out.ID, t)
+	off := 0
+	for _, x := range c.Inputs {
+		src := p.producer[x.ID].Inputs[0]
+		cols[slices.Index(n.Outputs, src)] = off
+		off += lastDim(x.Shape)
+	}
+	return t, cols, true, nil
+}
+
+// partsFrom: every part of Concat c is a Reshape of a distinct one of
+// node n's first three outputs (dq, dk, dv of [B,T,H,Hd]) to rows of H·Hd,
+// the Reshape's only reader c and the output's only reader the Reshape.
+func (p *program) partsFrom(c, n *ir.Node) bool {
+	seen := map[*ir.Value]bool{}
+	for _, x := range c.Inputs {
+		r := p.producer[x.ID]
+		if r == nil || r.Op != "Reshape" || seen[r.Inputs[0]] {
+			return false
+		}
+		src := r.Inputs[0]
+		j := slices.Index(n.Outputs, src)
+		if j < 0 || j > 2 || len(src.Shape) != 4 || lastDim(x.Shape) != src.Shape[2]*src.Shape[3] ||
+			p.readers(src) != 1 || p.readers(x) != 1 {
+			return false
+		}
+		seen[src] = true
+	}
+	return len(seen) > 0
+}
+
+// readers counts v's reads by nodes and as a graph output.
+func (p *program) readers(v *ir.Value) int {
+	k := 0
+	for _, m := range p.g.Nodes {
+		for _, x := range m.Inputs {
+			if x == v {
+				k++
+			}
+		}
+	}
+	for _, o := range p.g.Outputs {
+		if o == v {
+			k++
+		}
+	}
+	return k
+}

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -283,4 +284,53 @@ func TestGPUTwinSharedPart(t *testing.T) {
 		t.Errorf("%d Concats written by their parts (want 1), %d converted (want 1)", on.twins, on.launches["f32_cat_to_bf16_pad_kernel"])
 	}
 	sameOutputs(t, "shared part", on, off)
+}
+
+// TestGPUAttentionGradIntoConcat: the GEMM attention's backward ([B,T,H,Hd]
+// operands, a bias, dropout) writes dq, dk and dv as bf16 straight into
+// the rows of the lazy Concat that joins them (through their Reshapes to
+// [B,T,H·Hd]), so no fp32 unpack and no f32_cat_to_bf16_pad_kernel runs
+// for them; the joined gradients and the bias gradient equal the run
+// without it bit for bit. On the simulator again in differential mode.
+func TestGPUAttentionGradIntoConcat(t *testing.T) {
+	differentially(t, []string{"attn_unpack_bf16"}, func() { attentionGradIntoConcat(t) })
+}
+
+func attentionGradIntoConcat(t *testing.T) {
+	const B, T, H, Hd, K = 2, 67, 3, 85, 21
+	s := ir.Shape{B, T, H, Hd}
+	attrs := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true, "dropout": 0.1, "stream": 3}
+	ir.AttnBTHD.Set(attrs)
+	g := ir.New("attn-concat")
+	var in []*ir.Value
+	for _, name := range []string{"dO", "q", "k", "v"} {
+		in = append(in, g.Input(name, s, ir.F32))
+	}
+	in = append(in, g.Input("bias", ir.Shape{T, T}, ir.F32))
+	grads := g.Apply("FusedAttentionGrad", attrs, in...)
+	var parts []*ir.Value
+	for _, j := range []int{2, 1, 0} { // dv, dk, dq, as the train graph joins them
+		parts = append(parts, g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, H * Hd}}, grads[j]))
+	}
+	g.SetOutput("db", grads[3])
+	addJoinedGrads(g, g.Input("x", ir.Shape{B, T, K}, ir.F32), parts, true)
+	r := rand.New(rand.NewPCG(97, 98))
+	feeds := map[string]*kernels.Tensor{"bias": randTensor(r, ir.Shape{T, T}), "x": randTensor(r, ir.Shape{B, T, K})}
+	for _, name := range []string{"dO", "q", "k", "v"} {
+		feeds[name] = randTensor(r, s)
+	}
+	weights := map[string]*kernels.Tensor{}
+	for i := range parts {
+		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{H * Hd, K})
+	}
+	names := []string{"dw", "dx", "db"}
+	on := runPacked(t, g, GEMMBF16, true, weights, feeds, names)
+	off := runPacked(t, g, GEMMBF16, false, weights, feeds, names)
+	if on.launches["attn_unpack_bf16"] != 3 || on.launches["f32_cat_to_bf16_pad_kernel"] != 0 {
+		t.Errorf("%d bf16 unpacks (want 3), %d Concat conversions (want 0)", on.launches["attn_unpack_bf16"], on.launches["f32_cat_to_bf16_pad_kernel"])
+	}
+	if off.launches["attn_unpack_bf16"] != 0 || off.launches["f32_cat_to_bf16_pad_kernel"] != 1 {
+		t.Errorf("without: %d bf16 unpacks (want 0), %d Concat conversions (want 1)", off.launches["attn_unpack_bf16"], off.launches["f32_cat_to_bf16_pad_kernel"])
+	}
+	sameOutputs(t, "attention gradients into the Concat", on, off)
 }

@@ -468,7 +468,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		attentionCost(e, a, grid)
 	case "attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16":
 		flashCost(e, a, grid)
-	case "attn_pack_bf16", "attn_unpack_f32", "attn_pack_do_bf16", "attn_softmax_fwd_f32", "attn_softmax_bwd_f32":
+	case "attn_pack_bf16", "attn_unpack_f32", "attn_unpack_bf16", "attn_pack_do_bf16", "attn_softmax_fwd_f32", "attn_softmax_bwd_f32":
 		attnGEMMCost(e, a)
 	case "attention_dbias_reduce_f32":
 		T := a.i("T")
@@ -495,6 +495,8 @@ func attnGEMMCost(e *Event, a kargs) {
 		e.Bytes = w*rows*Hd + 2*rows*a.i("Hp")
 	case "attn_unpack_f32":
 		e.Bytes = 2 * w * rows * Hd
+	case "attn_unpack_bf16":
+		e.Bytes = w*rows*Hd + 2*rows*Hd
 	case "attn_pack_do_bf16":
 		e.Bytes = 2*w*rows*Hd + 2*rows*a.i("Hp") + w*rows
 	case "attn_softmax_fwd_f32":

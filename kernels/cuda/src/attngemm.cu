@@ -51,6 +51,23 @@ extern "C" __global__ void attn_unpack_f32(float* out, const float* src, int BH,
     }
 }
 
+// attn_unpack_bf16: the GEMM result src [BH,T,Hp] fp32 (columns below Hd)
+// as bf16 into rows of ld elements, from column off: element (b, t, h, d)
+// of the [B,T,H,Hd] operand to row b·T + t, column off + h·Hd + d (a
+// joined gradient's part, written straight into its bf16 operand), each
+// rounded as the conversion kernels round it.
+extern "C" __global__ void attn_unpack_bf16(bf16_t* out, const float* src, int BH, int T, int Hd, int H, int Hp, int ld,
+                                            int off) {
+    GRID_STRIDE(e, (i64)BH * T * Hd) {
+        i64 row = e / Hd;
+        int d = (int)(e - row * Hd);
+        i64 bh = row / T;
+        i64 b = bh / H, t = row - bh * T;
+        int h = (int)(bh - b * H);
+        out[(b * T + t) * ld + off + h * Hd + d] = f32_to_bf16(src[row * Hp + d]);
+    }
+}
+
 // ag_row: the row (bh·T + i) a warp of the row kernels takes, or −1.
 __device__ __forceinline__ i64 ag_row(int BH, int T) {
     i64 row = (i64)blockIdx.x * AG_ROWS + (threadIdx.x >> 5);
