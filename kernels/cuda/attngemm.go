@@ -216,9 +216,11 @@ func (p *program) agPack(a *attention, l agLayout, dst Buffer, src uint64) error
 	return p.each("attn_pack_bf16", a.BH*a.T*l.Hp/8, dst.Ptr, src, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
 }
 
-// agUnpack writes a packed fp32 GEMM result into an attention output.
-func (p *program) agUnpack(a *attention, l agLayout, dst uint64, src Buffer) error {
-	return p.each("attn_unpack_f32", a.BH*a.T*a.Hd, dst, src.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
+// agUnpack writes a packed fp32 GEMM result into an attention output
+// and, when tw has a buffer, its bf16 copy (attnOutTwin).
+func (p *program) agUnpack(a *attention, l agLayout, dst uint64, src Buffer, tw twin) error {
+	return p.each("attn_unpack_f32", a.BH*a.T*a.Hd, dst, src.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp),
+		tw.buf.Ptr, int32(tw.ld))
 }
 
 // agPackQKV packs q, k and v.
@@ -253,7 +255,7 @@ func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dva
 	if err := p.agGEMM(agApply(a, l, false), 1, P, l.V.in(w), R); err != nil {
 		return err
 	}
-	return p.agUnpack(a, l, o, R)
+	return p.agUnpack(a, l, o, R, a.outTwin)
 }
 
 // attentionBackwardGEMM: dq, dk, dv and the bias gradient through the
@@ -309,7 +311,7 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 			err = p.each("attn_unpack_bf16", a.BH*a.T*a.Hd, g.rows.buf.Ptr, R.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H),
 				int32(l.Hp), int32(g.rows.ld), int32(off))
 		} else {
-			err = p.agUnpack(a, l, g.out[r.j].buf.Ptr, R)
+			err = p.agUnpack(a, l, g.out[r.j].buf.Ptr, R, twin{})
 		}
 		if err != nil {
 			return err

@@ -1327,6 +1327,10 @@ type attention struct {
 	keep   float32 // 0: no dropout
 	// path: the kernels that run it (attngemm.go)
 	path attnPath
+	// outTwin: where the GEMM path's forward also writes its output as
+	// bf16 for the GEMMs that read it (packed.go's attnOutTwin); no
+	// buffer: none
+	outTwin twin
 }
 
 // attnMaxHead is the largest head size of flash.cu's kernels (8 tiles of
@@ -1439,6 +1443,11 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	}
 	if a.path == attnGEMM {
 		p.attnWorkNeed = max(p.attnWorkNeed, newAGLayout(a).fwdBytes)
+		if a.H > 0 {
+			if a.outTwin, _, err = p.attnOutTwin(n); err != nil {
+				return nil, err
+			}
+		}
 	}
 	lse, err := p.alloc(a.BH * a.T)
 	if err != nil {

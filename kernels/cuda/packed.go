@@ -406,3 +406,36 @@ func (p *program) readers(v *ir.Value) int {
 	}
 	return k
 }
+
+// attnOutTwin: the GEMM attention's forward (FusedAttention node n,
+// [B,T,H,Hd]) also writes its output as bf16 for the GEMMs that read it
+// through a Reshape to [B,T,H·Hd] (the output projection, and its weight
+// gradient in the backward), the fp32 output staying for its other
+// readers (the attention's backward); ok is false for none.
+func (p *program) attnOutTwin(n *ir.Node) (t twin, ok bool, err error) {
+	o := n.Outputs[0]
+	if !p.be.pack || p.be.gemm != GEMMBF16 || len(o.Shape) != 4 {
+		return twin{}, false, nil
+	}
+	for _, m := range p.g.Nodes {
+		if m.Op != "Reshape" || m.Inputs[0] != o {
+			continue
+		}
+		r := m.Outputs[0]
+		if !p.bf16Candidate(r) || lastDim(r.Shape) != o.Shape[2]*o.Shape[3] {
+			continue
+		}
+		gemm, _, last := p.gemmReads(r, false)
+		if gemm == 0 {
+			continue
+		}
+		cols := lastDim(r.Shape)
+		t = twin{ld: bf16LD(cols)}
+		if t.buf, ok, err = p.twinBuffer(uint64(2*r.Shape.Numel()/cols*t.ld), p.index(n), last); !ok || err != nil {
+			return twin{}, false, err
+		}
+		p.setTwin(r.ID, t)
+		return t, true, nil
+	}
+	return twin{}, false, nil
+}

@@ -334,3 +334,42 @@ func attentionGradIntoConcat(t *testing.T) {
 	}
 	sameOutputs(t, "attention gradients into the Concat", on, off)
 }
+
+// TestGPUAttentionOutTwin: the GEMM attention's forward ([B,T,H,Hd], a
+// bias, dropout) whose output a Linear reads through a Reshape to
+// [B,T,H·Hd] and the graph reads as it is writes the Linear's bf16 copy
+// beside the output (one conversion fewer); the output and the Linear's
+// result equal the run without it bit for bit. On the simulator again in
+// differential mode.
+func TestGPUAttentionOutTwin(t *testing.T) {
+	differentially(t, []string{"attn_unpack_f32"}, func() { attentionOutTwin(t) })
+}
+
+func attentionOutTwin(t *testing.T) {
+	const B, T, H, Hd, K = 2, 67, 3, 85, 21
+	s := ir.Shape{B, T, H, Hd}
+	attrs := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true, "dropout": 0.1, "stream": 3}
+	ir.AttnBTHD.Set(attrs)
+	g := ir.New("attn-out")
+	var in []*ir.Value
+	for _, name := range []string{"q", "k", "v"} {
+		in = append(in, g.Input(name, s, ir.F32))
+	}
+	in = append(in, g.Input("bias", ir.Shape{T, T}, ir.F32))
+	o := g.Op1("FusedAttention", attrs, in...)
+	g.SetOutput("o", o)
+	r2 := g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, H * Hd}}, o)
+	g.SetOutput("y", g.Op1("Linear", nil, r2, g.Param("w", ir.Shape{K, H * Hd})))
+	r := rand.New(rand.NewPCG(99, 100))
+	feeds := map[string]*kernels.Tensor{"bias": randTensor(r, ir.Shape{T, T})}
+	for _, name := range []string{"q", "k", "v"} {
+		feeds[name] = randTensor(r, s)
+	}
+	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, H * Hd})}
+	on := runPacked(t, g, GEMMBF16, true, weights, feeds, []string{"o", "y"})
+	off := runPacked(t, g, GEMMBF16, false, weights, feeds, []string{"o", "y"})
+	if cvt := "f32_to_bf16_pad_kernel"; on.twins != 1 || off.twins != 0 || off.launches[cvt]-on.launches[cvt] != 1 {
+		t.Errorf("copies %d and %d (want 1 and 0); conversions %d and %d (want one fewer)", on.twins, off.twins, on.launches[cvt], off.launches[cvt])
+	}
+	sameOutputs(t, "the attention's output copy", on, off)
+}

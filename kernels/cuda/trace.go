@@ -495,6 +495,9 @@ func attnGEMMCost(e *Event, a kargs) {
 		e.Bytes = w*rows*Hd + 2*rows*a.i("Hp")
 	case "attn_unpack_f32":
 		e.Bytes = 2 * w * rows * Hd
+		if a.ptr("tw") != 0 {
+			e.Bytes += 2 * rows * Hd
+		}
 	case "attn_unpack_bf16":
 		e.Bytes = w*rows*Hd + 2*rows*Hd
 	case "attn_pack_do_bf16":

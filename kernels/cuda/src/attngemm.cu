@@ -40,14 +40,22 @@ extern "C" __global__ void attn_pack_bf16(bf16_t* dst, const float* src, int BH,
 }
 
 // attn_unpack_f32: out, in attn_head's layout, from the GEMM result src
-// [BH,T,Hp] fp32 (columns below Hd).
-extern "C" __global__ void attn_unpack_f32(float* out, const float* src, int BH, int T, int Hd, int H, int Hp) {
+// [BH,T,Hp] fp32 (columns below Hd); with tw (H > 0: out is [B,T,H,Hd])
+// also its bf16 copy in rows of ld for the GEMMs that read out as
+// [B·T, H·Hd] (attn_unpack_bf16's placement, from column 0).
+extern "C" __global__ void attn_unpack_f32(float* out, const float* src, int BH, int T, int Hd, int H, int Hp, bf16_t* tw,
+                                           int ld) {
     GRID_STRIDE(e, (i64)BH * T * Hd) {
         i64 row = e / Hd;
         int d = (int)(e - row * Hd);
         i64 bh = row / T;
         attn_view hv = attn_head(bh, T, Hd, H);
-        out[hv.base + (row - bh * T) * hv.rs + d] = src[row * Hp + d];
+        float x = src[row * Hp + d];
+        out[hv.base + (row - bh * T) * hv.rs + d] = x;
+        if (tw) {
+            i64 b = bh / H;
+            tw[(b * T + row - bh * T) * ld + (bh - b * H) * Hd + d] = f32_to_bf16(x);
+        }
     }
 }
 
