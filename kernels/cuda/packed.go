@@ -171,7 +171,9 @@ func packEnv() (bool, error) {
 // The copies' buffers are the program's, each reused by a later copy of
 // the same size once the last GEMM that reads it has run, twinPoolBytes
 // at most in all (a value past that is converted as before). The padding
-// columns of a copy are never written and never read.
+// columns of a copy are never written and never read by the GEMMs; a
+// buffer starts zeroed, so they hold zeros or an earlier copy's
+// values, never the uninitialised bytes of a fresh allocation.
 
 // twin is where a bf16 copy goes: rows of ld elements in buf, the value's
 // columns from off on (a Concat's part: its place in the Concat's rows).
@@ -305,6 +307,9 @@ func (p *program) twinBuffer(bytes uint64, first, last int) (Buffer, bool, error
 		return Buffer{}, false, err
 	}
 	b.Bytes = bytes
+	if err := p.be.dev.zero(b, bytes); err != nil { // the padding columns, never written, hold zeros as the staging copies' do
+		return Buffer{}, false, err
+	}
 	p.twinBytes += bytes
 	p.twinPool = append(p.twinPool, pooled{buf: b, freeAfter: last})
 	return b, true, nil
