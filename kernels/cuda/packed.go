@@ -213,12 +213,24 @@ func (p *program) twinFor(n *ir.Node) (t twin, ok bool, err error) {
 	if gemm == 0 || other == 0 { // no GEMM wants it, or packsOutput's case
 		return twin{}, false, nil
 	}
-	cols := lastDim(o.Shape)
-	t = twin{ld: bf16LD(cols)}
-	if t.buf, ok, err = p.twinBuffer(uint64(2*o.Shape.Numel()/cols*t.ld), p.index(n), last); !ok || err != nil {
+	return p.newTwin(o, p.index(n), last)
+}
+
+// newTwin gives v a bf16 copy of its own (rows of bf16LD of its last dim)
+// in a pool buffer, written at node index first and read last at last;
+// ok is false when the pool is full.
+func (p *program) newTwin(v *ir.Value, first, last int) (twin, bool, error) {
+	cols := lastDim(v.Shape)
+	t := twin{ld: bf16LD(cols)}
+	buf, ok, err := p.twinBuffer(uint64(2*v.Shape.Numel()/cols*t.ld), first, last)
+	if !ok || err != nil {
 		return twin{}, false, err
 	}
-	p.setTwin(o.ID, t)
+	t.buf = buf
+	if p.twins == nil {
+		p.twins = map[int]twin{}
+	}
+	p.twins[v.ID] = t
 	return t, true, nil
 }
 
@@ -262,14 +274,10 @@ func (p *program) placeConcat(c *ir.Node, o *ir.Value, first int) (twin, bool, e
 	if gemm == 0 {
 		return twin{}, false, nil
 	}
-	cols := lastDim(out.Shape)
-	t := twin{ld: bf16LD(cols)}
-	buf, ok, err := p.twinBuffer(uint64(2*out.Shape.Numel()/cols*t.ld), first, last)
+	t, ok, err := p.newTwin(out, first, last)
 	if !ok || err != nil {
 		return twin{}, false, err
 	}
-	t.buf = buf
-	p.setTwin(out.ID, t)
 	if p.parts == nil {
 		p.parts = map[int]twin{}
 	}
@@ -278,14 +286,6 @@ func (p *program) placeConcat(c *ir.Node, o *ir.Value, first int) (twin, bool, e
 		t.off += lastDim(x.Shape)
 	}
 	return p.parts[o.ID], true, nil
-}
-
-// setTwin records where value id's bf16 copy is.
-func (p *program) setTwin(id int, t twin) {
-	if p.twins == nil {
-		p.twins = map[int]twin{}
-	}
-	p.twins[id] = t
 }
 
 // twinBuffer is a buffer of bytes for a copy written at node index first
@@ -358,12 +358,9 @@ func (p *program) attnGradRows(n *ir.Node) (t twin, cols [3]int, ok bool, err er
 	if gemm == 0 {
 		return twin{}, cols, false, nil
 	}
-	w := lastDim(out.Shape)
-	t = twin{ld: bf16LD(w)}
-	if t.buf, ok, err = p.twinBuffer(uint64(2*out.Shape.Numel()/w*t.ld), p.index(n), last); !ok || err != nil {
+	if t, ok, err = p.newTwin(out, p.index(n), last); !ok || err != nil {
 		return twin{}, cols, false, err
 	}
-	p.setTwin(out.ID, t)
 	off := 0
 	for _, x := range c.Inputs {
 		src := p.producer[x.ID].Inputs[0]
@@ -434,13 +431,7 @@ func (p *program) attnOutTwin(n *ir.Node) (t twin, ok bool, err error) {
 		if gemm == 0 {
 			continue
 		}
-		cols := lastDim(r.Shape)
-		t = twin{ld: bf16LD(cols)}
-		if t.buf, ok, err = p.twinBuffer(uint64(2*r.Shape.Numel()/cols*t.ld), p.index(n), last); !ok || err != nil {
-			return twin{}, false, err
-		}
-		p.setTwin(r.ID, t)
-		return t, true, nil
+		return p.newTwin(r, p.index(n), last)
 	}
 	return twin{}, false, nil
 }

@@ -296,17 +296,35 @@ func TestGPUAttentionGradIntoConcat(t *testing.T) {
 	differentially(t, []string{"attn_unpack_bf16"}, func() { attentionGradIntoConcat(t) })
 }
 
-func attentionGradIntoConcat(t *testing.T) {
-	const B, T, H, Hd, K = 2, 67, 3, 85, 21
-	s := ir.Shape{B, T, H, Hd}
-	attrs := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true, "dropout": 0.1, "stream": 3}
+// The attention tests' operands: [B,T,H,Hd] rows as the projections
+// leave them (the paper's head of 85), a [T,T] bias, dropout; K is the
+// width of the Linear around them.
+const atB, atT, atH, atHd, atK = 2, 67, 3, 85, 21
+
+// attnInputs adds the named [B,T,H,Hd] inputs and the bias to g, with
+// random feeds (x [B,T,K] too), and returns the attention's attributes.
+func attnInputs(g *ir.Graph, r *rand.Rand, names ...string) ([]*ir.Value, map[string]*kernels.Tensor, ir.Attrs) {
+	attrs := ir.Attrs{"scale": 1 / math.Sqrt(atHd), "causal": true, "dropout": 0.1, "stream": 3}
 	ir.AttnBTHD.Set(attrs)
-	g := ir.New("attn-concat")
+	feeds := map[string]*kernels.Tensor{}
 	var in []*ir.Value
-	for _, name := range []string{"dO", "q", "k", "v"} {
+	for _, name := range append(names, "bias") {
+		s := ir.Shape{atB, atT, atH, atHd}
+		if name == "bias" {
+			s = ir.Shape{atT, atT}
+		}
 		in = append(in, g.Input(name, s, ir.F32))
+		feeds[name] = randTensor(r, s)
 	}
-	in = append(in, g.Input("bias", ir.Shape{T, T}, ir.F32))
+	feeds["x"] = randTensor(r, ir.Shape{atB, atT, atK})
+	return in, feeds, attrs
+}
+
+func attentionGradIntoConcat(t *testing.T) {
+	const B, T, H, Hd, K = atB, atT, atH, atHd, atK
+	g := ir.New("attn-concat")
+	r := rand.New(rand.NewPCG(97, 98))
+	in, feeds, attrs := attnInputs(g, r, "dO", "q", "k", "v")
 	grads := g.Apply("FusedAttentionGrad", attrs, in...)
 	var parts []*ir.Value
 	for _, j := range []int{2, 1, 0} { // dv, dk, dq, as the train graph joins them
@@ -314,11 +332,6 @@ func attentionGradIntoConcat(t *testing.T) {
 	}
 	g.SetOutput("db", grads[3])
 	addJoinedGrads(g, g.Input("x", ir.Shape{B, T, K}, ir.F32), parts, true)
-	r := rand.New(rand.NewPCG(97, 98))
-	feeds := map[string]*kernels.Tensor{"bias": randTensor(r, ir.Shape{T, T}), "x": randTensor(r, ir.Shape{B, T, K})}
-	for _, name := range []string{"dO", "q", "k", "v"} {
-		feeds[name] = randTensor(r, s)
-	}
 	weights := map[string]*kernels.Tensor{}
 	for i := range parts {
 		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{H * Hd, K})
@@ -346,25 +359,14 @@ func TestGPUAttentionOutTwin(t *testing.T) {
 }
 
 func attentionOutTwin(t *testing.T) {
-	const B, T, H, Hd, K = 2, 67, 3, 85, 21
-	s := ir.Shape{B, T, H, Hd}
-	attrs := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true, "dropout": 0.1, "stream": 3}
-	ir.AttnBTHD.Set(attrs)
+	const B, T, H, Hd, K = atB, atT, atH, atHd, atK
 	g := ir.New("attn-out")
-	var in []*ir.Value
-	for _, name := range []string{"q", "k", "v"} {
-		in = append(in, g.Input(name, s, ir.F32))
-	}
-	in = append(in, g.Input("bias", ir.Shape{T, T}, ir.F32))
+	r := rand.New(rand.NewPCG(99, 100))
+	in, feeds, attrs := attnInputs(g, r, "q", "k", "v")
 	o := g.Op1("FusedAttention", attrs, in...)
 	g.SetOutput("o", o)
 	r2 := g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, H * Hd}}, o)
 	g.SetOutput("y", g.Op1("Linear", nil, r2, g.Param("w", ir.Shape{K, H * Hd})))
-	r := rand.New(rand.NewPCG(99, 100))
-	feeds := map[string]*kernels.Tensor{"bias": randTensor(r, ir.Shape{T, T})}
-	for _, name := range []string{"q", "k", "v"} {
-		feeds[name] = randTensor(r, s)
-	}
 	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, H * Hd})}
 	on := runPacked(t, g, GEMMBF16, true, weights, feeds, []string{"o", "y"})
 	off := runPacked(t, g, GEMMBF16, false, weights, feeds, []string{"o", "y"})
