@@ -182,8 +182,10 @@ func TestSimBF16GradientErrors(t *testing.T) {
 // bit whether producers write the bf16 copies their GEMMs read
 // (RPAC_CUDA_PACK, the default: in place of a result only GEMMs read, or
 // beside it, or as their part of a lazy Concat's rows) or the GEMMs
-// convert fp32 values first, and runs fewer conversions with them, on the
-// simulator or a GPU.
+// convert fp32 values first, and whether chains fold the column sums of
+// their results (RPAC_CUDA_SUMS, the default) or reductions read them
+// back; it runs fewer conversions with the copies and fewer column
+// reductions with the folded sums, on the simulator or a GPU.
 func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
@@ -191,9 +193,11 @@ func TestSimPackedStepSameBits(t *testing.T) {
 		loss, ce             float64
 		grads                map[string][]float32
 		conversions, unpacks int // f32_to_bf16_pad_kernel, attn_unpack_bf16
+		colSums, folded      int // reduce_cols_f32, chains folding their column sums
 	}
-	run := func(pack string) result {
+	run := func(pack, sums string) result {
 		t.Setenv("RPAC_CUDA_PACK", pack)
+		t.Setenv("RPAC_CUDA_SUMS", sums)
 		be := parityBackend(t, dev, cuda.GEMMBF16)
 		tr, err := be.StartTrace()
 		if err != nil {
@@ -207,27 +211,41 @@ func TestSimPackedStepSameBits(t *testing.T) {
 				r.conversions++
 			case "attn_unpack_bf16":
 				r.unpacks++
+			case "reduce_cols_f32":
+				r.colSums++
+			case "fused_gen_sum_f32":
+				r.folded++
 			}
 		}
 		return r
 	}
-	on, off := run("on"), run("off")
-	if on.loss != off.loss || on.ce != off.ce {
-		t.Errorf("loss %v, CE %v packed; %v, %v not", on.loss, on.ce, off.loss, off.ce)
-	}
-	for n, g := range off.grads {
-		for i, v := range g {
-			if on.grads[n][i] != v {
-				t.Fatalf("gradient of %s[%d]: %g packed, %g not", n, i, on.grads[n][i], v)
+	off := run("off", "off")
+	same := func(what string, on result) {
+		if on.loss != off.loss || on.ce != off.ce {
+			t.Errorf("%s: loss %v, CE %v; %v, %v with both off", what, on.loss, on.ce, off.loss, off.ce)
+		}
+		for n, g := range off.grads {
+			for i, v := range g {
+				if on.grads[n][i] != v {
+					t.Fatalf("%s: gradient of %s[%d]: %g, %g with both off", what, n, i, on.grads[n][i], v)
+				}
 			}
 		}
 	}
-	t.Logf("conversions per step: %d packed, %d not; attention gradients written into their Concat: %d", on.conversions, off.conversions, on.unpacks)
+	on, packed := run("on", "on"), run("on", "off")
+	same("copies and folded sums", on)
+	same("copies", packed)
+	t.Logf("conversions per step: %d packed, %d not; attention gradients written into their Concat: %d; column reductions %d, %d folded into chains",
+		on.conversions, off.conversions, on.unpacks, on.colSums, on.folded)
 	if on.conversions >= off.conversions {
 		t.Errorf("%d conversions with packing, %d without: no chain packed", on.conversions, off.conversions)
 	}
 	if on.unpacks == 0 || off.unpacks != 0 {
 		t.Errorf("attn_unpack_bf16 ran %d times with packing (want some), %d without (want none)", on.unpacks, off.unpacks)
+	}
+	if on.folded == 0 || packed.folded != 0 || on.colSums+on.folded != packed.colSums {
+		t.Errorf("column sums: %d separate and %d folded, %d folded with RPAC_CUDA_SUMS=off and %d separate; want some folded, the rest separate",
+			on.colSums, on.folded, packed.folded, packed.colSums)
 	}
 }
 

@@ -52,6 +52,9 @@ type Backend struct {
 	// pack: producers write the bf16 copies bf16 GEMMs read
 	// (RPAC_CUDA_PACK, packed.go)
 	pack bool
+	// sums: chains fold the column sums of their results (RPAC_CUDA_SUMS,
+	// chainsum.go)
+	sums bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	sms int
 
@@ -190,12 +193,14 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first (checkEnv)
 	join, _ := joinGradsEnv()
 	pack, _ := packEnv()
+	sums, _ := sumsEnv()
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sms: dev.Info().SMs}
+		pack: pack, sums: sums, sms: dev.Info().SMs}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
-// paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK).
+// paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
+// RPAC_CUDA_SUMS).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
@@ -203,7 +208,10 @@ func checkEnv() error {
 	if _, err := joinGradsEnv(); err != nil {
 		return err
 	}
-	_, err := packEnv()
+	if _, err := packEnv(); err != nil {
+		return err
+	}
+	_, err := sumsEnv()
 	return err
 }
 
@@ -365,6 +373,9 @@ type program struct {
 	twinPool  []pooled
 	twinBytes uint64
 	nodeIndex map[int]int
+	// sums: the reductions the chains making their inputs folded
+	// (reduction node ID → partials, chainsum.go)
+	sums map[int]chainSum
 }
 
 type step struct {

@@ -127,12 +127,28 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 			return nil, err
 		}
 	}
+	var sum chainSum
+	hasSum, skipOut := false, false
+	if packCols == 0 && v.rank() <= 2 {
+		if r, plan, scale, ok := p.foldedSum(n); ok {
+			if sum, hasSum, err = p.foldSum(n, r, plan, scale); err != nil {
+				return nil, err
+			}
+			skipOut = hasSum && !p.keepsF32(n, r)
+		}
+	}
 	bytes := 4 * float64(o.n) // each input read once (a broadcast one stays in cache), the output written
 	switch {
 	case packCols > 0:
 		bytes = 2 * float64(o.n/packCols*bf16LD(packCols))
-	case hasTwin:
+	case skipOut:
+		bytes = 0
+	}
+	if hasTwin {
 		bytes += 2 * float64(o.n)
+	}
+	if hasSum {
+		bytes += float64(sum.part.Bytes)
 	}
 	for _, x := range in {
 		bytes += 4 * float64(x.n)
@@ -148,12 +164,15 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		return k
 	}
 	if !p.be.fusedInterp {
-		c := fusedChain{prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols}
+		c := fusedChain{prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols, skipOut: skipOut}
 		var twinBuf Buffer
 		if hasTwin {
 			c.twinCols, c.twinLD, c.twinOff, twinBuf = lastDim(o.v.Shape), tw.ld, tw.off, tw.buf
 		}
-		return p.buildFusedGen(c, o, twinBuf, in, v, dense, keys)
+		if hasSum {
+			c.sum = sum.plan
+		}
+		return p.buildFusedGen(c, o, twinBuf, sum.part, in, v, dense, keys)
 	}
 	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
 	if err != nil {
@@ -168,7 +187,7 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 
 // buildFusedGen launches the chain's generated kernel (fusedgen.go), which
 // the program's module defines once every node is built (loadGenerated).
-func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf Buffer, in []*dval, v view, dense []int32,
+func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf, part Buffer, in []*dval, v view, dense []int32,
 	keys func() [ir.MaxFusedDraws]uint64) (func() error, error) {
 	c.dense = make([]bool, len(in))
 	for k := range in {
@@ -190,6 +209,9 @@ func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf Buffer, in []*dva
 	for _, x := range in {
 		args = append(args, x.buf.Ptr)
 	}
+	if c.sum.m.C > 0 {
+		args = append(args, part.Ptr)
+	}
 	n := o.n // the threads' items: elements, or groups of eight bf16
 	if c.packCols > 0 {
 		n = o.n / c.packCols * bf16LD(c.packCols) / 8
@@ -201,6 +223,12 @@ func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf Buffer, in []*dva
 		k := keys()
 		for i := range k {
 			args[nk+i] = k[i]
+		}
+		if c.sum.m.C > 0 {
+			if n == 0 {
+				return nil
+			}
+			return p.launch(name, chainSumGrid(c.sum), reduceBlock, 0, args...)
 		}
 		return p.each(name, n, args...)
 	}, nil

@@ -41,17 +41,23 @@ const fusedGenPrefix = "fused_gen_"
 //     calibrate: reported apart for that);
 //   - fusedGenView: a broadcast over three or more collapsed dims (a
 //     division and a remainder per dim), costed like binary_f32, which
-//     reads through a runtime view, until a GPU measures the constant one.
+//     reads through a runtime view, until a GPU measures the constant one;
+//   - fusedGenSum: a chain folding the column sums of its result
+//     (chainsum.go; dense or a two-dim broadcast), in reduce_cols_f32's
+//     layout: costed as a stream, like reduce_cols_f32.
 const (
 	fusedGenDense = "fused_gen_f32"
 	fusedGenBcast = "fused_gen_bcast_f32"
 	fusedGenView  = "fused_gen_view_f32"
+	fusedGenSum   = "fused_gen_sum_f32"
 )
 
 // reportName is the name a launch of kernel name is reported under: the
 // generated chains by kind, every other kernel by its own name.
 func reportName(name string) string {
 	switch {
+	case strings.HasPrefix(name, fusedGenPrefix+"sum_"):
+		return fusedGenSum
 	case strings.HasPrefix(name, fusedGenPrefix+"view_"):
 		return fusedGenView
 	case strings.HasPrefix(name, fusedGenPrefix+"bcast_"):
@@ -81,6 +87,11 @@ type fusedChain struct {
 	// of its rows of twinCols at tw[r·twinLD + twinOff + c] (packed.go's
 	// twins); 0: no copy.
 	twinCols, twinLD, twinOff int
+	// sum: the chain folds the column sums of its result (chainsum.go),
+	// in reduce_cols_f32's layout with sum's chunks, writing partials to
+	// part; skipOut: nothing reads the fp32 result, so it is not written.
+	sum     reducePlan
+	skipOut bool
 }
 
 // source is the chain's kernel. Its parameters: out, the inputs x0.., n,
@@ -99,19 +110,18 @@ func (c fusedChain) source(name string) string {
 	for k := range c.dense {
 		fmt.Fprintf(&b, ", const float* x%d", k)
 	}
+	if c.sum.m.C > 0 {
+		b.WriteString(", double* part")
+	}
 	b.WriteString(", i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
+	if c.sum.m.C > 0 {
+		c.sumBody(&b)
+		return b.String()
+	}
 	if c.packCols == 0 {
 		b.WriteString("    GRID_STRIDE(i, n) {\n")
 		c.body(&b, "        ")
-		fmt.Fprintf(&b, "        out[i] = r%d;\n", c.result())
-		if c.twinCols > 0 {
-			u, suffix := "(i64)i", "ll"
-			if c.idx32 {
-				u, suffix = "(unsigned)i", "u"
-			}
-			fmt.Fprintf(&b, "        tw[(i64)(%s / %d%s) * %dll + %dll + (i64)(%s %% %d%s)] = f32_to_bf16(r%d);\n",
-				u, c.twinCols, suffix, c.twinLD, c.twinOff, u, c.twinCols, suffix, c.result())
-		}
+		c.stores(&b, "        ")
 		b.WriteString("    }\n}\n")
 		return b.String()
 	}
@@ -127,6 +137,51 @@ func (c fusedChain) source(name string) string {
 	b.WriteString("        rpac_bf16x8 v;\n#pragma unroll\n        for (int e = 0; e < 4; e++) v.w[e] = h[2 * e] | (h[2 * e + 1] << 16);\n")
 	b.WriteString("        out[g] = v;\n    }\n}\n")
 	return b.String()
+}
+
+// stores writes the result of element i out: to out[i] (unless skipOut)
+// and, with a twin, as bf16 to its place in tw.
+func (c fusedChain) stores(b *strings.Builder, indent string) {
+	if !c.skipOut {
+		fmt.Fprintf(b, "%sout[i] = r%d;\n", indent, c.result())
+	}
+	if c.twinCols > 0 {
+		u, suffix := "(i64)i", "ll"
+		if c.idx32 {
+			u, suffix = "(unsigned)i", "u"
+		}
+		fmt.Fprintf(b, "%stw[(i64)(%s / %d%s) * %dll + %dll + (i64)(%s %% %d%s)] = f32_to_bf16(r%d);\n",
+			indent, u, c.twinCols, suffix, c.twinLD, c.twinOff, u, c.twinCols, suffix, c.result())
+	}
+}
+
+// sumBody is the kernel body of a chain that folds its column sums:
+// reduce_cols_f32's blocks (of A = 1) and partial sums, over the chain's
+// results instead of a stored x. The launch is sum's first pass grid
+// (chainSumGrid) of reduceBlock threads.
+func (c fusedChain) sumBody(b *strings.Builder) {
+	m := c.sum.m
+	tiles := ceilDiv(m.C, 32)
+	fmt.Fprintf(b, "    __shared__ double sh[RED_ROW_LANES][32];\n")
+	fmt.Fprintf(b, "    i64 t = blockIdx.x %% %d, k = blockIdx.x / %d;\n", tiles, tiles)
+	b.WriteString("    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n")
+	fmt.Fprintf(b, "    i64 col = t * 32 + tx, lo = k * %dll, hi = lo + %dll < %dll ? lo + %dll : %dll;\n",
+		c.sum.chunk, c.sum.chunk, m.R, c.sum.chunk, m.R)
+	b.WriteString("    double s = 0.0;\n")
+	fmt.Fprintf(b, "    if (col < %d) {\n", m.C)
+	fmt.Fprintf(b, "        for (i64 row = lo + ty; row < hi; row += RED_ROW_LANES) {\n            i64 i = row * %dll + col;\n", m.C)
+	c.body(b, "            ")
+	c.stores(b, "            ")
+	fmt.Fprintf(b, "            s += r%d;\n        }\n    }\n", c.result())
+	b.WriteString("    sh[ty][tx] = s;\n    __syncthreads();\n")
+	b.WriteString("    for (int h = RED_ROW_LANES / 2; h > 0; h >>= 1) {\n        if (ty < h) sh[ty][tx] += sh[ty + h][tx];\n        __syncthreads();\n    }\n")
+	fmt.Fprintf(b, "    if (ty != 0 || col >= %d) return;\n    part[col * %dll + k] = sh[0][tx];\n}\n", m.C, c.sum.chunks)
+}
+
+// chainSumGrid is the grid of a chain folding the column sums of plan:
+// reduce_cols_f32's (A = 1).
+func chainSumGrid(plan reducePlan) [3]uint32 {
+	return [3]uint32{uint32(plan.chunks * ceilDiv(plan.m.C, 32)), 1, 1}
 }
 
 // body writes the chain's statements for element i: the inputs read into
@@ -211,10 +266,12 @@ func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
 // equal chains share one kernel within and across programs.
 func (c fusedChain) name() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
-		c.twinCols, c.twinLD, c.twinOff)
+	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
+		c.twinCols, c.twinLD, c.twinOff, c.sum, c.skipOut)
 	kind := ""
 	switch r := c.view.rank(); {
+	case c.sum.m.C > 0:
+		kind = "sum_"
 	case r > 2:
 		kind = "view_"
 	case r > 0:

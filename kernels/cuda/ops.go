@@ -137,24 +137,21 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 			return nil, err
 		}
 		return p.gatherView(v, in[0], out[0])
-	case "SumTo":
-		red, err := sumToAxes(in[0].v.Shape, ir.Shape(a.Ints("shape")))
+	case "SumTo", "ReduceSum", "ReduceMean":
+		if s, ok := p.sums[n.ID]; ok { // the chain making the input summed it (chainsum.go)
+			return s.finish(p, out[0]), nil
+		}
+		red, mean, err := reductionOf(n, in[0].v.Shape)
 		if err != nil {
 			return nil, err
 		}
-		return p.reduce(in[0], out[0], red, false)
+		return p.reduce(in[0], out[0], red, mean)
 	case "SumToProduct":
 		red, err := sumToAxes(in[0].v.Shape, ir.Shape(a.Ints("shape")))
 		if err != nil {
 			return nil, err
 		}
 		return p.reduceProduct(in[0], in[1], out[0], red, false)
-	case "ReduceSum", "ReduceMean":
-		red, err := reduceAxes(in[0].v.Shape, a.Ints("axes"))
-		if err != nil {
-			return nil, err
-		}
-		return p.reduce(in[0], out[0], red, n.Op == "ReduceMean")
 	case "Linear":
 		return p.buildLinear(in, out)
 	case "LinearGradX":
@@ -328,6 +325,27 @@ func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, err
 	}, nil
 }
 
+// reductionOf is what reduction node n (SumTo, ReduceSum, ReduceMean)
+// does to an input of shape x: the axes it sums, and whether it takes
+// their mean.
+func reductionOf(n *ir.Node, x ir.Shape) (red []bool, mean bool, err error) {
+	if n.Op == "SumTo" {
+		red, err = sumToAxes(x, ir.Shape(n.Attrs.Ints("shape")))
+		return red, false, err
+	}
+	red, err = reduceAxes(x, n.Attrs.Ints("axes"))
+	return red, n.Op == "ReduceMean", err
+}
+
+// reduceScale is what a reduction of nred terms scales its sums by: 1, or
+// a mean's 1/nred.
+func reduceScale(nred int, mean bool) float32 {
+	if !mean {
+		return 1
+	}
+	return float32(1 / float64(nred))
+}
+
 // reduce sums x over the marked axes into o (scaled to a mean when asked):
 // a two-pass reduction when the axes are the middle axis of a row-major
 // [A, R, C], two of them when they are the outer and inner axes of an
@@ -347,10 +365,7 @@ func (p *program) reduceProduct(x, y, o *dval, red []bool, mean bool) (func() er
 	if nout := x.n / max(1, nred); nout != o.n {
 		return nil, fmt.Errorf("reduction of %v gives %d elements, output %v has %d", x.v.Shape, nout, o.v.Shape, o.n)
 	}
-	scale := float32(1)
-	if mean {
-		scale = float32(1 / float64(nred))
-	}
+	scale := reduceScale(nred, mean)
 	yp := func() uint64 {
 		if y == nil {
 			return 0

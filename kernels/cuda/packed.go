@@ -49,22 +49,12 @@ func (p *program) gemmReads(v *ir.Value, dyOnly bool) (gemm, other, last int) {
 			other++
 		}
 	}
-	cols := lastDim(v.Shape)
 	for k, m := range p.g.Nodes {
 		for i, x := range m.Inputs {
 			if x != v {
 				continue
 			}
-			if !operandSlot(m.Op, i, dyOnly) {
-				other++
-				continue
-			}
-			s, _ := gemmShapeOf(m.Op, m.Inputs)
-			r, c := s.storedA()
-			if i == 1 {
-				r, c = s.storedB()
-			}
-			if !p.bf16GEMM(s) || c != cols || r*c != v.Shape.Numel() {
+			if !p.bf16Operand(m, i, v, dyOnly) {
 				other++
 				continue
 			}
@@ -72,6 +62,20 @@ func (p *program) gemmReads(v *ir.Value, dyOnly bool) (gemm, other, last int) {
 		}
 	}
 	return gemm, other, last
+}
+
+// bf16Operand: input i of node m, value v, is a read gemmReads counts as
+// a bf16 GEMM's.
+func (p *program) bf16Operand(m *ir.Node, i int, v *ir.Value, dyOnly bool) bool {
+	if !operandSlot(m.Op, i, dyOnly) {
+		return false
+	}
+	s, _ := gemmShapeOf(m.Op, m.Inputs)
+	r, c := s.storedA()
+	if i == 1 {
+		r, c = s.storedB()
+	}
+	return p.bf16GEMM(s) && c == lastDim(v.Shape) && r*c == v.Shape.Numel()
 }
 
 // bf16Candidate: v is an fp32 intermediate of rows of at least 8 elements

@@ -95,19 +95,25 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// TestPackEnv: RPAC_CUDA_PACK takes on, off or nothing; any other value
-// is refused by the dry run with the variable named.
+// TestPackEnv: RPAC_CUDA_PACK and RPAC_CUDA_SUMS take on, off or nothing;
+// any other value is refused by the dry run with the variable named.
 func TestPackEnv(t *testing.T) {
-	for v, want := range map[string]bool{"": true, "on": true, "off": false} {
-		t.Setenv("RPAC_CUDA_PACK", v)
-		be, err := NewDryRun(GEMMBF16)
-		if err != nil || be.pack != want {
-			t.Errorf("%q: dry run %v, pack %v; want %v", v, err, be != nil && be.pack, want)
+	for name, flag := range map[string]func(*Backend) bool{
+		"RPAC_CUDA_PACK": func(b *Backend) bool { return b.pack },
+		"RPAC_CUDA_SUMS": func(b *Backend) bool { return b.sums },
+	} {
+		for v, want := range map[string]bool{"": true, "on": true, "off": false} {
+			t.Setenv(name, v)
+			be, err := NewDryRun(GEMMBF16)
+			if err != nil || flag(be) != want {
+				t.Errorf("%s=%q: dry run %v, flag %v; want %v", name, v, err, be != nil && flag(be), want)
+			}
 		}
-	}
-	t.Setenv("RPAC_CUDA_PACK", "yes")
-	if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_PACK") {
-		t.Errorf("yes: %v, want a refusal naming RPAC_CUDA_PACK", err)
+		t.Setenv(name, "yes")
+		if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=yes: %v, want a refusal naming it", name, err)
+		}
+		t.Setenv(name, "")
 	}
 }
 
@@ -201,7 +207,10 @@ func TestTwinPool(t *testing.T) {
 type packRun struct {
 	outs                map[string][]float32
 	packed, twins, cats int // values packed, given twins, lazy Concats converted from their parts
-	launches            map[string]int
+	// sums: reductions folded into chains; unwritten: chains folding a
+	// sum that write no fp32 result
+	sums, unwritten int
+	launches        map[string]int
 }
 
 // runPacked compiles g with GEMM precision prec and packing as asked over
@@ -210,6 +219,13 @@ func runPacked(t *testing.T, g *ir.Graph, prec GEMMPrecision, pack bool, weights
 	t.Helper()
 	be := gpuBackend(t, prec)
 	be.pack = pack
+	return runOn(t, be, g, weights, feeds, names)
+}
+
+// runOn compiles g on be over weights, runs it once on feeds and reads the
+// named outputs.
+func runOn(t *testing.T, be *Backend, g *ir.Graph, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
+	t.Helper()
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +245,12 @@ func runPacked(t *testing.T, g *ir.Graph, prec GEMMPrecision, pack bool, weights
 	}
 	prog := p.(*program)
 	res := packRun{outs: map[string][]float32{}, packed: len(prog.packed), twins: len(prog.twins), cats: len(prog.cats),
-		launches: map[string]int{}}
+		sums: len(prog.sums), launches: map[string]int{}}
+	for name, src := range prog.gen {
+		if reportName(name) == fusedGenSum && !strings.Contains(src, "out[i] =") {
+			res.unwritten++
+		}
+	}
 	for _, name := range names {
 		res.outs[name] = append([]float32(nil), p.Output(name).F32...)
 	}

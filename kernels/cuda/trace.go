@@ -380,7 +380,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 4*a.i("rows")*a.i("cols") + 2*a.i("rows")*a.i("ld")
 	case "grad_unary_f32", "binary_f32", "binary_dense_f32", "zscore_bwd_f32", "axpy_acc_f32", "ema_f32":
 		e.Bytes = 3 * w * n
-	case fusedGenDense, fusedGenBcast, fusedGenView:
+	case fusedGenDense, fusedGenBcast, fusedGenView, fusedGenSum:
 		// the backend states the inputs' sizes (costHinter); without
 		// that, one input and the output
 		e.Bytes = 2 * w * n

@@ -1668,7 +1668,8 @@ EXPORT long rpacsim_config(const char* key, long v) {
 
 // rpacsim_stat reads a counter: "allocs" (live allocations), "alloc_bytes",
 // "launches", "blocks", "gemms", "diff_launches" ("diff:NAME": those of
-// kernel NAME), "cubin_loads" and
+// kernel NAME; "diff:PREFIX*": of every kernel whose name starts with
+// PREFIX), "cubin_loads" and
 // "ptx_loads" (modules loaded from each), "sticky" (the sticky error code),
 // "lt_descs", "lt_layouts" (cuBLASLt matmul descriptors and matrix layouts
 // created), "lt_live" (descriptors and layouts not yet destroyed) and
@@ -1684,7 +1685,15 @@ EXPORT long rpacsim_stat(const char* key) {
     if (k == "diff_launches") return stat_diff_launches.load();
     if (k.rfind("diff:", 0) == 0) {
         std::lock_guard<std::mutex> dl(stat_diff_mu);
-        auto it = stat_diff_by_kernel.find(k.substr(5));
+        std::string name = k.substr(5);
+        if (!name.empty() && name.back() == '*') {  // every kernel whose name starts so
+            name.pop_back();
+            long n = 0;
+            for (auto& [kernel, c] : stat_diff_by_kernel)
+                if (kernel.rfind(name, 0) == 0) n += c;
+            return n;
+        }
+        auto it = stat_diff_by_kernel.find(name);
         return it == stat_diff_by_kernel.end() ? 0 : it->second;
     }
     if (k == "cubin_loads") return stat_cubin_loads.load();

@@ -1,0 +1,152 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
+)
+
+// chainSumGraph has the reads a chain's column sum comes with in a train
+// step, over rows of B·T:
+//   - h = dropout(GELU(a + b)) [B,T,N], read by a Linear and summed to [N]
+//     (a bias gradient beside a GEMM: the chain writes the bf16 copy and
+//     the sum, no fp32 result);
+//   - h2 = 0.75·a2 + 0.125 [B,T,M], its mean over B and T taken and the
+//     value a graph output too (the fp32 result stays);
+//   - h3 = a3·gate, gate [B,T,1] broadcast (a two-dim view), only summed;
+//   - parts c_i = 0.5·u_i − 0.25 [B·T, w_i], each summed and joined by a
+//     lazy Concat into two GEMMs (the Concat's columns and the sums);
+//   - h4 = a3 − 1, summed over its last axis only (a row sum: not folded);
+//   - e = 2·s [5,7,9] summed over its first two axes (35 rows: one chunk).
+func chainSumGraph(B, T, N, M, K int, widths []int) *ir.Graph {
+	g := ir.New("chain-sums")
+	chain := func(shape []int, body ir.FusedBody, in ...*ir.Value) *ir.Value {
+		return g.Op1("FusedElementwise", ir.Attrs{"shape": shape, "body": body}, in...)
+	}
+	scale := func(alpha, beta float64) ir.FusedBody {
+		return ir.FusedBody{{Op: "Scale", Attrs: ir.Attrs{"alpha": alpha, "beta": beta}, Args: []int{0}}}
+	}
+	a := g.Input("a", ir.Shape{B, T, N}, ir.F32)
+	h := chain([]int{B, T, N}, ir.FusedBody{
+		{Op: "Add", Args: []int{0, 1}},
+		{Op: "GELU", Args: []int{2}},
+		{Op: "Dropout", Attrs: ir.Attrs{"p": 0.2, "stream": 3}, Args: []int{3}},
+	}, a, g.Input("b", ir.Shape{N}, ir.F32))
+	g.SetOutput("y", g.Op1("Linear", nil, h, g.Param("w", ir.Shape{K, N})))
+	g.SetOutput("sh", g.Op1("SumTo", ir.Attrs{"shape": []int{N}}, h))
+
+	h2 := chain([]int{B, T, M}, scale(0.75, 0.125), g.Input("a2", ir.Shape{B, T, M}, ir.F32))
+	g.SetOutput("mh2", g.Op1("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, h2))
+	g.SetOutput("h2", h2)
+
+	a3 := g.Input("a3", ir.Shape{B, T, M}, ir.F32)
+	h3 := chain([]int{B, T, M}, ir.FusedBody{{Op: "Mul", Args: []int{0, 1}}}, a3, g.Input("gate", ir.Shape{B, T, 1}, ir.F32))
+	g.SetOutput("sh3", g.Op1("ReduceSum", ir.Attrs{"axes": []int{0, 1}}, h3))
+	h4 := chain([]int{B, T, M}, scale(1, -1), a3)
+	g.SetOutput("sh4", g.Op1("ReduceSum", ir.Attrs{"axes": []int{2}}, h4))
+
+	var parts []*ir.Value
+	for i, w := range widths {
+		c := chain([]int{B * T, w}, scale(0.5, -0.25), g.Input(string(rune('u'+i)), ir.Shape{B * T, w}, ir.F32))
+		g.SetOutput("sc"+string(rune('0'+i)), g.Op1("SumTo", ir.Attrs{"shape": []int{w}}, c))
+		parts = append(parts, c)
+	}
+	addJoinedGrads(g, g.Input("x", ir.Shape{B * T, K}, ir.F32), parts, true)
+
+	e := chain([]int{5, 7, 9}, scale(2, 0), g.Input("s", ir.Shape{5, 7, 9}, ir.F32))
+	g.SetOutput("se", g.Op1("SumTo", ir.Attrs{"shape": []int{9}}, e))
+	return g
+}
+
+// TestGPUChainSums: a chain whose result a SumTo, ReduceSum or ReduceMean
+// sums over all its rows folds that sum (reduce_cols_f32 does not run for
+// it), writes no fp32 result where only the sum and its bf16 copy's GEMMs
+// read it, and every output equals the run with separate reductions bit
+// for bit (sums over 201 rows in four chunks and over 35 in one; a mean;
+// a two-dim broadcast; Concat parts; a row sum left alone). The sums of
+// the affine chains match a float64 reference. On the simulator all of it
+// again in differential mode.
+func TestGPUChainSums(t *testing.T) {
+	differentially(t, []string{fusedGenPrefix + "sum_*"}, func() { chainSums(t) })
+}
+
+func chainSums(t *testing.T) {
+	const B, T, N, M, K = 3, 67, 37, 40, 21
+	widths := []int{13, 30}
+	r := rand.New(rand.NewPCG(101, 102))
+	feeds := map[string]*kernels.Tensor{}
+	for name, s := range map[string]ir.Shape{"a": {B, T, N}, "b": {N}, "a2": {B, T, M}, "a3": {B, T, M}, "gate": {B, T, 1},
+		"x": {B * T, K}, "s": {5, 7, 9}} {
+		feeds[name] = randTensor(r, s)
+	}
+	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, N})}
+	for i, w := range widths {
+		feeds[string(rune('u'+i))] = randTensor(r, ir.Shape{B * T, w})
+		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{w, K})
+	}
+	names := []string{"y", "sh", "mh2", "h2", "sh3", "sh4", "sc0", "sc1", "dw", "dx", "se"}
+	run := func(sums bool) packRun {
+		be := gpuBackend(t, GEMMBF16)
+		be.sums = sums
+		return runOn(t, be, chainSumGraph(B, T, N, M, K, widths), weights, feeds, names)
+	}
+	on, off := run(true), run(false)
+	// h, h2, h3, both parts, e; h4's row sum stays
+	if on.sums != 6 || off.sums != 0 {
+		t.Fatalf("%d sums folded (want 6), %d with folding off (want 0)", on.sums, off.sums)
+	}
+	if on.unwritten != 5 { // all but h2, a graph output
+		t.Errorf("%d folding chains write no fp32 result, want 5", on.unwritten)
+	}
+	if rc := "reduce_cols_f32"; on.launches[rc] != 0 || off.launches[rc] != 6 {
+		t.Errorf("reduce_cols_f32: %d launches folded (want 0), %d separate (want 6)", on.launches[rc], off.launches[rc])
+	}
+	if on.launches["reduce_rows_f32"] != off.launches["reduce_rows_f32"] || on.launches[fusedGenSum] != 6 {
+		t.Errorf("row sums %d and %d, folding chains %d; want equal row sums and 6 chains", on.launches["reduce_rows_f32"],
+			off.launches["reduce_rows_f32"], on.launches[fusedGenSum])
+	}
+	if on.twins != 2 { // h's copy, the Concat's rows
+		t.Errorf("%d bf16 copies, want 2", on.twins)
+	}
+	sameOutputs(t, "folded sums", on, off)
+
+	mean := make([]float64, M) // h2's mean over B·T rows, as float32 elements
+	for i, v := range feeds["a2"].F32 {
+		mean[i%M] += float64(0.75*v+0.125) / (B * T)
+	}
+	closeTo(t, "mh2", on.outs["mh2"], mean, 1e-5)
+	se := make([]float64, 9)
+	for i, v := range feeds["s"].F32 {
+		se[i%9] += float64(2 * v)
+	}
+	closeTo(t, "se", on.outs["se"], se, 1e-5)
+}
+
+// TestChainSumSource: a folding chain's kernel is reduce_cols_f32's block
+// over its rows (the chunk bounds and the partials' layout as constants),
+// writes out[i] only when asked and names itself as a folding chain.
+func TestChainSumSource(t *testing.T) {
+	plan := planReduce(midAxis{A: 1, R: 201, C: 37})
+	c := fusedChain{dense: []bool{true}, idx32: true, prog: []int32{int32(fusedUnary), uCopy, 0, 0}, params: make([]float32, 3), sum: plan}
+	name := c.name()
+	if reportName(name) != fusedGenSum {
+		t.Errorf("%s reported as %s, want %s", name, reportName(name), fusedGenSum)
+	}
+	src := c.source(name)
+	for _, want := range []string{"double* part", "i64 t = blockIdx.x % 2, k = blockIdx.x / 2;", "lo = k * 64ll",
+		"i64 i = row * 37ll + col;", "out[i] = r1;", "s += r1;", "part[col * 4ll + k] = sh[0][tx];"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("source lacks %q:\n%s", want, src)
+		}
+	}
+	c.skipOut = true
+	if src := c.source(c.name()); strings.Contains(src, "out[i] =") || c.name() == name {
+		t.Errorf("skipOut: the source writes out[i] or keeps the name %s", name)
+	}
+	if g := chainSumGrid(plan); g[0] != 8 {
+		t.Errorf("grid %v, want 8 blocks (4 chunks × 2 column tiles)", g)
+	}
+}
