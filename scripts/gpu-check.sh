@@ -44,7 +44,8 @@
 #            tiny presets, the paper step again with flash.cu's attention
 #            (RPAC_CUDA_ATTENTION=flash), without the joined sibling
 #            gradients (RPAC_CUDA_JOIN=off), with every chain's result in
-#            fp32 (RPAC_CUDA_PACK=off) and with the chain interpreter
+#            fp32 (RPAC_CUDA_PACK=off), with the bias gradients' column
+#            sums apart from their chains (RPAC_CUDA_SUMS=off) and with the chain interpreter
 #            (RPAC_CUDA_FUSED=interp), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
@@ -167,6 +168,8 @@ if want predict; then
 	check predict-paper-unjoined env RPAC_CUDA_JOIN=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# chains whose results only bf16 GEMMs read writing them in fp32, converted before each GEMM, to compare
 	check predict-paper-unpacked env RPAC_CUDA_PACK=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
+	# bias gradients as separate column sums (reduce_cols_f32) instead of folded into their chains, to compare
+	check predict-paper-unsummed env RPAC_CUDA_SUMS=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain
@@ -212,7 +215,7 @@ if want profile; then
 	if [[ -n "$ncu" ]]; then
 		# LABEL=REGEX of the kernel names (the generated chains have hashed names)
 		for lk in attn_softmax_fwd_f32=attn_softmax_fwd_f32 attn_softmax_bwd_f32=attn_softmax_bwd_f32 \
-			fused_gen_bcast=fused_gen_bcast_ 'fused_gen_dense=fused_gen_[0-9a-f]' \
+			fused_gen_bcast=fused_gen_bcast_ 'fused_gen_dense=fused_gen_[0-9a-f]' fused_gen_sum=fused_gen_sum_ \
 			softmax_ce_fused_f32=softmax_ce_fused_f32; do
 			k="${lk%%=*}"
 			check "profile-$k" "$ncu" --clock-control none -k "regex:^${lk#*=}" -c 1 --section SpeedOfLight --section Occupancy \

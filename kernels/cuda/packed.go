@@ -292,8 +292,9 @@ func (p *program) placeConcat(c *ir.Node, o *ir.Value, first int) (twin, bool, e
 	return p.parts[o.ID], true, nil
 }
 
-// twinBuffer is a buffer of bytes for a copy written at node index first
-// and read last at node index last: one of the pool's of that size free by
+// twinBuffer is a buffer of bytes for a copy (or a folded column sum's
+// partials, chainsum.go) written at node index first and read last at
+// node index last: one of the pool's of that size free by
 // then, or a new one while the pool stays within twinPoolBytes (ok is
 // false past that).
 func (p *program) twinBuffer(bytes uint64, first, last int) (Buffer, bool, error) {
