@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -126,8 +127,9 @@ func chainSums(t *testing.T) {
 }
 
 // TestChainSumSource: a folding chain's kernel is reduce_cols_f32's block
-// over its rows (the chunk bounds and the partials' layout as constants),
-// writes out[i] only when asked and names itself as a folding chain.
+// over its rows (the chunk bounds and the partials' layout as constants;
+// RED_AHEAD rows' inputs loaded before they are used), writes out[i] only
+// when asked and names itself as a folding chain.
 func TestChainSumSource(t *testing.T) {
 	plan := planReduce(midAxis{A: 1, R: 201, C: 37})
 	c := fusedChain{dense: []bool{true}, idx32: true, prog: []int32{int32(fusedUnary), uCopy, 0, 0}, params: make([]float32, 3), sum: plan}
@@ -137,7 +139,8 @@ func TestChainSumSource(t *testing.T) {
 	}
 	src := c.source(name)
 	for _, want := range []string{"double* part", "i64 t = blockIdx.x % 2, k = blockIdx.x / 2;", "lo = k * 64ll",
-		"i64 i = row * 37ll + col;", "out[i] = r1;", "s += r1;", "part[col * 4ll + k] = sh[0][tx];"} {
+		"row0 += RED_ROW_LANES * RED_AHEAD", "i = row * 37ll + col;", "in0[u] = x0[i];", "float r0 = in0[u];", "out[i] = r1;",
+		"s += r1;", "part[col * 4ll + k] = sh[0][tx];"} {
 		if !strings.Contains(src, want) {
 			t.Errorf("source lacks %q:\n%s", want, src)
 		}
@@ -148,5 +151,53 @@ func TestChainSumSource(t *testing.T) {
 	}
 	if g := chainSumGrid(plan); g[0] != 8 {
 		t.Errorf("grid %v, want 8 blocks (4 chunks × 2 column tiles)", g)
+	}
+}
+
+// TestChainSumCompiles: folding chains (dense; a per-row broadcast input
+// with dropout, a twin and no fp32 result) compile with NVRTC for
+// compute_80, compute_90 and sm_90, where ptxas reports no stack frame and
+// no spills (registers logged).
+func TestChainSumCompiles(t *testing.T) {
+	n := nvrtcOrSkip(t)
+	if n.Simulated() {
+		t.Skip("the simulator's NVRTC writes no PTX (TestGPUChainSums runs these kernels there)")
+	}
+	const R, C = 24576, 1020
+	plan := planReduce(midAxis{A: 1, R: R, C: C})
+	dense := fusedChain{dense: []bool{true, true}, idx32: true, sum: plan,
+		prog:   []int32{int32(fusedBinary), binaryCode["Mul"], 0, 1, int32(fusedUnary), uCopy, 2, 0},
+		params: make([]float32, 6)}
+	thresh, scale := dropoutThreshold(0.1)
+	bcast := fusedChain{dense: []bool{true, false}, idx32: true, sum: plan, skipOut: true, twinCols: C, twinLD: bf16LD(C),
+		view:   view{dims: []int64{R, C}, strides: [][]int64{{C, 1}, {1, 0}}},
+		prog:   []int32{int32(fusedBinary), binaryCode["Add"], 0, 1, int32(fusedDraw), 0, 2, 0},
+		params: []float32{0, 0, 0, scale, math.Float32frombits(uint32(thresh)), 0}}
+	kernels := map[string]string{}
+	for _, c := range []fusedChain{dense, bcast} {
+		kernels[c.name()] = c.source(c.name())
+	}
+	src, err := fusedModule(kernels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, arch := range []string{"compute_80", "compute_90"} {
+		if _, err := n.CompilePTX("fused_gen.cu", src, arch); err != nil {
+			t.Fatalf("%s: %v\n%s", arch, err, src[strings.Index(src, "#line 1 \"fused_gen.cu\""):])
+		}
+	}
+	_, log, err := n.cubin("fused_gen.cu", src, "sm_90", []string{"--ptxas-options=-v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := parsePtxasReport(log)
+	if err != nil || len(res) != 2 {
+		t.Fatalf("ptxas report: %d kernels, %v", len(res), err)
+	}
+	for _, r := range res {
+		t.Log(r)
+		if r.StackBytes != 0 || r.SpillStores != 0 || r.SpillLoads != 0 {
+			t.Errorf("%v: a stack frame or spills", r)
+		}
 	}
 }

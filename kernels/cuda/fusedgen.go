@@ -169,10 +169,26 @@ func (c fusedChain) sumBody(b *strings.Builder) {
 		c.sum.chunk, c.sum.chunk, m.R, c.sum.chunk, m.R)
 	b.WriteString("    double s = 0.0;\n")
 	fmt.Fprintf(b, "    if (col < %d) {\n", m.C)
-	fmt.Fprintf(b, "        for (i64 row = lo + ty; row < hi; row += RED_ROW_LANES) {\n            i64 i = row * %dll + col;\n", m.C)
-	c.body(b, "            ")
-	c.stores(b, "            ")
-	fmt.Fprintf(b, "            s += r%d;\n        }\n    }\n", c.result())
+	// RED_AHEAD rows' inputs loaded before any is used, so that many
+	// loads are in flight per thread (reduce_cols_f32 does the same),
+	// then each row's steps, stores and term in row order
+	b.WriteString("        for (i64 row0 = lo + ty; row0 < hi; row0 += RED_ROW_LANES * RED_AHEAD) {\n")
+	for k := range c.dense {
+		fmt.Fprintf(b, "            float in%d[RED_AHEAD];\n", k)
+	}
+	b.WriteString("#pragma unroll\n            for (int u = 0; u < RED_AHEAD; u++) {\n")
+	fmt.Fprintf(b, "                i64 row = row0 + u * RED_ROW_LANES, i = row * %dll + col;\n                if (row >= hi) break;\n", m.C)
+	for k := range c.dense {
+		fmt.Fprintf(b, "                in%d[u] = %s;\n", k, c.load(k))
+	}
+	b.WriteString("            }\n#pragma unroll\n            for (int u = 0; u < RED_AHEAD; u++) {\n")
+	fmt.Fprintf(b, "                i64 row = row0 + u * RED_ROW_LANES, i = row * %dll + col;\n                if (row >= hi) break;\n", m.C)
+	for k := range c.dense {
+		fmt.Fprintf(b, "                float r%d = in%d[u];\n", k, k)
+	}
+	c.steps(b, "                ")
+	c.stores(b, "                ")
+	fmt.Fprintf(b, "                s += r%d;\n            }\n        }\n    }\n", c.result())
 	b.WriteString("    sh[ty][tx] = s;\n    __syncthreads();\n")
 	b.WriteString("    for (int h = RED_ROW_LANES / 2; h > 0; h >>= 1) {\n        if (ty < h) sh[ty][tx] += sh[ty + h][tx];\n        __syncthreads();\n    }\n")
 	fmt.Fprintf(b, "    if (ty != 0 || col >= %d) return;\n    part[col * %dll + k] = sh[0][tx];\n}\n", m.C, c.sum.chunks)
@@ -187,13 +203,23 @@ func chainSumGrid(plan reducePlan) [3]uint32 {
 // body writes the chain's statements for element i: the inputs read into
 // r0.., then each step into the next register.
 func (c fusedChain) body(b *strings.Builder, indent string) {
-	for k, d := range c.dense {
-		if d {
-			fmt.Fprintf(b, "%sfloat r%d = x%d[i];\n", indent, k, k)
-		} else {
-			fmt.Fprintf(b, "%sfloat r%d = x%d[%s];\n", indent, k, k, c.offset(k))
-		}
+	for k := range c.dense {
+		fmt.Fprintf(b, "%sfloat r%d = %s;\n", indent, k, c.load(k))
 	}
+	c.steps(b, indent)
+}
+
+// load is input k's value at element i.
+func (c fusedChain) load(k int) string {
+	if c.dense[k] {
+		return fmt.Sprintf("x%d[i]", k)
+	}
+	return fmt.Sprintf("x%d[%s]", k, c.offset(k))
+}
+
+// steps writes the chain's steps, each into the register after the
+// inputs' r0...
+func (c fusedChain) steps(b *strings.Builder, indent string) {
 	nin := len(c.dense)
 	for j := 0; j < len(c.prog)/4; j++ {
 		s, q := c.prog[4*j:4*j+4], c.params[3*j:3*j+3]

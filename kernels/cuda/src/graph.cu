@@ -128,7 +128,19 @@ extern "C" __global__ void reduce_cols_f32(float* out, double* part, const float
     double s = 0.0;
     if (c < C) {
         i64 base = a * R * C + c;
-        for (i64 r = lo + ty; r < hi; r += RED_ROW_LANES) s += red_term(x, y, base + r * C);
+        // RED_AHEAD rows' terms loaded at once (that many loads in flight
+        // per thread), then added in row order
+        for (i64 r0 = lo + ty; r0 < hi; r0 += RED_ROW_LANES * RED_AHEAD) {
+            float v[RED_AHEAD];
+#pragma unroll
+            for (int u = 0; u < RED_AHEAD; u++) {
+                i64 r = r0 + u * RED_ROW_LANES;
+                v[u] = r < hi ? red_term(x, y, base + r * C) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < RED_AHEAD; u++)
+                if (r0 + u * RED_ROW_LANES < hi) s += v[u];
+        }
     }
     sh[ty][tx] = s;
     __syncthreads();
