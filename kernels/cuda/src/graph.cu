@@ -102,7 +102,18 @@ extern "C" __global__ void reduce_rows_f32(float* out, double* part, const float
     i64 a = w / chunks, lo = (w - a * chunks) * chunk;
     i64 hi = lo + chunk < R ? lo + chunk : R;
     double s = 0.0;
-    for (i64 i = lo + (threadIdx.x & 31); i < hi; i += 32) s += red_term(x, y, a * R + i);
+    // RED_AHEAD terms per lane loaded at once, then added in order
+    for (i64 i0 = lo + (threadIdx.x & 31); i0 < hi; i0 += 32 * RED_AHEAD) {
+        float v[RED_AHEAD];
+#pragma unroll
+        for (int u = 0; u < RED_AHEAD; u++) {
+            i64 i = i0 + u * 32;
+            v[u] = i < hi ? red_term(x, y, a * R + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < RED_AHEAD; u++)
+            if (i0 + u * 32 < hi) s += v[u];
+    }
     s = warp_sum_d(s);
     if ((threadIdx.x & 31) != 0) return;
     if (part) part[w] = s;

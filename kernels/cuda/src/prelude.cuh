@@ -77,7 +77,7 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 // Two-pass reductions (graph.cu, paper.cu): the first pass writes partials
 // in double, the second sums each output's partials in a fixed tree.
 #define RED_ROW_LANES 8  // row lanes of reduce_cols_f32's 256-thread blocks
-#define RED_AHEAD 4      // rows whose loads a column-sum thread issues at once
+#define RED_AHEAD 4      // terms whose loads a reduction thread issues at once
 
 // warp_sum_d: the warp's sum in lane 0, in a fixed shuffle tree.
 __device__ __forceinline__ double warp_sum_d(double v) {
