@@ -46,10 +46,14 @@
 #            gradients (RPAC_CUDA_JOIN=off), with every chain's result in
 #            fp32 (RPAC_CUDA_PACK=off), with the bias gradients' column
 #            sums apart from their chains (RPAC_CUDA_SUMS=off) and with the chain interpreter
-#            (RPAC_CUDA_FUSED=interp), and rpac bench gemm-algos on the paper
+#            (RPAC_CUDA_FUSED=interp), with every GEMM plan's candidates
+#            timed and the fastest taken (RPAC_CUDA_GEMM_TUNE, the choices
+#            printed), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each);
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
-#            bf16 and fp32, and the fuzzy bf16 step with flash.cu's attention;
+#            bf16 and fp32, the fuzzy bf16 step with flash.cu's attention, and
+#            with each GEMM's cuBLASLt candidates timed and the fastest taken
+#            (RPAC_CUDA_GEMM_TUNE, the choices printed);
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
 #            paper step's costliest kernels (a generated elementwise chain
 #            of each kind among them): speed of light, occupancy,
@@ -161,6 +165,10 @@ if want predict; then
 	*) machine=h100 ;;
 	esac
 	check predict-paper bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --gemm-shapes 24 --preset paper --context 768
+	# the same GEMMs with each plan's cuBLASLt candidates timed and the fastest taken (gemmtune.go), and the choices
+	check predict-paper-tuned env RPAC_CUDA_GEMM_ALGOS="$work/gemm-algos.json" RPAC_CUDA_GEMM_TUNE=1 \
+		bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 24 --preset paper --context 768
+	check gemm-choices cat "$work/gemm-algos.json"
 	check predict-tiny bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 0 --preset tiny
 	# the attention on flash.cu's kernels instead of the GEMM path, to compare
 	check predict-paper-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
@@ -207,6 +215,9 @@ if want bench; then
 		done
 	done
 	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
+	# with each GEMM plan's cuBLASLt candidates timed (in the warm-up step; those of T = 768 already chosen) and the fastest taken
+	check bench-paper-fuzzy-bf16-tuned env RPAC_CUDA_GEMM_ALGOS="$work/gemm-algos.json" RPAC_CUDA_GEMM_TUNE=1 \
+		bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 fi
 
 # Nsight Compute, one launch of each kernel (a paper step each).

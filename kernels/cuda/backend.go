@@ -186,7 +186,11 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBackend(&gpu{ctx: c, blas: b, nv: n, syncEach: os.Getenv("RPAC_CUDA_SYNC") == "1"}, gemm), nil
+	choices, err := gemmChooserEnv(c.Dev.Name + " " + c.Dev.SM)
+	if err != nil {
+		return nil, err
+	}
+	return newBackend(&gpu{ctx: c, blas: b, nv: n, syncEach: os.Getenv("RPAC_CUDA_SYNC") == "1", choices: choices}, gemm), nil
 }
 
 func newBackend(dev device, gemm GEMMPrecision) *Backend {
@@ -200,7 +204,7 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
-// RPAC_CUDA_SUMS).
+// RPAC_CUDA_SUMS, RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
@@ -211,7 +215,10 @@ func checkEnv() error {
 	if _, err := packEnv(); err != nil {
 		return err
 	}
-	_, err := sumsEnv()
+	if _, err := sumsEnv(); err != nil {
+		return err
+	}
+	_, err := gemmTuneEnv()
 	return err
 }
 

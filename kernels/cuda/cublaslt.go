@@ -197,16 +197,17 @@ type heuristicResult struct {
 // Workspace is the workspace the plan's algorithm needs, in bytes.
 func (p *GemmPlan) Workspace() uint64 { return p.res.workspace }
 
-// NewPlan creates the descriptor and layouts of a GEMM and asks the
-// heuristic for the best algorithm that needs at most maxWorkspace bytes of
-// workspace and works with the key's pointer alignments.
-func (b *BLAS) NewPlan(k GemmKey, maxWorkspace uint64) (*GemmPlan, error) {
+// NewPlan creates the descriptor and layouts of a GEMM and takes the
+// algorithm of the given rank (0: the best) in the heuristic's list of
+// those that need at most maxWorkspace bytes of workspace and work with the
+// key's pointer alignments.
+func (b *BLAS) NewPlan(k GemmKey, maxWorkspace uint64, rank int) (*GemmPlan, error) {
 	p := &GemmPlan{Key: k}
 	if err := b.describe(p); err != nil {
 		b.DestroyPlan(p)
 		return nil, err
 	}
-	if err := b.chooseAlgo(p, maxWorkspace); err != nil {
+	if err := b.chooseAlgo(p, maxWorkspace, rank); err != nil {
 		b.DestroyPlan(p)
 		return nil, err
 	}
@@ -269,13 +270,17 @@ func (b *BLAS) describeBias(p *GemmPlan) error {
 	return nil
 }
 
-// chooseAlgo asks cublasLtMatmulAlgoGetHeuristic for the plan's algorithm.
-func (b *BLAS) chooseAlgo(p *GemmPlan, maxWorkspace uint64) error {
-	res, err := b.heuristics(p, maxWorkspace, 1)
+// chooseAlgo asks cublasLtMatmulAlgoGetHeuristic for the plan's algorithm,
+// the one of the given rank in its list.
+func (b *BLAS) chooseAlgo(p *GemmPlan, maxWorkspace uint64, rank int) error {
+	res, err := b.heuristics(p, maxWorkspace, rank+1)
 	if err != nil {
 		return err
 	}
-	p.res = res[0]
+	if rank >= len(res) {
+		return fmt.Errorf("cuBLASLt lists %d algorithms for GEMM %s, not the one of rank %d asked for", len(res), p.Key, rank)
+	}
+	p.res = res[rank]
 	return nil
 }
 
@@ -394,7 +399,7 @@ func (b *BLAS) Matmul(p *GemmPlan, c GemmCall) error {
 func (b *BLAS) Gemm(transA, transB bool, M, N, K int, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
 	s := GemmShape{TransA: transA, TransB: transB, M: M, N: N, K: K, Batch: 1}
 	c := GemmCall{Alpha: alpha, Beta: beta, A: A, B: B, C: C}
-	p, err := b.NewPlan(gemmKey(s, ab, c), 0)
+	p, err := b.NewPlan(gemmKey(s, ab, c), 0, 0)
 	if err != nil {
 		return err
 	}

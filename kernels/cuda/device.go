@@ -54,6 +54,9 @@ type gpu struct {
 	// syncEach (RPAC_CUDA_SYNC=1): synchronize after every launch and GEMM
 	// and name the kernel that failed.
 	syncEach bool
+	// choices: the GEMM algorithm choices file (RPAC_CUDA_GEMM_ALGOS,
+	// gemmtune.go); nil: every plan takes the heuristic's first
+	choices *gemmChooser
 }
 
 func (g *gpu) separateSlots() bool { return g.ctx.d.Simulated() }
@@ -99,7 +102,17 @@ func (g *gpu) loadModule(name, src string, kernels []string) error {
 	return err
 }
 func (g *gpu) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
-	return g.blas.NewPlan(k, maxWorkspace)
+	rank := 0
+	if g.choices != nil {
+		var err error
+		rank, err = g.choices.rank(k, func(k GemmKey) ([]AlgoTime, error) {
+			return g.timeAlgos(k, maxWorkspace, gemmTuneAlgos, gemmTuneReps)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return g.blas.NewPlan(k, maxWorkspace, rank)
 }
 func (g *gpu) freeGemmPlan(pl gemmPlan) { g.blas.DestroyPlan(pl.(*GemmPlan)) }
 func (g *gpu) gemm(pl gemmPlan, c GemmCall) error {

@@ -318,7 +318,7 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 	dA, dB, dC := devF32(t, c, randF32(r, M*K+64, 1)), devF32(t, c, randF32(r, K*N, 1)), devF32(t, c, make([]float32, M*N))
 	ws := devF32(t, c, make([]float32, gemmWorkspace/4/256))
 	s := GemmShape{M: M, N: N, K: K, Batch: 1}
-	pl, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes)
+	pl, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 	if pl.Workspace() == 0 {
 		t.Fatal("the simulated algorithm asks for no workspace, so none of its checks run")
 	}
-	other, err := b.NewPlan(GemmKey{Shape: GemmShape{M: M, N: N, K: K, Batch: 1, LDA: K + 8}, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes)
+	other, err := b.NewPlan(GemmKey{Shape: GemmShape{M: M, N: N, K: K, Batch: 1, LDA: K + 8}, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +339,7 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 	if st := run(pl, pl, dA.Ptr, ws); st != 0 {
 		t.Fatalf("the plan as chosen: status %d", st)
 	}
-	biased, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}, BiasAlign: 256}, ws.Bytes)
+	biased, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}, BiasAlign: 256}, ws.Bytes, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,8 @@ const gemmProbeCompare = 1 << 20
 // fresh 256-byte-aligned buffers, β = 0, no bias), each the median of reps
 // runs after one warm-up, and checks each result against rank 0's. It is
 // what a plan would gain from timing the candidates instead of taking the
-// heuristic's first (on a GPU; the simulator lists one algorithm).
+// heuristic's first (on a GPU; the simulator lists two, which differ in
+// their order of summation only).
 func (b *Backend) TimeGemmAlgos(s GemmShape, ab DType, algos, reps int) ([]AlgoTime, error) {
 	g, ok := b.dev.(*gpu)
 	if !ok {
@@ -44,6 +45,15 @@ func (b *Backend) TimeGemmAlgos(s GemmShape, ab DType, algos, reps int) ([]AlgoT
 		return nil, fmt.Errorf("GEMM %dx%dx%d (batch %d), %d algorithms, %d runs: want one positive problem, ≥ 1 of each", s.M, s.N, s.K, s.Batch, algos, reps)
 	}
 	s.Batch = 1
+	return g.timeAlgos(GemmKey{Shape: s, AB: ab, Align: [3]uint16{256, 256, 256}}, gemmProbeWorkspace, algos, reps)
+}
+
+// timeAlgos times the first algos candidates for key k that need at most
+// maxWorkspace bytes of workspace on operands of its own (A and B random in [−1, 1), C and a bias zero, each matrix of the
+// batch where k's strides put it, 256-byte-aligned, β = 0), each the
+// median of reps runs after a warm-up, and compares each result's first
+// rows with rank 0's.
+func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]AlgoTime, error) {
 	unbind, err := g.bind()
 	if err != nil {
 		return nil, err
@@ -55,31 +65,46 @@ func (b *Backend) TimeGemmAlgos(s GemmShape, ab DType, algos, reps int) ([]AlgoT
 			g.free(x)
 		}
 	}()
-	alloc := func(bytes uint64) (Buffer, error) {
-		x, err := g.alloc(bytes)
-		if err == nil {
+	// a buffer whose address has exactly the alignment align (ptrAlign),
+	// as the plan's key says its operand has
+	aligned := func(align uint16) func(uint64) (Buffer, error) {
+		return func(bytes uint64) (Buffer, error) {
+			x, err := g.alloc(bytes + 512 + 256)
+			if err != nil {
+				return Buffer{}, err
+			}
 			bufs = append(bufs, x)
+			ptr := (x.Ptr + 511) &^ 511
+			if align < 256 {
+				ptr += uint64(align)
+			}
+			return Buffer{Ptr: ptr, Bytes: bytes}, nil
 		}
-		return x, err
 	}
-	ra, _ := s.storedA()
-	rb, _ := s.storedB()
-	var call GemmCall
-	call.Alpha = 1
-	if call.A, err = randomOperand(g, alloc, ra*s.lda(), ab); err != nil {
+	na, nb, nc := gemmKeyElems(k.Shape)
+	call := GemmCall{Alpha: 1}
+	if call.A, err = randomOperand(g, aligned(k.Align[0]), int(na), k.AB); err != nil {
 		return nil, err
 	}
-	if call.B, err = randomOperand(g, alloc, rb*s.ldb(), ab); err != nil {
+	if call.B, err = randomOperand(g, aligned(k.Align[1]), int(nb), k.AB); err != nil {
 		return nil, err
 	}
-	cElems := s.M * s.ldc()
-	if call.C, err = alloc(uint64(4 * cElems)); err != nil {
+	if call.C, err = aligned(k.Align[2])(uint64(4 * nc)); err != nil {
 		return nil, err
 	}
-	if call.WS, err = alloc(gemmProbeWorkspace); err != nil {
+	alloc := aligned(256)
+	if k.BiasAlign != 0 {
+		if call.Bias, err = aligned(k.BiasAlign)(uint64(4 * k.Shape.N)); err != nil {
+			return nil, err
+		}
+		if err := g.zero(call.Bias, call.Bias.Bytes); err != nil {
+			return nil, err
+		}
+	}
+	if call.WS, err = alloc(max(1, maxWorkspace)); err != nil {
 		return nil, err
 	}
-	plans, err := g.blas.candidatePlans(gemmKey(s, ab, call), gemmProbeWorkspace, algos)
+	plans, err := g.blas.candidatePlans(k, maxWorkspace, algos)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +120,7 @@ func (b *Backend) TimeGemmAlgos(s GemmShape, ab DType, algos, reps int) ([]AlgoT
 		if at.Seconds, err = timeGemm(g, p, call, reps); err != nil {
 			return out, fmt.Errorf("algorithm %d: %w", rank, err)
 		}
-		c := make([]float32, min(cElems, gemmProbeCompare))
+		c := make([]float32, min(int(nc), gemmProbeCompare))
 		if err := g.download(unsafe.Pointer(&c[0]), call.C, uint64(4*len(c))); err != nil {
 			return out, err
 		}
