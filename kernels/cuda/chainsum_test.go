@@ -20,8 +20,12 @@ import (
 //   - h3 = a3·gate, gate [B,T,1] broadcast (a two-dim view), only summed;
 //   - parts c_i = 0.5·u_i − 0.25 [B·T, w_i], each summed and joined by a
 //     lazy Concat into two GEMMs (the Concat's columns and the sums);
-//   - h4 = a3 − 1, summed over its last axis only (a row sum: not folded);
-//   - e = 2·s [5,7,9] summed over its first two axes (35 rows: one chunk).
+//   - h4 = a3 − 1, summed over its last axis (a row sum);
+//   - e = 2·s [5,7,9] summed over its first two axes (35 rows: one chunk);
+//   - h5 = 0.5·a3 + 0.25, only the row sums of its products with z read
+//     (SumToProduct(h5, z) to [B,T,1], a gate's gradient), and h6 = a2 − 2,
+//     the column sums of z·h6 (the chain's result the second factor);
+//   - h8 = 3·z, the row sums of h8·h8 (a factor twice: not folded).
 func chainSumGraph(B, T, N, M, K int, widths []int) *ir.Graph {
 	g := ir.New("chain-sums")
 	chain := func(shape []int, body ir.FusedBody, in ...*ir.Value) *ir.Value {
@@ -59,17 +63,27 @@ func chainSumGraph(B, T, N, M, K int, widths []int) *ir.Graph {
 
 	e := chain([]int{5, 7, 9}, scale(2, 0), g.Input("s", ir.Shape{5, 7, 9}, ir.F32))
 	g.SetOutput("se", g.Op1("SumTo", ir.Attrs{"shape": []int{9}}, e))
+
+	z := g.Input("z", ir.Shape{B, T, M}, ir.F32)
+	h5 := chain([]int{B, T, M}, scale(0.5, 0.25), a3)
+	g.SetOutput("p5", g.Op1("SumToProduct", ir.Attrs{"shape": []int{B, T, 1}}, h5, z))
+	h6 := chain([]int{B, T, M}, scale(1, -2), h2)
+	g.SetOutput("p6", g.Op1("SumToProduct", ir.Attrs{"shape": []int{M}}, z, h6))
+	h8 := chain([]int{B, T, M}, scale(3, 0), z)
+	g.SetOutput("p8", g.Op1("SumToProduct", ir.Attrs{"shape": []int{B, T, 1}}, h8, h8))
 	return g
 }
 
 // TestGPUChainSums: a chain whose result a SumTo, ReduceSum or ReduceMean
-// sums over all its rows folds that sum (reduce_cols_f32 does not run for
-// it), writes no fp32 result where only the sum and its bf16 copy's GEMMs
-// read it, and every output equals the run with separate reductions bit
-// for bit (sums over 201 rows in four chunks and over 35 in one; a mean;
-// a two-dim broadcast; Concat parts; a row sum left alone). The sums of
-// the affine chains match a float64 reference. On the simulator all of it
-// again in differential mode.
+// sums over all its rows or along them, or a SumToProduct sums with a
+// value made earlier, folds that sum (reduce_cols_f32 and reduce_rows_f32
+// do not run for it), writes no fp32 result where only the sum and its
+// bf16 copy's GEMMs read it, and every output equals the run with
+// separate reductions bit for bit (sums over 201 rows in four chunks and
+// over 35 in one; a mean; a two-dim broadcast; Concat parts; row sums;
+// products with the chain's result either factor; a product of the result
+// with itself left alone). The sums of the affine chains match a float64
+// reference. On the simulator all of it again in differential mode.
 func TestGPUChainSums(t *testing.T) {
 	differentially(t, []string{fusedGenPrefix + "sum_*"}, func() { chainSums(t) })
 }
@@ -80,7 +94,7 @@ func chainSums(t *testing.T) {
 	r := rand.New(rand.NewPCG(101, 102))
 	feeds := map[string]*kernels.Tensor{}
 	for name, s := range map[string]ir.Shape{"a": {B, T, N}, "b": {N}, "a2": {B, T, M}, "a3": {B, T, M}, "gate": {B, T, 1},
-		"x": {B * T, K}, "s": {5, 7, 9}} {
+		"x": {B * T, K}, "s": {5, 7, 9}, "z": {B, T, M}} {
 		feeds[name] = randTensor(r, s)
 	}
 	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, N})}
@@ -88,26 +102,26 @@ func chainSums(t *testing.T) {
 		feeds[string(rune('u'+i))] = randTensor(r, ir.Shape{B * T, w})
 		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{w, K})
 	}
-	names := []string{"y", "sh", "mh2", "h2", "sh3", "sh4", "sc0", "sc1", "dw", "dx", "se"}
+	names := []string{"y", "sh", "mh2", "h2", "sh3", "sh4", "sc0", "sc1", "dw", "dx", "se", "p5", "p6", "p8"}
 	run := func(sums bool) packRun {
 		be := gpuBackend(t, GEMMBF16)
 		be.sums = sums
 		return runOn(t, be, chainSumGraph(B, T, N, M, K, widths), weights, feeds, names)
 	}
 	on, off := run(true), run(false)
-	// h, h2, h3, both parts, e; h4's row sum stays
-	if on.sums != 6 || off.sums != 0 {
-		t.Fatalf("%d sums folded (want 6), %d with folding off (want 0)", on.sums, off.sums)
+	// h, h2, h3, h4, both parts, e, h5, h6; h8's product with itself stays
+	if on.sums != 9 || off.sums != 0 {
+		t.Fatalf("%d sums folded (want 9), %d with folding off (want 0)", on.sums, off.sums)
 	}
-	if on.unwritten != 5 { // all but h2, a graph output
-		t.Errorf("%d folding chains write no fp32 result, want 5", on.unwritten)
+	if on.unwritten != 8 { // all but h2, a graph output
+		t.Errorf("%d folding chains write no fp32 result, want 8", on.unwritten)
 	}
-	if rc := "reduce_cols_f32"; on.launches[rc] != 0 || off.launches[rc] != 6 {
-		t.Errorf("reduce_cols_f32: %d launches folded (want 0), %d separate (want 6)", on.launches[rc], off.launches[rc])
+	if rc := "reduce_cols_f32"; on.launches[rc] != 0 || off.launches[rc] != 7 {
+		t.Errorf("reduce_cols_f32: %d launches folded (want 0), %d separate (want 7)", on.launches[rc], off.launches[rc])
 	}
-	if on.launches["reduce_rows_f32"] != off.launches["reduce_rows_f32"] || on.launches[fusedGenSum] != 6 {
-		t.Errorf("row sums %d and %d, folding chains %d; want equal row sums and 6 chains", on.launches["reduce_rows_f32"],
-			off.launches["reduce_rows_f32"], on.launches[fusedGenSum])
+	if rr := "reduce_rows_f32"; on.launches[rr] != 1 || off.launches[rr] != 3 || on.launches[fusedGenSum] != 9 {
+		t.Errorf("reduce_rows_f32 %d folded (want 1: h8's), %d separate (want 3); folding chains %d (want 9)", on.launches[rr],
+			off.launches[rr], on.launches[fusedGenSum])
 	}
 	if on.twins != 2 { // h's copy, the Concat's rows
 		t.Errorf("%d bf16 copies, want 2", on.twins)
@@ -124,6 +138,11 @@ func chainSums(t *testing.T) {
 		se[i%9] += float64(2 * v)
 	}
 	closeTo(t, "se", on.outs["se"], se, 1e-5)
+	p5 := make([]float64, B*T) // Σ_m (0.5·a3 + 0.25)·z along each row
+	for i, v := range feeds["a3"].F32 {
+		p5[i/M] += float64((0.5*v + 0.25) * feeds["z"].F32[i])
+	}
+	closeTo(t, "p5", on.outs["p5"], p5, 1e-5)
 }
 
 // TestChainSumSource: a folding chain's kernel is reduce_cols_f32's block
@@ -139,7 +158,7 @@ func TestChainSumSource(t *testing.T) {
 	}
 	src := c.source(name)
 	for _, want := range []string{"double* part", "i64 t = blockIdx.x % 2, k = blockIdx.x / 2;", "lo = k * 64ll",
-		"row0 += RED_ROW_LANES * RED_AHEAD", "i = row * 37ll + col;", "in0[u] = x0[i];", "float r0 = in0[u];", "out[i] = r1;",
+		"j0 += RED_ROW_LANES * RED_AHEAD", "i = j * 37ll + col;", "in0[u] = x0[i];", "float r0 = in0[u];", "out[i] = r1;",
 		"s += r1;", "part[col * 4ll + k] = sh[0][tx];"} {
 		if !strings.Contains(src, want) {
 			t.Errorf("source lacks %q:\n%s", want, src)
@@ -151,6 +170,21 @@ func TestChainSumSource(t *testing.T) {
 	}
 	if g := chainSumGrid(plan); g[0] != 8 {
 		t.Errorf("grid %v, want 8 blocks (4 chunks × 2 column tiles)", g)
+	}
+	// row sums of products with ry: reduce_rows_f32's warps over rows of 700
+	// in chunks of 256 (three a row), the product rounded to float
+	rows := planReduce(midAxis{A: 5, R: 700, C: 1})
+	c = fusedChain{dense: []bool{true}, idx32: true, prog: []int32{int32(fusedUnary), uCopy, 0, 0}, params: make([]float32, 3), sum: rows,
+		sumY: true}
+	src = c.source(c.name())
+	for _, want := range []string{"double* part, const float* ry", "if (w >= 15ll) return;", "lo = (w - a * 3) * 256ll",
+		"i = a * 700ll + j;", "in1[u] = ry[i];", "float term = r1 * in1[u];", "s += term;", "s = warp_sum_d(s);", "part[w] = s;"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("row sums: source lacks %q:\n%s", want, src)
+		}
+	}
+	if g := chainSumGrid(rows); g[0] != 2 {
+		t.Errorf("row grid %v, want 2 blocks (15 warps)", g)
 	}
 }
 

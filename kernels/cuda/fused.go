@@ -130,11 +130,11 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	var sum chainSum
 	hasSum, skipOut := false, false
 	if packCols == 0 && v.rank() <= 2 {
-		if r, plan, scale, ok := p.foldedSum(n); ok {
-			if sum, hasSum, err = p.foldSum(n, r, plan, scale); err != nil {
+		if f, ok := p.foldedSum(n); ok {
+			if sum, hasSum, err = p.foldSum(n, f); err != nil {
 				return nil, err
 			}
-			skipOut = hasSum && !p.keepsF32(n, r)
+			skipOut = hasSum && !p.keepsF32(n, f.r)
 		}
 	}
 	bytes := 4 * float64(o.n) // each input read once (a broadcast one stays in cache), the output written
@@ -147,8 +147,13 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	if hasTwin {
 		bytes += 2 * float64(o.n)
 	}
+	var y Buffer // a sum of products' other factor
 	if hasSum {
 		bytes += float64(sum.part.Bytes)
+		if sum.y != nil {
+			y = p.vals[sum.y.ID].buf
+			bytes += 4 * float64(o.n)
+		}
 	}
 	for _, x := range in {
 		bytes += 4 * float64(x.n)
@@ -170,9 +175,9 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 			c.twinCols, c.twinLD, c.twinOff, twinBuf = lastDim(o.v.Shape), tw.ld, tw.off, tw.buf
 		}
 		if hasSum {
-			c.sum = sum.plan
+			c.sum, c.sumY = sum.plan, sum.y != nil
 		}
-		return p.buildFusedGen(c, o, twinBuf, sum.part, in, v, dense, keys)
+		return p.buildFusedGen(c, o, twinBuf, sum.part, y, in, v, dense, keys)
 	}
 	bufs, err := p.uploadFused(v.pack(), ptrs, dense, prog, params)
 	if err != nil {
@@ -187,7 +192,7 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 
 // buildFusedGen launches the chain's generated kernel (fusedgen.go), which
 // the program's module defines once every node is built (loadGenerated).
-func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf, part Buffer, in []*dval, v view, dense []int32,
+func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf, part, y Buffer, in []*dval, v view, dense []int32,
 	keys func() [ir.MaxFusedDraws]uint64) (func() error, error) {
 	c.dense = make([]bool, len(in))
 	for k := range in {
@@ -211,6 +216,9 @@ func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf, part Buffer, in 
 	}
 	if c.sum.m.C > 0 {
 		args = append(args, part.Ptr)
+		if c.sumY {
+			args = append(args, y.Ptr)
+		}
 	}
 	n := o.n // the threads' items: elements, or groups of eight bf16
 	if c.packCols > 0 {

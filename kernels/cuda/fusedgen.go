@@ -92,6 +92,9 @@ type fusedChain struct {
 	// part; skipOut: nothing reads the fp32 result, so it is not written.
 	sum     reducePlan
 	skipOut bool
+	// sumY: the terms of the sum are the results' products with ry (a
+	// SumToProduct's other factor)
+	sumY bool
 }
 
 // source is the chain's kernel. Its parameters: out, the inputs x0.., n,
@@ -112,6 +115,9 @@ func (c fusedChain) source(name string) string {
 	}
 	if c.sum.m.C > 0 {
 		b.WriteString(", double* part")
+		if c.sumY {
+			b.WriteString(", const float* ry")
+		}
 	}
 	b.WriteString(", i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
 	if c.sum.m.C > 0 {
@@ -155,12 +161,23 @@ func (c fusedChain) stores(b *strings.Builder, indent string) {
 	}
 }
 
-// sumBody is the kernel body of a chain that folds its column sums:
-// reduce_cols_f32's blocks (of A = 1) and partial sums, over the chain's
-// results instead of a stored x. The launch is sum's first pass grid
-// (chainSumGrid) of reduceBlock threads.
+// sumBody is the kernel body of a chain that folds a sum of its results
+// (or of their products with ry, sumY): over rows (C = 1) reduce_rows_f32's
+// warps, else (A = 1) reduce_cols_f32's blocks, and their partial sums,
+// over the chain's results instead of a stored x. The launch is the first
+// pass's grid (chainSumGrid) of reduceBlock threads.
 func (c fusedChain) sumBody(b *strings.Builder) {
 	m := c.sum.m
+	if m.C == 1 {
+		fmt.Fprintf(b, "    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;\n    if (w >= %dll) return;  // the whole warp\n",
+			m.A*c.sum.chunks)
+		fmt.Fprintf(b, "    i64 a = w / %d, lo = (w - a * %d) * %dll, hi = lo + %dll < %dll ? lo + %dll : %dll;\n",
+			c.sum.chunks, c.sum.chunks, c.sum.chunk, c.sum.chunk, m.R, c.sum.chunk, m.R)
+		b.WriteString("    double s = 0.0;\n")
+		c.sumLoop(b, "    ", "lo + (threadIdx.x & 31)", "32", fmt.Sprintf("a * %dll + j", m.R))
+		b.WriteString("    s = warp_sum_d(s);\n    if ((threadIdx.x & 31) == 0) part[w] = s;\n}\n")
+		return
+	}
 	tiles := ceilDiv(m.C, 32)
 	fmt.Fprintf(b, "    __shared__ double sh[RED_ROW_LANES][32];\n")
 	fmt.Fprintf(b, "    i64 t = blockIdx.x %% %d, k = blockIdx.x / %d;\n", tiles, tiles)
@@ -169,34 +186,62 @@ func (c fusedChain) sumBody(b *strings.Builder) {
 		c.sum.chunk, c.sum.chunk, m.R, c.sum.chunk, m.R)
 	b.WriteString("    double s = 0.0;\n")
 	fmt.Fprintf(b, "    if (col < %d) {\n", m.C)
-	// RED_AHEAD rows' inputs loaded before any is used, so that many
-	// loads are in flight per thread (reduce_cols_f32 does the same),
-	// then each row's steps, stores and term in row order
-	b.WriteString("        for (i64 row0 = lo + ty; row0 < hi; row0 += RED_ROW_LANES * RED_AHEAD) {\n")
-	for k := range c.dense {
-		fmt.Fprintf(b, "            float in%d[RED_AHEAD];\n", k)
-	}
-	b.WriteString("#pragma unroll\n            for (int u = 0; u < RED_AHEAD; u++) {\n")
-	fmt.Fprintf(b, "                i64 row = row0 + u * RED_ROW_LANES, i = row * %dll + col;\n                if (row >= hi) break;\n", m.C)
-	for k := range c.dense {
-		fmt.Fprintf(b, "                in%d[u] = %s;\n", k, c.load(k))
-	}
-	b.WriteString("            }\n#pragma unroll\n            for (int u = 0; u < RED_AHEAD; u++) {\n")
-	fmt.Fprintf(b, "                i64 row = row0 + u * RED_ROW_LANES, i = row * %dll + col;\n                if (row >= hi) break;\n", m.C)
-	for k := range c.dense {
-		fmt.Fprintf(b, "                float r%d = in%d[u];\n", k, k)
-	}
-	c.steps(b, "                ")
-	c.stores(b, "                ")
-	fmt.Fprintf(b, "                s += r%d;\n            }\n        }\n    }\n", c.result())
-	b.WriteString("    sh[ty][tx] = s;\n    __syncthreads();\n")
+	c.sumLoop(b, "        ", "lo + ty", "RED_ROW_LANES", fmt.Sprintf("j * %dll + col", m.C))
+	b.WriteString("    }\n    sh[ty][tx] = s;\n    __syncthreads();\n")
 	b.WriteString("    for (int h = RED_ROW_LANES / 2; h > 0; h >>= 1) {\n        if (ty < h) sh[ty][tx] += sh[ty + h][tx];\n        __syncthreads();\n    }\n")
 	fmt.Fprintf(b, "    if (ty != 0 || col >= %d) return;\n    part[col * %dll + k] = sh[0][tx];\n}\n", m.C, c.sum.chunks)
 }
 
-// chainSumGrid is the grid of a chain folding the column sums of plan:
-// reduce_cols_f32's (A = 1).
+// sumLoop writes the loop of one thread's terms: j from start below hi by
+// step, element i = index(j). RED_AHEAD terms' inputs are loaded before
+// any is used, so that many loads are in flight per thread (as in
+// reduce_rows_f32 and reduce_cols_f32), then each element's steps, stores
+// and term in order of j; a term is the result, or its float product with
+// ry[i] (red_term's).
+func (c fusedChain) sumLoop(b *strings.Builder, indent, start, step, index string) {
+	ins := len(c.dense)
+	load := func(k int) string { return c.load(k) }
+	if c.sumY {
+		ins++
+		load = func(k int) string {
+			if k == len(c.dense) {
+				return "ry[i]"
+			}
+			return c.load(k)
+		}
+	}
+	in := indent + "    "
+	fmt.Fprintf(b, "%sfor (i64 j0 = %s; j0 < hi; j0 += %s * RED_AHEAD) {\n", indent, start, step)
+	for k := 0; k < ins; k++ {
+		fmt.Fprintf(b, "%sfloat in%d[RED_AHEAD];\n", in, k)
+	}
+	head := fmt.Sprintf("#pragma unroll\n%sfor (int u = 0; u < RED_AHEAD; u++) {\n%s    i64 j = j0 + u * %s, i = %s;\n%s    if (j >= hi) break;\n",
+		in, in, step, index, in)
+	b.WriteString(head)
+	for k := 0; k < ins; k++ {
+		fmt.Fprintf(b, "%s    in%d[u] = %s;\n", in, k, load(k))
+	}
+	fmt.Fprintf(b, "%s}\n", in)
+	b.WriteString(head)
+	for k := range c.dense {
+		fmt.Fprintf(b, "%s    float r%d = in%d[u];\n", in, k, k)
+	}
+	c.steps(b, in+"    ")
+	c.stores(b, in+"    ")
+	if c.sumY {
+		fmt.Fprintf(b, "%s    float term = r%d * in%d[u];\n%s    s += term;\n", in, c.result(), len(c.dense), in)
+	} else {
+		fmt.Fprintf(b, "%s    s += r%d;\n", in, c.result())
+	}
+	fmt.Fprintf(b, "%s}\n%s}\n", in, indent)
+}
+
+// chainSumGrid is the grid of a chain folding the sums of plan: the first
+// pass's of reduce_rows_f32 (C = 1) or reduce_cols_f32 (A = 1).
 func chainSumGrid(plan reducePlan) [3]uint32 {
+	if plan.m.C == 1 {
+		return warpGrid(plan.m.A * plan.chunks)
+	}
 	return [3]uint32{uint32(plan.chunks * ceilDiv(plan.m.C, 32)), 1, 1}
 }
 
@@ -292,8 +337,8 @@ func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
 // equal chains share one kernel within and across programs.
 func (c fusedChain) name() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
-		c.twinCols, c.twinLD, c.twinOff, c.sum, c.skipOut)
+	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d %v %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
+		c.twinCols, c.twinLD, c.twinOff, c.sum, c.skipOut, c.sumY)
 	kind := ""
 	switch r := c.view.rank(); {
 	case c.sum.m.C > 0:

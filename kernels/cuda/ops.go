@@ -147,7 +147,10 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		}
 		return p.reduce(in[0], out[0], red, mean)
 	case "SumToProduct":
-		red, err := sumToAxes(in[0].v.Shape, ir.Shape(a.Ints("shape")))
+		if s, ok := p.sums[n.ID]; ok { // the chain making a factor summed the products
+			return s.finish(p, out[0]), nil
+		}
+		red, _, err := reductionOf(n, in[0].v.Shape)
 		if err != nil {
 			return nil, err
 		}
@@ -325,11 +328,11 @@ func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, err
 	}, nil
 }
 
-// reductionOf is what reduction node n (SumTo, ReduceSum, ReduceMean)
-// does to an input of shape x: the axes it sums, and whether it takes
-// their mean.
+// reductionOf is what reduction node n (SumTo, SumToProduct, ReduceSum,
+// ReduceMean) does to an input of shape x: the axes it sums, and whether
+// it takes their mean.
 func reductionOf(n *ir.Node, x ir.Shape) (red []bool, mean bool, err error) {
-	if n.Op == "SumTo" {
+	if n.Op == "SumTo" || n.Op == "SumToProduct" {
 		red, err = sumToAxes(x, ir.Shape(n.Attrs.Ints("shape")))
 		return red, false, err
 	}
