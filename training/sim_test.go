@@ -184,8 +184,8 @@ func TestSimBF16GradientErrors(t *testing.T) {
 // beside it, or as their part of a lazy Concat's rows) or the GEMMs
 // convert fp32 values first, and whether chains fold the column sums of
 // their results (RPAC_CUDA_SUMS, the default) or reductions read them
-// back; it runs fewer conversions with the copies and fewer column
-// reductions with the folded sums, on the simulator or a GPU.
+// back; it runs fewer conversions with the copies and fewer reductions
+// with the folded sums, on the simulator or a GPU.
 func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
@@ -193,7 +193,7 @@ func TestSimPackedStepSameBits(t *testing.T) {
 		loss, ce             float64
 		grads                map[string][]float32
 		conversions, unpacks int // f32_to_bf16_pad_kernel, attn_unpack_bf16
-		colSums, folded      int // reduce_cols_f32, chains folding their column sums
+		sums, folded         int // reduce_cols_f32 and reduce_rows_f32, chains folding their sums
 	}
 	run := func(pack, sums string) result {
 		t.Setenv("RPAC_CUDA_PACK", pack)
@@ -211,8 +211,8 @@ func TestSimPackedStepSameBits(t *testing.T) {
 				r.conversions++
 			case "attn_unpack_bf16":
 				r.unpacks++
-			case "reduce_cols_f32":
-				r.colSums++
+			case "reduce_cols_f32", "reduce_rows_f32":
+				r.sums++
 			case "fused_gen_sum_f32":
 				r.folded++
 			}
@@ -235,17 +235,17 @@ func TestSimPackedStepSameBits(t *testing.T) {
 	on, packed := run("on", "on"), run("on", "off")
 	same("copies and folded sums", on)
 	same("copies", packed)
-	t.Logf("conversions per step: %d packed, %d not; attention gradients written into their Concat: %d; column reductions %d, %d folded into chains",
-		on.conversions, off.conversions, on.unpacks, on.colSums, on.folded)
+	t.Logf("conversions per step: %d packed, %d not; attention gradients written into their Concat: %d; reductions %d, %d folded into chains",
+		on.conversions, off.conversions, on.unpacks, on.sums, on.folded)
 	if on.conversions >= off.conversions {
 		t.Errorf("%d conversions with packing, %d without: no chain packed", on.conversions, off.conversions)
 	}
 	if on.unpacks == 0 || off.unpacks != 0 {
 		t.Errorf("attn_unpack_bf16 ran %d times with packing (want some), %d without (want none)", on.unpacks, off.unpacks)
 	}
-	if on.folded == 0 || packed.folded != 0 || on.colSums+on.folded != packed.colSums {
-		t.Errorf("column sums: %d separate and %d folded, %d folded with RPAC_CUDA_SUMS=off and %d separate; want some folded, the rest separate",
-			on.colSums, on.folded, packed.folded, packed.colSums)
+	if on.folded == 0 || packed.folded != 0 || on.sums+on.folded != packed.sums {
+		t.Errorf("sums: %d separate and %d folded, %d folded with RPAC_CUDA_SUMS=off and %d separate; want some folded, the rest separate",
+			on.sums, on.folded, packed.folded, packed.sums)
 	}
 }
 
