@@ -484,7 +484,8 @@ func (r *run) logStart() {
 			"tokens_per_step": p.TokensPerStep, "steps": p.Steps, "dataset": r.ds.Name, "protocol": r.ds.Protocol,
 			"lr": p.Schedule.Peak, "controller": ctl.controller(), "ema": ctl.EMA, "swa": ctl.SWA,
 			"chaos": ctl.Chaos, "dropout_glide": ctl.DropoutGlide, "eval_every": p.EvalEvery, "game_every": p.GameEvery,
-			"layers": cfg.Layers, "R": cfg.R, "experts": cfg.Experts, "mem_budget": p.Memory.Budget, "mem_planned": p.Memory.Total})
+			"layers": cfg.Layers, "R": cfg.R, "experts": cfg.Experts, "mem_budget": p.Memory.Budget, "mem_planned": p.Memory.Total,
+			"seed": o.Seed})
 	}
 }
 

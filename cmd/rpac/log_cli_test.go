@@ -140,7 +140,7 @@ func shortTrain(out string) []string {
 // TestTrainLogText: each event of a short run is one line, once: the plan,
 // the model, one line per evaluation, progress lines that never repeat a
 // step, the summary on stdout only; no nil or placeholder fields; and
-// metrics.jsonl keeps its records.
+// metrics.jsonl keeps its records, the start record with the run's seed.
 func TestTrainLogText(t *testing.T) {
 	run := filepath.Join(t.TempDir(), "run")
 	stdout, stderr, code := rpacStreams(t, nil, shortTrain(run)...)
@@ -190,6 +190,9 @@ func TestTrainLogText(t *testing.T) {
 		switch {
 		case r["event"] == "start":
 			start++
+			if r["seed"] != 1.0 { // --seed's default
+				t.Errorf("metrics.jsonl: the start record's seed is %v, want 1", r["seed"])
+			}
 		case r["val_ce"] != nil:
 			evalRecs++
 		case r["loss"] != nil && r["train_ce"] != nil:
