@@ -113,6 +113,39 @@ func (b *Backend) touch(st *kernels.Store, names ...string) {
 	}
 }
 
+// maintainedCopy is the one bf16 copy of a store tensor that a device
+// optimizer step can write beside the tensor (adamw_multi_f64_f32), and
+// its row length; nil when the tensor has none, several (seen with
+// different rows), or one never converted (whose padding columns are not
+// yet zero).
+func (b *Backend) maintainedCopy(st *kernels.Store, name string) (*bf16Copy, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.mirror[mirrorKey{st, name}]
+	if e == nil || len(e.bf16) != 1 {
+		return nil, 0
+	}
+	for cols, c := range e.bf16 {
+		if c.made != 0 {
+			return c, cols
+		}
+	}
+	return nil, 0
+}
+
+// updated records a device write of a store tensor (touch) that also
+// wrote copy c (nil: none) whole: c holds the new version.
+func (b *Backend) updated(st *kernels.Store, name string, c *bf16Copy) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.mirror[mirrorKey{st, name}]; e != nil {
+		e.version++
+		if c != nil && c.entry == e {
+			c.made = e.version
+		}
+	}
+}
+
 // bf16Copy returns the bf16 copy of a store tensor seen as rows×cols,
 // allocated on first use; the caller converts it when it is stale.
 func (b *Backend) bf16Copy(st *kernels.Store, name string, rows, cols int) (*bf16Copy, error) {

@@ -230,9 +230,11 @@ func TestSimGEMMPlansReused(t *testing.T) {
 
 // TestSimBF16WeightRefreshed: a weight's bf16 copy is made once and used
 // until the weight changes: by an upload of a changed store value, or by a
-// device optimizer step; a stale copy fails the comparison. On the
-// simulator or a GPU (the launch count, a simulator counter, is checked on
-// the simulator only).
+// device optimizer step, which writes the copy itself (the next run
+// converts no weight; the copy equals the conversion of the new weights
+// bit for bit, its padding zero); a stale copy fails the comparison. On
+// the simulator or a GPU (the launch count, a simulator counter, is
+// checked on the simulator only).
 func TestSimBF16WeightRefreshed(t *testing.T) {
 	d := parityDevice(t)
 	be := gpuBackend(t, GEMMBF16)
@@ -293,13 +295,41 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 	if err := opt.SyncToHost(); err != nil {
 		t.Fatal(err)
 	}
+	// the step wrote the weight's bf16 copy too: the next run converts no
+	// weight, and the copy holds the new weights rounded as the
+	// conversion rounds them, the padding zero
+	n0 = launches()
 	if err := p.Run(feeds, 0); err != nil {
 		t.Fatal(err)
 	}
+	if n := launches() - n0; d.Simulated() && n != 3 {
+		t.Errorf("a run after a device step made %d launches, want 3 (the activations' conversions)", n)
+	}
 	checkLinear(t, "after a device step", p, feeds, w.F32, R, N, K)
+	c, cols := be.maintainedCopy(st, "w")
+	if c == nil || cols != K {
+		t.Fatalf("the weight's bf16 copy: %v of rows of %d, want one of rows of %d", c, cols, K)
+	}
+	ld := bf16LD(K)
+	got := make([]uint16, N*ld)
 	unbind, _ = be.bind()
+	err = be.dev.download(unsafe.Pointer(&got[0]), c.buf, uint64(2*len(got)))
 	be.dev.free(grad)
 	unbind()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range N {
+		for j := range ld {
+			want := uint16(0)
+			if j < K {
+				want = uint16(math.Float32bits(float32(bf16Round(w.F32[r*K+j]))) >> 16)
+			}
+			if got[r*ld+j] != want {
+				t.Fatalf("copy[%d, %d] = %#04x, want %#04x", r, j, got[r*ld+j], want)
+			}
+		}
+	}
 }
 
 // TestSimCuBLASLtAlgoChecks: the simulator holds cublasLtMatmul to the

@@ -294,7 +294,7 @@ type stepEntry struct {
 }
 
 // stepWords: the words of an adamw_multi_f64_f32 table entry.
-const stepWords = 7
+const stepWords = 9
 
 // stepChunk: the elements one block of adamw_multi_f64_f32 updates.
 const stepChunk = 4096
@@ -337,8 +337,9 @@ func (o *DeviceAdamW) update(entries []stepEntry, lr float64) error {
 	}
 	slices.Sort(ts)
 	var table []uint64
-	type group struct{ at, entries, blocks, elems, t int }
+	type group struct{ at, entries, blocks, elems, copied, t int }
 	var groups []group
+	copies := map[string]*bf16Copy{} // the GEMMs' bf16 copies the update writes too
 	for _, t := range ts {
 		gr := group{at: len(table), t: t}
 		for _, e := range entries {
@@ -351,6 +352,13 @@ func (o *DeviceAdamW) update(entries []stepEntry, lr float64) error {
 				decays = 1
 			}
 			table = append(table, o.w[e.name].Ptr, e.g.Ptr, e.st.m.Ptr, e.st.v.Ptr, uint64(n), uint64(gr.blocks), decays)
+			if c, cols := o.be.maintainedCopy(o.store, e.name); c != nil {
+				copies[e.name] = c
+				gr.copied += n
+				table = append(table, c.buf.Ptr, uint64(cols))
+			} else {
+				table = append(table, 0, 0)
+			}
 			gr.blocks += (n + stepChunk - 1) / stepChunk
 			gr.elems += n
 			gr.entries++
@@ -369,6 +377,9 @@ func (o *DeviceAdamW) update(entries []stepEntry, lr float64) error {
 	b1, b2 := o.cfg.Beta1, o.cfg.Beta2
 	decay := 1 - lr*o.cfg.WeightDecay
 	for _, gr := range groups {
+		if h, ok := o.be.dev.(costHinter); ok { // p, g, m, v read; p, m, v written; the copies' bf16
+			h.hintBytes(28*float64(gr.elems) + 2*float64(gr.copied))
+		}
 		t := float64(gr.t)
 		step := lr / (1 - math.Pow(b1, t))
 		bc2 := math.Sqrt(1 - math.Pow(b2, t))
@@ -379,7 +390,7 @@ func (o *DeviceAdamW) update(entries []stepEntry, lr float64) error {
 		}
 	}
 	for _, e := range entries {
-		o.be.touch(o.store, e.name)
+		o.be.updated(o.store, e.name, copies[e.name])
 	}
 	return nil
 }

@@ -129,23 +129,36 @@ extern "C" __global__ void adamw_f64_f32(float* p, const float* g, float* m, flo
 }
 
 // adamw_multi_f64_f32: adamw_elem over many tensors of one step count in
-// one launch. Entry e of table (seven words: the parameter's, gradient's
+// one launch. Entry e of table (nine words: the parameter's, gradient's
 // and moments' addresses, the length, the first block, whether weight
-// decay applies) owns the blocks [first, first + ⌈len/chunk⌉); block b
-// finds its entry and updates [k·chunk, +chunk) ∩ [0, len), k = b − first,
-// with decay for the entries that decay and 1 for the others.
+// decay applies, the address of the parameter's bf16 copy for GEMMs or 0,
+// and that copy's row length) owns the blocks [first, first + ⌈len/chunk⌉);
+// block b finds its entry and updates [k·chunk, +chunk) ∩ [0, len), k =
+// b − first, with decay for the entries that decay and 1 for the others;
+// with a copy, it writes each new value there too, rounded as
+// f32_to_bf16_pad_kernel rounds it, at its place in rows of cols padded to
+// eight (the padding, zeroed when the copy was first made, is not
+// touched).
 extern "C" __global__ void adamw_multi_f64_f32(const unsigned long long* table, int entries, int chunk, i64 n,
                                                unsigned long long decay_bits, unsigned long long b1_bits,
                                                unsigned long long b2_bits, unsigned long long step_bits,
                                                unsigned long long bc2_bits, unsigned long long eps_bits) {
-    const unsigned long long* e = table + 7 * table_entry(table, entries, 7, 5, blockIdx.x);
+    const unsigned long long* e = table + 9 * table_entry(table, entries, 9, 5, blockIdx.x);
     double decay = e[6] ? f64_of(decay_bits) : 1.0;
     double b1 = f64_of(b1_bits), b2 = f64_of(b2_bits), step = f64_of(step_bits), bc2 = f64_of(bc2_bits), eps = f64_of(eps_bits);
     i64 len = (i64)e[4];
     i64 lo = ((i64)blockIdx.x - (i64)e[5]) * chunk;
     i64 hi = lo + chunk < len ? lo + chunk : len;
-    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x)
-        adamw_elem((float*)e[0], (const float*)e[1], (float*)e[2], (float*)e[3], i, decay, b1, b2, step, bc2, eps);
+    float* p = (float*)e[0];
+    bf16_t* copy = (bf16_t*)e[7];
+    i64 cols = (i64)e[8], ld = (cols + 7) & ~7ll;
+    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        adamw_elem(p, (const float*)e[1], (float*)e[2], (float*)e[3], i, decay, b1, b2, step, bc2, eps);
+        if (copy) {
+            i64 r = i / cols;
+            copy[r * ld + (i - r * cols)] = f32_to_bf16(p[i]);
+        }
+    }
 }
 
 // scale_multi_f32: x *= s over the tensors of a sumsq_parts_f32 table (the
