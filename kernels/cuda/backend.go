@@ -266,10 +266,14 @@ const lmHeadChunk = 4096
 // Name says "cuda" and the device.
 func (b *Backend) Name() string {
 	d := b.dev.Info()
-	if b.gemm == GEMMBF16 && b.attention == attnChooseFlash {
-		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention %s)", d.Name, d.Arch, b.gemm, b.attention)
+	gemm := b.gemm.String()
+	if g, ok := b.dev.(*gpu); ok && g.choices != nil { // RPAC_CUDA_GEMM_ALGOS: which file chose the algorithms
+		gemm += ", algorithms from " + g.choices.path
 	}
-	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, b.gemm)
+	if b.gemm == GEMMBF16 && b.attention == attnChooseFlash {
+		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention %s)", d.Name, d.Arch, gemm, b.attention)
+	}
+	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, gemm)
 }
 
 // Precision is F32: the backend has no float64 kernels.

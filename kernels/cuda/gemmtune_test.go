@@ -30,6 +30,9 @@ func runTuned(t *testing.T, weights, feeds map[string]*kernels.Tensor) (map[stri
 	if err != nil {
 		return nil, err
 	}
+	if path := os.Getenv("RPAC_CUDA_GEMM_ALGOS"); strings.Contains(be.Name(), "algorithms from "+path) != (path != "") {
+		t.Errorf("backend %q with RPAC_CUDA_GEMM_ALGOS=%q: the name does not say where the algorithms come from", be.Name(), path)
+	}
 	st := kernels.NewStore(kernels.F32)
 	for name, w := range weights {
 		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)
@@ -53,7 +56,7 @@ func runTuned(t *testing.T, weights, feeds map[string]*kernels.Tensor) (map[stri
 // algorithm sums in reverse, so rank 1 gives other bits, within fp32's
 // rounding of rank 0, the same on every run); a rank past the heuristic's
 // list, a file of another device and tuning without a file are refused
-// with errors that say so.
+// with errors that say so; the backend's name says which file chose.
 func TestSimGemmChoices(t *testing.T) {
 	simOnly(t)
 	r := rand.New(rand.NewPCG(111, 112))
