@@ -83,9 +83,10 @@ func chainSumGraph(B, T, N, M, K int, widths []int) *ir.Graph {
 // over 35 in one; a mean; a two-dim broadcast; Concat parts; row sums;
 // products with the chain's result either factor; a product of the result
 // with itself left alone). The sums of the affine chains match a float64
-// reference. On the simulator all of it again in differential mode.
+// reference. On the simulator all of it again in differential mode (the
+// separate reductions, reduce_cols_f32 and reduce_rows_f32, too).
 func TestGPUChainSums(t *testing.T) {
-	differentially(t, []string{fusedGenPrefix + "sum_*"}, func() { chainSums(t) })
+	differentially(t, []string{fusedGenPrefix + "sum_*", "reduce_cols_f32", "reduce_rows_f32", "reduce_parts_f32"}, func() { chainSums(t) })
 }
 
 func chainSums(t *testing.T) {

@@ -234,9 +234,14 @@ func TestSimGEMMPlansReused(t *testing.T) {
 // converts no weight; the copy equals the conversion of the new weights
 // bit for bit, its padding zero); a stale copy fails the comparison. On
 // the simulator or a GPU (the launch count, a simulator counter, is
-// checked on the simulator only).
+// checked on the simulator only). On the simulator all of it again in
+// differential mode.
 func TestSimBF16WeightRefreshed(t *testing.T) {
 	d := parityDevice(t)
+	differentially(t, []string{"adamw_multi_f64_f32", "f32_to_bf16_pad_kernel"}, func() { bf16WeightRefreshed(t, d) })
+}
+
+func bf16WeightRefreshed(t *testing.T, d *Driver) {
 	be := gpuBackend(t, GEMMBF16)
 	const R, N, K = 37, 85, 510
 	g, st, w, feeds := linearFixture(R, N, K, 45)
