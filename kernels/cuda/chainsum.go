@@ -150,9 +150,9 @@ func (p *program) keepsF32(n, r *ir.Node) bool {
 	return false
 }
 
-// sumsEnv reads RPAC_CUDA_SUMS: unset or "on" (chains fold the column sums
-// of their results), or "off" (a separate reduction reads the result).
+// sumsEnv reads RPAC_CUDA_SUMS: unset or "on" (chains fold the sums of
+// their results), or "off" (a separate reduction reads the result).
 func sumsEnv() (bool, error) {
 	return envChoice("RPAC_CUDA_SUMS", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: chains fold the column sums of their results) or off")
+		"on (the default: chains fold the sums of their results) or off")
 }

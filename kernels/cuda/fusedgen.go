@@ -87,9 +87,10 @@ type fusedChain struct {
 	// of its rows of twinCols at tw[r·twinLD + twinOff + c] (packed.go's
 	// twins); 0: no copy.
 	twinCols, twinLD, twinOff int
-	// sum: the chain folds the column sums of its result (chainsum.go),
-	// in reduce_cols_f32's layout with sum's chunks, writing partials to
-	// part; skipOut: nothing reads the fp32 result, so it is not written.
+	// sum: the chain folds a sum of its results (chainsum.go), in
+	// reduce_cols_f32's (A = 1) or reduce_rows_f32's (C = 1) layout with
+	// sum's chunks, writing partials to part; skipOut: nothing reads the
+	// fp32 result, so it is not written.
 	sum     reducePlan
 	skipOut bool
 	// sumY: the terms of the sum are the results' products with ry (a

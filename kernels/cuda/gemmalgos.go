@@ -49,10 +49,11 @@ func (b *Backend) TimeGemmAlgos(s GemmShape, ab DType, algos, reps int) ([]AlgoT
 }
 
 // timeAlgos times the first algos candidates for key k that need at most
-// maxWorkspace bytes of workspace on operands of its own (A and B random in [−1, 1), C and a bias zero, each matrix of the
-// batch where k's strides put it, 256-byte-aligned, β = 0), each the
-// median of reps runs after a warm-up, and compares each result's first
-// rows with rank 0's.
+// maxWorkspace bytes of workspace, on operands of its own (A and B random
+// in [−1, 1), C and a bias zero, each matrix of the batch where k's
+// strides put it, each pointer of exactly the key's alignment, β = 0),
+// each the median of reps runs after a warm-up, and compares each
+// result's first rows with rank 0's.
 func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]AlgoTime, error) {
 	unbind, err := g.bind()
 	if err != nil {
