@@ -217,7 +217,7 @@ run blas ./kernels/cpu/blas 300 'TestSgemm$|TestDgemm$|TestImpl$|TestBadArgsPani
 # so the kernel-source compiles (ptxas reports and generated chains too) are left out, and the CUDA simulator is
 # built by the host's g++, so its tests run in the host stage): views and reductions against
 # the CPU, every op and whole training steps on the fake device.
-run cuda-host ./kernels/cuda 120 . 'TestGPU|TestSim|TestKernelSourcesCompile$|TestCompileErrorHasLog$|TestCompileCache$|TestMMASourceCompiles$|TestKernelResources$|TestFusedGenCompiles$'
+run cuda-host ./kernels/cuda 120 . 'TestGPU|TestSim|TestKernelSourcesCompile$|TestCompileErrorHasLog$|TestCompileCache$|TestMMASourceCompiles$|TestKernelResources$|TestFusedGenCompiles$|TestChainSumCompiles$'
 # The fuzzy (RPA, legacy bias, undetached) and baseline models' gradients.
 run model ./compiler/model 240 . ""
 # Training steps: exact resume, micro-batch equivalence, fused attention,
