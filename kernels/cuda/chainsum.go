@@ -23,15 +23,11 @@ import (
 // in the twins' pool from the chain to the reduction. RPAC_CUDA_SUMS=off
 // keeps the separate reductions.
 
-// chainSum is a reduction a chain folded: its chunks, the partials the
-// chain writes (plan.outputs()·plan.chunks doubles), the scale the
-// reduction applies (a mean's 1/R) and, for a sum of products, the other
-// factor.
+// chainSum is a reduction a chain folded and the partials the chain
+// writes (plan.outputs()·plan.chunks doubles).
 type chainSum struct {
-	plan  reducePlan
-	part  Buffer
-	scale float32
-	y     *ir.Value
+	foldable
+	part Buffer
 }
 
 // finish is the reduction node's step: the partials' sums into o.
@@ -42,12 +38,13 @@ func (s chainSum) finish(p *program, o *dval) func() error {
 }
 
 // foldable is a reduction of a chain's result that the chain can fold
-// (foldedSum).
+// (foldedSum): the reduction node, its chunks, the scale it applies (a
+// mean's 1/R) and, for a sum of products, the other factor.
 type foldable struct {
 	r     *ir.Node
 	plan  reducePlan
 	scale float32
-	y     *ir.Value // the other factor of a SumToProduct
+	y     *ir.Value
 }
 
 // foldedSum is the reduction of FusedElementwise node n's result that the
@@ -112,7 +109,7 @@ func (p *program) foldSum(n *ir.Node, f foldable) (chainSum, bool, error) {
 	if !ok || err != nil {
 		return chainSum{}, false, err
 	}
-	s := chainSum{plan: f.plan, part: part, scale: f.scale, y: f.y}
+	s := chainSum{foldable: f, part: part}
 	if p.sums == nil {
 		p.sums = map[int]chainSum{}
 	}
