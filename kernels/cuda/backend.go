@@ -56,6 +56,7 @@ type Backend struct {
 	// chainsum.go)
 	sums bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
+	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
 	sms int
 
 	mu     sync.Mutex
@@ -231,13 +232,17 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	join, _ := joinGradsEnv()
 	pack, _ := packEnv()
 	sums, _ := sumsEnv()
+	sms := 0
+	if split, _ := splitKEnv(); split {
+		sms = dev.Info().SMs
+	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, sms: dev.Info().SMs}
+		pack: pack, sums: sums, sms: sms}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
-// RPAC_CUDA_SUMS, RPAC_CUDA_GEMM_TUNE).
+// RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
@@ -249,6 +254,9 @@ func checkEnv() error {
 		return err
 	}
 	if _, err := sumsEnv(); err != nil {
+		return err
+	}
+	if _, err := splitKEnv(); err != nil {
 		return err
 	}
 	_, err := gemmTuneEnv()

@@ -98,6 +98,38 @@ func closeTo(t *testing.T, what string, got []float32, want []float64, tol float
 	}
 }
 
+// closeToDots: each got[i], a sum of depth products accumulated in fp32,
+// equals the exact want[i] within 4·√depth units of fp32 rounding of
+// scale[i], the sum of the products' magnitudes (the usual probabilistic
+// bound of a long fp32 sum; the tensor cores' accumulation need not round
+// like a sequential sum, so a flat relative tolerance fails deep sums on
+// a GPU that pass on the simulator: the sixth run measured 1.21e-4 over
+// 8,192 terms). A wrong or unwritten element misses by far more.
+func closeToDots(t *testing.T, what string, got []float32, want, scale []float64, depth int) {
+	t.Helper()
+	tol := 4 * math.Sqrt(float64(depth)) * 0x1p-24
+	worst := 0.0
+	for i := range want {
+		d := math.Abs(float64(got[i])-want[i]) / math.Max(scale[i], math.SmallestNonzeroFloat64)
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		worst = math.Max(worst, d)
+	}
+	if worst > tol {
+		t.Errorf("%s: worst error %.3g of the products' magnitude > %.3g (4·√%d·2⁻²⁴)", what, worst, tol, depth)
+	}
+}
+
+// absF32 is |x| elementwise.
+func absF32(x []float32) []float32 {
+	out := make([]float32, len(x))
+	for i, v := range x {
+		out[i] = float32(math.Abs(float64(v)))
+	}
+	return out
+}
+
 var (
 	grid1D  = [3]uint32{64, 1, 1}
 	block1D = [3]uint32{256, 1, 1}

@@ -6,6 +6,13 @@ package cuda
 // Split along K into slices, it runs as a strided batch of GEMMs, one per
 // slice of rows, into partial products that sum_slices_f32 adds in order:
 // every SM busy, the sum fixed (a step still repeats bit for bit).
+//
+// It is off unless RPAC_CUDA_SPLITK=on. The sixth GPU run (H200) measured
+// cuBLASLt splitting these GEMMs itself (its heuristic's first algorithm
+// for 510×1020 over 24,576 rows takes a 16 MB workspace and 0.97 waves)
+// faster than the slices: 0.113–0.121 ms for the whole GEMM against
+// 0.152 ms for the batch of four slices, sum_slices_f32 apart (the weight
+// gradients 12.8 → 9.4 ms per paper step at 768 tokens).
 
 const (
 	// splitKMinDepth: no slice is shallower than this many rows, so each
@@ -22,6 +29,9 @@ const (
 // that divides K, keeps each slice at least splitKMinDepth deep and brings
 // the output tiles of all slices to no more than the SMs.
 func splitK(s GemmShape, sms int) int {
+	if sms == 0 {
+		return 1
+	}
 	tiles := ceilDiv(s.M, gemmTile) * ceilDiv(s.N, gemmTile)
 	if !s.TransA || s.TransB || s.Batch > 1 || 2*tiles >= sms {
 		return 1
@@ -52,4 +62,11 @@ func (p *program) gemmSplit(s GemmShape, slices int, a, b operand, C Buffer) err
 	}
 	n := s.M * s.N
 	return p.each("sum_slices_f32", n, C.Ptr, parts.Ptr, int32(slices), int64(n))
+}
+
+// splitKEnv: RPAC_CUDA_SPLITK=on splits the weight gradients (off, the
+// default, leaves them to cuBLASLt).
+func splitKEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_SPLITK", map[string]bool{"": false, "on": true, "off": false},
+		"off (the default: cuBLASLt splits the weight gradients' GEMMs itself) or on (rpac's slices and sum_slices_f32)")
 }
