@@ -55,6 +55,9 @@ type Backend struct {
 	// sums: chains fold the column sums of their results (RPAC_CUDA_SUMS,
 	// chainsum.go)
 	sums bool
+	// headPad: the LM head's GEMMs run over the vocabulary and the model
+	// width rounded up to 8 (RPAC_CUDA_HEAD_PAD, headPadEnv)
+	headPad bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
 	sms int
@@ -148,7 +151,11 @@ func (b *Backend) updated(st *kernels.Store, name string, c *bf16Copy) {
 }
 
 // bf16Copy returns the bf16 copy of a store tensor seen as rows×cols,
-// allocated on first use; the caller converts it when it is stale.
+// allocated on first use; the caller converts it when it is stale. The
+// copy has bf16LD(rows) rows of bf16LD(cols), zero where the tensor has
+// none (the conversions and the optimizer write the tensor's rows and
+// columns only), so a GEMM may read it as bf16LD(rows) rows (the LM
+// head's over the vocabulary rounded up, headPad).
 func (b *Backend) bf16Copy(st *kernels.Store, name string, rows, cols int) (*bf16Copy, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -162,8 +169,13 @@ func (b *Backend) bf16Copy(st *kernels.Store, name string, rows, cols int) (*bf1
 	if c := e.bf16[cols]; c != nil {
 		return c, nil
 	}
-	buf, err := b.dev.alloc(uint64(2 * rows * bf16LD(cols)))
+	bytes := uint64(2 * bf16LD(rows) * bf16LD(cols))
+	buf, err := b.dev.alloc(bytes)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.dev.zero(buf, bytes); err != nil {
+		b.dev.free(buf)
 		return nil, err
 	}
 	if e.bf16 == nil {
@@ -232,17 +244,19 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	join, _ := joinGradsEnv()
 	pack, _ := packEnv()
 	sums, _ := sumsEnv()
+	headPad, _ := headPadEnv()
 	sms := 0
 	if split, _ := splitKEnv(); split {
 		sms = dev.Info().SMs
 	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, sms: sms}
+		pack: pack, sums: sums, headPad: headPad, sms: sms}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
-// RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_GEMM_TUNE).
+// RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_HEAD_PAD,
+// RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
@@ -257,6 +271,9 @@ func checkEnv() error {
 		return err
 	}
 	if _, err := splitKEnv(); err != nil {
+		return err
+	}
+	if _, err := headPadEnv(); err != nil {
 		return err
 	}
 	_, err := gemmTuneEnv()

@@ -610,6 +610,13 @@ func (p *program) gemm(s GemmShape, a, b operand, beta float32, C Buffer) error 
 // gemmBias is gemm with bias (N floats; none when bias.Ptr is 0) added to
 // every row of C in the GEMM's epilogue.
 func (p *program) gemmBias(s GemmShape, a, b operand, beta float32, C, bias Buffer) error {
+	return p.gemmGrown(s, nil, a, b, beta, C, bias)
+}
+
+// gemmGrown is gemmBias with grow (when not nil) applied to the shape the
+// bf16 GEMM runs, on the padded copies: it may round M, N or K up to
+// where the copies' rows and columns are zero (headPad).
+func (p *program) gemmGrown(s GemmShape, grow func(*GemmShape), a, b operand, beta float32, C, bias Buffer) error {
 	call := GemmCall{Alpha: 1, Beta: beta, A: a.buf, B: b.buf, C: C, Bias: bias}
 	if !p.bf16GEMM(s) {
 		return p.matmul(s, F32, call)
@@ -617,6 +624,9 @@ func (p *program) gemmBias(s GemmShape, a, b operand, beta float32, C, bias Buff
 	ps, err := paddedShape(s)
 	if err != nil {
 		return err
+	}
+	if grow != nil {
+		grow(&ps)
 	}
 	ra, ca := s.storedA()
 	bufA, err := p.bf16Input(0, a, batchRows(s.Batch, s.StrideA, ra), ca)
@@ -1136,6 +1146,12 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		return nil, err
 	}
 	chunk, ld := ir.LMHeadChunkRows(n), logitsLD(V)
+	// padded (headPad) where the weight is a store tensor, whose bf16 copy
+	// has the vocabulary's rows rounded up
+	pad, dwRows := p.be.headPad && operandOf(W).stored != nil && p.bf16GEMM(GemmShape{M: chunk, N: D, K: V}), V
+	if pad {
+		dwRows = bf16LD(V) // dW's rows up to the padded vocabulary (zero there)
+	}
 	st := &lmHead{}
 	var err error
 	if st.logits, err = p.alloc(chunk * ld); err != nil {
@@ -1148,7 +1164,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		if st.dx, err = p.alloc(N * D); err != nil {
 			return nil, err
 		}
-		if st.dW, err = p.alloc(V * D); err != nil {
+		if st.dW, err = p.alloc(dwRows * D); err != nil {
 			return nil, err
 		}
 	}
@@ -1168,7 +1184,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		for lo := 0; lo < N; lo += chunk {
 			c := min(chunk, N-lo)
 			xc := Buffer{Ptr: x.buf.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			if err := p.gemm(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, act(xc), wt, 0, st.logits); err != nil {
+			if err := p.gemmGrown(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, headGrow(pad, growN, growK), act(xc), wt, 0, st.logits, Buffer{}); err != nil {
 				return err
 			}
 			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}
@@ -1185,14 +1201,14 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if !logits.staged { // fp32 GEMMs read the padded rows as they are
 				dx.LDA, dW.LDA = ld, ld
 			}
-			if err := p.gemm(dx, logits, wt, 0, dxc); err != nil {
+			if err := p.gemmGrown(dx, headGrow(pad, growK), logits, wt, 0, dxc, Buffer{}); err != nil {
 				return err
 			}
 			beta := float32(1)
 			if lo == 0 {
 				beta = 0
 			}
-			if err := p.gemm(dW, logits, act(xc), beta, st.dW); err != nil {
+			if err := p.gemmGrown(dW, headGrow(pad, growM), logits, act(xc), beta, st.dW, Buffer{}); err != nil {
 				return err
 			}
 		}
@@ -1201,6 +1217,38 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		}
 		return p.sumRows(ce.buf, ceRows, N)
 	}, nil
+}
+
+// The LM head's GEMMs under RPAC_CUDA_HEAD_PAD=on run over the vocabulary
+// V and the model width D rounded up to 8 (50,264 and 512 at the paper
+// preset): the logits as 4,096 × 50,264 over 512, dx over 50,264 and dW as
+// 50,264 rows. Every operand is zero there (the weight's bf16 copy has
+// its rows rounded up, zero, bf16Copy; the activations' copies and the
+// fused softmax's bf16 gradient have zero columns to their rows' ends),
+// so the sums are the same and the extra logits and dW rows are zero
+// (the logits' row stride is the padded vocabulary already; dW has the
+// rows). The sixth run measured the head's GEMMs, with V and D as they
+// are, at 86 (logits), 129 (dx) and 262 TFLOP/s (dW) on an H200.
+func headPadEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_HEAD_PAD", map[string]bool{"": false, "on": true, "off": false},
+		"off (the default: the LM head's GEMMs over the vocabulary and width as they are) or on (both rounded up to 8)")
+}
+
+// growM, growN and growK round one dim of a GEMM shape up to 8.
+func growM(s *GemmShape) { s.M = bf16LD(s.M) }
+func growN(s *GemmShape) { s.N = bf16LD(s.N) }
+func growK(s *GemmShape) { s.K = bf16LD(s.K) }
+
+// headGrow applies every grow of dims when pad (headPad), else nothing.
+func headGrow(pad bool, dims ...func(*GemmShape)) func(*GemmShape) {
+	if !pad {
+		return nil
+	}
+	return func(s *GemmShape) {
+		for _, g := range dims {
+			g(s)
+		}
+	}
 }
 
 // stageLogits is where the chunk's logit gradients go for the two GEMMs

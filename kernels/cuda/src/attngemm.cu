@@ -102,47 +102,106 @@ extern "C" __global__ void attn_pack_do_bf16(bf16_t* dst, float* D, const float*
     if (lane == 0) D[row] = part;
 }
 
-// ag_logit: the score S (already scaled) of query i and key j plus the
-// bias, or −inf where the causal mask (j > i) hides it.
-__device__ __forceinline__ float ag_logit(const float* S, const float* bias, i64 row, int T, int i, int j) {
-    if (j > i) return RPAC_NEG_INF;
-    return S[row * T + j] + (bias ? bias[(i64)i * T + j] : 0.0f);
+// The softmax row kernels take a row's columns in pairs: lane l the pairs
+// at 2l + 64u (u < AG_PAIRS) of each step of 64·AG_PAIRS columns, so that
+// a pair of even element index shares its dropout draw (dropout_keep2),
+// P and dS go out as one 4-byte store per pair, and a step's loads are
+// all issued before the arithmetic that needs them. exp is the fast
+// __expf: P and dS are stored as bf16, whose rounding (2⁻⁹) is far above
+// its error (a few units of fp32's), and lse's relative error stays at
+// fp32's.
+#define AG_PAIRS 4
+#define AG_STEP (64 * AG_PAIRS)
+
+// ag_col: the first column of pair u of a lane's step from c0.
+__device__ __forceinline__ int ag_col(int c0, int lane, int u) { return c0 + 2 * lane + 64 * u; }
+
+// dropout_keep2: dropout_keep of elements e and e + 1 into r0 and r1, one
+// draw for both when e is even.
+__device__ __forceinline__ void dropout_keep2(unsigned long long key, i64 e, unsigned long long thresh, float keep, float& r0,
+                                              float& r1) {
+    if (keep == 0.0f) {
+        r0 = r1 = 1.0f;
+        return;
+    }
+    unsigned long long h = mix64(key + (unsigned long long)((e >> 1) + 1) * RPAC_GOLDEN);
+    if (e & 1) {
+        r0 = (unsigned long long)(unsigned int)(h >> 32) < thresh ? keep : 0.0f;
+        r1 = dropout_scale(key, e + 1, thresh, keep);
+        return;
+    }
+    r0 = (unsigned long long)(unsigned int)h < thresh ? keep : 0.0f;
+    r1 = (unsigned long long)(unsigned int)(h >> 32) < thresh ? keep : 0.0f;
+}
+
+// st_bf16x2: a and b as bf16 at dst[k], dst[k + 1] (k even).
+__device__ __forceinline__ void st_bf16x2(bf16_t* dst, i64 k, float a, float b) {
+    ((unsigned int*)dst)[k >> 1] = (unsigned int)f32_to_bf16(a) | (unsigned int)f32_to_bf16(b) << 16;
+}
+
+// ag_logits: a step's scores plus the bias of query i at the lane's
+// columns (ag_col), −inf where the causal mask (j > i) hides them; the
+// loads are issued together.
+__device__ __forceinline__ void ag_logits(float* x, const float* s, const float* b, int i, int c0, int lane) {
+#pragma unroll
+    for (int u = 0; u < 2 * AG_PAIRS; u++) {
+        int j = ag_col(c0, lane, u >> 1) + (u & 1);
+        x[u] = j <= i ? s[j] + (b ? b[j] : 0.0f) : RPAC_NEG_INF;
+    }
 }
 
 // attn_softmax_fwd_f32: for each row, lse = log Σ_j exp(x_j) over the
 // keys j ≤ i (x: the scores plus the bias) and P_j = exp(x_j − lse) times
 // dropout element row·T + j (flash.cu's draws), as bf16 in rows of Tp,
 // zero above the diagonal. Each lane keeps a running maximum and sum of
-// its columns; the lanes combine them in a fixed butterfly.
+// its columns, rescaled once per step; the lanes combine them in a fixed
+// butterfly.
 extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const float* S, const float* bias, int BH, int T, int Tp,
                                                  unsigned long long key, unsigned long long thresh, float keep) {
     i64 row = ag_row(BH, T);
     if (row < 0) return;
     int lane = threadIdx.x & 31, i = (int)(row % T);
+    const float* s = S + row * T;
+    const float* b = bias ? bias + (i64)i * T : nullptr;
     float m = RPAC_NEG_INF, l = 0.0f;
-    for (int j = lane; j <= i; j += 32) {
-        float x = ag_logit(S, bias, row, T, i, j);
-        if (x > m) {
-            l *= expf(m - x);
-            m = x;
+    for (int c0 = 0; c0 <= i; c0 += AG_STEP) {
+        float x[2 * AG_PAIRS];
+        ag_logits(x, s, b, i, c0, lane);
+        float cm = x[0];
+#pragma unroll
+        for (int u = 1; u < 2 * AG_PAIRS; u++) cm = fmaxf(cm, x[u]);
+        if (cm > m) {
+            l *= __expf(m - cm);
+            m = cm;
         }
-        if (x != RPAC_NEG_INF) l += expf(x - m);
+        if (m == RPAC_NEG_INF) continue;
+#pragma unroll
+        for (int u = 0; u < 2 * AG_PAIRS; u++) l += __expf(x[u] - m);
     }
-    for (int s = 16; s > 0; s >>= 1) {
-        float mo = __shfl_xor_sync(AG_FULL, m, s), lo = __shfl_xor_sync(AG_FULL, l, s);
+    for (int o = 16; o > 0; o >>= 1) {
+        float mo = __shfl_xor_sync(AG_FULL, m, o), lo = __shfl_xor_sync(AG_FULL, l, o);
         float mn = fmaxf(m, mo);
-        if (mn != RPAC_NEG_INF) l = (m == mn ? l : l * expf(m - mn)) + (mo == mn ? lo : lo * expf(mo - mn));
+        if (mn != RPAC_NEG_INF) l = (m == mn ? l : l * __expf(m - mn)) + (mo == mn ? lo : lo * __expf(mo - mn));
         m = mn;
     }
     float L = m == RPAC_NEG_INF ? RPAC_NEG_INF : m + logf(l);
     if (lane == 0) lse[row] = L;
-    for (int j = lane; j < Tp; j += 32) {
-        float p = 0.0f;
-        if (j < T) {
-            float x = ag_logit(S, bias, row, T, i, j);
-            if (x != RPAC_NEG_INF) p = expf(x - L) * dropout_keep(key, row * T + j, thresh, keep);
+    for (int c0 = 0; c0 < Tp; c0 += AG_STEP) {
+        float x[2 * AG_PAIRS];
+        if (c0 <= i) ag_logits(x, s, b, i, c0, lane);
+#pragma unroll
+        for (int u = 0; u < AG_PAIRS; u++) {
+            int j = ag_col(c0, lane, u);
+            if (j >= Tp) break;
+            float p0 = 0.0f, p1 = 0.0f;
+            if (j <= i) {
+                float r0, r1;
+                dropout_keep2(key, row * T + j, thresh, keep, r0, r1);
+                if (x[2 * u] != RPAC_NEG_INF) p0 = __expf(x[2 * u] - L) * r0;
+                if (x[2 * u + 1] != RPAC_NEG_INF) p1 = __expf(x[2 * u + 1] - L) * r1;
+            }
+            st_bf16x2(P, row * Tp + j, p0, p1);
         }
-        P[row * Tp + j] = f32_to_bf16(p);
     }
 }
 
@@ -152,9 +211,8 @@ extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const flo
 // the bias gradient's partial sums: part[g,i,j] = Σ dS_j over the rows
 // (bh, i) of group g (the pairs bh from g·BH/G to (g+1)·BH/G, in order) at
 // j ≤ i, which attention_dbias_reduce_f32 sums over g in order. A warp
-// takes query i of group g and walks the group's rows, AG_CHUNK columns
-// per lane at a time, its sums in registers.
-#define AG_CHUNK 8
+// takes query i of group g and walks the group's rows a step of columns at
+// a time (the bias of the step loaded once), its sums in registers.
 extern "C" __global__ void attn_softmax_bwd_f32(bf16_t* Pd, bf16_t* dS, float* part, const float* S, const float* dP,
                                                  const float* bias, const float* lse, const float* D, int BH, int T, int Tp,
                                                  int G, unsigned long long key, unsigned long long thresh, float keep) {
@@ -162,35 +220,57 @@ extern "C" __global__ void attn_softmax_bwd_f32(bf16_t* Pd, bf16_t* dS, float* p
     if (w >= (i64)G * T) return;
     int g = (int)(w / T), i = (int)(w - (i64)g * T), lane = threadIdx.x & 31;
     int bh0 = (int)((i64)g * BH / G), bh1 = (int)((i64)(g + 1) * BH / G);
-    for (int c0 = 0; c0 < Tp; c0 += 32 * AG_CHUNK) {
-        float acc[AG_CHUNK];
+    for (int c0 = 0; c0 < Tp; c0 += AG_STEP) {
+        float bj[2 * AG_PAIRS], acc[2 * AG_PAIRS];
 #pragma unroll
-        for (int u = 0; u < AG_CHUNK; u++) acc[u] = 0.0f;
+        for (int u = 0; u < 2 * AG_PAIRS; u++) {
+            int j = ag_col(c0, lane, u >> 1) + (u & 1);
+            bj[u] = bias && j <= i ? bias[(i64)i * T + j] : 0.0f;
+            acc[u] = 0.0f;
+        }
         for (int bh = bh0; bh < bh1; bh++) {
             i64 row = (i64)bh * T + i;
-            float L = lse[row], Di = D[row];
+            float x[2 * AG_PAIRS], dp[2 * AG_PAIRS];
+            float L = 0.0f, Di = 0.0f;
+            if (c0 <= i) {
+                L = lse[row];
+                Di = D[row];
 #pragma unroll
-            for (int u = 0; u < AG_CHUNK; u++) {
-                int j = c0 + lane + 32 * u;
+                for (int u = 0; u < 2 * AG_PAIRS; u++) {
+                    int j = ag_col(c0, lane, u >> 1) + (u & 1);
+                    bool on = j <= i;
+                    x[u] = on ? S[row * T + j] + bj[u] : RPAC_NEG_INF;
+                    dp[u] = on ? dP[row * T + j] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < AG_PAIRS; u++) {
+                int j = ag_col(c0, lane, u);
                 if (j >= Tp) break;
-                float pd = 0.0f, ds = 0.0f;
-                if (j < T) {
-                    float x = ag_logit(S, bias, row, T, i, j);
-                    if (x != RPAC_NEG_INF) {
-                        float p = expf(x - L), r = dropout_keep(key, row * T + j, thresh, keep);
-                        pd = p * r;
-                        ds = p * (r * dP[row * T + j] - Di);
+                float pd[2] = {0.0f, 0.0f}, ds[2] = {0.0f, 0.0f};
+                if (j <= i) {
+                    float r[2];
+                    dropout_keep2(key, row * T + j, thresh, keep, r[0], r[1]);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float xv = x[2 * u + h];
+                        if (xv != RPAC_NEG_INF) {
+                            float p = __expf(xv - L);
+                            pd[h] = p * r[h];
+                            ds[h] = p * (r[h] * dp[2 * u + h] - Di);
+                        }
                     }
                 }
-                Pd[row * Tp + j] = f32_to_bf16(pd);
-                dS[row * Tp + j] = f32_to_bf16(ds);
-                acc[u] += ds;
+                st_bf16x2(Pd, row * Tp + j, pd[0], pd[1]);
+                st_bf16x2(dS, row * Tp + j, ds[0], ds[1]);
+                acc[2 * u] += ds[0];
+                acc[2 * u + 1] += ds[1];
             }
         }
         if (part) {
 #pragma unroll
-            for (int u = 0; u < AG_CHUNK; u++) {
-                int j = c0 + lane + 32 * u;
+            for (int u = 0; u < 2 * AG_PAIRS; u++) {
+                int j = ag_col(c0, lane, u >> 1) + (u & 1);
                 if (j <= i) part[((i64)g * T + i) * T + j] = acc[u];
             }
         }
