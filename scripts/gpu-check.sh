@@ -48,10 +48,15 @@
 #            sums apart from their chains (RPAC_CUDA_SUMS=off) and with the chain interpreter
 #            (RPAC_CUDA_FUSED=interp), with every GEMM plan's candidates
 #            timed and the fastest taken (RPAC_CUDA_GEMM_TUNE, the choices
-#            printed), and rpac bench gemm-algos on the paper
-#            step's GEMM shapes (cuBLASLt's first 8 candidates each);
+#            printed), with rpac's split of the weight gradients
+#            (RPAC_CUDA_SPLITK=on) and with the LM head's GEMMs padded
+#            (RPAC_CUDA_HEAD_PAD=on), and rpac bench gemm-algos on the paper
+#            step's GEMM shapes (cuBLASLt's first 8 candidates each) and on
+#            the LM head's padded variants, whose cuBLASLt kernels Nsight
+#            Compute names;
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
-#            bf16 and fp32, the fuzzy bf16 step with flash.cu's attention, and
+#            bf16 and fp32, the fuzzy bf16 step at T = 768, with the LM
+#            head padded, with rpac's split-K, with flash.cu's attention, and
 #            with each GEMM's cuBLASLt candidates timed and the fastest taken
 #            (RPAC_CUDA_GEMM_TUNE, the choices printed);
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
@@ -59,7 +64,8 @@
 #            of each kind among them): speed of light, occupancy,
 #            launch statistics (registers, shared memory), warp stalls.
 # RPAC_CHECKS="probe kernels steps predict runs resume bench profile" (the default: all)
-# picks groups; RPAC_CHECK_RUN=REGEXP limits the kernels and steps groups to
+# picks groups; RPAC_CHECK_SKIP="NAME ..." leaves those checks out (reported
+# skipped); RPAC_CHECK_RUN=REGEXP limits the kernels and steps groups to
 # those tests; RPAC_CHECK_BUDGET=SECONDS stops starting checks after that
 # long (the rest are reported "not run: time budget"), for a machine with a
 # per-command time limit (--all defaults it to 480 s for this part);
@@ -130,6 +136,11 @@ t_start=$SECONDS
 # check NAME CMD...: run (unless the time budget is spent), log, record.
 check() {
 	local name="$1"; shift
+	if [[ " ${RPAC_CHECK_SKIP:-} " == *" $name "* ]]; then
+		printf '%s\tskip\t0\n' "$name" >>"$tsv"
+		printf '\n===== %s: not run (RPAC_CHECK_SKIP)\n' "$name" >>"$logs"
+		return
+	fi
 	if [[ -n "${RPAC_CHECK_BUDGET:-}" && $((SECONDS - t_start)) -ge $RPAC_CHECK_BUDGET ]]; then
 		printf '%s\tskip\t0\n' "$name" >>"$tsv"
 		printf '\n===== %s: not run (time budget of %s s spent)\n' "$name" "$RPAC_CHECK_BUDGET" >>"$logs"
@@ -180,6 +191,17 @@ if want predict; then
 	check predict-paper-unsummed env RPAC_CUDA_SUMS=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
+	# rpac's own split of the weight gradients' GEMMs (splitk.go) instead of cuBLASLt's, to compare
+	check predict-paper-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
+	# the LM head's GEMMs over the vocabulary and width rounded up to 8 (RPAC_CUDA_HEAD_PAD), to compare
+	check predict-paper-headpad env RPAC_CUDA_HEAD_PAD=on bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
+	# the LM head's GEMMs (4,096-row chunks) as they are and with V, K or the chunk rounded or grown: which layout cuBLASLt runs fast
+	check gemm-algos-head bin/rpac bench gemm-algos --algos 4 --reps 10 --shapes \
+		4096x50257x510:NT:50264,4096x50257x512:NT:50264,4096x50264x510:NT:50264,4096x50264x512:NT:50264,4096x50304x512:NT:50304,8192x50264x512:NT:50264,4096x510x50257,4096x510x50264,4096x512x50264,50257x510x4096:TN,50264x510x4096:TN,24576x1024x512:NT,24576x512x512:NT,24576x1020x512:NT
+	# the cuBLASLt kernels those shapes run (their names say the tile, the layout and whether they are Hopper's wgmma kernels)
+	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1 || true)
+	[[ -n "$ncu" ]] && check gemm-kernels "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+		bin/rpac bench gemm-algos --algos 1 --reps 1 --shapes 4096x50257x510:NT:50264,4096x50264x512:NT:50264,4096x510x50257,4096x512x50264,50257x510x4096:TN,24576x1020x510:NT,24576x1024x512:NT
 	# cuBLASLt's other candidate algorithms on the paper step's GEMM shapes (T = 768): what choosing by time would gain
 	check gemm-algos bin/rpac bench gemm-algos --algos 8 --reps 10 --shapes \
 		4096x50257x510:NT:50264,4096x510x50257,50257x510x4096:TN,1024x510x50257,24576x1020x510:NT,24576x1020x510,24576x510x1020:NT,24576x510x1020,24576x510x510:NT,24576x510x510,510x510x24576:TN,1020x510x24576:TN,510x1020x24576:TN,1530x510x24576:TN,4080x510x24576:TN,24576x510x1530,24576x510x4080
@@ -214,6 +236,9 @@ if want bench; then
 			check "bench-paper-$model-$prec" bin/rpac bench train --device cuda --precision "$prec" --preset paper --model "$model" --steps 5
 		done
 	done
+	check bench-paper-fuzzy-bf16-768 bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --context 768 --steps 5
+	check bench-paper-fuzzy-bf16-headpad env RPAC_CUDA_HEAD_PAD=on bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
+	check bench-paper-fuzzy-bf16-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	# with each GEMM plan's cuBLASLt candidates timed (in the warm-up step; those of T = 768 already chosen) and the fastest taken
 	check bench-paper-fuzzy-bf16-tuned env RPAC_CUDA_GEMM_ALGOS="$work/gemm-algos.json" RPAC_CUDA_GEMM_TUNE=1 \

@@ -84,7 +84,7 @@ def gpu(out, work, rc):
     ver = versions(probe)
     measured = []
     for name, log in logs.items():
-        if name.startswith(("bench-", "predict-")) or name in ("compare-ce", "gemm-algos"):
+        if name.startswith(("bench-", "predict-")) or name == "compare-ce" or name.startswith("gemm-algos"):
             lines = [l.rstrip() for l in log.splitlines() if MEASURE_RE.match(l)]
             if lines:
                 measured.append({"check": name, "lines": lines})

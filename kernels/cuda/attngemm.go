@@ -219,7 +219,7 @@ func (p *program) agPack(a *attention, l agLayout, dst Buffer, src uint64) error
 // agUnpack writes a packed fp32 GEMM result into an attention output
 // and, when tw has a buffer, its bf16 copy (attnOutTwin).
 func (p *program) agUnpack(a *attention, l agLayout, dst uint64, src Buffer, tw twin) error {
-	return p.each("attn_unpack_f32", a.BH*a.T*a.Hd, dst, src.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp),
+	return p.launch("attn_unpack_f32", agRowGrid(a), agRowBlock, 0, dst, src.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp),
 		tw.buf.Ptr, int32(tw.ld))
 }
 
@@ -308,7 +308,7 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		}
 		var err error
 		if off := g.cols[r.j]; off >= 0 {
-			err = p.each("attn_unpack_bf16", a.BH*a.T*a.Hd, g.rows.buf.Ptr, R.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H),
+			err = p.launch("attn_unpack_bf16", agRowGrid(a), agRowBlock, 0, g.rows.buf.Ptr, R.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H),
 				int32(l.Hp), int32(g.rows.ld), int32(off))
 		} else {
 			err = p.agUnpack(a, l, g.out[r.j].buf.Ptr, R, twin{})

@@ -207,7 +207,7 @@ func TestGPULayerNorm(t *testing.T) {
 	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, D, 1), randF32(r, D, 1), randF32(r, rows*D, 1)
 	dx_, dg_, db_ := devF32(t, c, x), devF32(t, c, g), devF32(t, c, b)
 	dout, dmean, drstd := devF32(t, c, make([]float32, rows*D)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
-	if err := c.Launch("layernorm_fwd_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
+	if err := c.Launch("layernorm_fwd_f32", warpGrid(rows), reduceBlock, 0, // a warp per row
 		dout.Ptr, dmean.Ptr, drstd.Ptr, dx_.Ptr, dg_.Ptr, db_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestGPULayerNorm(t *testing.T) {
 	const chunk = 16 // several partial sums over the 37 rows
 	chunks := (rows + chunk - 1) / chunk
 	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 4*chunks*D)) // doubles
-	if err := c.Launch("layernorm_bwd_dx_f32", [3]uint32{rows, 1, 1}, [3]uint32{128, 1, 1}, 0,
+	if err := c.Launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0, // a warp per row
 		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
 		t.Fatal(err)
 	}

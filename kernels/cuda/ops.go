@@ -977,12 +977,12 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 			return nil, err
 		}
 		return func() error {
-			return p.launch("layernorm_fwd_bf16pad", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, stats.Ptr,
+			return p.launch("layernorm_fwd_bf16pad", warpGrid(rows), reduceBlock, 0, o.buf.Ptr, stats.Ptr,
 				stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), int32(bf16LD(D)), eps)
 		}, nil
 	}
 	return func() error {
-		return p.launch("layernorm_fwd_f32", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, o.buf.Ptr, stats.Ptr,
+		return p.launch("layernorm_fwd_f32", warpGrid(rows), reduceBlock, 0, o.buf.Ptr, stats.Ptr,
 			stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), eps)
 	}, nil
 }
@@ -1006,7 +1006,7 @@ func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error,
 	eps := float32(n.Attrs.Float("eps", 1e-5))
 	cols := uint32((D + 127) / 128)
 	return func() error {
-		if err := p.launch("layernorm_bwd_dx_f32", blocks(rows, 1), [3]uint32{128, 1, 1}, 0, dx.buf.Ptr, stats.Ptr,
+		if err := p.launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0, dx.buf.Ptr, stats.Ptr,
 			dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), eps); err != nil {
 			return err
 		}

@@ -25,6 +25,12 @@
 #define AG_ROWS 8  // rows (warps) per block of the row kernels
 #define AG_FULL 0xffffffffu
 
+// ag_row: the row (bh·T + i) a warp of the row kernels takes, or −1.
+__device__ __forceinline__ i64 ag_row(int BH, int T) {
+    i64 row = (i64)blockIdx.x * AG_ROWS + (threadIdx.x >> 5);
+    return row < (i64)BH * T ? row : -1;
+}
+
 // attn_pack_bf16: dst [BH,T,Hp] bf16 from src, an attention operand in
 // the layout attn_head reads (H = 0: [B,H,T,Hd]; else [B,T,H,Hd]), the
 // columns from Hd to Hp zero. Eight elements per thread.
@@ -42,20 +48,26 @@ extern "C" __global__ void attn_pack_bf16(bf16_t* dst, const float* src, int BH,
 // attn_unpack_f32: out, in attn_head's layout, from the GEMM result src
 // [BH,T,Hp] fp32 (columns below Hd); with tw (H > 0: out is [B,T,H,Hd])
 // also its bf16 copy in rows of ld for the GEMMs that read out as
-// [B·T, H·Hd] (attn_unpack_bf16's placement, from column 0).
+// [B·T, H·Hd] (attn_unpack_bf16's placement, from column 0). A warp per
+// row (the row kernels' grid): the divisions once per row.
 extern "C" __global__ void attn_unpack_f32(float* out, const float* src, int BH, int T, int Hd, int H, int Hp, bf16_t* tw,
                                            int ld) {
-    GRID_STRIDE(e, (i64)BH * T * Hd) {
-        i64 row = e / Hd;
-        int d = (int)(e - row * Hd);
-        i64 bh = row / T;
-        attn_view hv = attn_head(bh, T, Hd, H);
-        float x = src[row * Hp + d];
-        out[hv.base + (row - bh * T) * hv.rs + d] = x;
-        if (tw) {
-            i64 b = bh / H;
-            tw[(b * T + row - bh * T) * ld + (bh - b * H) * Hd + d] = f32_to_bf16(x);
-        }
+    i64 row = ag_row(BH, T);
+    if (row < 0) return;
+    int lane = threadIdx.x & 31;
+    i64 bh = row / T, t = row - bh * T;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    float* o = out + hv.base + t * hv.rs;
+    const float* s = src + row * Hp;
+    bf16_t* w = 0;
+    if (tw) {
+        i64 b = bh / H;
+        w = tw + (b * T + t) * ld + (bh - b * H) * Hd;
+    }
+    for (int d = lane; d < Hd; d += 32) {
+        float x = s[d];
+        o[d] = x;
+        if (w) w[d] = f32_to_bf16(x);
     }
 }
 
@@ -63,23 +75,16 @@ extern "C" __global__ void attn_unpack_f32(float* out, const float* src, int BH,
 // as bf16 into rows of ld elements, from column off: element (b, t, h, d)
 // of the [B,T,H,Hd] operand to row b·T + t, column off + h·Hd + d (a
 // joined gradient's part, written straight into its bf16 operand), each
-// rounded as the conversion kernels round it.
+// rounded as the conversion kernels round it. A warp per row.
 extern "C" __global__ void attn_unpack_bf16(bf16_t* out, const float* src, int BH, int T, int Hd, int H, int Hp, int ld,
                                             int off) {
-    GRID_STRIDE(e, (i64)BH * T * Hd) {
-        i64 row = e / Hd;
-        int d = (int)(e - row * Hd);
-        i64 bh = row / T;
-        i64 b = bh / H, t = row - bh * T;
-        int h = (int)(bh - b * H);
-        out[(b * T + t) * ld + off + h * Hd + d] = f32_to_bf16(src[row * Hp + d]);
-    }
-}
-
-// ag_row: the row (bh·T + i) a warp of the row kernels takes, or −1.
-__device__ __forceinline__ i64 ag_row(int BH, int T) {
-    i64 row = (i64)blockIdx.x * AG_ROWS + (threadIdx.x >> 5);
-    return row < (i64)BH * T ? row : -1;
+    i64 row = ag_row(BH, T);
+    if (row < 0) return;
+    int lane = threadIdx.x & 31;
+    i64 bh = row / T, t = row - bh * T, b = bh / H;
+    bf16_t* o = out + (b * T + t) * ld + off + (bh - b * H) * Hd;
+    const float* s = src + row * Hp;
+    for (int d = lane; d < Hd; d += 32) o[d] = f32_to_bf16(s[d]);
 }
 
 // attn_pack_do_bf16: dst [BH,T,Hp] bf16 from dO (as attn_pack_bf16), and

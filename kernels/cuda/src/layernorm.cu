@@ -1,21 +1,44 @@
-// LayerNorm over the last axis (biased variance), one block per row.
-// The backward recomputes each row's statistics and sums the parameters'
-// gradients over fixed chunks of rows, then the chunks' partials in a fixed
-// tree (no atomics: a step repeats bit for bit).
+// LayerNorm over the last axis (biased variance), a warp per row (8 rows
+// per 256-thread block): lane l takes the columns l, l + 32, ... and the
+// lanes combine their sums in a fixed butterfly (every lane ends with the
+// same bits). The backward recomputes each row's statistics and sums the
+// parameters' gradients over fixed chunks of rows, then the chunks'
+// partials in a fixed tree (no atomics: a step repeats bit for bit).
+
+#define LN_ROWS 8  // rows (warps) per block of the row kernels
+
+// ln_warp_row: the row this warp takes, or −1.
+__device__ __forceinline__ int ln_warp_row(int rows) {
+    int r = blockIdx.x * LN_ROWS + (threadIdx.x >> 5);
+    return r < rows ? r : -1;
+}
+
+// ln_warp_sum: the warp's sum in every lane (xor butterfly).
+__device__ __forceinline__ float ln_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 // ln_row: row r of x (D elements), its mean and 1/std computed by the
-// block (thread 0 stores them in mean[r] and rstd[r]).
-__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, float eps, float* shared, float* mean,
-                                               float* rstd, float* mu, float* rs) {
+// warp (lane 0 stores them in mean[r] and rstd[r]).
+__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, float eps, float* mean, float* rstd, float* mu,
+                                               float* rs) {
     const float* xr = x + (i64)r * D;
+    int lane = threadIdx.x & 31;
     float s = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
-    float m = block_sum(s, shared) / D;
+    for (int j = lane; j < D; j += 32) s += xr[j];
+    float m = ln_warp_sum(s) / D;
     float q = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) { float d = xr[j] - m; q += d * d; }
+    for (int j = lane; j < D; j += 32) {
+        float d = xr[j] - m;
+        q += d * d;
+    }
     *mu = m;
-    *rs = rsqrtf(block_sum(q, shared) / D + eps);
-    if (threadIdx.x == 0) { mean[r] = *mu; rstd[r] = *rs; }
+    *rs = rsqrtf(ln_warp_sum(q) / D + eps);
+    if (lane == 0) {
+        mean[r] = *mu;
+        rstd[r] = *rs;
+    }
     return xr;
 }
 // ln_out: output element j of a row, each operation rounded on its own
@@ -26,12 +49,12 @@ __device__ __forceinline__ float ln_out(const float* xr, int j, float mu, float 
 
 extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
                                              const float* g, const float* b, int rows, int D, float eps) {
-    __shared__ float shared[32];
-    if ((int)blockIdx.x >= rows) return;
+    int r = ln_warp_row(rows);
+    if (r < 0) return;
     float mu, rs;
-    const float* xr = ln_row(x, blockIdx.x, D, eps, shared, mean, rstd, &mu, &rs);
-    float* yr = out + (i64)blockIdx.x * D;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) yr[j] = ln_out(xr, j, mu, rs, g, b);
+    const float* xr = ln_row(x, r, D, eps, mean, rstd, &mu, &rs);
+    float* yr = out + (i64)r * D;
+    for (int j = threadIdx.x & 31; j < D; j += 32) yr[j] = ln_out(xr, j, mu, rs, g, b);
 }
 
 // layernorm_fwd_bf16pad: layernorm_fwd_f32 with the output written as the
@@ -39,44 +62,50 @@ extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rst
 // ld zero), each element rounded as f32_to_bf16_pad_kernel rounds it.
 extern "C" __global__ void layernorm_fwd_bf16pad(bf16_t* out, float* mean, float* rstd, const float* x,
                                                  const float* g, const float* b, int rows, int D, int ld, float eps) {
-    __shared__ float shared[32];
-    if ((int)blockIdx.x >= rows) return;
+    int r = ln_warp_row(rows);
+    if (r < 0) return;
     float mu, rs;
-    const float* xr = ln_row(x, blockIdx.x, D, eps, shared, mean, rstd, &mu, &rs);
-    bf16_t* yr = out + (i64)blockIdx.x * ld;
-    for (int j = threadIdx.x; j < ld; j += blockDim.x) yr[j] = j < D ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
+    const float* xr = ln_row(x, r, D, eps, mean, rstd, &mu, &rs);
+    bf16_t* yr = out + (i64)r * ld;
+    for (int j = threadIdx.x & 31; j < ld; j += 32) yr[j] = j < D ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
 }
 
 // layernorm_bwd_dx_f32: dx per row, recomputing the row's mean and 1/std
 // (stored in stats[2r], stats[2r+1] for the parameters' kernel).
 extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const float* dy, const float* x, const float* g,
                                                 int rows, int D, float eps) {
-    __shared__ float red[32];
-    int r = blockIdx.x;
-    if (r >= rows) return;
+    int r = ln_warp_row(rows);
+    if (r < 0) return;
+    int lane = threadIdx.x & 31;
     const float* xr = x + (i64)r * D;
     const float* dyr = dy + (i64)r * D;
     float s = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
-    float mu = block_sum(s, red) / D;
+    for (int j = lane; j < D; j += 32) s += xr[j];
+    float mu = ln_warp_sum(s) / D;
     float q = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) { float d = xr[j] - mu; q += d * d; }
-    float rs = rsqrtf(block_sum(q, red) / D + eps);
+    for (int j = lane; j < D; j += 32) {
+        float d = xr[j] - mu;
+        q += d * d;
+    }
+    float rs = rsqrtf(ln_warp_sum(q) / D + eps);
     float a = 0.0f, c = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    for (int j = lane; j < D; j += 32) {
         float xh = (xr[j] - mu) * rs;
         float dxh = dyr[j] * g[j];
         a += dxh;
         c += dxh * xh;
     }
-    a = block_sum(a, red) / D;
-    c = block_sum(c, red) / D;
+    a = ln_warp_sum(a) / D;
+    c = ln_warp_sum(c) / D;
     float* dxr = dx + (i64)r * D;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    for (int j = lane; j < D; j += 32) {
         float xh = (xr[j] - mu) * rs;
         dxr[j] = (dyr[j] * g[j] - a - xh * c) * rs;
     }
-    if (threadIdx.x == 0) { stats[2 * r] = mu; stats[2 * r + 1] = rs; }
+    if (lane == 0) {
+        stats[2 * r] = mu;
+        stats[2 * r + 1] = rs;
+    }
 }
 
 // layernorm_bwd_params_f32: partial dg, db over the rows of chunk
