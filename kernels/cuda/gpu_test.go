@@ -244,7 +244,7 @@ func TestGPULayerNorm(t *testing.T) {
 	const chunk = 16 // several partial sums over the 37 rows
 	chunks := (rows + chunk - 1) / chunk
 	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 4*chunks*D)) // doubles
-	if err := c.Launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0, // a warp per row
+	if err := c.Launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0,                      // a warp per row
 		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
 		t.Fatal(err)
 	}
