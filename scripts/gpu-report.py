@@ -73,8 +73,8 @@ def gpu(out, work, rc):
         name, code, secs = line.split("\t")
         log = read(os.path.join(work, name + ".log"))
         c = {"check": name, "seconds": int(secs), "tail": log[-2000:]}
-        if code == "skip":
-            c["result"], c["why"] = "not run", "time budget spent"
+        if code in ("skip", "skip-asked"):
+            c["result"], c["why"] = "not run", "time budget spent" if code == "skip" else "RPAC_CHECK_SKIP"
         else:
             c["result"], c["exit"] = ("passed" if code == "0" else "FAILED"), int(code)
         checks.append(c)

@@ -10,7 +10,7 @@ import (
 )
 
 // TestGPUHeadPad: the fused LM head with its GEMMs over the vocabulary and
-// width rounded up to 8 (headPad, RPAC_CUDA_HEAD_PAD=on: 1,111 → 1,112 and
+// width rounded up to 8 (headPad, RPAC_CUDA_HEAD_PAD=on, the default: 1,111 → 1,112 and
 // 85 → 88, chunks of 16 rows over 37, the weight a store tensor whose bf16
 // copy has the extra row) matches the CPU within bf16's bounds, as the
 // unpadded head does; on the simulator, whose GEMMs sum over K in order,
@@ -63,6 +63,7 @@ func TestGPUHeadPad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	be.headPad = false
 	plain := run(be)
 	be.headPad = true
 	tr.Reset()

@@ -1219,7 +1219,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	}, nil
 }
 
-// The LM head's GEMMs under RPAC_CUDA_HEAD_PAD=on run over the vocabulary
+// The LM head's GEMMs (RPAC_CUDA_HEAD_PAD=on, the default) run over the vocabulary
 // V and the model width D rounded up to 8 (50,264 and 512 at the paper
 // preset): the logits as 4,096 × 50,264 over 512, dx over 50,264 and dW as
 // 50,264 rows. Every operand is zero there (the weight's bf16 copy has
@@ -1227,11 +1227,15 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 // fused softmax's bf16 gradient have zero columns to their rows' ends),
 // so the sums are the same and the extra logits and dW rows are zero
 // (the logits' row stride is the padded vocabulary already; dW has the
-// rows). The sixth run measured the head's GEMMs, with V and D as they
-// are, at 86 (logits), 129 (dx) and 262 TFLOP/s (dW) on an H200.
+// rows). cuBLASLt runs its Hopper kernels only on dims that are all
+// multiples of 8: the sixth run (H200) measured the logits GEMM at 2.44 ms
+// (86 TFLOP/s, a Turing-era CUTLASS kernel for alignment 1) as 4,096 ×
+// 50,257 over 510 and at 0.41 ms (517 TFLOP/s, nvjet_sm90) as 4,096 ×
+// 50,264 over 512, and the paper step at T = 384 at 132 ms without the
+// padding and 114 ms with it.
 func headPadEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_HEAD_PAD", map[string]bool{"": false, "on": true, "off": false},
-		"off (the default: the LM head's GEMMs over the vocabulary and width as they are) or on (both rounded up to 8)")
+	return envChoice("RPAC_CUDA_HEAD_PAD", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: the LM head's GEMMs over the vocabulary and width rounded up to 8) or off (as they are)")
 }
 
 // growM, growN and growK round one dim of a GEMM shape up to 8.
