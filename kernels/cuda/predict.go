@@ -33,11 +33,13 @@ const (
 	// gemmUnaligned: leading dimensions that are not multiples of 16 bytes
 	// rule out the TMA-based Hopper kernels; estimate half the aligned rate.
 	gemmUnaligned = 0.40
-	// gemmUnalignedC: A and B aligned (the backend pads their bf16 copies)
-	// but C's rows (fp32, dense: the model's activations) not a multiple of
-	// 16 bytes: the main loop is the aligned one, the epilogue stores C
-	// without TMA; estimate 0.9 of the aligned rate.
-	gemmUnalignedC = 0.9
+	// gemmAlign1: a GEMM with a dim (M, N or K) that is odd runs on
+	// cuBLASLt's fallback for alignment 1 (a Turing-era CUTLASS kernel,
+	// cutlass_75_tensorop_s1688gemm_*_align1, named by Nsight Compute in
+	// the sixth run): fitted to the LM head's three unpadded GEMMs on an
+	// H200 (2026-11-27), 0.19–0.51 of the rate predicted for alignment 2
+	// (geometric mean 0.35).
+	gemmAlign1 = 0.35
 	// gemmF32: SIMT SGEMM (CUBLAS_COMPUTE_32F without TF32) at ~75% of the
 	// fp32 peak.
 	gemmF32 = 0.75
@@ -45,11 +47,19 @@ const (
 	// GEMM with fewer tiles than SMs, or a last partial wave, leaves SMs idle.
 	gemmTile = 128
 	// gemmKOverhead: prologue and epilogue of each tile in units of K
-	// (efficiency K / (K + gemmKOverhead)). Fitted to an H200 (2026-11-25):
-	// the paper preset's GEMMs of 24,576 rows and K of 510 or 1,020 ran at
-	// 200–240 TFLOP/s (each call less ~27 µs of synchronized launch),
-	// 2.4–2.8× slower than the 192 first estimated predicted.
+	// (efficiency K / (K + gemmKOverhead)) for GEMMs whose dims are not all
+	// multiples of 8, which cuBLASLt runs on older CUTLASS kernels
+	// (cutlass_80_tensorop_s16816gemm_*_align2 in the sixth run). Fitted to
+	// an H200 (2026-11-25): the paper preset's GEMMs of 24,576 rows and K
+	// of 510 or 1,020 ran at 200–240 TFLOP/s (each call less ~27 µs of
+	// synchronized launch), 2.4–2.8× slower than the 192 first estimated
+	// predicted; the sixth run measured them at 1.03–1.14× this model.
 	gemmKOverhead = 1500
+	// gemmKOverheadHopper: the same for GEMMs whose dims are all multiples
+	// of 8, which cuBLASLt runs on its Hopper kernels (nvjet_sm90_*):
+	// fitted to the sixth run's five such shapes (H200, 2026-11-27; 267–726
+	// TFLOP/s), each within 0.7–1.3× of this model.
+	gemmKOverheadHopper = 500
 	// hbmStream: streaming kernels reach ~85% of the HBM bandwidth.
 	hbmStream = 0.85
 	// viewStream: kernels over strided views and broadcasts (ClassView)
@@ -99,6 +109,45 @@ const (
 	// copyLatency: a synchronous cuMemcpy's fixed cost, seconds.
 	copyLatency = 10e-6
 )
+
+// measuredStream: the fraction of the HBM bandwidth each memory-bound
+// kernel of the paper step reached in the sixth run (H200, 2026-11-27,
+// paper preset at T = 768, each call timed between two synchronizations
+// less the launch floor: 0.85 over the ratio of measured to predicted),
+// for the kernels above 0.5 ms a step that ran slower than the streaming
+// rate; the generated chains by their report class. The others keep
+// hbmStream.
+var measuredStream = map[string]float64{
+	fusedGenSum:                               0.45, // 10.6 ms, 1.91× the streaming rate's time
+	fusedGenDense:                             0.41, // 4.2 ms, 2.09×
+	fusedGenBcast:                             0.59, // 3.4 ms, 1.43×
+	"softmax_ce_fused_f32":                    0.55, // 4.7 ms, 1.55×
+	"attn_softmax_bwd_f32":                    0.47, // 4.9 ms, 1.80×
+	"attn_softmax_fwd_f32":                    0.27, // 4.2 ms, 3.10× (Nsight Compute: bound by its instructions)
+	"reduce_rows_f32":                         0.59, // 2.0 ms, 1.44×
+	"attn_pack_bf16":                          0.59, // 1.9 ms, 1.43×
+	"dropout_f32":                             0.54, // 1.9 ms, 1.58×
+	"layernorm_bwd_dx_f32":                    0.45, // 1.8 ms, 1.90×
+	"attn_unpack_bf16":                        0.34, // 1.6 ms, 2.47×
+	"layernorm_bwd_params_f32":                0.47, // 1.1 ms, 1.81×
+	"layernorm_fwd_bf16pad":                   0.41, // 0.9 ms, 2.08×
+	"gaussian_membership_bwd_rows_f32":        0.21, // 1.2 ms, 4.12×
+	"gaussian_membership_bwd_params_part_f32": 0.15, // 0.9 ms, 5.77×
+	"gaussian_membership_f32":                 0.22, // 0.6 ms, 3.81×
+	"attn_unpack_f32":                         0.44, // 0.7 ms, 1.94×
+	"attn_pack_do_bf16":                       0.49, // 0.6 ms, 1.72×
+	"f32_to_bf16_pad_kernel":                  0.49, // 0.6 ms, 1.73×
+}
+
+// streamRate is the fraction of the HBM bandwidth a memory-bound kernel
+// reaches: measuredStream's where the sixth run measured it, else
+// hbmStream.
+func streamRate(kernel string) float64 {
+	if r, ok := measuredStream[reportName(kernel)]; ok {
+		return r
+	}
+	return hbmStream
+}
 
 // Machines the model knows (`--predict`).
 var Machines = map[string]Hardware{
@@ -163,7 +212,7 @@ type Prediction struct {
 
 // eventTime is the roofline time of one event and what bounds it.
 func (h Hardware) eventTime(e Event) (float64, string) {
-	bw := hbmStream * h.HBMTBs * 1e12
+	bw := streamRate(e.Name) * h.HBMTBs * 1e12
 	switch e.Class {
 	case ClassView:
 		bw = viewStream * h.HBMTBs * 1e12
@@ -222,22 +271,28 @@ func (h Hardware) mmaTime(e Event) float64 {
 	return (tensor + scalar) / share
 }
 
-// gemmEfficiency is the fraction of the peak a GEMM reaches.
+// gemmEfficiency is the fraction of the peak a GEMM reaches: the aligned
+// rate on cuBLASLt's Hopper kernels where the dims are all multiples of 8
+// (and the bf16 operands' rows 16-byte aligned), the fallbacks' otherwise,
+// times the share of the SMs its tiles' waves fill and its depth K
+// against the tile's fixed cost.
 func (h Hardware) gemmEfficiency(s GemmShape, dt DType) float64 {
 	if dt != BF16 {
 		return gemmF32
 	}
-	eff := gemmAligned
-	switch {
+	eff, overhead := gemmAligned, gemmKOverheadHopper
+	switch a := gemmDimAlign(s); {
 	case !gemmAlignedAB(s):
-		eff = gemmUnaligned
-	case !gemmAlignedC(s):
-		eff *= gemmUnalignedC
+		eff, overhead = gemmUnaligned, gemmKOverhead
+	case a == 1:
+		eff, overhead = gemmAligned*gemmAlign1, gemmKOverhead
+	case a < 8:
+		overhead = gemmKOverhead
 	}
 	tiles := math.Ceil(float64(s.M)/gemmTile) * math.Ceil(float64(s.N)/gemmTile) * float64(max(1, s.Batch))
 	waves := math.Ceil(tiles / float64(h.SMs))
 	eff *= tiles / (waves * float64(h.SMs))
-	eff *= float64(s.K) / float64(s.K+gemmKOverhead)
+	eff *= float64(s.K) / float64(s.K+overhead)
 	return eff
 }
 
@@ -251,10 +306,17 @@ func gemmAlignedAB(s GemmShape) bool {
 	return ok
 }
 
-// gemmAlignedC: C's leading dimension (fp32) and batch stride are
-// multiples of 4 elements (16 bytes).
-func gemmAlignedC(s GemmShape) bool {
-	return s.ldc()%4 == 0 && (s.Batch <= 1 || s.StrideC%4 == 0)
+// gemmDimAlign is the largest of 8, 4, 2 and 1 that divides M, N and K:
+// cuBLASLt's Hopper kernels take 8 only (the sixth run: 4,096 × 50,257
+// over 510 ran a CUTLASS kernel for alignment 1 at 86 TFLOP/s, 4,096 ×
+// 50,264 over 512 nvjet_sm90 at 517).
+func gemmDimAlign(s GemmShape) int {
+	for _, a := range []int{8, 4, 2} {
+		if s.M%a == 0 && s.N%a == 0 && s.K%a == 0 {
+			return a
+		}
+	}
+	return 1
 }
 
 func (h Hardware) gemmTime(e Event) (float64, string) {
