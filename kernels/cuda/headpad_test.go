@@ -12,7 +12,8 @@ import (
 // TestGPUHeadPad: the fused LM head with its GEMMs over the vocabulary and
 // width rounded up to 8 (headPad, RPAC_CUDA_HEAD_PAD=on, the default: 1,111 → 1,112 and
 // 85 → 88, chunks of 16 rows over 37, the weight a store tensor whose bf16
-// copy has the extra row) matches the CPU within bf16's bounds, as the
+// copy has the extra row; dx and dW accumulated in rows of 88 and
+// compacted by LMHeadGrad) matches the CPU within bf16's bounds, as the
 // unpadded head does; on the simulator, whose GEMMs sum over K in order,
 // the zero terms change nothing: both give the same bits.
 func TestGPUHeadPad(t *testing.T) {
@@ -68,15 +69,22 @@ func TestGPUHeadPad(t *testing.T) {
 	be.headPad = true
 	tr.Reset()
 	padded := run(be)
-	grown := 0
+	grown, wide, compacted := 0, 0, 0
 	for _, e := range tr.Events() {
 		if e.Kind == EvGEMM && (e.Shape.N == 1112 || e.Shape.K == 1112 || e.Shape.M == 1112) {
 			grown++
 		}
+		if e.Kind == EvGEMM && e.Shape.N == 88 {
+			wide++
+		}
+		if e.Name == "scale_rows_ptr_f32" {
+			compacted++
+		}
 	}
-	// three chunks: logits, dx and dW each
-	if grown != 9 {
-		t.Errorf("%d GEMMs over the padded vocabulary, want 9", grown)
+	// three chunks: logits, dx and dW each over the padded vocabulary, dx
+	// and dW over the padded width, both compacted once by LMHeadGrad
+	if grown != 9 || wide != 6 || compacted != 2 {
+		t.Errorf("%d GEMMs over the padded vocabulary (want 9), %d over the padded width (want 6), %d compactions (want 2)", grown, wide, compacted)
 	}
 	for _, n := range names {
 		if want[n] == nil {

@@ -1121,6 +1121,9 @@ func (p *program) buildCrossEntropyGrad(n *ir.Node, in, out []*dval) (func() err
 type lmHead struct {
 	logits, rows Buffer
 	dx, dW       Buffer // zero Ptr when no gradient is wanted
+	// gradLD: the row length of dx and dW (D, or bf16LD(D) under headPad,
+	// whose GEMMs write the padded columns, zero)
+	gradLD int
 }
 
 // logitsLD is the row stride of the LM head's logits: the vocabulary
@@ -1149,10 +1152,10 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	// padded (headPad) where the weight is a store tensor, whose bf16 copy
 	// has the vocabulary's rows rounded up
 	pad, dwRows := p.be.headPad && operandOf(W).stored != nil && p.bf16GEMM(GemmShape{M: chunk, N: D, K: V}), V
-	if pad {
-		dwRows = bf16LD(V) // dW's rows up to the padded vocabulary (zero there)
+	st := &lmHead{gradLD: D}
+	if pad { // dx and dW in rows of the padded width, dW up to the padded vocabulary
+		dwRows, st.gradLD = bf16LD(V), bf16LD(D)
 	}
-	st := &lmHead{}
 	var err error
 	if st.logits, err = p.alloc(chunk * ld); err != nil {
 		return nil, err
@@ -1161,10 +1164,10 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		return nil, err
 	}
 	if p.lmHeadGradOf(n) != nil {
-		if st.dx, err = p.alloc(N * D); err != nil {
+		if st.dx, err = p.alloc(N * st.gradLD); err != nil {
 			return nil, err
 		}
-		if st.dW, err = p.alloc(dwRows * D); err != nil {
+		if st.dW, err = p.alloc(dwRows * st.gradLD); err != nil {
 			return nil, err
 		}
 	}
@@ -1187,7 +1190,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if err := p.gemmGrown(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, headGrow(pad, growN, growK), act(xc), wt, 0, st.logits, Buffer{}); err != nil {
 				return err
 			}
-			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1}
+			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1, LDC: st.gradLD}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1, LDC: st.gradLD}
 			logits, gb, gld := p.stageLogits(dx, st)
 			if err := p.launch("softmax_ce_fused_f32", blocks(c, 1), [3]uint32{512, 1, 1}, 0, st.logits.Ptr,
 				st.rows.Ptr+uint64(4*lo), ceRows.Ptr+uint64(4*lo), pred.buf.Ptr+uint64(4*lo), tg.buf.Ptr+uint64(4*lo),
@@ -1197,18 +1200,18 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if st.dx.Ptr == 0 {
 				continue
 			}
-			dxc := Buffer{Ptr: st.dx.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
+			dxc := Buffer{Ptr: st.dx.Ptr + uint64(4*lo*st.gradLD), Bytes: uint64(4 * c * st.gradLD)}
 			if !logits.staged { // fp32 GEMMs read the padded rows as they are
 				dx.LDA, dW.LDA = ld, ld
 			}
-			if err := p.gemmGrown(dx, headGrow(pad, growK), logits, wt, 0, dxc, Buffer{}); err != nil {
+			if err := p.gemmGrown(dx, headGrow(pad, growN, growK), logits, wt, 0, dxc, Buffer{}); err != nil {
 				return err
 			}
 			beta := float32(1)
 			if lo == 0 {
 				beta = 0
 			}
-			if err := p.gemmGrown(dW, headGrow(pad, growM), logits, act(xc), beta, st.dW, Buffer{}); err != nil {
+			if err := p.gemmGrown(dW, headGrow(pad, growM, growN), logits, act(xc), beta, st.dW, Buffer{}); err != nil {
 				return err
 			}
 		}
@@ -1282,11 +1285,21 @@ func (p *program) buildLMHeadGrad(n *ir.Node, in, out []*dval) (func() error, er
 	}
 	dsm, dx, dW := in[0], out[0], out[1]
 	return func() error {
-		if err := p.each("scale_ptr_f32", dx.n, dx.buf.Ptr, st.dx.Ptr, dsm.buf.Ptr, int64(dx.n)); err != nil {
+		if err := p.scaleRows(dx, st.dx, dsm.buf, st.gradLD); err != nil {
 			return err
 		}
-		return p.each("scale_ptr_f32", dW.n, dW.buf.Ptr, st.dW.Ptr, dsm.buf.Ptr, int64(dW.n))
+		return p.scaleRows(dW, st.dW, dsm.buf, st.gradLD)
 	}, nil
+}
+
+// scaleRows writes out = (*s) · src, src in rows of ld ≥ out's last dim
+// (the LM head's accumulated gradients).
+func (p *program) scaleRows(out *dval, src, s Buffer, ld int) error {
+	cols := out.v.Shape[len(out.v.Shape)-1]
+	if ld == cols {
+		return p.each("scale_ptr_f32", out.n, out.buf.Ptr, src.Ptr, s.Ptr, int64(out.n))
+	}
+	return p.each("scale_rows_ptr_f32", out.n, out.buf.Ptr, src.Ptr, s.Ptr, int32(cols), int32(ld), int64(out.n))
 }
 
 // ---- the paper's ops ----

@@ -30,36 +30,37 @@ const (
 	// dimensions reaches ~80% of the dense peak at its best shapes (the
 	// maximum achievable matmul FLOPS, 792 of 989 TFLOP/s on H100 SXM).
 	gemmAligned = 0.80
-	// gemmUnaligned: leading dimensions that are not multiples of 16 bytes
-	// rule out the TMA-based Hopper kernels; estimate half the aligned rate.
-	gemmUnaligned = 0.40
-	// gemmAlign1: a GEMM with a dim (M, N or K) that is odd runs on
-	// cuBLASLt's fallback for alignment 1 (a Turing-era CUTLASS kernel,
-	// cutlass_75_tensorop_s1688gemm_*_align1, named by Nsight Compute in
-	// the sixth run): fitted to the LM head's three unpadded GEMMs on an
-	// H200 (2026-11-27), 0.19–0.51 of the rate predicted for alignment 2
-	// (geometric mean 0.35).
-	gemmAlign1 = 0.35
+	// gemmFallback: a bf16 GEMM whose dims are not all multiples of 8, or
+	// whose operands' rows are not 16-byte aligned, runs on cuBLASLt's
+	// older CUTLASS kernels (cutlass_80_tensorop_s16816gemm_*_align2 in the
+	// sixth run), which levelled off at 255–265 TFLOP/s on an H200
+	// (2026-11-27) however deep K was (4096x510x50264, 4080x510x24576:TN,
+	// 50257x510x4096:TN): 0.27 of the peak.
+	gemmFallback = 0.27
+	// gemmAlign1: an odd N or K (the operands' contiguous dims) takes
+	// cuBLASLt's kernel for alignment 1 (cutlass_75_tensorop_s1688gemm_*_align1):
+	// the LM head's logits (N 50,257) and its dx (K 50,257) ran at 0.46 and
+	// 0.50 of the fallback's predicted rate in the sixth run; its dW, whose
+	// odd dim is M, at the fallback's own.
+	gemmAlign1 = 0.48
 	// gemmF32: SIMT SGEMM (CUBLAS_COMPUTE_32F without TF32) at ~75% of the
 	// fp32 peak.
 	gemmF32 = 0.75
 	// gemmTile: the output tile of the Hopper bf16 kernels (128×128); a
 	// GEMM with fewer tiles than SMs, or a last partial wave, leaves SMs idle.
 	gemmTile = 128
-	// gemmKOverhead: prologue and epilogue of each tile in units of K
-	// (efficiency K / (K + gemmKOverhead)) for GEMMs whose dims are not all
-	// multiples of 8, which cuBLASLt runs on older CUTLASS kernels
-	// (cutlass_80_tensorop_s16816gemm_*_align2 in the sixth run). Fitted to
-	// an H200 (2026-11-25): the paper preset's GEMMs of 24,576 rows and K
-	// of 510 or 1,020 ran at 200–240 TFLOP/s (each call less ~27 µs of
-	// synchronized launch), 2.4–2.8× slower than the 192 first estimated
-	// predicted; the sixth run measured them at 1.03–1.14× this model.
-	gemmKOverhead = 1500
-	// gemmKOverheadHopper: the same for GEMMs whose dims are all multiples
-	// of 8, which cuBLASLt runs on its Hopper kernels (nvjet_sm90_*):
-	// fitted to the sixth run's five such shapes (H200, 2026-11-27; 267–726
-	// TFLOP/s), each within 0.7–1.3× of this model.
+	// gemmKOverheadHopper: prologue and epilogue of each tile in units of
+	// K (efficiency K / (K + overhead)) on cuBLASLt's Hopper kernels
+	// (nvjet_sm90_*, dims all multiples of 8): fitted to the sixth run's
+	// five such shapes (H200, 2026-11-27; 267–726 TFLOP/s), each within
+	// 0.7–1.3× of this model.
 	gemmKOverheadHopper = 500
+	// gemmKOverheadFallback: the same on the fallback kernels, fitted with
+	// gemmFallback to the sixth run: 24576x1020x510 at 184 TFLOP/s,
+	// 24576x510x1020 at 196 and 24576x510x510 at 155 (the model gives
+	// 0.84–1.0× their times). The fifth run's fit, 1,500 at the aligned
+	// rate, had taken these for the Hopper kernels.
+	gemmKOverheadFallback = 200
 	// hbmStream: streaming kernels reach ~85% of the HBM bandwidth.
 	hbmStream = 0.85
 	// viewStream: kernels over strided views and broadcasts (ClassView)
@@ -273,27 +274,43 @@ func (h Hardware) mmaTime(e Event) float64 {
 
 // gemmEfficiency is the fraction of the peak a GEMM reaches: the aligned
 // rate on cuBLASLt's Hopper kernels where the dims are all multiples of 8
-// (and the bf16 operands' rows 16-byte aligned), the fallbacks' otherwise,
+// (and the bf16 operands' rows 16-byte aligned), the fallbacks' otherwise
+// (less again for an odd N or K),
 // times the share of the SMs its tiles' waves fill and its depth K
 // against the tile's fixed cost.
 func (h Hardware) gemmEfficiency(s GemmShape, dt DType) float64 {
 	if dt != BF16 {
 		return gemmF32
 	}
-	eff, overhead := gemmAligned, gemmKOverheadHopper
-	switch a := gemmDimAlign(s); {
-	case !gemmAlignedAB(s):
-		eff, overhead = gemmUnaligned, gemmKOverhead
-	case a == 1:
-		eff, overhead = gemmAligned*gemmAlign1, gemmKOverhead
-	case a < 8:
-		overhead = gemmKOverhead
+	eff, overhead := gemmAligned, float64(gemmKOverheadHopper)
+	if !gemmAlignedAB(s) || gemmDimAlign(s) < 8 {
+		eff, overhead = gemmFallback, gemmKOverheadFallback
+		if s.N%2 != 0 || s.K%2 != 0 {
+			eff *= gemmAlign1
+		}
 	}
 	tiles := math.Ceil(float64(s.M)/gemmTile) * math.Ceil(float64(s.N)/gemmTile) * float64(max(1, s.Batch))
+	split := gemmLibSplit(tiles, s.K, h.SMs)
+	tiles *= float64(split)
 	waves := math.Ceil(tiles / float64(h.SMs))
 	eff *= tiles / (waves * float64(h.SMs))
-	eff *= float64(s.K) / float64(s.K+overhead)
+	k := float64(s.K) / float64(split)
+	eff *= k / (k + overhead)
 	return eff
+}
+
+// gemmLibSplit is the slices of K cuBLASLt's heuristic splits a GEMM into
+// where its output tiles leave SMs idle: the sixth run's weight gradients
+// (510×1,020 over 24,576 rows: 32 tiles) took a 16 MB workspace and 0.97
+// waves, and ran at 210–225 TFLOP/s, the fallback kernels' rate. Modelled
+// as the largest power of two that keeps the tiles of all slices within
+// the SMs and each slice at least splitKMinDepth deep.
+func gemmLibSplit(tiles float64, K, sms int) int {
+	n := 1
+	for tiles*float64(2*n) <= float64(sms) && K/(2*n) >= splitKMinDepth {
+		n *= 2
+	}
+	return n
 }
 
 // gemmAlignedAB: the leading dimensions and batch strides of the bf16

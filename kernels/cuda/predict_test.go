@@ -54,40 +54,57 @@ func TestPredictRoofline(t *testing.T) {
 	if math.Abs(got/want-1) > 1e-9 || bound != "compute" {
 		t.Errorf("aligned GEMM: %.6g s (%s), want %.6g s (compute)", got, bound, want)
 	}
+	// operands' rows not 16-byte aligned (K = 8,190 unpadded), or dims not
+	// all multiples of 8 (the padded copies of the same GEMM): cuBLASLt's
+	// fallback kernels, at their own rate and overhead
 	odd := big
-	odd.K = 8190 // lda 8190: not a multiple of 8 bf16 elements
-	evOdd := ev
-	evOdd.Shape = odd
-	if tOdd, _ := h100.eventTime(evOdd); tOdd < 1.9*got {
-		t.Errorf("unaligned GEMM %.3g s, aligned %.3g s: want about twice as slow", tOdd, got)
-	}
-	// the backend's padded bf16 copies: the aligned rate again; C rows
-	// (fp32, N = 8190) not a multiple of 16 bytes: 0.9 of it
+	odd.K = 8190
 	padded, err := paddedShape(odd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e, ea := h100.gemmEfficiency(padded, BF16), h100.gemmEfficiency(odd, BF16); !(e > 1.9*ea) {
-		t.Errorf("padded GEMM efficiency %.3f, unpadded %.3f: want the aligned rate", e, ea)
+	wantFallback := gemmFallback * 8190 / (8190 + gemmKOverheadFallback)
+	for _, s := range []GemmShape{odd, padded} {
+		if e := h100.gemmEfficiency(s, BF16); math.Abs(e/wantFallback-1) > 1e-9 {
+			t.Errorf("%+v: efficiency %.4f, want the fallback's %.4f", s, e, wantFallback)
+		}
 	}
-	// dims that are not all multiples of 8 (N = 8,190, the operands padded):
-	// the fallback kernels' tile overhead; an odd dim: the alignment-1
-	// fallback's rate as well
-	oddN := big
-	oddN.N = 8190
-	pn, _ := paddedShape(oddN)
-	wantRatio := float64(8192+gemmKOverheadHopper) / float64(8192+gemmKOverhead)
-	if r := h100.gemmEfficiency(pn, BF16) / h100.gemmEfficiency(big, BF16); math.Abs(r-wantRatio) > 1e-3 {
-		t.Errorf("N of 8,190: efficiency %.4f of the aligned one, want %.4f", r, wantRatio)
+	evOdd := ev
+	evOdd.Shape = padded
+	if tOdd, _ := h100.eventTime(evOdd); tOdd < 2.5*got {
+		t.Errorf("GEMM with K 8,190: %.3g s, aligned %.3g s: want the fallback's (about 3× slower)", tOdd, got)
 	}
-	oddN.N = 8191
-	po, _ := paddedShape(oddN)
-	if r := h100.gemmEfficiency(po, BF16) / h100.gemmEfficiency(pn, BF16); math.Abs(r-gemmAlign1) > 1e-3 {
-		t.Errorf("N of 8,191: efficiency %.4f of N 8,190's, want %.2f", r, gemmAlign1)
+	// an odd N or K: the alignment-1 kernel, slower again; an odd M is not
+	for _, c := range []struct {
+		s    GemmShape
+		want float64
+	}{
+		{GemmShape{M: 8448, N: 8191, K: 8192, Batch: 1}, gemmAlign1},
+		{GemmShape{M: 8448, N: 8190, K: 8191, Batch: 1}, gemmAlign1},
+		{GemmShape{M: 8447, N: 8190, K: 8192, Batch: 1}, 1},
+	} {
+		p, _ := paddedShape(c.s)
+		even := c.s
+		even.M, even.N, even.K = 8448, 8190, 8192
+		pe, _ := paddedShape(even)
+		r := h100.gemmEfficiency(p, BF16) / h100.gemmEfficiency(pe, BF16) * float64(8192+gemmKOverheadFallback) / float64(c.s.K+gemmKOverheadFallback) * float64(c.s.K) / 8192
+		if math.Abs(r-c.want) > 1e-3 {
+			t.Errorf("%dx%dx%d: efficiency %.4f of the even shape's, want %.2f", c.s.M, c.s.N, c.s.K, r, c.want)
+		}
 	}
-	small := Event{Kind: EvGEMM, Shape: GemmShape{M: 128, N: 128, K: 8192, Batch: 1}, DType: BF16, Flops: 2 * 128 * 128 * 8192}
-	if eff := h100.gemmEfficiency(small.Shape, BF16); eff > gemmAligned/100 {
-		t.Errorf("one 128×128 tile on 132 SMs: efficiency %.4f, want at most 1/132 of the aligned rate", eff)
+	// one output tile: too shallow to split, it fills one SM; deep, the
+	// library's split fills more (slices of at least 1,024, the tiles of
+	// all slices within the SMs)
+	if eff := h100.gemmEfficiency(GemmShape{M: 128, N: 128, K: 1024, Batch: 1}, BF16); eff > gemmAligned/132 {
+		t.Errorf("one 128×128 tile over K 1,024 on 132 SMs: efficiency %.4f, want at most 1/132 of the aligned rate", eff)
+	}
+	for _, c := range []struct {
+		tiles     float64
+		K, splits int
+	}{{1, 8192, 8}, {16, 24576, 8}, {32, 24576, 4}, {48, 24576, 2}, {128, 24576, 1}, {1, 1024, 1}, {1, 1 << 20, 128}} {
+		if got := gemmLibSplit(c.tiles, c.K, 132); got != c.splits {
+			t.Errorf("%v tiles over K %d: %d slices, want %d", c.tiles, c.K, got, c.splits)
+		}
 	}
 	stream := Event{Kind: EvLaunch, Name: "copy_words", Class: ClassStream, Threads: 1 << 21, Bytes: 1e9}
 	if got, bound := h100.eventTime(stream); math.Abs(got-1e9/(0.85*3.35e12)) > 1e-12 || bound != "memory" {

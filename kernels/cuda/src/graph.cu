@@ -189,6 +189,17 @@ extern "C" __global__ void scale_ptr_f32(float* y, const float* x, const float* 
     GRID_STRIDE(i, n) y[i] = k * x[i];
 }
 
+// scale_rows_ptr_f32: scale_ptr_f32 from x in rows of xld ≥ cols elements
+// into y's dense rows of cols: y[r, j] = (*s) · x[r·xld + j] (the LM head's
+// padded gradients, headPad in ops.go).
+extern "C" __global__ void scale_rows_ptr_f32(float* y, const float* x, const float* s, int cols, int xld, i64 n) {
+    float k = *s;
+    GRID_STRIDE(i, n) {
+        i64 r = i / cols;
+        y[i] = k * x[r * xld + (i - r * cols)];
+    }
+}
+
 // add_rows_f32: y[r, j] += b[j] (a Linear's bias).
 extern "C" __global__ void add_rows_f32(float* y, const float* b, int cols, i64 n) {
     GRID_STRIDE(i, n) y[i] += b[i % cols];
