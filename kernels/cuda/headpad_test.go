@@ -30,60 +30,31 @@ func TestGPUHeadPad(t *testing.T) {
 		g.SetOutput(names[i], o)
 	}
 	r := rand.New(rand.NewPCG(71, 72))
-	st := kernels.NewStore(kernels.F32)
-	wt, _ := st.Ensure("w", ir.Shape{V, D})
-	copy(wt.F32, randF32(r, V*D, 1))
+	weights := map[string]*kernels.Tensor{"w": {Shape: ir.Shape{V, D}, F32: randF32(r, V*D, 1)}}
 	ids := make([]int32, R)
 	for i := range ids {
 		ids[i] = int32(r.IntN(V))
 	}
 	feeds := map[string]*kernels.Tensor{"x": {Shape: ir.Shape{R, D}, F32: randF32(r, R*D, 1)}, "t": kernels.IntTensor(ir.Shape{R}, ids)}
 
-	run := func(be kernels.Backend) map[string][]float32 {
-		t.Helper()
-		p, err := be.Compile(g, nil, st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		if err := p.Run(feeds, 0); err != nil {
-			t.Fatal(err)
-		}
-		res := map[string][]float32{}
-		for _, n := range names {
-			if o := p.Output(n); o.F32 != nil {
-				res[n] = append([]float32(nil), o.F32...)
-			}
-		}
-		return res
-	}
-	want := run(cpu.New(kernels.F32))
+	want := cpuOutputs(t, g, weights, feeds, names)
 	be := gpuBackend(t, GEMMBF16)
-	defer be.Release(st)
-	tr, err := be.StartTrace()
-	if err != nil {
-		t.Fatal(err)
-	}
 	be.headPad = false
-	plain := run(be)
+	plain := runOn(t, be, g, weights, feeds, names)
 	be.headPad = true
-	tr.Reset()
-	padded := run(be)
-	grown, wide, compacted := 0, 0, 0
-	for _, e := range tr.Events() {
-		if e.Kind == EvGEMM && (e.Shape.N == 1112 || e.Shape.K == 1112 || e.Shape.M == 1112) {
+	padded := runOn(t, be, g, weights, feeds, names)
+	grown, wide := 0, 0
+	for _, s := range padded.gemms {
+		if s.N == 1112 || s.K == 1112 || s.M == 1112 {
 			grown++
 		}
-		if e.Kind == EvGEMM && e.Shape.N == 88 {
+		if s.N == 88 {
 			wide++
-		}
-		if e.Name == "scale_rows_ptr_f32" {
-			compacted++
 		}
 	}
 	// three chunks: logits, dx and dW each over the padded vocabulary, dx
 	// and dW over the padded width, both compacted once by LMHeadGrad
-	if grown != 9 || wide != 6 || compacted != 2 {
+	if compacted := padded.launches["scale_rows_ptr_f32"]; grown != 9 || wide != 6 || compacted != 2 {
 		t.Errorf("%d GEMMs over the padded vocabulary (want 9), %d over the padded width (want 6), %d compactions (want 2)", grown, wide, compacted)
 	}
 	for _, n := range names {
@@ -94,13 +65,38 @@ func TestGPUHeadPad(t *testing.T) {
 		for i, v := range want[n] {
 			ref[i] = float64(v)
 		}
-		for form, got := range map[string][]float32{"unpadded": plain[n], "padded": padded[n]} {
+		for form, got := range map[string][]float32{"unpadded": plain.outs[n], "padded": padded.outs[n]} {
 			if worst, l2 := attnErrors(got, ref); worst > 3e-2 || l2 > 1e-2 {
 				t.Errorf("%s %s: worst %.3g, L2 %.3g against the CPU (bounds 3e-2, 1e-2)", form, n, worst, l2)
 			}
 		}
-		if d, err := LoadDriver(); err == nil && d.Simulated() && !sameBits(plain[n], padded[n]) {
+		if d, err := LoadDriver(); err == nil && d.Simulated() && !sameBits(plain.outs[n], padded.outs[n]) {
 			t.Errorf("%s: padded and unpadded differ on the simulator", n)
 		}
 	}
+}
+
+// cpuOutputs runs g once on the CPU backend over weights and feeds and
+// reads the named outputs.
+func cpuOutputs(t *testing.T, g *ir.Graph, weights, feeds map[string]*kernels.Tensor, names []string) map[string][]float32 {
+	t.Helper()
+	st := kernels.NewStore(kernels.F32)
+	for name, w := range weights {
+		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)
+	}
+	p, err := cpu.New(kernels.F32).Compile(g, nil, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Run(feeds, 0); err != nil {
+		t.Fatal(err)
+	}
+	res := map[string][]float32{}
+	for _, n := range names {
+		if o := p.Output(n); o.F32 != nil {
+			res[n] = append([]float32(nil), o.F32...)
+		}
+	}
+	return res
 }

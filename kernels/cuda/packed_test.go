@@ -211,6 +211,7 @@ type packRun struct {
 	// sum that write no fp32 result
 	sums, unwritten int
 	launches        map[string]int
+	gemms           []GemmShape // the GEMMs run, in order
 }
 
 // runPacked compiles g with GEMM precision prec and packing as asked over
@@ -256,6 +257,9 @@ func runOn(t *testing.T, be *Backend, g *ir.Graph, weights, feeds map[string]*ke
 	}
 	for _, e := range tr.Events() {
 		res.launches[e.Name]++
+		if e.Kind == EvGEMM {
+			res.gemms = append(res.gemms, e.Shape)
+		}
 	}
 	return res
 }
