@@ -251,7 +251,7 @@ if want profile; then
 	if [[ -n "$ncu" ]]; then
 		# LABEL=REGEX of the kernel names (the generated chains have hashed names)
 		for lk in attn_softmax_fwd_f32=attn_softmax_fwd_f32 attn_softmax_bwd_f32=attn_softmax_bwd_f32 \
-			fused_gen_bcast=fused_gen_bcast_ 'fused_gen_dense=fused_gen_[0-9a-f]' fused_gen_sum=fused_gen_sum_ \
+			fused_gen_bcast=fused_gen_bcast_ 'fused_gen_dense=fused_gen_[0-9a-f]+$' fused_gen_sum=fused_gen_sum_ \
 			softmax_ce_fused_f32=softmax_ce_fused_f32; do
 			k="${lk%%=*}"
 			check "profile-$k" "$ncu" --clock-control none -k "regex:^${lk#*=}" -c 1 --section SpeedOfLight --section Occupancy \
