@@ -49,14 +49,16 @@
 #            (RPAC_CUDA_FUSED=interp), with every GEMM plan's candidates
 #            timed and the fastest taken (RPAC_CUDA_GEMM_TUNE, the choices
 #            printed), with rpac's split of the weight gradients
-#            (RPAC_CUDA_SPLITK=on) and with the LM head's GEMMs unpadded
-#            (RPAC_CUDA_HEAD_PAD=off), and rpac bench gemm-algos on the paper
+#            (RPAC_CUDA_SPLITK=on), with the weight gradients and the LM
+#            head's GEMMs unpadded (RPAC_CUDA_PAD_GRADW=off,
+#            RPAC_CUDA_HEAD_PAD=off), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each) and on
 #            the LM head's padded variants, whose cuBLASLt kernels Nsight
 #            Compute names;
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
-#            bf16 and fp32, the fuzzy bf16 step at T = 768, with the LM
-#            head unpadded, with rpac's split-K, with flash.cu's attention, and
+#            bf16 and fp32, the fuzzy bf16 step at T = 768, with the
+#            weight gradients unpadded, with the LM head unpadded, with
+#            rpac's split-K, with flash.cu's attention, and
 #            with each GEMM's cuBLASLt candidates timed and the fastest taken
 #            (RPAC_CUDA_GEMM_TUNE, the choices printed);
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
@@ -193,11 +195,14 @@ if want predict; then
 	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# rpac's own split of the weight gradients' GEMMs (splitk.go) instead of cuBLASLt's, to compare
 	check predict-paper-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
+	# the weight gradients over their own dims instead of rounded up to 8 and compacted (RPAC_CUDA_PAD_GRADW=off), to compare
+	check predict-paper-gradwunpadded env RPAC_CUDA_PAD_GRADW=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the LM head's GEMMs over the vocabulary and width as they are instead of rounded up to 8 (RPAC_CUDA_HEAD_PAD=off), to compare
 	check predict-paper-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
-	# the LM head's GEMMs (4,096-row chunks) as they are and with V, K or the chunk rounded or grown: which layout cuBLASLt runs fast
+	# the LM head's GEMMs (4,096-row chunks) as they are and with V, K or the chunk rounded or grown, and the padded weight
+	# gradients' and other model GEMMs' shapes with every dim a multiple of 8: which layouts cuBLASLt runs fast
 	check gemm-algos-head bin/rpac bench gemm-algos --algos 4 --reps 10 --shapes \
-		4096x50257x510:NT:50264,4096x50257x512:NT:50264,4096x50264x510:NT:50264,4096x50264x512:NT:50264,4096x50304x512:NT:50304,8192x50264x512:NT:50264,4096x510x50257,4096x510x50264,4096x512x50264,50257x510x4096:TN,50264x510x4096:TN,24576x1024x512:NT,24576x512x512:NT,24576x1020x512:NT
+		4096x50257x510:NT:50264,4096x50257x512:NT:50264,4096x50264x510:NT:50264,4096x50264x512:NT:50264,4096x50304x512:NT:50304,8192x50264x512:NT:50264,4096x510x50257,4096x510x50264,4096x512x50264,50257x510x4096:TN,50264x510x4096:TN,50264x512x4096:TN,24576x1024x512:NT,24576x512x512:NT,24576x1020x512:NT,512x1024x24576:TN,512x512x24576:TN,1536x512x24576:TN,4080x512x24576:TN,24576x512x4080,24576x1024x512
 	# the cuBLASLt kernels those shapes run (their names say the tile, the layout and whether they are Hopper's wgmma kernels)
 	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1 || true)
 	[[ -n "$ncu" ]] && check gemm-kernels "$ncu" --clock-control none --metrics gpu__time_duration.sum \
@@ -237,6 +242,7 @@ if want bench; then
 		done
 	done
 	check bench-paper-fuzzy-bf16-768 bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --context 768 --steps 5
+	check bench-paper-fuzzy-bf16-gradwunpadded env RPAC_CUDA_PAD_GRADW=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5

@@ -58,6 +58,9 @@ type Backend struct {
 	// headPad: the LM head's GEMMs run over the vocabulary and the model
 	// width rounded up to 8 (RPAC_CUDA_HEAD_PAD, headPadEnv)
 	headPad bool
+	// padGradW: weight gradients run over their dims rounded up to 8
+	// (RPAC_CUDA_PAD_GRADW, padGradWEnv)
+	padGradW bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
 	sms int
@@ -245,18 +248,19 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	pack, _ := packEnv()
 	sums, _ := sumsEnv()
 	headPad, _ := headPadEnv()
+	padGradW, _ := padGradWEnv()
 	sms := 0
 	if split, _ := splitKEnv(); split {
 		sms = dev.Info().SMs
 	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, headPad: headPad, sms: sms}
+		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, sms: sms}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
 // RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_HEAD_PAD,
-// RPAC_CUDA_GEMM_TUNE).
+// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
@@ -274,6 +278,9 @@ func checkEnv() error {
 		return err
 	}
 	if _, err := headPadEnv(); err != nil {
+		return err
+	}
+	if _, err := padGradWEnv(); err != nil {
 		return err
 	}
 	_, err := gemmTuneEnv()

@@ -177,7 +177,8 @@ var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.par
 	"attention_bwd_dq_bf16.part": true, // no bias, no bias-gradient partial sums
 	"attn_softmax_bwd_f32.part":  true, // no bias
 	"attn_unpack_f32.tw":         true, // no bf16 copy
-	"softmax_ce_fused_f32.gb":    true} // the gradient in fp32, over the logits
+	"softmax_ce_fused_f32.gb":    true, // the gradient in fp32, over the logits
+	"compact_rows_f32.s":         true} // no scale: a plain copy
 
 func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	sig, ok := f.sigs[name]

@@ -915,6 +915,9 @@ func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 	if p.bf16GEMM(s) {
 		slices = splitK(s, p.be.sms)
 	}
+	if slices == 1 && p.be.padGradW && p.bf16GEMM(s) && (N%8 != 0 || K%8 != 0) {
+		return p.gemmPaddedGradW(s, p.operandOf(dy), p.operandOf(x), o), nil
+	}
 	if slices == 1 {
 		return p.gemmStep(s, dy, x, o), nil
 	}
@@ -922,6 +925,40 @@ func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 	p.needGEMM(splitShape(s, slices), a, b)
 	p.needWork((slices*N*K + 1) / 2)
 	return func() error { return p.gemmSplit(s, slices, a, b, o.buf) }, nil
+}
+
+// Padded weight gradients (RPAC_CUDA_PAD_GRADW, on by default). A weight
+// gradient dW = dyᵀ·x of a Linear of the model's widths (510, 1,020, …)
+// has dims that are not multiples of 8, so cuBLASLt runs it on its
+// fallback kernels (0.27 of the peak in the sixth run, against 0.52–0.73
+// for its Hopper kernels on dims that are). It runs instead over M and N
+// rounded up to 8, which the operands' bf16 copies have (their rows are
+// bf16LD(cols) long), into the reductions' workspace in rows of the padded
+// N, then compact_rows_f32 copies the real rows and columns out. Each
+// element of dW reads only its own column of dy and of x, so the padding
+// columns' contents (zero or not) never reach it, and the sums over K are
+// the same products (TestGPUPaddedGradW). The copy
+// is weights-sized, small beside the GEMM's 24,576-row operands.
+func padGradWEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_PAD_GRADW", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: weight gradients over their dims rounded up to 8, then compacted) or off (as they are)")
+}
+
+// gemmPaddedGradW is the step of a weight gradient over padded M and N
+// (padGradWEnv).
+func (p *program) gemmPaddedGradW(s GemmShape, a, b operand, o *dval) func() error {
+	Mp, Np := bf16LD(s.M), bf16LD(s.N)
+	p.needGEMM(s, a, b)
+	p.needWork((Mp*Np + 1) / 2)
+	ps := s
+	ps.LDC = Np
+	return func() error {
+		scratch := Buffer{Ptr: p.work.Ptr, Bytes: uint64(4 * Mp * Np)}
+		if err := p.gemmGrown(ps, headGrow(true, growM, growN), a, b, 0, scratch, Buffer{}); err != nil {
+			return err
+		}
+		return p.each("compact_rows_f32", o.n, o.buf.Ptr, scratch.Ptr, uint64(0), int32(s.N), int32(Np), int64(o.n))
+	}
 }
 
 func (p *program) buildMatMul(n *ir.Node, in, out []*dval) (func() error, error) {
@@ -1299,7 +1336,7 @@ func (p *program) scaleRows(out *dval, src, s Buffer, ld int) error {
 	if ld == cols {
 		return p.each("scale_ptr_f32", out.n, out.buf.Ptr, src.Ptr, s.Ptr, int64(out.n))
 	}
-	return p.each("scale_rows_ptr_f32", out.n, out.buf.Ptr, src.Ptr, s.Ptr, int32(cols), int32(ld), int64(out.n))
+	return p.each("compact_rows_f32", out.n, out.buf.Ptr, src.Ptr, s.Ptr, int32(cols), int32(ld), int64(out.n))
 }
 
 // ---- the paper's ops ----

@@ -224,13 +224,15 @@ func runPacked(t *testing.T, g *ir.Graph, prec GEMMPrecision, pack bool, weights
 }
 
 // runOn compiles g on be over weights, runs it once on feeds and reads the
-// named outputs.
+// named outputs (the launches and GEMMs counted are this run's: a trace
+// already on be is reset).
 func runOn(t *testing.T, be *Backend, g *ir.Graph, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
 	t.Helper()
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
 	}
+	tr.Reset()
 	st := kernels.NewStore(kernels.F32)
 	for name, w := range weights {
 		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)

@@ -189,11 +189,12 @@ extern "C" __global__ void scale_ptr_f32(float* y, const float* x, const float* 
     GRID_STRIDE(i, n) y[i] = k * x[i];
 }
 
-// scale_rows_ptr_f32: scale_ptr_f32 from x in rows of xld ≥ cols elements
-// into y's dense rows of cols: y[r, j] = (*s) · x[r·xld + j] (the LM head's
-// padded gradients, headPad in ops.go).
-extern "C" __global__ void scale_rows_ptr_f32(float* y, const float* x, const float* s, int cols, int xld, i64 n) {
-    float k = *s;
+// compact_rows_f32: y, dense rows of cols, from x in rows of xld ≥ cols
+// elements, times *s (s null: 1): y[r, j] = (*s) · x[r·xld + j] (GEMM
+// results over padded dims: the LM head's gradients, the padded weight
+// gradients).
+extern "C" __global__ void compact_rows_f32(float* y, const float* x, const float* s, int cols, int xld, i64 n) {
+    float k = s ? *s : 1.0f;
     GRID_STRIDE(i, n) {
         i64 r = i / cols;
         y[i] = k * x[r * xld + (i - r * cols)];
