@@ -614,8 +614,8 @@ func (p *program) gemmBias(s GemmShape, a, b operand, beta float32, C, bias Buff
 }
 
 // gemmGrown is gemmBias with grow (when not nil) applied to the shape the
-// bf16 GEMM runs, on the padded copies: it may round M, N or K up to
-// where the copies' rows and columns are zero (headPad).
+// bf16 GEMM runs, on the padded copies: it may round M, N or K up within
+// the copies' padded rows and columns (headPad, padGradW).
 func (p *program) gemmGrown(s GemmShape, grow func(*GemmShape), a, b operand, beta float32, C, bias Buffer) error {
 	call := GemmCall{Alpha: 1, Beta: beta, A: a.buf, B: b.buf, C: C, Bias: bias}
 	if !p.bf16GEMM(s) {
@@ -930,14 +930,14 @@ func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 // Padded weight gradients (RPAC_CUDA_PAD_GRADW, on by default). A weight
 // gradient dW = dyᵀ·x of a Linear of the model's widths (510, 1,020, …)
 // has dims that are not multiples of 8, so cuBLASLt runs it on its
-// fallback kernels (0.27 of the peak in the sixth run, against 0.52–0.73
-// for its Hopper kernels on dims that are). It runs instead over M and N
-// rounded up to 8, which the operands' bf16 copies have (their rows are
-// bf16LD(cols) long), into the reductions' workspace in rows of the padded
-// N, then compact_rows_f32 copies the real rows and columns out. Each
-// element of dW reads only its own column of dy and of x, so the padding
-// columns' contents (zero or not) never reach it, and the sums over K are
-// the same products (TestGPUPaddedGradW). The copy
+// fallback kernels (at most 0.27 of the peak in the sixth run, against
+// 0.52–0.73 for its Hopper kernels on the LM head's padded GEMMs). It runs
+// instead over M and N rounded up to 8, which the operands' bf16 copies
+// have (their rows are bf16LD(cols) long), into the reductions' workspace
+// in rows of the padded N, then compact_rows_f32 copies the real rows and
+// columns out. Each element of dW reads only its own column of dy and of
+// x, so the padding columns' contents (zero or not) never reach it, and
+// the sums over K are of the same products (TestGPUPaddedGradW). The copy
 // is weights-sized, small beside the GEMM's 24,576-row operands.
 func padGradWEnv() (bool, error) {
 	return envChoice("RPAC_CUDA_PAD_GRADW", map[string]bool{"": true, "on": true, "off": false},
@@ -954,7 +954,7 @@ func (p *program) gemmPaddedGradW(s GemmShape, a, b operand, o *dval) func() err
 	ps.LDC = Np
 	return func() error {
 		scratch := Buffer{Ptr: p.work.Ptr, Bytes: uint64(4 * Mp * Np)}
-		if err := p.gemmGrown(ps, headGrow(true, growM, growN), a, b, 0, scratch, Buffer{}); err != nil {
+		if err := p.gemmGrown(ps, growDims(true, growM, growN), a, b, 0, scratch, Buffer{}); err != nil {
 			return err
 		}
 		return p.each("compact_rows_f32", o.n, o.buf.Ptr, scratch.Ptr, uint64(0), int32(s.N), int32(Np), int64(o.n))
@@ -1224,7 +1224,7 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		for lo := 0; lo < N; lo += chunk {
 			c := min(chunk, N-lo)
 			xc := Buffer{Ptr: x.buf.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			if err := p.gemmGrown(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, headGrow(pad, growN, growK), act(xc), wt, 0, st.logits, Buffer{}); err != nil {
+			if err := p.gemmGrown(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, growDims(pad, growN, growK), act(xc), wt, 0, st.logits, Buffer{}); err != nil {
 				return err
 			}
 			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1, LDC: st.gradLD}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1, LDC: st.gradLD}
@@ -1241,14 +1241,14 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if !logits.staged { // fp32 GEMMs read the padded rows as they are
 				dx.LDA, dW.LDA = ld, ld
 			}
-			if err := p.gemmGrown(dx, headGrow(pad, growN, growK), logits, wt, 0, dxc, Buffer{}); err != nil {
+			if err := p.gemmGrown(dx, growDims(pad, growN, growK), logits, wt, 0, dxc, Buffer{}); err != nil {
 				return err
 			}
 			beta := float32(1)
 			if lo == 0 {
 				beta = 0
 			}
-			if err := p.gemmGrown(dW, headGrow(pad, growM, growN), logits, act(xc), beta, st.dW, Buffer{}); err != nil {
+			if err := p.gemmGrown(dW, growDims(pad, growM, growN), logits, act(xc), beta, st.dW, Buffer{}); err != nil {
 				return err
 			}
 		}
@@ -1283,9 +1283,10 @@ func growM(s *GemmShape) { s.M = bf16LD(s.M) }
 func growN(s *GemmShape) { s.N = bf16LD(s.N) }
 func growK(s *GemmShape) { s.K = bf16LD(s.K) }
 
-// headGrow applies every grow of dims when pad (headPad), else nothing.
-func headGrow(pad bool, dims ...func(*GemmShape)) func(*GemmShape) {
-	if !pad {
+// growDims applies every grow of dims when on (headPad, padGradW), else
+// nothing.
+func growDims(on bool, dims ...func(*GemmShape)) func(*GemmShape) {
+	if !on {
 		return nil
 	}
 	return func(s *GemmShape) {

@@ -12,7 +12,7 @@ package cuda
 // for 510×1020 over 24,576 rows takes a 16 MB workspace and 0.97 waves)
 // faster than the slices: 0.113–0.121 ms for the whole GEMM against
 // 0.152 ms for the batch of four slices, sum_slices_f32 apart (the weight
-// gradients 12.8 → 9.4 ms per paper step at 768 tokens).
+// gradients 12.8 → 9.3 ms per paper step at 768 tokens).
 
 const (
 	// splitKMinDepth: no slice is shallower than this many rows, so each
