@@ -213,7 +213,7 @@ func (p *program) agGEMM(calls []agCall, alpha float32, A, B, C Buffer) error {
 
 // agPack converts an attention operand into its packed bf16 region.
 func (p *program) agPack(a *attention, l agLayout, dst Buffer, src uint64) error {
-	return p.each("attn_pack_bf16", a.BH*a.T*l.Hp/8, dst.Ptr, src, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
+	return p.launch("attn_pack_bf16", agRowGrid(a), agRowBlock, 0, dst.Ptr, src, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
 }
 
 // agUnpack writes a packed fp32 GEMM result into an attention output

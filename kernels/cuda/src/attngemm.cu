@@ -33,16 +33,16 @@ __device__ __forceinline__ i64 ag_row(int BH, int T) {
 
 // attn_pack_bf16: dst [BH,T,Hp] bf16 from src, an attention operand in
 // the layout attn_head reads (H = 0: [B,H,T,Hd]; else [B,T,H,Hd]), the
-// columns from Hd to Hp zero. Eight elements per thread.
+// columns from Hd to Hp zero. A warp per row (the row kernels' grid): the
+// divisions once per row, lane l the columns l, l + 32, ...
 extern "C" __global__ void attn_pack_bf16(bf16_t* dst, const float* src, int BH, int T, int Hd, int H, int Hp) {
-    int groups = Hp >> 3;
-    GRID_STRIDE(g, (i64)BH * T * groups) {
-        i64 row = g / groups;
-        int c = (int)(g - row * groups) << 3;
-        i64 bh = row / T;
-        attn_view hv = attn_head(bh, T, Hd, H);
-        ((rpac_bf16x8*)dst)[g] = bf16x8_of(src + hv.base + (row - bh * T) * hv.rs, c, Hd);
-    }
+    i64 row = ag_row(BH, T);
+    if (row < 0) return;
+    i64 bh = row / T;
+    attn_view hv = attn_head(bh, T, Hd, H);
+    const float* s = src + hv.base + (row - bh * T) * hv.rs;
+    bf16_t* d = dst + row * Hp;
+    for (int c = threadIdx.x & 31; c < Hp; c += 32) d[c] = c < Hd ? f32_to_bf16(s[c]) : (bf16_t)0;
 }
 
 // attn_unpack_f32: out, in attn_head's layout, from the GEMM result src
