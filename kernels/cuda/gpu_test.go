@@ -199,8 +199,13 @@ func TestGPUBF16RoundTrip(t *testing.T) {
 	}
 }
 
-// TestGPULayerNorm: forward and backward against float64 references.
+// TestGPULayerNorm: forward and backward (a warp per row) against float64
+// references; on the simulator again in differential mode.
 func TestGPULayerNorm(t *testing.T) {
+	differentially(t, []string{"layernorm_fwd_f32", "layernorm_bwd_dx_f32", "layernorm_bwd_params_f32"}, func() { layerNormKernels(t) })
+}
+
+func layerNormKernels(t *testing.T) {
 	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(5, 6))
 	const rows, D = 37, 510
