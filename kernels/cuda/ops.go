@@ -1099,7 +1099,7 @@ func (p *program) buildDropoutGrad(n *ir.Node, in, out []*dval) (func() error, e
 func (p *program) dropout(pr float64, id int, x, y *dval) func() error {
 	thresh, scale := dropoutThreshold(pr)
 	return func() error {
-		return p.each("dropout_f32", y.n, y.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), thresh, scale, int64(y.n))
+		return p.each("dropout_f32", (y.n+1)/2, y.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), thresh, scale, int64(y.n)) // a pair a thread
 	}
 }
 

@@ -129,14 +129,12 @@ __device__ __forceinline__ void dropout_keep2(unsigned long long key, i64 e, uns
         r0 = r1 = 1.0f;
         return;
     }
-    unsigned long long h = mix64(key + (unsigned long long)((e >> 1) + 1) * RPAC_GOLDEN);
     if (e & 1) {
-        r0 = (unsigned long long)(unsigned int)(h >> 32) < thresh ? keep : 0.0f;
+        r0 = dropout_scale(key, e, thresh, keep);
         r1 = dropout_scale(key, e + 1, thresh, keep);
         return;
     }
-    r0 = (unsigned long long)(unsigned int)h < thresh ? keep : 0.0f;
-    r1 = (unsigned long long)(unsigned int)(h >> 32) < thresh ? keep : 0.0f;
+    dropout_pair(key, e >> 1, thresh, keep, r0, r1);
 }
 
 // st_bf16x2: a and b as bf16 at dst[k], dst[k + 1] (k even).

@@ -216,10 +216,18 @@ extern "C" __global__ void causal_mask_f32(float* y, const float* x, int T, floa
 
 // dropout_f32: element i keeps when the 32-bit half (i&1) of draw i>>1 is
 // below thresh; kept elements are scaled by scale. Dropout (x) and
-// DropoutGrad (dy, with the forward node's key) are the same launch.
+// DropoutGrad (dy, with the forward node's key) are the same launch. A
+// thread takes the pair of elements 2p, 2p + 1 and their one draw p (the
+// launch: (n + 1) / 2 threads' worth).
 extern "C" __global__ void dropout_f32(float* y, const float* x, unsigned long long key,
                                        unsigned long long thresh, float scale, i64 n) {
-    GRID_STRIDE(i, n) y[i] = x[i] * dropout_scale(key, i, thresh, scale);
+    GRID_STRIDE(p, (n + 1) >> 1) {
+        float r0, r1;
+        dropout_pair(key, p, thresh, scale, r0, r1);
+        i64 i = p << 1;
+        y[i] = x[i] * r0;
+        if (i + 1 < n) y[i + 1] = x[i + 1] * r1;
+    }
 }
 
 // gumbel_f32: y = x − log(−log(u)), u the 53-bit uniform draw i clamped to

@@ -114,6 +114,15 @@ __device__ __forceinline__ float dropout_scale(unsigned long long key, i64 e, un
     return ((unsigned long long)half < thresh) ? scale : 0.0f;
 }
 
+// dropout_pair: dropout_scale of elements 2p and 2p + 1 into r0 and r1,
+// from their one draw p.
+__device__ __forceinline__ void dropout_pair(unsigned long long key, i64 p, unsigned long long thresh, float scale, float& r0,
+                                             float& r1) {
+    unsigned long long h = mix64(key + (unsigned long long)(p + 1) * RPAC_GOLDEN);
+    r0 = (unsigned long long)(unsigned int)h < thresh ? scale : 0.0f;
+    r1 = (unsigned long long)(unsigned int)(h >> 32) < thresh ? scale : 0.0f;
+}
+
 // dropout_keep: the Dropout multiplier of element e (0 or keep): element e
 // keeps when the 32-bit half (e&1) of draw e>>1 is below thresh. keep == 0
 // means no dropout (multiplier 1).
