@@ -265,23 +265,10 @@ func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
 	}
-	if _, err := joinGradsEnv(); err != nil {
-		return err
-	}
-	if _, err := packEnv(); err != nil {
-		return err
-	}
-	if _, err := sumsEnv(); err != nil {
-		return err
-	}
-	if _, err := splitKEnv(); err != nil {
-		return err
-	}
-	if _, err := headPadEnv(); err != nil {
-		return err
-	}
-	if _, err := padGradWEnv(); err != nil {
-		return err
+	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv} {
+		if _, err := on(); err != nil {
+			return err
+		}
 	}
 	_, err := gemmTuneEnv()
 	return err

@@ -115,12 +115,7 @@ func TestGPUPaddedGradW(t *testing.T) {
 
 func paddedGradW(t *testing.T) {
 	const R, N, K = 300, 37, 85
-	g := ir.New("gradw")
-	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
-	x := g.Input("x", ir.Shape{R, K}, ir.F32)
-	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, x))
-	r := rand.New(rand.NewPCG(91, 92))
-	feeds := map[string]*kernels.Tensor{"dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}, "x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}}
+	g, feeds := gradWCase(R, N, K, 91)
 	be := gpuBackend(t, GEMMBF16)
 	be.padGradW = false
 	plain := runOn(t, be, g, nil, feeds, []string{"dw"})

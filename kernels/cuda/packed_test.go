@@ -95,14 +95,23 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// TestPackEnv: RPAC_CUDA_PACK and RPAC_CUDA_SUMS take on, off or nothing;
-// any other value is refused by the dry run with the variable named.
+// TestPackEnv: RPAC_CUDA_PACK, RPAC_CUDA_SUMS, RPAC_CUDA_HEAD_PAD,
+// RPAC_CUDA_PAD_GRADW (on when unset) and RPAC_CUDA_SPLITK (off when
+// unset) take on, off or nothing; any other value is refused by the dry
+// run with the variable named.
 func TestPackEnv(t *testing.T) {
-	for name, flag := range map[string]func(*Backend) bool{
-		"RPAC_CUDA_PACK": func(b *Backend) bool { return b.pack },
-		"RPAC_CUDA_SUMS": func(b *Backend) bool { return b.sums },
+	for name, c := range map[string]struct {
+		flag func(*Backend) bool
+		def  bool // unset
+	}{
+		"RPAC_CUDA_PACK":      {func(b *Backend) bool { return b.pack }, true},
+		"RPAC_CUDA_SUMS":      {func(b *Backend) bool { return b.sums }, true},
+		"RPAC_CUDA_HEAD_PAD":  {func(b *Backend) bool { return b.headPad }, true},
+		"RPAC_CUDA_PAD_GRADW": {func(b *Backend) bool { return b.padGradW }, true},
+		"RPAC_CUDA_SPLITK":    {func(b *Backend) bool { return b.sms > 0 }, false},
 	} {
-		for v, want := range map[string]bool{"": true, "on": true, "off": false} {
+		flag := c.flag
+		for v, want := range map[string]bool{"": c.def, "on": true, "off": false} {
 			t.Setenv(name, v)
 			be, err := NewDryRun(GEMMBF16)
 			if err != nil || flag(be) != want {

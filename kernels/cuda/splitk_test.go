@@ -53,12 +53,7 @@ func splitKWeightGradient(t *testing.T) {
 	if splitK(s, be.sms) < 2 {
 		t.Fatalf("%+v would not split", s)
 	}
-	g := ir.New("gradw")
-	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
-	x := g.Input("x", ir.Shape{R, K}, ir.F32)
-	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, x))
-	r := rand.New(rand.NewPCG(81, 82))
-	feeds := map[string]*kernels.Tensor{"dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}, "x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}}
+	g, feeds := gradWCase(R, N, K, 81)
 	st := kernels.NewStore(kernels.F32)
 	defer be.Release(st)
 	p, err := be.Compile(g, nil, st)
@@ -81,4 +76,15 @@ func splitKWeightGradient(t *testing.T) {
 			t.Fatalf("second run differs at %d: %g, first %g", i, v, got[i])
 		}
 	}
+}
+
+// gradWCase is dw = LinearGradW(dy, x) over R rows, dy [R,N] and x [R,K]
+// random in [−1, 1).
+func gradWCase(R, N, K int, seed uint64) (*ir.Graph, map[string]*kernels.Tensor) {
+	g := ir.New("gradw")
+	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
+	x := g.Input("x", ir.Shape{R, K}, ir.F32)
+	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, x))
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	return g, map[string]*kernels.Tensor{"dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}, "x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}}
 }
