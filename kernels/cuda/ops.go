@@ -952,9 +952,10 @@ func (p *program) gemmPaddedGradW(s GemmShape, a, b operand, o *dval) func() err
 	p.needWork((Mp*Np + 1) / 2)
 	ps := s
 	ps.LDC = Np
+	grow := growDims(true, growM, growN)
 	return func() error {
 		scratch := Buffer{Ptr: p.work.Ptr, Bytes: uint64(4 * Mp * Np)}
-		if err := p.gemmGrown(ps, growDims(true, growM, growN), a, b, 0, scratch, Buffer{}); err != nil {
+		if err := p.gemmGrown(ps, grow, a, b, 0, scratch, Buffer{}); err != nil {
 			return err
 		}
 		return p.each("compact_rows_f32", o.n, o.buf.Ptr, scratch.Ptr, uint64(0), int32(s.N), int32(Np), int64(o.n))
@@ -1220,11 +1221,12 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1}, act(Buffer{}), act(Buffer{}))
 	sm, ce, pred := out[0], out[1], out[2]
 	ceRows := Buffer{Ptr: st.rows.Ptr + uint64(4*N), Bytes: uint64(4 * N)}
+	growNK, growMN := growDims(pad, growN, growK), growDims(pad, growM, growN) // logits and dx; dW
 	return func() error {
 		for lo := 0; lo < N; lo += chunk {
 			c := min(chunk, N-lo)
 			xc := Buffer{Ptr: x.buf.Ptr + uint64(4*lo*D), Bytes: uint64(4 * c * D)}
-			if err := p.gemmGrown(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, growDims(pad, growN, growK), act(xc), wt, 0, st.logits, Buffer{}); err != nil {
+			if err := p.gemmGrown(GemmShape{TransB: true, M: c, N: V, K: D, Batch: 1, LDC: ld}, growNK, act(xc), wt, 0, st.logits, Buffer{}); err != nil {
 				return err
 			}
 			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1, LDC: st.gradLD}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1, LDC: st.gradLD}
@@ -1241,14 +1243,14 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			if !logits.staged { // fp32 GEMMs read the padded rows as they are
 				dx.LDA, dW.LDA = ld, ld
 			}
-			if err := p.gemmGrown(dx, growDims(pad, growN, growK), logits, wt, 0, dxc, Buffer{}); err != nil {
+			if err := p.gemmGrown(dx, growNK, logits, wt, 0, dxc, Buffer{}); err != nil {
 				return err
 			}
 			beta := float32(1)
 			if lo == 0 {
 				beta = 0
 			}
-			if err := p.gemmGrown(dW, growDims(pad, growM, growN), logits, act(xc), beta, st.dW, Buffer{}); err != nil {
+			if err := p.gemmGrown(dW, growMN, logits, act(xc), beta, st.dW, Buffer{}); err != nil {
 				return err
 			}
 		}
