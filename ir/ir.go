@@ -113,6 +113,11 @@ type Node struct {
 	Attrs   Attrs
 }
 
+// Stream is the random stream a Random node draws from: its attribute
+// "stream" (a builder that inserts nodes keeps its draws with it), else its
+// id.
+func (n *Node) Stream() int { return n.Attrs.Int("stream", n.ID) }
+
 // Graph is a whole static-shape program.
 type Graph struct {
 	Name    string

@@ -384,9 +384,18 @@ func init() {
 			}
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LayerNorm", NumIn: 3, Infer: same(0), RowWise: true, Doc: "LayerNorm(x[...,D], g[D], b[D]; eps) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis."})
-	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps) -> (dx, dg, db).",
+	reg(&OpDef{Name: "LayerNorm", NumIn: 3, RowWise: true, Doc: "LayerNorm(x[...,D], g[D], b[D]; eps, width) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis; with width W < D the statistics cover the first W entries and the entries from W on are padding: output 0.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if err := layerNormWidth(in[0].Shape, a); err != nil {
+				return nil, nil, err
+			}
+			return same(0)(in, a)
+		}})
+	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps, width) -> (dx, dg, db); with width W < D the entries from W on get gradient 0.",
+		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
+			if err := layerNormWidth(in[1].Shape, a); err != nil {
+				return nil, nil, err
+			}
 			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
 		}})
 	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Infer: same(0),
@@ -704,6 +713,27 @@ func Verify(g *Graph, export bool) error {
 		if !defined[v] {
 			return fmt.Errorf("verify %s: output %q is not defined", g.Name, name)
 		}
+	}
+	return nil
+}
+
+// LayerNormWidth is the number of leading entries of x's last axis that a
+// LayerNorm(Grad) node normalises (attribute width; all of them without
+// it). The entries past it are padding (compiler/model's aligned widths).
+func LayerNormWidth(x Shape, a Attrs) int {
+	D := 0
+	if len(x) > 0 {
+		D = x[len(x)-1]
+	}
+	return a.Int("width", D)
+}
+
+func layerNormWidth(x Shape, a Attrs) error {
+	if len(x) == 0 {
+		return errors.New("want [...,D]")
+	}
+	if w, D := LayerNormWidth(x, a), x[len(x)-1]; w < 1 || w > D {
+		return fmt.Errorf("width %d outside 1..%d", w, D)
 	}
 	return nil
 }

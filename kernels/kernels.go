@@ -249,4 +249,8 @@ type Capabilities struct {
 	// train pipeline joins the backward GEMMs of Linears that read one
 	// input (passes.JoinSiblingGrads).
 	JoinGrads bool
+	// Align: the backend's GEMMs run fastest when every dimension is a
+	// multiple of Align; its train and eval graphs store the model's
+	// widths padded to it (compiler/model's Opts.Align; 0: as they are).
+	Align int
 }

@@ -137,6 +137,11 @@ func init() {
 			a["shape"] = []int(n.Inputs[0].Shape.Clone())
 			return []*ir.Value{g.Op1("SliceGrad", a, d[0])}
 		},
+		"Pad": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
+			a := n.Attrs.Clone()
+			a["shape"] = []int(n.Inputs[0].Shape.Clone())
+			return []*ir.Value{g.Op1("PadGrad", a, d[0])}
+		},
 		"Reshape": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			return []*ir.Value{g.Op1("Reshape", ir.Attrs{"shape": []int(n.Inputs[0].Shape.Clone())}, d[0])}
 		},
@@ -243,7 +248,7 @@ func init() {
 			if d[0] == nil {
 				return nil
 			}
-			return []*ir.Value{g.Op1("DropoutGrad", ir.Attrs{"p": n.Attrs.Float("p", 0), "stream": n.ID}, d[0])}
+			return []*ir.Value{g.Op1("DropoutGrad", ir.Attrs{"p": n.Attrs.Float("p", 0), "stream": n.Stream()}, d[0])}
 		},
 		"GumbelNoise": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value { return []*ir.Value{d[0]} },
 		"FusedAttention": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
@@ -251,10 +256,8 @@ func init() {
 				return nil
 			}
 			a := n.Attrs.Clone()
-			if _, ok := a["stream"]; !ok {
-				a["stream"] = n.ID // the gradient repeats this node's dropout draws
-			}
-			a["with_out"] = true // the forward's output, so a backend need not run it again
+			a["stream"] = n.Stream() // the gradient repeats this node's dropout draws
+			a["with_out"] = true     // the forward's output, so a backend need not run it again
 			in := append(append([]*ir.Value{d[0]}, n.Inputs...), n.Outputs[0])
 			return g.Apply("FusedAttentionGrad", a, in...)
 		},

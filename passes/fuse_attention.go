@@ -187,7 +187,7 @@ func FuseTrainingAttention(g *ir.Graph) error {
 		a := ir.Attrs{"scale": m.scale, "causal": true}
 		if m.drop != nil {
 			if p := m.drop.Attrs.Float("p", 0); p > 0 {
-				a["dropout"], a["stream"] = p, m.drop.ID
+				a["dropout"], a["stream"] = p, m.drop.Stream()
 			}
 		}
 		o, err := insertAt(g, nodeIndex(g, m.out), "FusedAttention", a, ins...)

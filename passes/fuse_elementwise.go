@@ -111,7 +111,7 @@ func (grp *fuseGroup) body() ir.FusedBody {
 		}
 		a := m.Attrs.Clone()
 		if ir.Ops[m.Op].ElementDraws && a.Int("stream", -1) < 0 {
-			a["stream"] = m.ID // a Dropout's own stream
+			a["stream"] = m.Stream() // a Dropout's own stream
 		}
 		b = append(b, ir.FusedStep{Op: m.Op, Attrs: a, Args: args})
 		reg[m.Outputs[0]] = len(grp.inputs) + j

@@ -39,6 +39,10 @@ type Context struct {
 	// Linears that read one input (JoinSiblingGrads), for backends whose
 	// GEMMs gain from more output tiles and a deeper K.
 	JoinGrads bool
+	// Align is the width multiple the backend's graphs are built with
+	// (kernels.Capabilities.Align): the builder's, read here by the
+	// callers that build the graph this context then runs on.
+	Align int
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -50,10 +54,10 @@ type Context struct {
 
 // ForBackend sets what a backend asks of the train and eval pipelines
 // (FuseAttention, FuseElementwise, AttentionLayout, LMHeadChunk,
-// JoinGrads) from its capabilities.
+// JoinGrads, Align) from its capabilities.
 func (c *Context) ForBackend(caps kernels.Capabilities) *Context {
 	c.FuseAttention, c.FuseElementwise, c.AttentionLayout = caps.FusedAttention, caps.FusedElementwise, caps.AttentionBTHD
-	c.LMHeadChunk, c.JoinGrads = caps.LMHeadChunk, caps.JoinGrads
+	c.LMHeadChunk, c.JoinGrads, c.Align = caps.LMHeadChunk, caps.JoinGrads, caps.Align
 	return c
 }
 

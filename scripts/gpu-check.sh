@@ -51,13 +51,15 @@
 #            printed), with rpac's split of the weight gradients
 #            (RPAC_CUDA_SPLITK=on), with the weight gradients and the LM
 #            head's GEMMs unpadded (RPAC_CUDA_PAD_GRADW=off,
-#            RPAC_CUDA_HEAD_PAD=off), and rpac bench gemm-algos on the paper
+#            RPAC_CUDA_HEAD_PAD=off), with the model's widths unpadded
+#            (RPAC_CUDA_PAD_MODEL=off), and rpac bench gemm-algos on the paper
 #            step's GEMM shapes (cuBLASLt's first 8 candidates each) and on
 #            the LM head's padded variants, whose cuBLASLt kernels Nsight
 #            Compute names;
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
 #            bf16 and fp32, the fuzzy bf16 step at T = 768, with the
 #            weight gradients unpadded, with the LM head unpadded, with
+#            the model's widths unpadded, with
 #            rpac's split-K, with flash.cu's attention, and
 #            with each GEMM's cuBLASLt candidates timed and the fastest taken
 #            (RPAC_CUDA_GEMM_TUNE, the choices printed);
@@ -199,6 +201,8 @@ if want predict; then
 	check predict-paper-gradwunpadded env RPAC_CUDA_PAD_GRADW=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the LM head's GEMMs over the vocabulary and width as they are instead of rounded up to 8 (RPAC_CUDA_HEAD_PAD=off), to compare
 	check predict-paper-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
+	# the model's widths as they are (510, 85, 1,020) instead of padded to 512, 88 and 1,024 (RPAC_CUDA_PAD_MODEL=off), to compare
+	check predict-paper-modelunpadded env RPAC_CUDA_PAD_MODEL=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the LM head's GEMMs (4,096-row chunks) as they are and with V, K or the chunk rounded or grown, and the padded weight
 	# gradients' and other model GEMMs' shapes with every dim a multiple of 8: which layouts cuBLASLt runs fast
 	check gemm-algos-head bin/rpac bench gemm-algos --algos 4 --reps 10 --shapes \
@@ -244,6 +248,7 @@ if want bench; then
 	check bench-paper-fuzzy-bf16-768 bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --context 768 --steps 5
 	check bench-paper-fuzzy-bf16-gradwunpadded env RPAC_CUDA_PAD_GRADW=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
+	check bench-paper-fuzzy-bf16-modelunpadded env RPAC_CUDA_PAD_MODEL=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	# with each GEMM plan's cuBLASLt candidates timed (in the warm-up step; those of T = 768 already chosen) and the fastest taken

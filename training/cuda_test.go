@@ -40,6 +40,12 @@ func (f *stepFixture) stepOn(t *testing.T, be kernels.Backend, micro int, seed u
 // mean taken in float64: the exact reference the fp32 backends are held to.
 func (f *stepFixture) step64(t *testing.T, micro int, seed uint64) map[string][]float64 {
 	t.Helper()
+	return f.step64On(t, cpu.New(kernels.F64), micro, seed)
+}
+
+// step64On is step64 on be (a float64 CPU backend, or one that wraps it).
+func (f *stepFixture) step64On(t *testing.T, be kernels.Backend, micro int, seed uint64) map[string][]float64 {
+	t.Helper()
 	st := kernels.NewStore(kernels.F64)
 	for n, x := range f.store.Tensors {
 		y, err := st.Ensure(n, x.Shape)
@@ -48,7 +54,7 @@ func (f *stepFixture) step64(t *testing.T, micro int, seed uint64) map[string][]
 		}
 		y.SetFloat64s(x.Float64s())
 	}
-	s, err := CompileStep(&f.cfg, st, cpu.New(kernels.F64), f.T, f.B, micro, f.cfg.Dropout, nil)
+	s, err := CompileStep(&f.cfg, st, be, f.T, f.B, micro, f.cfg.Dropout, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

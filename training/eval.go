@@ -47,7 +47,7 @@ type EvalResult struct {
 // evalGraph builds and plans the eval graph at T with micro sequences
 // (attention fused for backends that ask for it).
 func evalGraph(cfg *model.Config, T, micro int, batchStats bool, caps kernels.Capabilities) (*model.Graph, *kernels.Plan, error) {
-	mg, err := model.Build(cfg, model.Opts{T: T, B: micro, Mode: model.Eval, BatchStats: batchStats})
+	mg, err := model.Build(cfg, model.Opts{T: T, B: micro, Mode: model.Eval, BatchStats: batchStats, Align: caps.Align})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -324,3 +324,74 @@ func TestSimAnswerLoss(t *testing.T) {
 		t.Errorf("final eval CE: %s %.7f, cpu %.7f", cu, res[1].FinalValCE, res[0].FinalValCE)
 	}
 }
+
+// TestSimAlignedStep: under bf16 GEMMs the CUDA backend trains through
+// graphs with the model's widths padded to multiples of 8
+// (RPAC_CUDA_PAD_MODEL, the default). On a model whose widths are not (d
+// 30, heads of 15, experts of 60) every bf16 GEMM then has M, N and K
+// multiples of 8; the weights' Pads run no fp32 kernel for GEMMs (the
+// head-blocked ones get their bf16 copy from pad_bf16); the gradients keep
+// to the bf16 policy's bounds against the CPU's and the loss is the
+// unpadded step's; on the simulator or a GPU.
+func TestSimAlignedStep(t *testing.T) {
+	dev := parityDevice(t)
+	f := newStepFixture(t, "fuzzy", 24, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
+	_, _, want := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
+	type result struct {
+		loss    float64
+		grads   map[string][]float32
+		gemms   []cuda.GemmShape
+		padBF16 int
+	}
+	run := func(pad string) result {
+		t.Setenv("RPAC_CUDA_PAD_MODEL", pad)
+		be := parityBackend(t, dev, cuda.GEMMBF16)
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		r.loss, _, r.grads = f.stepOn(t, be, 2, 11)
+		for _, e := range tr.Events() {
+			switch {
+			case e.Kind == cuda.EvGEMM && e.DType == cuda.BF16:
+				r.gemms = append(r.gemms, e.Shape)
+			case e.Name == "pad_bf16":
+				r.padBF16++
+			}
+		}
+		return r
+	}
+	on, off := run("on"), run("off")
+	for _, s := range on.gemms {
+		if s.M%8 != 0 || s.N%8 != 0 || s.K%8 != 0 {
+			t.Errorf("padded widths: bf16 GEMM %dx%dx%d", s.M, s.N, s.K)
+		}
+	}
+	unaligned := 0
+	for _, s := range off.gemms {
+		if s.M%8 != 0 || s.N%8 != 0 || s.K%8 != 0 {
+			unaligned++
+		}
+	}
+	if len(on.gemms) == 0 || unaligned == 0 || on.padBF16 == 0 || off.padBF16 != 0 {
+		t.Fatalf("%d bf16 GEMMs padded, %d of %d unaligned unpadded; pad_bf16 %d padded, %d unpadded", len(on.gemms), unaligned, len(off.gemms), on.padBF16, off.padBF16)
+	}
+	if d := math.Abs(on.loss-off.loss) / off.loss; d > 1e-5 {
+		t.Errorf("loss %.7f padded, %.7f unpadded", on.loss, off.loss)
+	}
+	// the padded GEMMs add the same products and zeros: the gradients are
+	// the unpadded step's up to the order of the sums; against the CPU's
+	// the bf16 error is the policy's, padded or not
+	worst, at, cpuOn, cpuOff := 0.0, "", 0.0, 0.0
+	for n, g := range want {
+		if d := relDiff(on.grads[n], off.grads[n]); d > worst {
+			worst, at = d, n
+		}
+		cpuOn, cpuOff = math.Max(cpuOn, relDiff(on.grads[n], g)), math.Max(cpuOff, relDiff(off.grads[n], g))
+	}
+	t.Logf("padded against unpadded: worst gradient %s, %.3g; worst against the CPU's %.3g padded, %.3g unpadded", at, worst, cpuOn, cpuOff)
+	if worst > 1e-3 || cpuOn > 1.1*cpuOff {
+		t.Errorf("padded gradients off the unpadded ones by %.3g (%s); against the CPU's %.3g padded, %.3g unpadded", worst, at, cpuOn, cpuOff)
+	}
+}

@@ -82,15 +82,15 @@ func probeBias(layer int) string { return fmt.Sprintf("probe:blocks.%d.bias", la
 func stepGraph(cfg *model.Config, T, micro int, dropout float64, loss LossTargets, pc *passes.Context) (*model.Graph, *kernels.Plan, error) {
 	c := *cfg
 	c.Dropout = dropout
-	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train, LossScaleInput: loss.counted()})
+	if pc == nil {
+		pc = &passes.Context{}
+	}
+	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train, LossScaleInput: loss.counted(), Align: pc.Align})
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, l := range mg.Layers {
 		mg.SetOutput(probeMu(l.Index), l.Mu)
-	}
-	if pc == nil {
-		pc = &passes.Context{}
 	}
 	pc.Loss, pc.Model = "loss", mg.Info()
 	if err := passes.Run(mg.Graph, passes.TrainPipeline, pc); err != nil {

@@ -33,6 +33,11 @@ type Opts struct {
 	// targets the sum counts, so ignored targets do not dilute the mean)
 	// instead of the sum over B·T.
 	LossScaleInput bool
+	// Align, when above 1, stores the residual stream, each attention
+	// head and the feed-forward width padded with zeros to multiples of
+	// Align (align.go): the same model and gradients, GEMM dimensions a
+	// backend's fastest kernels take. Parameters keep their shapes.
+	Align int
 }
 
 // LossScale is the scalar input of a graph built with Opts.LossScaleInput.
@@ -120,16 +125,23 @@ func (b *builder) buffer(name string, s ir.Shape, init Init, trainingOnly bool, 
 	return v
 }
 
-// linear is nn.Linear(in, out) with PyTorch's default initialisation.
-func (b *builder) linear(x *ir.Value, name string, in, out int, bias bool) *ir.Value {
-	bound := 1 / math.Sqrt(float64(in))
-	w := b.paramDecay(name+".weight", ir.Shape{out, in}, Init{"uniform", bound}, true)
+// linear is nn.Linear(in, out) with PyTorch's default initialisation, x
+// holding in's stored width and the result out's.
+func (b *builder) linear(x *ir.Value, name string, in, out span, bias bool) *ir.Value {
+	bound := 1 / math.Sqrt(float64(in.Logical()))
+	w := b.paramDecay(name+".weight", ir.Shape{out.Logical(), in.Logical()}, Init{"uniform", bound}, true)
+	w = b.padParam(w, &out, &in)
 	if bias {
-		bv := b.param(name+".bias", ir.Shape{out}, Init{"uniform", bound})
-		return b.g.Op1("Linear", nil, x, w, bv)
+		bv := b.param(name+".bias", ir.Shape{out.Logical()}, Init{"uniform", bound})
+		return b.g.Op1("Linear", nil, x, w, b.padParam(bv, nil, &out))
 	}
 	return b.g.Op1("Linear", nil, x, w)
 }
+
+// resid is the residual stream's width; heads the attention's, H blocks of
+// the head size.
+func (b *builder) resid() span { return b.span(b.cfg.DModel, 1) }
+func (b *builder) heads() span { return b.span(b.cfg.DModel, b.cfg.Heads) }
 
 func (b *builder) op(name string, a ir.Attrs, in ...*ir.Value) *ir.Value {
 	return b.g.Op1(name, a, in...)
@@ -157,10 +169,16 @@ func (b *builder) dropout(x *ir.Value) *ir.Value {
 	return b.g.Apply("Dropout", ir.Attrs{"p": b.cfg.Dropout}, x)[0]
 }
 
-func (b *builder) layerNorm(x *ir.Value, name string, d int) *ir.Value {
-	gw := b.param(name+".weight", ir.Shape{d}, Init{"const", 1})
-	gb := b.param(name+".bias", ir.Shape{d}, Init{"const", 0})
-	return b.op("LayerNorm", ir.Attrs{"eps": 1e-5}, x, gw, gb)
+// layerNorm normalises the residual stream (over its logical width).
+func (b *builder) layerNorm(x *ir.Value, name string) *ir.Value {
+	s := b.resid()
+	gw := b.param(name+".weight", ir.Shape{s.Logical()}, Init{"const", 1})
+	gb := b.param(name+".bias", ir.Shape{s.Logical()}, Init{"const", 0})
+	a := ir.Attrs{"eps": 1e-5}
+	if s.Stored() != s.Logical() {
+		a["width"] = s.Logical()
+	}
+	return b.op("LayerNorm", a, x, b.padParam(gw, nil, &s), b.padParam(gb, nil, &s))
 }
 
 // Graph is a built model graph with typed handles on the values and
@@ -290,6 +308,12 @@ func Build(cfg *Config, o Opts) (*Graph, error) {
 	if err := b.build(); err != nil {
 		return nil, err
 	}
+	if o.Align > 1 {
+		placePads(g)
+		if err := b.keepStreams(cfg, o); err != nil {
+			return nil, err
+		}
+	}
 	if err := ir.Verify(g, false); err != nil {
 		return nil, err
 	}
@@ -299,15 +323,17 @@ func Build(cfg *Config, o Opts) (*Graph, error) {
 func (b *builder) build() error {
 	c, o, g := b.cfg, b.o, b.g
 	D, T, B := c.DModel, o.T, o.B
+	rs := b.resid()
 	ids := g.Input("input_ids", ir.Shape{B, T}, ir.I32)
 	tok := b.paramDecay("tok_emb.weight", ir.Shape{c.Vocab, D}, Init{"normal", 0.02}, true)
+	tok = b.padParam(tok, nil, &rs)
 	var pos *ir.Value
 	if c.PosInit != "none" {
 		posInit := Init{"normal", 0.02}
 		if c.PosInit == "sinusoid" {
 			posInit = Init{"sinusoid", 0.02 * math.Sqrt2} // RMS 0.02, as the normal init
 		}
-		pos = b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true)
+		pos = b.padParam(b.paramDecay("pos_emb.weight", ir.Shape{c.MaxLen, D}, posInit, true), nil, &rs)
 	}
 	x := b.op("Gather", nil, tok, ids)
 	if pos != nil {
@@ -329,7 +355,7 @@ func (b *builder) build() error {
 			x = b.baselineBlock(x, i)
 		}
 	}
-	x = b.layerNorm(x, "ln_f", D)
+	x = b.layerNorm(x, "ln_f")
 	var logits *ir.Value
 	if o.Logits {
 		logits = b.op("Linear", nil, x, tok) // tied LM head
@@ -349,7 +375,7 @@ func (b *builder) build() error {
 		ce = g.Apply("CrossEntropy", ir.Attrs{"label_smoothing": ls}, flat, targets)
 	} else {
 		// tied LM head and loss in one op: the [B·T, V] logits are never held at once
-		xf := b.op("Reshape", ir.Attrs{"shape": []int{B * T, D}}, x)
+		xf := b.op("Reshape", ir.Attrs{"shape": []int{B * T, rs.Stored()}}, x)
 		ce = g.Apply("LMHeadCrossEntropy", ir.Attrs{"label_smoothing": ls}, xf, tok, targets)
 		g.SetOutput("pred", ce[2]) // argmax of each row's logits [B·T]
 	}
@@ -392,22 +418,23 @@ func (b *builder) build() error {
 // additive [T,T] bias; returns [B,T,D] before out_proj.
 func (b *builder) attention(xn *ir.Value, prefix string, bias *ir.Value) *ir.Value {
 	c, o := b.cfg, b.o
-	D, H, Hd, T, B := c.DModel, c.Heads, c.HeadDim(), o.T, o.B
+	H, Hd, T, B := c.Heads, c.HeadDim(), o.T, o.B
+	rs, hs := b.resid(), b.heads()
 	heads := func(v *ir.Value, rotate bool) *ir.Value {
-		v = b.op("Reshape", ir.Attrs{"shape": []int{B, T, H, Hd}}, v)
+		v = b.op("Reshape", ir.Attrs{"shape": []int{B, T, H, hs.Padded}}, v)
 		if rotate && c.RoPE {
 			v = b.rotary(v)
 		}
 		return v
 	}
 	toBHTD := func(v *ir.Value) *ir.Value { return b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, v) }
-	q := toBHTD(heads(b.linear(xn, prefix+".Wq", D, D, false), true))
-	k := heads(b.linear(xn, prefix+".Wk", D, D, false), true)
+	q := toBHTD(heads(b.linear(xn, prefix+".Wq", rs, hs, false), true))
+	k := heads(b.linear(xn, prefix+".Wk", rs, hs, false), true)
 	if c.SmearKeys {
 		k = b.smear(k, prefix)
 	}
 	k = toBHTD(k)
-	v := toBHTD(heads(b.linear(xn, prefix+".Wv", D, D, false), false))
+	v := toBHTD(heads(b.linear(xn, prefix+".Wv", rs, hs, false), false))
 	s := b.op("MatMul", ir.Attrs{"transB": true}, q, k)
 	s = b.scale(s, 1/math.Sqrt(float64(Hd)), 0)
 	if bias != nil {
@@ -417,8 +444,8 @@ func (b *builder) attention(xn *ir.Value, prefix string, bias *ir.Value) *ir.Val
 	a := b.dropout(b.op("Softmax", nil, s))
 	out := b.op("MatMul", nil, a, v)
 	out = b.op("Transpose", ir.Attrs{"perm": []int{0, 2, 1, 3}}, out)
-	out = b.op("Reshape", ir.Attrs{"shape": []int{B, T, D}}, out)
-	return b.linear(out, prefix+".out_proj", D, D, false)
+	out = b.op("Reshape", ir.Attrs{"shape": []int{B, T, hs.Stored()}}, out)
+	return b.linear(out, prefix+".out_proj", hs, rs, false)
 }
 
 // ropeConsts are the rotary tables of one graph, shared by its layers.
@@ -431,11 +458,14 @@ type ropeConsts struct{ cos, sin, rot *ir.Value }
 func (b *builder) rotary(v *ir.Value) *ir.Value {
 	if b.rope == nil {
 		T, Hd := b.o.T, b.cfg.HeadDim()
+		hd := b.span(Hd, 1) // one head, padded: the tables' padding is zero
 		cos, sin := RotaryTables(T, Hd, b.cfg.RoPEBase)
+		rot := append(padTable(RotateHalf(Hd), hd), make([]float64, (hd.Padded-Hd)*hd.Padded)...)
+		P := hd.Padded
 		b.rope = &ropeConsts{
-			cos: b.g.Const(fmt.Sprintf("rope.cos.T%d", T), ir.Shape{T, 1, Hd}, cos),
-			sin: b.g.Const(fmt.Sprintf("rope.sin.T%d", T), ir.Shape{T, 1, Hd}, sin),
-			rot: b.g.Const(fmt.Sprintf("rope.rotate_half.D%d", Hd), ir.Shape{Hd, Hd}, RotateHalf(Hd)),
+			cos: b.g.Const(fmt.Sprintf("rope.cos.T%d", T), ir.Shape{T, 1, P}, padTable(cos, hd)),
+			sin: b.g.Const(fmt.Sprintf("rope.sin.T%d", T), ir.Shape{T, 1, P}, padTable(sin, hd)),
+			rot: b.g.Const(fmt.Sprintf("rope.rotate_half.D%d", P), ir.Shape{P, P}, rot),
 		}
 	}
 	r := b.rope
@@ -459,15 +489,15 @@ func (b *builder) smear(k *ir.Value, prefix string) *ir.Value {
 
 func (b *builder) baselineBlock(x *ir.Value, i int) *ir.Value {
 	c := b.cfg
-	D := c.DModel
+	rs := b.resid()
 	pre := fmt.Sprintf("blocks.%d", i)
-	a := b.attention(b.layerNorm(x, pre+".norm1", D), pre+".attn", nil)
+	a := b.attention(b.layerNorm(x, pre+".norm1"), pre+".attn", nil)
 	x = b.op("Add", nil, x, b.dropout(a))
 	// Dense FFN whose hidden width equals the fuzzy model's active expert
 	// width (top_k experts of ff_mult·d), so the two compare at equal compute.
-	dff := c.FFMult * D * max(1, c.TopK)
-	h := b.op("GELU", nil, b.linear(b.layerNorm(x, pre+".norm2", D), pre+".ffn.net.0", D, dff, true))
-	h = b.linear(b.dropout(h), pre+".ffn.net.3", dff, D, true)
+	ff := b.span(c.FFMult*c.DModel*max(1, c.TopK), 1)
+	h := b.op("GELU", nil, b.linear(b.layerNorm(x, pre+".norm2"), pre+".ffn.net.0", rs, ff, true))
+	h = b.linear(b.dropout(h), pre+".ffn.net.3", ff, rs, true)
 	return b.op("Add", nil, x, b.dropout(h))
 }
 
@@ -476,21 +506,23 @@ func (b *builder) baselineBlock(x *ir.Value, i int) *ir.Value {
 func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	c, o := b.cfg, b.o
 	D, R, T := c.DModel, c.R, o.T
+	rs := b.resid()
 	pre := fmt.Sprintf("blocks.%d", i)
 	b.cur = &Layer{Index: i, Entropy: fmt.Sprintf("stat:blocks.%d.mu_entropy", i), Usage: fmt.Sprintf("stat:blocks.%d.expert_usage", i)}
 	defer func() { b.layers = append(b.layers, *b.cur); b.cur = nil }()
 
 	// GaussianFuzzy on the raw residual stream (the listing calls mem(x)).
-	z := b.linear(x, pre+".mem.proj", D, D, true)
+	z := b.linear(x, pre+".mem.proj", rs, rs, true)
 	centers := b.param(pre+".mem.centers", ir.Shape{R, D}, Init{"normal", 1 / math.Sqrt(float64(D))})
+	centers = b.padParam(centers, nil, &rs)
 	logSigma := b.param(pre+".mem.log_sigma", ir.Shape{R}, Init{"const", 0})
 	mu := b.op("GaussianMembership", nil, z, centers, logSigma) // [B,T,R], nan guard inside
 	b.cur.Mu = mu
 	if c.Type2 {
-		u := b.op("Sigmoid", nil, b.linear(b.op("ReLU", nil, b.linear(x, pre+".mem.uncert.0", D, D, true)), pre+".mem.uncert.2", D, 1, true))
+		u := b.op("Sigmoid", nil, b.linear(b.op("ReLU", nil, b.linear(x, pre+".mem.uncert.0", rs, rs, true)), pre+".mem.uncert.2", rs, plain(1), true))
 		b.hook(fmt.Sprintf("stat:blocks.%d.type2_u", i), b.op("ReduceMean", nil, u))
 	}
-	eta := b.op("Sigmoid", nil, b.linear(mu, pre+".res_gate", R, 1, false)) // [B,T,1]
+	eta := b.op("Sigmoid", nil, b.linear(mu, pre+".res_gate", plain(R), plain(1), false)) // [B,T,1]
 
 	// Statistics of the RPA path: batch statistics while training (and in
 	// --eval-stats batch), running statistics in eval mode (DESIGN.md,
@@ -525,7 +557,7 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	}
 
 	// FuzzyMHA
-	a := b.attention(b.layerNorm(x, pre+".norm1", D), pre+".attn", bias)
+	a := b.attention(b.layerNorm(x, pre+".norm1"), pre+".attn", bias)
 	// value_gamma: gamma_s = mean_h sigmoid(mean_t(μ)·W_gᵀ); per sequence with
 	// batch statistics, from the running per-position mean otherwise.
 	var mt *ir.Value
@@ -534,12 +566,12 @@ func (b *builder) fuzzyBlock(x *ir.Value, i int) (*ir.Value, *ir.Value) {
 	} else {
 		mt = b.op("ReduceMean", ir.Attrs{"axes": []int{0}, "keepdims": true}, mbar) // [1,R]
 	}
-	gam := b.op("Sigmoid", nil, b.linear(mt, pre+".attn.value_gamma", R, c.Heads, false))
+	gam := b.op("Sigmoid", nil, b.linear(mt, pre+".attn.value_gamma", plain(R), plain(c.Heads), false))
 	gam = b.op("ReduceMean", ir.Attrs{"axes": []int{-1}, "keepdims": true}, gam)
 	a = b.dropout(b.op("Mul", nil, a, gam)) // FuzzyMHA returns dropout(out)
 	x = b.op("Add", nil, x, b.op("Mul", nil, eta, b.dropout(a)))
 
-	m := b.fuzzyMoE(b.layerNorm(x, pre+".norm2", D), mu, pre+".moe", i)
+	m := b.fuzzyMoE(b.layerNorm(x, pre+".norm2"), mu, pre+".moe", i)
 	x = b.op("Add", nil, x, b.op("Mul", nil, eta, b.dropout(m)))
 
 	// H_mu = -(μ·log(clamp_min(μ,1e-8))).sum(-1).mean()
@@ -606,8 +638,8 @@ func (b *builder) finishBias(bm *ir.Value, prefix string) *ir.Value {
 // the top-k, as in the listing). Eval draws no Gumbel noise.
 func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value {
 	c, o := b.cfg, b.o
-	D, E := c.DModel, c.Experts
-	logits := b.clamp(b.linear(mu, prefix+".gate", c.R, E, false), -30, 30)
+	E := c.Experts
+	logits := b.clamp(b.linear(mu, prefix+".gate", plain(c.R), plain(E), false), -30, 30)
 	if o.Mode == Train {
 		logits = b.op("GumbelNoise", nil, logits)
 	}
@@ -618,12 +650,12 @@ func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value 
 	den := b.scale(b.op("ReduceSum", ir.Attrs{"axes": []int{-1}, "keepdims": true}, y), 1, 1e-6)
 	y = b.op("Div", nil, b.op("Mul", nil, y, mask), den)
 	b.hook(b.cur.Usage, b.op("ReduceMean", ir.Attrs{"axes": []int{0, 1}}, y))
-	dff := D * c.FFMult
+	rs, ff := b.resid(), b.span(c.DModel*c.FFMult, 1)
 	var out *ir.Value
 	for e := 0; e < E; e++ {
 		en := fmt.Sprintf("%s.experts.%d.net", prefix, e)
-		h := b.op("GELU", nil, b.linear(x, en+".0", D, dff, true))
-		h = b.dropout(b.linear(b.dropout(h), en+".3", dff, D, true))
+		h := b.op("GELU", nil, b.linear(x, en+".0", rs, ff, true))
+		h = b.dropout(b.linear(b.dropout(h), en+".3", ff, rs, true))
 		ye := b.op("Slice", ir.Attrs{"axis": 2, "start": e, "end": e + 1}, y)
 		t := b.op("Mul", nil, ye, h)
 		if out == nil {

@@ -351,6 +351,9 @@ func lowerCausalMask(b *builder, n *ir.Node, in []string, out string) (string, e
 // LayerNorm(x, g, b; eps) -> LayerNormalization(axis=-1, epsilon=eps).
 func lowerLayerNorm(b *builder, n *ir.Node, in []string, out string) (string, error) {
 	eps := float32(n.Attrs.Float("eps", 1e-5))
+	if s := n.Inputs[0].Shape; ir.LayerNormWidth(s, n.Attrs) != s[len(s)-1] {
+		return "", fmt.Errorf("LayerNorm over the first %d of %d entries (padded widths are a training layout, not exported)", ir.LayerNormWidth(s, n.Attrs), s[len(s)-1])
+	}
 	return b.emitTo(out, "LayerNormalization", in, attrInt("axis", -1), attrFloat("epsilon", eps)), nil
 }
 

@@ -62,7 +62,7 @@ func newAttnShape[T float](n *ir.Node, in []*tensor[T]) (attnShape, error) {
 	if p := n.Attrs.Float("dropout", 0); p > 0 {
 		a.dropout, a.keep = true, 1/(1-p)
 		a.thresh = uint64((1 - p) * (1 << 32))
-		a.stream = n.Attrs.Int("stream", n.ID)
+		a.stream = n.Stream()
 	}
 	return a, nil
 }

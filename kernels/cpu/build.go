@@ -42,6 +42,7 @@ func newKernelTable[T float]() kernelTable[T] {
 	paperKernels(k)
 	attentionKernels(k)
 	concatKernels(k)
+	padKernels(k)
 	fusedKernels(k)
 	return k
 }

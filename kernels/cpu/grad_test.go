@@ -525,14 +525,10 @@ func nnCases() []gradCase {
 			return []*ir.Value{op1(g, "CausalMask", ir.Attrs{"fill": 0.0}, d)}
 		},
 	})
-	for _, eps := range []any{nil, 1e-3} {
-		eps := eps
-		a := ir.Attrs{}
-		if eps != nil {
-			a["eps"] = eps
-		}
+	for _, a := range []ir.Attrs{{}, {"eps": 1e-3}, {"width": 3}} {
+		a := a
 		cs = append(cs, gradCase{
-			name: fmt.Sprintf("LayerNorm/eps=%v", eps),
+			name: fmt.Sprintf("LayerNorm/%v", a),
 			ins:  []spec{in(2, 3, 5), in(5), in(5)},
 			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "LayerNorm", a, x...) },
 			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
@@ -828,6 +824,7 @@ func allGradCases() []gradCase {
 	cs = append(cs, paperCases()...)
 	cs = append(cs, lmHeadCases()...)
 	cs = append(cs, concatCases()...)
+	cs = append(cs, padCases()...)
 	cs = append(cs, attentionCases()...)
 	return cs
 }

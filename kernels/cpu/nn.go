@@ -189,17 +189,19 @@ func (p *program[T]) buildLayerNorm(n *ir.Node, in, out []*tensor[T]) (func() er
 		return func() error { return nil }, nil
 	}
 	eps := n.Attrs.Float("eps", 1e-5)
+	W := ir.LayerNormWidth(x.shape, n.Attrs)
 	rows := x.numel() / D
 	return func() error {
 		xs, gs, bs, ys := x.f, g.f, b.f, o.f
 		parallelFor(rows, max(1, grainCheap/(4*D)), func(lo, hi int) {
 			for r := lo; r < hi; r++ {
-				xr, yr := xs[r*D:(r+1)*D], ys[r*D:(r+1)*D]
+				xr, yr := xs[r*D:r*D+W], ys[r*D:(r+1)*D]
 				mean, rstd := rowStats(xr, eps)
 				m, rs := T(mean), T(rstd)
 				for i, v := range xr {
 					yr[i] = (v-m)*rs*gs[i] + bs[i]
 				}
+				clear(yr[W:])
 			}
 		})
 		return nil
@@ -214,6 +216,7 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 		return nil, fmt.Errorf("dy%v, x%v, g%v", dy.shape, x.shape, g.shape)
 	}
 	eps := n.Attrs.Float("eps", 1e-5)
+	W := ir.LayerNormWidth(x.shape, n.Attrs)
 	rows := 0
 	if D > 0 {
 		rows = x.numel() / D
@@ -230,7 +233,7 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 			clear(acc)
 			adg, adb := acc[:D], acc[D:]
 			for r := lo; r < hi; r++ {
-				xr, gr, dr := xs[r*D:(r+1)*D], dys[r*D:(r+1)*D], dxs[r*D:(r+1)*D]
+				xr, gr, dr := xs[r*D:r*D+W], dys[r*D:r*D+W], dxs[r*D:(r+1)*D]
 				mean, rstd := rowStats(xr, eps)
 				var m1, m2 float64
 				for i, v := range xr {
@@ -241,13 +244,14 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 					adg[i] += float64(gr[i]) * xh
 					adb[i] += float64(gr[i])
 				}
-				m1 /= float64(D)
-				m2 /= float64(D)
+				m1 /= float64(W)
+				m2 /= float64(W)
 				for i, v := range xr {
 					xh := (float64(v) - mean) * rstd
 					gd := float64(gs[i]) * float64(gr[i])
 					dr[i] = T(rstd * (gd - m1 - xh*m2))
 				}
+				clear(dr[W:])
 			}
 		})
 		dgs, dbs := dg.f, db.f
@@ -268,7 +272,7 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 // buildDropout draws from the node's stream: attribute stream (a Dropout
 // step of a FusedElementwise body), else its id.
 func (p *program[T]) buildDropout(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-	return p.dropoutKernel(n.Attrs.Float("p", 0), n.Attrs.Int("stream", n.ID), in[0], out[0])
+	return p.dropoutKernel(n.Attrs.Float("p", 0), n.Stream(), in[0], out[0])
 }
 
 // buildDropoutGrad draws the mask of the Dropout node n.Attrs["stream"]
@@ -323,7 +327,7 @@ func (p *program[T]) dropoutKernel(pr float64, id int, x, y *tensor[T]) (func() 
 
 func (p *program[T]) buildGumbel(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 	x, y := in[0], out[0]
-	id := n.ID
+	id := n.Stream()
 	return func() error {
 		key := streamKey(p.seed, id)
 		xs, ys := x.f, y.f

@@ -61,6 +61,9 @@ type Backend struct {
 	// padGradW: weight gradients run over their dims rounded up to 8
 	// (RPAC_CUDA_PAD_GRADW, padGradWEnv)
 	padGradW bool
+	// padModel: under bf16 GEMMs, train and eval graphs store the model's
+	// widths padded to multiples of 8 (RPAC_CUDA_PAD_MODEL, padModelEnv)
+	padModel bool
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
 	sms int
@@ -85,6 +88,8 @@ type mirrorEntry struct {
 	version uint64
 	// bf16 holds the tensor's padded bf16 copies for GEMMs, by row length.
 	bf16 map[int]*bf16Copy
+	// padded holds its bf16 copies in the layouts of Pads (pad.go).
+	padded map[padding]*bf16Copy
 }
 
 // bf16Copy is a store tensor's bf16 copy, rows of bf16LD(cols) elements.
@@ -249,23 +254,24 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	sums, _ := sumsEnv()
 	headPad, _ := headPadEnv()
 	padGradW, _ := padGradWEnv()
+	padModel, _ := padModelEnv()
 	sms := 0
 	if split, _ := splitKEnv(); split {
 		sms = dev.Info().SMs
 	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, sms: sms}
+		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, padModel: padModel, sms: sms}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
 // RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_HEAD_PAD,
-// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_GEMM_TUNE).
+// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
 	}
-	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv} {
+	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv, padModelEnv} {
 		if _, err := on(); err != nil {
 			return err
 		}
@@ -303,10 +309,29 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 // most (attngemm.go) instead of a [B,H,T,T] tensor per node; programs live
 // in the device's memory; the training state can stay on the device
 // (DeviceAdamW); the fused LM head takes lmHeadChunk rows at a time; the
-// backward GEMMs of Linears that read one input are joined.
+// backward GEMMs of Linears that read one input are joined; under bf16
+// GEMMs the model's widths are stored padded to multiples of 8
+// (padModelEnv).
 func (b *Backend) Capabilities() kernels.Capabilities {
+	align := 0
+	if b.padModel && b.gemm == GEMMBF16 {
+		align = 8
+	}
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
-		LMHeadChunk: lmHeadChunk, JoinGrads: b.joinGrads}
+		LMHeadChunk: lmHeadChunk, JoinGrads: b.joinGrads, Align: align}
+}
+
+// Padded model widths (RPAC_CUDA_PAD_MODEL, on by default). cuBLASLt runs
+// its Hopper kernels only when M, N and K are all multiples of 8 (the
+// sixth run: 24576x1024x512 in 0.071 ms, 24576x1020x510 in 0.146 on its
+// fallback kernels). The paper preset's widths are 510 (the residual
+// stream), 85 (a head) and 1,020 (an expert); under bf16 GEMMs the
+// backend asks for graphs that hold them as 512, 88 and 1,024 with zero
+// padding (compiler/model's Opts.Align: exact, the parameters keep their
+// shapes), so every GEMM over them has aligned dims.
+func padModelEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_PAD_MODEL", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: under bf16 GEMMs, the model's widths padded to multiples of 8) or off (as they are)")
 }
 
 // Device describes the GPU.
@@ -358,6 +383,9 @@ func (b *Backend) Release(st *kernels.Store) {
 		if k.store == st {
 			b.dev.free(e.buf)
 			for _, c := range e.bf16 {
+				b.dev.free(c.buf)
+			}
+			for _, c := range e.padded {
 				b.dev.free(c.buf)
 			}
 			delete(b.mirror, k)

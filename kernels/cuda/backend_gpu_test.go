@@ -75,6 +75,10 @@ func opCases() []opCase {
 		{op: "SoftmaxGrad", in: []ir.Shape{{6, 33}, {6, 33}}},
 		{op: "CausalMask", in: []ir.Shape{{2, 9, 9}}},
 		{op: "LayerNorm", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{6, 33}, {33}, {33}}},
+		// compiler/model's aligned widths: a head-blocked weight, a bias, a gradient
+		{op: "Pad", attrs: ir.Attrs{"rows": []int{3, 85, 88}, "cols": []int{1, 37, 40}}, in: []ir.Shape{{255, 37}}},
+		{op: "Pad", attrs: ir.Attrs{"cols": []int{1, 1021, 1024}}, in: []ir.Shape{{1021}}},
+		{op: "PadGrad", attrs: ir.Attrs{"rows": []int{1, 37, 40}, "cols": []int{3, 85, 88}, "shape": []int{37, 255}}, in: []ir.Shape{{40, 264}}},
 		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{300, 33}, {300, 33}, {33}}},
 		{op: "Dropout", attrs: ir.Attrs{"p": 0.3}, in: []ir.Shape{{6, 33}}},
 		{op: "DropoutGrad", attrs: ir.Attrs{"p": 0.3, "stream": 5}, in: []ir.Shape{{6, 33}}},

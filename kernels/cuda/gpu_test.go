@@ -200,49 +200,62 @@ func TestGPUBF16RoundTrip(t *testing.T) {
 }
 
 // TestGPULayerNorm: forward and backward (a warp per row) against float64
-// references; on the simulator again in differential mode.
+// references, on rows of 510 and on rows of 512 whose last two entries are
+// padding (attribute width); on the simulator again in differential mode.
 func TestGPULayerNorm(t *testing.T) {
-	differentially(t, []string{"layernorm_fwd_f32", "layernorm_bwd_dx_f32", "layernorm_bwd_params_f32"}, func() { layerNormKernels(t) })
+	differentially(t, []string{"layernorm_fwd_f32", "layernorm_bwd_dx_f32", "layernorm_bwd_params_f32"}, func() {
+		layerNormKernels(t, 510, 510)
+		layerNormKernels(t, 512, 510)
+	})
 }
 
-func layerNormKernels(t *testing.T) {
+// layerNormRef is LayerNorm over the first W of each row of D (the rest
+// padding: output and gradients 0) in float64: y, dx, dg, db.
+func layerNormRef(x, g, b, dy []float32, rows, D, W int) (y, dx, dg, db []float64) {
+	y, dx = make([]float64, rows*D), make([]float64, rows*D)
+	dg, db = make([]float64, D), make([]float64, D)
+	n := float64(W)
+	for i := 0; i < rows; i++ {
+		var mu, v float64
+		for j := 0; j < W; j++ {
+			mu += float64(x[i*D+j]) / n
+		}
+		for j := 0; j < W; j++ {
+			d := float64(x[i*D+j]) - mu
+			v += d * d / n
+		}
+		rs := 1 / math.Sqrt(v+1e-5)
+		var a, cc float64
+		for j := 0; j < W; j++ {
+			xh := (float64(x[i*D+j]) - mu) * rs
+			y[i*D+j] = xh*float64(g[j]) + float64(b[j])
+			dxh := float64(dy[i*D+j]) * float64(g[j])
+			a += dxh / n
+			cc += dxh * xh / n
+			dg[j] += float64(dy[i*D+j]) * xh
+			db[j] += float64(dy[i*D+j])
+		}
+		for j := 0; j < W; j++ {
+			xh := (float64(x[i*D+j]) - mu) * rs
+			dx[i*D+j] = (float64(dy[i*D+j])*float64(g[j]) - a - xh*cc) * rs
+		}
+	}
+	return y, dx, dg, db
+}
+
+func layerNormKernels(t *testing.T, D, W int) {
 	c := gpuContext(t)
 	r := rand.New(rand.NewPCG(5, 6))
-	const rows, D = 37, 510
+	const rows = 37
+	// the padding holds values too: the kernels must neither read nor keep them
 	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, D, 1), randF32(r, D, 1), randF32(r, rows*D, 1)
 	dx_, dg_, db_ := devF32(t, c, x), devF32(t, c, g), devF32(t, c, b)
 	dout, dmean, drstd := devF32(t, c, make([]float32, rows*D)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
 	if err := c.Launch("layernorm_fwd_f32", warpGrid(rows), reduceBlock, 0, // a warp per row
-		dout.Ptr, dmean.Ptr, drstd.Ptr, dx_.Ptr, dg_.Ptr, db_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
+		dout.Ptr, dmean.Ptr, drstd.Ptr, dx_.Ptr, dg_.Ptr, db_.Ptr, int32(rows), int32(D), int32(W), float32(1e-5)); err != nil {
 		t.Fatal(err)
 	}
-	want, wdx := make([]float64, rows*D), make([]float64, rows*D)
-	wdg, wdb := make([]float64, D), make([]float64, D)
-	for i := 0; i < rows; i++ {
-		var mu, v float64
-		for j := 0; j < D; j++ {
-			mu += float64(x[i*D+j]) / D
-		}
-		for j := 0; j < D; j++ {
-			d := float64(x[i*D+j]) - mu
-			v += d * d / D
-		}
-		rs := 1 / math.Sqrt(v+1e-5)
-		var a, cc float64
-		for j := 0; j < D; j++ {
-			xh := (float64(x[i*D+j]) - mu) * rs
-			want[i*D+j] = xh*float64(g[j]) + float64(b[j])
-			dxh := float64(dy[i*D+j]) * float64(g[j])
-			a += dxh / D
-			cc += dxh * xh / D
-			wdg[j] += float64(dy[i*D+j]) * xh
-			wdb[j] += float64(dy[i*D+j])
-		}
-		for j := 0; j < D; j++ {
-			xh := (float64(x[i*D+j]) - mu) * rs
-			wdx[i*D+j] = (float64(dy[i*D+j])*float64(g[j]) - a - xh*cc) * rs
-		}
-	}
+	want, wdx, wdg, wdb := layerNormRef(x, g, b, dy, rows, D, W)
 	closeTo(t, "layernorm forward", hostF32(t, c, dout, rows*D), want, 1e-5)
 	ddy, ddx := devF32(t, c, dy), devF32(t, c, make([]float32, rows*D))
 	ddg, ddb := devF32(t, c, make([]float32, D)), devF32(t, c, make([]float32, D))
@@ -250,12 +263,12 @@ func layerNormKernels(t *testing.T) {
 	chunks := (rows + chunk - 1) / chunk
 	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 4*chunks*D)) // doubles
 	if err := c.Launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0,                      // a warp per row
-		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), float32(1e-5)); err != nil {
+		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), int32(W), float32(1e-5)); err != nil {
 		t.Fatal(err)
 	}
 	cols := uint32((D + 127) / 128)
 	if err := c.Launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
-		part.Ptr, ddy.Ptr, dx_.Ptr, stats.Ptr, int32(rows), int32(D), int32(chunk)); err != nil {
+		part.Ptr, ddy.Ptr, dx_.Ptr, stats.Ptr, int32(rows), int32(D), int32(W), int32(chunk)); err != nil {
 		t.Fatal(err)
 	}
 	if err := layerNormParamSums(c.Launch, ddg.Ptr, ddb.Ptr, part.Ptr, chunks, D); err != nil {

@@ -66,6 +66,9 @@ func (p *program) foldsConcat(n *ir.Node) bool {
 // Concat left unwritten.
 func (p *program) operandOf(d *dval) operand {
 	o := operandOf(d)
+	if st, pd := p.paddedOf(d.v); st != nil {
+		o.stored, o.pad = st, pd
+	}
 	if c, ok := p.cats[d.v.ID]; ok {
 		o.cat = &c
 	}

@@ -125,6 +125,10 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 		return p.gatherView(v, in[0], out[0])
 	case "SliceGrad":
 		return p.buildSliceGrad(n, in, out)
+	case "Pad":
+		return p.buildPad(n, in, out)
+	case "PadGrad":
+		return p.buildPadGrad(n, in, out)
 	case "Transpose":
 		v, err := transposeView(in[0].v.Shape, a.Ints("perm"))
 		if err != nil {
@@ -182,7 +186,7 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 	case "DropoutGrad":
 		return p.buildDropoutGrad(n, in, out)
 	case "GumbelNoise":
-		x, o, id := in[0], out[0], n.ID
+		x, o, id := in[0], out[0], n.Stream()
 		return func() error {
 			return p.each("gumbel_f32", o.n, o.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), int64(o.n))
 		}, nil
@@ -580,6 +584,9 @@ type operand struct {
 	// bf16: the value's padded bf16 copy, written by its producer in place
 	// of the fp32 value or beside it (packed.go); none when Ptr is 0.
 	bf16 Buffer
+	// pad: the value is a Pad of the store tensor stored, whose bf16 copy
+	// in this layout the GEMMs read (pad.go).
+	pad *padding
 }
 
 // operandOf is the operand for a value of the graph.
@@ -700,6 +707,8 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 		return p.bf16[side][0], nil
 	case o.bf16.Ptr != 0:
 		return o.bf16, nil
+	case o.stored != nil && o.pad != nil:
+		return p.storedPaddedBF16(o.stored, *o.pad)
 	case o.stored != nil:
 		return p.storedBF16(o.stored, rows, cols)
 	}
@@ -884,7 +893,7 @@ func lastDim(s ir.Shape) int { return s[len(s)-1] }
 func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 	x, W, o := in[0], in[1], out[0]
 	s, _ := gemmShapeOf("Linear", []*ir.Value{x.v, W.v})
-	a, w := p.operandOf(x), operandOf(W)
+	a, w := p.operandOf(x), p.operandOf(W)
 	p.needGEMM(s, a, w)
 	var bias *dval
 	if len(in) == 3 {
@@ -1010,18 +1019,19 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 		return nil, err
 	}
 	eps := float32(n.Attrs.Float("eps", 1e-5))
+	W := int32(ir.LayerNormWidth(x.v.Shape, n.Attrs))
 	if p.packsOutput(n) {
 		if err := p.packInto(o, D); err != nil {
 			return nil, err
 		}
 		return func() error {
 			return p.launch("layernorm_fwd_bf16pad", warpGrid(rows), reduceBlock, 0, o.buf.Ptr, stats.Ptr,
-				stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), int32(bf16LD(D)), eps)
+				stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), W, int32(bf16LD(D)), eps)
 		}, nil
 	}
 	return func() error {
 		return p.launch("layernorm_fwd_f32", warpGrid(rows), reduceBlock, 0, o.buf.Ptr, stats.Ptr,
-			stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), eps)
+			stats.Ptr+uint64(4*rows), x.buf.Ptr, g.buf.Ptr, b.buf.Ptr, int32(rows), int32(D), W, eps)
 	}, nil
 }
 
@@ -1042,14 +1052,15 @@ func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error,
 	}
 	p.needWork(2 * chunks * D)
 	eps := float32(n.Attrs.Float("eps", 1e-5))
+	W := int32(ir.LayerNormWidth(x.v.Shape, n.Attrs))
 	cols := uint32((D + 127) / 128)
 	return func() error {
 		if err := p.launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0, dx.buf.Ptr, stats.Ptr,
-			dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), eps); err != nil {
+			dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), W, eps); err != nil {
 			return err
 		}
 		if err := p.launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
-			p.work.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), int32(lnChunk)); err != nil {
+			p.work.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), W, int32(lnChunk)); err != nil {
 			return err
 		}
 		return layerNormParamSums(p.launch, dg.buf.Ptr, db.buf.Ptr, p.work.Ptr, chunks, D)
@@ -1083,7 +1094,7 @@ func dropoutThreshold(p float64) (thresh uint64, scale float32) {
 
 // buildDropout draws from the node's stream: attribute stream, else its id.
 func (p *program) buildDropout(n *ir.Node, in, out []*dval) (func() error, error) {
-	return p.dropout(n.Attrs.Float("p", 0), n.Attrs.Int("stream", n.ID), in[0], out[0]), nil
+	return p.dropout(n.Attrs.Float("p", 0), n.Stream(), in[0], out[0]), nil
 }
 
 // buildDropoutGrad applies the mask of the Dropout node n.Attrs["stream"]
@@ -1189,7 +1200,8 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	chunk, ld := ir.LMHeadChunkRows(n), logitsLD(V)
 	// padded (headPad) where the weight is a store tensor, whose bf16 copy
 	// has the vocabulary's rows rounded up
-	pad, dwRows := p.be.headPad && operandOf(W).stored != nil && p.bf16GEMM(GemmShape{M: chunk, N: D, K: V}), V
+	wt := p.operandOf(W)
+	pad, dwRows := p.be.headPad && wt.stored != nil && p.bf16GEMM(GemmShape{M: chunk, N: D, K: V}), V
 	st := &lmHead{gradLD: D}
 	if pad { // dx and dW in rows of the padded width, dW up to the padded vocabulary
 		dwRows, st.gradLD = bf16LD(V), bf16LD(D)
@@ -1215,7 +1227,6 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 	p.lmHeads[n.ID] = st
 	p.needSumRows(N)
 	ls := float32(n.Attrs.Float("label_smoothing", 0))
-	wt := operandOf(W)
 	p.needGEMM(GemmShape{TransB: true, M: chunk, N: V, K: D, Batch: 1, LDC: ld}, act(Buffer{}), wt)
 	p.needGEMM(GemmShape{M: chunk, N: D, K: V, Batch: 1}, act(Buffer{}), wt)
 	p.needGEMM(GemmShape{TransA: true, M: V, N: D, K: chunk, Batch: 1}, act(Buffer{}), act(Buffer{}))
@@ -1479,7 +1490,7 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, cho
 	lay := ir.AttnLayoutOf(n.Attrs)
 	B, H, T, Hd := lay.Dims(q.v.Shape)
 	_, _, S, _ := lay.Dims(k.v.Shape)
-	a := &attention{BH: B * H, T: T, Hd: Hd, bias: mask, stream: n.Attrs.Int("stream", n.ID)}
+	a := &attention{BH: B * H, T: T, Hd: Hd, bias: mask, stream: n.Stream()}
 	if lay == ir.AttnBTHD {
 		a.H = H
 	}

@@ -4,6 +4,8 @@
 // same bits). The backward recomputes each row's statistics and sums the
 // parameters' gradients over fixed chunks of rows, then the chunks'
 // partials in a fixed tree (no atomics: a step repeats bit for bit).
+// Rows are D floats apart; the statistics cover their first W (≤ D)
+// entries, and the entries from W on are padding: output and gradients 0.
 
 #define LN_ROWS 8  // rows (warps) per block of the row kernels
 
@@ -19,22 +21,22 @@ __device__ __forceinline__ float ln_warp_sum(float v) {
     return v;
 }
 
-// ln_row: row r of x (D elements), its mean and 1/std computed by the
-// warp (lane 0 stores them in mean[r] and rstd[r]).
-__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, float eps, float* mean, float* rstd, float* mu,
-                                               float* rs) {
+// ln_row: row r of x (D floats apart), the mean and 1/std of its first W
+// entries computed by the warp (lane 0 stores them in mean[r] and rstd[r]).
+__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, int W, float eps, float* mean, float* rstd,
+                                               float* mu, float* rs) {
     const float* xr = x + (i64)r * D;
     int lane = threadIdx.x & 31;
     float s = 0.0f;
-    for (int j = lane; j < D; j += 32) s += xr[j];
-    float m = ln_warp_sum(s) / D;
+    for (int j = lane; j < W; j += 32) s += xr[j];
+    float m = ln_warp_sum(s) / W;
     float q = 0.0f;
-    for (int j = lane; j < D; j += 32) {
+    for (int j = lane; j < W; j += 32) {
         float d = xr[j] - m;
         q += d * d;
     }
     *mu = m;
-    *rs = rsqrtf(ln_warp_sum(q) / D + eps);
+    *rs = rsqrtf(ln_warp_sum(q) / W + eps);
     if (lane == 0) {
         mean[r] = *mu;
         rstd[r] = *rs;
@@ -48,59 +50,59 @@ __device__ __forceinline__ float ln_out(const float* xr, int j, float mu, float 
 }
 
 extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
-                                             const float* g, const float* b, int rows, int D, float eps) {
+                                             const float* g, const float* b, int rows, int D, int W, float eps) {
     int r = ln_warp_row(rows);
     if (r < 0) return;
     float mu, rs;
-    const float* xr = ln_row(x, r, D, eps, mean, rstd, &mu, &rs);
+    const float* xr = ln_row(x, r, D, W, eps, mean, rstd, &mu, &rs);
     float* yr = out + (i64)r * D;
-    for (int j = threadIdx.x & 31; j < D; j += 32) yr[j] = ln_out(xr, j, mu, rs, g, b);
+    for (int j = threadIdx.x & 31; j < D; j += 32) yr[j] = j < W ? ln_out(xr, j, mu, rs, g, b) : 0.0f;
 }
 
 // layernorm_fwd_bf16pad: layernorm_fwd_f32 with the output written as the
 // padded bf16 rows its GEMMs read (ld ≥ D, a multiple of 8; columns D to
 // ld zero), each element rounded as f32_to_bf16_pad_kernel rounds it.
 extern "C" __global__ void layernorm_fwd_bf16pad(bf16_t* out, float* mean, float* rstd, const float* x,
-                                                 const float* g, const float* b, int rows, int D, int ld, float eps) {
+                                                 const float* g, const float* b, int rows, int D, int W, int ld, float eps) {
     int r = ln_warp_row(rows);
     if (r < 0) return;
     float mu, rs;
-    const float* xr = ln_row(x, r, D, eps, mean, rstd, &mu, &rs);
+    const float* xr = ln_row(x, r, D, W, eps, mean, rstd, &mu, &rs);
     bf16_t* yr = out + (i64)r * ld;
-    for (int j = threadIdx.x & 31; j < ld; j += 32) yr[j] = j < D ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
+    for (int j = threadIdx.x & 31; j < ld; j += 32) yr[j] = j < W ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
 }
 
 // layernorm_bwd_dx_f32: dx per row, recomputing the row's mean and 1/std
 // (stored in stats[2r], stats[2r+1] for the parameters' kernel).
 extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const float* dy, const float* x, const float* g,
-                                                int rows, int D, float eps) {
+                                                int rows, int D, int W, float eps) {
     int r = ln_warp_row(rows);
     if (r < 0) return;
     int lane = threadIdx.x & 31;
     const float* xr = x + (i64)r * D;
     const float* dyr = dy + (i64)r * D;
     float s = 0.0f;
-    for (int j = lane; j < D; j += 32) s += xr[j];
-    float mu = ln_warp_sum(s) / D;
+    for (int j = lane; j < W; j += 32) s += xr[j];
+    float mu = ln_warp_sum(s) / W;
     float q = 0.0f;
-    for (int j = lane; j < D; j += 32) {
+    for (int j = lane; j < W; j += 32) {
         float d = xr[j] - mu;
         q += d * d;
     }
-    float rs = rsqrtf(ln_warp_sum(q) / D + eps);
+    float rs = rsqrtf(ln_warp_sum(q) / W + eps);
     float a = 0.0f, c = 0.0f;
-    for (int j = lane; j < D; j += 32) {
+    for (int j = lane; j < W; j += 32) {
         float xh = (xr[j] - mu) * rs;
         float dxh = dyr[j] * g[j];
         a += dxh;
         c += dxh * xh;
     }
-    a = ln_warp_sum(a) / D;
-    c = ln_warp_sum(c) / D;
+    a = ln_warp_sum(a) / W;
+    c = ln_warp_sum(c) / W;
     float* dxr = dx + (i64)r * D;
     for (int j = lane; j < D; j += 32) {
         float xh = (xr[j] - mu) * rs;
-        dxr[j] = (dyr[j] * g[j] - a - xh * c) * rs;
+        dxr[j] = j < W ? (dyr[j] * g[j] - a - xh * c) * rs : 0.0f;
     }
     if (lane == 0) {
         stats[2 * r] = mu;
@@ -113,10 +115,10 @@ extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const f
 // part[(D + j)·chunks + y] = Σ dy (reduce_parts_f32 sums each over the
 // chunks).
 extern "C" __global__ void layernorm_bwd_params_f32(double* part, const float* dy, const float* x, const float* stats,
-                                                    int rows, int D, int chunk) {
+                                                    int rows, int D, int W, int chunk) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= D) return;
-    int r0 = blockIdx.y * chunk, r1 = min(rows, r0 + chunk);
+    int r0 = blockIdx.y * chunk, r1 = j < W ? min(rows, r0 + chunk) : r0;  // padding: 0
     double sg = 0.0, sb = 0.0;
     for (int r = r0; r < r1; r++) {
         float d = dy[(i64)r * D + j];
