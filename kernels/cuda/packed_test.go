@@ -109,6 +109,8 @@ func TestPackEnv(t *testing.T) {
 		"RPAC_CUDA_HEAD_PAD":  {func(b *Backend) bool { return b.headPad }, true},
 		"RPAC_CUDA_PAD_GRADW": {func(b *Backend) bool { return b.padGradW }, true},
 		"RPAC_CUDA_SPLITK":    {func(b *Backend) bool { return b.sms > 0 }, false},
+		// the graphs' alignment follows it under bf16 GEMMs
+		"RPAC_CUDA_PAD_MODEL": {func(b *Backend) bool { return b.padModel && b.Capabilities().Align == 8 }, true},
 	} {
 		flag := c.flag
 		for v, want := range map[string]bool{"": c.def, "on": true, "off": false} {
@@ -123,6 +125,10 @@ func TestPackEnv(t *testing.T) {
 			t.Errorf("%s=yes: %v, want a refusal naming it", name, err)
 		}
 		t.Setenv(name, "")
+	}
+	// fp32 GEMMs gain nothing from the padded widths: their graphs keep the model's
+	if be, err := NewDryRun(GEMMF32); err != nil || be.Capabilities().Align != 0 {
+		t.Errorf("fp32 GEMMs: %v, alignment %d; want 0", err, be.Capabilities().Align)
 	}
 }
 
