@@ -177,6 +177,20 @@ func (b *Backend) bf16Copy(st *kernels.Store, name string, rows, cols int) (*bf1
 	if c := e.bf16[cols]; c != nil {
 		return c, nil
 	}
+	c, err := b.newCopy(e, rows, cols)
+	if err != nil {
+		return nil, err
+	}
+	if e.bf16 == nil {
+		e.bf16 = map[int]*bf16Copy{}
+	}
+	e.bf16[cols] = c
+	return c, nil
+}
+
+// newCopy allocates a zeroed bf16 copy of entry e: bf16LD(rows) rows of
+// bf16LD(cols) elements. The caller holds b.mu.
+func (b *Backend) newCopy(e *mirrorEntry, rows, cols int) (*bf16Copy, error) {
 	bytes := uint64(2 * bf16LD(rows) * bf16LD(cols))
 	buf, err := b.dev.alloc(bytes)
 	if err != nil {
@@ -186,12 +200,7 @@ func (b *Backend) bf16Copy(st *kernels.Store, name string, rows, cols int) (*bf1
 		b.dev.free(buf)
 		return nil, err
 	}
-	if e.bf16 == nil {
-		e.bf16 = map[int]*bf16Copy{}
-	}
-	c := &bf16Copy{buf: buf, entry: e}
-	e.bf16[cols] = c
-	return c, nil
+	return &bf16Copy{buf: buf, entry: e}, nil
 }
 
 // setResident marks store tensors' device copies authoritative or not.

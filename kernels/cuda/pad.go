@@ -155,19 +155,13 @@ func (b *Backend) paddedCopy(st *kernels.Store, name string, pd padding) (*bf16C
 	if c := e.padded[pd]; c != nil {
 		return c, nil
 	}
-	bytes := uint64(2 * bf16LD(pd.rows.Stored()) * bf16LD(pd.cols.Stored()))
-	buf, err := b.dev.alloc(bytes)
+	c, err := b.newCopy(e, pd.rows.Stored(), pd.cols.Stored())
 	if err != nil {
-		return nil, err
-	}
-	if err := b.dev.zero(buf, bytes); err != nil {
-		b.dev.free(buf)
 		return nil, err
 	}
 	if e.padded == nil {
 		e.padded = map[padding]*bf16Copy{}
 	}
-	c := &bf16Copy{buf: buf, entry: e}
 	e.padded[pd] = c
 	return c, nil
 }
