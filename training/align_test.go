@@ -25,7 +25,8 @@ func (b aligningCPU) Capabilities() kernels.Capabilities {
 // 8 (d 30, heads of 15, expert width 60), trained through graphs that hold
 // them padded to 32, 16 and 64, gives the gradients of the unpadded graphs
 // (float64, to 1e-12): the fuzzy model with the RPA prior and the legacy
-// bias and the baseline, with rotary positions and smeared keys, with
+// bias, with type-2 memberships and sinusoidal positions, and the
+// baseline, with rotary positions and smeared keys, with
 // attention fused and not, in micro-batches, the Gumbel noise of the gates
 // drawn the same. In float32 the loss agrees to 1e-6. Every GEMM of the
 // padded graph over the model's widths has its dims multiples of 8.
@@ -39,6 +40,7 @@ func TestAlignedStepMatchesUnaligned(t *testing.T) {
 		{"fuzzy", "fuzzy", nil, false},
 		{"fuzzy/fused", "fuzzy", nil, true},
 		{"fuzzy/legacy", "fuzzy", func(c *model.Config) { c.UseRPA = false }, false},
+		{"fuzzy/type2+sinusoid", "fuzzy", func(c *model.Config) { c.Type2, c.PosInit = true, "sinusoid" }, true},
 		{"baseline/rope+smear", "baseline", func(c *model.Config) { c.RoPE, c.SmearKeys = true, true }, true},
 		{"baseline", "baseline", nil, false},
 	}
@@ -107,5 +109,15 @@ func checkAlignedGEMMs(t *testing.T, name string, s *Step, cfg model.Config) {
 	}
 	if n == 0 {
 		t.Fatalf("%s: no Linear over the model's widths", name)
+	}
+}
+
+// TestAlignedEvalMatchesUnaligned: the evaluator's padded graph gives the
+// unpadded one's CE.
+func TestAlignedEvalMatchesUnaligned(t *testing.T) {
+	f := newStepFixture(t, "fuzzy", 12, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
+	plain, aligned := evalCESum(t, f, cpu.New(kernels.F32)), evalCESum(t, f, aligningCPU{cpu.New(kernels.F32), true})
+	if d := math.Abs(aligned-plain) / plain; d > 1e-6 {
+		t.Errorf("eval CE sum: aligned %.8f, unaligned %.8f", aligned, plain)
 	}
 }
