@@ -81,9 +81,11 @@ func (p *program) bf16Weight(m *ir.Node) bool {
 	case "Linear", "LinearGradX":
 		s, _ := gemmShapeOf(m.Op, m.Inputs)
 		return p.bf16GEMM(s)
-	case "LMHeadCrossEntropy":
+	case "LMHeadCrossEntropy": // chunks of rows rows, the last of last (buildLMHead)
 		x, w := m.Inputs[0].Shape, m.Inputs[1].Shape
-		return p.bf16GEMM(GemmShape{M: min(ir.LMHeadChunkRows(m), x[0]), N: x[1], K: w[0]})
+		rows := ir.LMHeadChunkRows(m)
+		last := x[0] - (x[0]+rows-1)/rows*rows + rows
+		return p.bf16GEMM(GemmShape{M: rows, N: x[1], K: w[0]}) && p.bf16GEMM(GemmShape{M: last, N: x[1], K: w[0]})
 	}
 	return false
 }

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 )
 
 // TestGPUPadBF16: pad_bf16 writes a weight's bf16 copy in a Pad layout
@@ -43,5 +44,62 @@ func padBF16(t *testing.T) {
 				t.Fatalf("row %d column %d: %g, want %g", i, j, got, want)
 			}
 		}
+	}
+}
+
+// TestGPUPaddedWeights: a Linear and the fused LM head whose weights are
+// Pads of store tensors (columns 85 → 88; the Linear's rows in head blocks
+// 2 × 15 → 2 × 16) match the CPU within bf16's bounds. The Linear's Pad runs
+// no fp32 kernel (its GEMM reads the bf16 copy pad_bf16 makes); the head's
+// does, since its last chunk of rows (8 of 26, chunks of 9) is too short
+// for a bf16 GEMM and reads the fp32 value.
+func TestGPUPaddedWeights(t *testing.T) {
+	const R, D, V, N = 26, 85, 111, 30
+	g := ir.New("padded")
+	x := g.Input("x", ir.Shape{R, 88}, ir.F32)
+	w := g.Op1("Pad", ir.Attrs{"cols": []int{1, D, 88}}, g.Param("w", ir.Shape{V, D}))
+	u := g.Op1("Pad", ir.Attrs{"rows": []int{2, 15, 16}, "cols": []int{1, D, 88}}, g.Param("u", ir.Shape{N, D}))
+	tg := g.Input("t", ir.Shape{R}, ir.I32)
+	outs := g.Apply("LMHeadCrossEntropy", ir.Attrs{"chunk": 9}, x, w, tg)
+	outs = append(outs, g.Op1("Linear", nil, x, u))
+	names := []string{"sum", "ce", "pred", "y"}
+	for i, o := range outs {
+		g.SetOutput(names[i], o)
+	}
+	r := rand.New(rand.NewPCG(81, 82))
+	weights := map[string]*kernels.Tensor{"w": {Shape: ir.Shape{V, D}, F32: randF32(r, V*D, 1)}, "u": {Shape: ir.Shape{N, D}, F32: randF32(r, N*D, 1)}}
+	xs := randF32(r, R*88, 1)
+	for i := range R { // the input's padding is zero, as the model's is
+		clear(xs[i*88+D : (i+1)*88])
+	}
+	ids := make([]int32, R)
+	for i := range ids {
+		ids[i] = int32(r.IntN(V))
+	}
+	feeds := map[string]*kernels.Tensor{"x": {Shape: ir.Shape{R, 88}, F32: xs}, "t": kernels.IntTensor(ir.Shape{R}, ids)}
+	want := cpuOutputs(t, g, weights, feeds, names)
+	got := runOn(t, gpuBackend(t, GEMMBF16), g, weights, feeds, names)
+	if got.launches["pad_f32"] != 1 || got.launches["pad_bf16"] != 1 {
+		t.Errorf("pad_f32 ran %d times (want 1: the head's), pad_bf16 %d (want 1: the Linear's)", got.launches["pad_f32"], got.launches["pad_bf16"])
+	}
+	for _, n := range []string{"sum", "ce"} {
+		if worst, l2 := attnErrors(got.outs[n], float64s(want[n])); worst > 3e-2 || l2 > 1e-2 {
+			t.Errorf("%s: worst %.3g, L2 %.3g against the CPU (bounds 3e-2, 1e-2)", n, worst, l2)
+		}
+	}
+	// y over the bf16-rounded operands, its padded rows zero: fp32 rounding apart
+	rows := ir.PadSpan{Blocks: 2, Size: 15, Padded: 16}
+	ref := make([]float64, R*rows.Stored())
+	for i := range R {
+		for j := range rows.Stored() {
+			if src := rows.Source(j); src >= 0 {
+				for k := range D {
+					ref[i*rows.Stored()+j] += roundBF16(xs[i*88+k]) * roundBF16(weights["u"].F32[src*D+k])
+				}
+			}
+		}
+	}
+	if worst, _ := attnErrors(got.outs["y"], ref); worst > 1e-5 {
+		t.Errorf("y: worst %.3g against the product of the bf16 operands", worst)
 	}
 }
