@@ -384,16 +384,16 @@ func init() {
 			}
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LayerNorm", NumIn: 3, RowWise: true, Doc: "LayerNorm(x[...,D], g[D], b[D]; eps, width) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis; with width W < D the statistics cover the first W entries and the entries from W on are padding: output 0.",
+	reg(&OpDef{Name: "LayerNorm", NumIn: 3, RowWise: true, Doc: "LayerNorm(x[...,D], g[W], b[W]; eps, width W (default D)) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis; with W < D the statistics and g, b cover the first W entries and the entries from W on are padding: output 0.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
-			if err := layerNormWidth(in[0].Shape, a); err != nil {
+			if err := layerNormWidth(in[0].Shape, a, in[1], in[2]); err != nil {
 				return nil, nil, err
 			}
 			return same(0)(in, a)
 		}})
-	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps, width) -> (dx, dg, db); with width W < D the entries from W on get gradient 0.",
+	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps, width) -> (dx, dg, db); with width W < D the entries of x from W on get gradient 0.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
-			if err := layerNormWidth(in[1].Shape, a); err != nil {
+			if err := layerNormWidth(in[1].Shape, a, in[2]); err != nil {
 				return nil, nil, err
 			}
 			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
@@ -728,12 +728,20 @@ func LayerNormWidth(x Shape, a Attrs) int {
 	return a.Int("width", D)
 }
 
-func layerNormWidth(x Shape, a Attrs) error {
+// layerNormWidth checks the width attribute against x[...,D] and the
+// parameters, each [W].
+func layerNormWidth(x Shape, a Attrs, params ...*Value) error {
 	if len(x) == 0 {
 		return errors.New("want [...,D]")
 	}
-	if w, D := LayerNormWidth(x, a), x[len(x)-1]; w < 1 || w > D {
+	w, D := LayerNormWidth(x, a), x[len(x)-1]
+	if w < 1 || w > D {
 		return fmt.Errorf("width %d outside 1..%d", w, D)
+	}
+	for _, p := range params {
+		if !p.Shape.Equal(Shape{w}) {
+			return fmt.Errorf("parameter %v over a width of %d", p.Shape, w)
+		}
 	}
 	return nil
 }

@@ -169,7 +169,8 @@ func (b *builder) dropout(x *ir.Value) *ir.Value {
 	return b.g.Apply("Dropout", ir.Attrs{"p": b.cfg.Dropout}, x)[0]
 }
 
-// layerNorm normalises the residual stream (over its logical width).
+// layerNorm normalises the residual stream over its logical width, with
+// parameters of that width.
 func (b *builder) layerNorm(x *ir.Value, name string) *ir.Value {
 	s := b.resid()
 	gw := b.param(name+".weight", ir.Shape{s.Logical()}, Init{"const", 1})
@@ -178,7 +179,7 @@ func (b *builder) layerNorm(x *ir.Value, name string) *ir.Value {
 	if s.Stored() != s.Logical() {
 		a["width"] = s.Logical()
 	}
-	return b.op("LayerNorm", a, x, b.padParam(gw, nil, &s), b.padParam(gb, nil, &s))
+	return b.op("LayerNorm", a, x, gw, gb)
 }
 
 // Graph is a built model graph with typed handles on the values and

@@ -527,9 +527,10 @@ func nnCases() []gradCase {
 	})
 	for _, a := range []ir.Attrs{{}, {"eps": 1e-3}, {"width": 3}} {
 		a := a
+		W := a.Int("width", 5)
 		cs = append(cs, gradCase{
 			name: fmt.Sprintf("LayerNorm/%v", a),
-			ins:  []spec{in(2, 3, 5), in(5), in(5)},
+			ins:  []spec{in(2, 3, 5), in(W), in(W)},
 			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, "LayerNorm", a, x...) },
 			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
 				return g.Apply("LayerNormGrad", a, dy, x[0], x[1])

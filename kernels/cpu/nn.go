@@ -181,15 +181,14 @@ func rowStats[T float](x []T, eps float64) (mean, rstd float64) {
 
 func (p *program[T]) buildLayerNorm(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 	x, g, b, o := in[0], in[1], in[2], out[0]
-	D := lastDim(x.shape)
-	if g.numel() != D || b.numel() != D {
+	D, W := lastDim(x.shape), ir.LayerNormWidth(x.shape, n.Attrs)
+	if g.numel() != W || b.numel() != W {
 		return nil, fmt.Errorf("x%v with g%v, b%v", x.shape, g.shape, b.shape)
 	}
 	if D == 0 {
 		return func() error { return nil }, nil
 	}
 	eps := n.Attrs.Float("eps", 1e-5)
-	W := ir.LayerNormWidth(x.shape, n.Attrs)
 	rows := x.numel() / D
 	return func() error {
 		xs, gs, bs, ys := x.f, g.f, b.f, o.f
@@ -211,12 +210,11 @@ func (p *program[T]) buildLayerNorm(n *ir.Node, in, out []*tensor[T]) (func() er
 func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 	dy, x, g := in[0], in[1], in[2]
 	dx, dg, db := out[0], out[1], out[2]
-	D := lastDim(x.shape)
-	if g.numel() != D || dy.numel() != x.numel() {
+	D, W := lastDim(x.shape), ir.LayerNormWidth(x.shape, n.Attrs)
+	if g.numel() != W || dy.numel() != x.numel() {
 		return nil, fmt.Errorf("dy%v, x%v, g%v", dy.shape, x.shape, g.shape)
 	}
 	eps := n.Attrs.Float("eps", 1e-5)
-	W := ir.LayerNormWidth(x.shape, n.Attrs)
 	rows := 0
 	if D > 0 {
 		rows = x.numel() / D
@@ -224,14 +222,14 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 	parts := p.parts
 	partial := make([][]float64, parts) // [dg | db] per part
 	for i := range partial {
-		partial[i] = make([]float64, 2*D)
+		partial[i] = make([]float64, 2*W)
 	}
 	return func() error {
 		dys, xs, gs, dxs := dy.f, x.f, g.f, dx.f
 		parallelParts(rows, parts, max(1, grainCheap/(6*max(D, 1))), func(w, lo, hi int) {
 			acc := partial[w]
 			clear(acc)
-			adg, adb := acc[:D], acc[D:]
+			adg, adb := acc[:W], acc[W:]
 			for r := lo; r < hi; r++ {
 				xr, gr, dr := xs[r*D:r*D+W], dys[r*D:r*D+W], dxs[r*D:(r+1)*D]
 				mean, rstd := rowStats(xr, eps)
@@ -255,11 +253,11 @@ func (p *program[T]) buildLayerNormGrad(n *ir.Node, in, out []*tensor[T]) (func(
 			}
 		})
 		dgs, dbs := dg.f, db.f
-		for i := 0; i < D; i++ {
+		for i := 0; i < W; i++ {
 			var sg, sb float64
 			for w := range partial {
 				sg += partial[w][i]
-				sb += partial[w][D+i]
+				sb += partial[w][W+i]
 			}
 			dgs[i], dbs[i] = T(sg), T(sb)
 		}

@@ -210,10 +210,10 @@ func TestGPULayerNorm(t *testing.T) {
 }
 
 // layerNormRef is LayerNorm over the first W of each row of D (the rest
-// padding: output and gradients 0) in float64: y, dx, dg, db.
+// padding: output and gradients 0; g and b of W) in float64: y, dx, dg, db.
 func layerNormRef(x, g, b, dy []float32, rows, D, W int) (y, dx, dg, db []float64) {
 	y, dx = make([]float64, rows*D), make([]float64, rows*D)
-	dg, db = make([]float64, D), make([]float64, D)
+	dg, db = make([]float64, W), make([]float64, W)
 	n := float64(W)
 	for i := 0; i < rows; i++ {
 		var mu, v float64
@@ -248,7 +248,7 @@ func layerNormKernels(t *testing.T, D, W int) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const rows = 37
 	// the padding holds values too: the kernels must neither read nor keep them
-	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, D, 1), randF32(r, D, 1), randF32(r, rows*D, 1)
+	x, g, b, dy := randF32(r, rows*D, 1), randF32(r, W, 1), randF32(r, W, 1), randF32(r, rows*D, 1)
 	dx_, dg_, db_ := devF32(t, c, x), devF32(t, c, g), devF32(t, c, b)
 	dout, dmean, drstd := devF32(t, c, make([]float32, rows*D)), devF32(t, c, make([]float32, rows)), devF32(t, c, make([]float32, rows))
 	if err := c.Launch("layernorm_fwd_f32", warpGrid(rows), reduceBlock, 0, // a warp per row
@@ -258,25 +258,25 @@ func layerNormKernels(t *testing.T, D, W int) {
 	want, wdx, wdg, wdb := layerNormRef(x, g, b, dy, rows, D, W)
 	closeTo(t, "layernorm forward", hostF32(t, c, dout, rows*D), want, 1e-5)
 	ddy, ddx := devF32(t, c, dy), devF32(t, c, make([]float32, rows*D))
-	ddg, ddb := devF32(t, c, make([]float32, D)), devF32(t, c, make([]float32, D))
+	ddg, ddb := devF32(t, c, make([]float32, W)), devF32(t, c, make([]float32, W))
 	const chunk = 16 // several partial sums over the 37 rows
 	chunks := (rows + chunk - 1) / chunk
-	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 4*chunks*D)) // doubles
+	stats, part := devF32(t, c, make([]float32, 2*rows)), devF32(t, c, make([]float32, 4*chunks*W)) // doubles
 	if err := c.Launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0,                      // a warp per row
 		ddx.Ptr, stats.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), int32(W), float32(1e-5)); err != nil {
 		t.Fatal(err)
 	}
-	cols := uint32((D + 127) / 128)
+	cols := uint32((W + 127) / 128)
 	if err := c.Launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
 		part.Ptr, ddy.Ptr, dx_.Ptr, stats.Ptr, int32(rows), int32(D), int32(W), int32(chunk)); err != nil {
 		t.Fatal(err)
 	}
-	if err := layerNormParamSums(c.Launch, ddg.Ptr, ddb.Ptr, part.Ptr, chunks, D); err != nil {
+	if err := layerNormParamSums(c.Launch, ddg.Ptr, ddb.Ptr, part.Ptr, chunks, W); err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "layernorm dx", hostF32(t, c, ddx, rows*D), wdx, 1e-4)
-	closeTo(t, "layernorm dg", hostF32(t, c, ddg, D), wdg, 1e-4)
-	closeTo(t, "layernorm db", hostF32(t, c, ddb, D), wdb, 1e-4)
+	closeTo(t, "layernorm dg", hostF32(t, c, ddg, W), wdg, 1e-4)
+	closeTo(t, "layernorm db", hostF32(t, c, ddb, W), wdb, 1e-4)
 }
 
 // TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient,

@@ -1043,37 +1043,36 @@ const lnChunk = 128
 func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error, error) {
 	dy, x, g := in[0], in[1], in[2]
 	dx, dg, db := out[0], out[1], out[2]
-	D := lastDim(x.v.Shape)
+	D, W := lastDim(x.v.Shape), ir.LayerNormWidth(x.v.Shape, n.Attrs)
 	rows := x.n / max(1, D)
 	chunks := max(1, (rows+lnChunk-1)/lnChunk)
 	stats, err := p.alloc(2 * rows)
 	if err != nil {
 		return nil, err
 	}
-	p.needWork(2 * chunks * D)
+	p.needWork(2 * chunks * W)
 	eps := float32(n.Attrs.Float("eps", 1e-5))
-	W := int32(ir.LayerNormWidth(x.v.Shape, n.Attrs))
-	cols := uint32((D + 127) / 128)
+	cols := uint32((W + 127) / 128)
 	return func() error {
 		if err := p.launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0, dx.buf.Ptr, stats.Ptr,
-			dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), W, eps); err != nil {
+			dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), int32(W), eps); err != nil {
 			return err
 		}
 		if err := p.launch("layernorm_bwd_params_f32", [3]uint32{cols, uint32(chunks), 1}, [3]uint32{128, 1, 1}, 0,
-			p.work.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), W, int32(lnChunk)); err != nil {
+			p.work.Ptr, dy.buf.Ptr, x.buf.Ptr, stats.Ptr, int32(rows), int32(D), int32(W), int32(lnChunk)); err != nil {
 			return err
 		}
-		return layerNormParamSums(p.launch, dg.buf.Ptr, db.buf.Ptr, p.work.Ptr, chunks, D)
+		return layerNormParamSums(p.launch, dg.buf.Ptr, db.buf.Ptr, p.work.Ptr, chunks, W)
 	}, nil
 }
 
-// layerNormParamSums launches dg and db from layernorm_bwd_params_f32's
-// partials (dg's D·chunks doubles, then db's).
-func layerNormParamSums(launch launcher, dg, db, part uint64, chunks, D int) error {
-	if err := sumParts(launch, dg, part, chunks, 1, D); err != nil {
+// layerNormParamSums launches dg and db (W each) from
+// layernorm_bwd_params_f32's partials (dg's W·chunks doubles, then db's).
+func layerNormParamSums(launch launcher, dg, db, part uint64, chunks, W int) error {
+	if err := sumParts(launch, dg, part, chunks, 1, W); err != nil {
 		return err
 	}
-	return sumParts(launch, db, part+uint64(8*chunks*D), chunks, 1, D)
+	return sumParts(launch, db, part+uint64(8*chunks*W), chunks, 1, W)
 }
 
 // dropoutThreshold mirrors the CPU backend: element i keeps when its 32-bit

@@ -80,8 +80,8 @@ func awkwardCases() []opCase {
 		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{37, 85}, {37, 85}, {85}}},
 		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{1, 1029}, {1, 1029}, {1029}}},
 		// rows of 88 whose last 3 entries are padding (compiler/model's aligned widths)
-		{op: "LayerNorm", attrs: ir.Attrs{"eps": 1e-5, "width": 85}, in: []ir.Shape{{37, 88}, {88}, {88}}},
-		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5, "width": 85}, in: []ir.Shape{{37, 88}, {37, 88}, {88}}},
+		{op: "LayerNorm", attrs: ir.Attrs{"eps": 1e-5, "width": 85}, in: []ir.Shape{{37, 88}, {85}, {85}}},
+		{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5, "width": 85}, in: []ir.Shape{{37, 88}, {37, 88}, {85}}},
 		{op: "Softmax", in: []ir.Shape{{3, 1029}}},
 		// The inputs are N(0,1), not a softmax: Σ dy·y over 1,029 entries is
 		// about 32 in size, summed in fp32 in another order than the CPU's.

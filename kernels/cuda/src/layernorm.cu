@@ -4,8 +4,9 @@
 // same bits). The backward recomputes each row's statistics and sums the
 // parameters' gradients over fixed chunks of rows, then the chunks'
 // partials in a fixed tree (no atomics: a step repeats bit for bit).
-// Rows are D floats apart; the statistics cover their first W (≤ D)
-// entries, and the entries from W on are padding: output and gradients 0.
+// Rows are D floats apart; the statistics and the parameters g, b cover
+// their first W (≤ D) entries, and the entries from W on are padding:
+// output and gradients 0.
 
 #define LN_ROWS 8  // rows (warps) per block of the row kernels
 
@@ -110,15 +111,15 @@ extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const f
     }
 }
 
-// layernorm_bwd_params_f32: partial dg, db over the rows of chunk
-// blockIdx.y (chunk rows each), in double: part[j·chunks + y] = Σ dy·x̂,
-// part[(D + j)·chunks + y] = Σ dy (reduce_parts_f32 sums each over the
-// chunks).
+// layernorm_bwd_params_f32: partial dg, db (W each) over the rows of
+// chunk blockIdx.y (chunk rows each), in double: part[j·chunks + y] =
+// Σ dy·x̂, part[(W + j)·chunks + y] = Σ dy (reduce_parts_f32 sums each over
+// the chunks).
 extern "C" __global__ void layernorm_bwd_params_f32(double* part, const float* dy, const float* x, const float* stats,
                                                     int rows, int D, int W, int chunk) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= D) return;
-    int r0 = blockIdx.y * chunk, r1 = j < W ? min(rows, r0 + chunk) : r0;  // padding: 0
+    if (j >= W) return;
+    int r0 = blockIdx.y * chunk, r1 = min(rows, r0 + chunk);
     double sg = 0.0, sb = 0.0;
     for (int r = r0; r < r1; r++) {
         float d = dy[(i64)r * D + j];
@@ -128,5 +129,5 @@ extern "C" __global__ void layernorm_bwd_params_f32(double* part, const float* d
     }
     i64 chunks = gridDim.y;
     part[(i64)j * chunks + blockIdx.y] = sg;
-    part[((i64)D + j) * chunks + blockIdx.y] = sb;
+    part[((i64)W + j) * chunks + blockIdx.y] = sb;
 }
