@@ -24,7 +24,7 @@ func (b aligningCPU) Capabilities() kernels.Capabilities {
 // TestAlignedStepMatchesUnaligned: a model whose widths are no multiple of
 // 8 (d 30, heads of 15, expert width 60), trained through graphs that hold
 // them padded to 32, 16 and 64, gives the gradients of the unpadded graphs
-// (float64, to 1e-12): the fuzzy model with the RPA prior and the legacy
+// (float64, to 1e-10): the fuzzy model with the RPA prior and the legacy
 // bias, with type-2 memberships and sinusoidal positions, and the
 // baseline, with rotary positions and smeared keys, with
 // attention fused and not, in micro-batches, the Gumbel noise of the gates
@@ -80,7 +80,10 @@ func TestAlignedStepMatchesUnaligned(t *testing.T) {
 			}
 		}
 		t.Logf("%s: loss %.7f both ways; worst float64 gradient %s, max |Δ| / max |g| %.2g", tc.name, loss, at, worst)
-		if worst > 1e-12 {
+		// a wrong padding moves gradients by O(1); the float64 sums of the
+		// padded and unpadded GEMMs differ in OpenBLAS's blocking (which
+		// depends on the CPU's kernels): 7.9e-13 measured on AVX-512
+		if worst > 1e-10 {
 			t.Errorf("%s: gradient of %s differs by %.2g between the aligned and unaligned steps", tc.name, at, worst)
 		}
 	}

@@ -4,59 +4,58 @@ import "github.com/rpac-dev/rpac/ir"
 
 // ---- Pad / PadGrad (the aligned-width graphs' padded parameters) ----
 
-// padMap is, for each stored element of Pad's output in order, the index
-// of the logical input element it holds, or -1 for padding.
-func padMap(x ir.Shape, a ir.Attrs) ([]int, error) {
+// padEach calls f for each stored element of Pad(x; a)'s output in order,
+// with the index of the logical element of x it holds, or -1 for padding.
+func padEach(x ir.Shape, a ir.Attrs, f func(stored, logical int)) error {
 	rows, cols, err := ir.PadSpans(x, a)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	m := make([]int, 0, rows.Stored()*cols.Stored())
+	i := 0
 	for r := 0; r < rows.Stored(); r++ {
 		sr := rows.Source(r)
 		for c := 0; c < cols.Stored(); c++ {
-			sc := cols.Source(c)
-			if sr < 0 || sc < 0 {
-				m = append(m, -1)
-			} else {
-				m = append(m, sr*cols.Logical()+sc)
+			src := -1
+			if sc := cols.Source(c); sr >= 0 && sc >= 0 {
+				src = sr*cols.Logical() + sc
 			}
+			f(i, src)
+			i++
 		}
 	}
-	return m, nil
+	return nil
+}
+
+// buildPadOp is Pad (grad false: y from x) or PadGrad (dx from dy), both
+// over the logical shape of x; the spans are checked at build time.
+func buildPadOp[T float](n *ir.Node, in, out []*tensor[T], grad bool) (func() error, error) {
+	src, dst := in[0], out[0]
+	x := src.shape
+	if grad {
+		x = dst.shape
+	}
+	if err := padEach(x, n.Attrs, func(int, int) {}); err != nil {
+		return nil, err
+	}
+	return func() error {
+		return padEach(x, n.Attrs, func(i, s int) {
+			switch {
+			case grad && s >= 0:
+				dst.f[s] = src.f[i]
+			case !grad && s >= 0:
+				dst.f[i] = src.f[s]
+			case !grad:
+				dst.f[i] = 0
+			}
+		})
+	}, nil
 }
 
 func padKernels[T float](k kernelTable[T]) {
 	k.add("Pad", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-		m, err := padMap(in[0].shape, n.Attrs)
-		if err != nil {
-			return nil, err
-		}
-		x, y := in[0], out[0]
-		return func() error {
-			for i, s := range m {
-				if s < 0 {
-					y.f[i] = 0
-				} else {
-					y.f[i] = x.f[s]
-				}
-			}
-			return nil
-		}, nil
+		return buildPadOp(n, in, out, false)
 	})
 	k.add("PadGrad", func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-		m, err := padMap(out[0].shape, n.Attrs)
-		if err != nil {
-			return nil, err
-		}
-		dy, dx := in[0], out[0]
-		return func() error {
-			for i, s := range m {
-				if s >= 0 {
-					dx.f[s] = dy.f[i]
-				}
-			}
-			return nil
-		}, nil
+		return buildPadOp(n, in, out, true)
 	})
 }

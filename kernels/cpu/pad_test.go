@@ -36,15 +36,15 @@ func padCases() []gradCase {
 
 // TestPadLayout: Pad puts each block's entries first and zeros after.
 func TestPadLayout(t *testing.T) {
-	m, err := padMap(ir.Shape{4, 3}, ir.Attrs{"rows": []int{2, 2, 3}, "cols": []int{1, 3, 4}})
-	if err != nil {
+	var m []int
+	if err := padEach(ir.Shape{4, 3}, ir.Attrs{"rows": []int{2, 2, 3}, "cols": []int{1, 3, 4}}, func(i, s int) { m = append(m, s) }); err != nil {
 		t.Fatal(err)
 	}
 	want := []int{0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1, -1, 6, 7, 8, -1, 9, 10, 11, -1, -1, -1, -1, -1}
 	if fmt.Sprint(m) != fmt.Sprint(want) {
 		t.Fatalf("map %v, want %v", m, want)
 	}
-	if _, err := padMap(ir.Shape{4, 3}, ir.Attrs{"rows": []int{3, 2, 3}}); err == nil {
+	if err := padEach(ir.Shape{4, 3}, ir.Attrs{"rows": []int{3, 2, 3}}, func(int, int) {}); err == nil {
 		t.Fatal("3 blocks of 2 rows over 4 rows: no error")
 	}
 }
