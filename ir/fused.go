@@ -24,7 +24,7 @@ type FusedBody []FusedStep
 const (
 	MaxFusedInputs = 8
 	MaxFusedSteps  = 16
-	MaxFusedDraws  = 4
+	MaxFusedDraws  = 8
 )
 
 // Fusable reports whether op may be a step of a FusedElementwise body:

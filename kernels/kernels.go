@@ -253,4 +253,9 @@ type Capabilities struct {
 	// multiple of Align; its train and eval graphs store the model's
 	// widths padded to it (compiler/model's Opts.Align; 0: as they are).
 	Align int
+	// RematDropout: the backend's fused chains draw a dropout mask at
+	// little cost beside the memory traffic; its train graphs give each
+	// chain that reads a Dropout's result a copy of the Dropout instead
+	// (passes.FuseElementwiseRemat).
+	RematDropout bool
 }

@@ -18,7 +18,42 @@ import (
 // is the op it replaces, a Dropout step keeping its node's id as its stream
 // (its draws for element i depend on the run's seed, the stream and i
 // only).
-func FuseElementwise(g *ir.Graph) error {
+func FuseElementwise(g *ir.Graph) error { return emitFused(g, fuseGroups(g)) }
+
+// FuseElementwiseRemat is FuseElementwise after rematerialising the
+// Dropouts read by several chains (rematDropouts): each such reader gets
+// a copy of the Dropout of its own, which its chain takes in, so the
+// mask is drawn again per chain (the same draws: the Dropout's stream)
+// instead of the result being written once and read by each. A Dropout
+// whose copies do not all join their readers' chains (a chain at its
+// bounds) is left as it was.
+func FuseElementwiseRemat(g *ir.Graph) error {
+	remat := rematDropouts(g)
+	groups := fuseGroups(g)
+	var undo []*dropoutRemat
+	for _, r := range remat {
+		for _, c := range r.copies {
+			if groups[c] != nil { // a group of its own: not taken into its reader's
+				undo = append(undo, r)
+				break
+			}
+		}
+	}
+	if len(undo) > 0 {
+		for _, r := range undo {
+			r.restore(g)
+		}
+		groups = fuseGroups(g)
+	}
+	return emitFused(g, groups)
+}
+
+// fuseGroups groups the graph's chains: a producer joins its consumer's
+// group when its output is read by that consumer only, is not a graph
+// output and has the consumer's output shape, within the bounds. It
+// returns the groups by root (a node absorbed into its reader's group has
+// none).
+func fuseGroups(g *ir.Graph) map[*ir.Node]*fuseGroup {
 	uses := g.Uses()
 	outputs := map[*ir.Value]bool{}
 	for _, v := range g.Outputs {
@@ -43,7 +78,108 @@ func FuseElementwise(g *ir.Graph) error {
 		}
 		groups[n] = grp
 	}
-	return emitFused(g, groups)
+	return groups
+}
+
+// dropoutRemat is one Dropout replaced by a copy per reader.
+type dropoutRemat struct {
+	orig    *ir.Node
+	copies  []*ir.Node
+	readers []*ir.Node // readers[i] reads copies[i]
+}
+
+// rematDropouts gives each reader of a Dropout's result a copy of the
+// Dropout (its input, p and stream), placed just before the reader, where
+// the result is no graph output and has two or more readers, all of them
+// ops fusion can take it into (fusable, of the result's shape). The
+// Dropout itself leaves the graph.
+func rematDropouts(g *ir.Graph) []*dropoutRemat {
+	uses := g.Uses()
+	outputs := map[*ir.Value]bool{}
+	for _, v := range g.Outputs {
+		outputs[v] = true
+	}
+	var out []*dropoutRemat
+	before := map[*ir.Node][]*ir.Node{} // copies to place before a reader
+	drop := map[*ir.Node]bool{}
+	for _, d := range g.Nodes {
+		if d.Op != "Dropout" || !fusable(d) {
+			continue
+		}
+		v := d.Outputs[0]
+		readers := dedupeNodes(uses[v])
+		if len(readers) < 2 || outputs[v] || slices.ContainsFunc(readers, func(r *ir.Node) bool {
+			return !fusable(r) || !r.Outputs[0].Shape.Equal(v.Shape)
+		}) {
+			continue
+		}
+		r := &dropoutRemat{orig: d, readers: readers}
+		for _, rd := range readers {
+			a := d.Attrs.Clone()
+			a["stream"] = d.Stream()
+			c := &ir.Node{ID: g.NewID(), Op: d.Op, Inputs: slices.Clone(d.Inputs), Attrs: a}
+			cv := g.AddValue(&ir.Value{Shape: v.Shape.Clone(), DType: v.DType, Kind: v.Kind, Def: c})
+			c.Outputs = []*ir.Value{cv}
+			replaceInput(rd, v, cv)
+			before[rd] = append(before[rd], c)
+			r.copies = append(r.copies, c)
+		}
+		drop[d] = true
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	nodes := make([]*ir.Node, 0, len(g.Nodes)+len(before))
+	for _, n := range g.Nodes {
+		if drop[n] {
+			continue
+		}
+		nodes = append(append(nodes, before[n]...), n)
+	}
+	g.Nodes = nodes
+	return out
+}
+
+// restore puts the Dropout back in place of its copies: before the first
+// copy, every reader reading its result again.
+func (r *dropoutRemat) restore(g *ir.Graph) {
+	v := r.orig.Outputs[0]
+	for i, c := range r.copies {
+		replaceInput(r.readers[i], c.Outputs[0], v)
+	}
+	nodes := make([]*ir.Node, 0, len(g.Nodes))
+	placed := false
+	for _, n := range g.Nodes {
+		if slices.Contains(r.copies, n) {
+			if !placed {
+				nodes, placed = append(nodes, r.orig), true
+			}
+			continue
+		}
+		nodes = append(nodes, n)
+	}
+	g.Nodes = nodes
+	g.Prune()
+}
+
+// replaceInput makes n read to wherever it read from.
+func replaceInput(n *ir.Node, from, to *ir.Value) {
+	for i, x := range n.Inputs {
+		if x == from {
+			n.Inputs[i] = to
+		}
+	}
+}
+
+func dedupeNodes(ns []*ir.Node) []*ir.Node {
+	var out []*ir.Node
+	for _, n := range ns {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // fusable: a single-output op on float data that fuses (ir.Fusable).

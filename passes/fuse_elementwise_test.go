@@ -102,8 +102,8 @@ func TestFuseElementwiseDraws(t *testing.T) {
 	build := func() *ir.Graph {
 		g := ir.New("drops")
 		v := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
-		for i := range 6 {
-			v = g.Apply("Dropout", ir.Attrs{"p": 0.1 * float64(i%3)}, g.Op1("Neg", nil, v))[0]
+		for i := range ir.MaxFusedDraws + 2 {
+			v = g.Apply("Dropout", ir.Attrs{"p": 0.1 * float64(i%3)}, v)[0]
 		}
 		g.SetOutput("out", v)
 		return g
@@ -162,5 +162,85 @@ func TestFuseElementwiseBounds(t *testing.T) {
 	}
 	if steps != 40 || len(g.Nodes) != 3 {
 		t.Errorf("%d nodes holding %d steps, want 3 holding 40", len(g.Nodes), steps)
+	}
+}
+
+// rematGraph: a Dropout's result h read by two chains (a gate times h, and
+// y times h, summed along its rows); with extra, y is MaxFusedDraws
+// dropouts of its own, which the second chain takes in first, so h's copy
+// cannot join it.
+func rematGraph(extra bool) *ir.Graph {
+	g := ir.New("remat")
+	z := g.Input("z", ir.Shape{3, 5, 8}, ir.F32)
+	gate := g.Input("gate", ir.Shape{3, 5, 1}, ir.F32)
+	y := g.Input("y", ir.Shape{3, 5, 8}, ir.F32)
+	h := g.Apply("Dropout", ir.Attrs{"p": 0.25}, z)[0]
+	a := g.Op1("Mul", nil, gate, h)
+	if extra { // y's chain, which the Mul takes in first, draws MaxFusedDraws times
+		for range ir.MaxFusedDraws {
+			y = g.Apply("Dropout", ir.Attrs{"p": 0.1}, y)[0]
+		}
+	}
+	b := g.Op1("Mul", nil, y, h)
+	s := g.Op1("SumTo", ir.Attrs{"shape": []int{3, 5, 1}}, b)
+	g.SetOutput("out", g.Op1("Add", nil, a, s))
+	return g
+}
+
+// TestFuseElementwiseRemat: the Dropout read by two chains is drawn again
+// in each (no Dropout node left, each chain one draw of its stream) and
+// the graph computes the unfused one's values bit for bit; where a copy
+// cannot join its reader's chain (the chain at ir.MaxFusedDraws), the
+// Dropout stays as it was.
+func TestFuseElementwiseRemat(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	feeds := map[string]*kernels.Tensor{}
+	for name, sh := range map[string]ir.Shape{"z": {3, 5, 8}, "gate": {3, 5, 1}, "y": {3, 5, 8}} {
+		x := kernels.NewTensor(kernels.F32, sh)
+		for i := range x.F32 {
+			x.F32[i] = float32(r.NormFloat64())
+		}
+		feeds[name] = x
+	}
+	for _, extra := range []bool{false, true} {
+		want := runGraph(t, rematGraph(extra), feeds)
+		g := rematGraph(extra)
+		var dropID int
+		for _, n := range g.Nodes {
+			if n.Op == "Dropout" && n.Inputs[0].Name == "z" {
+				dropID = n.ID
+			}
+		}
+		if err := passes.FuseElementwiseRemat(g); err != nil {
+			t.Fatal(err)
+		}
+		if err := ir.Verify(g, false); err != nil {
+			t.Fatal(err)
+		}
+		kept, draws := 0, 0
+		for _, n := range g.Nodes {
+			if n.Op == "Dropout" && n.ID == dropID {
+				kept++
+			}
+			if b, err := n.Body(); err == nil {
+				for _, st := range b {
+					if st.Op == "Dropout" && st.Attrs.Int("stream", -1) == dropID {
+						draws++
+					}
+				}
+			}
+		}
+		if extra && (kept != 1 || draws != 0) {
+			t.Errorf("a copy that cannot join its chain: the Dropout kept %d times, drawn in %d chains; want kept, in none", kept, draws)
+		}
+		if !extra && (kept != 0 || draws != 2) {
+			t.Errorf("the Dropout kept %d times, drawn in %d chains; want drawn again in both readers' chains", kept, draws)
+		}
+		got := runGraph(t, g, feeds)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("extra %v: out[%d] = %v fused, %v unfused", extra, i, got[i], want[i])
+			}
+		}
 	}
 }

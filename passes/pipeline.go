@@ -39,6 +39,9 @@ type Context struct {
 	// Linears that read one input (JoinSiblingGrads), for backends whose
 	// GEMMs gain from more output tiles and a deeper K.
 	JoinGrads bool
+	// RematDropout asks elementwise fusion to give each chain that reads
+	// a Dropout's result a copy of the Dropout (FuseElementwiseRemat).
+	RematDropout bool
 	// Align is the width multiple the backend's graphs are built with
 	// (kernels.Capabilities.Align): the builder's, read here by the
 	// callers that build the graph this context then runs on.
@@ -53,10 +56,11 @@ type Context struct {
 }
 
 // ForBackend sets what a backend asks of the train and eval pipelines
-// (FuseAttention, FuseElementwise, AttentionLayout, LMHeadChunk,
-// JoinGrads, Align) from its capabilities.
+// (FuseAttention, FuseElementwise, RematDropout, AttentionLayout,
+// LMHeadChunk, JoinGrads, Align) from its capabilities.
 func (c *Context) ForBackend(caps kernels.Capabilities) *Context {
 	c.FuseAttention, c.FuseElementwise, c.AttentionLayout = caps.FusedAttention, caps.FusedElementwise, caps.AttentionBTHD
+	c.RematDropout = caps.RematDropout
 	c.LMHeadChunk, c.JoinGrads, c.Align = caps.LMHeadChunk, caps.JoinGrads, caps.Align
 	return c
 }
@@ -178,6 +182,9 @@ func fuseProductSumsIfAsked(g *ir.Graph, c *Context) error {
 func fuseElementwiseIfAsked(g *ir.Graph, c *Context) error {
 	if !c.FuseElementwise {
 		return nil
+	}
+	if c.RematDropout {
+		return FuseElementwiseRemat(g)
 	}
 	return FuseElementwise(g)
 }

@@ -177,6 +177,51 @@ func TestSimBF16GradientErrors(t *testing.T) {
 	}
 }
 
+// TestSimRematSameBits: a bf16 step whose Dropouts read by several fused
+// chains are drawn again in each (RPAC_CUDA_REMAT, the default) gives the
+// loss and gradients of the step with each written once by dropout_f32,
+// bit for bit, and runs fewer dropout_f32 launches.
+func TestSimRematSameBits(t *testing.T) {
+	dev := parityDevice(t)
+	f := wideFixture(t, 0.1)
+	type result struct {
+		loss, ce float64
+		grads    map[string][]float32
+		dropouts int
+	}
+	run := func(remat string) result {
+		t.Setenv("RPAC_CUDA_REMAT", remat)
+		be := parityBackend(t, dev, cuda.GEMMBF16)
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		r.loss, r.ce, r.grads = f.stepOn(t, be, 2, 11)
+		for _, e := range tr.Events() {
+			if e.Name == "dropout_f32" {
+				r.dropouts++
+			}
+		}
+		return r
+	}
+	off, on := run("off"), run("on")
+	if on.loss != off.loss || on.ce != off.ce {
+		t.Errorf("loss %v, CE %v; %v, %v with RPAC_CUDA_REMAT=off", on.loss, on.ce, off.loss, off.ce)
+	}
+	for n, g := range off.grads {
+		for i, v := range g {
+			if on.grads[n][i] != v {
+				t.Fatalf("gradient of %s[%d]: %g, %g with RPAC_CUDA_REMAT=off", n, i, on.grads[n][i], v)
+			}
+		}
+	}
+	t.Logf("dropout_f32 launches a step: %d rematerialised, %d not", on.dropouts, off.dropouts)
+	if on.dropouts >= off.dropouts {
+		t.Errorf("dropout_f32 ran %d times rematerialised, %d not: nothing rematerialised", on.dropouts, off.dropouts)
+	}
+}
+
 // TestSimPackedStepSameBits: the fuzzy step under bf16 GEMMs (with
 // dropout, two micro-batches) gives the same loss and gradients bit for
 // bit whether producers write the bf16 copies their GEMMs read

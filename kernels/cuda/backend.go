@@ -67,6 +67,13 @@ type Backend struct {
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
 	sms int
+	// remat: the train graphs draw a Dropout again in each fused chain
+	// that reads it (RPAC_CUDA_REMAT, rematEnv)
+	remat bool
+	// ceShared: the most dynamic shared memory softmax_ce_smem_f32 may
+	// keep a row of logits in (the device's opt-in less the kernel's
+	// static arrays), 0 under RPAC_CUDA_CE_SMEM=off (ceSmemEnv)
+	ceShared int
 
 	mu     sync.Mutex
 	mirror map[mirrorKey]*mirrorEntry
@@ -264,23 +271,28 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	headPad, _ := headPadEnv()
 	padGradW, _ := padGradWEnv()
 	padModel, _ := padModelEnv()
-	sms := 0
+	remat, _ := rematEnv()
+	sms, ceShared := 0, 0
 	if split, _ := splitKEnv(); split {
 		sms = dev.Info().SMs
 	}
+	if keep, _ := ceSmemEnv(); keep {
+		ceShared = max(0, dev.Info().SharedOptin-ceStaticShared)
+	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, padModel: padModel, sms: sms}
+		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, padModel: padModel, remat: remat, sms: sms, ceShared: ceShared}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
 // RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_HEAD_PAD,
-// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_GEMM_TUNE).
+// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_CE_SMEM,
+// RPAC_CUDA_REMAT, RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
 	}
-	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv, padModelEnv} {
+	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv, padModelEnv, ceSmemEnv, rematEnv} {
 		if _, err := on(); err != nil {
 			return err
 		}
@@ -327,7 +339,18 @@ func (b *Backend) Capabilities() kernels.Capabilities {
 		align = 8
 	}
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
-		LMHeadChunk: lmHeadChunk, JoinGrads: b.joinGrads, Align: align}
+		LMHeadChunk: lmHeadChunk, JoinGrads: b.joinGrads, Align: align, RematDropout: b.remat}
+}
+
+// rematEnv reads RPAC_CUDA_REMAT: a Dropout whose result several fused
+// chains read is drawn again in each of them (on, the default:
+// passes.FuseElementwiseRemat; at the paper preset the experts' output
+// dropouts, which the gates' mixture and the gates' gradients read) or
+// written once by dropout_f32 and read by each (off). Both give the same
+// bits.
+func rematEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_REMAT", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: a Dropout read by several fused chains drawn again in each) or off (written once)")
 }
 
 // Padded model widths (RPAC_CUDA_PAD_MODEL, on by default). cuBLASLt runs
@@ -342,6 +365,19 @@ func padModelEnv() (bool, error) {
 	return envChoice("RPAC_CUDA_PAD_MODEL", map[string]bool{"": true, "on": true, "off": false},
 		"on (the default: under bf16 GEMMs, the model's widths padded to multiples of 8) or off (as they are)")
 }
+
+// ceSmemEnv reads RPAC_CUDA_CE_SMEM: the fused softmax cross-entropy keeps
+// each row of logits in shared memory where it fits (on, the default:
+// softmax_ce_smem_f32, the logits read from DRAM once) or reads them twice
+// (off: softmax_ce_fused_f32). Both give the same bits.
+func ceSmemEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_CE_SMEM", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: a row of logits kept in shared memory where it fits, read from DRAM once) or off (read twice)")
+}
+
+// ceStaticShared: softmax_ce_smem_f32's static shared arrays (32 floats
+// and 32 ints), bytes.
+const ceStaticShared = 256
 
 // Device describes the GPU.
 func (b *Backend) Device() DeviceInfo { return b.dev.Info() }

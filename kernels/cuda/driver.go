@@ -32,6 +32,7 @@ type Driver struct {
 	memcpyDtoH     func(dst unsafe.Pointer, src uint64, bytes uint64) int32
 	memsetD8       func(dst uint64, v uint8, n uint64) int32
 	launchKernel   func(fn uintptr, gx, gy, gz, bx, by, bz, shared uint32, stream uintptr, params, extra unsafe.Pointer) int32
+	funcSetAttr    func(fn uintptr, attr int32, v int32) int32
 	getErrorString func(r int32, s **byte) int32
 
 	// The CUDA simulator's own controls (kernels/cuda/cudasim), bound when
@@ -45,6 +46,15 @@ const (
 	attrComputeCapabilityMajor = 75
 	attrComputeCapabilityMinor = 76
 	attrMultiprocessorCount    = 16
+	attrSharedOptin            = 97 // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+)
+
+// funcAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+// a kernel launched with more than sharedDefault bytes of dynamic shared
+// memory needs it set to at least that first.
+const (
+	funcAttrMaxDynamicShared = 8
+	sharedDefault            = 48 << 10
 )
 
 var (
@@ -66,7 +76,7 @@ func LoadDriver() (*Driver, error) {
 			{&d.moduleLoadData, "cuModuleLoadData"}, {&d.moduleGetFunc, "cuModuleGetFunction"},
 			{&d.memAlloc, "cuMemAlloc_v2"}, {&d.memFree, "cuMemFree_v2"}, {&d.memcpyHtoD, "cuMemcpyHtoD_v2"},
 			{&d.memcpyDtoH, "cuMemcpyDtoH_v2"}, {&d.memsetD8, "cuMemsetD8_v2"}, {&d.launchKernel, "cuLaunchKernel"},
-			{&d.getErrorString, "cuGetErrorString"},
+			{&d.funcSetAttr, "cuFuncSetAttribute"}, {&d.getErrorString, "cuGetErrorString"},
 		}); err != nil {
 			driverErr = err
 			return
@@ -137,6 +147,7 @@ type DeviceInfo struct {
 	Arch          string `json:"arch"` // compute_NN: the virtual architecture (PTX)
 	SM            string `json:"sm"`   // sm_NN: the real one (cubin)
 	SMs           int    `json:"sms"`
+	SharedOptin   int    `json:"shared_optin"` // the most shared memory a block may have (with the opt-in), bytes
 	TotalMemory   uint64 `json:"total_memory"`
 	DriverVersion int    `json:"driver_version"` // cuDriverGetVersion: 1000*major + 10*minor
 }
@@ -165,7 +176,7 @@ func (d *Driver) Devices() ([]DeviceInfo, error) {
 	d.driverVersion(&ver)
 	out := make([]DeviceInfo, 0, n)
 	for i := int32(0); i < n; i++ {
-		var dev, major, minor, sms int32
+		var dev, major, minor, sms, optin int32
 		if err := d.check(d.deviceGet(&dev, i), "cuDeviceGet"); err != nil {
 			return nil, err
 		}
@@ -176,10 +187,11 @@ func (d *Driver) Devices() ([]DeviceInfo, error) {
 		d.deviceGetAttr(&major, attrComputeCapabilityMajor, dev)
 		d.deviceGetAttr(&minor, attrComputeCapabilityMinor, dev)
 		d.deviceGetAttr(&sms, attrMultiprocessorCount, dev)
+		d.deviceGetAttr(&optin, attrSharedOptin, dev)
 		var mem uint64
 		d.deviceTotalMem(&mem, dev)
 		out = append(out, DeviceInfo{Ordinal: int(i), Name: cString(&name[0]), Major: int(major), Minor: int(minor),
-			Arch: fmt.Sprintf("compute_%d%d", major, minor), SM: fmt.Sprintf("sm_%d%d", major, minor), SMs: int(sms), TotalMemory: mem, DriverVersion: int(ver)})
+			Arch: fmt.Sprintf("compute_%d%d", major, minor), SM: fmt.Sprintf("sm_%d%d", major, minor), SMs: int(sms), SharedOptin: int(optin), TotalMemory: mem, DriverVersion: int(ver)})
 	}
 	return out, nil
 }
@@ -187,11 +199,14 @@ func (d *Driver) Devices() ([]DeviceInfo, error) {
 // Context is a device's primary context made current, with the modules
 // loaded into it.
 type Context struct {
-	d    *Driver
-	Dev  DeviceInfo
-	ctx  uintptr
-	fns  map[string]uintptr
-	lock sync.Mutex
+	d   *Driver
+	Dev DeviceInfo
+	ctx uintptr
+	fns map[string]uintptr
+	// optedIn: the dynamic shared memory each kernel has been allowed
+	// beyond sharedDefault (cuFuncSetAttribute), bytes.
+	optedIn map[string]uint32
+	lock    sync.Mutex
 	// Images says, per kernel source, what LoadKernels loaded (a cubin, or
 	// PTX and why).
 	Images []LoadedImage
@@ -207,7 +222,7 @@ func (d *Driver) NewContext(ordinal int) (*Context, error) {
 	if ordinal < 0 || ordinal >= len(devs) {
 		return nil, fmt.Errorf("no CUDA device %d (%d visible)", ordinal, len(devs))
 	}
-	c := &Context{d: d, Dev: devs[ordinal], fns: map[string]uintptr{}}
+	c := &Context{d: d, Dev: devs[ordinal], fns: map[string]uintptr{}, optedIn: map[string]uint32{}}
 	var dev int32
 	if err := d.check(d.deviceGet(&dev, int32(ordinal)), "cuDeviceGet"); err != nil {
 		return nil, err
@@ -296,6 +311,9 @@ func (c *Context) Launch(name string, grid, block [3]uint32, shared uint32, args
 	if !ok {
 		return fmt.Errorf("kernel %s is not loaded", name)
 	}
+	if err := c.optIn(name, fn, shared); err != nil {
+		return err
+	}
 	vals := make([]any, len(args))
 	params := make([]unsafe.Pointer, len(args))
 	for i, a := range args {
@@ -328,6 +346,24 @@ func (c *Context) Launch(name string, grid, block [3]uint32, shared uint32, args
 	runtime.KeepAlive(vals)
 	runtime.KeepAlive(params)
 	return c.d.check(r, "cuLaunchKernel "+name)
+}
+
+// optIn allows kernel name shared bytes of dynamic shared memory where
+// that is more than sharedDefault and more than it was allowed before.
+func (c *Context) optIn(name string, fn uintptr, shared uint32) error {
+	if shared <= sharedDefault {
+		return nil
+	}
+	c.lock.Lock()
+	defer c.lock.Unlock()
+	if c.optedIn[name] >= shared {
+		return nil
+	}
+	if err := c.d.check(c.d.funcSetAttr(fn, funcAttrMaxDynamicShared, int32(shared)), "cuFuncSetAttribute "+name); err != nil {
+		return fmt.Errorf("%w (%d bytes of dynamic shared memory; the device allows %d)", err, shared, c.Dev.SharedOptin)
+	}
+	c.optedIn[name] = shared
+	return nil
 }
 
 // Sync waits for the context's work.

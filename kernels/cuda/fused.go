@@ -57,11 +57,11 @@ func fusedStep(s ir.FusedStep, slot int) (prog [4]int32, params [3]float32, err 
 	return prog, params, fmt.Errorf("fused step %s: no fused_ew_f32 code", s.Op)
 }
 
-// fused_ew_f32 takes exactly four stream keys (k0..k3): ir.MaxFusedDraws
-// must be 4 (these fail to compile otherwise).
+// fused_ew_f32 takes exactly eight stream keys (k0..k7): ir.MaxFusedDraws
+// must be 8 (these fail to compile otherwise).
 var (
-	_ [4 - ir.MaxFusedDraws]struct{}
-	_ [ir.MaxFusedDraws - 4]struct{}
+	_ [8 - ir.MaxFusedDraws]struct{}
+	_ [ir.MaxFusedDraws - 8]struct{}
 )
 
 // fusedMaxRegs is FUSED_MAX_REGS of src/fused.cu (its FUSED_MAX_STEPS is
@@ -186,7 +186,7 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 	return func() error {
 		k := keys()
 		return p.each("fused_ew_f32", o.n, o.buf.Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr, bufs[4].Ptr,
-			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n), k[0], k[1], k[2], k[3])
+			int32(len(in)), int32(len(body)), int32(v.rank()), int64(o.n), k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7])
 	}, nil
 }
 
@@ -226,7 +226,9 @@ func (p *program) buildFusedGen(c fusedChain, o *dval, twinBuf, part, y Buffer, 
 	}
 	args = append(args, int64(n))
 	nk := len(args)
-	args = append(args, uint64(0), uint64(0), uint64(0), uint64(0))
+	for range ir.MaxFusedDraws {
+		args = append(args, uint64(0))
+	}
 	return func() error {
 		k := keys()
 		for i := range k {

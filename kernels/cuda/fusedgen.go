@@ -8,6 +8,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/rpac-dev/rpac/ir"
 )
 
 // Generated elementwise chains. fused_ew_f32 (src/fused.cu) interprets a
@@ -99,7 +101,7 @@ type fusedChain struct {
 }
 
 // source is the chain's kernel. Its parameters: out, the inputs x0.., n,
-// and the four stream keys. n is the elements, or with packCols the
+// and the ir.MaxFusedDraws stream keys. n is the elements, or with packCols the
 // groups of eight bf16 of the padded rows.
 func (c fusedChain) source(name string) string {
 	var b strings.Builder
@@ -120,7 +122,11 @@ func (c fusedChain) source(name string) string {
 			b.WriteString(", const float* ry")
 		}
 	}
-	b.WriteString(", i64 n, unsigned long long k0, unsigned long long k1, unsigned long long k2, unsigned long long k3) {\n")
+	b.WriteString(", i64 n")
+	for k := range ir.MaxFusedDraws {
+		fmt.Fprintf(&b, ", unsigned long long k%d", k)
+	}
+	b.WriteString(") {\n")
 	if c.sum.m.C > 0 {
 		c.sumBody(&b)
 		return b.String()

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -199,13 +200,16 @@ func TestGPUBF16RoundTrip(t *testing.T) {
 	}
 }
 
-// TestGPULayerNorm: forward and backward (a warp per row) against float64
-// references, on rows of 510 and on rows of 512 whose last two entries are
-// padding (attribute width); on the simulator again in differential mode.
+// TestGPULayerNorm: forward and backward (a warp per row; and the fused
+// backward, dx and the parameters' partials in one pass) against float64
+// references, on rows of 510, on rows of 512 whose last two entries are
+// padding (attribute width) and on rows of 640 (the two-kernel backward
+// only); on the simulator again in differential mode.
 func TestGPULayerNorm(t *testing.T) {
-	differentially(t, []string{"layernorm_fwd_f32", "layernorm_bwd_dx_f32", "layernorm_bwd_params_f32"}, func() {
+	differentially(t, []string{"layernorm_fwd_f32", "layernorm_bwd_dx_f32", "layernorm_bwd_params_f32", "layernorm_bwd_f32"}, func() {
 		layerNormKernels(t, 510, 510)
 		layerNormKernels(t, 512, 510)
+		layerNormKernels(t, 640, 640)
 	})
 }
 
@@ -274,17 +278,65 @@ func layerNormKernels(t *testing.T, D, W int) {
 	if err := layerNormParamSums(c.Launch, ddg.Ptr, ddb.Ptr, part.Ptr, chunks, W); err != nil {
 		t.Fatal(err)
 	}
-	closeTo(t, "layernorm dx", hostF32(t, c, ddx, rows*D), wdx, 1e-4)
+	gotDx := hostF32(t, c, ddx, rows*D)
+	closeTo(t, "layernorm dx", gotDx, wdx, 1e-4)
 	closeTo(t, "layernorm dg", hostF32(t, c, ddg, W), wdg, 1e-4)
 	closeTo(t, "layernorm db", hostF32(t, c, ddb, W), wdb, 1e-4)
+	if W > lnFusedWidth {
+		return
+	}
+	// the fused backward, warps of 2 rows: 3 chunks of 16 over the 37 rows
+	const wrows = 2
+	fchunks := ceilDiv(rows, 8*wrows)
+	fdx, fpart := devF32(t, c, make([]float32, rows*D)), devF32(t, c, make([]float32, 4*fchunks*W))
+	if err := c.Launch("layernorm_bwd_f32", [3]uint32{uint32(fchunks), 1, 1}, reduceBlock, 0,
+		fdx.Ptr, fpart.Ptr, ddy.Ptr, dx_.Ptr, dg_.Ptr, int32(rows), int32(D), int32(W), int32(wrows), float32(1e-5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := layerNormParamSums(c.Launch, ddg.Ptr, ddb.Ptr, fpart.Ptr, fchunks, W); err != nil {
+		t.Fatal(err)
+	}
+	fused := hostF32(t, c, fdx, rows*D)
+	closeTo(t, "layernorm_bwd_f32 dx", fused, wdx, 1e-4)
+	if d, err := LoadDriver(); err == nil && d.Simulated() && !sameBits(fused, gotDx) {
+		t.Error("layernorm_bwd_f32: dx differs from layernorm_bwd_dx_f32's") // the same code (a GPU's compiler may contract it otherwise)
+	}
+	closeTo(t, "layernorm_bwd_f32 dg", hostF32(t, c, ddg, W), wdg, 1e-4)
+	closeTo(t, "layernorm_bwd_f32 db", hostF32(t, c, ddb, W), wdb, 1e-4)
 }
 
 // TestGPUSoftmaxCE: the fused cross-entropy's losses, argmax and gradient,
 // on rows padded to ld (the LM head's chunk): the padding is neither read
 // nor written; with a bf16 output the gradient goes there, bit for bit the
 // bf16 rounding of the fp32 one, its padding zeroed, the logits untouched.
+// TestGPUSoftmaxCE checks both forms of the fused softmax cross-entropy
+// against float64 and softmax_ce_smem_f32 (the row kept in shared memory)
+// against softmax_ce_fused_f32 bit for bit, normal and differential.
 func TestGPUSoftmaxCE(t *testing.T) {
 	c := gpuContext(t)
+	kernels := []string{"softmax_ce_fused_f32", "softmax_ce_smem_f32"}
+	differentially(t, kernels, func() {
+		var first [][]float32
+		for _, kernel := range kernels {
+			outs := checkSoftmaxCE(t, c, kernel)
+			if first == nil {
+				first = outs
+				continue
+			}
+			for i := range outs {
+				if !sameBits(outs[i], first[i]) {
+					t.Errorf("%s: output %d differs from softmax_ce_fused_f32's", kernel, i)
+				}
+			}
+		}
+	})
+}
+
+// checkSoftmaxCE runs kernel over rows of the paper's vocabulary (the fp32
+// gradient in place, then the bf16 one), checks them and returns what it
+// wrote: the fp32 gradient, the bf16 one, the losses and the argmax.
+func checkSoftmaxCE(t *testing.T, c *Context, kernel string) [][]float32 {
+	t.Helper()
 	r := rand.New(rand.NewPCG(7, 8))
 	const rows, V, ld = 9, 50257, 50264
 	const ls, scale = 0.015, 0.25
@@ -299,6 +351,9 @@ func TestGPUSoftmaxCE(t *testing.T) {
 	tgi := make([]int32, rows)
 	for i := range tgi {
 		tgi[i] = int32(r.IntN(V))
+		if i == rows-1 {
+			tgi[i] = -1 // the ignored target
+		}
 		tg[i] = math.Float32frombits(uint32(tgi[i]))
 	}
 	dl, dt := devF32(t, c, x), devF32(t, c, tg)
@@ -314,7 +369,11 @@ func TestGPUSoftmaxCE(t *testing.T) {
 		logits, gb uint64
 		gld        int32
 	}{{dl.Ptr, 0, 0}, {dl2.Ptr, dg.Ptr, gld}} {
-		if err := c.Launch("softmax_ce_fused_f32", [3]uint32{rows, 1, 1}, [3]uint32{512, 1, 1}, 0,
+		shared := uint32(0)
+		if kernel == "softmax_ce_smem_f32" {
+			shared = 4 * V
+		}
+		if err := c.Launch(kernel, [3]uint32{rows, 1, 1}, [3]uint32{512, 1, 1}, shared,
 			l.logits, dsm.Ptr, dce.Ptr, dpred.Ptr, dt.Ptr, int32(rows), int32(V), int32(ld), float32(ls), float32(scale), l.gb, l.gld); err != nil {
 			t.Fatal(err)
 		}
@@ -355,12 +414,18 @@ func TestGPUSoftmaxCE(t *testing.T) {
 		for _, v := range row {
 			se += math.Exp(float64(v) - m)
 		}
-		lse := m + math.Log(se)
-		wce := lse - float64(row[tgi[i]])
-		wsm := (1-ls)*wce + ls*(lse-sx/V)
 		if got := int(math.Float32bits(pr[i])); got != arg {
 			t.Errorf("row %d: argmax %d, want %d", i, got, arg)
 		}
+		if tgi[i] < 0 {
+			if ce[i] != 0 || sm[i] != 0 || slices.ContainsFunc(grad[i*ld:i*ld+V], func(v float32) bool { return v != 0 }) {
+				t.Errorf("row %d (ignored target): losses %g, %g or a gradient not zero", i, ce[i], sm[i])
+			}
+			continue
+		}
+		lse := m + math.Log(se)
+		wce := lse - float64(row[tgi[i]])
+		wsm := (1-ls)*wce + ls*(lse-sx/V)
 		closeTo(t, "ce", ce[i:i+1], []float64{wce}, 1e-5)
 		closeTo(t, "smoothed ce", sm[i:i+1], []float64{wsm}, 1e-5)
 		want := make([]float64, V)
@@ -373,6 +438,7 @@ func TestGPUSoftmaxCE(t *testing.T) {
 		}
 		closeTo(t, "dlogits", grad[i*ld:i*ld+V], want, 1e-6)
 	}
+	return [][]float32{grad, gb, sm, ce, pr}
 }
 
 // TestGPUAdamWAndNorm: the fused AdamW step and the gradient's sum of squares.

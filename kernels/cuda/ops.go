@@ -1035,23 +1035,42 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 	}, nil
 }
 
-// lnChunk is the number of rows of one partial sum of LayerNorm's
-// parameter gradients (24,576 rows of 510 columns: 768 blocks of 128
-// threads).
-const lnChunk = 128
+// LayerNorm's backward: up to lnFusedWidth columns in one kernel,
+// layernorm_bwd_f32 (dy and x read once for dx and the parameters'
+// partial gradients), each warp over lnWarpRows rows, a block of 8 warps
+// over a chunk of 8·lnWarpRows (24,576 rows: 768 blocks, about 3 waves of
+// 2 blocks an SM on 132 SMs; 6.3 MB of partials for 510 columns); wider
+// rows in two, layernorm_bwd_dx_f32 and layernorm_bwd_params_f32, whose
+// partial sums cover lnChunk rows each (768 blocks of 128 threads).
+const (
+	lnFusedWidth = 512
+	lnWarpRows   = 4
+	lnChunk      = 128
+)
 
 func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error, error) {
 	dy, x, g := in[0], in[1], in[2]
 	dx, dg, db := out[0], out[1], out[2]
 	D, W := lastDim(x.v.Shape), ir.LayerNormWidth(x.v.Shape, n.Attrs)
 	rows := x.n / max(1, D)
+	eps := float32(n.Attrs.Float("eps", 1e-5))
+	if W <= lnFusedWidth {
+		chunks := max(1, ceilDiv(rows, 8*lnWarpRows))
+		p.needWork(2 * chunks * W)
+		return func() error {
+			if err := p.launch("layernorm_bwd_f32", [3]uint32{uint32(chunks), 1, 1}, reduceBlock, 0, dx.buf.Ptr, p.work.Ptr,
+				dy.buf.Ptr, x.buf.Ptr, g.buf.Ptr, int32(rows), int32(D), int32(W), int32(lnWarpRows), eps); err != nil {
+				return err
+			}
+			return layerNormParamSums(p.launch, dg.buf.Ptr, db.buf.Ptr, p.work.Ptr, chunks, W)
+		}, nil
+	}
 	chunks := max(1, (rows+lnChunk-1)/lnChunk)
 	stats, err := p.alloc(2 * rows)
 	if err != nil {
 		return nil, err
 	}
 	p.needWork(2 * chunks * W)
-	eps := float32(n.Attrs.Float("eps", 1e-5))
 	cols := uint32((W + 127) / 128)
 	return func() error {
 		if err := p.launch("layernorm_bwd_dx_f32", warpGrid(rows), reduceBlock, 0, dx.buf.Ptr, stats.Ptr,
@@ -1241,7 +1260,8 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 			}
 			dx, dW := GemmShape{M: c, N: D, K: V, Batch: 1, LDC: st.gradLD}, GemmShape{TransA: true, M: V, N: D, K: c, Batch: 1, LDC: st.gradLD}
 			logits, gb, gld := p.stageLogits(dx, st)
-			if err := p.launch("softmax_ce_fused_f32", blocks(c, 1), [3]uint32{512, 1, 1}, 0, st.logits.Ptr,
+			kernel, keep := p.be.softmaxCE(V)
+			if err := p.launch(kernel, blocks(c, 1), [3]uint32{512, 1, 1}, keep, st.logits.Ptr,
 				st.rows.Ptr+uint64(4*lo), ceRows.Ptr+uint64(4*lo), pred.buf.Ptr+uint64(4*lo), tg.buf.Ptr+uint64(4*lo),
 				int32(c), int32(V), int32(ld), ls, float32(1), gb, int32(gld)); err != nil {
 				return err
@@ -1269,6 +1289,18 @@ func (p *program) buildLMHead(n *ir.Node, in, out []*dval) (func() error, error)
 		}
 		return p.sumRows(ce.buf, ceRows, N)
 	}, nil
+}
+
+// softmaxCE is the fused softmax cross-entropy kernel for rows of V
+// logits and the dynamic shared memory it is launched with: the row kept
+// in shared memory where it fits (softmax_ce_smem_f32: the logits read
+// from DRAM once, not twice), else softmax_ce_fused_f32. At the paper's
+// vocabulary a row is 201 KB: one block an SM, within sm_90's 227 KiB.
+func (b *Backend) softmaxCE(V int) (string, uint32) {
+	if 4*V <= b.ceShared {
+		return "softmax_ce_smem_f32", uint32(4 * V)
+	}
+	return "softmax_ce_fused_f32", 0
 }
 
 // The LM head's GEMMs (RPAC_CUDA_HEAD_PAD=on, the default) run over the vocabulary

@@ -96,9 +96,9 @@ func must[T any](v T, err error) T {
 }
 
 // TestPackEnv: RPAC_CUDA_PACK, RPAC_CUDA_SUMS, RPAC_CUDA_HEAD_PAD,
-// RPAC_CUDA_PAD_GRADW (on when unset) and RPAC_CUDA_SPLITK (off when
-// unset) take on, off or nothing; any other value is refused by the dry
-// run with the variable named.
+// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_CE_SMEM (on when
+// unset) and RPAC_CUDA_SPLITK (off when unset) take on, off or nothing;
+// any other value is refused by the dry run with the variable named.
 func TestPackEnv(t *testing.T) {
 	for name, c := range map[string]struct {
 		flag func(*Backend) bool
@@ -111,6 +111,9 @@ func TestPackEnv(t *testing.T) {
 		"RPAC_CUDA_SPLITK":    {func(b *Backend) bool { return b.sms > 0 }, false},
 		// the graphs' alignment follows it under bf16 GEMMs
 		"RPAC_CUDA_PAD_MODEL": {func(b *Backend) bool { return b.padModel && b.Capabilities().Align == 8 }, true},
+		// the paper's vocabulary: a row of 201 KB within sm_90's 227 KiB
+		"RPAC_CUDA_REMAT":   {func(b *Backend) bool { return b.Capabilities().RematDropout }, true},
+		"RPAC_CUDA_CE_SMEM": {func(b *Backend) bool { k, _ := b.softmaxCE(50257); return k == "softmax_ce_smem_f32" }, true},
 	} {
 		flag := c.flag
 		for v, want := range map[string]bool{"": c.def, "on": true, "off": false} {
@@ -125,6 +128,12 @@ func TestPackEnv(t *testing.T) {
 			t.Errorf("%s=yes: %v, want a refusal naming it", name, err)
 		}
 		t.Setenv(name, "")
+	}
+	// a row of logits past the shared memory's opt-in: the kernel that reads it twice
+	if be, err := NewDryRun(GEMMBF16); err != nil {
+		t.Fatal(err)
+	} else if k, shared := be.softmaxCE(60000); k != "softmax_ce_fused_f32" || shared != 0 {
+		t.Errorf("60,000 logits a row: %s with %d bytes of shared memory; want softmax_ce_fused_f32 with none", k, shared)
 	}
 	// fp32 GEMMs gain nothing from the padded widths: their graphs keep the model's
 	be, err := NewDryRun(GEMMF32)

@@ -136,10 +136,16 @@ func reductionCases() []reductionCase {
 		{opCase{op: "ZScore", in: []ir.Shape{{100, 103}}}, []string{"reduce_rows_f32", "sum_parts_f64", "zscore_sq_part_f32"}},
 		{opCase{op: "ZScoreGrad", in: []ir.Shape{{100, 103}, {100, 103}}}, []string{"zscore_grad_part_f32", "sum_parts_f64"}},
 		{opCase{op: "ZScoreGrad", in: []ir.Shape{{1, 2}, {1, 2}}}, []string{"zscore_grad_part_f32", "sum_parts_f64"}},
+		// rows up to 512: dx and the parameters' partials in one kernel (chunks of 32 rows)
 		{opCase{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{300, 33}, {300, 33}, {33}}},
-			two("layernorm_bwd_params_f32")},
+			two("layernorm_bwd_f32")},
 		{opCase{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{1, 33}, {1, 33}, {33}}},
-			two("layernorm_bwd_params_f32")},
+			two("layernorm_bwd_f32")},
+		{opCase{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{70, 512}, {70, 512}, {512}}},
+			two("layernorm_bwd_f32")},
+		// wider: layernorm_bwd_dx_f32, then layernorm_bwd_params_f32 over chunks of 128 rows
+		{opCase{op: "LayerNormGrad", attrs: ir.Attrs{"eps": 1e-5}, in: []ir.Shape{{300, 600}, {300, 600}, {600}}},
+			[]string{"layernorm_bwd_dx_f32", "layernorm_bwd_params_f32", "reduce_parts_f32"}},
 		{membership(300, 33), []string{"gaussian_membership_bwd_params_part_f32", "gaussian_membership_bwd_params_f32"}},
 		{membership(1, 33), []string{"gaussian_membership_bwd_params_part_f32", "gaussian_membership_bwd_params_f32"}},
 		{opCase{op: "CrossEntropy", attrs: ir.Attrs{"label_smoothing": 0.1}, in: []ir.Shape{{257, 7}, {257}}, ids: map[int]int{1: 7}},

@@ -425,6 +425,9 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = w*a.i("rows")*a.i("D") + 2*a.i("rows")*a.i("ld")
 	case "layernorm_bwd_dx_f32":
 		e.Bytes = 3 * w * a.i("rows") * a.i("D")
+	case "layernorm_bwd_f32":
+		// dy and x read, dx written, two double partials per column and chunk
+		e.Bytes = 3*w*a.i("rows")*a.i("D") + 16*float64(grid[0])*a.i("W")
 	case "layernorm_bwd_params_f32":
 		// dy and x, then two double partials per column and chunk
 		e.Bytes = 2*w*a.i("rows")*a.i("D") + 16*float64(grid[1])*a.i("D")
@@ -436,13 +439,18 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 2 * w * a.i("rows") * a.i("V")
 	case "ce_grad_f32":
 		e.Bytes = 3 * w * a.i("rows") * a.i("V")
-	case "softmax_ce_fused_f32":
+	case "softmax_ce_fused_f32", "softmax_ce_smem_f32":
 		// the chunk's logits: read for the maximum and the sum (one pass),
-		// read again and written as the gradient (a chunk of rows × 50,257
-		// does not fit in L2), in fp32 or (gb) as bf16
-		e.Bytes = 3 * w * a.i("rows") * a.i("V")
+		// read again (a chunk of rows × 50,257 does not fit in L2; the
+		// smem kernel reads its copy in shared memory) and written as the
+		// gradient, in fp32 or (gb) as bf16
+		reads := 2.0
+		if e.Name == "softmax_ce_smem_f32" {
+			reads = 1
+		}
+		e.Bytes = (reads + 1) * w * a.i("rows") * a.i("V")
 		if a.ptr("gb") != 0 {
-			e.Bytes = 2*w*a.i("rows")*a.i("V") + 2*a.i("rows")*a.i("gld")
+			e.Bytes = reads*w*a.i("rows")*a.i("V") + 2*a.i("rows")*a.i("gld")
 		}
 	case "gaussian_membership_f32":
 		N, D, R := a.i("N"), a.i("D"), a.i("R")

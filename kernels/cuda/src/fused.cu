@@ -7,7 +7,7 @@
 // input (0 on broadcast axes). dense[k] != 0: input k has the output's
 // shape (read at i, no index arithmetic). prog: four ints per step (kind:
 // 0 binary, 1 unary, 2 gradient, 3 dropout; op code, or for a dropout the
-// slot of its stream key among k0..k3; first and second register),
+// slot of its stream key among k0..k7; first and second register),
 // params: three floats per step (a dropout's: its scale, its threshold's
 // bits, 1 when it keeps everything). Registers 0..nin-1 hold the inputs,
 // nin+j step j's result; the last step's is written. A dropout step draws
@@ -25,7 +25,8 @@
 extern "C" __global__ void fused_ew_f32(float* out, const unsigned long long* ins, const i64* view, const int* dense,
                                         const int* prog, const float* params, int nin, int nsteps, int rank, i64 n,
                                         unsigned long long k0, unsigned long long k1, unsigned long long k2,
-                                        unsigned long long k3) {
+                                        unsigned long long k3, unsigned long long k4, unsigned long long k5,
+                                        unsigned long long k6, unsigned long long k7) {
     __shared__ float R[FUSED_MAX_REGS][FUSED_THREADS];
     __shared__ int sprog[4 * FUSED_MAX_STEPS];
     __shared__ float sparams[3 * FUSED_MAX_STEPS];
@@ -48,7 +49,8 @@ extern "C" __global__ void fused_ew_f32(float* out, const unsigned long long* in
             case 1: v = ew_unary(s[1], FR(s[2]), q[0], q[1], q[2]); break;
             case 2: v = ew_grad(s[1], FR(s[2]), FR(s[3]), q[0], q[1]); break;
             default: {
-                unsigned long long key = s[1] == 0 ? k0 : s[1] == 1 ? k1 : s[1] == 2 ? k2 : k3;
+                unsigned long long key = s[1] == 0 ? k0 : s[1] == 1 ? k1 : s[1] == 2 ? k2 : s[1] == 3 ? k3
+                                       : s[1] == 4 ? k4 : s[1] == 5 ? k5 : s[1] == 6 ? k6 : k7;
                 unsigned long long thresh = q[2] != 0.0f ? 1ull << 32 : (unsigned long long)__float_as_uint(q[1]);
                 v = FR(s[2]) * dropout_scale(key, i, thresh, q[0]);
                 break;

@@ -73,12 +73,10 @@ extern "C" __global__ void layernorm_fwd_bf16pad(bf16_t* out, float* mean, float
     for (int j = threadIdx.x & 31; j < ld; j += 32) yr[j] = j < W ? f32_to_bf16(ln_out(xr, j, mu, rs, g, b)) : (bf16_t)0;
 }
 
-// layernorm_bwd_dx_f32: dx per row, recomputing the row's mean and 1/std
-// (stored in stats[2r], stats[2r+1] for the parameters' kernel).
-extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const float* dy, const float* x, const float* g,
-                                                int rows, int D, int W, float eps) {
-    int r = ln_warp_row(rows);
-    if (r < 0) return;
+// ln_dx_row: row r of dx, recomputing the row's mean and 1/std (returned
+// in *mu, *rs).
+__device__ __forceinline__ void ln_dx_row(float* dx, const float* dy, const float* x, const float* g, int r, int D, int W,
+                                          float eps, float* mu_, float* rs_) {
     int lane = threadIdx.x & 31;
     const float* xr = x + (i64)r * D;
     const float* dyr = dy + (i64)r * D;
@@ -105,9 +103,69 @@ extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const f
         float xh = (xr[j] - mu) * rs;
         dxr[j] = j < W ? (dyr[j] * g[j] - a - xh * c) * rs : 0.0f;
     }
-    if (lane == 0) {
+    *mu_ = mu;
+    *rs_ = rs;
+}
+
+// layernorm_bwd_dx_f32: dx per row (the row's mean and 1/std stored in
+// stats[2r], stats[2r+1] for the parameters' kernel).
+extern "C" __global__ void layernorm_bwd_dx_f32(float* dx, float* stats, const float* dy, const float* x, const float* g,
+                                                int rows, int D, int W, float eps) {
+    int r = ln_warp_row(rows);
+    if (r < 0) return;
+    float mu, rs;
+    ln_dx_row(dx, dy, x, g, r, D, W, eps, &mu, &rs);
+    if ((threadIdx.x & 31) == 0) {
         stats[2 * r] = mu;
         stats[2 * r + 1] = rs;
+    }
+}
+
+#define LNB_COLS 16  // columns each lane of layernorm_bwd_f32 sums: W ≤ 32·LNB_COLS
+
+// layernorm_bwd_f32: layernorm_bwd_dx_f32 and layernorm_bwd_params_f32 in
+// one pass over dy and x (W ≤ 512). Block b takes the chunk of
+// LN_ROWS·wrows rows from b·LN_ROWS·wrows, warp w its wrows consecutive
+// rows from there: dx as layernorm_bwd_dx_f32 computes it (the same
+// bits), and per column the sums of dy·x̂ and dy over the warp's rows in
+// order, in double; the block's warps are then added in order through
+// shared memory into the chunk's partials, laid out as
+// layernorm_bwd_params_f32 lays them out (chunks = gridDim.x).
+extern "C" __global__ void layernorm_bwd_f32(float* dx, double* part, const float* dy, const float* x, const float* g,
+                                             int rows, int D, int W, int wrows, float eps) {
+    __shared__ double red[LN_ROWS][32 * LNB_COLS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double sg[LNB_COLS], sb[LNB_COLS];
+#pragma unroll
+    for (int k = 0; k < LNB_COLS; k++) sg[k] = sb[k] = 0.0;
+    int r0 = (blockIdx.x * LN_ROWS + warp) * wrows, r1 = min(rows, r0 + wrows);
+    for (int r = r0; r < r1; r++) {
+        float mu, rs;
+        ln_dx_row(dx, dy, x, g, r, D, W, eps, &mu, &rs);
+        const float* xr = x + (i64)r * D;
+        const float* dyr = dy + (i64)r * D;
+#pragma unroll
+        for (int k = 0; k < LNB_COLS; k++) {
+            int j = lane + 32 * k;
+            if (j < W) {
+                float d = dyr[j];
+                float xh = (xr[j] - mu) * rs;
+                sg[k] += (double)d * xh;
+                sb[k] += d;
+            }
+        }
+    }
+    i64 chunks = gridDim.x;
+    for (int pass = 0; pass < 2; pass++) {  // dg's partials, then db's
+#pragma unroll
+        for (int k = 0; k < LNB_COLS; k++) red[warp][lane + 32 * k] = pass == 0 ? sg[k] : sb[k];
+        __syncthreads();
+        for (int j = threadIdx.x; j < W; j += blockDim.x) {
+            double s = 0.0;
+            for (int w = 0; w < LN_ROWS; w++) s += red[w][j];
+            part[((i64)pass * W + j) * chunks + blockIdx.x] = s;
+        }
+        __syncthreads();
     }
 }
 

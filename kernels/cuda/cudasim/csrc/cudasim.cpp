@@ -236,7 +236,11 @@ struct Function {
     std::string name;
     void (*entry)(void**);
     std::vector<int> arg_sizes;
+    unsigned max_dyn = 48u << 10;  // dynamic shared memory a launch may have (cuFuncSetAttribute)
 };
+
+// kSharedOptin: the most shared memory a block may opt into (sm_90: 227 KiB).
+constexpr unsigned kSharedOptin = 227u << 10;
 
 std::string g_lib_dir;  // the folder of this library (cudasim_kernel.h lives there)
 
@@ -753,9 +757,9 @@ void worker_setup(Worker* w) {
         mprotect(s, ps, PROT_NONE);
         w->fibers[i].stack = s + ps;
     }
-    // dynamic shared memory: 48 KiB flush against a guard page
+    // dynamic shared memory: the opt-in's most, flush against a guard page
     size_t map, len;
-    w->dyn_cap = 48 << 10;
+    w->dyn_cap = kSharedOptin;
     uintptr_t p = guarded_map(w->dyn_cap, &map, &len);
     w->dyn_shared = (char*)p;
     // an alternate signal stack, so a fault on a fiber stack can be handled
@@ -982,6 +986,7 @@ EXPORT int cuDeviceGetAttribute(int* v, int attr, int dev) {
     case 6: *v = 65535; break;
     case 7: *v = 65535; break;
     case 8: *v = 48 << 10; break;           // shared memory per block
+    case 97: *v = kSharedOptin; break;      // ... with the opt-in (cuFuncSetAttribute)
     case 10: *v = 32; break;                // warp size
     default: *v = 0;
     }
@@ -1308,6 +1313,17 @@ int launch_once(Function* f, const unsigned grid[3], const unsigned block[3], un
 
 }  // namespace
 
+// cuFuncSetAttribute: only CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8),
+// up to the opt-in's most.
+EXPORT int cuFuncSetAttribute(void* fnp, int attr, int value) {
+    NEED_CTX();
+    Function* f = (Function*)fnp;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (attr != 8 || value < 0 || (unsigned)value > kSharedOptin) return CUDA_ERROR_INVALID_VALUE;
+    f->max_dyn = (unsigned)value;
+    return CUDA_SUCCESS;
+}
+
 EXPORT int cuLaunchKernel(void* fnp, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                           unsigned shared, void* stream, void** params, void** extra) {
     NEED_CTX();
@@ -1320,9 +1336,9 @@ EXPORT int cuLaunchKernel(void* fnp, unsigned gx, unsigned gy, unsigned gz, unsi
                 f->name.c_str(), gx, gy, gz, bx, by, bz);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (shared > (48u << 10)) {
-        fprintf(stderr, "cudasim: launch of %s: %u bytes of dynamic shared memory (48 KiB without the opt-in)\n",
-                f->name.c_str(), shared);
+    if (shared > f->max_dyn) {
+        fprintf(stderr, "cudasim: launch of %s: %u bytes of dynamic shared memory (%u allowed: 48 KiB without the opt-in)\n",
+                f->name.c_str(), shared, f->max_dyn);
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (!params && !f->arg_sizes.empty()) return CUDA_ERROR_INVALID_VALUE;
