@@ -245,6 +245,12 @@ func (h Hardware) eventTime(e Event) (float64, string) {
 		if tc := h.mmaTime(e); tc > t {
 			t, bound = tc, "tensor"
 		}
+	} else if e.Scalar > 0 {
+		// a memory-bound kernel's own instructions, at one per CUDA core
+		// per clock (kernelCost sets them where a GPU measured the floor)
+		if tc := e.Scalar / (h.FP32TFLOPS / 2 * 1e12); tc > t {
+			t, bound = tc, "instructions"
+		}
 	} else if e.Flops > 0 || e.Strided > 0 {
 		// fp32 FMAs: coalesced ones at a quarter of the FMA rate, strided
 		// ones at one FMA per SM per clock

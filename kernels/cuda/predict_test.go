@@ -115,6 +115,18 @@ func TestPredictRoofline(t *testing.T) {
 			t.Errorf("h200 streams %.4g s, h100 %.4g s (%s): want h200 faster", c, a, b)
 		}
 	}
+	// a stream kernel with an instruction floor: bytes on the h100, its
+	// instructions (one per CUDA core per clock) where the memory is faster
+	logits := 24576.0 * 50257
+	ce := Event{Kind: EvLaunch, Name: "softmax_ce_smem_f32", Class: ClassStream, Threads: 1 << 21,
+		Bytes: 6 * logits, Scalar: ceInstrPerLogit * logits}
+	floor := ceInstrPerLogit * logits / (66.9e12 / 2)
+	if got, bound := h100.eventTime(ce); bound != "memory" || !(got > floor) {
+		t.Errorf("cross-entropy on h100: %.4g s (%s), want memory-bound above %.4g s", got, bound, floor)
+	}
+	if got, bound := h200.eventTime(ce); bound != "instructions" || math.Abs(got-floor) > 1e-12 {
+		t.Errorf("cross-entropy on h200: %.4g s (%s), want its instructions' %.4g s", got, bound, floor)
+	}
 	serial := Event{Kind: EvLaunch, Name: "reduce_view_f32", Class: ClassSerial, Threads: 512, Bytes: 50e6}
 	if got, bound := h100.eventTime(serial); bound != "latency" || math.Abs(got-50e6/(512*inflightSerial/memLatency)) > 1e-9 {
 		t.Errorf("512-thread serial reduction: %.4g s (%s), want latency-bound", got, bound)

@@ -360,6 +360,16 @@ func (a kargs) ptr(name string) uint64 {
 // as written (src/*.cu): compulsory reads and writes of fp32 words, with
 // re-reads that stay in L2 not counted. A kernel missing here is costed
 // as a launch with no work (the table test keeps it complete).
+// ceInstrPerLogit: the instructions the fused softmax cross-entropy spends
+// per logit (the online maximum and sum, the gradient, its bf16 rounding;
+// the CUDA cores' issue rate, one per core per clock, as the tensor-core
+// kernels' scalar work is charged), fitted to the sixth run: on the H200
+// softmax_ce_fused_f32 took 4.69 ms a paper step over 24,576 × 50,257
+// logits at 79% of the SMs' throughput (Nsight Compute), 3.7 ms of
+// instructions. Keeping a row in shared memory saves the second DRAM read,
+// not this.
+const ceInstrPerLogit = 100
+
 func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	const w = 4.0 // bytes per fp32 word
 	n := a.i("n")
@@ -452,6 +462,9 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		if a.ptr("gb") != 0 {
 			e.Bytes = reads*w*a.i("rows")*a.i("V") + 2*a.i("rows")*a.i("gld")
 		}
+		// both passes' arithmetic per logit, whichever memory it reads
+		// (ceInstrPerLogit: the floor the sixth run measured)
+		e.Scalar = ceInstrPerLogit * a.i("rows") * a.i("V")
 	case "gaussian_membership_f32":
 		N, D, R := a.i("N"), a.i("D"), a.i("R")
 		e.Bytes, e.Flops = w*(N*D+N*R), 3*N*D*R
