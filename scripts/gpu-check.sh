@@ -203,6 +203,9 @@ if want predict; then
 	check predict-paper-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the model's widths as they are (510, 85, 1,020) instead of padded to 512, 88 and 1,024 (RPAC_CUDA_PAD_MODEL=off), to compare
 	check predict-paper-modelunpadded env RPAC_CUDA_PAD_MODEL=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
+	# the memory traffic before PERFMODEL.md's "Fewer bytes" (the logits read twice, the experts' dropouts written once,
+	# GEMM results for the chains in fp32), to compare
+	check predict-paper-fullbytes env RPAC_CUDA_CE_SMEM=off RPAC_CUDA_REMAT=off RPAC_CUDA_BF16_ACT=off RPAC_CUDA_AG_LEAN=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# the LM head's GEMMs (4,096-row chunks) as they are and with V, K or the chunk rounded or grown, and the padded weight
 	# gradients' and other model GEMMs' shapes with every dim a multiple of 8: which layouts cuBLASLt runs fast
 	check gemm-algos-head bin/rpac bench gemm-algos --algos 4 --reps 10 --shapes \
@@ -249,6 +252,7 @@ if want bench; then
 	check bench-paper-fuzzy-bf16-gradwunpadded env RPAC_CUDA_PAD_GRADW=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-modelunpadded env RPAC_CUDA_PAD_MODEL=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
+	check bench-paper-fuzzy-bf16-fullbytes env RPAC_CUDA_CE_SMEM=off RPAC_CUDA_REMAT=off RPAC_CUDA_BF16_ACT=off RPAC_CUDA_AG_LEAN=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	# with each GEMM plan's cuBLASLt candidates timed (in the warm-up step; those of T = 768 already chosen) and the fastest taken

@@ -198,13 +198,23 @@ func agWarpGrid(n int) [3]uint32 {
 
 var agRowBlock = [3]uint32{32 * agRows, 1, 1}
 
-// agGEMM runs the bf16 GEMMs of calls on the regions A, B and C.
+// agGEMM runs the bf16 GEMMs of calls on the regions A, B and C (fp32).
 func (p *program) agGEMM(calls []agCall, alpha float32, A, B, C Buffer) error {
+	return p.agGEMMInto(calls, alpha, A, B, C, F32)
+}
+
+// agGEMMInto is agGEMM with C of type ct (BF16: the results rounded in the
+// GEMMs' epilogue, at half the offsets agApply gives for fp32).
+func (p *program) agGEMMInto(calls []agCall, alpha float32, A, B, C Buffer, ct DType) error {
 	at := func(b Buffer, off int64) Buffer {
 		return Buffer{Ptr: b.Ptr + uint64(off), Bytes: b.Bytes - uint64(off)}
 	}
 	for _, c := range calls {
-		if err := p.matmul(c.s, BF16, GemmCall{Alpha: alpha, A: at(A, c.offA), B: at(B, c.offB), C: at(C, c.offC)}); err != nil {
+		offC := c.offC
+		if ct == BF16 {
+			offC /= 2
+		}
+		if err := p.matmul(c.s, BF16, GemmCall{Alpha: alpha, A: at(A, c.offA), B: at(B, c.offB), C: at(C, offC), CType: ct}); err != nil {
 			return err
 		}
 	}
@@ -236,6 +246,47 @@ func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval
 	return nil
 }
 
+// Lean stores (RPAC_CUDA_AG_LEAN, agLeanEnv). The row kernels' weights (P,
+// and in the backward Pd and dS) are bf16 rows of Tp that the GEMMs
+// o = P·v, dv = Pᵀ·dO, dq = dS·k and dk = dSᵀ·q read whole, zero above the
+// diagonal. Where every attention node of a program runs the GEMM path
+// with one layout, nothing else writes those regions of the work buffer:
+// it is zeroed once when allocated and the row kernels write only the
+// pairs of columns up to the diagonal (agUpperZero), half of their stores
+// at T = 768. And dq, dk and dv, which go into the joined gradient's bf16
+// rows, come out of their GEMMs as bf16 (rounded in the epilogue as the
+// conversion rounds), which attn_unpack_bf16 copies into place.
+
+// agLeanEnv reads RPAC_CUDA_AG_LEAN: on (the default) or off (whole rows
+// of weights written, fp32 GEMM results converted). Both give the same
+// bits.
+func agLeanEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_AG_LEAN", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: the GEMM attention's weights stored up to the diagonal, dq, dk and dv rounded to bf16 by their GEMMs) or off")
+}
+
+// noteAttnWork records attention node a's use of the work buffer, which
+// decides agUpperZero.
+func (p *program) noteAttnWork(a *attention) {
+	if a.path != attnGEMM {
+		p.agOther = p.agOther || a.path == attnFlash
+	} else if l := newAGLayout(a); p.agLayouts == nil {
+		p.agLayouts = &l
+	} else if *p.agLayouts != l {
+		p.agOther = true
+	}
+	p.agUpperZero = p.be.agLean && p.agLayouts != nil && !p.agOther
+}
+
+// agFull: the row kernels' flag to write the weights' rows whole (zeros
+// above the diagonal included), 0 where agUpperZero keeps them zero.
+func (p *program) agFull() int32 {
+	if p.agUpperZero {
+		return 0
+	}
+	return 1
+}
+
 // attentionForwardGEMM: o and the rows' log-sum-exp through the scores.
 func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dval) error {
 	l, w := newAGLayout(a), p.attnWork.Ptr
@@ -247,7 +298,7 @@ func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dva
 		return err
 	}
 	P := l.P.in(w)
-	args := append([]any{P.Ptr, lse, S.Ptr, a.biasPtr(), int32(a.BH), int32(a.T), int32(l.Tp)}, a.dropoutArgs(p.seed)...)
+	args := append([]any{P.Ptr, lse, S.Ptr, a.biasPtr(), int32(a.BH), int32(a.T), int32(l.Tp), p.agFull()}, a.dropoutArgs(p.seed)...)
 	if err := p.launch("attn_softmax_fwd_f32", agRowGrid(a), agRowBlock, 0, args...); err != nil {
 		return err
 	}
@@ -285,7 +336,7 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		part = l.DB.in(w).Ptr
 	}
 	G := agBiasGroups(a)
-	args := append([]any{Pd.Ptr, dS.Ptr, part, S.Ptr, dP.Ptr, a.biasPtr(), g.lse, g.D, int32(a.BH), int32(a.T), int32(l.Tp), int32(G)},
+	args := append([]any{Pd.Ptr, dS.Ptr, part, S.Ptr, dP.Ptr, a.biasPtr(), g.lse, g.D, int32(a.BH), int32(a.T), int32(l.Tp), int32(G), p.agFull()},
 		a.dropoutArgs(p.seed)...)
 	if err := p.launch("attn_softmax_bwd_f32", agWarpGrid(G*a.T), agRowBlock, 0, args...); err != nil {
 		return err
@@ -303,17 +354,24 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		{agApply(a, l, true), a.scale, dS, Q, l.R1, 1},  // dk = scale·dSᵀ·q
 	} {
 		R := r.res.in(w)
+		if off := g.cols[r.j]; off >= 0 { // bf16 into the joined gradient's rows (with agLean rounded by the GEMM)
+			ct, half := F32, int32(0)
+			if p.be.agLean {
+				ct, half = BF16, 1
+			}
+			if err := p.agGEMMInto(r.calls, r.alpha, r.W, r.x, R, ct); err != nil {
+				return err
+			}
+			if err := p.launch("attn_unpack_bf16", agRowGrid(a), agRowBlock, 0, g.rows.buf.Ptr, R.Ptr, int32(a.BH), int32(a.T), int32(a.Hd),
+				int32(a.H), int32(l.Hp), int32(g.rows.ld), int32(off), half); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := p.agGEMM(r.calls, r.alpha, r.W, r.x, R); err != nil {
 			return err
 		}
-		var err error
-		if off := g.cols[r.j]; off >= 0 {
-			err = p.launch("attn_unpack_bf16", agRowGrid(a), agRowBlock, 0, g.rows.buf.Ptr, R.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H),
-				int32(l.Hp), int32(g.rows.ld), int32(off))
-		} else {
-			err = p.agUnpack(a, l, g.out[r.j].buf.Ptr, R, twin{})
-		}
-		if err != nil {
+		if err := p.agUnpack(a, l, g.out[r.j].buf.Ptr, R, twin{}); err != nil {
 			return err
 		}
 	}

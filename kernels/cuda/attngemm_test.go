@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -105,4 +107,79 @@ func TestAGBlocks(t *testing.T) {
 	if n := len(agBlocks(768)); n != 6 {
 		t.Errorf("T 768: %d blocks, want 6", n)
 	}
+}
+
+// TestAGUpperZero: the row kernels leave the weights' rows above the
+// diagonal to a zeroed buffer only where every attention node of the
+// program takes the GEMM path with one layout, and RPAC_CUDA_AG_LEAN is on.
+func TestAGUpperZero(t *testing.T) {
+	gemm := func(T int) *attention { return &attention{BH: 6, T: T, Hd: 16, path: attnGEMM} }
+	for _, c := range []struct {
+		name  string
+		nodes []*attention
+		want  bool
+	}{
+		{"one layout", []*attention{gemm(37), gemm(37), gemm(37)}, true},
+		{"two layouts", []*attention{gemm(37), gemm(40)}, false},
+		{"a flash node", []*attention{gemm(37), {BH: 6, T: 37, Hd: 16, path: attnFlash}}, false},
+		{"no GEMM node", []*attention{{BH: 6, T: 37, Hd: 4, path: attnScalar}}, false},
+	} {
+		p := &program{be: &Backend{agLean: true}}
+		for _, a := range c.nodes {
+			p.noteAttnWork(a)
+		}
+		if p.agUpperZero != c.want || (p.agFull() == 0) != c.want {
+			t.Errorf("%s: agUpperZero %v (full %d), want %v", c.name, p.agUpperZero, p.agFull(), c.want)
+		}
+	}
+	off := &program{be: &Backend{}} // RPAC_CUDA_AG_LEAN=off
+	off.noteAttnWork(gemm(37))
+	if off.agUpperZero {
+		t.Error("RPAC_CUDA_AG_LEAN=off: agUpperZero")
+	}
+}
+
+// TestGPUAttnRowsUpperZero: the row kernels with full = 0 into zeroed
+// buffers write the bits they write with full = 1 into buffers of garbage
+// (every pair of columns up to the diagonal, the zeros above it), lse too;
+// normal and differential.
+func TestGPUAttnRowsUpperZero(t *testing.T) {
+	c := gpuContext(t)
+	const BH, T, Tp = 3, 37, 40
+	a := &attention{BH: BH, T: T}
+	r := rand.New(rand.NewPCG(71, 72))
+	S, dP := randF32(r, BH*T*T, 2), randF32(r, BH*T*T, 1)
+	D := randF32(r, BH*T, 1)
+	weights := BH * T * Tp / 2 // bf16 pairs as float32 words
+	garbage := make([]float32, weights)
+	for i := range garbage {
+		garbage[i] = math.Float32frombits(0x7fc17fc1)
+	}
+	devS, ddP, dD := devF32(t, c, S), devF32(t, c, dP), devF32(t, c, D)
+	const key, thresh, keep = uint64(5), uint64(3 << 30), float32(1 / 0.75) // dropout 0.25
+	differentially(t, []string{"attn_softmax_fwd_f32", "attn_softmax_bwd_f32"}, func() {
+		var outs [2][]float32
+		for full := range 2 {
+			fill := make([]float32, weights)
+			if full == 1 {
+				fill = garbage
+			}
+			P, Pd, dS := devF32(t, c, fill), devF32(t, c, fill), devF32(t, c, fill)
+			lse := devF32(t, c, make([]float32, BH*T))
+			if err := c.Launch("attn_softmax_fwd_f32", agRowGrid(a), agRowBlock, 0, P.Ptr, lse.Ptr, devS.Ptr, uint64(0),
+				int32(BH), int32(T), int32(Tp), int32(full), key, thresh, keep); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Launch("attn_softmax_bwd_f32", agWarpGrid(T), agRowBlock, 0, Pd.Ptr, dS.Ptr, uint64(0), devS.Ptr, ddP.Ptr,
+				uint64(0), lse.Ptr, dD.Ptr, int32(BH), int32(T), int32(Tp), int32(1), int32(full), key, thresh, keep); err != nil {
+				t.Fatal(err)
+			}
+			out := append(hostF32(t, c, P, weights), hostF32(t, c, lse, BH*T)...)
+			out = append(append(out, hostF32(t, c, Pd, weights)...), hostF32(t, c, dS, weights)...)
+			outs[full] = out
+		}
+		if !sameBits(outs[0], outs[1]) {
+			t.Error("full = 0 over zeros and full = 1 over garbage wrote different weights")
+		}
+	})
 }

@@ -67,6 +67,12 @@ type Backend struct {
 	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
 	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
 	sms int
+	// agLean: the GEMM attention's lean stores (RPAC_CUDA_AG_LEAN,
+	// agLeanEnv in attngemm.go)
+	agLean bool
+	// bf16Act: bf16 GEMMs whose results only generated chains read write
+	// them as bf16 (RPAC_CUDA_BF16_ACT, bf16ActEnv; packed.go's halfOutput)
+	bf16Act bool
 	// remat: the train graphs draw a Dropout again in each fused chain
 	// that reads it (RPAC_CUDA_REMAT, rematEnv)
 	remat bool
@@ -272,6 +278,8 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 	padGradW, _ := padGradWEnv()
 	padModel, _ := padModelEnv()
 	remat, _ := rematEnv()
+	bf16Act, _ := bf16ActEnv()
+	agLean, _ := agLeanEnv()
 	sms, ceShared := 0, 0
 	if split, _ := splitKEnv(); split {
 		sms = dev.Info().SMs
@@ -280,19 +288,20 @@ func newBackend(dev device, gemm GEMMPrecision) *Backend {
 		ceShared = max(0, dev.Info().SharedOptin-ceStaticShared)
 	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, padModel: padModel, remat: remat, sms: sms, ceShared: ceShared}
+		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, padModel: padModel, remat: remat, bf16Act: bf16Act, agLean: agLean, sms: sms, ceShared: ceShared}
 }
 
 // checkEnv refuses a bad value of the variables that choose the backend's
 // paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
 // RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_HEAD_PAD,
 // RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_CE_SMEM,
-// RPAC_CUDA_REMAT, RPAC_CUDA_GEMM_TUNE).
+// RPAC_CUDA_REMAT, RPAC_CUDA_BF16_ACT, RPAC_CUDA_AG_LEAN,
+// RPAC_CUDA_GEMM_TUNE).
 func checkEnv() error {
 	if _, err := attnChoiceEnv(); err != nil {
 		return err
 	}
-	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv, padModelEnv, ceSmemEnv, rematEnv} {
+	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv, padModelEnv, ceSmemEnv, rematEnv, bf16ActEnv, agLeanEnv} {
 		if _, err := on(); err != nil {
 			return err
 		}
@@ -373,6 +382,18 @@ func padModelEnv() (bool, error) {
 func ceSmemEnv() (bool, error) {
 	return envChoice("RPAC_CUDA_CE_SMEM", map[string]bool{"": true, "on": true, "off": false},
 		"on (the default: a row of logits kept in shared memory where it fits, read from DRAM once) or off (read twice)")
+}
+
+// bf16ActEnv reads RPAC_CUDA_BF16_ACT: under bf16 GEMMs, a GEMM result
+// that only elementwise chains read (at the paper preset the experts' up
+// projections, read by GELU and its gradient, and the input gradients of
+// their down projections) is rounded to bf16 in the GEMM's epilogue and
+// stored so (on, the default: the chains read half the bytes; the values
+// are rounded once more than in fp32, where the chains' own bf16 results
+// for the next GEMMs are rounded anyway), or kept in fp32 (off).
+func bf16ActEnv() (bool, error) {
+	return envChoice("RPAC_CUDA_BF16_ACT", map[string]bool{"": true, "on": true, "off": false},
+		"on (the default: bf16 GEMM results that only elementwise chains read stored as bf16) or off (fp32)")
 }
 
 // ceStaticShared: softmax_ce_smem_f32's static shared arrays (32 floats
@@ -493,6 +514,12 @@ type program struct {
 	// shared by every attention node.
 	attnWorkNeed int64
 	attnWork     Buffer
+	// agLayouts: the GEMM path's layout of the work buffer, while every
+	// attention node of the program takes the GEMM path with that one
+	// layout (agUpperZero; attngemm.go's noteAttnWork)
+	agLayouts   *agLayout
+	agUpperZero bool
+	agOther     bool // an attention node of another path or layout
 	// attnLSE: each FusedAttention output's row log-sum-exp, which the
 	// forward writes and a FusedAttentionGrad given that output reads.
 	attnLSE map[*dval]Buffer
@@ -504,6 +531,7 @@ type program struct {
 	// in the buffers of twinPool (twinBytes in all); nodeIndex: each
 	// node's place in the step order.
 	packed    map[int]bool
+	half      map[int]bool // values a GEMM writes as bf16 for the chains that read them (halfOutput)
 	twins     map[int]twin
 	parts     map[int]twin
 	twinPool  []pooled

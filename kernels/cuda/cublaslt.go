@@ -33,6 +33,14 @@ const (
 	BF16 DType = cudaR16BF
 )
 
+// size is the bytes of one element.
+func (t DType) size() int64 {
+	if t == BF16 {
+		return 2
+	}
+	return 4
+}
+
 // BLAS is cuBLASLt, bound at run time.
 type BLAS struct {
 	handle  uintptr
@@ -151,6 +159,7 @@ type GemmKey struct {
 	AB        DType
 	Align     [3]uint16
 	BiasAlign uint16
+	C         DType // C and D: F32 (the zero value), or BF16 after a bf16 GEMM (rounded in the epilogue)
 }
 
 // GemmCall is one run of a plan: C = Alpha·op(A)·op(B) + Beta·C (+ Bias
@@ -158,11 +167,12 @@ type GemmKey struct {
 type GemmCall struct {
 	Alpha, Beta       float32
 	A, B, C, Bias, WS Buffer
+	CType             DType // C's elements: F32, or BF16 (bf16 GEMMs with β = 0 only)
 }
 
 // gemmKey makes the key of a GEMM call.
 func gemmKey(s GemmShape, ab DType, c GemmCall) GemmKey {
-	k := GemmKey{Shape: s, AB: ab, Align: [3]uint16{ptrAlign(c.A.Ptr), ptrAlign(c.B.Ptr), ptrAlign(c.C.Ptr)}}
+	k := GemmKey{Shape: s, AB: ab, Align: [3]uint16{ptrAlign(c.A.Ptr), ptrAlign(c.B.Ptr), ptrAlign(c.C.Ptr)}, C: c.CType}
 	if c.Bias.Ptr != 0 {
 		k.BiasAlign = ptrAlign(c.Bias.Ptr)
 	}
@@ -249,7 +259,7 @@ func (b *BLAS) describe(p *GemmPlan) error {
 	if p.lb, err = b.layout(p.Key.AB, ca, ra, s.lda(), s.Batch, s.StrideA); err != nil {
 		return err
 	}
-	p.lc, err = b.layout(F32, s.N, s.M, s.ldc(), s.Batch, s.StrideC)
+	p.lc, err = b.layout(p.Key.C, s.N, s.M, s.ldc(), s.Batch, s.StrideC)
 	return err
 }
 

@@ -270,7 +270,7 @@ func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
 		what string
 		b    Buffer
 		n    uint64
-	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * 4}, {"workspace", ws, pl.workspace()},
+	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * uint64(k.C.size())}, {"workspace", ws, pl.workspace()},
 		{"bias", call.Bias, uint64(4 * s.N)}} {
 		if (c.n == 0 && c.what == "workspace") || (c.what == "bias" && k.BiasAlign == 0) {
 			continue

@@ -155,8 +155,14 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 			bytes += 4 * float64(o.n)
 		}
 	}
-	for _, x := range in {
-		bytes += 4 * float64(x.n)
+	half := make([]bool, len(in))
+	for k, x := range in {
+		half[k] = p.half[x.v.ID]
+		size := 4.0
+		if half[k] {
+			size = 2
+		}
+		bytes += size * float64(x.n)
 	}
 	keys := func() [ir.MaxFusedDraws]uint64 { // this run's stream keys
 		var k [ir.MaxFusedDraws]uint64
@@ -169,7 +175,7 @@ func (p *program) buildFused(n *ir.Node, in, out []*dval) (func() error, error) 
 		return k
 	}
 	if !p.be.fusedInterp {
-		c := fusedChain{prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols, skipOut: skipOut}
+		c := fusedChain{prog: prog, params: params, idx32: o.n <= math.MaxInt32, packCols: packCols, skipOut: skipOut, half: half}
 		var twinBuf Buffer
 		if hasTwin {
 			c.twinCols, c.twinLD, c.twinOff, twinBuf = lastDim(o.v.Shape), tw.ld, tw.off, tw.buf

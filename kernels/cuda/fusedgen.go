@@ -74,6 +74,9 @@ func reportName(name string) string {
 // the encoded steps (fusedStep) and how each input is read.
 type fusedChain struct {
 	dense []bool // input k has the output's shape
+	// half: input k is stored as bf16 (a GEMM's result, halfOutput), read
+	// dense
+	half []bool
 	// view: the collapsed view of the inputs over the output (its dims
 	// and each input's strides; rank 0 when every input is dense)
 	view view
@@ -114,6 +117,10 @@ func (c fusedChain) source(name string) string {
 		b.WriteString(", bf16_t* tw")
 	}
 	for k := range c.dense {
+		if c.isHalf(k) {
+			fmt.Fprintf(&b, ", const bf16_t* x%d", k)
+			continue
+		}
 		fmt.Fprintf(&b, ", const float* x%d", k)
 	}
 	if c.sum.m.C > 0 {
@@ -261,8 +268,14 @@ func (c fusedChain) body(b *strings.Builder, indent string) {
 	c.steps(b, indent)
 }
 
+// isHalf: input k is stored as bf16.
+func (c fusedChain) isHalf(k int) bool { return k < len(c.half) && c.half[k] }
+
 // load is input k's value at element i.
 func (c fusedChain) load(k int) string {
+	if c.isHalf(k) {
+		return fmt.Sprintf("bf16_to_f32(x%d[i])", k)
+	}
 	if c.dense[k] {
 		return fmt.Sprintf("x%d[i]", k)
 	}
@@ -344,8 +357,8 @@ func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
 // equal chains share one kernel within and across programs.
 func (c fusedChain) name() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d %v %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
-		c.twinCols, c.twinLD, c.twinOff, c.sum, c.skipOut, c.sumY)
+	fmt.Fprintf(h, "%v %v %v %v %v %v %d %d %d %d %v %v %v %v", c.view.dims, c.view.strides, c.idx32, c.dense, c.prog, c.params, c.packCols,
+		c.twinCols, c.twinLD, c.twinOff, c.sum, c.skipOut, c.sumY, c.half)
 	kind := ""
 	switch r := c.view.rank(); {
 	case c.sum.m.C > 0:

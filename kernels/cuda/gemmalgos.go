@@ -83,14 +83,14 @@ func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]Algo
 		}
 	}
 	na, nb, nc := gemmKeyElems(k.Shape)
-	call := GemmCall{Alpha: 1}
+	call := GemmCall{Alpha: 1, CType: k.C}
 	if call.A, err = randomOperand(g, aligned(k.Align[0]), int(na), k.AB); err != nil {
 		return nil, err
 	}
 	if call.B, err = randomOperand(g, aligned(k.Align[1]), int(nb), k.AB); err != nil {
 		return nil, err
 	}
-	if call.C, err = aligned(k.Align[2])(uint64(4 * nc)); err != nil {
+	if call.C, err = aligned(k.Align[2])(uint64(k.C.size() * nc)); err != nil {
 		return nil, err
 	}
 	alloc := aligned(256)
@@ -121,8 +121,8 @@ func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]Algo
 		if at.Seconds, err = timeGemm(g, p, call, reps); err != nil {
 			return out, fmt.Errorf("algorithm %d: %w", rank, err)
 		}
-		c := make([]float32, min(int(nc), gemmProbeCompare))
-		if err := g.download(unsafe.Pointer(&c[0]), call.C, uint64(4*len(c))); err != nil {
+		c, err := downloadC(g, call.C, k.C, min(int(nc), gemmProbeCompare))
+		if err != nil {
 			return out, err
 		}
 		if rank == 0 {
@@ -130,6 +130,22 @@ func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]Algo
 		}
 		at.MaxDiff = relMaxDiff(c, ref)
 		out = append(out, at)
+	}
+	return out, nil
+}
+
+// downloadC reads the first n elements of a GEMM's result of type t.
+func downloadC(g *gpu, c Buffer, t DType, n int) ([]float32, error) {
+	out := make([]float32, n)
+	if t != BF16 {
+		return out, g.download(unsafe.Pointer(&out[0]), c, uint64(4*n))
+	}
+	h := make([]uint16, n)
+	if err := g.download(unsafe.Pointer(&h[0]), c, uint64(2*n)); err != nil {
+		return nil, err
+	}
+	for i, v := range h {
+		out[i] = math.Float32frombits(uint32(v) << 16)
 	}
 	return out, nil
 }

@@ -174,9 +174,13 @@ func (c *gemmChooser) save() error {
 // pointers' alignments and the bias epilogue's.
 func (k GemmKey) String() string {
 	s := k.Shape
-	return fmt.Sprintf("%s %dx%dx%d ld %d/%d/%d batch %d stride %d/%d/%d align %d/%d/%d bias %d",
+	c := ""
+	if k.C == BF16 {
+		c = " c bf16"
+	}
+	return fmt.Sprintf("%s %dx%dx%d ld %d/%d/%d batch %d stride %d/%d/%d align %d/%d/%d bias %d%s",
 		gemmName(s, k.AB), s.M, s.N, s.K, s.lda(), s.ldb(), s.ldc(), max(1, s.Batch), s.StrideA, s.StrideB, s.StrideC,
-		k.Align[0], k.Align[1], k.Align[2], k.BiasAlign)
+		k.Align[0], k.Align[1], k.Align[2], k.BiasAlign, c)
 }
 
 // gemmKeyBytes is the bytes of k's operands A, B and C (all matrices of the
@@ -187,7 +191,7 @@ func gemmKeyBytes(k GemmKey) int64 {
 	if k.AB == BF16 {
 		size = 2
 	}
-	return size*(a+b) + 4*c
+	return size*(a+b) + k.C.size()*c
 }
 
 // gemmKeyElems is the elements A, B and C span: the last matrix of the

@@ -624,7 +624,13 @@ func (p *program) gemmBias(s GemmShape, a, b operand, beta float32, C, bias Buff
 // bf16 GEMM runs, on the padded copies: it may round M, N or K up within
 // the copies' padded rows and columns (headPad, padGradW).
 func (p *program) gemmGrown(s GemmShape, grow func(*GemmShape), a, b operand, beta float32, C, bias Buffer) error {
-	call := GemmCall{Alpha: 1, Beta: beta, A: a.buf, B: b.buf, C: C, Bias: bias}
+	return p.gemmRun(s, grow, a, b, GemmCall{Alpha: 1, Beta: beta, C: C, Bias: bias})
+}
+
+// gemmRun is gemmGrown for a call that says C, its type, β and the bias
+// (A and B come from a and b).
+func (p *program) gemmRun(s GemmShape, grow func(*GemmShape), a, b operand, call GemmCall) error {
+	call.A, call.B = a.buf, b.buf
 	if !p.bf16GEMM(s) {
 		return p.matmul(s, F32, call)
 	}
@@ -889,29 +895,35 @@ func (p *program) gemmStep(s GemmShape, A, B, C *dval) func() error {
 
 func lastDim(s ir.Shape) int { return s[len(s)-1] }
 
-// buildLinear: y = x·Wᵀ (+ b, added in the GEMM's epilogue).
+// buildLinear: y = x·Wᵀ (+ b, added in the GEMM's epilogue), as bf16
+// where only chains read y (halfOutput).
 func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 	x, W, o := in[0], in[1], out[0]
 	s, _ := gemmShapeOf("Linear", []*ir.Value{x.v, W.v})
 	a, w := p.operandOf(x), p.operandOf(W)
 	p.needGEMM(s, a, w)
+	ct := p.outputType(s, o)
 	var bias *dval
 	if len(in) == 3 {
 		bias = in[2]
 	}
 	return func() error {
-		var b Buffer
+		call := GemmCall{Alpha: 1, C: o.buf, CType: ct}
 		if bias != nil {
-			b = bias.buf
+			call.Bias = bias.buf
 		}
-		return p.gemmBias(s, a, w, 0, o.buf, b)
+		return p.gemmRun(s, nil, a, w, call)
 	}, nil
 }
 
+// buildLinearGradX: dx = dy·W, as bf16 where only chains read dx.
 func (p *program) buildLinearGradX(in, out []*dval) (func() error, error) {
 	dy, W, o := in[0], in[1], out[0]
 	s, _ := gemmShapeOf("LinearGradX", []*ir.Value{dy.v, W.v})
-	return p.gemmStep(s, dy, W, o), nil
+	a, w := p.operandOf(dy), p.operandOf(W)
+	p.needGEMM(s, a, w)
+	ct := p.outputType(s, o)
+	return func() error { return p.gemmRun(s, nil, a, w, GemmCall{Alpha: 1, C: o.buf, CType: ct}) }, nil
 }
 
 // buildLinearGradW: dW = dyᵀ·x over all rows; split along the rows where
@@ -1606,6 +1618,7 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 	if err != nil {
 		return nil, err
 	}
+	p.noteAttnWork(a)
 	if a.path == attnGEMM {
 		p.attnWorkNeed = max(p.attnWorkNeed, newAGLayout(a).fwdBytes)
 		if a.H > 0 {
@@ -1642,6 +1655,7 @@ func (p *program) buildFusedAttentionGrad(n *ir.Node, in, out []*dval) (func() e
 		return nil, err
 	}
 	g := &attnGrad{a: a, dO: dO, q: q, k: k, v: v, out: out, cols: [3]int{-1, -1, -1}}
+	p.noteAttnWork(a)
 	lse, saved := p.attnLSE[fwdOut]
 	switch {
 	case a.path == attnGEMM:
@@ -1764,5 +1778,8 @@ func (p *program) stageAttention() error {
 		return err
 	}
 	p.attnWork = b
-	return nil
+	if !p.agUpperZero {
+		return nil
+	}
+	return p.be.dev.zero(b, b.Bytes) // the weights' rows above the diagonal, never written after
 }

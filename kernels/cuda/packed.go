@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -132,6 +133,44 @@ func (p *program) packsOutput(n *ir.Node) bool {
 		}
 	}
 	return p.onlyBF16GEMMsRead(o, false)
+}
+
+// outputType is the type the GEMM s (a Linear's or a LinearGradX's) writes
+// its result o in: BF16 where halfOutput says so (o is then marked half for
+// the chains that read it), else F32.
+func (p *program) outputType(s GemmShape, o *dval) DType {
+	if !p.halfOutput(s, o) {
+		return F32
+	}
+	if p.half == nil {
+		p.half = map[int]bool{}
+	}
+	p.half[o.v.ID] = true
+	return BF16
+}
+
+// halfOutput: the bf16 GEMM s writes its result o rounded to bf16 in its
+// epilogue (RPAC_CUDA_BF16_ACT, bf16ActEnv): o is an fp32 intermediate, no
+// graph output, read only by generated chains, each reading it whole (o
+// has their output's shape) and writing elsewhere than o's plan slot
+// (bf16 elements under an fp32 result would be overwritten before they
+// are read).
+func (p *program) halfOutput(s GemmShape, o *dval) bool {
+	if !p.be.bf16Act || p.be.fusedInterp || !p.bf16GEMM(s) || !p.bf16Candidate(o.v) || slices.Contains(slices.Collect(maps.Values(p.g.Outputs)), o.v) {
+		return false
+	}
+	readers := 0
+	for _, m := range p.g.Nodes {
+		if !slices.Contains(m.Inputs, o.v) {
+			continue
+		}
+		r := m.Outputs[0]
+		if m.Op != "FusedElementwise" || !r.Shape.Equal(o.v.Shape) || (o.slot >= 0 && p.vals[r.ID].slot == o.slot) {
+			return false
+		}
+		readers++
+	}
+	return readers > 0
 }
 
 // packInto marks o as written packed, rows of cols. On the simulator,

@@ -3,6 +3,7 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -112,8 +113,10 @@ func TestPackEnv(t *testing.T) {
 		// the graphs' alignment follows it under bf16 GEMMs
 		"RPAC_CUDA_PAD_MODEL": {func(b *Backend) bool { return b.padModel && b.Capabilities().Align == 8 }, true},
 		// the paper's vocabulary: a row of 201 KB within sm_90's 227 KiB
-		"RPAC_CUDA_REMAT":   {func(b *Backend) bool { return b.Capabilities().RematDropout }, true},
-		"RPAC_CUDA_CE_SMEM": {func(b *Backend) bool { k, _ := b.softmaxCE(50257); return k == "softmax_ce_smem_f32" }, true},
+		"RPAC_CUDA_AG_LEAN":  {func(b *Backend) bool { return b.agLean }, true},
+		"RPAC_CUDA_BF16_ACT": {func(b *Backend) bool { return b.bf16Act }, true},
+		"RPAC_CUDA_REMAT":    {func(b *Backend) bool { return b.Capabilities().RematDropout }, true},
+		"RPAC_CUDA_CE_SMEM":  {func(b *Backend) bool { k, _ := b.softmaxCE(50257); return k == "softmax_ce_smem_f32" }, true},
 	} {
 		flag := c.flag
 		for v, want := range map[string]bool{"": c.def, "on": true, "off": false} {
@@ -346,7 +349,9 @@ func TestGPUTwinSharedPart(t *testing.T) {
 // the rows of the lazy Concat that joins them (through their Reshapes to
 // [B,T,H·Hd]), so no fp32 unpack and no f32_cat_to_bf16_pad_kernel runs
 // for them; the joined gradients and the bias gradient equal the run
-// without it bit for bit. On the simulator again in differential mode.
+// without it bit for bit, whether the GEMMs write dq, dk, dv as bf16
+// (RPAC_CUDA_AG_LEAN, the default) or fp32. On the simulator again in
+// differential mode.
 func TestGPUAttentionGradIntoConcat(t *testing.T) {
 	differentially(t, []string{"attn_unpack_bf16"}, func() { attentionGradIntoConcat(t) })
 }
@@ -401,6 +406,14 @@ func attentionGradIntoConcat(t *testing.T) {
 		t.Errorf("without: %d bf16 unpacks (want 0), %d Concat conversions (want 1)", off.launches["attn_unpack_bf16"], off.launches["f32_cat_to_bf16_pad_kernel"])
 	}
 	sameOutputs(t, "attention gradients into the Concat", on, off)
+	// fp32 GEMM results, which attn_unpack_bf16 rounds (RPAC_CUDA_AG_LEAN=off)
+	t.Setenv("RPAC_CUDA_AG_LEAN", "off")
+	whole := runPacked(t, g, GEMMBF16, true, weights, feeds, names)
+	t.Setenv("RPAC_CUDA_AG_LEAN", "")
+	if whole.launches["attn_unpack_bf16"] != 3 {
+		t.Errorf("RPAC_CUDA_AG_LEAN=off: %d bf16 unpacks (want 3)", whole.launches["attn_unpack_bf16"])
+	}
+	sameOutputs(t, "attention gradients into the Concat from fp32 results", whole, off)
 }
 
 // TestGPUAttentionOutTwin: the GEMM attention's forward ([B,T,H,Hd], a
@@ -429,4 +442,88 @@ func attentionOutTwin(t *testing.T) {
 		t.Errorf("copies %d and %d (want 1 and 0); conversions %d and %d (want one fewer)", on.twins, off.twins, on.launches[cvt], off.launches[cvt])
 	}
 	sameOutputs(t, "the attention's output copy", on, off)
+}
+
+// halfGraph: y = x·Wᵀ + b and dx = dy·W, each read only by a chain of
+// exact steps (negation, then a doubling: −2·v, whose bf16 rounding is the
+// rounding of v doubled and negated).
+func halfGraph(R, N, K int) *ir.Graph {
+	g := ir.New("half")
+	w, b := g.Param("w", ir.Shape{N, K}), g.Param("b", ir.Shape{N})
+	x := g.Input("x", ir.Shape{R, K}, ir.F32)
+	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
+	twice := func(v *ir.Value) *ir.Value {
+		return g.Op1("Scale", ir.Attrs{"alpha": 2.0, "beta": 0.0}, g.Op1("Neg", nil, v))
+	}
+	g.SetOutput("y", twice(g.Op1("Linear", nil, x, w, b)))
+	g.SetOutput("dx", twice(g.Op1("LinearGradX", nil, dy, w)))
+	return g
+}
+
+// TestSimHalfOutputs: with RPAC_CUDA_BF16_ACT a Linear's and a
+// LinearGradX's results that only a generated chain reads are written as
+// bf16 by the GEMM (the bias added before the rounding) and the chain reads
+// them so: its output is the fp32 run's rounded to bf16 (bit for bit on the
+// simulator, whose GEMM sums in the same order whatever C's type; within
+// one bf16 step on a GPU), and the step moves fewer bytes.
+func TestSimHalfOutputs(t *testing.T) {
+	d := parityDevice(t)
+	const R, N, K = 37, 88, 64
+	r := rand.New(rand.NewPCG(61, 62))
+	st := kernels.NewStore(kernels.F32)
+	wt, _ := st.Ensure("w", ir.Shape{N, K})
+	bt, _ := st.Ensure("b", ir.Shape{N})
+	copy(wt.F32, randF32(r, N*K, 1))
+	copy(bt.F32, randF32(r, N, 1))
+	feeds := map[string]*kernels.Tensor{
+		"x":  {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)},
+		"dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)},
+	}
+	run := func(act string) (y, dx []float32, gemmBytes float64) {
+		t.Setenv("RPAC_CUDA_BF16_ACT", act)
+		be := gpuBackend(t, GEMMBF16)
+		g := halfGraph(R, N, K)
+		if err := passes.FuseElementwise(g); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := be.Compile(g, nil, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range tr.Events() {
+			if e.Kind == EvGEMM {
+				gemmBytes += e.Bytes
+			}
+		}
+		be.Release(st)
+		return slices.Clone(p.Output("y").F32), slices.Clone(p.Output("dx").F32), gemmBytes
+	}
+	y32, dx32, bytes32 := run("off")
+	y16, dx16, bytes16 := run("on")
+	if want := bytes32 - 2*float64(R*N+R*K); bytes16 != want {
+		t.Errorf("GEMM bytes %g with bf16 results, %g without; want 2 bytes less per result element (%g)", bytes16, bytes32, want)
+	}
+	for _, c := range []struct {
+		name       string
+		half, full []float32
+	}{{"Linear", y16, y32}, {"LinearGradX", dx16, dx32}} {
+		for i, v := range c.full {
+			want := float32(roundBF16(v))
+			got := c.half[i]
+			if d.Simulated() && math.Float32bits(got) != math.Float32bits(want) {
+				t.Fatalf("%s [%d]: %g from the bf16 result, want %g (the fp32 run's %g rounded)", c.name, i, got, want, v)
+			}
+			if ulp := math.Abs(float64(want)) / 128; math.Abs(float64(got-want)) > ulp {
+				t.Fatalf("%s [%d]: %g from the bf16 result, want %g within a bf16 step", c.name, i, got, want)
+			}
+		}
+	}
 }

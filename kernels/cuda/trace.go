@@ -295,9 +295,9 @@ func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
 	}
 	batch := float64(max(1, s.Batch))
 	m, n, kk := float64(s.M), float64(s.N), float64(s.K)
-	c, bias := 4.0, 0.0
+	c, bias := float64(k.C.size()), 0.0
 	if call.Beta != 0 {
-		c = 8
+		c *= 2
 	}
 	if k.BiasAlign != 0 {
 		bias = 4 * n
@@ -507,6 +507,10 @@ func attnGEMMCost(e *Event, a kargs) {
 	const w = 4.0
 	BH, T, Hd := a.i("BH"), a.i("T"), a.i("Hd")
 	rows, tri := BH*T, BH*T*(T+1)/2
+	written := rows * a.i("Tp") // the weights' bf16 rows: whole, or (not full) pairs up to the diagonal
+	if a.i("full") == 0 {
+		written = tri + rows
+	}
 	bias := 0.0
 	if a.ptr("bias") != 0 {
 		bias = w * T * T
@@ -519,14 +523,17 @@ func attnGEMMCost(e *Event, a kargs) {
 		if a.ptr("tw") != 0 {
 			e.Bytes += 2 * rows * Hd
 		}
-	case "attn_unpack_bf16":
+	case "attn_unpack_bf16": // fp32 read (or half: bf16), bf16 written
 		e.Bytes = w*rows*Hd + 2*rows*Hd
+		if a.i("half") != 0 {
+			e.Bytes = 2*rows*a.i("Hp") + 2*rows*Hd
+		}
 	case "attn_pack_do_bf16":
 		e.Bytes = 2*w*rows*Hd + 2*rows*a.i("Hp") + w*rows
 	case "attn_softmax_fwd_f32":
-		e.Bytes = w*tri + bias + 2*rows*a.i("Tp") + w*rows
+		e.Bytes = w*tri + bias + 2*written + w*rows
 	case "attn_softmax_bwd_f32":
-		e.Bytes = 2*w*tri + bias + 4*rows*a.i("Tp") + 2*w*rows
+		e.Bytes = 2*w*tri + bias + 4*written + 2*w*rows
 		if a.ptr("part") != 0 {
 			e.Bytes += w * a.i("G") * T * (T + 1) / 2
 		}

@@ -71,19 +71,26 @@ extern "C" __global__ void attn_unpack_f32(float* out, const float* src, int BH,
     }
 }
 
-// attn_unpack_bf16: the GEMM result src [BH,T,Hp] fp32 (columns below Hd)
-// as bf16 into rows of ld elements, from column off: element (b, t, h, d)
-// of the [B,T,H,Hd] operand to row b·T + t, column off + h·Hd + d (a
-// joined gradient's part, written straight into its bf16 operand), each
-// rounded as the conversion kernels round it. A warp per row.
-extern "C" __global__ void attn_unpack_bf16(bf16_t* out, const float* src, int BH, int T, int Hd, int H, int Hp, int ld,
-                                            int off) {
+// attn_unpack_bf16: the GEMM result src [BH,T,Hp] (columns below Hd) as
+// bf16 into rows of ld elements, from column off: element (b, t, h, d) of
+// the [B,T,H,Hd] operand to row b·T + t, column off + h·Hd + d (a joined
+// gradient's part, written straight into its bf16 operand). src is fp32,
+// each element rounded as the conversion kernels round it, or (half) bf16
+// that its GEMM rounded so in its epilogue, copied as it is. A warp per
+// row.
+extern "C" __global__ void attn_unpack_bf16(bf16_t* out, const void* src, int BH, int T, int Hd, int H, int Hp, int ld, int off,
+                                            int half) {
     i64 row = ag_row(BH, T);
     if (row < 0) return;
     int lane = threadIdx.x & 31;
     i64 bh = row / T, t = row - bh * T, b = bh / H;
     bf16_t* o = out + (b * T + t) * ld + off + (bh - b * H) * Hd;
-    const float* s = src + row * Hp;
+    if (half) {
+        const bf16_t* s = (const bf16_t*)src + row * Hp;
+        for (int d = lane; d < Hd; d += 32) o[d] = s[d];
+        return;
+    }
+    const float* s = (const float*)src + row * Hp;
     for (int d = lane; d < Hd; d += 32) o[d] = f32_to_bf16(s[d]);
 }
 
@@ -156,11 +163,12 @@ __device__ __forceinline__ void ag_logits(float* x, const float* s, const float*
 // attn_softmax_fwd_f32: for each row, lse = log Σ_j exp(x_j) over the
 // keys j ≤ i (x: the scores plus the bias) and P_j = exp(x_j − lse) times
 // dropout element row·T + j (flash.cu's draws), as bf16 in rows of Tp,
-// zero above the diagonal. Each lane keeps a running maximum and sum of
-// its columns, rescaled once per step; the lanes combine them in a fixed
-// butterfly.
+// zero above the diagonal (written when full, else left as they are: the
+// pairs of columns past the diagonal are not stored). Each lane keeps a
+// running maximum and sum of its columns, rescaled once per step; the
+// lanes combine them in a fixed butterfly.
 extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const float* S, const float* bias, int BH, int T, int Tp,
-                                                 unsigned long long key, unsigned long long thresh, float keep) {
+                                                 int full, unsigned long long key, unsigned long long thresh, float keep) {
     i64 row = ag_row(BH, T);
     if (row < 0) return;
     int lane = threadIdx.x & 31, i = (int)(row % T);
@@ -189,13 +197,13 @@ extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const flo
     }
     float L = m == RPAC_NEG_INF ? RPAC_NEG_INF : m + logf(l);
     if (lane == 0) lse[row] = L;
-    for (int c0 = 0; c0 < Tp; c0 += AG_STEP) {
+    for (int c0 = 0; c0 < Tp && (full || c0 <= i); c0 += AG_STEP) {
         float x[2 * AG_PAIRS];
         if (c0 <= i) ag_logits(x, s, b, i, c0, lane);
 #pragma unroll
         for (int u = 0; u < AG_PAIRS; u++) {
             int j = ag_col(c0, lane, u);
-            if (j >= Tp) break;
+            if (j >= Tp || (!full && j > i)) break;
             float p0 = 0.0f, p1 = 0.0f;
             if (j <= i) {
                 float r0, r1;
@@ -210,7 +218,8 @@ extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const flo
 
 // attn_softmax_bwd_f32: for each row, with P_j = exp(x_j − lse) over
 // j ≤ i and dropout multiplier r_j: Pd = P·r and dS = P·(r·dP − D) as bf16
-// in rows of Tp (zero above the diagonal), and, when part is not null,
+// in rows of Tp (zero above the diagonal: written when full, else left as
+// they are), and, when part is not null,
 // the bias gradient's partial sums: part[g,i,j] = Σ dS_j over the rows
 // (bh, i) of group g (the pairs bh from g·BH/G to (g+1)·BH/G, in order) at
 // j ≤ i, which attention_dbias_reduce_f32 sums over g in order. A warp
@@ -218,12 +227,12 @@ extern "C" __global__ void attn_softmax_fwd_f32(bf16_t* P, float* lse, const flo
 // a time (the bias of the step loaded once), its sums in registers.
 extern "C" __global__ void attn_softmax_bwd_f32(bf16_t* Pd, bf16_t* dS, float* part, const float* S, const float* dP,
                                                  const float* bias, const float* lse, const float* D, int BH, int T, int Tp,
-                                                 int G, unsigned long long key, unsigned long long thresh, float keep) {
+                                                 int G, int full, unsigned long long key, unsigned long long thresh, float keep) {
     i64 w = (i64)blockIdx.x * AG_ROWS + (threadIdx.x >> 5);
     if (w >= (i64)G * T) return;
     int g = (int)(w / T), i = (int)(w - (i64)g * T), lane = threadIdx.x & 31;
     int bh0 = (int)((i64)g * BH / G), bh1 = (int)((i64)(g + 1) * BH / G);
-    for (int c0 = 0; c0 < Tp; c0 += AG_STEP) {
+    for (int c0 = 0; c0 < Tp && (full || c0 <= i); c0 += AG_STEP) {
         float bj[2 * AG_PAIRS], acc[2 * AG_PAIRS];
 #pragma unroll
         for (int u = 0; u < 2 * AG_PAIRS; u++) {
@@ -264,8 +273,10 @@ extern "C" __global__ void attn_softmax_bwd_f32(bf16_t* Pd, bf16_t* dS, float* p
                         }
                     }
                 }
-                st_bf16x2(Pd, row * Tp + j, pd[0], pd[1]);
-                st_bf16x2(dS, row * Tp + j, ds[0], ds[1]);
+                if (full || j <= i) {
+                    st_bf16x2(Pd, row * Tp + j, pd[0], pd[1]);
+                    st_bf16x2(dS, row * Tp + j, ds[0], ds[1]);
+                }
                 acc[2 * u] += ds[0];
                 acc[2 * u + 1] += ds[1];
             }
