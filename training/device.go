@@ -144,8 +144,10 @@ func SimulatorNote(be kernels.Backend) string {
 
 // gpuBudgetFraction is the share of the GPU's memory a CUDA run plans for
 // (the rest, 8 GB of an 80 GB card: the backend's buffers outside the plan,
-// the GEMM attention's work buffer of at most 2 GiB, the bf16 twins' of at
-// most 1 GiB and the GEMMs' staging; cuBLASLt, the driver, fragmentation).
+// the GEMM attention's work buffer of at most 2 GiB and the packed q, k, v
+// its forwards keep for their backwards of at most 1 GiB, the bf16 twins'
+// of at most 1 GiB and the GEMMs' staging; cuBLASLt, the driver,
+// fragmentation).
 const gpuBudgetFraction = 0.9
 
 // memBudget is the default memory budget of a run on a backend with caps:

@@ -331,3 +331,57 @@ func bandMaskCase(t *testing.T, be kernels.Backend, prec GEMMPrecision) {
 		}
 	}
 }
+
+// TestSimAttentionSavedPacks: a program with an attention's forward and
+// backward on the same q, k and v packs them once, in the forward, into
+// buffers the backward reads (3 attn_pack_bf16 launches, not 6), and its
+// outputs are those of the program that packs them again, bit for bit.
+func TestSimAttentionSavedPacks(t *testing.T) {
+	parityDevice(t)
+	const B, H, T, Hd = 2, 3, 67, 85
+	r := rand.New(rand.NewPCG(81, 82))
+	s := ir.Shape{B, H, T, Hd}
+	a := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true, "dropout": 0.1, "stream": 5}
+	g := ir.New("saved-packs")
+	feeds := map[string]*kernels.Tensor{}
+	var in []*ir.Value
+	for i := range 4 {
+		name := string(rune('a' + i))
+		in = append(in, g.Input(name, s, ir.F32))
+		feeds[name] = &kernels.Tensor{Shape: s.Clone(), F32: randF32(r, s.Numel(), 1)}
+	}
+	o := g.Apply("FusedAttention", a, in[1], in[2], in[3])[0]
+	g.SetOutput("p", o)
+	ga := a.Clone()
+	ga["with_out"] = true // the backward reads the forward's output and log-sum-exp, as in a training step
+	for i, v := range g.Apply("FusedAttentionGrad", ga, append(in, o)...) {
+		g.SetOutput(string(rune('q'+i)), v)
+	}
+	run := func(savedCap int64) ([][]float32, int) {
+		defer func(c int64) { agSavedCap = c }(agSavedCap)
+		agSavedCap = savedCap
+		be := gpuBackendPath(t, attnChooseGEMM)
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := runCUDA(t, be, g, feeds)
+		packs := 0
+		for _, e := range tr.Events() {
+			if e.Name == "attn_pack_bf16" {
+				packs++
+			}
+		}
+		return out, packs
+	}
+	saved, savedPacks := run(agSavedCap)
+	again, packs := run(0)
+	if savedPacks != 3 || packs != 6 {
+		t.Errorf("attn_pack_bf16 ran %d times with saved packs (want 3), %d without (want 6)", savedPacks, packs)
+	}
+	for i := range again {
+		if !sameBits(saved[i], again[i]) {
+			t.Errorf("output %c differs with the packs saved", 'p'+i)
+		}
+	}
+}

@@ -1,5 +1,7 @@
 package cuda
 
+import "github.com/rpac-dev/rpac/ir"
+
 // attnPath is the kernels that run an attention node.
 type attnPath uint8
 
@@ -287,14 +289,94 @@ func (p *program) agFull() int32 {
 	return 1
 }
 
+// Saved packs. A training step's attention backward reads the q, k and v
+// its forward packed. Where both run in one program, the forward packs
+// them into buffers of their own instead of the work buffer (agSavedCap
+// in all: 934 MB for the paper step's 12 layers at T = 768) and the
+// backward's GEMMs read those, packing nothing.
+var agSavedCap int64 = 1 << 30 // a variable: tests set it to 0 to compare
+
+// agPacks is an attention's packed q, k and v (bf16 [BH,T,Hp] each).
+type agPacks struct{ Q, K, V Buffer }
+
+// agSaveKey names an attention's q, k and v values.
+func agSaveKey(q, k, v *dval) [3]int { return [3]int{q.v.ID, k.v.ID, v.v.ID} }
+
+// saveAGPacks gives forward attention a buffers of its own for its packed
+// q, k and v where a FusedAttentionGrad of the program reads the same
+// values, within agSavedCap.
+func (p *program) saveAGPacks(a *attention, q, k, v *dval) error {
+	key := agSaveKey(q, k, v)
+	if a.path != attnGEMM || p.agSaved[key] != nil || !p.attentionGradReads(key) {
+		return nil
+	}
+	size := newAGLayout(a).Q.n
+	if p.agSavedBytes+3*size > agSavedCap {
+		return nil
+	}
+	var bufs [3]Buffer
+	for i := range bufs {
+		b, err := p.alloc(int((size + 3) / 4))
+		if err != nil {
+			return err
+		}
+		bufs[i] = b
+	}
+	if p.agSaved == nil {
+		p.agSaved = map[[3]int]*agPacks{}
+	}
+	p.agSaved[key] = &agPacks{bufs[0], bufs[1], bufs[2]}
+	p.agSavedBytes += 3 * size
+	return nil
+}
+
+// attentionGradReads: a FusedAttentionGrad node of the program takes the
+// q, k and v values key names.
+func (p *program) attentionGradReads(key [3]int) bool {
+	for _, n := range p.g.Nodes {
+		if n.Op != "FusedAttentionGrad" {
+			continue
+		}
+		in, _, _ := ir.SplitAttentionGrad(n.Attrs, n.Inputs)
+		if len(in) >= 4 && [3]int{in[1].ID, in[2].ID, in[3].ID} == key {
+			return true
+		}
+	}
+	return false
+}
+
+// agQKV is where the packed q, k and v of a run go (forward) or are
+// (backward: packed already when saved): the saved buffers, else the work
+// buffer's regions, packed now.
+func (p *program) agQKV(a *attention, l agLayout, w uint64, q, k, v *dval, forward bool) (Q, K, V Buffer, err error) {
+	if s := p.agSaved[agSaveKey(q, k, v)]; s != nil {
+		if forward {
+			for _, x := range []struct {
+				dst Buffer
+				src *dval
+			}{{s.Q, q}, {s.K, k}, {s.V, v}} {
+				if err := p.agPack(a, l, x.dst, x.src.buf.Ptr); err != nil {
+					return Q, K, V, err
+				}
+			}
+		}
+		return s.Q, s.K, s.V, nil
+	}
+	if err := p.agPackQKV(a, l, w, q, k, v); err != nil {
+		return Q, K, V, err
+	}
+	return l.Q.in(w), l.K.in(w), l.V.in(w), nil
+}
+
 // attentionForwardGEMM: o and the rows' log-sum-exp through the scores.
 func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dval) error {
 	l, w := newAGLayout(a), p.attnWork.Ptr
-	if err := p.agPackQKV(a, l, w, q, k, v); err != nil {
+	Q, K, V, err := p.agQKV(a, l, w, q, k, v, true)
+	if err != nil {
 		return err
 	}
 	S := l.S.in(w)
-	if err := p.agGEMM(agScores(a, l), a.scale, l.Q.in(w), l.K.in(w), S); err != nil {
+	if err := p.agGEMM(agScores(a, l), a.scale, Q, K, S); err != nil {
 		return err
 	}
 	P := l.P.in(w)
@@ -303,7 +385,7 @@ func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dva
 		return err
 	}
 	R := l.R0.in(w)
-	if err := p.agGEMM(agApply(a, l, false), 1, P, l.V.in(w), R); err != nil {
+	if err := p.agGEMM(agApply(a, l, false), 1, P, V, R); err != nil {
 		return err
 	}
 	return p.agUnpack(a, l, o, R, a.outTwin)
@@ -314,7 +396,8 @@ func (p *program) attentionForwardGEMM(a *attention, o, lse uint64, q, k, v *dva
 func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 	a := g.a
 	l, w := newAGLayout(a), p.attnWork.Ptr
-	if err := p.agPackQKV(a, l, w, g.q, g.k, g.v); err != nil {
+	Q, K, V, err := p.agQKV(a, l, w, g.q, g.k, g.v, false)
+	if err != nil {
 		return err
 	}
 	dO := l.DO.in(w)
@@ -322,7 +405,6 @@ func (p *program) attentionBackwardGEMM(g *attnGrad) error {
 		int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp)); err != nil {
 		return err
 	}
-	Q, K, V := l.Q.in(w), l.K.in(w), l.V.in(w)
 	S, dP := l.S.in(w), l.DP.in(w)
 	if err := p.agGEMM(agScores(a, l), a.scale, Q, K, S); err != nil {
 		return err

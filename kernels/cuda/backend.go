@@ -520,6 +520,10 @@ type program struct {
 	agLayouts   *agLayout
 	agUpperZero bool
 	agOther     bool // an attention node of another path or layout
+	// agSaved: the packed q, k, v a forward attention keeps for its
+	// backward (by the values' IDs, agSaveKey), agSavedBytes in all
+	agSaved      map[[3]int]*agPacks
+	agSavedBytes int64
 	// attnLSE: each FusedAttention output's row log-sum-exp, which the
 	// forward writes and a FusedAttentionGrad given that output reads.
 	attnLSE map[*dval]Buffer
@@ -537,6 +541,9 @@ type program struct {
 	twinPool  []pooled
 	twinBytes uint64
 	nodeIndex map[int]int
+	// pads: the runs of consecutive Pads and PadGrads, by member node ID
+	// (pad.go)
+	pads map[int]*padRun
 	// sums: the reductions the chains making their inputs folded
 	// (reduction node ID → partials, chainsum.go)
 	sums map[int]chainSum

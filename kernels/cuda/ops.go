@@ -1619,6 +1619,9 @@ func (p *program) buildFusedAttention(n *ir.Node, in, out []*dval) (func() error
 		return nil, err
 	}
 	p.noteAttnWork(a)
+	if err := p.saveAGPacks(a, in[0], in[1], in[2]); err != nil {
+		return nil, err
+	}
 	if a.path == attnGEMM {
 		p.attnWorkNeed = max(p.attnWorkNeed, newAGLayout(a).fwdBytes)
 		if a.H > 0 {

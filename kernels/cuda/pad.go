@@ -2,6 +2,8 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
+	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
@@ -99,6 +101,9 @@ func (p *program) buildPad(n *ir.Node, in, out []*dval) (func() error, error) {
 	if p.padSkipped(n) {
 		return func() error { return nil }, nil
 	}
+	if run, err := p.buildPadRun(n); run != nil || err != nil {
+		return run, err
+	}
 	return func() error {
 		return p.each("pad_f32", o.n, o.buf.Ptr, x.buf.Ptr, int32(rows.Size), int32(rows.Padded),
 			int32(cols.Stored()), int32(cols.Size), int32(cols.Padded), int64(o.n))
@@ -111,9 +116,131 @@ func (p *program) buildPadGrad(n *ir.Node, in, out []*dval) (func() error, error
 	if err != nil {
 		return nil, err
 	}
+	if run, err := p.buildPadRun(n); run != nil || err != nil {
+		return run, err
+	}
 	return func() error {
 		return p.each("pad_grad_f32", o.n, o.buf.Ptr, dy.buf.Ptr, int32(rows.Size), int32(rows.Padded),
 			int32(cols.Logical()), int32(cols.Size), int32(cols.Padded), int64(o.n))
+	}, nil
+}
+
+// Batched Pads. The aligned graphs' Pads come first in the step and their
+// gradients last (compiler/model's placePads): at the paper preset 206
+// Pads and 278 PadGrads of a few kB to a few MB each, which one launch
+// apiece would leave at the launch floor. A run of consecutive ones (the
+// skipped Pads between them aside) runs as one pad_multi_f32 launch at its
+// first member, the others running nothing. A run ends where a member
+// would write a plan slot an earlier member reads or writes (a PadGrad's
+// dy freed for a later one's result), so running them together reads what
+// running them one by one reads.
+
+// padChunk: the elements a block of pad_multi_f32 takes.
+const padChunk = 4096
+
+// padRun is a run of consecutive Pads, or PadGrads, that launch.
+type padRun struct {
+	grad    bool
+	members []*ir.Node
+}
+
+// padRuns finds the program's runs (by member node ID), once.
+func (p *program) padRuns() map[int]*padRun {
+	if p.pads != nil {
+		return p.pads
+	}
+	p.pads = map[int]*padRun{}
+	var cur *padRun
+	var used map[int]bool // the plan slots the run's members read and write
+	for _, n := range p.g.Nodes {
+		if n.Op == "Pad" && p.padSkipped(n) {
+			continue
+		}
+		if n.Op != "Pad" && n.Op != "PadGrad" {
+			cur = nil
+			continue
+		}
+		grad := n.Op == "PadGrad"
+		in, out := p.vals[n.Inputs[0].ID].slot, p.vals[n.Outputs[0].ID].slot
+		if cur == nil || cur.grad != grad || (out >= 0 && used[out]) || (in >= 0 && used[in] && cur.writes(p, in)) {
+			cur, used = &padRun{grad: grad}, map[int]bool{}
+		}
+		cur.members = append(cur.members, n)
+		for _, s := range []int{in, out} {
+			if s >= 0 {
+				used[s] = true
+			}
+		}
+		p.pads[n.ID] = cur
+	}
+	return p.pads
+}
+
+// writes: a member of the run writes plan slot s.
+func (r *padRun) writes(p *program, s int) bool {
+	for _, m := range r.members {
+		if p.vals[m.Outputs[0].ID].slot == s {
+			return true
+		}
+	}
+	return false
+}
+
+// buildPadRun is node n's step where it belongs to a run of two or more:
+// the run's pad_multi_f32 launch for its first member, nothing for the
+// others; nil where it runs alone.
+func (p *program) buildPadRun(n *ir.Node) (func() error, error) {
+	r := p.padRuns()[n.ID]
+	if r == nil || len(r.members) < 2 {
+		return nil, nil
+	}
+	if r.members[0] != n {
+		return func() error { return nil }, nil
+	}
+	const words = 9
+	table, err := p.alloc(2 * words * len(r.members)) // uint64 words
+	if err != nil {
+		return nil, err
+	}
+	var host []uint64 // the table as last uploaded
+	return func() error {
+		t := make([]uint64, 0, words*len(r.members))
+		blocks, elems, bytes := 0, 0, 0.0
+		for _, m := range r.members {
+			x, o := p.vals[m.Inputs[0].ID], p.vals[m.Outputs[0].ID]
+			shape := x.v.Shape // Pad: x logical, o stored; PadGrad: dy stored, o logical
+			if r.grad {
+				shape = o.v.Shape
+			}
+			rows, cols, err := ir.PadSpans(shape, m.Attrs)
+			if err != nil {
+				return err
+			}
+			width := cols.Stored()
+			if r.grad {
+				width = cols.Logical()
+			}
+			t = append(t, o.buf.Ptr, x.buf.Ptr, uint64(rows.Size), uint64(rows.Padded), uint64(width), uint64(cols.Size),
+				uint64(cols.Padded), uint64(o.n), uint64(blocks))
+			blocks += (o.n + padChunk - 1) / padChunk
+			elems += o.n
+			bytes += 4 * float64(o.n+min(o.n, x.n))
+		}
+		if !slices.Equal(t, host) {
+			if err := p.be.dev.upload(table, unsafe.Pointer(&t[0]), uint64(8*len(t))); err != nil {
+				return err
+			}
+			host = t
+		}
+		if h, ok := p.be.dev.(costHinter); ok {
+			h.hintBytes(bytes)
+		}
+		grad := int32(0)
+		if r.grad {
+			grad = 1
+		}
+		return p.be.dev.launch("pad_multi_f32", [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			table.Ptr, int32(len(r.members)), int32(padChunk), grad, int64(elems))
 	}, nil
 }
 

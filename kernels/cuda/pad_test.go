@@ -8,6 +8,8 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cpu"
+	"github.com/rpac-dev/rpac/passes"
 )
 
 // TestGPUPadBF16: pad_bf16 writes a weight's bf16 copy in a Pad layout
@@ -101,5 +103,71 @@ func TestGPUPaddedWeights(t *testing.T) {
 	}
 	if worst, _ := attnErrors(got.outs["y"], ref); worst > 1e-5 {
 		t.Errorf("y: worst %.3g against the product of the bf16 operands", worst)
+	}
+}
+
+// TestSimPadRuns: consecutive Pads run as one pad_multi_f32 launch, and
+// consecutive PadGrads too where none would write a plan slot an earlier
+// one reads (here each PadGrad's dy is an intermediate the plan frees for
+// the next one's result, so those run apart); every output equals the
+// CPU's bit for bit (a Pad and its gradient copy values). Normal and
+// differential.
+func TestSimPadRuns(t *testing.T) {
+	parityDevice(t)
+	differentially(t, []string{"pad_multi_f32"}, func() { padRuns(t) })
+}
+
+func padRuns(t *testing.T) {
+	r := rand.New(rand.NewPCG(63, 64))
+	g := ir.New("pad-runs")
+	feeds := map[string]*kernels.Tensor{}
+	input := func(name string, s ir.Shape) *ir.Value {
+		feeds[name] = randTensor(r, s)
+		return g.Input(name, s, ir.F32)
+	}
+	grad := ir.Attrs{"rows": []int{3, 85, 88}, "cols": []int{1, 37, 40}, "shape": []int{255, 37}}
+	// two dy intermediates, each read last by its PadGrad below
+	n0 := g.Op1("Neg", nil, input("d2", ir.Shape{264, 40}))
+	n1 := g.Op1("Neg", nil, input("d3", ir.Shape{264, 40}))
+	heads := ir.Attrs{"rows": []int{3, 85, 88}, "cols": []int{1, 37, 40}}
+	g.SetOutput("p0", g.Op1("Pad", heads, input("x0", ir.Shape{255, 37})))
+	g.SetOutput("p1", g.Op1("Pad", ir.Attrs{"cols": []int{1, 1021, 1024}}, input("x1", ir.Shape{1021})))
+	g.SetOutput("p2", g.Op1("Pad", ir.Attrs{"cols": []int{2, 15, 16}}, input("x2", ir.Shape{9, 30})))
+	g.SetOutput("g0", g.Op1("PadGrad", grad, input("d0", ir.Shape{264, 40})))
+	g.SetOutput("g1", g.Op1("PadGrad", grad, input("d1", ir.Shape{264, 40})))
+	pg0 := g.Op1("PadGrad", grad, n0)
+	pg1 := g.Op1("PadGrad", grad, n1) // its result may take n0's slot, which pg0 freed: a run of its own then
+	g.SetOutput("g2", g.Op1("Scale", ir.Attrs{"alpha": 2.0, "beta": 0.0}, pg0))
+	g.SetOutput("g3", g.Op1("Scale", ir.Attrs{"alpha": 2.0, "beta": 0.0}, pg1))
+	be := gpuBackend(t, GEMMF32)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outs [2]kernels.Program
+	for i, b := range []kernels.Backend{cpu.New(kernels.F32), be} {
+		p, err := b.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Run(feeds, 7); err != nil {
+			t.Fatal(err)
+		}
+		outs[i] = p
+	}
+	for name := range g.Outputs {
+		if !sameBits(outs[0].Output(name).F32, outs[1].Output(name).F32) {
+			t.Errorf("output %s differs from the CPU's", name)
+		}
+	}
+	launches := map[string]int{}
+	for _, e := range tr.Events() {
+		launches[e.Name]++
+	}
+	t.Logf("pad_multi_f32 %d launches, pad_grad_f32 %d", launches["pad_multi_f32"], launches["pad_grad_f32"])
+	if launches["pad_multi_f32"] < 2 || launches["pad_f32"] != 0 {
+		t.Errorf("pad_multi_f32 ran %d times (want the Pads' run and the first PadGrads'), pad_f32 %d (want 0), pad_grad_f32 %d",
+			launches["pad_multi_f32"], launches["pad_f32"], launches["pad_grad_f32"])
 	}
 }

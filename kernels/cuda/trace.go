@@ -382,7 +382,8 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	}
 	switch e.Name {
 	case "copy_words", "unary_f32", "dropout_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "compact_rows_f32", "add_rows_f32",
-		"causal_mask_f32", "gumbel_f32", "clamp_f32", "nan_to_num_f32", "scale_inplace_f32", "zscore_fwd_f32", "pad_f32", "pad_grad_f32":
+		"causal_mask_f32", "gumbel_f32", "clamp_f32", "nan_to_num_f32", "scale_inplace_f32", "zscore_fwd_f32", "pad_f32", "pad_grad_f32",
+		"pad_multi_f32": // (pad_multi_f32: at most n read; the backend states its entries' bytes, costHinter)
 		e.Bytes = 2 * w * n
 	case "f32_to_bf16_kernel", "bf16_to_f32_kernel", "pad_bf16": // pad_bf16 reads at most its n fp32
 		e.Bytes = 6 * n

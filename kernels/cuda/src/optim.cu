@@ -41,19 +41,6 @@ extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* 
 // order (each thread a strided partial, then a tree): the same every run.
 // Entries are in order of first; n is the elements of all of them.
 // blockDim.x must be 256.
-// table_entry: the entry of a many-tensor table (words words each, the
-// entry's first block at word first) that owns block b: the last whose
-// first block is ≤ b (entries in order of first).
-__device__ __forceinline__ int table_entry(const unsigned long long* table, int entries, int words, int first, i64 b) {
-    int lo = 0, hi = entries - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if ((i64)table[words * mid + first] <= b) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 extern "C" __global__ void sumsq_parts_f32(double* part, const unsigned long long* table, int entries, int chunk, i64 n) {
     __shared__ double sh[256];
     int lo_e = table_entry(table, entries, 3, 2, blockIdx.x);

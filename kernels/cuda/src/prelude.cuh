@@ -323,3 +323,16 @@ __device__ __forceinline__ void rpac_mma(rpac_acc& d, const rpac_a_col& a, const
 __device__ __forceinline__ void rpac_fill(rpac_acc& f, float v) {
     for (int e = 0; e < RPAC_ACC_N; e++) f.x[e] = v;
 }
+
+// table_entry: the entry of a many-tensor table (words words each, the
+// entry's first block at word first) that owns block b: the last whose
+// first block is ≤ b (entries in order of first).
+__device__ __forceinline__ int table_entry(const unsigned long long* table, int entries, int words, int first, i64 b) {
+    int lo = 0, hi = entries - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if ((i64)table[words * mid + first] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
