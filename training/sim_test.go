@@ -177,6 +177,44 @@ func TestSimBF16GradientErrors(t *testing.T) {
 	}
 }
 
+// tracedStep is one bf16 step of f (two micro-batches, seed 11) on a new
+// backend of dev, and its launches by kernel name.
+type tracedStep struct {
+	loss, ce float64
+	grads    map[string][]float32
+	launches map[string]int
+}
+
+func runTracedStep(t *testing.T, dev Device, f *stepFixture) tracedStep {
+	t.Helper()
+	be := parityBackend(t, dev, cuda.GEMMBF16)
+	tr, err := be.StartTrace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := tracedStep{launches: map[string]int{}}
+	r.loss, r.ce, r.grads = f.stepOn(t, be, 2, 11)
+	for _, e := range tr.Events() {
+		r.launches[e.Name]++
+	}
+	return r
+}
+
+// sameStep fails unless got has want's loss, CE and gradients bit for bit.
+func sameStep(t *testing.T, what string, got, want tracedStep) {
+	t.Helper()
+	if got.loss != want.loss || got.ce != want.ce {
+		t.Errorf("%s: loss %v, CE %v; want %v, %v", what, got.loss, got.ce, want.loss, want.ce)
+	}
+	for n, g := range want.grads {
+		for i, v := range g {
+			if got.grads[n][i] != v {
+				t.Fatalf("%s: gradient of %s[%d]: %g, want %g", what, n, i, got.grads[n][i], v)
+			}
+		}
+	}
+}
+
 // TestSimRematSameBits: a bf16 step whose Dropouts read by several fused
 // chains are drawn again in each (RPAC_CUDA_REMAT, the default) gives the
 // loss and gradients of the step with each written once by dropout_f32,
@@ -184,45 +222,19 @@ func TestSimBF16GradientErrors(t *testing.T) {
 func TestSimRematSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
-	type result struct {
-		loss, ce float64
-		grads    map[string][]float32
-		dropouts int
-	}
 	// bf16 GEMM results stored as bf16 where only chains read them: a
 	// rematerialised Dropout's input becomes one (its readers are chains),
 	// which rounds it, so the comparison keeps them fp32
 	t.Setenv("RPAC_CUDA_BF16_ACT", "off")
-	run := func(remat string) result {
+	run := func(remat string) tracedStep {
 		t.Setenv("RPAC_CUDA_REMAT", remat)
-		be := parityBackend(t, dev, cuda.GEMMBF16)
-		tr, err := be.StartTrace()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r result
-		r.loss, r.ce, r.grads = f.stepOn(t, be, 2, 11)
-		for _, e := range tr.Events() {
-			if e.Name == "dropout_f32" {
-				r.dropouts++
-			}
-		}
-		return r
+		return runTracedStep(t, dev, f)
 	}
 	off, on := run("off"), run("on")
-	if on.loss != off.loss || on.ce != off.ce {
-		t.Errorf("loss %v, CE %v; %v, %v with RPAC_CUDA_REMAT=off", on.loss, on.ce, off.loss, off.ce)
-	}
-	for n, g := range off.grads {
-		for i, v := range g {
-			if on.grads[n][i] != v {
-				t.Fatalf("gradient of %s[%d]: %g, %g with RPAC_CUDA_REMAT=off", n, i, on.grads[n][i], v)
-			}
-		}
-	}
-	t.Logf("dropout_f32 launches a step: %d rematerialised, %d not", on.dropouts, off.dropouts)
-	if on.dropouts >= off.dropouts {
-		t.Errorf("dropout_f32 ran %d times rematerialised, %d not: nothing rematerialised", on.dropouts, off.dropouts)
+	sameStep(t, "the Dropouts drawn again in each chain", on, off)
+	t.Logf("dropout_f32 launches a step: %d rematerialised, %d not", on.launches["dropout_f32"], off.launches["dropout_f32"])
+	if on.launches["dropout_f32"] >= off.launches["dropout_f32"] {
+		t.Errorf("dropout_f32 ran %d times rematerialised, %d not: nothing rematerialised", on.launches["dropout_f32"], off.launches["dropout_f32"])
 	}
 }
 
@@ -238,63 +250,30 @@ func TestSimRematSameBits(t *testing.T) {
 func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
-	type result struct {
-		loss, ce             float64
-		grads                map[string][]float32
-		conversions, unpacks int // f32_to_bf16_pad_kernel, attn_unpack_bf16
-		sums, folded         int // reduce_cols_f32 and reduce_rows_f32, chains folding their sums
-	}
-	run := func(pack, sums string) result {
+	run := func(pack, sums string) tracedStep {
 		t.Setenv("RPAC_CUDA_PACK", pack)
 		t.Setenv("RPAC_CUDA_SUMS", sums)
-		be := parityBackend(t, dev, cuda.GEMMBF16)
-		tr, err := be.StartTrace()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r result
-		r.loss, r.ce, r.grads = f.stepOn(t, be, 2, 11)
-		for _, e := range tr.Events() {
-			switch e.Name {
-			case "f32_to_bf16_pad_kernel":
-				r.conversions++
-			case "attn_unpack_bf16":
-				r.unpacks++
-			case "reduce_cols_f32", "reduce_rows_f32":
-				r.sums++
-			case "fused_gen_sum_f32":
-				r.folded++
-			}
-		}
-		return r
+		return runTracedStep(t, dev, f)
 	}
 	off := run("off", "off")
-	same := func(what string, on result) {
-		if on.loss != off.loss || on.ce != off.ce {
-			t.Errorf("%s: loss %v, CE %v; %v, %v with both off", what, on.loss, on.ce, off.loss, off.ce)
-		}
-		for n, g := range off.grads {
-			for i, v := range g {
-				if on.grads[n][i] != v {
-					t.Fatalf("%s: gradient of %s[%d]: %g, %g with both off", what, n, i, on.grads[n][i], v)
-				}
-			}
-		}
-	}
 	on, packed := run("on", "on"), run("on", "off")
-	same("copies and folded sums", on)
-	same("copies", packed)
+	sameStep(t, "copies and folded sums", on, off)
+	sameStep(t, "copies", packed, off)
+	conversions := func(r tracedStep) int { return r.launches["f32_to_bf16_pad_kernel"] }
+	sums := func(r tracedStep) int { return r.launches["reduce_cols_f32"] + r.launches["reduce_rows_f32"] }
+	folded := func(r tracedStep) int { return r.launches["fused_gen_sum_f32"] }
+	unpacks := func(r tracedStep) int { return r.launches["attn_unpack_bf16"] }
 	t.Logf("conversions per step: %d packed, %d not; attention gradients written into their Concat: %d; reductions %d, %d folded into chains",
-		on.conversions, off.conversions, on.unpacks, on.sums, on.folded)
-	if on.conversions >= off.conversions {
-		t.Errorf("%d conversions with packing, %d without: no chain packed", on.conversions, off.conversions)
+		conversions(on), conversions(off), unpacks(on), sums(on), folded(on))
+	if conversions(on) >= conversions(off) {
+		t.Errorf("%d conversions with packing, %d without: no chain packed", conversions(on), conversions(off))
 	}
-	if on.unpacks == 0 || off.unpacks != 0 {
-		t.Errorf("attn_unpack_bf16 ran %d times with packing (want some), %d without (want none)", on.unpacks, off.unpacks)
+	if unpacks(on) == 0 || unpacks(off) != 0 {
+		t.Errorf("attn_unpack_bf16 ran %d times with packing (want some), %d without (want none)", unpacks(on), unpacks(off))
 	}
-	if on.folded == 0 || packed.folded != 0 || on.sums+on.folded != packed.sums {
+	if folded(on) == 0 || folded(packed) != 0 || sums(on)+folded(on) != sums(packed) {
 		t.Errorf("sums: %d separate and %d folded, %d folded with RPAC_CUDA_SUMS=off and %d separate; want some folded, the rest separate",
-			on.sums, on.folded, packed.folded, packed.sums)
+			sums(on), folded(on), folded(packed), sums(packed))
 	}
 }
 

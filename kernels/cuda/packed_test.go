@@ -490,14 +490,8 @@ func TestSimHalfOutputs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := be.Compile(g, nil, st)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := runProgram(t, be, g, st, feeds)
 		defer p.Close()
-		if err := p.Run(feeds, 0); err != nil {
-			t.Fatal(err)
-		}
 		for _, e := range tr.Events() {
 			if e.Kind == EvGEMM {
 				gemmBytes += e.Bytes

@@ -228,6 +228,21 @@ func cpuOp64(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ids map[int
 	return runGraph(t, g, g.Apply(op, a, vals...), feeds)
 }
 
+// runProgram compiles g on be with the store st (the backend's own plan)
+// and runs it once with seed 0; the caller closes it.
+func runProgram(t *testing.T, be kernels.Backend, g *ir.Graph, st *kernels.Store, feeds map[string]*kernels.Tensor) kernels.Program {
+	t.Helper()
+	p, err := be.Compile(g, nil, st)
+	if err != nil {
+		t.Fatalf("%s: %v", g.Name, err)
+	}
+	if err := p.Run(feeds, 0); err != nil {
+		p.Close()
+		t.Fatalf("%s: %v", g.Name, err)
+	}
+	return p
+}
+
 // runCUDA runs g once on be and returns its outputs p, q, ... as floats.
 func runCUDA(t *testing.T, be *Backend, g *ir.Graph, feeds map[string]*kernels.Tensor) [][]float32 {
 	t.Helper()

@@ -56,14 +56,8 @@ func splitKWeightGradient(t *testing.T) {
 	g, feeds := gradWCase(R, N, K, 81)
 	st := kernels.NewStore(kernels.F32)
 	defer be.Release(st)
-	p, err := be.Compile(g, nil, st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := runProgram(t, be, g, st, feeds)
 	defer p.Close()
-	if err := p.Run(feeds, 0); err != nil {
-		t.Fatal(err)
-	}
 	got := append([]float32(nil), p.Output("dw").F32...)
 	want := matmulRef(feeds["dy"].F32, feeds["x"].F32, 1, N, K, R, true, false, true)
 	scale := matmulRef(absF32(feeds["dy"].F32), absF32(feeds["x"].F32), 1, N, K, R, true, false, true)
