@@ -71,8 +71,12 @@ type Backend struct {
 	// agLeanEnv in attngemm.go)
 	agLean bool
 	// bf16Act: bf16 GEMMs whose results only generated chains read write
-	// them as bf16 (RPAC_CUDA_BF16_ACT, bf16ActEnv; packed.go's halfOutput)
-	bf16Act bool
+	// them as bf16 (RPAC_CUDA_BF16_ACT, bf16ActEnv; packed.go's halfOutput);
+	// biasBF16: the device's cuBLASLt has such a GEMM with the fp32 bias
+	// epilogue (halfBiasOK, probed once)
+	bf16Act   bool
+	biasBF16  bool
+	probeOnce sync.Once
 	// remat: the train graphs draw a Dropout again in each fused chain
 	// that reads it (RPAC_CUDA_REMAT, rematEnv)
 	remat bool

@@ -29,6 +29,9 @@ type device interface {
 	gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error)
 	gemm(pl gemmPlan, c GemmCall) error
 	freeGemmPlan(pl gemmPlan)
+	// hasAlgo: cuBLASLt offers an algorithm for key k within the GEMM
+	// workspace (a probe: no plan kept, no choices file consulted).
+	hasAlgo(k GemmKey) bool
 	sync() error
 	// separateSlots: give every plan slot its own allocation (on the
 	// simulator, whose allocations end at a guard page, so an overrun from
@@ -101,6 +104,14 @@ func (g *gpu) loadModule(name, src string, kernels []string) error {
 	_, err := g.ctx.loadSource(g.nv, name, src, kernels)
 	return err
 }
+func (g *gpu) hasAlgo(k GemmKey) bool {
+	pl, err := g.blas.NewPlan(k, gemmWorkspace, 0)
+	if err == nil {
+		g.blas.DestroyPlan(pl)
+	}
+	return err == nil
+}
+
 func (g *gpu) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
 	rank := 0
 	if g.choices != nil {

@@ -229,6 +229,9 @@ func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, a
 	return nil
 }
 
+// hasAlgo: the dry run takes every GEMM a GPU's cuBLASLt would.
+func (f *fakeDevice) hasAlgo(GemmKey) bool { return true }
+
 func (f *fakeDevice) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
 	s := k.Shape
 	if s.M <= 0 || s.N <= 0 || s.K <= 0 || s.Batch <= 0 {

@@ -902,11 +902,11 @@ func (p *program) buildLinear(in, out []*dval) (func() error, error) {
 	s, _ := gemmShapeOf("Linear", []*ir.Value{x.v, W.v})
 	a, w := p.operandOf(x), p.operandOf(W)
 	p.needGEMM(s, a, w)
-	ct := p.outputType(s, o)
 	var bias *dval
 	if len(in) == 3 {
 		bias = in[2]
 	}
+	ct := p.outputType(s, o, bias != nil)
 	return func() error {
 		call := GemmCall{Alpha: 1, C: o.buf, CType: ct}
 		if bias != nil {
@@ -922,7 +922,7 @@ func (p *program) buildLinearGradX(in, out []*dval) (func() error, error) {
 	s, _ := gemmShapeOf("LinearGradX", []*ir.Value{dy.v, W.v})
 	a, w := p.operandOf(dy), p.operandOf(W)
 	p.needGEMM(s, a, w)
-	ct := p.outputType(s, o)
+	ct := p.outputType(s, o, false)
 	return func() error { return p.gemmRun(s, nil, a, w, GemmCall{Alpha: 1, C: o.buf, CType: ct}) }, nil
 }
 

@@ -135,11 +135,13 @@ func (p *program) packsOutput(n *ir.Node) bool {
 	return p.onlyBF16GEMMsRead(o, false)
 }
 
-// outputType is the type the GEMM s (a Linear's or a LinearGradX's) writes
-// its result o in: BF16 where halfOutput says so (o is then marked half for
-// the chains that read it), else F32.
-func (p *program) outputType(s GemmShape, o *dval) DType {
-	if !p.halfOutput(s, o) {
+// outputType is the type the GEMM s (a Linear's or a LinearGradX's, with
+// the bias epilogue where biased) writes its result o in: BF16 where
+// halfOutput says so and the device's cuBLASLt has a bf16 result with an
+// fp32 bias (halfBiasOK), o then marked half for the chains that read it;
+// else F32.
+func (p *program) outputType(s GemmShape, o *dval, biased bool) DType {
+	if !p.halfOutput(s, o) || (biased && !p.be.halfBiasOK()) {
 		return F32
 	}
 	if p.half == nil {
@@ -147,6 +149,19 @@ func (p *program) outputType(s GemmShape, o *dval) DType {
 	}
 	p.half[o.v.ID] = true
 	return BF16
+}
+
+// halfBiasOK: the device's cuBLASLt offers an algorithm for a bf16 GEMM
+// with a bf16 result and the fp32 bias epilogue (asked once, on a probe
+// plan of every pointer 256-byte aligned); without one, biased GEMMs keep
+// fp32 results.
+func (b *Backend) halfBiasOK() bool {
+	b.probeOnce.Do(func() {
+		k := GemmKey{Shape: GemmShape{TransB: true, M: 256, N: 256, K: 256, Batch: 1}, AB: BF16, Align: [3]uint16{256, 256, 256},
+			BiasAlign: 256, C: BF16}
+		b.biasBF16 = b.dev.hasAlgo(k)
+	})
+	return b.biasBF16
 }
 
 // halfOutput: the bf16 GEMM s writes its result o rounded to bf16 in its
