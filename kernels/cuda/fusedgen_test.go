@@ -102,6 +102,26 @@ func TestFusedGenCompiles(t *testing.T) {
 	for k := range launched {
 		t.Errorf("kernel %s launched but in no module", k)
 	}
+	// a chain reading a bf16 input (a GEMM's result stored so, halfOutput),
+	// plain and folding its row sums
+	prog, params, err := fusedStep(ir.FusedStep{Op: "Add", Args: []int{0, 1}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sum := range []reducePlan{{}, planReduce(midAxis{A: 40, R: 512, C: 1})} {
+		c := fusedChain{dense: []bool{true, true}, half: []bool{true, false}, prog: prog[:], params: params[:], idx32: true, sum: sum}
+		name := c.name()
+		src, err := fusedModule(map[string]string{name: c.source(name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(src, "const bf16_t* x0") {
+			t.Fatalf("the bf16 input is not one:\n%s", src)
+		}
+		if ptx, err := n.CompilePTX("fused_gen.cu", src, "compute_90"); err != nil || !strings.Contains(ptx, ".entry "+name+"(") {
+			t.Errorf("a chain with a bf16 input: %v", err)
+		}
+	}
 }
 
 // TestSimFusedGenMatchesInterpreter: on the simulator (or a GPU) every
