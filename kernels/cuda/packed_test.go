@@ -467,8 +467,13 @@ func halfGraph(R, N, K int) *ir.Graph {
 // fp32, which the simulator's has) and the chain reads
 // them so: its output is the fp32 run's rounded to bf16 (bit for bit on the
 // simulator, whose GEMM sums in the same order whatever C's type; within
-// one bf16 step on a GPU), and the step moves fewer bytes.
+// one bf16 step on a GPU), and the step moves fewer bytes. On the simulator
+// again in differential mode.
 func TestSimHalfOutputs(t *testing.T) {
+	differentially(t, []string{fusedGenPrefix + "*"}, func() { halfOutputs(t) })
+}
+
+func halfOutputs(t *testing.T) {
 	d := parityDevice(t)
 	const R, N, K = 37, 88, 64
 	r := rand.New(rand.NewPCG(61, 62))
