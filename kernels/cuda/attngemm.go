@@ -223,9 +223,15 @@ func (p *program) agGEMMInto(calls []agCall, alpha float32, A, B, C Buffer, ct D
 	return nil
 }
 
-// agPack converts an attention operand into its packed bf16 region.
-func (p *program) agPack(a *attention, l agLayout, dst Buffer, src uint64) error {
-	return p.launch("attn_pack_bf16", agRowGrid(a), agRowBlock, 0, dst.Ptr, src, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H), int32(l.Hp))
+// agPack converts an attention operand into its packed bf16 region (or
+// copies it there, where its GEMM wrote it as bf16: halfOutput).
+func (p *program) agPack(a *attention, l agLayout, dst Buffer, src *dval) error {
+	half := int32(0)
+	if p.half[src.v.ID] {
+		half = 1
+	}
+	return p.launch("attn_pack_bf16", agRowGrid(a), agRowBlock, 0, dst.Ptr, src.buf.Ptr, int32(a.BH), int32(a.T), int32(a.Hd), int32(a.H),
+		int32(l.Hp), half)
 }
 
 // agUnpack writes a packed fp32 GEMM result into an attention output
@@ -241,7 +247,7 @@ func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval
 		r   agRegion
 		src *dval
 	}{{l.Q, q}, {l.K, k}, {l.V, v}} {
-		if err := p.agPack(a, l, x.r.in(work), x.src.buf.Ptr); err != nil {
+		if err := p.agPack(a, l, x.r.in(work), x.src); err != nil {
 			return err
 		}
 	}
@@ -355,7 +361,7 @@ func (p *program) agQKV(a *attention, l agLayout, w uint64, q, k, v *dval, forwa
 				dst Buffer
 				src *dval
 			}{{s.Q, q}, {s.K, k}, {s.V, v}} {
-				if err := p.agPack(a, l, x.dst, x.src.buf.Ptr); err != nil {
+				if err := p.agPack(a, l, x.dst, x.src); err != nil {
 					return Q, K, V, err
 				}
 			}

@@ -141,13 +141,10 @@ func (p *program) packsOutput(n *ir.Node) bool {
 // fp32 bias (halfBiasOK), o then marked half for the chains that read it;
 // else F32.
 func (p *program) outputType(s GemmShape, o *dval, biased bool) DType {
-	if !p.halfOutput(s, o) || (biased && !p.be.halfBiasOK()) {
+	if (biased && !p.be.halfBiasOK()) || !p.halfOutput(s, o) {
 		return F32
 	}
-	if p.half == nil {
-		p.half = map[int]bool{}
-	}
-	p.half[o.v.ID] = true
+	p.markHalf(o.v)
 	return BF16
 }
 
@@ -169,23 +166,86 @@ func (b *Backend) halfBiasOK() bool {
 // graph output, read only by generated chains, each reading it whole (o
 // has their output's shape) and writing elsewhere than o's plan slot
 // (bf16 elements under an fp32 result would be overwritten before they
-// are read).
+// are read), or through a Reshape sharing its buffer by attentions that
+// take the GEMM path, as their q, k or v (which they pack to bf16
+// themselves: the same bits). The Reshape's result is marked half too.
 func (p *program) halfOutput(s GemmShape, o *dval) bool {
-	if !p.be.bf16Act || p.be.fusedInterp || !p.bf16GEMM(s) || !p.bf16Candidate(o.v) || slices.Contains(slices.Collect(maps.Values(p.g.Outputs)), o.v) {
+	if !p.be.bf16Act || p.be.fusedInterp || !p.bf16GEMM(s) || !p.bf16Candidate(o.v) || p.isOutput(o.v) {
 		return false
 	}
 	readers := 0
+	var views []*ir.Value
 	for _, m := range p.g.Nodes {
 		if !slices.Contains(m.Inputs, o.v) {
 			continue
 		}
 		r := m.Outputs[0]
-		if m.Op != "FusedElementwise" || !r.Shape.Equal(o.v.Shape) || (o.slot >= 0 && p.vals[r.ID].slot == o.slot) {
+		switch {
+		case m.Op == "Reshape" && p.vals[r.ID].buf.Ptr == o.buf.Ptr && !p.isOutput(r) && p.packedByAttention(r):
+			views = append(views, r)
+		case m.Op != "FusedElementwise" || !r.Shape.Equal(o.v.Shape) || (o.slot >= 0 && p.vals[r.ID].slot == o.slot):
 			return false
 		}
 		readers++
 	}
-	return readers > 0
+	if readers == 0 {
+		return false
+	}
+	for _, r := range views {
+		p.markHalf(r)
+	}
+	return true
+}
+
+// isOutput: v is a graph output.
+func (p *program) isOutput(v *ir.Value) bool {
+	return slices.Contains(slices.Collect(maps.Values(p.g.Outputs)), v)
+}
+
+// markHalf records that v's buffer holds bf16 elements.
+func (p *program) markHalf(v *ir.Value) {
+	if p.half == nil {
+		p.half = map[int]bool{}
+	}
+	p.half[v.ID] = true
+}
+
+// packedByAttention: v is read only as the q, k or v of FusedAttention or
+// FusedAttentionGrad nodes that take the GEMM path (attngemm.go), whose
+// kernels read those operands only to pack them to bf16.
+func (p *program) packedByAttention(v *ir.Value) bool {
+	reads := 0
+	for _, m := range p.g.Nodes {
+		in, first := m.Inputs, 0
+		switch m.Op {
+		case "FusedAttention":
+		case "FusedAttentionGrad":
+			in, _, _ = ir.SplitAttentionGrad(m.Attrs, m.Inputs)
+			first = 1 // after dO
+		default:
+			if slices.Contains(m.Inputs, v) {
+				return false
+			}
+			continue
+		}
+		for i, x := range in {
+			if x != v {
+				continue
+			}
+			if i < first || i > first+2 || len(in) < first+3 || !p.attentionTakesGEMM(m, in[first:first+3], m.Op == "FusedAttentionGrad") {
+				return false
+			}
+			reads++
+		}
+	}
+	return reads > 0
+}
+
+// attentionTakesGEMM: attention node m, of q, k, v qkv, runs on the GEMM
+// path (newAttention's choice).
+func (p *program) attentionTakesGEMM(m *ir.Node, qkv []*ir.Value, grad bool) bool {
+	a, err := newAttention(m, p.vals[qkv[0].ID], p.vals[qkv[1].ID], p.vals[qkv[2].ID], nil, p.be.gemm, p.be.attention, grad || p.hasAttentionGrad())
+	return err == nil && a.path == attnGEMM
 }
 
 // packInto marks o as written packed, rows of cols. On the simulator,

@@ -544,3 +544,65 @@ func halfOutputs(t *testing.T) {
 		}
 	}
 }
+
+// TestSimHalfAttentionOperands: with RPAC_CUDA_BF16_ACT the projections
+// whose results only GEMM-path attentions read, through Reshapes to
+// [B,T,H,Hd], as q, k and v, write them as bf16, which the attention's
+// packs copy instead of rounding: the same bits (bit for bit on the
+// simulator), and the packs read half the bytes. Normal and differential.
+func TestSimHalfAttentionOperands(t *testing.T) {
+	differentially(t, []string{"attn_pack_bf16"}, func() { halfAttentionOperands(t) })
+}
+
+func halfAttentionOperands(t *testing.T) {
+	d := parityDevice(t)
+	const B, T, H, Hd, K = atB, atT, atH, 88, 64
+	r := rand.New(rand.NewPCG(91, 92))
+	g := ir.New("half-attention")
+	x := g.Input("x", ir.Shape{B, T, K}, ir.F32)
+	st := kernels.NewStore(kernels.F32)
+	var qkv []*ir.Value
+	for _, name := range []string{"wq", "wk", "wv"} {
+		w, _ := st.Ensure(name, ir.Shape{H * Hd, K})
+		copy(w.F32, randF32(r, H*Hd*K, 0.2))
+		y := g.Op1("Linear", nil, x, g.Param(name, ir.Shape{H * Hd, K}))
+		qkv = append(qkv, g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, H, Hd}}, y))
+	}
+	attrs := ir.Attrs{"scale": 1 / math.Sqrt(Hd), "causal": true, "dropout": 0.1, "stream": 3}
+	ir.AttnBTHD.Set(attrs)
+	g.SetOutput("o", g.Apply("FusedAttention", attrs, qkv...)[0])
+	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{B, T, K})}
+	run := func(act string) ([]float32, float64) {
+		t.Setenv("RPAC_CUDA_BF16_ACT", act)
+		be := gpuBackend(t, GEMMBF16)
+		tr, err := be.StartTrace()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := be.Compile(g, passes.Plan(g), st) // the plan a step has: the Reshapes share their input's slot
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Run(feeds, 0); err != nil {
+			t.Fatal(err)
+		}
+		packBytes := 0.0
+		for _, e := range tr.Events() {
+			if e.Name == "attn_pack_bf16" {
+				packBytes += e.Bytes
+			}
+		}
+		be.Release(st)
+		return slices.Clone(p.Output("o").F32), packBytes
+	}
+	full, fullBytes := run("off")
+	half, halfBytes := run("on")
+	if want := fullBytes - 3*2*float64(B*T*H*Hd); halfBytes != want {
+		t.Errorf("the packs read %g bytes from bf16 projections, %g from fp32; want %g", halfBytes, fullBytes, want)
+	}
+	if d.Simulated() && !sameBits(half, full) {
+		t.Error("the attention's output differs with its operands written as bf16 by their GEMMs")
+	}
+	closeTo(t, "attention output", half, float64s(full), 1e-5)
+}

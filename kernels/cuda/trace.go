@@ -517,8 +517,11 @@ func attnGEMMCost(e *Event, a kargs) {
 		bias = w * T * T
 	}
 	switch e.Name {
-	case "attn_pack_bf16":
+	case "attn_pack_bf16": // fp32 (or half: bf16) read, bf16 written
 		e.Bytes = w*rows*Hd + 2*rows*a.i("Hp")
+		if a.i("half") != 0 {
+			e.Bytes = 2*rows*Hd + 2*rows*a.i("Hp")
+		}
 	case "attn_unpack_f32":
 		e.Bytes = 2 * w * rows * Hd
 		if a.ptr("tw") != 0 {

@@ -33,15 +33,23 @@ __device__ __forceinline__ i64 ag_row(int BH, int T) {
 
 // attn_pack_bf16: dst [BH,T,Hp] bf16 from src, an attention operand in
 // the layout attn_head reads (H = 0: [B,H,T,Hd]; else [B,T,H,Hd]), the
-// columns from Hd to Hp zero. A warp per row (the row kernels' grid): the
-// divisions once per row, lane l the columns l, l + 32, ...
-extern "C" __global__ void attn_pack_bf16(bf16_t* dst, const float* src, int BH, int T, int Hd, int H, int Hp) {
+// columns from Hd to Hp zero: src fp32, each element rounded as the
+// conversion kernels round it, or (half) bf16 that its GEMM rounded so,
+// copied as it is. A warp per row (the row kernels' grid): the divisions
+// once per row, lane l the columns l, l + 32, ...
+extern "C" __global__ void attn_pack_bf16(bf16_t* dst, const void* src, int BH, int T, int Hd, int H, int Hp, int half) {
     i64 row = ag_row(BH, T);
     if (row < 0) return;
     i64 bh = row / T;
     attn_view hv = attn_head(bh, T, Hd, H);
-    const float* s = src + hv.base + (row - bh * T) * hv.rs;
+    i64 at = hv.base + (row - bh * T) * hv.rs;
     bf16_t* d = dst + row * Hp;
+    if (half) {
+        const bf16_t* s = (const bf16_t*)src + at;
+        for (int c = threadIdx.x & 31; c < Hp; c += 32) d[c] = c < Hd ? s[c] : (bf16_t)0;
+        return;
+    }
+    const float* s = (const float*)src + at;
     for (int c = threadIdx.x & 31; c < Hp; c += 32) d[c] = c < Hd ? f32_to_bf16(s[c]) : (bf16_t)0;
 }
 
