@@ -123,10 +123,8 @@ func (p *program) foldSum(n *ir.Node, f foldable) (chainSum, bool, error) {
 // rows).
 func (p *program) keepsF32(n, r *ir.Node) bool {
 	o := n.Outputs[0]
-	for _, x := range p.g.Outputs {
-		if x == o {
-			return true
-		}
+	if p.isOutput(o) {
+		return true
 	}
 	_, ownTwin := p.twins[o.ID]
 	_, part := p.parts[o.ID]

@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"maps"
 	"slices"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -199,7 +198,12 @@ func (p *program) halfOutput(s GemmShape, o *dval) bool {
 
 // isOutput: v is a graph output.
 func (p *program) isOutput(v *ir.Value) bool {
-	return slices.Contains(slices.Collect(maps.Values(p.g.Outputs)), v)
+	for _, o := range p.g.Outputs {
+		if o == v {
+			return true
+		}
+	}
+	return false
 }
 
 // markHalf records that v's buffer holds bf16 elements.
@@ -232,7 +236,7 @@ func (p *program) packedByAttention(v *ir.Value) bool {
 			if x != v {
 				continue
 			}
-			if i < first || i > first+2 || len(in) < first+3 || !p.attentionTakesGEMM(m, in[first:first+3], m.Op == "FusedAttentionGrad") {
+			if i < first || i > first+2 || len(in) < first+3 || !p.attentionTakesGEMM(m, in[first:], m.Op == "FusedAttentionGrad") {
 				return false
 			}
 			reads++
@@ -241,10 +245,15 @@ func (p *program) packedByAttention(v *ir.Value) bool {
 	return reads > 0
 }
 
-// attentionTakesGEMM: attention node m, of q, k, v qkv, runs on the GEMM
-// path (newAttention's choice).
-func (p *program) attentionTakesGEMM(m *ir.Node, qkv []*ir.Value, grad bool) bool {
-	a, err := newAttention(m, p.vals[qkv[0].ID], p.vals[qkv[1].ID], p.vals[qkv[2].ID], nil, p.be.gemm, p.be.attention, grad || p.hasAttentionGrad())
+// attentionTakesGEMM: attention node m, of inputs q, k, v and (a fourth)
+// the mask, runs on the GEMM path (newAttention's choice, which the mask's
+// partial sums in the work buffer take part in).
+func (p *program) attentionTakesGEMM(m *ir.Node, in []*ir.Value, grad bool) bool {
+	var mask *dval
+	if len(in) > 3 {
+		mask = p.vals[in[3].ID]
+	}
+	a, err := newAttention(m, p.vals[in[0].ID], p.vals[in[1].ID], p.vals[in[2].ID], mask, p.be.gemm, p.be.attention, grad || p.hasAttentionGrad())
 	return err == nil && a.path == attnGEMM
 }
 

@@ -549,13 +549,15 @@ func halfOutputs(t *testing.T) {
 // whose results only GEMM-path attentions read, through Reshapes to
 // [B,T,H,Hd], as q, k and v, write them as bf16, which the attention's
 // packs copy instead of rounding: the same bits (bit for bit on the
-// simulator), and the packs read half the bytes. Normal and differential.
+// simulator), and the packs read half the bytes; on the flash path, which
+// reads them in fp32, they stay fp32. Normal and differential.
 func TestSimHalfAttentionOperands(t *testing.T) {
 	differentially(t, []string{"attn_pack_bf16"}, func() { halfAttentionOperands(t) })
 }
 
 func halfAttentionOperands(t *testing.T) {
 	d := parityDevice(t)
+	t.Setenv("RPAC_CUDA_ATTENTION", "") // the GEMM path (the flash case below sets it)
 	const B, T, H, Hd, K = atB, atT, atH, 88, 64
 	r := rand.New(rand.NewPCG(91, 92))
 	g := ir.New("half-attention")
@@ -605,4 +607,12 @@ func halfAttentionOperands(t *testing.T) {
 		t.Error("the attention's output differs with its operands written as bf16 by their GEMMs")
 	}
 	closeTo(t, "attention output", half, float64s(full), 1e-5)
+	// on flash.cu's kernels, which read q, k and v in fp32, the projections
+	// stay fp32: the same output with and without
+	t.Setenv("RPAC_CUDA_ATTENTION", "flash")
+	flash32, _ := run("off")
+	flash16, _ := run("on")
+	if !sameBits(flash16, flash32) {
+		t.Error("RPAC_CUDA_ATTENTION=flash: the output differs with RPAC_CUDA_BF16_ACT (a projection written as bf16 for kernels that read fp32)")
+	}
 }

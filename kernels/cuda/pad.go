@@ -57,10 +57,8 @@ func (p *program) padSkipped(n *ir.Node) bool {
 	if st, _ := p.paddedOf(o); st == nil || p.be.gemm != GEMMBF16 {
 		return false
 	}
-	for _, v := range p.g.Outputs {
-		if v == o {
-			return false
-		}
+	if p.isOutput(o) {
+		return false
 	}
 	reads := 0
 	for _, m := range p.g.Nodes {
@@ -92,37 +90,59 @@ func (p *program) bf16Weight(m *ir.Node) bool {
 	return false
 }
 
-func (p *program) buildPad(n *ir.Node, in, out []*dval) (func() error, error) {
-	x, o := in[0], out[0]
-	rows, cols, err := ir.PadSpans(x.v.Shape, n.Attrs)
-	if err != nil {
-		return nil, err
+// padKernel is a Pad's or PadGrad's launch arguments after the pointers:
+// the row and column spans and the width of its output's rows as pad_f32
+// and pad_grad_f32 take them (a Pad's are stored: x logical, y padded; a
+// PadGrad's logical: dy padded, dx logical), and the output's length.
+type padKernel struct {
+	rows, cols ir.PadSpan
+	width, n   int
+}
+
+func padKernelOf(n *ir.Node, x, o *dval) (padKernel, error) {
+	shape, grad := x.v.Shape, n.Op == "PadGrad"
+	if grad {
+		shape = o.v.Shape
 	}
+	rows, cols, err := ir.PadSpans(shape, n.Attrs)
+	if err != nil {
+		return padKernel{}, err
+	}
+	k := padKernel{rows: rows, cols: cols, width: cols.Stored(), n: o.n}
+	if grad {
+		k.width = cols.Logical()
+	}
+	return k, nil
+}
+
+// args are the kernel's arguments from rsize on.
+func (k padKernel) args() []any {
+	return []any{int32(k.rows.Size), int32(k.rows.Padded), int32(k.width), int32(k.cols.Size), int32(k.cols.Padded), int64(k.n)}
+}
+
+// buildPad and buildPadGrad: one pad_f32 or pad_grad_f32 launch, or a
+// share of a run's pad_multi_f32 (buildPadRun); a skipped Pad none.
+func (p *program) buildPad(n *ir.Node, in, out []*dval) (func() error, error) {
 	if p.padSkipped(n) {
 		return func() error { return nil }, nil
 	}
-	if run, err := p.buildPadRun(n); run != nil || err != nil {
-		return run, err
-	}
-	return func() error {
-		return p.each("pad_f32", o.n, o.buf.Ptr, x.buf.Ptr, int32(rows.Size), int32(rows.Padded),
-			int32(cols.Stored()), int32(cols.Size), int32(cols.Padded), int64(o.n))
-	}, nil
+	return p.buildPadKernel(n, "pad_f32", in[0], out[0])
 }
 
 func (p *program) buildPadGrad(n *ir.Node, in, out []*dval) (func() error, error) {
-	dy, o := in[0], out[0]
-	rows, cols, err := ir.PadSpans(o.v.Shape, n.Attrs)
+	return p.buildPadKernel(n, "pad_grad_f32", in[0], out[0])
+}
+
+func (p *program) buildPadKernel(n *ir.Node, kernel string, x, o *dval) (func() error, error) {
+	k, err := padKernelOf(n, x, o)
 	if err != nil {
 		return nil, err
 	}
 	if run, err := p.buildPadRun(n); run != nil || err != nil {
 		return run, err
 	}
-	return func() error {
-		return p.each("pad_grad_f32", o.n, o.buf.Ptr, dy.buf.Ptr, int32(rows.Size), int32(rows.Padded),
-			int32(cols.Logical()), int32(cols.Size), int32(cols.Padded), int64(o.n))
-	}, nil
+	tail := k.args()
+	return func() error { return p.each(kernel, o.n, append([]any{o.buf.Ptr, x.buf.Ptr}, tail...)...) }, nil
 }
 
 // Batched Pads. The aligned graphs' Pads come first in the step and their
@@ -202,42 +222,38 @@ func (p *program) buildPadRun(n *ir.Node) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
+	// the entries but their pointers, which the run reads when it runs
+	t := make([]uint64, 0, words*len(r.members))
+	blocks, elems, bytes := 0, 0, 0.0
+	for _, m := range r.members {
+		x, o := p.vals[m.Inputs[0].ID], p.vals[m.Outputs[0].ID]
+		k, err := padKernelOf(m, x, o)
+		if err != nil {
+			return nil, err
+		}
+		t = append(t, 0, 0, uint64(k.rows.Size), uint64(k.rows.Padded), uint64(k.width), uint64(k.cols.Size),
+			uint64(k.cols.Padded), uint64(k.n), uint64(blocks))
+		blocks += (k.n + padChunk - 1) / padChunk
+		elems += k.n
+		bytes += 4 * float64(k.n+min(k.n, x.n))
+	}
+	grad := int32(0)
+	if r.grad {
+		grad = 1
+	}
 	var host []uint64 // the table as last uploaded
 	return func() error {
-		t := make([]uint64, 0, words*len(r.members))
-		blocks, elems, bytes := 0, 0, 0.0
-		for _, m := range r.members {
-			x, o := p.vals[m.Inputs[0].ID], p.vals[m.Outputs[0].ID]
-			shape := x.v.Shape // Pad: x logical, o stored; PadGrad: dy stored, o logical
-			if r.grad {
-				shape = o.v.Shape
-			}
-			rows, cols, err := ir.PadSpans(shape, m.Attrs)
-			if err != nil {
-				return err
-			}
-			width := cols.Stored()
-			if r.grad {
-				width = cols.Logical()
-			}
-			t = append(t, o.buf.Ptr, x.buf.Ptr, uint64(rows.Size), uint64(rows.Padded), uint64(width), uint64(cols.Size),
-				uint64(cols.Padded), uint64(o.n), uint64(blocks))
-			blocks += (o.n + padChunk - 1) / padChunk
-			elems += o.n
-			bytes += 4 * float64(o.n+min(o.n, x.n))
+		for i, m := range r.members {
+			t[words*i], t[words*i+1] = p.vals[m.Outputs[0].ID].buf.Ptr, p.vals[m.Inputs[0].ID].buf.Ptr
 		}
 		if !slices.Equal(t, host) {
 			if err := p.be.dev.upload(table, unsafe.Pointer(&t[0]), uint64(8*len(t))); err != nil {
 				return err
 			}
-			host = t
+			host = slices.Clone(t)
 		}
 		if h, ok := p.be.dev.(costHinter); ok {
 			h.hintBytes(bytes)
-		}
-		grad := int32(0)
-		if r.grad {
-			grad = 1
 		}
 		return p.be.dev.launch("pad_multi_f32", [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, 0,
 			table.Ptr, int32(len(r.members)), int32(padChunk), grad, int64(elems))
