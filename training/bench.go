@@ -9,6 +9,7 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -155,7 +156,7 @@ func (b *Bench) Time(steps int, startProfile func() (stop func(), err error)) (f
 // budget of 90% of hw's unless o sets one; dryRun reports that choice.
 func PredictOptions(o Options, hw cuda.Hardware) (_ Options, dryRun bool, err error) {
 	switch {
-	case o.Device == DeviceCUDA && cuda.Available() != nil:
+	case o.Device == DeviceCUDA && driver.Available() != nil:
 		gemm := cuda.GEMMBF16
 		if o.Precision == ir.FP32 {
 			gemm = cuda.GEMMF32

@@ -7,6 +7,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 	"github.com/rpac-dev/rpac/kernels/cuda/cudasim"
 )
 
@@ -58,7 +59,7 @@ func ParseDevice(s string) (Device, error) {
 func resolveDevice(d Device, p ir.Precision) (Device, ir.Precision, error) {
 	if d == DeviceAuto {
 		d = DeviceCPU
-		if cuda.Available() == nil {
+		if driver.Available() == nil {
 			d = DeviceCUDA
 		}
 	}
@@ -85,7 +86,7 @@ func CheckDevice(d Device, p ir.Precision) error {
 		return err
 	}
 	if d == DeviceCUDA {
-		if err := cuda.Available(); err != nil {
+		if err := driver.Available(); err != nil {
 			return fmt.Errorf("--device cuda: %w. Use --device cpu (or auto, or cuda-sim to run the CUDA code on the CPU)", err)
 		}
 	}
@@ -93,7 +94,7 @@ func CheckDevice(d Device, p ir.Precision) error {
 		if _, err := cudasim.Enable(); err != nil {
 			return fmt.Errorf("--device cuda-sim: %w", err)
 		}
-		drv, err := cuda.LoadDriver()
+		drv, err := driver.LoadDriver()
 		if err != nil {
 			return fmt.Errorf("--device cuda-sim: %w", err)
 		}

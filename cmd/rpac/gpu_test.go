@@ -8,12 +8,13 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // TestGPUReport: `rpac gpu` reports every kernel source compiled by NVRTC
 // and says why a GPU is unusable when there is none.
 func TestGPUReport(t *testing.T) {
-	if _, err := cuda.LoadNVRTC(); err != nil {
+	if _, err := driver.LoadNVRTC(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true and NVRTC is unavailable: %v", err)
 		}
@@ -23,7 +24,7 @@ func TestGPUReport(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, got)
 	}
-	var rep cuda.Report
+	var rep driver.Report
 	if err := json.Unmarshal([]byte(got), &rep); err != nil {
 		t.Fatalf("%v:\n%s", err, got)
 	}
@@ -50,7 +51,7 @@ func TestDeviceFlag(t *testing.T) {
 		t.Fatalf("auto: exit %d:\n%s", code, got)
 	}
 	cases := map[string]string{"tpu": "want cpu, cuda, cuda-sim or auto", "cpu --precision bf16": "needs --device cuda"}
-	if cuda.Available() != nil {
+	if driver.Available() != nil {
 		cases["cuda"] = "--device cuda: the CUDA"
 	}
 	for dev, want := range cases {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // attentionRef is causal attention with an additive bias in float64:
@@ -160,7 +162,7 @@ func TestGPUAttentionTensorCores(t *testing.T) {
 
 // checkFlashKernels runs flash.cu's kernels on random inputs with a bias
 // and no dropout and compares every output with attentionRef.
-func checkFlashKernels(t *testing.T, c *Context, BH, T, Hd, G int) {
+func checkFlashKernels(t *testing.T, c *driver.Context, BH, T, Hd, G int) {
 	r := rand.New(rand.NewPCG(13, uint64(Hd)))
 	n := BH * T * Hd
 	scale := 1 / math.Sqrt(float64(Hd))

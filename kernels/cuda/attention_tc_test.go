@@ -8,6 +8,7 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // tcAttentionCases: FusedAttention and its gradient on shapes that stress
@@ -152,7 +153,7 @@ func fusedAttentionBF16(t *testing.T, be *Backend, choice attnChoice) {
 			t.Error("a head of 8 ran on the tensor cores")
 		}
 	}
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil || !d.Simulated() {
 		return
 	}
@@ -259,7 +260,7 @@ func TestGPUAttentionBandMask(t *testing.T) {
 	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
 		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
 	}
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil || !d.Simulated() || t.Failed() {
 		return
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // GEMMPrecision is the element type of the GEMM inputs. Everything else
@@ -245,7 +246,7 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err := checkEnv(); err != nil {
 		return nil, err
 	}
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil {
 		return nil, err
 	}
@@ -255,14 +256,18 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := LoadNVRTC()
+	n, err := driver.LoadNVRTC()
 	if err != nil {
 		return nil, err
 	}
-	if err := c.LoadKernels(n); err != nil {
+	srcs, err := KernelSources()
+	if err != nil {
 		return nil, err
 	}
-	b, err := LoadBLAS()
+	if err := c.LoadKernels(n, srcs); err != nil {
+		return nil, err
+	}
+	b, err := driver.LoadBLAS()
 	if err != nil {
 		return nil, err
 	}
@@ -436,7 +441,7 @@ func (b *Backend) Simulated() bool {
 		dev = td.device
 	}
 	g, ok := dev.(*gpu)
-	return ok && g.ctx.d.Simulated()
+	return ok && g.ctx.Simulated()
 }
 
 // Release frees the device copies of st's tensors (after the programs that

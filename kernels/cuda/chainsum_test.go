@@ -221,7 +221,7 @@ func TestChainSumCompiles(t *testing.T) {
 			t.Fatalf("%s: %v\n%s", arch, err, src[strings.Index(src, "#line 1 \"fused_gen.cu\""):])
 		}
 	}
-	_, log, err := n.cubin("fused_gen.cu", src, "sm_90", []string{"--ptxas-options=-v"})
+	_, log, err := n.CompileCUBINLog("fused_gen.cu", src, "sm_90", []string{"--ptxas-options=-v"})
 	if err != nil {
 		t.Fatal(err)
 	}

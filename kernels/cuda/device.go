@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"runtime"
 	"unsafe"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // device is what the backend needs of a GPU. gpu is the real one; the
@@ -46,14 +48,17 @@ type gemmPlan interface {
 	workspace() uint64
 }
 
-func (p *GemmPlan) key() GemmKey      { return p.Key }
-func (p *GemmPlan) workspace() uint64 { return p.Workspace() }
+// gpuPlan is a cuBLASLt plan as a gemmPlan.
+type gpuPlan struct{ *driver.GemmPlan }
+
+func (p gpuPlan) key() GemmKey      { return p.Key }
+func (p gpuPlan) workspace() uint64 { return p.Workspace() }
 
 // gpu is a device behind the driver API and cuBLASLt.
 type gpu struct {
-	ctx  *Context
-	blas *BLAS
-	nv   *NVRTC // compiles generated sources (loadModule)
+	ctx  *driver.Context
+	blas *driver.BLAS
+	nv   *driver.NVRTC // compiles generated sources (loadModule)
 	// syncEach (RPAC_CUDA_SYNC=1): synchronize after every launch and GEMM
 	// and name the kernel that failed.
 	syncEach bool
@@ -62,13 +67,13 @@ type gpu struct {
 	choices *gemmChooser
 }
 
-func (g *gpu) separateSlots() bool { return g.ctx.d.Simulated() }
+func (g *gpu) separateSlots() bool { return g.ctx.Simulated() }
 
 func (g *gpu) Info() DeviceInfo { return g.ctx.Dev }
 
 func (g *gpu) bind() (func(), error) {
 	runtime.LockOSThread()
-	if err := g.ctx.d.check(g.ctx.d.ctxSetCurrent(g.ctx.ctx), "cuCtxSetCurrent"); err != nil {
+	if err := g.ctx.MakeCurrent(); err != nil {
 		runtime.UnlockOSThread()
 		return nil, err
 	}
@@ -84,7 +89,7 @@ func (g *gpu) download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
 	return g.ctx.Download(dst, b, bytes)
 }
 func (g *gpu) zero(b Buffer, bytes uint64) error {
-	return g.ctx.d.check(g.ctx.d.memsetD8(b.Ptr, 0, bytes), "cuMemsetD8")
+	return g.ctx.Zero(Buffer{Ptr: b.Ptr, Bytes: bytes})
 }
 func (g *gpu) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	if err := g.ctx.Launch(name, grid, block, shared, args...); err != nil {
@@ -101,7 +106,7 @@ func (g *gpu) loadModule(name, src string, kernels []string) error {
 	if g.ctx.Loaded(kernels) {
 		return nil
 	}
-	_, err := g.ctx.loadSource(g.nv, name, src, kernels)
+	_, err := g.ctx.LoadSource(g.nv, name, src, kernels)
 	return err
 }
 func (g *gpu) hasAlgo(k GemmKey) bool {
@@ -123,11 +128,15 @@ func (g *gpu) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) {
 			return nil, err
 		}
 	}
-	return g.blas.NewPlan(k, maxWorkspace, rank)
+	pl, err := g.blas.NewPlan(k, maxWorkspace, rank)
+	if err != nil {
+		return nil, err
+	}
+	return gpuPlan{pl}, nil
 }
-func (g *gpu) freeGemmPlan(pl gemmPlan) { g.blas.DestroyPlan(pl.(*GemmPlan)) }
+func (g *gpu) freeGemmPlan(pl gemmPlan) { g.blas.DestroyPlan(pl.(gpuPlan).GemmPlan) }
 func (g *gpu) gemm(pl gemmPlan, c GemmCall) error {
-	if err := g.blas.Matmul(pl.(*GemmPlan), c); err != nil {
+	if err := g.blas.Matmul(pl.(gpuPlan).GemmPlan, c); err != nil {
 		return err
 	}
 	if g.syncEach {

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"unsafe"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // fakeDevice is the dry-run device: it allocates address ranges, and checks
@@ -237,14 +239,14 @@ func (f *fakeDevice) gemmPlan(k GemmKey, maxWorkspace uint64) (gemmPlan, error) 
 	if s.M <= 0 || s.N <= 0 || s.K <= 0 || s.Batch <= 0 {
 		return nil, fmt.Errorf("gemm %+v: empty shape", s)
 	}
-	if _, ca := s.storedA(); s.lda() < ca {
-		return nil, fmt.Errorf("gemm %+v: lda %d < %d", s, s.lda(), ca)
+	if _, ca := s.StoredA(); s.LeadingA() < ca {
+		return nil, fmt.Errorf("gemm %+v: lda %d < %d", s, s.LeadingA(), ca)
 	}
-	if _, cb := s.storedB(); s.ldb() < cb {
-		return nil, fmt.Errorf("gemm %+v: ldb %d < %d", s, s.ldb(), cb)
+	if _, cb := s.StoredB(); s.LeadingB() < cb {
+		return nil, fmt.Errorf("gemm %+v: ldb %d < %d", s, s.LeadingB(), cb)
 	}
-	if s.ldc() < s.N {
-		return nil, fmt.Errorf("gemm %+v: ldc %d < %d", s, s.ldc(), s.N)
+	if s.LeadingC() < s.N {
+		return nil, fmt.Errorf("gemm %+v: ldc %d < %d", s, s.LeadingC(), s.N)
 	}
 	f.plans++
 	return &fakePlan{k: k, ws: min(maxWorkspace, 1<<20)}, nil
@@ -260,12 +262,12 @@ func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
 	if k.AB == BF16 {
 		size = 2
 	}
-	if got := gemmKey(s, k.AB, call); got != k {
+	if got := driver.NewGemmKey(s, k.AB, call); got != k {
 		return fmt.Errorf("gemm %+v: operands aligned to %v bytes (bias %d), the plan was made for %v (bias %d)",
 			s, got.Align, got.BiasAlign, k.Align, k.BiasAlign)
 	}
 	na, nb := gemmElems(s)
-	nc := (s.M-1)*s.ldc() + s.N
+	nc := (s.M-1)*s.LeadingC() + s.N
 	if s.Batch > 1 {
 		nc += int(s.StrideC) * (s.Batch - 1)
 	}
@@ -273,7 +275,7 @@ func (f *fakeDevice) gemm(pl gemmPlan, call GemmCall) error {
 		what string
 		b    Buffer
 		n    uint64
-	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * uint64(k.C.size())}, {"workspace", ws, pl.workspace()},
+	}{{"A", A, uint64(na) * size}, {"B", B, uint64(nb) * size}, {"C", C, uint64(nc) * uint64(k.C.Size())}, {"workspace", ws, pl.workspace()},
 		{"bias", call.Bias, uint64(4 * s.N)}} {
 		if (c.n == 0 && c.what == "workspace") || (c.what == "bias" && k.BiasAlign == 0) {
 			continue

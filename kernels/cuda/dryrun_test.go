@@ -9,6 +9,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 	"github.com/rpac-dev/rpac/passes"
 )
 
@@ -55,7 +56,7 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 	}
 	gemm := func(s GemmShape, A, B, C Buffer) error {
 		c := GemmCall{Alpha: 1, A: A, B: B, C: C}
-		pl, err := f.gemmPlan(gemmKey(s, F32, c), 0)
+		pl, err := f.gemmPlan(driver.NewGemmKey(s, F32, c), 0)
 		if err != nil {
 			return err
 		}
@@ -73,7 +74,7 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 	if _, err := f.gemmPlan(GemmKey{Shape: GemmShape{M: 10, N: 4, K: 8, Batch: 1, LDA: 4}, AB: F32}, 0); err == nil {
 		t.Error("a GEMM plan with lda below the row length was accepted")
 	}
-	pl, err := f.gemmPlan(gemmKey(GemmShape{M: 2, N: 2, K: 2, Batch: 1}, F32, GemmCall{A: b, B: b, C: b}), 0)
+	pl, err := f.gemmPlan(driver.NewGemmKey(GemmShape{M: 2, N: 2, K: 2, Batch: 1}, F32, GemmCall{A: b, B: b, C: b}), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

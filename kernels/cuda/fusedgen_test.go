@@ -147,7 +147,7 @@ func TestSimFusedGenMatchesInterpreter(t *testing.T) {
 			})
 			outs = append(outs, o)
 		}
-		if gen := be.dev.(*gpu).ctx.loadedWithPrefix(fusedGenPrefix); (interp == "") != (gen > 0) {
+		if gen := be.dev.(*gpu).ctx.LoadedWithPrefix(fusedGenPrefix); (interp == "") != (gen > 0) {
 			t.Fatalf("RPAC_CUDA_FUSED=%q: %d generated kernels loaded", interp, gen)
 		}
 		return outs

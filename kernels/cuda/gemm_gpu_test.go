@@ -3,13 +3,15 @@ package cuda
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // TestGPUGemm: cuBLASLt GEMM in fp32 for every transpose combination and
 // odd sizes, against float64 row-major products (C = 0.5·op(A)op(B) + 2·C).
 func TestGPUGemm(t *testing.T) {
 	c := gpuContext(t)
-	b, err := LoadBLAS()
+	b, err := driver.LoadBLAS()
 	if err != nil {
 		t.Fatalf("a GPU is present but cuBLASLt is not: %v", err)
 	}

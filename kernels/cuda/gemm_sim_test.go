@@ -9,6 +9,7 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -241,7 +242,7 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 	differentially(t, []string{"adamw_multi_f64_f32", "f32_to_bf16_pad_kernel"}, func() { bf16WeightRefreshed(t, d) })
 }
 
-func bf16WeightRefreshed(t *testing.T, d *Driver) {
+func bf16WeightRefreshed(t *testing.T, d *driver.Driver) {
 	be := gpuBackend(t, GEMMBF16)
 	const R, N, K = 37, 85, 510
 	g, st, w, feeds := linearFixture(R, N, K, 45)
@@ -338,73 +339,6 @@ func bf16WeightRefreshed(t *testing.T, d *Driver) {
 			if got[r*ld+j] != want {
 				t.Fatalf("copy[%d, %d] = %#04x, want %#04x", r, j, got[r*ld+j], want)
 			}
-		}
-	}
-}
-
-// TestSimCuBLASLtAlgoChecks: the simulator holds cublasLtMatmul to the
-// algorithm the heuristic chose: its workspace, the pointer alignment the
-// preference promised (and the bias pointer had), and the descriptor and
-// layouts it was chosen for.
-func TestSimCuBLASLtAlgoChecks(t *testing.T) {
-	simOnly(t)
-	c := gpuContext(t)
-	b, err := LoadBLAS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rand.New(rand.NewPCG(47, 48))
-	const M, N, K = 16, 24, 40
-	dA, dB, dC := devF32(t, c, randF32(r, M*K+64, 1)), devF32(t, c, randF32(r, K*N, 1)), devF32(t, c, make([]float32, M*N))
-	ws := devF32(t, c, make([]float32, gemmWorkspace/4/256))
-	s := GemmShape{M: M, N: N, K: K, Batch: 1}
-	pl, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.DestroyPlan(pl)
-	if pl.Workspace() == 0 {
-		t.Fatal("the simulated algorithm asks for no workspace, so none of its checks run")
-	}
-	other, err := b.NewPlan(GemmKey{Shape: GemmShape{M: M, N: N, K: K, Batch: 1, LDA: K + 8}, AB: F32, Align: [3]uint16{256, 256, 256}}, ws.Bytes, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.DestroyPlan(other)
-	alpha, beta := float32(1), float32(0)
-	run := func(p *GemmPlan, algo *GemmPlan, A uint64, w Buffer) int32 {
-		return b.matmul(b.lt, p.desc, unsafe.Pointer(&alpha), dB.Ptr, p.la, A, p.lb, unsafe.Pointer(&beta), dC.Ptr, p.lc, dC.Ptr,
-			p.lc, unsafe.Pointer(&algo.res.algo), w.Ptr, w.Bytes, 0)
-	}
-	if st := run(pl, pl, dA.Ptr, ws); st != 0 {
-		t.Fatalf("the plan as chosen: status %d", st)
-	}
-	biased, err := b.NewPlan(GemmKey{Shape: s, AB: F32, Align: [3]uint16{256, 256, 256}, BiasAlign: 256}, ws.Bytes, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.DestroyPlan(biased)
-	for _, off := range []uint64{0, 4} {
-		bias := dB.Ptr + off
-		if r := b.descSet(biased.desc, descBiasPointer, unsafe.Pointer(&bias), 8); r != 0 {
-			t.Fatalf("BIAS_POINTER: status %d", r)
-		}
-		if st := run(biased, biased, dA.Ptr, ws); (st == 0) != (off == 0) {
-			t.Errorf("bias %d bytes off a 256-byte alignment: status %d", off, st)
-		}
-	}
-	for _, bad := range []struct {
-		what string
-		p, a *GemmPlan
-		A    uint64
-		w    Buffer
-	}{
-		{"A 4 bytes off its 256-byte alignment", pl, pl, dA.Ptr + 4, ws},
-		{"no workspace", pl, pl, dA.Ptr, Buffer{}},
-		{"the algorithm of another layout", other, pl, dA.Ptr, ws},
-	} {
-		if st := run(bad.p, bad.a, bad.A, bad.w); st == 0 {
-			t.Errorf("%s: accepted", bad.what)
 		}
 	}
 }

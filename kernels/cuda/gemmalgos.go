@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unsafe"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // AlgoTime is one cuBLASLt algorithm's time on a GEMM (TimeGemmAlgos).
@@ -90,7 +92,7 @@ func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]Algo
 	if call.B, err = randomOperand(g, aligned(k.Align[1]), int(nb), k.AB); err != nil {
 		return nil, err
 	}
-	if call.C, err = aligned(k.Align[2])(uint64(k.C.size() * nc)); err != nil {
+	if call.C, err = aligned(k.Align[2])(uint64(k.C.Size() * nc)); err != nil {
 		return nil, err
 	}
 	alloc := aligned(256)
@@ -105,7 +107,7 @@ func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]Algo
 	if call.WS, err = alloc(max(1, maxWorkspace)); err != nil {
 		return nil, err
 	}
-	plans, err := g.blas.candidatePlans(k, maxWorkspace, algos)
+	plans, err := g.blas.CandidatePlans(k, maxWorkspace, algos)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +119,7 @@ func (g *gpu) timeAlgos(k GemmKey, maxWorkspace uint64, algos, reps int) ([]Algo
 	var ref []float32
 	out := make([]AlgoTime, 0, len(plans))
 	for rank, p := range plans {
-		at := AlgoTime{Rank: rank, Workspace: p.res.workspace, Waves: p.res.waves}
+		at := AlgoTime{Rank: rank, Workspace: p.Workspace(), Waves: p.Waves()}
 		if at.Seconds, err = timeGemm(g, p, call, reps); err != nil {
 			return out, fmt.Errorf("algorithm %d: %w", rank, err)
 		}
@@ -177,8 +179,8 @@ func randomOperand(g *gpu, alloc func(uint64) (Buffer, error), elems int, ab DTy
 
 // timeGemm is the median wall time of reps calls of p, each between two
 // synchronizations, after one untimed call.
-func timeGemm(g *gpu, p *GemmPlan, call GemmCall, reps int) (float64, error) {
-	if err := g.gemm(p, call); err != nil {
+func timeGemm(g *gpu, p *driver.GemmPlan, call GemmCall, reps int) (float64, error) {
+	if err := g.gemm(gpuPlan{p}, call); err != nil {
 		return 0, err
 	}
 	ts := make([]float64, reps)
@@ -187,7 +189,7 @@ func timeGemm(g *gpu, p *GemmPlan, call GemmCall, reps int) (float64, error) {
 			return 0, err
 		}
 		t0 := time.Now()
-		if err := g.gemm(p, call); err != nil {
+		if err := g.gemm(gpuPlan{p}, call); err != nil {
 			return 0, err
 		}
 		if err := g.sync(); err != nil {
@@ -251,8 +253,8 @@ func ParseGemmShape(spec string, ab DType) (GemmShape, error) {
 	}
 	s.Batch = 1
 	if ab == BF16 {
-		_, ca := s.storedA()
-		_, cb := s.storedB()
+		_, ca := s.StoredA()
+		_, cb := s.StoredB()
 		s.LDA, s.LDB = bf16LD(ca), bf16LD(cb)
 	}
 	return s, nil

@@ -16,15 +16,15 @@ func TestParseGemmShape(t *testing.T) {
 		t.Errorf("got %+v", s)
 	}
 	// A is M×K (1,020 → 1,024 bf16 per row), B stored N×K (1,024)
-	if s.LDA != 1024 || s.LDB != 1024 || s.ldc() != 510 {
-		t.Errorf("leading dimensions %d %d %d, want 1024 1024 510", s.LDA, s.LDB, s.ldc())
+	if s.LDA != 1024 || s.LDB != 1024 || s.LeadingC() != 510 {
+		t.Errorf("leading dimensions %d %d %d, want 1024 1024 510", s.LDA, s.LDB, s.LeadingC())
 	}
 	s, err = ParseGemmShape("3x5x7:TN", F32)
-	if err != nil || !s.TransA || s.TransB || s.lda() != 3 || s.ldb() != 5 {
+	if err != nil || !s.TransA || s.TransB || s.LeadingA() != 3 || s.LeadingB() != 5 {
 		t.Errorf("3x5x7:TN fp32: %+v, %v", s, err)
 	}
 	s, err = ParseGemmShape("1024x50257x510:NT:50264", BF16)
-	if err != nil || s.ldc() != 50264 || s.LDB != 512 {
+	if err != nil || s.LeadingC() != 50264 || s.LDB != 512 {
 		t.Errorf("with LDC: %+v, %v", s, err)
 	}
 	for _, bad := range []string{"3x5", "3x5x0", "-1x5x7", "3x5x7:XY", "3x5x7x9", "3x5x7 ", "axbxc", "3x5x7:NN:4", "3x5x7:NN:8:1", "3x5x7:NN:x"} {

@@ -169,20 +169,6 @@ func (c *gemmChooser) save() error {
 	return os.Rename(tmp.Name(), c.path)
 }
 
-// String names a GEMM key in full, as choices files do: the layout and
-// problem, the leading dimensions, the batch and its strides, the
-// pointers' alignments and the bias epilogue's.
-func (k GemmKey) String() string {
-	s := k.Shape
-	c := ""
-	if k.C == BF16 {
-		c = " c bf16"
-	}
-	return fmt.Sprintf("%s %dx%dx%d ld %d/%d/%d batch %d stride %d/%d/%d align %d/%d/%d bias %d%s",
-		gemmName(s, k.AB), s.M, s.N, s.K, s.lda(), s.ldb(), s.ldc(), max(1, s.Batch), s.StrideA, s.StrideB, s.StrideC,
-		k.Align[0], k.Align[1], k.Align[2], k.BiasAlign, c)
-}
-
 // gemmKeyBytes is the bytes of k's operands A, B and C (all matrices of the
 // batch).
 func gemmKeyBytes(k GemmKey) int64 {
@@ -191,14 +177,14 @@ func gemmKeyBytes(k GemmKey) int64 {
 	if k.AB == BF16 {
 		size = 2
 	}
-	return size*(a+b) + k.C.size()*c
+	return size*(a+b) + k.C.Size()*c
 }
 
 // gemmKeyElems is the elements A, B and C span: the last matrix of the
 // batch starts (Batch−1)·stride after the first.
 func gemmKeyElems(s GemmShape) (a, b, c int64) {
-	ra, _ := s.storedA()
-	rb, _ := s.storedB()
+	ra, _ := s.StoredA()
+	rb, _ := s.StoredB()
 	last := int64(max(1, s.Batch) - 1)
-	return last*s.StrideA + int64(ra*s.lda()), last*s.StrideB + int64(rb*s.ldb()), last*s.StrideC + int64(s.M*s.ldc())
+	return last*s.StrideA + int64(ra*s.LeadingA()), last*s.StrideB + int64(rb*s.LeadingB()), last*s.StrideC + int64(s.M*s.LeadingC())
 }

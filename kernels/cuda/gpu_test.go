@@ -8,12 +8,14 @@ import (
 	"slices"
 	"testing"
 	"unsafe"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // gpuContext returns a context with every kernel source loaded, or skips the test
 // when no GPU is visible (RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh sets
 // it, makes that a failure).
-func gpuContext(t *testing.T) *Context {
+func gpuContext(t *testing.T) *driver.Context {
 	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
@@ -23,7 +25,7 @@ func gpuContext(t *testing.T) *Context {
 		}
 		t.Skipf("no GPU: %v", err)
 	}
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil {
 		fail(err)
 	}
@@ -31,11 +33,11 @@ func gpuContext(t *testing.T) *Context {
 	if err != nil {
 		fail(err)
 	}
-	n, err := LoadNVRTC()
+	n, err := driver.LoadNVRTC()
 	if err != nil {
 		t.Fatalf("a GPU is present but NVRTC is not: %v", err)
 	}
-	if err := c.LoadKernels(n); err != nil {
+	if err := loadKernels(c, n); err != nil {
 		t.Fatal(err)
 	}
 	major, minor := n.Version()
@@ -45,7 +47,7 @@ func gpuContext(t *testing.T) *Context {
 }
 
 // devF32 uploads x and returns its buffer (freed at cleanup).
-func devF32(t *testing.T, c *Context, x []float32) Buffer {
+func devF32(t *testing.T, c *driver.Context, x []float32) Buffer {
 	t.Helper()
 	b, err := c.Alloc(uint64(4 * max(1, len(x))))
 	if err != nil {
@@ -60,7 +62,7 @@ func devF32(t *testing.T, c *Context, x []float32) Buffer {
 	return b
 }
 
-func hostF32(t *testing.T, c *Context, b Buffer, n int) []float32 {
+func hostF32(t *testing.T, c *driver.Context, b Buffer, n int) []float32 {
 	t.Helper()
 	if err := c.Sync(); err != nil {
 		t.Fatal(err)
@@ -298,7 +300,7 @@ func layerNormKernels(t *testing.T, D, W int) {
 	}
 	fused := hostF32(t, c, fdx, rows*D)
 	closeTo(t, "layernorm_bwd_f32 dx", fused, wdx, 1e-4)
-	if d, err := LoadDriver(); err == nil && d.Simulated() && !sameBits(fused, gotDx) {
+	if d, err := driver.LoadDriver(); err == nil && d.Simulated() && !sameBits(fused, gotDx) {
 		t.Error("layernorm_bwd_f32: dx differs from layernorm_bwd_dx_f32's") // the same code (a GPU's compiler may contract it otherwise)
 	}
 	closeTo(t, "layernorm_bwd_f32 dg", hostF32(t, c, ddg, W), wdg, 1e-4)
@@ -335,7 +337,7 @@ func TestGPUSoftmaxCE(t *testing.T) {
 // checkSoftmaxCE runs kernel over rows of the paper's vocabulary (the fp32
 // gradient in place, then the bf16 one), checks them and returns what it
 // wrote: the fp32 gradient, the bf16 one, the losses and the argmax.
-func checkSoftmaxCE(t *testing.T, c *Context, kernel string) [][]float32 {
+func checkSoftmaxCE(t *testing.T, c *driver.Context, kernel string) [][]float32 {
 	t.Helper()
 	r := rand.New(rand.NewPCG(7, 8))
 	const rows, V, ld = 9, 50257, 50264
@@ -517,4 +519,13 @@ func TestGPUGather(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeTo(t, "gather backward", hostF32(t, c, ddW, V*D), wdW, 1e-5)
+}
+
+// loadKernels loads every embedded kernel source into c.
+func loadKernels(c *driver.Context, n *driver.NVRTC) error {
+	srcs, err := KernelSources()
+	if err != nil {
+		return err
+	}
+	return c.LoadKernels(n, srcs)
 }

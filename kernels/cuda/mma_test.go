@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // mmaSource is a test-only kernel source: C = alpha·(A·B + 0.5) through
@@ -137,7 +139,7 @@ func TestSimMMAGEMM(t *testing.T) {
 	d := parityDevice(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	n, err := LoadNVRTC()
+	n, err := driver.LoadNVRTC()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 var errUnsupported = errors.New("no cuda kernel")
@@ -641,12 +642,12 @@ func (p *program) gemmRun(s GemmShape, grow func(*GemmShape), a, b operand, call
 	if grow != nil {
 		grow(&ps)
 	}
-	ra, ca := s.storedA()
+	ra, ca := s.StoredA()
 	bufA, err := p.bf16Input(0, a, batchRows(s.Batch, s.StrideA, ra), ca)
 	if err != nil {
 		return err
 	}
-	rb, cb := s.storedB()
+	rb, cb := s.StoredB()
 	bufB, err := p.bf16Input(1, b, batchRows(s.Batch, s.StrideB, rb), cb)
 	if err != nil {
 		return err
@@ -664,8 +665,8 @@ func (p *program) bf16GEMM(s GemmShape) bool {
 // dimensions rounded up to 8 elements, batch strides of whole padded
 // matrices.
 func paddedShape(s GemmShape) (GemmShape, error) {
-	ra, ca := s.storedA()
-	rb, cb := s.storedB()
+	ra, ca := s.StoredA()
+	rb, cb := s.StoredB()
 	if s.LDA != 0 || s.LDB != 0 || !denseStride(s.Batch, s.StrideA, ra*ca) || !denseStride(s.Batch, s.StrideB, rb*cb) {
 		return s, fmt.Errorf("gemm %+v: bf16 inputs must be dense row-major batches", s)
 	}
@@ -794,7 +795,7 @@ func (p *program) storedBF16(d *dval, rows, cols int) (Buffer, error) {
 
 // matmul runs one GEMM through its cached plan.
 func (p *program) matmul(s GemmShape, ab DType, c GemmCall) error {
-	pl, err := p.plan(gemmKey(s, ab, c))
+	pl, err := p.plan(driver.NewGemmKey(s, ab, c))
 	if err != nil {
 		return err
 	}
@@ -849,9 +850,9 @@ func gemmElems(s GemmShape) (int, int) {
 		}
 		return int(stride)*(s.Batch-1) + one
 	}
-	ra, ca := s.storedA()
-	rb, cb := s.storedB()
-	return span(s.StrideA, ra, ca, s.lda()), span(s.StrideB, rb, cb, s.ldb())
+	ra, ca := s.StoredA()
+	rb, cb := s.StoredB()
+	return span(s.StrideA, ra, ca, s.LeadingA()), span(s.StrideB, rb, cb, s.LeadingB())
 }
 
 // needGEMM records the staging space a GEMM's activation operands need
@@ -860,8 +861,8 @@ func (p *program) needGEMM(s GemmShape, a, b operand) {
 	if !p.bf16GEMM(s) {
 		return
 	}
-	ra, ca := s.storedA()
-	rb, cb := s.storedB()
+	ra, ca := s.StoredA()
+	rb, cb := s.StoredB()
 	if a.stored == nil && a.bf16.Ptr == 0 {
 		p.bf16Need[0] = max(p.bf16Need[0], batchRows(s.Batch, s.StrideA, ra)*bf16LD(ca))
 	}

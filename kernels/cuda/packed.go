@@ -71,9 +71,9 @@ func (p *program) bf16Operand(m *ir.Node, i int, v *ir.Value, dyOnly bool) bool 
 		return false
 	}
 	s, _ := gemmShapeOf(m.Op, m.Inputs)
-	r, c := s.storedA()
+	r, c := s.StoredA()
 	if i == 1 {
-		r, c = s.storedB()
+		r, c = s.StoredB()
 	}
 	return p.bf16GEMM(s) && c == lastDim(v.Shape) && r*c == v.Shape.Numel()
 }

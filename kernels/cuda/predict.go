@@ -333,7 +333,7 @@ func gemmLibSplit(tiles float64, K, sms int) int {
 // gemmAlignedAB: the leading dimensions and batch strides of the bf16
 // operands A and B are multiples of 8 elements (16 bytes).
 func gemmAlignedAB(s GemmShape) bool {
-	ok := s.lda()%8 == 0 && s.ldb()%8 == 0
+	ok := s.LeadingA()%8 == 0 && s.LeadingB()%8 == 0
 	if s.Batch > 1 {
 		ok = ok && s.StrideA%8 == 0 && s.StrideB%8 == 0
 	}
@@ -451,7 +451,7 @@ func addShape(byShape map[string]*KernelTime, e Event, t float64, bound string) 
 // gemmShapeName names a GEMM by precision, transposes and shape
 // ("gemm bf16 NT 24576x1536x510", batched: "... x8").
 func gemmShapeName(s GemmShape, dt DType) string {
-	name := fmt.Sprintf("%s %dx%dx%d", gemmName(s, dt), s.M, s.N, s.K)
+	name := fmt.Sprintf("%s %dx%dx%d", s.Name(dt), s.M, s.N, s.K)
 	if s.Batch > 1 {
 		name += fmt.Sprintf(" x%d", s.Batch)
 	}

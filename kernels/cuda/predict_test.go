@@ -159,7 +159,7 @@ func TestPredictGroupsGEMMShapes(t *testing.T) {
 	b := GemmShape{M: 512, N: 512, K: 64, Batch: 8, TransB: true}
 	var events []Event
 	for i, s := range []GemmShape{a, b, a} {
-		events = append(events, Event{Kind: EvGEMM, Name: gemmName(s, BF16), Shape: s, DType: BF16,
+		events = append(events, Event{Kind: EvGEMM, Name: s.Name(BF16), Shape: s, DType: BF16,
 			Flops: 2 * float64(s.M*s.N*s.K*s.Batch), Bytes: 1e6, Measured: float64(i+1) * 1e-3})
 	}
 	p := Predict(events, h, 0)

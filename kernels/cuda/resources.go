@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // KernelResources is ptxas's resource report for one kernel of a cubin:
@@ -34,12 +36,12 @@ func (r KernelResources) String() string {
 // Resources compiles one embedded kernel source to a cubin for arch
 // (sm_NN) with ptxas's verbose report and returns each kernel's
 // resources, in name order.
-func (n *NVRTC) Resources(name, arch string) ([]KernelResources, error) {
+func Resources(n *driver.NVRTC, name, arch string) ([]KernelResources, error) {
 	src, err := Source(name)
 	if err != nil {
 		return nil, err
 	}
-	_, log, err := n.cubin(name, src, arch, []string{"--ptxas-options=-v"})
+	_, log, err := n.CompileCUBINLog(name, src, arch, []string{"--ptxas-options=-v"})
 	if err != nil {
 		return nil, err
 	}

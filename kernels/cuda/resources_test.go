@@ -59,7 +59,7 @@ func TestKernelResources(t *testing.T) {
 		t.Skipf("NVRTC %d has no cubin output", major)
 	}
 	for _, name := range SourceNames() {
-		res, err := n.Resources(name, "sm_90")
+		res, err := Resources(n, name, "sm_90")
 		if err != nil {
 			t.Fatal(err)
 		}

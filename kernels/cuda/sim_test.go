@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // The TestSim* tests. Those about the simulator itself (its counters,
@@ -24,7 +26,7 @@ import (
 // scripts/gpu-check.sh sets it), and read the simulator's counters or use
 // its differential mode only when d.Simulated().
 
-func simOnly(t *testing.T) *Driver {
+func simOnly(t *testing.T) *driver.Driver {
 	t.Helper()
 	if os.Getenv("RPAC_CUDA_SIM") != "1" {
 		t.Skip("simulator test: run with RPAC_CUDA_SIM=1")
@@ -32,9 +34,9 @@ func simOnly(t *testing.T) *Driver {
 	return simDriver(t)
 }
 
-func simDriver(t *testing.T) *Driver {
+func simDriver(t *testing.T) *driver.Driver {
 	t.Helper()
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +50,7 @@ func simDriver(t *testing.T) *Driver {
 // under RPAC_CUDA_SIM=1, else a real GPU's under RPAC_REQUIRE_GPU=1 (a
 // driver that fails to load, or is the simulator's, fails the test); it
 // skips otherwise.
-func parityDevice(t *testing.T) *Driver {
+func parityDevice(t *testing.T) *driver.Driver {
 	t.Helper()
 	if os.Getenv("RPAC_CUDA_SIM") == "1" {
 		return simDriver(t)
@@ -56,7 +58,7 @@ func parityDevice(t *testing.T) *Driver {
 	if os.Getenv("RPAC_REQUIRE_GPU") != "1" {
 		t.Skip("parity test: run with RPAC_CUDA_SIM=1 (the simulator) or RPAC_REQUIRE_GPU=1 (a GPU)")
 	}
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil {
 		t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
 	}
@@ -181,7 +183,7 @@ func TestSimOpParity(t *testing.T) {
 func differentially(t *testing.T, kernels []string, body func()) {
 	t.Helper()
 	body()
-	d, err := LoadDriver()
+	d, err := driver.LoadDriver()
 	if err != nil || !d.Simulated() || t.Failed() {
 		return
 	}
@@ -301,7 +303,7 @@ func firstLines(s string, markers ...string) string {
 	var out []string
 	for _, m := range markers {
 		for _, l := range strings.Split(s, "\n") {
-			if l = strings.TrimSpace(l); strings.Contains(l, m) && !contains(out, l) {
+			if l = strings.TrimSpace(l); strings.Contains(l, m) && !slices.Contains(out, l) {
 				out = append(out, l)
 				break
 			}
@@ -317,11 +319,11 @@ func firstLines(s string, markers ...string) string {
 // still run. The cache keeps the two apart.
 func TestSimCubinAndPTXFallback(t *testing.T) {
 	d := simOnly(t)
-	n, err := LoadNVRTC()
+	n, err := driver.LoadNVRTC()
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := func(t *testing.T, c *Context) {
+	run := func(t *testing.T, c *driver.Context) {
 		// one kernel through the context, against its CPU result
 		x := devF32(t, c, []float32{1, -2, 3.5})
 		if err := c.Launch("scale_inplace_f32", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, x.Ptr, float32(2), int64(3)); err != nil {
@@ -331,13 +333,13 @@ func TestSimCubinAndPTXFallback(t *testing.T) {
 			t.Fatalf("scale_inplace_f32 gave %v", got)
 		}
 	}
-	load := func(t *testing.T, cache string) *Context {
+	load := func(t *testing.T, cache string) *driver.Context {
 		t.Setenv("RPAC_CUDA_CACHE", cache)
 		c, err := d.NewContext(0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.LoadKernels(n); err != nil {
+		if err := loadKernels(c, n); err != nil {
 			t.Fatal(err)
 		}
 		if len(c.Images) != len(SourceNames()) {
@@ -475,7 +477,7 @@ func TestSimDiagnostics(t *testing.T) {
 	d := simOnly(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	n, err := LoadNVRTC()
+	n, err := driver.LoadNVRTC()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 //go:embed src/*.cu src/prelude.cuh
@@ -59,4 +61,32 @@ func Entries(name string) ([]string, error) {
 		out = append(out, m[1])
 	}
 	return out, nil
+}
+
+// KernelSources is every embedded kernel source as the driver loads it:
+// its translation unit and its kernels.
+func KernelSources() ([]driver.Source, error) {
+	var out []driver.Source
+	for _, name := range SourceNames() {
+		src, err := Source(name)
+		if err != nil {
+			return nil, err
+		}
+		entries, err := Entries(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, driver.Source{Name: name, Text: src, Entries: entries})
+	}
+	return out, nil
+}
+
+// Probe reports what this machine offers the backend, every embedded
+// kernel source compiled for its first device (driver.Probe).
+func Probe() driver.Report {
+	srcs, err := KernelSources()
+	if err != nil {
+		return driver.Report{Kernels: map[string]string{"sources": err.Error()}}
+	}
+	return driver.Probe(srcs)
 }

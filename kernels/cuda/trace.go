@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -295,31 +294,16 @@ func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
 	}
 	batch := float64(max(1, s.Batch))
 	m, n, kk := float64(s.M), float64(s.N), float64(s.K)
-	c, bias := float64(k.C.size()), 0.0
+	c, bias := float64(k.C.Size()), 0.0
 	if call.Beta != 0 {
 		c *= 2
 	}
 	if k.BiasAlign != 0 {
 		bias = 4 * n
 	}
-	e := Event{Kind: EvGEMM, Name: gemmName(s, ab), Class: ClassGEMM, Shape: s, DType: ab,
+	e := Event{Kind: EvGEMM, Name: s.Name(ab), Class: ClassGEMM, Shape: s, DType: ab,
 		Flops: 2 * m * n * kk * batch, Bytes: batch*((m*kk+kk*n)*size+m*n*c) + bias}
 	return d.timed(e, func() error { return d.device.gemm(pl, call) })
-}
-
-// gemmName groups GEMMs by precision and transposes ("gemm bf16 NT").
-func gemmName(s GemmShape, ab DType) string {
-	t := func(b bool) byte {
-		if b {
-			return 'T'
-		}
-		return 'N'
-	}
-	p := "fp32"
-	if ab == BF16 {
-		p = "bf16"
-	}
-	return fmt.Sprintf("gemm %s %c%c", p, t(s.TransA), t(s.TransB))
 }
 
 // kargs reads a launch's arguments by the kernel's parameter names.

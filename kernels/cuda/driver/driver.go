@@ -1,4 +1,4 @@
-package cuda
+package driver
 
 import (
 	"fmt"
@@ -234,6 +234,15 @@ func (d *Driver) NewContext(ordinal int) (*Context, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Simulated reports whether the context is the simulator's.
+func (c *Context) Simulated() bool { return c.d.Simulated() }
+
+// MakeCurrent makes the context current for the calling OS thread (the
+// caller locks its goroutine to the thread).
+func (c *Context) MakeCurrent() error {
+	return c.d.check(c.d.ctxSetCurrent(c.ctx), "cuCtxSetCurrent")
 }
 
 // LoadPTX loads a module from PTX and remembers its kernels by name.

@@ -1,4 +1,4 @@
-package cuda
+package driver
 
 import (
 	"fmt"
@@ -33,8 +33,8 @@ const (
 	BF16 DType = cudaR16BF
 )
 
-// size is the bytes of one element.
-func (t DType) size() int64 {
+// Size is the bytes of one element.
+func (t DType) Size() int64 {
 	if t == BF16 {
 		return 2
 	}
@@ -107,42 +107,42 @@ type GemmShape struct {
 	LDA, LDB, LDC             int
 }
 
-// storedA is A's shape as stored (rows, columns), row-major.
-func (s GemmShape) storedA() (int, int) {
+// StoredA is A's shape as stored (rows, columns), row-major.
+func (s GemmShape) StoredA() (int, int) {
 	if s.TransA {
 		return s.K, s.M
 	}
 	return s.M, s.K
 }
 
-// storedB is B's shape as stored (rows, columns), row-major.
-func (s GemmShape) storedB() (int, int) {
+// StoredB is B's shape as stored (rows, columns), row-major.
+func (s GemmShape) StoredB() (int, int) {
 	if s.TransB {
 		return s.N, s.K
 	}
 	return s.K, s.N
 }
 
-// lda is A's leading dimension (elements).
-func (s GemmShape) lda() int {
+// LeadingA is A's leading dimension (elements).
+func (s GemmShape) LeadingA() int {
 	if s.LDA > 0 {
 		return s.LDA
 	}
-	_, c := s.storedA()
+	_, c := s.StoredA()
 	return c
 }
 
-// ldb is B's leading dimension (elements).
-func (s GemmShape) ldb() int {
+// LeadingB is B's leading dimension (elements).
+func (s GemmShape) LeadingB() int {
 	if s.LDB > 0 {
 		return s.LDB
 	}
-	_, c := s.storedB()
+	_, c := s.StoredB()
 	return c
 }
 
-// ldc is C's leading dimension (elements).
-func (s GemmShape) ldc() int {
+// LeadingC is C's leading dimension (elements).
+func (s GemmShape) LeadingC() int {
 	if s.LDC > 0 {
 		return s.LDC
 	}
@@ -170,8 +170,8 @@ type GemmCall struct {
 	CType             DType // C's elements: F32, or BF16 (bf16 GEMMs with β = 0 only)
 }
 
-// gemmKey makes the key of a GEMM call.
-func gemmKey(s GemmShape, ab DType, c GemmCall) GemmKey {
+// NewGemmKey makes the key of a GEMM call.
+func NewGemmKey(s GemmShape, ab DType, c GemmCall) GemmKey {
 	k := GemmKey{Shape: s, AB: ab, Align: [3]uint16{ptrAlign(c.A.Ptr), ptrAlign(c.B.Ptr), ptrAlign(c.C.Ptr)}, C: c.CType}
 	if c.Bias.Ptr != 0 {
 		k.BiasAlign = ptrAlign(c.Bias.Ptr)
@@ -206,6 +206,10 @@ type heuristicResult struct {
 
 // Workspace is the workspace the plan's algorithm needs, in bytes.
 func (p *GemmPlan) Workspace() uint64 { return p.res.workspace }
+
+// Waves is the heuristic's estimate of the waves of tiles the plan's
+// algorithm runs on the device's SMs.
+func (p *GemmPlan) Waves() float32 { return p.res.waves }
 
 // NewPlan creates the descriptor and layouts of a GEMM and takes the
 // algorithm of the given rank (0: the best) in the heuristic's list of
@@ -250,16 +254,16 @@ func (b *BLAS) describe(p *GemmPlan) error {
 			return err
 		}
 	}
-	rb, cb := s.storedB()
-	ra, ca := s.storedA()
+	rb, cb := s.StoredB()
+	ra, ca := s.StoredA()
 	var err error
-	if p.la, err = b.layout(p.Key.AB, cb, rb, s.ldb(), s.Batch, s.StrideB); err != nil {
+	if p.la, err = b.layout(p.Key.AB, cb, rb, s.LeadingB(), s.Batch, s.StrideB); err != nil {
 		return err
 	}
-	if p.lb, err = b.layout(p.Key.AB, ca, ra, s.lda(), s.Batch, s.StrideA); err != nil {
+	if p.lb, err = b.layout(p.Key.AB, ca, ra, s.LeadingA(), s.Batch, s.StrideA); err != nil {
 		return err
 	}
-	p.lc, err = b.layout(p.Key.C, s.N, s.M, s.ldc(), s.Batch, s.StrideC)
+	p.lc, err = b.layout(p.Key.C, s.N, s.M, s.LeadingC(), s.Batch, s.StrideC)
 	return err
 }
 
@@ -333,9 +337,9 @@ func (b *BLAS) heuristics(p *GemmPlan, maxWorkspace uint64, n int) ([]heuristicR
 	return res, nil
 }
 
-// candidatePlans makes one plan per algorithm of the heuristic's first n
+// CandidatePlans makes one plan per algorithm of the heuristic's first n
 // for key (TimeGemmAlgos), rank 0 first: the algorithm NewPlan takes.
-func (b *BLAS) candidatePlans(k GemmKey, maxWorkspace uint64, n int) ([]*GemmPlan, error) {
+func (b *BLAS) CandidatePlans(k GemmKey, maxWorkspace uint64, n int) ([]*GemmPlan, error) {
 	first := &GemmPlan{Key: k}
 	if err := b.describe(first); err != nil {
 		b.DestroyPlan(first)
@@ -381,7 +385,7 @@ func (b *BLAS) Matmul(p *GemmPlan, c GemmCall) error {
 	if c.WS.Bytes < p.res.workspace {
 		return fmt.Errorf("cublasLtMatmul: the plan needs %d bytes of workspace, got %d", p.res.workspace, c.WS.Bytes)
 	}
-	if k := gemmKey(p.Key.Shape, p.Key.AB, c); k != p.Key {
+	if k := NewGemmKey(p.Key.Shape, p.Key.AB, c); k != p.Key {
 		return fmt.Errorf("cublasLtMatmul: operands aligned to %v bytes (bias %d), the plan was made for %v (bias %d)",
 			k.Align, k.BiasAlign, p.Key.Align, p.Key.BiasAlign)
 	}
@@ -409,7 +413,7 @@ func (b *BLAS) Matmul(p *GemmPlan, c GemmCall) error {
 func (b *BLAS) Gemm(transA, transB bool, M, N, K int, alpha float32, A, B Buffer, ab DType, beta float32, C Buffer) error {
 	s := GemmShape{TransA: transA, TransB: transB, M: M, N: N, K: K, Batch: 1}
 	c := GemmCall{Alpha: alpha, Beta: beta, A: A, B: B, C: C}
-	p, err := b.NewPlan(gemmKey(s, ab, c), 0, 0)
+	p, err := b.NewPlan(NewGemmKey(s, ab, c), 0, 0)
 	if err != nil {
 		return err
 	}
@@ -436,4 +440,33 @@ func (b *BLAS) layout(dt DType, rows, cols, ld, batch int, stride int64) (uintpt
 		}
 	}
 	return l, nil
+}
+
+// Name groups GEMMs by precision and transposes ("gemm bf16 NT").
+func (s GemmShape) Name(ab DType) string {
+	t := func(b bool) byte {
+		if b {
+			return 'T'
+		}
+		return 'N'
+	}
+	p := "fp32"
+	if ab == BF16 {
+		p = "bf16"
+	}
+	return fmt.Sprintf("gemm %s %c%c", p, t(s.TransA), t(s.TransB))
+}
+
+// String names a GEMM key in full, as choices files do: the layout and
+// problem, the leading dimensions, the batch and its strides, the
+// pointers' alignments and the bias epilogue's.
+func (k GemmKey) String() string {
+	s := k.Shape
+	c := ""
+	if k.C == BF16 {
+		c = " c bf16"
+	}
+	return fmt.Sprintf("%s %dx%dx%d ld %d/%d/%d batch %d stride %d/%d/%d align %d/%d/%d bias %d%s",
+		s.Name(k.AB), s.M, s.N, s.K, s.LeadingA(), s.LeadingB(), s.LeadingC(), max(1, s.Batch), s.StrideA, s.StrideB, s.StrideC,
+		k.Align[0], k.Align[1], k.Align[2], k.BiasAlign, c)
 }

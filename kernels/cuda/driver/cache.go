@@ -1,4 +1,4 @@
-package cuda
+package driver
 
 import (
 	"crypto/sha256"
@@ -59,20 +59,12 @@ func (n *NVRTC) CachePath(src, arch string) (string, error) {
 	return filepath.Join(CacheDir(), fmt.Sprintf("nvrtc-%d.%d", major, minor), arch, hex.EncodeToString(sum[:16])+"."+kind), nil
 }
 
-// CompileCached returns the image of kernel source name for arch (a cubin
-// for sm_NN, PTX for compute_NN), from the on-disk cache when the same
-// source was compiled before for arch by the same NVRTC version, else
-// compiling it and storing the result (atomically). hit says which.
-func (n *NVRTC) CompileCached(name, arch string) (img Image, hit bool, err error) {
-	src, err := Source(name)
-	if err != nil {
-		return Image{}, false, err
-	}
-	return n.compileCached(name, src, arch)
-}
-
-// compileCached is CompileCached for the source text src.
-func (n *NVRTC) compileCached(name, src, arch string) (img Image, hit bool, err error) {
+// CompileCached returns the image of kernel source name (text src) for
+// arch (a cubin for sm_NN, PTX for compute_NN), from the on-disk cache
+// when the same source was compiled before for arch by the same NVRTC
+// version, else compiling it and storing the result (atomically). hit
+// says which.
+func (n *NVRTC) CompileCached(name, src, arch string) (img Image, hit bool, err error) {
 	kind, err := imageKind(arch)
 	if err != nil {
 		return Image{}, false, err
@@ -101,32 +93,23 @@ func (n *NVRTC) compileCached(name, src, arch string) (img Image, hit bool, err 
 	return img, false, nil
 }
 
-// DeviceImage returns the image of kernel source name for a device: a
-// cubin for its sm_NN, or, when that cannot be had (an NVRTC without
-// nvrtcGetCUBIN or that does not know the architecture, or
+// DeviceImage returns the image of kernel source name (text src) for a
+// device: a cubin for its sm_NN, or, when that cannot be had (an NVRTC
+// without nvrtcGetCUBIN or that does not know the architecture, or
 // RPAC_CUDA_PTX=1), PTX for its compute_NN, which the driver compiles
 // itself. cubinErr says why the cubin was not used (nil when it was).
-func (n *NVRTC) DeviceImage(name string, dev DeviceInfo) (img Image, hit bool, cubinErr, err error) {
-	src, err := Source(name)
-	if err != nil {
-		return Image{}, false, nil, err
-	}
-	return n.deviceImage(name, src, dev)
-}
-
-// deviceImage is DeviceImage for the source text src.
-func (n *NVRTC) deviceImage(name, src string, dev DeviceInfo) (img Image, hit bool, cubinErr, err error) {
+func (n *NVRTC) DeviceImage(name, src string, dev DeviceInfo) (img Image, hit bool, cubinErr, err error) {
 	if os.Getenv("RPAC_CUDA_PTX") == "1" {
 		cubinErr = fmt.Errorf("RPAC_CUDA_PTX=1")
 	} else if dev.SM == "" {
 		cubinErr = fmt.Errorf("the device's real architecture is unknown")
 	} else {
-		img, hit, cubinErr = n.compileCached(name, src, dev.SM)
+		img, hit, cubinErr = n.CompileCached(name, src, dev.SM)
 		if cubinErr == nil {
 			return img, hit, nil, nil
 		}
 	}
-	img, hit, err = n.compileCached(name, src, dev.Arch)
+	img, hit, err = n.CompileCached(name, src, dev.Arch)
 	return img, hit, cubinErr, err
 }
 
@@ -178,22 +161,22 @@ func firstLine(s string) string {
 	return s
 }
 
+// Source is one kernel source: its name, its complete translation unit
+// and the kernels it defines.
+type Source struct {
+	Name    string
+	Text    string
+	Entries []string
+}
+
 // LoadKernels compiles (or reads from the cache) every kernel source for
 // the context's device, a cubin for its sm_NN with PTX as the fallback
 // (also when the driver refuses the cubin), and loads it. c.Images says
 // what was loaded.
-func (c *Context) LoadKernels(n *NVRTC) error {
+func (c *Context) LoadKernels(n *NVRTC, srcs []Source) error {
 	c.Images = c.Images[:0]
-	for _, name := range SourceNames() {
-		src, err := Source(name)
-		if err != nil {
-			return err
-		}
-		entries, err := Entries(name)
-		if err != nil {
-			return err
-		}
-		li, err := c.loadSource(n, name, src, entries)
+	for _, s := range srcs {
+		li, err := c.LoadSource(n, s.Name, s.Text, s.Entries)
 		if err != nil {
 			return err
 		}
@@ -202,11 +185,11 @@ func (c *Context) LoadKernels(n *NVRTC) error {
 	return nil
 }
 
-// loadSource compiles src (or reads it from the cache) for the context's
+// LoadSource compiles src (or reads it from the cache) for the context's
 // device, a cubin for its sm_NN with PTX as the fallback (also when the
 // driver refuses the cubin), loads it and registers its kernels.
-func (c *Context) loadSource(n *NVRTC, name, src string, kernels []string) (LoadedImage, error) {
-	img, hit, cubinErr, err := n.deviceImage(name, src, c.Dev)
+func (c *Context) LoadSource(n *NVRTC, name, src string, kernels []string) (LoadedImage, error) {
+	img, hit, cubinErr, err := n.DeviceImage(name, src, c.Dev)
 	if err != nil {
 		if cubinErr != nil {
 			return LoadedImage{}, fmt.Errorf("%w (the cubin for %s failed first: %v)", err, c.Dev.SM, cubinErr)
@@ -216,7 +199,7 @@ func (c *Context) loadSource(n *NVRTC, name, src string, kernels []string) (Load
 	err = c.LoadImage(img.Data, kernels)
 	if err != nil && img.Kind == "cubin" {
 		cubinErr = fmt.Errorf("the driver refused the cubin: %w", err)
-		img, hit, err = n.compileCached(name, src, c.Dev.Arch)
+		img, hit, err = n.CompileCached(name, src, c.Dev.Arch)
 		if err == nil {
 			err = c.LoadImage(img.Data, kernels)
 		}
@@ -243,8 +226,8 @@ func (c *Context) Loaded(kernels []string) bool {
 	return true
 }
 
-// loadedWithPrefix counts the loaded kernels whose names start with prefix.
-func (c *Context) loadedWithPrefix(prefix string) int {
+// LoadedWithPrefix counts the loaded kernels whose names start with prefix.
+func (c *Context) LoadedWithPrefix(prefix string) int {
 	c.lock.Lock()
 	defer c.lock.Unlock()
 	n := 0

@@ -1,4 +1,4 @@
-package cuda
+package driver
 
 import "fmt"
 
@@ -25,9 +25,9 @@ type Report struct {
 	Code string `json:"code"`
 }
 
-// Probe loads what it can and compiles every kernel source; it never
-// fails, it reports.
-func Probe() Report {
+// Probe loads what it can and compiles every kernel source of srcs; it
+// never fails, it reports.
+func Probe(srcs []Source) Report {
 	rep := Report{Kernels: map[string]string{}}
 	dev := DeviceInfo{Arch: "compute_90", SM: "sm_90"}
 	driverMajor, driverMinor := -1, -1
@@ -54,8 +54,9 @@ func Probe() Report {
 		rep.NVRTC = fmt.Sprintf("%d.%d", major, minor)
 		rep.NVRTCNewer = driverMajor >= 0 && !n.Simulated() && (major > driverMajor || major == driverMajor && minor > driverMinor)
 		rep.Code = "cubin"
-		for _, name := range SourceNames() {
-			img, hit, cubinErr, err := n.DeviceImage(name, dev)
+		for _, s := range srcs {
+			name := s.Name
+			img, hit, cubinErr, err := n.DeviceImage(name, s.Text, dev)
 			li := LoadedImage{Source: name, Kind: img.Kind, Arch: img.Arch, Cached: hit}
 			switch {
 			case err != nil:

@@ -1,4 +1,4 @@
-package cuda
+package driver
 
 import (
 	"fmt"
@@ -110,13 +110,13 @@ func (n *NVRTC) CompilePTX(name, src, arch string, extra ...string) (string, err
 // driver loads as it is, whatever NVRTC's version (the driver only has to
 // know the architecture).
 func (n *NVRTC) CompileCUBIN(name, src, arch string, extra ...string) ([]byte, error) {
-	b, _, err := n.cubin(name, src, arch, extra)
+	b, _, err := n.CompileCUBINLog(name, src, arch, extra)
 	return b, err
 }
 
-// cubin is CompileCUBIN that also returns NVRTC's log (ptxas's report
-// when asked for with --ptxas-options=-v).
-func (n *NVRTC) cubin(name, src, arch string, extra []string) ([]byte, string, error) {
+// CompileCUBINLog is CompileCUBIN that also returns NVRTC's log
+// (ptxas's report when asked for with --ptxas-options=-v).
+func (n *NVRTC) CompileCUBINLog(name, src, arch string, extra []string) ([]byte, string, error) {
 	if !strings.HasPrefix(arch, "sm_") {
 		return nil, "", fmt.Errorf("architecture %q: want sm_NN", arch)
 	}
