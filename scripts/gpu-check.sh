@@ -45,11 +45,10 @@
 #            (RPAC_CUDA_ATTENTION=flash), without the joined sibling
 #            gradients (RPAC_CUDA_JOIN=off), with every chain's result in
 #            fp32 (RPAC_CUDA_PACK=off), with the bias gradients' column
-#            sums apart from their chains (RPAC_CUDA_SUMS=off) and with the chain interpreter
-#            (RPAC_CUDA_FUSED=interp), with every GEMM plan's candidates
-#            timed and the fastest taken (RPAC_CUDA_GEMM_TUNE, the choices
-#            printed), with rpac's split of the weight gradients
-#            (RPAC_CUDA_SPLITK=on), with the weight gradients and the LM
+#            sums apart from their chains (RPAC_CUDA_SUMS=off), with every
+#            GEMM plan's candidates timed and the fastest taken
+#            (RPAC_CUDA_GEMM_TUNE, the choices printed), with the weight
+#            gradients and the LM
 #            head's GEMMs unpadded (RPAC_CUDA_PAD_GRADW=off,
 #            RPAC_CUDA_HEAD_PAD=off), with the model's widths unpadded
 #            (RPAC_CUDA_PAD_MODEL=off), and rpac bench gemm-algos on the paper
@@ -59,8 +58,7 @@
 #   bench    rpac bench train --device cuda, paper preset, fuzzy and baseline models,
 #            bf16 and fp32, the fuzzy bf16 step at T = 768, with the
 #            weight gradients unpadded, with the LM head unpadded, with
-#            the model's widths unpadded, with
-#            rpac's split-K, with flash.cu's attention, and
+#            the model's widths unpadded, with flash.cu's attention, and
 #            with each GEMM's cuBLASLt candidates timed and the fastest taken
 #            (RPAC_CUDA_GEMM_TUNE, the choices printed);
 #   profile  Nsight Compute (ncu, when installed) on one launch of each of the
@@ -193,10 +191,6 @@ if want predict; then
 	check predict-paper-unpacked env RPAC_CUDA_PACK=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
 	# bias gradients as separate column sums (reduce_cols_f32) instead of folded into their chains, to compare
 	check predict-paper-unsummed env RPAC_CUDA_SUMS=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
-	# the elementwise chains on the interpreter kernel instead of generated ones, to compare
-	check predict-paper-interp env RPAC_CUDA_FUSED=interp bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --preset paper --context 768
-	# rpac's own split of the weight gradients' GEMMs (splitk.go) instead of cuBLASLt's, to compare
-	check predict-paper-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the weight gradients over their own dims instead of rounded up to 8 and compacted (RPAC_CUDA_PAD_GRADW=off), to compare
 	check predict-paper-gradwunpadded env RPAC_CUDA_PAD_GRADW=off bin/rpac bench train --device cuda --predict "$machine" --measure --kernels 12 --gemm-shapes 12 --preset paper --context 768
 	# the LM head's GEMMs over the vocabulary and width as they are instead of rounded up to 8 (RPAC_CUDA_HEAD_PAD=off), to compare
@@ -253,7 +247,6 @@ if want bench; then
 	check bench-paper-fuzzy-bf16-headunpadded env RPAC_CUDA_HEAD_PAD=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-modelunpadded env RPAC_CUDA_PAD_MODEL=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-fullbytes env RPAC_CUDA_CE_SMEM=off RPAC_CUDA_REMAT=off RPAC_CUDA_BF16_ACT=off RPAC_CUDA_AG_LEAN=off bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
-	check bench-paper-fuzzy-bf16-splitk env RPAC_CUDA_SPLITK=on bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	check bench-paper-fuzzy-bf16-flash env RPAC_CUDA_ATTENTION=flash bin/rpac bench train --device cuda --precision bf16 --preset paper --model fuzzy --steps 5
 	# with each GEMM plan's cuBLASLt candidates timed (in the warm-up step; those of T = 768 already chosen) and the fastest taken
 	check bench-paper-fuzzy-bf16-tuned env RPAC_CUDA_GEMM_ALGOS="$work/gemm-algos.json" RPAC_CUDA_GEMM_TUNE=1 \

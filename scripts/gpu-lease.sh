@@ -22,11 +22,9 @@ total="${RPAC_LEASE_SECONDS:-540}"
 # Left out of a short lease unless RPAC_CHECK_SKIP says otherwise: checks
 # that passed in the fifth and sixth runs and measure nothing that changed
 # since (the 68 s CPU run beside the CUDA one, the other attention path,
-# the chain interpreter, the fp32 steps, rpac's split-K), so that the
-# budget reaches the whole steps.
-skip_default="run-cpu compare-ce predict-paper-flash predict-paper-interp predict-paper-unpacked predict-paper-unjoined"
+# the fp32 steps), so that the budget reaches the whole steps.
+skip_default="run-cpu compare-ce predict-paper-flash predict-paper-unpacked predict-paper-unjoined"
 skip_default+=" bench-paper-fuzzy-fp32 bench-paper-baseline-fp32 bench-paper-fuzzy-bf16-flash"
-skip_default+=" predict-paper-splitk bench-paper-fuzzy-bf16-splitk"
 RPAC_CHECK_SKIP="${RPAC_CHECK_SKIP-$skip_default}" RPAC_CHECK_BUDGET="${RPAC_LEASE_CHECK:-240}" \
 	RPAC_CHECK_TIMEOUT="${RPAC_CHECK_TIMEOUT:-150}" bash scripts/gpu-check.sh "$out"
 check_rc=$?

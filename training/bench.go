@@ -32,11 +32,8 @@ type Bench struct {
 
 // NewBench plans and compiles the step of o's first training length.
 func NewBench(o Options) (*Bench, error) {
-	var err error
-	if o.Backend == nil {
-		if o.Backend, err = OpenBackend(o.Device, o.Precision); err != nil {
-			return nil, err
-		}
+	if err := o.openBackend(); err != nil {
+		return nil, err
 	}
 	p, err := Setup(o, nil, nil)
 	if err != nil {
@@ -156,22 +153,32 @@ func (b *Bench) Time(steps int, startProfile func() (stop func(), err error)) (f
 // budget of 90% of hw's unless o sets one; dryRun reports that choice.
 func PredictOptions(o Options, hw cuda.Hardware) (_ Options, dryRun bool, err error) {
 	switch {
-	case o.Device == DeviceCUDA && driver.Available() != nil:
-		gemm := cuda.GEMMBF16
-		if o.Precision == ir.FP32 {
-			gemm = cuda.GEMMF32
-		}
-		if o.Backend, err = cuda.NewDryRun(gemm); err != nil {
-			return o, false, err
-		}
-		if o.MemBudget == 0 {
-			o.MemBudget = int64(0.9 * hw.MemGiB * (1 << 30))
-		}
-		return o, true, nil
-	case o.Device == DeviceCUDA || o.Device == DeviceCUDASim:
-		return o, false, CheckDevice(o.Device, o.Precision)
+	case o.Backend != nil:
+		return o, false, nil
+	case o.Device == DeviceCUDASim:
+		return o, false, o.openBackend()
+	case o.Device != DeviceCUDA:
+		return o, false, errors.New("--predict traces the CUDA backend: use --device cuda (the dry-run device stands in without a GPU) or cuda-sim")
 	}
-	return o, false, errors.New("--predict traces the CUDA backend: use --device cuda (the dry-run device stands in without a GPU) or cuda-sim")
+	_, p, err := resolveDevice(o.Device, o.Precision)
+	if err != nil {
+		return o, false, err
+	}
+	if driver.Available() == nil { // the device resolved: a GPU
+		o.Backend, err = OpenBackend(Target{Device: DeviceCUDA, Precision: p}, o.CUDA)
+		return o, false, err
+	}
+	gemm := cuda.GEMMBF16
+	if p == ir.FP32 {
+		gemm = cuda.GEMMF32
+	}
+	if o.Backend, err = cuda.NewDryRun(gemm, cudaOptions(o.CUDA)); err != nil {
+		return o, false, err
+	}
+	if o.MemBudget == 0 {
+		o.MemBudget = int64(0.9 * hw.MemGiB * (1 << 30))
+	}
+	return o, true, nil
 }
 
 // Predict runs one warm-up step (first-step allocations and uploads),

@@ -14,11 +14,12 @@ import (
 	"github.com/rpac-dev/rpac/passes"
 )
 
-// cudaOrSkip opens the CUDA backend, or skips without a GPU (fails under
-// RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh sets it).
-func cudaOrSkip(t *testing.T, gemm cuda.GEMMPrecision) *cuda.Backend {
+// cudaOrSkip opens the CUDA backend taking the paths o chooses, or skips
+// without a GPU (fails under RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh
+// sets it).
+func cudaOrSkip(t *testing.T, gemm cuda.GEMMPrecision, o cuda.Options) *cuda.Backend {
 	t.Helper()
-	be, err := cuda.New(0, gemm)
+	be, err := cuda.New(0, gemm, o)
 	if err != nil {
 		if os.Getenv("RPAC_REQUIRE_GPU") == "1" {
 			t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
@@ -149,8 +150,8 @@ func relDiff(a, b []float32) float64 {
 // dropout, micro-batches and the Gumbel top-k gate) give the CPU backend's
 // loss and gradients on the GPU in fp32, and stay close in bf16.
 func TestGPUStepMatchesCPU(t *testing.T) {
-	f32 := cudaOrSkip(t, cuda.GEMMF32)
-	bf16 := cudaOrSkip(t, cuda.GEMMBF16)
+	f32 := cudaOrSkip(t, cuda.GEMMF32, cuda.DefaultOptions())
+	bf16 := cudaOrSkip(t, cuda.GEMMBF16, cuda.DefaultOptions())
 	for _, kind := range []string{"fuzzy", "baseline"} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.1
@@ -203,7 +204,7 @@ func TestGPUStepMatchesCPU(t *testing.T) {
 // TestGPUStepRepeats: two runs of the same step on the GPU agree bit for
 // bit (no atomics in any reduction), which exact resume relies on.
 func TestGPUStepRepeats(t *testing.T) {
-	be := cudaOrSkip(t, cuda.GEMMF32)
+	be := cudaOrSkip(t, cuda.GEMMF32, cuda.DefaultOptions())
 	f := newStepFixture(t, "fuzzy", 24, 4)
 	f.cfg.Dropout = 0.1
 	l1, _, g1 := f.stepOn(t, be, 2, 5)
@@ -241,7 +242,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			be, err := cuda.NewDryRun(cuda.GEMMBF16)
+			be, err := cuda.NewDryRun(cuda.GEMMBF16, cuda.DefaultOptions())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -274,7 +275,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 // default budget follows the device's memory; and a plan for a GPU without
 // its opened backend is refused.
 func TestMemoryPlanOnFusedGraphs(t *testing.T) {
-	be, err := cuda.NewDryRun(cuda.GEMMBF16)
+	be, err := cuda.NewDryRun(cuda.GEMMBF16, cuda.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

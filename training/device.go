@@ -7,8 +7,8 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
-	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 	"github.com/rpac-dev/rpac/kernels/cuda/cudasim"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // Device is where a run computes.
@@ -54,8 +54,15 @@ func ParseDevice(s string) (Device, error) {
 	return 0, fmt.Errorf("--device %q: want cpu, cuda, cuda-sim or auto", s)
 }
 
-// resolveDevice turns auto into cpu or cuda, and checks the precision
-// against the device.
+// Target is a device resolved for a run (ResolveDevice), which
+// OpenBackend opens.
+type Target struct {
+	Device    Device       // cpu, cuda or cuda-sim: never auto
+	Precision ir.Precision // fp32 or bf16: never the default
+}
+
+// resolveDevice turns auto into cpu or cuda (cuda when a GPU is usable),
+// and checks the precision against the device.
 func resolveDevice(d Device, p ir.Precision) (Device, ir.Precision, error) {
 	if d == DeviceAuto {
 		d = DeviceCPU
@@ -78,59 +85,86 @@ func resolveDevice(d Device, p ir.Precision) (Device, ir.Precision, error) {
 	return d, p, nil
 }
 
-// CheckDevice reports whether the device can be opened (and names what is
-// missing when it cannot).
-func CheckDevice(d Device, p ir.Precision) error {
-	d, _, err := resolveDevice(d, p)
+// ResolveDevice is the one place a run resolves its device: auto becomes
+// cuda or cpu, the precision is defaulted and checked against the device,
+// and a GPU or the simulator is checked usable (what is missing named when
+// it is not).
+func ResolveDevice(d Device, p ir.Precision) (Target, error) {
+	auto := d == DeviceAuto
+	d, p, err := resolveDevice(d, p)
 	if err != nil {
-		return err
+		return Target{}, err
 	}
-	if d == DeviceCUDA {
+	if d == DeviceCUDA && !auto { // auto took cuda only for a usable GPU
 		if err := driver.Available(); err != nil {
-			return fmt.Errorf("--device cuda: %w. Use --device cpu (or auto, or cuda-sim to run the CUDA code on the CPU)", err)
+			return Target{}, fmt.Errorf("--device cuda: %w. Use --device cpu (or auto, or cuda-sim to run the CUDA code on the CPU)", err)
 		}
 	}
 	if d == DeviceCUDASim {
-		if _, err := cudasim.Enable(); err != nil {
-			return fmt.Errorf("--device cuda-sim: %w", err)
+		if err := checkSimulator(); err != nil {
+			return Target{}, fmt.Errorf("--device cuda-sim: %w", err)
 		}
-		drv, err := driver.LoadDriver()
-		if err != nil {
-			return fmt.Errorf("--device cuda-sim: %w", err)
-		}
-		if !drv.Simulated() {
-			return fmt.Errorf("--device cuda-sim: the CUDA driver this process loaded is not the simulator's (a real driver was loaded first)")
-		}
+	}
+	return Target{Device: d, Precision: p}, nil
+}
+
+// checkSimulator builds and enables the CUDA simulator and checks that the
+// driver this process loads is its.
+func checkSimulator() error {
+	if _, err := cudasim.Enable(); err != nil {
+		return err
+	}
+	drv, err := driver.LoadDriver()
+	if err != nil {
+		return err
+	}
+	if !drv.Simulated() {
+		return fmt.Errorf("the CUDA driver this process loaded is not the simulator's (a real driver was loaded first)")
 	}
 	return nil
 }
 
-// OpenBackend opens the backend of a device: the one place a run resolves
-// its device (auto, the precision, a missing GPU or simulator); the plan
-// and the graphs then read the backend's Capabilities.
-func OpenBackend(d Device, p ir.Precision) (kernels.Backend, error) {
-	d, p, err := resolveDevice(d, p)
-	if err != nil {
-		return nil, err
-	}
-	if d == DeviceCPU {
+// OpenBackend opens the backend of a resolved device; the CUDA backend
+// takes the paths co chooses (nil: cuda.DefaultOptions()). The plan and
+// the graphs then read the backend's Capabilities.
+func OpenBackend(t Target, co *cuda.Options) (kernels.Backend, error) {
+	if t.Device == DeviceCPU {
 		return cpu.New(kernels.F32), nil
 	}
 	gemm := cuda.GEMMF32
-	if p == ir.BF16 {
+	if t.Precision == ir.BF16 {
 		gemm = cuda.GEMMBF16
 	}
-	if err := CheckDevice(d, p); err != nil {
-		return nil, err
-	}
-	be, err := cuda.New(0, gemm)
+	be, err := cuda.New(0, gemm, cudaOptions(co))
 	if err != nil {
-		return nil, fmt.Errorf("--device %s: %w", d, err)
+		return nil, fmt.Errorf("--device %s: %w", t.Device, err)
 	}
-	if d == DeviceCUDASim && !be.Simulated() {
+	if t.Device == DeviceCUDASim && !be.Simulated() {
 		return nil, fmt.Errorf("--device cuda-sim: the CUDA backend did not open the simulator")
 	}
 	return be, nil
+}
+
+// cudaOptions is co, or the CUDA backend's defaults when nil.
+func cudaOptions(co *cuda.Options) cuda.Options {
+	if co == nil {
+		return cuda.DefaultOptions()
+	}
+	return *co
+}
+
+// openBackend sets o.Backend, unless set already, to the backend of
+// o.Device, resolved here.
+func (o *Options) openBackend() error {
+	if o.Backend != nil {
+		return nil
+	}
+	t, err := ResolveDevice(o.Device, o.Precision)
+	if err != nil {
+		return err
+	}
+	o.Backend, err = OpenBackend(t, o.CUDA)
+	return err
 }
 
 // SimulatorNote is the line a run on the CUDA simulator prints ("" for

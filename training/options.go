@@ -8,6 +8,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -44,6 +45,9 @@ type Options struct {
 	// drive a run through the CUDA backend's dry-run device with it).
 	Backend   kernels.Backend
 	Precision ir.Precision // GEMM arithmetic (CUDA: bf16 by default)
+	// CUDA chooses the CUDA backend's paths (nil: cuda.DefaultOptions();
+	// the command line passes cuda.OptionsFromEnv's).
+	CUDA *cuda.Options
 	// HostOptimizer keeps the optimizer, the clipping and the EMA on the
 	// host on CUDA (--host-optimizer); by default a CUDA run keeps its
 	// training state on the device (optstate.go).

@@ -32,17 +32,18 @@ func parityDevice(t *testing.T) Device {
 	if os.Getenv("RPAC_REQUIRE_GPU") != "1" {
 		t.Skip("parity test: run with RPAC_CUDA_SIM=1 (the simulator) or RPAC_REQUIRE_GPU=1 (a GPU)")
 	}
-	if err := CheckDevice(DeviceCUDA, ir.FP32); err != nil {
+	if _, err := ResolveDevice(DeviceCUDA, ir.FP32); err != nil {
 		t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)
 	}
 	return DeviceCUDA
 }
 
-// parityBackend opens the CUDA backend on dev (parityDevice's) and checks
-// it is the simulator exactly when dev is DeviceCUDASim.
-func parityBackend(t *testing.T, dev Device, gemm cuda.GEMMPrecision) *cuda.Backend {
+// parityBackend opens the CUDA backend on dev (parityDevice's), taking
+// the paths o chooses, and checks it is the simulator exactly when dev is
+// DeviceCUDASim.
+func parityBackend(t *testing.T, dev Device, gemm cuda.GEMMPrecision, o cuda.Options) *cuda.Backend {
 	t.Helper()
-	be := cudaOrSkip(t, gemm)
+	be := cudaOrSkip(t, gemm, o)
 	if be.Simulated() != (dev == DeviceCUDASim) {
 		t.Fatalf("%s: the CUDA backend opened is simulated: %v", dev, be.Simulated())
 	}
@@ -122,7 +123,7 @@ func same(t *testing.T, what string, got, want map[string][]float32) {
 // against the CPU, with the tiny preset's head size and an awkward one;
 // with rotary positions and smeared keys too.
 func TestSimStepParity(t *testing.T) {
-	be := parityBackend(t, parityDevice(t), cuda.GEMMF32)
+	be := parityBackend(t, parityDevice(t), cuda.GEMMF32, cuda.DefaultOptions())
 	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope+smear", "baseline+smear"} {
 		opts := strings.Split(kind, "+")
 		f := newStepFixture(t, opts[0], 19, 3, func(c *model.Config) {
@@ -156,7 +157,7 @@ func wideFixture(t *testing.T, dropout float64) *stepFixture {
 // so the big GEMMs run in bf16 and the products over R = E = 4 in fp32) and
 // holds each group to its documented bound (docs/CUDASIM.md).
 func TestSimBF16GradientErrors(t *testing.T) {
-	be := parityBackend(t, parityDevice(t), cuda.GEMMBF16)
+	be := parityBackend(t, parityDevice(t), cuda.GEMMBF16, cuda.DefaultOptions())
 	f := wideFixture(t, 0)
 	_, _, want := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
 	_, _, got := f.stepOn(t, be, 2, 11)
@@ -185,9 +186,9 @@ type tracedStep struct {
 	launches map[string]int
 }
 
-func runTracedStep(t *testing.T, dev Device, f *stepFixture) tracedStep {
+func runTracedStep(t *testing.T, dev Device, f *stepFixture, o cuda.Options) tracedStep {
 	t.Helper()
-	be := parityBackend(t, dev, cuda.GEMMBF16)
+	be := parityBackend(t, dev, cuda.GEMMBF16, o)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +217,7 @@ func sameStep(t *testing.T, what string, got, want tracedStep) {
 }
 
 // TestSimRematSameBits: a bf16 step whose Dropouts read by several fused
-// chains are drawn again in each (RPAC_CUDA_REMAT, the default) gives the
+// chains are drawn again in each (cuda.Options.Remat, the default) gives the
 // loss and gradients of the step with each written once by dropout_f32,
 // bit for bit, and runs fewer dropout_f32 launches.
 func TestSimRematSameBits(t *testing.T) {
@@ -225,12 +226,12 @@ func TestSimRematSameBits(t *testing.T) {
 	// bf16 GEMM results stored as bf16 where only chains read them: a
 	// rematerialised Dropout's input becomes one (its readers are chains),
 	// which rounds it, so the comparison keeps them fp32
-	t.Setenv("RPAC_CUDA_BF16_ACT", "off")
-	run := func(remat string) tracedStep {
-		t.Setenv("RPAC_CUDA_REMAT", remat)
-		return runTracedStep(t, dev, f)
+	run := func(remat bool) tracedStep {
+		o := cuda.DefaultOptions()
+		o.BF16Act, o.Remat = false, remat
+		return runTracedStep(t, dev, f, o)
 	}
-	off, on := run("off"), run("on")
+	off, on := run(false), run(true)
 	sameStep(t, "the Dropouts drawn again in each chain", on, off)
 	t.Logf("dropout_f32 launches a step: %d rematerialised, %d not", on.launches["dropout_f32"], off.launches["dropout_f32"])
 	if on.launches["dropout_f32"] >= off.launches["dropout_f32"] {
@@ -241,22 +242,22 @@ func TestSimRematSameBits(t *testing.T) {
 // TestSimPackedStepSameBits: the fuzzy step under bf16 GEMMs (with
 // dropout, two micro-batches) gives the same loss and gradients bit for
 // bit whether producers write the bf16 copies their GEMMs read
-// (RPAC_CUDA_PACK, the default: in place of a result only GEMMs read, or
+// (cuda.Options.Pack, the default: in place of a result only GEMMs read, or
 // beside it, or as their part of a lazy Concat's rows) or the GEMMs
 // convert fp32 values first, and whether chains fold the column sums of
-// their results (RPAC_CUDA_SUMS, the default) or reductions read them
+// their results (cuda.Options.Sums, the default) or reductions read them
 // back; it runs fewer conversions with the copies and fewer reductions
 // with the folded sums, on the simulator or a GPU.
 func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
-	run := func(pack, sums string) tracedStep {
-		t.Setenv("RPAC_CUDA_PACK", pack)
-		t.Setenv("RPAC_CUDA_SUMS", sums)
-		return runTracedStep(t, dev, f)
+	run := func(pack, sums bool) tracedStep {
+		o := cuda.DefaultOptions()
+		o.Pack, o.Sums = pack, sums
+		return runTracedStep(t, dev, f, o)
 	}
-	off := run("off", "off")
-	on, packed := run("on", "on"), run("on", "off")
+	off := run(false, false)
+	on, packed := run(true, true), run(true, false)
 	sameStep(t, "copies and folded sums", on, off)
 	sameStep(t, "copies", packed, off)
 	conversions := func(r tracedStep) int { return r.launches["f32_to_bf16_pad_kernel"] }
@@ -272,7 +273,7 @@ func TestSimPackedStepSameBits(t *testing.T) {
 		t.Errorf("attn_unpack_bf16 ran %d times with packing (want some), %d without (want none)", unpacks(on), unpacks(off))
 	}
 	if folded(on) == 0 || folded(packed) != 0 || sums(on)+folded(on) != sums(packed) {
-		t.Errorf("sums: %d separate and %d folded, %d folded with RPAC_CUDA_SUMS=off and %d separate; want some folded, the rest separate",
+		t.Errorf("sums: %d separate and %d folded, %d folded with Sums off and %d separate; want some folded, the rest separate",
 			sums(on), folded(on), folded(packed), sums(packed))
 	}
 }
@@ -315,7 +316,7 @@ func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
 // micro-batches, then a short MQAR run through the whole trainer.
 func TestSimAnswerLoss(t *testing.T) {
 	cu := parityDevice(t)
-	be := parityBackend(t, cu, cuda.GEMMF32)
+	be := parityBackend(t, cu, cuda.GEMMF32, cuda.DefaultOptions())
 	for _, kind := range []string{"fuzzy", "baseline"} {
 		f := newStepFixture(t, kind, 19, 4)
 		for i := range f.y {
@@ -355,7 +356,7 @@ func TestSimAnswerLoss(t *testing.T) {
 
 // TestSimAlignedStep: under bf16 GEMMs the CUDA backend trains through
 // graphs with the model's widths padded to multiples of 8
-// (RPAC_CUDA_PAD_MODEL, the default). On a model whose widths are not (d
+// (cuda.Options.PadModel, the default). On a model whose widths are not (d
 // 30, heads of 15, experts of 60) every bf16 GEMM then has M, N and K
 // multiples of 8; the weights' Pads run no fp32 kernel for GEMMs (the
 // head-blocked ones get their bf16 copy from pad_bf16); the gradients keep
@@ -371,9 +372,10 @@ func TestSimAlignedStep(t *testing.T) {
 		gemms   []cuda.GemmShape
 		padBF16 int
 	}
-	run := func(pad string) result {
-		t.Setenv("RPAC_CUDA_PAD_MODEL", pad)
-		be := parityBackend(t, dev, cuda.GEMMBF16)
+	run := func(pad bool) result {
+		o := cuda.DefaultOptions()
+		o.PadModel = pad
+		be := parityBackend(t, dev, cuda.GEMMBF16, o)
 		tr, err := be.StartTrace()
 		if err != nil {
 			t.Fatal(err)
@@ -390,7 +392,7 @@ func TestSimAlignedStep(t *testing.T) {
 		}
 		return r
 	}
-	on, off := run("on"), run("off")
+	on, off := run(true), run(false)
 	for _, s := range on.gemms {
 		if s.M%8 != 0 || s.N%8 != 0 || s.K%8 != 0 {
 			t.Errorf("padded widths: bf16 GEMM %dx%dx%d", s.M, s.N, s.K)

@@ -219,10 +219,8 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 	if o.Out == "" {
 		return nil, errors.New("--out is required: the run directory for checkpoints and metrics")
 	}
-	if o.Backend == nil { // the device is resolved once, here
-		if o.Backend, err = OpenBackend(o.Device, o.Precision); err != nil {
-			return nil, err
-		}
+	if err = o.openBackend(); err != nil { // the device is resolved once, here
+		return nil, err
 	}
 	// One process writes a run directory at a time. An existing directory
 	// is locked before anything in it is read; a new one right after it

@@ -57,7 +57,15 @@ func benchGemmAlgos(c *cli.Context) error {
 		}
 		shapes = append(shapes, s)
 	}
-	be, err := training.OpenBackend(dev, prec)
+	t, err := training.ResolveDevice(dev, prec)
+	if err != nil {
+		return err
+	}
+	co, err := cuda.OptionsFromEnv(cuda.DefaultOptions())
+	if err != nil {
+		return err
+	}
+	be, err := training.OpenBackend(t, &co)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/rpac-dev/rpac/training/data"
@@ -351,7 +352,12 @@ func applyRunFlags(c *cli.Context, o *training.Options) error {
 	if err != nil {
 		return err
 	}
+	co, err := cuda.OptionsFromEnv(cuda.DefaultOptions())
+	if err != nil {
+		return err
+	}
 	o.MicroBatch, o.MemBudget, o.Device, o.Precision, o.HostOptimizer = micro, budget, device, precision, c.Bool("host-optimizer")
+	o.CUDA = &co
 	return nil
 }
 

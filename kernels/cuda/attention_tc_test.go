@@ -77,17 +77,17 @@ const (
 
 // attnPathKernels are the kernels each tensor-core path launches for a
 // forward and its gradient with a bias.
-var attnPathKernels = map[attnChoice][]string{
-	attnChooseFlash: {"attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16", "attention_dbias_reduce_f32"},
-	attnChooseGEMM: {"attn_pack_bf16", "attn_softmax_fwd_f32", "attn_unpack_f32", "attn_pack_do_bf16", "attn_softmax_bwd_f32",
+var attnPathKernels = map[AttentionPath][]string{
+	AttentionFlash: {"attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16", "attention_dbias_reduce_f32"},
+	AttentionGEMM: {"attn_pack_bf16", "attn_softmax_fwd_f32", "attn_unpack_f32", "attn_pack_do_bf16", "attn_softmax_bwd_f32",
 		"attention_dbias_reduce_f32"},
 }
 
 // gpuBackendPath is a bf16 backend that prefers the given attention path.
-func gpuBackendPath(t *testing.T, choice attnChoice) *Backend {
-	be := gpuBackend(t, GEMMBF16)
-	be.attention = choice
-	return be
+func gpuBackendPath(t *testing.T, choice AttentionPath) *Backend {
+	o := DefaultOptions()
+	o.Attention = choice
+	return gpuBackendWith(t, GEMMBF16, o)
 }
 
 // TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
@@ -98,12 +98,12 @@ func gpuBackendPath(t *testing.T, choice attnChoice) *Backend {
 // simulator the differential run (reverse block and thread order, another
 // shared-memory poison) agrees.
 func TestGPUFusedAttentionBF16(t *testing.T) {
-	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
+	for _, choice := range []AttentionPath{AttentionGEMM, AttentionFlash} {
 		t.Run(choice.String(), func(t *testing.T) { fusedAttentionBF16(t, gpuBackendPath(t, choice), choice) })
 	}
 }
 
-func fusedAttentionBF16(t *testing.T, be *Backend, choice attnChoice) {
+func fusedAttentionBF16(t *testing.T, be *Backend, choice AttentionPath) {
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +220,7 @@ func TestAgBiasGroups(t *testing.T) {
 // and bias gradient match the CPU within bf16's bounds, and, on the
 // simulator, again in differential mode.
 func TestGPUAttentionBiasGroups(t *testing.T) {
-	be := gpuBackendPath(t, attnChooseGEMM)
+	be := gpuBackendPath(t, AttentionGEMM)
 	defer func(w int) { agWarps = w }(agWarps)
 	agWarps = 40
 	var cases []opCase
@@ -257,7 +257,7 @@ func TestFlashWarpTiles(t *testing.T) {
 // bounds.
 func TestGPUAttentionBandMask(t *testing.T) {
 	bandMaskCase(t, gpuBackend(t, GEMMF32), GEMMF32)
-	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
+	for _, choice := range []AttentionPath{AttentionGEMM, AttentionFlash} {
 		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
 	}
 	d, err := driver.LoadDriver()
@@ -267,7 +267,7 @@ func TestGPUAttentionBandMask(t *testing.T) {
 	d.SimConfig("diff", 1) // each launch again in reverse block and thread order, compared bit for bit
 	defer d.SimConfig("diff", 0)
 	before := d.SimStat("diff_launches")
-	for _, choice := range []attnChoice{attnChooseGEMM, attnChooseFlash} {
+	for _, choice := range []AttentionPath{AttentionGEMM, AttentionFlash} {
 		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
 	}
 	if d.SimStat("diff_launches") == before {
@@ -361,7 +361,7 @@ func TestSimAttentionSavedPacks(t *testing.T) {
 	run := func(savedCap int64) ([][]float32, int) {
 		defer func(c int64) { agSavedCap = c }(agSavedCap)
 		agSavedCap = savedCap
-		be := gpuBackendPath(t, attnChooseGEMM)
+		be := gpuBackendPath(t, AttentionGEMM)
 		tr, err := be.StartTrace()
 		if err != nil {
 			t.Fatal(err)

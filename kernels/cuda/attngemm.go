@@ -18,28 +18,27 @@ const (
 	attnGEMM
 )
 
-// attnChoice is the tensor-core path a backend prefers
-// (RPAC_CUDA_ATTENTION): attnGEMM where its work buffer fits
-// attnGEMMBytes (the default), or flash.cu's kernels always.
-type attnChoice uint8
+// AttentionPath is the tensor-core path a backend prefers
+// (Options.Attention): attnGEMM where its work buffer fits attnGEMMBytes
+// (the default), or flash.cu's kernels always. flash.cu stays, though an
+// H200 measured it slower (187 against 141 ms a paper step): it is the
+// path of every attention whose GEMM work buffer would not fit.
+type AttentionPath uint8
 
 const (
-	attnChooseGEMM attnChoice = iota
-	attnChooseFlash
+	// AttentionGEMM: attngemm.cu's row kernels around cuBLASLt GEMMs
+	// where the work buffer fits, flash.cu's kernels elsewhere.
+	AttentionGEMM AttentionPath = iota
+	// AttentionFlash: flash.cu's kernels always (to compare).
+	AttentionFlash
 )
 
-// String is the choice as RPAC_CUDA_ATTENTION names it.
-func (c attnChoice) String() string {
-	if c == attnChooseFlash {
+// String is the path as RPAC_CUDA_ATTENTION names it.
+func (c AttentionPath) String() string {
+	if c == AttentionFlash {
 		return "flash"
 	}
 	return "gemm"
-}
-
-// attnChoiceEnv reads RPAC_CUDA_ATTENTION: unset or "gemm", or "flash".
-func attnChoiceEnv() (attnChoice, error) {
-	return envChoice("RPAC_CUDA_ATTENTION", map[string]attnChoice{"": attnChooseGEMM, "gemm": attnChooseGEMM, "flash": attnChooseFlash},
-		"gemm (the default: the scores through cuBLASLt) or flash (flash.cu's kernels)")
 }
 
 // attnGEMMBytes caps the GEMM path's work buffer, which the graph's
@@ -254,8 +253,10 @@ func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval
 	return nil
 }
 
-// Lean stores (RPAC_CUDA_AG_LEAN, agLeanEnv). The row kernels' weights (P,
-// and in the backward Pd and dS) are bf16 rows of Tp that the GEMMs
+// Lean stores (Options.AGLean, on by default; off: whole rows of weights
+// written, fp32 GEMM results converted; both give the same bits). The row
+// kernels' weights (P, and in the backward Pd and dS) are bf16 rows of Tp
+// that the GEMMs
 // o = P·v, dv = Pᵀ·dO, dq = dS·k and dk = dSᵀ·q read whole, zero above the
 // diagonal. Where every attention node of a program runs the GEMM path
 // with one layout, nothing else writes those regions of the work buffer:
@@ -264,14 +265,6 @@ func (p *program) agPackQKV(a *attention, l agLayout, work uint64, q, k, v *dval
 // at T = 768. And dq, dk and dv, which go into the joined gradient's bf16
 // rows, come out of their GEMMs as bf16 (rounded in the epilogue as the
 // conversion rounds), which attn_unpack_bf16 copies into place.
-
-// agLeanEnv reads RPAC_CUDA_AG_LEAN: on (the default) or off (whole rows
-// of weights written, fp32 GEMM results converted). Both give the same
-// bits.
-func agLeanEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_AG_LEAN", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: the GEMM attention's weights stored up to the diagonal, dq, dk and dv rounded to bf16 by their GEMMs) or off")
-}
 
 // noteAttnWork records attention node a's use of the work buffer, which
 // decides agUpperZero.

@@ -3,7 +3,6 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 )
 
@@ -58,26 +57,6 @@ func TestAGLayout(t *testing.T) {
 	}
 }
 
-// TestAttnChoiceEnv: RPAC_CUDA_ATTENTION takes gemm, flash or nothing; any
-// other value is refused by the dry run (and New) with the variable named.
-func TestAttnChoiceEnv(t *testing.T) {
-	for v, want := range map[string]attnChoice{"": attnChooseGEMM, "gemm": attnChooseGEMM, "flash": attnChooseFlash} {
-		t.Setenv("RPAC_CUDA_ATTENTION", v)
-		got, err := attnChoiceEnv()
-		if err != nil || got != want {
-			t.Errorf("%q: %v, %v; want %v", v, got, err, want)
-		}
-		be, err := NewDryRun(GEMMBF16)
-		if err != nil || be.attention != want {
-			t.Errorf("%q: dry run %v, want the choice %v", v, err, want)
-		}
-	}
-	t.Setenv("RPAC_CUDA_ATTENTION", "tiles")
-	if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_ATTENTION") {
-		t.Errorf("tiles: %v, want a refusal naming RPAC_CUDA_ATTENTION", err)
-	}
-}
-
 // TestAGBlocks: the GEMM path's score blocks at T = 300 (128, 128, 44)
 // form every score on or below the diagonal exactly once, each block over
 // the keys up to its last query.
@@ -111,7 +90,7 @@ func TestAGBlocks(t *testing.T) {
 
 // TestAGUpperZero: the row kernels leave the weights' rows above the
 // diagonal to a zeroed buffer only where every attention node of the
-// program takes the GEMM path with one layout, and RPAC_CUDA_AG_LEAN is on.
+// program takes the GEMM path with one layout, and Options.AGLean is on.
 func TestAGUpperZero(t *testing.T) {
 	gemm := func(T int) *attention { return &attention{BH: 6, T: T, Hd: 16, path: attnGEMM} }
 	for _, c := range []struct {
@@ -132,10 +111,10 @@ func TestAGUpperZero(t *testing.T) {
 			t.Errorf("%s: agUpperZero %v (full %d), want %v", c.name, p.agUpperZero, p.agFull(), c.want)
 		}
 	}
-	off := &program{be: &Backend{}} // RPAC_CUDA_AG_LEAN=off
+	off := &program{be: &Backend{}} // Options.AGLean off
 	off.noteAttnWork(gemm(37))
 	if off.agUpperZero {
-		t.Error("RPAC_CUDA_AG_LEAN=off: agUpperZero")
+		t.Error("AGLean off: agUpperZero")
 	}
 }
 

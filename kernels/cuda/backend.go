@@ -3,7 +3,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sort"
 	"strings"
@@ -41,49 +40,18 @@ func (p GEMMPrecision) String() string {
 type Backend struct {
 	dev  device
 	gemm GEMMPrecision
-	// fusedInterp: run FusedElementwise chains on the interpreter kernel
-	// fused_ew_f32 instead of generated kernels (RPAC_CUDA_FUSED=interp)
-	fusedInterp bool
-	// attention: the tensor-core attention path it prefers
-	// (RPAC_CUDA_ATTENTION, attngemm.go)
-	attention attnChoice
-	// joinGrads: the train pipeline joins sibling Linears' backward GEMMs
-	// (RPAC_CUDA_JOIN, joincat.go)
-	joinGrads bool
-	// pack: producers write the bf16 copies bf16 GEMMs read
-	// (RPAC_CUDA_PACK, packed.go)
-	pack bool
-	// sums: chains fold the column sums of their results (RPAC_CUDA_SUMS,
-	// chainsum.go)
-	sums bool
-	// headPad: the LM head's GEMMs run over the vocabulary and the model
-	// width rounded up to 8 (RPAC_CUDA_HEAD_PAD, headPadEnv)
-	headPad bool
-	// padGradW: weight gradients run over their dims rounded up to 8
-	// (RPAC_CUDA_PAD_GRADW, padGradWEnv)
-	padGradW bool
-	// padModel: under bf16 GEMMs, train and eval graphs store the model's
-	// widths padded to multiples of 8 (RPAC_CUDA_PAD_MODEL, padModelEnv)
-	padModel bool
-	// sms: the SMs GEMM shapes are chosen for (splitk.go): the device's
-	// under RPAC_CUDA_SPLITK=on, else 0 (no GEMM split by rpac)
-	sms int
-	// agLean: the GEMM attention's lean stores (RPAC_CUDA_AG_LEAN,
-	// agLeanEnv in attngemm.go)
-	agLean bool
-	// bf16Act: bf16 GEMMs whose results only generated chains read write
-	// them as bf16 (RPAC_CUDA_BF16_ACT, bf16ActEnv; packed.go's halfOutput);
-	// biasBF16: the device's cuBLASLt has such a GEMM with the fp32 bias
-	// epilogue (halfBiasOK, probed once)
-	bf16Act   bool
+	// The paths Options chose (Options' fields say which is which);
+	// resolved for the device where they depend on it (ceShared).
+	attention                                                  AttentionPath
+	joinGrads, pack, sums, headPad, padGradW, padModel, agLean bool
+	bf16Act, remat                                             bool
+	// biasBF16: the device's cuBLASLt has a GEMM with a bf16 result and
+	// the fp32 bias epilogue (halfBiasOK, probed once, for bf16Act)
 	biasBF16  bool
 	probeOnce sync.Once
-	// remat: the train graphs draw a Dropout again in each fused chain
-	// that reads it (RPAC_CUDA_REMAT, rematEnv)
-	remat bool
 	// ceShared: the most dynamic shared memory softmax_ce_smem_f32 may
 	// keep a row of logits in (the device's opt-in less the kernel's
-	// static arrays), 0 under RPAC_CUDA_CE_SMEM=off (ceSmemEnv)
+	// static arrays), 0 without Options.CESmem
 	ceShared int
 
 	mu     sync.Mutex
@@ -241,9 +209,9 @@ func (b *Backend) resident(st *kernels.Store, name string) bool {
 }
 
 // New opens device ordinal, loads every kernel (compiled by NVRTC for the
-// device, cached on disk) and cuBLASLt.
-func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
-	if err := checkEnv(); err != nil {
+// device, cached on disk) and cuBLASLt, and takes the paths o chooses.
+func New(ordinal int, gemm GEMMPrecision, o Options) (*Backend, error) {
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	d, err := driver.LoadDriver()
@@ -271,52 +239,22 @@ func New(ordinal int, gemm GEMMPrecision) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	choices, err := gemmChooserEnv(c.Dev.Name + " " + c.Dev.SM)
+	choices, err := newGemmChooser(o, c.Dev.Name+" "+c.Dev.SM)
 	if err != nil {
 		return nil, err
 	}
-	return newBackend(&gpu{ctx: c, blas: b, nv: n, syncEach: os.Getenv("RPAC_CUDA_SYNC") == "1", choices: choices}, gemm), nil
+	return newBackend(&gpu{ctx: c, blas: b, nv: n, syncEach: o.Sync, choices: choices}, gemm, o), nil
 }
 
-func newBackend(dev device, gemm GEMMPrecision) *Backend {
-	choice, _ := attnChoiceEnv() // New and DryRun refuse a bad value first (checkEnv)
-	join, _ := joinGradsEnv()
-	pack, _ := packEnv()
-	sums, _ := sumsEnv()
-	headPad, _ := headPadEnv()
-	padGradW, _ := padGradWEnv()
-	padModel, _ := padModelEnv()
-	remat, _ := rematEnv()
-	bf16Act, _ := bf16ActEnv()
-	agLean, _ := agLeanEnv()
-	sms, ceShared := 0, 0
-	if split, _ := splitKEnv(); split {
-		sms = dev.Info().SMs
-	}
-	if keep, _ := ceSmemEnv(); keep {
+// newBackend is the backend on dev taking the paths o chooses (validated).
+func newBackend(dev device, gemm GEMMPrecision, o Options) *Backend {
+	ceShared := 0
+	if o.CESmem {
 		ceShared = max(0, dev.Info().SharedOptin-ceStaticShared)
 	}
-	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, fusedInterp: fusedInterpreter(), attention: choice, joinGrads: join,
-		pack: pack, sums: sums, headPad: headPad, padGradW: padGradW, padModel: padModel, remat: remat, bf16Act: bf16Act, agLean: agLean, sms: sms, ceShared: ceShared}
-}
-
-// checkEnv refuses a bad value of the variables that choose the backend's
-// paths (RPAC_CUDA_ATTENTION, RPAC_CUDA_JOIN, RPAC_CUDA_PACK,
-// RPAC_CUDA_SUMS, RPAC_CUDA_SPLITK, RPAC_CUDA_HEAD_PAD,
-// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_CE_SMEM,
-// RPAC_CUDA_REMAT, RPAC_CUDA_BF16_ACT, RPAC_CUDA_AG_LEAN,
-// RPAC_CUDA_GEMM_TUNE).
-func checkEnv() error {
-	if _, err := attnChoiceEnv(); err != nil {
-		return err
-	}
-	for _, on := range []func() (bool, error){joinGradsEnv, packEnv, sumsEnv, splitKEnv, headPadEnv, padGradWEnv, padModelEnv, ceSmemEnv, rematEnv, bf16ActEnv, agLeanEnv} {
-		if _, err := on(); err != nil {
-			return err
-		}
-	}
-	_, err := gemmTuneEnv()
-	return err
+	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, attention: o.Attention, joinGrads: o.JoinGrads,
+		pack: o.Pack, sums: o.Sums, headPad: o.HeadPad, padGradW: o.PadGradW, padModel: o.PadModel, remat: o.Remat, bf16Act: o.BF16Act,
+		agLean: o.AGLean, ceShared: ceShared}
 }
 
 // lmHeadChunk is the rows the fused LM head computes at once on the GPU:
@@ -331,10 +269,10 @@ const lmHeadChunk = 4096
 func (b *Backend) Name() string {
 	d := b.dev.Info()
 	gemm := b.gemm.String()
-	if g, ok := b.dev.(*gpu); ok && g.choices != nil { // RPAC_CUDA_GEMM_ALGOS: which file chose the algorithms
+	if g, ok := b.dev.(*gpu); ok && g.choices != nil { // Options.GEMMAlgos: which file chose the algorithms
 		gemm += ", algorithms from " + g.choices.path
 	}
-	if b.gemm == GEMMBF16 && b.attention == attnChooseFlash {
+	if b.gemm == GEMMBF16 && b.attention == AttentionFlash {
 		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention %s)", d.Name, d.Arch, gemm, b.attention)
 	}
 	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, gemm)
@@ -350,7 +288,7 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 // (DeviceAdamW); the fused LM head takes lmHeadChunk rows at a time; the
 // backward GEMMs of Linears that read one input are joined; under bf16
 // GEMMs the model's widths are stored padded to multiples of 8
-// (padModelEnv).
+// (Options.PadModel).
 func (b *Backend) Capabilities() kernels.Capabilities {
 	align := 0
 	if b.padModel && b.gemm == GEMMBF16 {
@@ -358,51 +296,6 @@ func (b *Backend) Capabilities() kernels.Capabilities {
 	}
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
 		LMHeadChunk: lmHeadChunk, JoinGrads: b.joinGrads, Align: align, RematDropout: b.remat}
-}
-
-// rematEnv reads RPAC_CUDA_REMAT: a Dropout whose result several fused
-// chains read is drawn again in each of them (on, the default:
-// passes.FuseElementwiseRemat; at the paper preset the experts' output
-// dropouts, which the gates' mixture and the gates' gradients read) or
-// written once by dropout_f32 and read by each (off). Both give the same
-// bits.
-func rematEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_REMAT", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: a Dropout read by several fused chains drawn again in each) or off (written once)")
-}
-
-// Padded model widths (RPAC_CUDA_PAD_MODEL, on by default). cuBLASLt runs
-// its Hopper kernels only when M, N and K are all multiples of 8 (the
-// sixth run: 24576x1024x512 in 0.071 ms, 24576x1020x510 in 0.146 on its
-// fallback kernels). The paper preset's widths are 510 (the residual
-// stream), 85 (a head) and 1,020 (an expert); under bf16 GEMMs the
-// backend asks for graphs that hold them as 512, 88 and 1,024 with zero
-// padding (compiler/model's Opts.Align: exact, the parameters keep their
-// shapes), so every GEMM over them has aligned dims.
-func padModelEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_PAD_MODEL", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: under bf16 GEMMs, the model's widths padded to multiples of 8) or off (as they are)")
-}
-
-// ceSmemEnv reads RPAC_CUDA_CE_SMEM: the fused softmax cross-entropy keeps
-// each row of logits in shared memory where it fits (on, the default:
-// softmax_ce_smem_f32, the logits read from DRAM once) or reads them twice
-// (off: softmax_ce_fused_f32). Both give the same bits.
-func ceSmemEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_CE_SMEM", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: a row of logits kept in shared memory where it fits, read from DRAM once) or off (read twice)")
-}
-
-// bf16ActEnv reads RPAC_CUDA_BF16_ACT: under bf16 GEMMs, a GEMM result
-// that only elementwise chains read (at the paper preset the experts' up
-// projections, read by GELU and its gradient, and the input gradients of
-// their down projections) is rounded to bf16 in the GEMM's epilogue and
-// stored so (on, the default: the chains read half the bytes; the values
-// are rounded once more than in fp32, where the chains' own bf16 results
-// for the next GEMMs are rounded anyway), or kept in fp32 (off).
-func bf16ActEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_BF16_ACT", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: bf16 GEMM results that only elementwise chains read stored as bf16) or off (fp32)")
 }
 
 // ceStaticShared: softmax_ce_smem_f32's static shared arrays (32 floats

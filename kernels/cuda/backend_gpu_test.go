@@ -159,7 +159,13 @@ func TestOpCasesCoverTable(t *testing.T) {
 // RPAC_REQUIRE_GPU=1) without a GPU.
 func gpuBackend(t *testing.T, gemm GEMMPrecision) *Backend {
 	t.Helper()
-	b, err := New(0, gemm)
+	return gpuBackendWith(t, gemm, DefaultOptions())
+}
+
+// gpuBackendWith is gpuBackend taking the paths o chooses.
+func gpuBackendWith(t *testing.T, gemm GEMMPrecision, o Options) *Backend {
+	t.Helper()
+	b, err := New(0, gemm, o)
 	if err != nil {
 		if os.Getenv("RPAC_REQUIRE_GPU") == "1" {
 			t.Fatalf("RPAC_REQUIRE_GPU=1 and no usable GPU: %v", err)

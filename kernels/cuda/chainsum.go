@@ -20,7 +20,7 @@ import (
 // (reduce_parts_f32), gives the same bits. When nothing else reads the
 // fp32 result (only the sum, and bf16 GEMMs through the chain's bf16
 // copy, packed.go), the chain does not write it at all. The partials live
-// in the twins' pool from the chain to the reduction. RPAC_CUDA_SUMS=off
+// in the twins' pool from the chain to the reduction. Options.Sums off
 // keeps the separate reductions.
 
 // chainSum is a reduction a chain folded and the partials the chain
@@ -51,7 +51,7 @@ type foldable struct {
 // chain can fold; ok is false for none.
 func (p *program) foldedSum(n *ir.Node) (f foldable, ok bool) {
 	o := n.Outputs[0]
-	if !p.be.sums || p.be.fusedInterp || o.Kind != ir.Intermediate || o.DType != ir.F32 || o.Shape.Numel() == 0 {
+	if !p.be.sums || o.Kind != ir.Intermediate || o.DType != ir.F32 || o.Shape.Numel() == 0 {
 		return foldable{}, false
 	}
 	for _, m := range p.g.Nodes {
@@ -143,11 +143,4 @@ func (p *program) keepsF32(n, r *ir.Node) bool {
 		}
 	}
 	return false
-}
-
-// sumsEnv reads RPAC_CUDA_SUMS: unset or "on" (chains fold the sums of
-// their results), or "off" (a separate reduction reads the result).
-func sumsEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_SUMS", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: chains fold the sums of their results) or off")
 }

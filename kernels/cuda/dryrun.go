@@ -105,16 +105,18 @@ func newFakeDevice() (*fakeDevice, error) {
 // each launch against its kernel's C signature (argument count and types),
 // each pointer, copy and GEMM operand against the live allocations, and
 // downloads zeros. It runs the backend's whole host side without a GPU, so
-// tests can drive training and evaluation through it.
-func NewDryRun(gemm GEMMPrecision) (*Backend, error) {
-	if err := checkEnv(); err != nil {
+// tests can drive training and evaluation through it. It takes the paths
+// o chooses (its GEMMs have no algorithms to choose: o.GEMMAlgos is not
+// read).
+func NewDryRun(gemm GEMMPrecision, o Options) (*Backend, error) {
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	f, err := newFakeDevice()
 	if err != nil {
 		return nil, err
 	}
-	return newBackend(f, gemm), nil
+	return newBackend(f, gemm, o), nil
 }
 
 func (f *fakeDevice) Info() DeviceInfo {

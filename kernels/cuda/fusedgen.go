@@ -5,19 +5,18 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
-	"os"
 	"sort"
 	"strings"
 
 	"github.com/rpac-dev/rpac/ir"
 )
 
-// Generated elementwise chains. fused_ew_f32 (src/fused.cu) interprets a
-// FusedElementwise body per element: a switch over the step kinds and op
-// codes, its registers in shared memory. On an H200 that interpreter was
+// Generated elementwise chains. An interpreter kernel (fused_ew_f32, since
+// removed) ran a FusedElementwise body per element: a switch over the step
+// kinds and op codes, its registers in shared memory. On an H200 it was
 // bound by its instructions (Nsight Compute: 69% SM throughput, 35% of the
 // memory bandwidth), not by the bytes it moves. So each chain of a program
-// becomes a kernel of its own instead: the steps as straight-line code over
+// is a kernel of its own: the steps as straight-line code over
 // local variables, the op codes and parameters as constants (the prelude's
 // ew_* switches fold away), the dense inputs read at i, a broadcast input
 // at an offset computed from the view's dims and strides as constants
@@ -25,7 +24,7 @@ import (
 // division loop, the interpreter's and binary_f32's cost). All
 // chains of one program are one NVRTC module, compiled when the program is
 // (cached on disk like the embedded sources). The formulas are the
-// interpreter's, step for step.
+// prelude's ew_* functions, step for step.
 
 // fusedGenPrefix starts every generated chain kernel's name.
 const fusedGenPrefix = "fused_gen_"
@@ -70,7 +69,7 @@ func reportName(name string) string {
 	return name
 }
 
-// fusedChain is one FusedElementwise body as fused_ew_f32 would run it:
+// fusedChain is one FusedElementwise body as its kernel runs it:
 // the encoded steps (fusedStep) and how each input is read.
 type fusedChain struct {
 	dense []bool // input k has the output's shape
@@ -331,7 +330,7 @@ func (c fusedChain) offset(k int) string {
 	return strings.Join(terms, " + ")
 }
 
-// fusedExpr is one step's right-hand side, fused_ew_f32's formula for it
+// fusedExpr is one step's right-hand side, the prelude's formula for it
 // with the op code and parameters written as constants (floats by their
 // bits, so they are exact).
 func fusedExpr(kind fusedStepKind, s []int32, q []float32) string {
@@ -391,8 +390,3 @@ func fusedModule(kernels map[string]string) (string, error) {
 	}
 	return b.String(), nil
 }
-
-// fusedInterpreter: RPAC_CUDA_FUSED=interp runs every chain on
-// fused_ew_f32, the interpreter, instead of generated kernels (to compare
-// the two on a GPU).
-func fusedInterpreter() bool { return os.Getenv("RPAC_CUDA_FUSED") == "interp" }

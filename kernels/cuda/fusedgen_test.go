@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -61,7 +60,7 @@ func TestFusedGenCompiles(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	cases := fusedCases()
 	f := mustFake(t)
-	be := newBackend(f, GEMMF32)
+	be := newBackend(f, GEMMF32, DefaultOptions())
 	launched := map[string]bool{}
 	for _, c := range cases {
 		runCase(t, be, c, r, nil)
@@ -124,64 +123,13 @@ func TestFusedGenCompiles(t *testing.T) {
 	}
 }
 
-// TestSimFusedGenMatchesInterpreter: on the simulator (or a GPU) every
-// fused case's generated kernel gives the interpreter's result
-// (RPAC_CUDA_FUSED=interp): bit for bit on the simulator, whose compiler
-// contracts no multiply-add, within float32 rounding on a GPU, whose
-// compiler may contract across the generated steps. Both are checked
-// against the CPU backend by TestSimOpParity's cases too.
-func TestSimFusedGenMatchesInterpreter(t *testing.T) {
-	d := parityDevice(t)
-	cases := fusedCases()
-	run := func(interp string) []map[string][]float32 {
-		t.Setenv("RPAC_CUDA_FUSED", interp)
-		be := gpuBackend(t, GEMMF32)
-		r := rand.New(rand.NewPCG(41, 42))
-		var outs []map[string][]float32
-		for _, c := range cases {
-			o := map[string][]float32{}
-			runCase(t, be, c, r, func(g *ir.Graph, prog kernels.Program) {
-				for name := range g.Outputs {
-					o[name] = append([]float32(nil), prog.Output(name).F32...)
-				}
-			})
-			outs = append(outs, o)
-		}
-		if gen := be.dev.(*gpu).ctx.LoadedWithPrefix(fusedGenPrefix); (interp == "") != (gen > 0) {
-			t.Fatalf("RPAC_CUDA_FUSED=%q: %d generated kernels loaded", interp, gen)
-		}
-		return outs
-	}
-	gen, interp := run(""), run("interp")
-	tol := 0.0
-	if !d.Simulated() {
-		tol = 1e-6
-	}
-	for i, c := range cases {
-		for name, want := range interp[i] {
-			got := gen[i][name]
-			worst := 0.0
-			for j := range want {
-				a, b := float64(got[j]), float64(want[j])
-				if math.IsNaN(a) != math.IsNaN(b) {
-					t.Fatalf("case %d (%s) %s[%d]: generated %g, interpreter %g", i, c.op, name, j, a, b)
-				}
-				worst = max(worst, math.Abs(a-b)/max(1, math.Abs(b)))
-			}
-			if worst > tol {
-				t.Errorf("case %d %s: generated and interpreter differ by %.3g (relative), limit %g", i, name, worst, tol)
-			}
-		}
-	}
-}
-
 // TestFusedGenDump: RPAC_CUDA_DUMP_GEN writes each generated source, the
 // kernel the program launches in it.
 func TestFusedGenDump(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("RPAC_CUDA_DUMP_GEN", dir)
 	f := mustFake(t)
-	runCase(t, newBackend(f, GEMMF32), fusedCases()[0], rand.New(rand.NewPCG(1, 2)), nil)
+	runCase(t, newBackend(f, GEMMF32, DefaultOptions()), fusedCases()[0], rand.New(rand.NewPCG(1, 2)), nil)
 	files, _ := filepath.Glob(filepath.Join(dir, "fused_gen-*.cu"))
 	if len(files) != 1 {
 		t.Fatalf("%d files dumped, want 1", len(files))

@@ -475,7 +475,7 @@ func TestGPUMeasuredTrace(t *testing.T) {
 	if math.Abs(pr.Measured-sum) > 1e-12 || math.Abs(per-sum) > 1e-12 {
 		t.Errorf("measured: events %.6g s, prediction %.6g s, kernels %.6g s", sum, pr.Measured, per)
 	}
-	dry, err := NewDryRun(GEMMBF16)
+	dry, err := NewDryRun(GEMMBF16, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,11 +13,13 @@ import (
 // GEMM algorithm choices. A plan takes the algorithm cuBLASLt's heuristic
 // ranks first unless a choices file names another rank for its key:
 //
-//	RPAC_CUDA_GEMM_ALGOS=FILE                    use FILE's ranks (a key it lacks: rank 0)
-//	RPAC_CUDA_GEMM_ALGOS=FILE RPAC_CUDA_GEMM_TUNE=1
-//	                                             also time the candidates of every key FILE
-//	                                             lacks when its plan is made, take the
-//	                                             fastest and add it to FILE
+//	Options{GEMMAlgos: FILE}                 use FILE's ranks (a key it lacks: rank 0)
+//	Options{GEMMAlgos: FILE, GEMMTune: true} also time the candidates of every key FILE
+//	                                         lacks when its plan is made, take the
+//	                                         fastest and add it to FILE
+//
+// (RPAC_CUDA_GEMM_ALGOS=FILE and RPAC_CUDA_GEMM_TUNE=1 on the command line,
+// OptionsFromEnv.)
 //
 // The choice is stored, not timed again: with the same file a step runs
 // the same algorithms, so it repeats bit for bit across processes (two
@@ -62,28 +64,13 @@ type gemmChooser struct {
 	file GemmChoices
 }
 
-// gemmChooserEnv reads RPAC_CUDA_GEMM_ALGOS and RPAC_CUDA_GEMM_TUNE for
-// the device named device: nil when no file is named.
-func gemmChooserEnv(device string) (*gemmChooser, error) {
-	tune, err := gemmTuneEnv()
-	if err != nil {
-		return nil, err
+// newGemmChooser is the choices file o names for the device named
+// device: nil when it names none.
+func newGemmChooser(o Options, device string) (*gemmChooser, error) {
+	if o.GEMMAlgos == "" {
+		return nil, nil
 	}
-	if path := os.Getenv("RPAC_CUDA_GEMM_ALGOS"); path != "" {
-		return loadGemmChooser(path, device, tune)
-	}
-	return nil, nil
-}
-
-// gemmTuneEnv reads RPAC_CUDA_GEMM_TUNE (with RPAC_CUDA_GEMM_ALGOS, which
-// it needs).
-func gemmTuneEnv() (bool, error) {
-	tune, err := envChoice("RPAC_CUDA_GEMM_TUNE", map[string]bool{"": false, "0": false, "1": true},
-		"1 (time the candidates of GEMMs the RPAC_CUDA_GEMM_ALGOS file lacks) or 0")
-	if err == nil && tune && os.Getenv("RPAC_CUDA_GEMM_ALGOS") == "" {
-		err = errors.New("RPAC_CUDA_GEMM_TUNE=1 needs RPAC_CUDA_GEMM_ALGOS=FILE, the file the choices go to")
-	}
-	return tune, err
+	return loadGemmChooser(o.GEMMAlgos, device, o.GEMMTune)
 }
 
 // loadGemmChooser reads the choices at path for device; a missing file is

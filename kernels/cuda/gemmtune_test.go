@@ -22,16 +22,16 @@ func tuneGraph(R, K, N int) *ir.Graph {
 	return g
 }
 
-// runTuned compiles and runs tuneGraph on a new backend (which reads the
-// environment) and returns its outputs, or the first error.
-func runTuned(t *testing.T, weights, feeds map[string]*kernels.Tensor) (map[string][]float32, error) {
+// runTuned compiles and runs tuneGraph on a new backend with the choices
+// file and tuning of o and returns its outputs, or the first error.
+func runTuned(t *testing.T, o Options, weights, feeds map[string]*kernels.Tensor) (map[string][]float32, error) {
 	t.Helper()
-	be, err := New(0, GEMMF32)
+	be, err := New(0, GEMMF32, o)
 	if err != nil {
 		return nil, err
 	}
-	if path := os.Getenv("RPAC_CUDA_GEMM_ALGOS"); strings.Contains(be.Name(), "algorithms from "+path) != (path != "") {
-		t.Errorf("backend %q with RPAC_CUDA_GEMM_ALGOS=%q: the name does not say where the algorithms come from", be.Name(), path)
+	if path := o.GEMMAlgos; strings.Contains(be.Name(), "algorithms from "+path) != (path != "") {
+		t.Errorf("backend %q with the choices file %q: the name does not say where the algorithms come from", be.Name(), path)
 	}
 	st := kernels.NewStore(kernels.F32)
 	for name, w := range weights {
@@ -50,8 +50,8 @@ func runTuned(t *testing.T, weights, feeds map[string]*kernels.Tensor) (map[stri
 	return map[string][]float32{"y": append([]float32(nil), p.Output("y").F32...), "dw": append([]float32(nil), p.Output("dw").F32...)}, nil
 }
 
-// TestSimGemmChoices: with RPAC_CUDA_GEMM_TUNE=1 every GEMM key's
-// candidates are timed and the choice written to the RPAC_CUDA_GEMM_ALGOS
+// TestSimGemmChoices: with Options.GEMMTune every GEMM key's
+// candidates are timed and the choice written to the Options.GEMMAlgos
 // file; a file's ranks are taken as they are (the simulator's second
 // algorithm sums in reverse, so rank 1 gives other bits, within fp32's
 // rounding of rank 0, the same on every run); a rank past the heuristic's
@@ -62,14 +62,14 @@ func TestSimGemmChoices(t *testing.T) {
 	r := rand.New(rand.NewPCG(111, 112))
 	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{45, 130}), "b": randTensor(r, ir.Shape{45})}
 	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{67, 130}), "dy": randTensor(r, ir.Shape{67, 45})}
-	first, err := runTuned(t, weights, feeds)
+	o := DefaultOptions()
+	first, err := runTuned(t, o, weights, feeds)
 	if err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "gemm-algos.json")
-	t.Setenv("RPAC_CUDA_GEMM_ALGOS", path)
-	t.Setenv("RPAC_CUDA_GEMM_TUNE", "1")
-	if _, err := runTuned(t, weights, feeds); err != nil {
+	o.GEMMAlgos, o.GEMMTune = path, true
+	if _, err := runTuned(t, o, weights, feeds); err != nil {
 		t.Fatal(err)
 	}
 	var file GemmChoices
@@ -100,12 +100,12 @@ func TestSimGemmChoices(t *testing.T) {
 		}
 	}
 	write(file)
-	t.Setenv("RPAC_CUDA_GEMM_TUNE", "")
-	second, err := runTuned(t, weights, feeds)
+	o.GEMMTune = false
+	second, err := runTuned(t, o, weights, feeds)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, _ := runTuned(t, weights, feeds)
+	again, _ := runTuned(t, o, weights, feeds)
 	for _, name := range []string{"y", "dw"} {
 		differ := 0
 		for i, v := range first[name] {
@@ -130,17 +130,16 @@ func TestSimGemmChoices(t *testing.T) {
 		file.Keys[k] = ch
 	}
 	write(file)
-	if _, err := runTuned(t, weights, feeds); err == nil || !strings.Contains(err.Error(), "rank 2") {
+	if _, err := runTuned(t, o, weights, feeds); err == nil || !strings.Contains(err.Error(), "rank 2") {
 		t.Errorf("rank 2 of 2 candidates: %v, want a refusal naming the rank", err)
 	}
 	file.Device = "another GPU"
 	write(file)
-	if _, err := runTuned(t, weights, feeds); err == nil || !strings.Contains(err.Error(), "another GPU") {
+	if _, err := runTuned(t, o, weights, feeds); err == nil || !strings.Contains(err.Error(), "another GPU") {
 		t.Errorf("a file of another device: %v, want a refusal naming it", err)
 	}
-	t.Setenv("RPAC_CUDA_GEMM_ALGOS", "")
-	t.Setenv("RPAC_CUDA_GEMM_TUNE", "1")
-	if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_GEMM_ALGOS") {
+	o.GEMMAlgos, o.GEMMTune = "", true
+	if _, err := New(0, GEMMF32, o); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_GEMM_ALGOS") {
 		t.Errorf("tuning without a file: %v, want a refusal naming RPAC_CUDA_GEMM_ALGOS", err)
 	}
 }

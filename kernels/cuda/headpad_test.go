@@ -10,7 +10,7 @@ import (
 )
 
 // TestGPUHeadPad: the fused LM head with its GEMMs over the vocabulary and
-// width rounded up to 8 (headPad, RPAC_CUDA_HEAD_PAD=on, the default: 1,111 → 1,112 and
+// width rounded up to 8 (headPad, Options.HeadPad, the default: 1,111 → 1,112 and
 // 85 → 88, chunks of 16 rows over 37, the weight a store tensor whose bf16
 // copy has the extra row; dx and dW accumulated in rows of 88 and
 // compacted by LMHeadGrad) matches the CPU within bf16's bounds, as the
@@ -106,7 +106,7 @@ func cpuOutputs(t *testing.T, g *ir.Graph, weights, feeds map[string]*kernels.Te
 // TestGPUPaddedGradW: a weight gradient whose dims are not multiples of 8
 // (37 × 85 over 300 rows, the rows of dy and x a lazy mix of a staged
 // activation and a store tensor's layout) runs over 40 × 88 into the
-// workspace and is compacted (padGradW, RPAC_CUDA_PAD_GRADW=on, the
+// workspace and is compacted (padGradW, Options.PadGradW, the
 // default), and equals the bf16 product and the unpadded GEMM within fp32
 // accumulation's rounding; again in differential mode on the simulator.
 func TestGPUPaddedGradW(t *testing.T) {
@@ -140,4 +140,15 @@ func float64s(x []float32) []float64 {
 		out[i] = float64(v)
 	}
 	return out
+}
+
+// gradWCase is dw = LinearGradW(dy, x) over R rows, dy [R,N] and x [R,K]
+// random in [−1, 1).
+func gradWCase(R, N, K int, seed uint64) (*ir.Graph, map[string]*kernels.Tensor) {
+	g := ir.New("gradw")
+	dy := g.Input("dy", ir.Shape{R, N}, ir.F32)
+	x := g.Input("x", ir.Shape{R, K}, ir.F32)
+	g.SetOutput("dw", g.Op1("LinearGradW", nil, dy, x))
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	return g, map[string]*kernels.Tensor{"dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)}, "x": {Shape: ir.Shape{R, K}, F32: randF32(r, R*K, 1)}}
 }

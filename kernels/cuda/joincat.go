@@ -1,8 +1,6 @@
 package cuda
 
 import (
-	"fmt"
-	"os"
 	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -85,24 +83,4 @@ func (p *program) operandOf(d *dval) operand {
 func (p *program) catToBF16(dst Buffer, c *catParts, rows, cols int) error {
 	ld := bf16LD(cols)
 	return p.each("f32_cat_to_bf16_pad_kernel", rows*ld/8, dst.Ptr, c.table.Ptr, int32(c.n), int64(rows), int32(cols), int32(ld))
-}
-
-// joinGradsEnv reads RPAC_CUDA_JOIN: unset or "on" (the train pipeline
-// joins sibling Linears' backward GEMMs, passes.JoinSiblingGrads), or
-// "off" (one GEMM per Linear, to compare).
-func joinGradsEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_JOIN", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: sibling Linears' backward GEMMs joined) or off")
-}
-
-// envChoice reads the environment variable name, one of choices' keys
-// (unset: the key ""); any other value is refused, naming the variable
-// and want.
-func envChoice[T any](name string, choices map[string]T, want string) (T, error) {
-	v := os.Getenv(name)
-	c, ok := choices[v]
-	if !ok {
-		return c, fmt.Errorf("%s=%q: want %s", name, v, want)
-	}
-	return c, nil
 }

@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/rpac-dev/rpac/ir"
@@ -107,21 +106,4 @@ func joinedGradsLazyConcat(t *testing.T) {
 	}
 	closeTo(t, "fp32 dw", fdw, matmulRef(D, feeds["x"].F32, 1, N, K, R, true, false, false), 1e-4)
 	closeTo(t, "fp32 dx", fdx, matmulRef(D, W, 1, R, K, N, false, false, false), 1e-4)
-}
-
-// TestJoinGradsEnv: RPAC_CUDA_JOIN takes on, off or nothing, which the
-// backend's capabilities pass on to the train pipeline; any other value is
-// refused by the dry run (and New) with the variable named.
-func TestJoinGradsEnv(t *testing.T) {
-	for v, want := range map[string]bool{"": true, "on": true, "off": false} {
-		t.Setenv("RPAC_CUDA_JOIN", v)
-		be, err := NewDryRun(GEMMBF16)
-		if err != nil || be.Capabilities().JoinGrads != want {
-			t.Errorf("%q: dry run %v, JoinGrads %v; want %v", v, err, be != nil && be.Capabilities().JoinGrads, want)
-		}
-	}
-	t.Setenv("RPAC_CUDA_JOIN", "yes")
-	if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_JOIN") {
-		t.Errorf("yes: %v, want a refusal naming RPAC_CUDA_JOIN", err)
-	}
 }

@@ -95,7 +95,7 @@ func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 	}
 	a := n.Attrs
 	if code, ok := binaryCode[n.Op]; ok {
-		if !p.be.fusedInterp && !slices.Equal(in[0].v.Shape, in[1].v.Shape) {
+		if !slices.Equal(in[0].v.Shape, in[1].v.Shape) {
 			return p.buildFused(oneStepChain(n), in, out) // a generated kernel: constant offsets
 		}
 		return p.buildBinary(code, in, out)
@@ -927,29 +927,21 @@ func (p *program) buildLinearGradX(in, out []*dval) (func() error, error) {
 	return func() error { return p.gemmRun(s, nil, a, w, GemmCall{Alpha: 1, C: o.buf, CType: ct}) }, nil
 }
 
-// buildLinearGradW: dW = dyᵀ·x over all rows; split along the rows where
-// the output's tiles would leave most SMs idle (splitk.go).
+// buildLinearGradW: dW = dyᵀ·x over all rows, as one GEMM: cuBLASLt
+// splits it along the rows itself where its tiles would leave SMs idle
+// (rpac's own split, a strided batch of slices summed in order, measured
+// slower on an H200 and was removed: 136 against 132 ms a paper step).
 func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 	dy, x, o := in[0], in[1], out[0]
 	s, _ := gemmShapeOf("LinearGradW", []*ir.Value{dy.v, x.v})
 	N, K := s.M, s.N
-	slices := 1
-	if p.bf16GEMM(s) {
-		slices = splitK(s, p.be.sms)
-	}
-	if slices == 1 && p.be.padGradW && p.bf16GEMM(s) && (N%8 != 0 || K%8 != 0) {
+	if p.be.padGradW && p.bf16GEMM(s) && (N%8 != 0 || K%8 != 0) {
 		return p.gemmPaddedGradW(s, p.operandOf(dy), p.operandOf(x), o), nil
 	}
-	if slices == 1 {
-		return p.gemmStep(s, dy, x, o), nil
-	}
-	a, b := p.operandOf(dy), p.operandOf(x)
-	p.needGEMM(splitShape(s, slices), a, b)
-	p.needWork((slices*N*K + 1) / 2)
-	return func() error { return p.gemmSplit(s, slices, a, b, o.buf) }, nil
+	return p.gemmStep(s, dy, x, o), nil
 }
 
-// Padded weight gradients (RPAC_CUDA_PAD_GRADW, on by default). A weight
+// Padded weight gradients (Options.PadGradW, on by default). A weight
 // gradient dW = dyᵀ·x of a Linear of the model's widths (510, 1,020, …)
 // has dims that are not multiples of 8, so cuBLASLt runs it on its
 // fallback kernels (at most 0.27 of the peak in the sixth run, against
@@ -961,13 +953,9 @@ func (p *program) buildLinearGradW(in, out []*dval) (func() error, error) {
 // x, so the padding columns' contents (zero or not) never reach it, and
 // the sums over K are of the same products (TestGPUPaddedGradW). The copy
 // is weights-sized, small beside the GEMM's 24,576-row operands.
-func padGradWEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_PAD_GRADW", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: weight gradients over their dims rounded up to 8, then compacted) or off (as they are)")
-}
 
 // gemmPaddedGradW is the step of a weight gradient over padded M and N
-// (padGradWEnv).
+// (Options.PadGradW).
 func (p *program) gemmPaddedGradW(s GemmShape, a, b operand, o *dval) func() error {
 	Mp, Np := bf16LD(s.M), bf16LD(s.N)
 	p.needGEMM(s, a, b)
@@ -1316,7 +1304,7 @@ func (b *Backend) softmaxCE(V int) (string, uint32) {
 	return "softmax_ce_fused_f32", 0
 }
 
-// The LM head's GEMMs (RPAC_CUDA_HEAD_PAD=on, the default) run over the vocabulary
+// The LM head's GEMMs (Options.HeadPad, the default) run over the vocabulary
 // V and the model width D rounded up to 8 (50,264 and 512 at the paper
 // preset): the logits as 4,096 × 50,264 over 512, dx over 50,264 and dW as
 // 50,264 rows. Every operand is zero there (the weight's bf16 copy has
@@ -1330,10 +1318,6 @@ func (b *Backend) softmaxCE(V int) (string, uint32) {
 // 50,257 over 510 and at 0.41 ms (517 TFLOP/s, nvjet_sm90) as 4,096 ×
 // 50,264 over 512, and the paper step at T = 384 at 132 ms without the
 // padding and 114 ms with it.
-func headPadEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_HEAD_PAD", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: the LM head's GEMMs over the vocabulary and width rounded up to 8) or off (as they are)")
-}
 
 // growM, growN and growK round one dim of a GEMM shape up to 8.
 func growM(s *GemmShape) { s.M = bf16LD(s.M) }
@@ -1530,7 +1514,7 @@ const (
 // newAttention is a node's geometry and path: under bf16 GEMMs the GEMM
 // path when choice allows and its work buffer fits (the backward's when
 // backward, else the forward's), else flash.cu's kernels.
-func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, choice attnChoice, backward bool) (*attention, error) {
+func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, choice AttentionPath, backward bool) (*attention, error) {
 	lay := ir.AttnLayoutOf(n.Attrs)
 	B, H, T, Hd := lay.Dims(q.v.Shape)
 	_, _, S, _ := lay.Dims(k.v.Shape)
@@ -1558,7 +1542,7 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, cho
 	// fits, else flash.cu's.
 	if gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead {
 		a.path = attnFlash
-		if choice == attnChooseGEMM && attnGEMMFits(a, backward) {
+		if choice == AttentionGEMM && attnGEMMFits(a, backward) {
 			a.path = attnGEMM
 		}
 	}

@@ -30,7 +30,7 @@ func TestSimDeviceAdamWMatchesHost(t *testing.T) {
 }
 
 func deviceAdamWMatchesHost(t *testing.T) {
-	be, err := New(0, GEMMF32)
+	be, err := New(0, GEMMF32, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

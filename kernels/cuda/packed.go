@@ -17,7 +17,7 @@ import (
 // buffer (2·rows·bf16LD(cols) bytes fit in the 4·rows·cols of its fp32
 // slot), and the GEMMs read it as it is: no fp32 write, no conversion. The
 // producer rounds each result with the conversion kernel's f32_to_bf16, so
-// the GEMMs see the same bits. RPAC_CUDA_PACK=off keeps the fp32 value (to
+// the GEMMs see the same bits. Options.Pack off keeps the fp32 value (to
 // compare), and the twins below too.
 
 // gemmShapeOf is the GEMM a Linear, LinearGradX or LinearGradW node runs
@@ -115,11 +115,7 @@ func (p *program) packsOutput(n *ir.Node) bool {
 		return false
 	}
 	switch n.Op {
-	case "FusedElementwise":
-		if p.be.fusedInterp {
-			return false
-		}
-	case "LayerNorm":
+	case "FusedElementwise", "LayerNorm":
 	default:
 		return false
 	}
@@ -161,7 +157,7 @@ func (b *Backend) halfBiasOK() bool {
 }
 
 // halfOutput: the bf16 GEMM s writes its result o rounded to bf16 in its
-// epilogue (RPAC_CUDA_BF16_ACT, bf16ActEnv): o is an fp32 intermediate, no
+// epilogue (Options.BF16Act): o is an fp32 intermediate, no
 // graph output, read only by generated chains, each reading it whole (o
 // has their output's shape) and writing elsewhere than o's plan slot
 // (bf16 elements under an fp32 result would be overwritten before they
@@ -169,7 +165,7 @@ func (b *Backend) halfBiasOK() bool {
 // take the GEMM path, as their q, k or v (which they pack to bf16
 // themselves: the same bits). The Reshape's result is marked half too.
 func (p *program) halfOutput(s GemmShape, o *dval) bool {
-	if !p.be.bf16Act || p.be.fusedInterp || !p.bf16GEMM(s) || !p.bf16Candidate(o.v) || p.isOutput(o.v) {
+	if !p.be.bf16Act || !p.bf16GEMM(s) || !p.bf16Candidate(o.v) || p.isOutput(o.v) {
 		return false
 	}
 	readers := 0
@@ -279,14 +275,6 @@ func (p *program) packInto(o *dval, cols int) error {
 	return nil
 }
 
-// packEnv reads RPAC_CUDA_PACK: unset or "on" (producers write the bf16
-// copies bf16 GEMMs read: packed values and twins), or "off" (the GEMMs
-// convert fp32 values).
-func packEnv() (bool, error) {
-	return envChoice("RPAC_CUDA_PACK", map[string]bool{"": true, "on": true, "off": false},
-		"on (the default: producers write the bf16 copies their GEMMs read) or off")
-}
-
 // Twins. A value that bf16 GEMMs read and something else reads too (the
 // column sum of a bias gradient, a LayerNorm, a graph output) keeps its
 // fp32 result; when a generated chain produces it, the chain also writes
@@ -324,7 +312,7 @@ type pooled struct {
 // its result beside the fp32 one; ok is false for none.
 func (p *program) twinFor(n *ir.Node) (t twin, ok bool, err error) {
 	o := n.Outputs[0]
-	if !p.be.pack || p.be.fusedInterp || p.be.gemm != GEMMBF16 || o.Kind != ir.Intermediate || o.DType != ir.F32 {
+	if !p.be.pack || p.be.gemm != GEMMBF16 || o.Kind != ir.Intermediate || o.DType != ir.F32 {
 		return twin{}, false, nil
 	}
 	if t, ok := p.parts[o.ID]; ok { // a Concat's part, placed with the first

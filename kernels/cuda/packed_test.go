@@ -96,50 +96,18 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// TestPackEnv: RPAC_CUDA_PACK, RPAC_CUDA_SUMS, RPAC_CUDA_HEAD_PAD,
-// RPAC_CUDA_PAD_GRADW, RPAC_CUDA_PAD_MODEL, RPAC_CUDA_CE_SMEM (on when
-// unset) and RPAC_CUDA_SPLITK (off when unset) take on, off or nothing;
-// any other value is refused by the dry run with the variable named.
-func TestPackEnv(t *testing.T) {
-	for name, c := range map[string]struct {
-		flag func(*Backend) bool
-		def  bool // unset
-	}{
-		"RPAC_CUDA_PACK":      {func(b *Backend) bool { return b.pack }, true},
-		"RPAC_CUDA_SUMS":      {func(b *Backend) bool { return b.sums }, true},
-		"RPAC_CUDA_HEAD_PAD":  {func(b *Backend) bool { return b.headPad }, true},
-		"RPAC_CUDA_PAD_GRADW": {func(b *Backend) bool { return b.padGradW }, true},
-		"RPAC_CUDA_SPLITK":    {func(b *Backend) bool { return b.sms > 0 }, false},
-		// the graphs' alignment follows it under bf16 GEMMs
-		"RPAC_CUDA_PAD_MODEL": {func(b *Backend) bool { return b.padModel && b.Capabilities().Align == 8 }, true},
-		// the paper's vocabulary: a row of 201 KB within sm_90's 227 KiB
-		"RPAC_CUDA_AG_LEAN":  {func(b *Backend) bool { return b.agLean }, true},
-		"RPAC_CUDA_BF16_ACT": {func(b *Backend) bool { return b.bf16Act }, true},
-		"RPAC_CUDA_REMAT":    {func(b *Backend) bool { return b.Capabilities().RematDropout }, true},
-		"RPAC_CUDA_CE_SMEM":  {func(b *Backend) bool { k, _ := b.softmaxCE(50257); return k == "softmax_ce_smem_f32" }, true},
-	} {
-		flag := c.flag
-		for v, want := range map[string]bool{"": c.def, "on": true, "off": false} {
-			t.Setenv(name, v)
-			be, err := NewDryRun(GEMMBF16)
-			if err != nil || flag(be) != want {
-				t.Errorf("%s=%q: dry run %v, flag %v; want %v", name, v, err, be != nil && flag(be), want)
-			}
-		}
-		t.Setenv(name, "yes")
-		if _, err := NewDryRun(GEMMBF16); err == nil || !strings.Contains(err.Error(), name) {
-			t.Errorf("%s=yes: %v, want a refusal naming it", name, err)
-		}
-		t.Setenv(name, "")
-	}
+// TestSoftmaxCEAndAlign: a row of logits past the shared memory's opt-in
+// takes the kernel that reads it twice; fp32 GEMMs keep the model's
+// widths unpadded.
+func TestSoftmaxCEAndAlign(t *testing.T) {
 	// a row of logits past the shared memory's opt-in: the kernel that reads it twice
-	if be, err := NewDryRun(GEMMBF16); err != nil {
+	if be, err := NewDryRun(GEMMBF16, DefaultOptions()); err != nil {
 		t.Fatal(err)
 	} else if k, shared := be.softmaxCE(60000); k != "softmax_ce_fused_f32" || shared != 0 {
 		t.Errorf("60,000 logits a row: %s with %d bytes of shared memory; want softmax_ce_fused_f32 with none", k, shared)
 	}
 	// fp32 GEMMs gain nothing from the padded widths: their graphs keep the model's
-	be, err := NewDryRun(GEMMF32)
+	be, err := NewDryRun(GEMMF32, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +182,7 @@ func twinCopies(t *testing.T) {
 // once the last node reading it has run, never while it is read, and the
 // pool stops at twinPoolBytes.
 func TestTwinPool(t *testing.T) {
-	be, err := NewDryRun(GEMMBF16)
+	be, err := NewDryRun(GEMMBF16, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,9 +217,9 @@ type packRun struct {
 // weights, runs it once on feeds and reads the named outputs.
 func runPacked(t *testing.T, g *ir.Graph, prec GEMMPrecision, pack bool, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
 	t.Helper()
-	be := gpuBackend(t, prec)
-	be.pack = pack
-	return runOn(t, be, g, weights, feeds, names)
+	o := DefaultOptions()
+	o.Pack = pack
+	return runOn(t, gpuBackendWith(t, prec, o), g, weights, feeds, names)
 }
 
 // runOn compiles g on be over weights, runs it once on feeds and reads the
@@ -350,7 +318,7 @@ func TestGPUTwinSharedPart(t *testing.T) {
 // [B,T,H·Hd]), so no fp32 unpack and no f32_cat_to_bf16_pad_kernel runs
 // for them; the joined gradients and the bias gradient equal the run
 // without it bit for bit, whether the GEMMs write dq, dk, dv as bf16
-// (RPAC_CUDA_AG_LEAN, the default) or fp32. On the simulator again in
+// (Options.AGLean, the default) or fp32. On the simulator again in
 // differential mode.
 func TestGPUAttentionGradIntoConcat(t *testing.T) {
 	differentially(t, []string{"attn_unpack_bf16"}, func() { attentionGradIntoConcat(t) })
@@ -406,12 +374,12 @@ func attentionGradIntoConcat(t *testing.T) {
 		t.Errorf("without: %d bf16 unpacks (want 0), %d Concat conversions (want 1)", off.launches["attn_unpack_bf16"], off.launches["f32_cat_to_bf16_pad_kernel"])
 	}
 	sameOutputs(t, "attention gradients into the Concat", on, off)
-	// fp32 GEMM results, which attn_unpack_bf16 rounds (RPAC_CUDA_AG_LEAN=off)
-	t.Setenv("RPAC_CUDA_AG_LEAN", "off")
-	whole := runPacked(t, g, GEMMBF16, true, weights, feeds, names)
-	t.Setenv("RPAC_CUDA_AG_LEAN", "")
+	// fp32 GEMM results, which attn_unpack_bf16 rounds (AGLean off)
+	lean := DefaultOptions()
+	lean.AGLean = false
+	whole := runOn(t, gpuBackendWith(t, GEMMBF16, lean), g, weights, feeds, names)
 	if whole.launches["attn_unpack_bf16"] != 3 {
-		t.Errorf("RPAC_CUDA_AG_LEAN=off: %d bf16 unpacks (want 3)", whole.launches["attn_unpack_bf16"])
+		t.Errorf("AGLean off: %d bf16 unpacks (want 3)", whole.launches["attn_unpack_bf16"])
 	}
 	sameOutputs(t, "attention gradients into the Concat from fp32 results", whole, off)
 }
@@ -460,7 +428,7 @@ func halfGraph(R, N, K int) *ir.Graph {
 	return g
 }
 
-// TestSimHalfOutputs: with RPAC_CUDA_BF16_ACT a Linear's and a
+// TestSimHalfOutputs: with Options.BF16Act a Linear's and a
 // LinearGradX's results that only a generated chain reads are written as
 // bf16 by the GEMM (the bias added before the rounding; a device whose
 // cuBLASLt has no bf16 result with an fp32 bias keeps the biased Linear's
@@ -487,9 +455,10 @@ func halfOutputs(t *testing.T) {
 		"dy": {Shape: ir.Shape{R, N}, F32: randF32(r, R*N, 1)},
 	}
 	biasOK := true // the device's cuBLASLt has a bf16 result with the fp32 bias epilogue
-	run := func(act string) (y, dx []float32, gemmBytes float64) {
-		t.Setenv("RPAC_CUDA_BF16_ACT", act)
-		be := gpuBackend(t, GEMMBF16)
+	run := func(act bool) (y, dx []float32, gemmBytes float64) {
+		o := DefaultOptions()
+		o.BF16Act = act
+		be := gpuBackendWith(t, GEMMBF16, o)
 		biasOK = be.halfBiasOK()
 		g := halfGraph(R, N, K)
 		if err := passes.FuseElementwise(g); err != nil {
@@ -509,8 +478,8 @@ func halfOutputs(t *testing.T) {
 		be.Release(st)
 		return slices.Clone(p.Output("y").F32), slices.Clone(p.Output("dx").F32), gemmBytes
 	}
-	y32, dx32, bytes32 := run("off")
-	y16, dx16, bytes16 := run("on")
+	y32, dx32, bytes32 := run(false)
+	y16, dx16, bytes16 := run(true)
 	if d.Simulated() && !biasOK {
 		t.Error("the simulator's cuBLASLt has no bf16 result with an fp32 bias")
 	}
@@ -545,7 +514,7 @@ func halfOutputs(t *testing.T) {
 	}
 }
 
-// TestSimHalfAttentionOperands: with RPAC_CUDA_BF16_ACT the projections
+// TestSimHalfAttentionOperands: with Options.BF16Act the projections
 // whose results only GEMM-path attentions read, through Reshapes to
 // [B,T,H,Hd], as q, k and v, write them as bf16, which the attention's
 // packs copy instead of rounding: the same bits (bit for bit on the
@@ -557,7 +526,7 @@ func TestSimHalfAttentionOperands(t *testing.T) {
 
 func halfAttentionOperands(t *testing.T) {
 	d := parityDevice(t)
-	t.Setenv("RPAC_CUDA_ATTENTION", "") // the GEMM path (the flash case below sets it)
+	path := AttentionGEMM // the flash case below sets it
 	const B, T, H, Hd, K = atB, atT, atH, 88, 64
 	r := rand.New(rand.NewPCG(91, 92))
 	g := ir.New("half-attention")
@@ -574,9 +543,10 @@ func halfAttentionOperands(t *testing.T) {
 	ir.AttnBTHD.Set(attrs)
 	g.SetOutput("o", g.Apply("FusedAttention", attrs, qkv...)[0])
 	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{B, T, K})}
-	run := func(act string) ([]float32, float64) {
-		t.Setenv("RPAC_CUDA_BF16_ACT", act)
-		be := gpuBackend(t, GEMMBF16)
+	run := func(act bool) ([]float32, float64) {
+		o := DefaultOptions()
+		o.Attention, o.BF16Act = path, act
+		be := gpuBackendWith(t, GEMMBF16, o)
 		tr, err := be.StartTrace()
 		if err != nil {
 			t.Fatal(err)
@@ -598,8 +568,8 @@ func halfAttentionOperands(t *testing.T) {
 		be.Release(st)
 		return slices.Clone(p.Output("o").F32), packBytes
 	}
-	full, fullBytes := run("off")
-	half, halfBytes := run("on")
+	full, fullBytes := run(false)
+	half, halfBytes := run(true)
 	if want := fullBytes - 3*2*float64(B*T*H*Hd); halfBytes != want {
 		t.Errorf("the packs read %g bytes from bf16 projections, %g from fp32; want %g", halfBytes, fullBytes, want)
 	}
@@ -609,10 +579,10 @@ func halfAttentionOperands(t *testing.T) {
 	closeTo(t, "attention output", half, float64s(full), 1e-5)
 	// on flash.cu's kernels, which read q, k and v in fp32, the projections
 	// stay fp32: the same output with and without
-	t.Setenv("RPAC_CUDA_ATTENTION", "flash")
-	flash32, _ := run("off")
-	flash16, _ := run("on")
+	path = AttentionFlash
+	flash32, _ := run(false)
+	flash16, _ := run(true)
 	if !sameBits(flash16, flash32) {
-		t.Error("RPAC_CUDA_ATTENTION=flash: the output differs with RPAC_CUDA_BF16_ACT (a projection written as bf16 for kernels that read fp32)")
+		t.Error("the flash path: the output differs with BF16Act (a projection written as bf16 for kernels that read fp32)")
 	}
 }

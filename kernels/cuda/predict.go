@@ -70,13 +70,6 @@ const (
 	// plain streaming kernels (unary, dropout, copies, the bf16 conversion)
 	// took 1.0–1.4×.
 	viewStream = 0.28
-	// interpStream: fused_ew_f32, the chain interpreter (ClassInterp), moved
-	// its 47.6 GB per paper step (T = 768) in 51.2 ms on an H200
-	// (2026-11-26, less the launch floor): 0.93 TB/s, 0.19 of the HBM
-	// bandwidth; Nsight Compute found it bound by its instructions (69% SM
-	// throughput, 35% memory). The view rate above had been fitted to its
-	// earlier form with fewer steps per chain.
-	interpStream = 0.19
 	// memLatency: the latency of one dependent global load, seconds.
 	memLatency = 600e-9
 	// inflightStream / inflightSerial: bytes in flight per thread for
@@ -228,8 +221,6 @@ func (h Hardware) eventTime(e Event) (float64, string) {
 	switch e.Class {
 	case ClassView:
 		bw = viewStream * h.HBMTBs * 1e12
-	case ClassInterp:
-		bw = interpStream * h.HBMTBs * 1e12
 	}
 	switch e.Kind {
 	case EvH2D, EvD2H:
@@ -323,6 +314,7 @@ func (h Hardware) gemmEfficiency(s GemmShape, dt DType) float64 {
 // as the largest power of two that keeps the tiles of all slices within
 // the SMs and each slice at least splitKMinDepth deep.
 func gemmLibSplit(tiles float64, K, sms int) int {
+	const splitKMinDepth = 1024 // the shallowest slice of K modelled
 	n := 1
 	for tiles*float64(2*n) <= float64(sms) && K/(2*n) >= splitKMinDepth {
 		n *= 2

@@ -188,7 +188,7 @@ func TestPredictGroupsGEMMShapes(t *testing.T) {
 // of the graph (all but the fused attention, whose products run in its own
 // kernels), and the weights going up.
 func TestTraceRecordsTrainingStep(t *testing.T) {
-	s := traceTinyStep(t, GEMMF32, false)
+	s := traceTinyStep(t, GEMMF32, false, DefaultOptions())
 	var launches, gemms int
 	var gemmFlops float64
 	for _, e := range s.events {
@@ -251,7 +251,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 // per step: a second micro-batch on the same weights (ReuseStored)
 // converts only activations.
 func TestTraceBF16GEMMsPadded(t *testing.T) {
-	s := traceTinyStep(t, GEMMBF16, false)
+	s := traceTinyStep(t, GEMMBF16, false, DefaultOptions())
 	var bf16 int
 	for _, e := range s.events {
 		if e.Kind == EvGEMM && e.DType == BF16 {
@@ -292,7 +292,7 @@ type tracedStep struct {
 	weights int // weight tensors
 }
 
-func traceTinyStep(t *testing.T, gemm GEMMPrecision, join bool) tracedStep {
+func traceTinyStep(t *testing.T, gemm GEMMPrecision, join bool, o Options) tracedStep {
 	t.Helper()
 	p, err := model.LookupPreset("tiny")
 	if err != nil {
@@ -312,7 +312,7 @@ func traceTinyStep(t *testing.T, gemm GEMMPrecision, join bool) tracedStep {
 	if err := model.InitStore(mg.Specs, st, 7); err != nil {
 		t.Fatal(err)
 	}
-	be := newBackend(mustFake(t), gemm)
+	be := newBackend(mustFake(t), gemm, o)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -364,8 +364,9 @@ func TestTraceJoinedGradients(t *testing.T) {
 	}
 	// the weight gradients over their own dims (padded, the joined and the
 	// plain ones would round up differently: other FLOPs)
-	t.Setenv("RPAC_CUDA_PAD_GRADW", "off")
-	plain, joined := traceTinyStep(t, GEMMBF16, false), traceTinyStep(t, GEMMBF16, true)
+	o := DefaultOptions()
+	o.PadGradW = false
+	plain, joined := traceTinyStep(t, GEMMBF16, false, o), traceTinyStep(t, GEMMBF16, true, o)
 	uses := joined.g.Uses()
 	folded, written := 0, 0
 	for _, n := range joined.g.Nodes {
@@ -402,7 +403,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 // on feeds and returns the launches of that run.
 func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []Event {
 	t.Helper()
-	be := newBackend(mustFake(t), GEMMF32)
+	be := newBackend(mustFake(t), GEMMF32, DefaultOptions())
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -424,22 +425,19 @@ func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) [
 // backend states (costHinter) since the kernels' arguments cannot; a
 // generated chain is reported by kind (every input dense, or a broadcast
 // over a view of two dims: a stream; a broadcast over more: the view
-// class), the interpreter (RPAC_CUDA_FUSED=interp)
-// as fused_ew_f32.
+// class).
 func TestTraceFusedBytes(t *testing.T) {
 	cases := []struct {
-		name, env, kernel string
-		y                 ir.Shape
-		class             CostClass
+		name, kernel string
+		y            ir.Shape
+		class        CostClass
 	}{
-		{"generated, broadcast over rows", "", fusedGenBcast, ir.Shape{7}, ClassStream},
-		{"generated, broadcast inside", "", fusedGenView, ir.Shape{5, 1}, ClassView},
-		{"generated, dense", "", fusedGenDense, ir.Shape{3, 5, 7}, ClassStream},
-		{"interpreter", "interp", "fused_ew_f32", ir.Shape{7}, ClassInterp},
+		{"generated, broadcast over rows", fusedGenBcast, ir.Shape{7}, ClassStream},
+		{"generated, broadcast inside", fusedGenView, ir.Shape{5, 1}, ClassView},
+		{"generated, dense", fusedGenDense, ir.Shape{3, 5, 7}, ClassStream},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			t.Setenv("RPAC_CUDA_FUSED", c.env)
 			g := ir.New("fused")
 			x := g.Input("x", ir.Shape{3, 5, 7}, ir.F32)
 			y := g.Input("y", c.y, ir.F32)
@@ -493,7 +491,7 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 	h2 := g.Op1("Linear", nil, x, w("up2", F, K))
 	y2 := g.Op1("Linear", nil, h2, w("down2", K, F))
 	g.SetOutput("y", g.Op1("Add", nil, y1, y2))
-	be := newBackend(mustFake(t), GEMMBF16)
+	be := newBackend(mustFake(t), GEMMBF16, DefaultOptions())
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -529,19 +527,16 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 // TestBinaryKernelChoice: a binary op whose operands both have the output's
 // shape launches binary_dense_f32; one with a broadcast operand runs as a
 // generated one-step chain (a two-dim broadcast: fused_gen_bcast_f32; a
-// deeper one: fused_gen_view_f32), or, with the chain interpreter
-// (RPAC_CUDA_FUSED=interp), binary_f32 (the runtime view kernel).
+// deeper one: fused_gen_view_f32).
 func TestBinaryKernelChoice(t *testing.T) {
 	for _, tc := range []struct {
-		b         ir.Shape
-		env, want string
+		b    ir.Shape
+		want string
 	}{
-		{ir.Shape{3, 5, 7}, "", "binary_dense_f32"},
-		{ir.Shape{7}, "", fusedGenBcast},
-		{ir.Shape{5, 1}, "", fusedGenView},
-		{ir.Shape{5, 1}, "interp", "binary_f32"},
+		{ir.Shape{3, 5, 7}, "binary_dense_f32"},
+		{ir.Shape{7}, fusedGenBcast},
+		{ir.Shape{5, 1}, fusedGenView},
 	} {
-		t.Setenv("RPAC_CUDA_FUSED", tc.env)
 		g := ir.New("binary")
 		a := g.Input("a", ir.Shape{3, 5, 7}, ir.F32)
 		b := g.Input("b", tc.b, ir.F32)
@@ -554,7 +549,7 @@ func TestBinaryKernelChoice(t *testing.T) {
 			}
 		}
 		if len(names) != 1 || names[0] != tc.want {
-			t.Errorf("b%v %q: launched %v, want [%s]", tc.b, tc.env, names, tc.want)
+			t.Errorf("b%v: launched %v, want [%s]", tc.b, names, tc.want)
 		}
 	}
 }

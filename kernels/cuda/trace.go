@@ -51,14 +51,10 @@ const (
 	// which work out every operand's multi-dimensional index per element
 	// (64-bit divisions): memory-bound at viewStream of the bandwidth.
 	ClassView
-	// ClassInterp: fused_ew_f32, which interprets its chain per element
-	// (RPAC_CUDA_FUSED=interp): bound by its instructions, charged at
-	// interpStream of the bandwidth for the bytes it moves.
-	ClassInterp
 )
 
 func (c CostClass) String() string {
-	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma", "view", "interp"}[c]
+	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma", "view"}[c]
 }
 
 // Event is one traced device call with its estimated work: Flops that
@@ -192,7 +188,7 @@ type tracedDevice struct {
 
 // costHinter is a device that records costs: the backend states the DRAM
 // bytes of its next launch when the kernel's arguments cannot say them
-// (fused_ew_f32: the inputs' sizes sit in device tables).
+// (a generated chain's inputs, broadcast or half).
 type costHinter interface{ hintBytes(bytes float64) }
 
 func (d *tracedDevice) hintBytes(bytes float64) { d.bytes = bytes }
@@ -361,8 +357,6 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	switch e.Name {
 	case "binary_f32", "gather_view_f32", "scatter_view_f32", fusedGenView:
 		e.Class = ClassView
-	case "fused_ew_f32":
-		e.Class = ClassInterp
 	}
 	switch e.Name {
 	case "copy_words", "unary_f32", "dropout_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "compact_rows_f32", "add_rows_f32",
@@ -379,11 +373,6 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		// the backend states the inputs' sizes (costHinter); without
 		// that, one input and the output
 		e.Bytes = 2 * w * n
-	case "fused_ew_f32":
-		// every input counted at the output's size: an upper bound (a
-		// broadcast input is smaller and stays in L2); the backend states
-		// the inputs' own sizes instead (costHinter)
-		e.Bytes = w * n * float64(1+a.i("nin"))
 	case "sat_count_f32":
 		e.Bytes = w * a.i("rows") * a.i("R")
 	case "adamw_f32":
@@ -394,8 +383,6 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 2 * w * a.i("n")
 	case "sumsq_f32", "sumsq_parts_f32":
 		e.Bytes = w * n
-	case "sum_slices_f32":
-		e.Bytes = w * n * (a.i("slices") + 1)
 	case "sum_part_f64":
 		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
 	case "reduce_view_f32":

@@ -225,16 +225,3 @@ func (c *Context) Loaded(kernels []string) bool {
 	}
 	return true
 }
-
-// LoadedWithPrefix counts the loaded kernels whose names start with prefix.
-func (c *Context) LoadedWithPrefix(prefix string) int {
-	c.lock.Lock()
-	defer c.lock.Unlock()
-	n := 0
-	for k := range c.fns {
-		if strings.HasPrefix(k, prefix) {
-			n++
-		}
-	}
-	return n
-}

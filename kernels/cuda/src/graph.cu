@@ -47,16 +47,6 @@ extern "C" __global__ void scatter_view_f32(float* out, const float* x, const i6
     GRID_STRIDE(i, n) out[base + view_offset_n(i, n, view, view + rank, rank)] = x[i];
 }
 
-// sum_slices_f32: out[i] = Σ_s x[s·n + i] over s = 0 … slices-1 in order
-// (the partial products of a GEMM split along K, splitk.go).
-extern "C" __global__ void sum_slices_f32(float* out, const float* x, int slices, i64 n) {
-    GRID_STRIDE(i, n) {
-        float acc = x[i];
-        for (int s = 1; s < slices; s++) acc += x[(i64)s * n + i];
-        out[i] = acc;
-    }
-}
-
 // red_term: the term i of a reduction, x[i], or with y (a product sum,
 // SumToProduct) the float product x[i]·y[i], as a Mul kernel writes it.
 __device__ __forceinline__ float red_term(const float* x, const float* y, i64 i) {

@@ -1,0 +1,73 @@
+package cuda
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestOptionsFromEnv: each path variable takes its values or nothing
+// (base's choice), reaches the backend the options open (the dry run's),
+// and any other value is refused with the variable named; the variables
+// of removed paths are refused when set; tuning needs a choices file.
+func TestOptionsFromEnv(t *testing.T) {
+	onOff := map[string]bool{"": true, "on": true, "off": false}
+	for name, c := range map[string]struct {
+		flag   func(*Backend) bool
+		values map[string]bool
+	}{
+		"RPAC_CUDA_ATTENTION": {func(b *Backend) bool { return b.attention == AttentionGEMM }, map[string]bool{"": true, "gemm": true, "flash": false}},
+		"RPAC_CUDA_JOIN":      {func(b *Backend) bool { return b.Capabilities().JoinGrads }, onOff},
+		"RPAC_CUDA_PACK":      {func(b *Backend) bool { return b.pack }, onOff},
+		"RPAC_CUDA_SUMS":      {func(b *Backend) bool { return b.sums }, onOff},
+		"RPAC_CUDA_HEAD_PAD":  {func(b *Backend) bool { return b.headPad }, onOff},
+		"RPAC_CUDA_PAD_GRADW": {func(b *Backend) bool { return b.padGradW }, onOff},
+		// the graphs' alignment follows it under bf16 GEMMs
+		"RPAC_CUDA_PAD_MODEL": {func(b *Backend) bool { return b.padModel && b.Capabilities().Align == 8 }, onOff},
+		"RPAC_CUDA_AG_LEAN":   {func(b *Backend) bool { return b.agLean }, onOff},
+		"RPAC_CUDA_BF16_ACT":  {func(b *Backend) bool { return b.bf16Act }, onOff},
+		"RPAC_CUDA_REMAT":     {func(b *Backend) bool { return b.Capabilities().RematDropout }, onOff},
+		// the paper's vocabulary: a row of 201 KB within sm_90's 227 KiB
+		"RPAC_CUDA_CE_SMEM": {func(b *Backend) bool { k, _ := b.softmaxCE(50257); return k == "softmax_ce_smem_f32" }, onOff},
+	} {
+		for v, want := range c.values {
+			t.Setenv(name, v)
+			o, err := OptionsFromEnv(DefaultOptions())
+			if err != nil {
+				t.Fatalf("%s=%q: %v", name, v, err)
+			}
+			be, err := NewDryRun(GEMMBF16, o)
+			if err != nil || c.flag(be) != want {
+				t.Errorf("%s=%q: dry run %v, path %v; want %v", name, v, err, be != nil && c.flag(be), want)
+			}
+		}
+		t.Setenv(name, "yes")
+		if _, err := OptionsFromEnv(DefaultOptions()); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=yes: %v, want a refusal naming it", name, err)
+		}
+		t.Setenv(name, "")
+	}
+	// unset, a variable keeps base's choice, not the default
+	base := DefaultOptions()
+	base.Pack = false
+	if o, err := OptionsFromEnv(base); err != nil || o.Pack {
+		t.Errorf("base without Pack: %+v, %v", o, err)
+	}
+	for _, gone := range []string{"RPAC_CUDA_SPLITK", "RPAC_CUDA_FUSED"} {
+		t.Setenv(gone, "on")
+		if _, err := OptionsFromEnv(DefaultOptions()); err == nil || !strings.Contains(err.Error(), gone) {
+			t.Errorf("%s=on: %v, want a refusal naming it", gone, err)
+		}
+		t.Setenv(gone, "")
+	}
+	t.Setenv("RPAC_CUDA_GEMM_TUNE", "1")
+	if _, err := OptionsFromEnv(DefaultOptions()); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_GEMM_ALGOS") {
+		t.Errorf("RPAC_CUDA_GEMM_TUNE=1 alone: %v, want a refusal naming RPAC_CUDA_GEMM_ALGOS", err)
+	}
+	if _, err := NewDryRun(GEMMBF16, Options{GEMMTune: true}); err == nil {
+		t.Error("the dry run took GEMMTune without a choices file")
+	}
+	t.Setenv("RPAC_CUDA_GEMM_ALGOS", "/nonexistent/choices.json")
+	if o, err := OptionsFromEnv(DefaultOptions()); err != nil || !o.GEMMTune || o.GEMMAlgos != "/nonexistent/choices.json" {
+		t.Errorf("RPAC_CUDA_GEMM_ALGOS and _TUNE: %+v, %v", o, err)
+	}
+}
