@@ -10,6 +10,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/kernels/cuda/driver"
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -151,7 +152,7 @@ func (b *Bench) Time(steps int, startProfile func() (stop func(), err error)) (f
 // predict its time on hw: with --device cuda and no usable GPU, the
 // dry-run device (every launch checked, nothing computed) with a memory
 // budget of 90% of hw's unless o sets one; dryRun reports that choice.
-func PredictOptions(o Options, hw cuda.Hardware) (_ Options, dryRun bool, err error) {
+func PredictOptions(o Options, hw perf.Hardware) (_ Options, dryRun bool, err error) {
 	switch {
 	case o.Backend != nil:
 		return o, false, nil
@@ -185,7 +186,7 @@ func PredictOptions(o Options, hw cuda.Hardware) (_ Options, dryRun bool, err er
 // traces the next on the CUDA backend and predicts its time on hw; with
 // measure, each kernel and GEMM of the traced step is also timed on the
 // device (cuda.Backend.StartMeasuredTrace: a GPU or the simulator).
-func (b *Bench) Predict(hw cuda.Hardware, measure bool) (*cuda.Prediction, error) {
+func (b *Bench) Predict(hw perf.Hardware, measure bool) (*perf.Prediction, error) {
 	gpu, ok := b.Backend().(*cuda.Backend)
 	if !ok {
 		return nil, errors.New("--predict: the step does not run on the CUDA backend")
@@ -205,7 +206,7 @@ func (b *Bench) Predict(hw cuda.Hardware, measure bool) (*cuda.Prediction, error
 	if err := b.Step(1); err != nil {
 		return nil, err
 	}
-	p := cuda.Predict(tr.Events(), hw, b.HostOptimized())
+	p := perf.Predict(tr.Events(), hw, b.HostOptimized())
 	p.MeasureFloor = tr.Floor()
 	return p, nil
 }

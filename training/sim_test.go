@@ -16,6 +16,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 	"github.com/rpac-dev/rpac/training/data"
 )
 
@@ -384,7 +385,7 @@ func TestSimAlignedStep(t *testing.T) {
 		r.loss, _, r.grads = f.stepOn(t, be, 2, 11)
 		for _, e := range tr.Events() {
 			switch {
-			case e.Kind == cuda.EvGEMM && e.DType == cuda.BF16:
+			case e.Kind == perf.EvGEMM && e.DType == cuda.BF16:
 				r.gemms = append(r.gemms, e.Shape)
 			case e.Name == "pad_bf16":
 				r.padBF16++

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"
 )
@@ -148,7 +149,7 @@ func printBenchTrain(w io.Writer, b *training.Bench, steps int, dt float64) erro
 // predicts its time on the --predict machine. Its last line names the
 // prediction.
 func benchPredict(c *cli.Context, o training.Options) error {
-	hw, err := cuda.LookupMachine(c.String("predict"))
+	hw, err := perf.LookupMachine(c.String("predict"))
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,7 @@ func benchPredict(c *cli.Context, o training.Options) error {
 	return nil
 }
 
-func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.Prediction, top, shapes int) {
+func printPrediction(w io.Writer, b *training.Bench, hw perf.Hardware, p *perf.Prediction, top, shapes int) {
 	l := b.Length()
 	tokens := float64(l.Batch * l.T)
 	fmt.Fprintf(w, "bench train --predict %s: preset=%s model=%s params=%d T=%d B=%d micro-batch=%d tokens/step=%d on %s\n",
@@ -182,7 +183,7 @@ func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.P
 	fmt.Fprintf(w, "  machine          %s: bf16 %.1f TFLOP/s, fp32 %.1f TFLOP/s, HBM %.2f TB/s, %d SMs, %s %.0f GB/s, %d host cores\n",
 		hw.Name, hw.BF16TFLOPS, hw.FP32TFLOPS, hw.HBMTBs, hw.SMs, hw.Bus, hw.BusGBs, hw.HostCores)
 	fmt.Fprintf(w, "  trace            %d launches, %d GEMMs (%.2f TFLOP), host->device %s, device->host %s\n",
-		p.Launches, p.GEMMs, p.GEMMFlops/1e12, cuda.FormatBusBytes(p.H2D), cuda.FormatBusBytes(p.D2H))
+		p.Launches, p.GEMMs, p.GEMMFlops/1e12, perf.FormatBusBytes(p.H2D), perf.FormatBusBytes(p.D2H))
 	fmt.Fprintf(w, "  GPU time         %.2f ms (kernels back to back)\n", 1e3*p.GPU)
 	fmt.Fprintf(w, "  host issue       %.2f ms (launches and GEMM calls)\n", 1e3*p.HostIssue)
 	fmt.Fprintf(w, "  copies           %.2f ms\n", 1e3*p.Copies)
@@ -196,12 +197,12 @@ func printPrediction(w io.Writer, b *training.Bench, hw cuda.Hardware, p *cuda.P
 		printKernelTable(w, "GEMM shapes", p.GEMMShapes, p, shapes)
 	}
 	fmt.Fprintf(w, "predicted %s %s: %.1f ms/step, %.0fk tok/s, MFU %.1f%%, host-device %s/step\n", hw.Name, b.Plan.Preset,
-		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), cuda.FormatBusBytes(p.H2D+p.D2H))
+		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), perf.FormatBusBytes(p.H2D+p.D2H))
 }
 
 // printKernelTable lists the top costliest of ks (all for top ≤ 0), a
 // group of p, with their measured times when the trace was measured.
-func printKernelTable(w io.Writer, what string, ks []cuda.KernelTime, p *cuda.Prediction, top int) {
+func printKernelTable(w io.Writer, what string, ks []perf.KernelTime, p *perf.Prediction, top int) {
 	if top <= 0 || top > len(ks) {
 		top = len(ks)
 	}

@@ -33,6 +33,10 @@ var rules = []rule{
 	{from: "compiler", deny: []string{"training", "cmd/"}, why: "the compiler does not know training or the CLI"},
 	{from: "kernels", deny: []string{"compiler/", "runtime", "passes", "training"},
 		why: "kernels sit below the passes, the compiler and training"},
+	{from: "kernels/cuda/driver", deny: []string{""}, allow: []string{"kernels/cuda/driver"},
+		why: "the CUDA bindings know nothing of rpac: no IR, kernels or graphs"},
+	{from: "kernels/cuda/perf", deny: []string{""}, allow: []string{"kernels/cuda/perf", "kernels/cuda/driver"},
+		why: "the performance model reads traced events and GEMM shapes, not the backend"},
 	{from: "", deny: []string{"cmd/"}, why: "nothing imports the command line"},
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda/driver"
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -452,11 +453,11 @@ func TestGPUMeasuredTrace(t *testing.T) {
 	var n, gemms int
 	var sum float64
 	for _, e := range tr.Events() {
-		if e.Kind != EvLaunch && e.Kind != EvGEMM {
+		if e.Kind != perf.EvLaunch && e.Kind != perf.EvGEMM {
 			continue
 		}
 		n++
-		if e.Kind == EvGEMM {
+		if e.Kind == perf.EvGEMM {
 			gemms++
 		}
 		if !(e.Measured >= 0) { // less the floor: 0 for a call no slower than an empty launch
@@ -467,7 +468,7 @@ func TestGPUMeasuredTrace(t *testing.T) {
 	if n == 0 || gemms == 0 || !(sum > 0) || !(tr.Floor() > 0) {
 		t.Fatalf("%d launches and GEMMs traced (%d GEMMs), %g s measured in all, floor %g s", n, gemms, sum, tr.Floor())
 	}
-	pr := Predict(tr.Events(), Machines["h100"], 0)
+	pr := perf.Predict(tr.Events(), perf.Machines["h100"], 0)
 	var per float64
 	for _, k := range pr.Kernels {
 		per += k.Measured

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 	"github.com/rpac-dev/rpac/passes"
 )
 
@@ -258,7 +259,7 @@ func runOn(t *testing.T, be *Backend, g *ir.Graph, weights, feeds map[string]*ke
 	}
 	for _, e := range tr.Events() {
 		res.launches[e.Name]++
-		if e.Kind == EvGEMM {
+		if e.Kind == perf.EvGEMM {
 			res.gemms = append(res.gemms, e.Shape)
 		}
 	}
@@ -471,7 +472,7 @@ func halfOutputs(t *testing.T) {
 		p := runProgram(t, be, g, st, feeds)
 		defer p.Close()
 		for _, e := range tr.Events() {
-			if e.Kind == EvGEMM {
+			if e.Kind == perf.EvGEMM {
 				gemmBytes += e.Bytes
 			}
 		}

@@ -7,86 +7,14 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 )
-
-// EventKind is what one traced device call did.
-type EventKind uint8
-
-const (
-	EvLaunch EventKind = iota // a kernel launch
-	EvGEMM                    // a cuBLASLt matmul
-	EvH2D                     // host → device copy
-	EvD2H                     // device → host copy
-	EvMemset                  // cuMemsetD8
-)
-
-func (k EventKind) String() string {
-	return [...]string{"launch", "gemm", "h2d", "d2h", "memset"}[k]
-}
-
-// CostClass says which roofline a kernel runs against (see predict.go).
-type CostClass uint8
-
-const (
-	// ClassStream: memory-bound grid-stride or row kernels; Little's law
-	// with several loads in flight per thread.
-	ClassStream CostClass = iota
-	// ClassSerial: each thread walks a long dependent loop with one load
-	// in flight (reduce_view_f32's general path, the single-thread
-	// Sinkhorn, single-block reductions): bandwidth = threads × 4 B /
-	// latency.
-	ClassSerial
-	// ClassSIMT: scalar fp32 FMAs with one coalesced L1 load each (at most
-	// a quarter of the CUDA cores' FMA rate).
-	ClassSIMT
-	// ClassGEMM: a cuBLASLt matmul (tensor cores for bf16).
-	ClassGEMM
-	// ClassCopy: a host↔device copy over the bus.
-	ClassCopy
-	// ClassMMA: a kernel of rpac's own on the tensor cores (rpac_mma tiles,
-	// WMMA): Flops at a fraction of the bf16 peak plus Scalar instructions
-	// (its elementwise work) at the CUDA cores' issue rate.
-	ClassMMA
-	// ClassView: grid-stride kernels over strided views and broadcasts,
-	// which work out every operand's multi-dimensional index per element
-	// (64-bit divisions): memory-bound at viewStream of the bandwidth.
-	ClassView
-)
-
-func (c CostClass) String() string {
-	return [...]string{"stream", "serial", "simt", "gemm", "copy", "mma", "view"}[c]
-}
-
-// Event is one traced device call with its estimated work: Flops that
-// count toward the roofline's compute side (GEMM: 2·M·N·K·batch), Strided
-// the part of the fp32 FMAs whose warp-wide loads touch 32 cache lines
-// each (per-thread dot products over rows: one FMA per SM per clock), and
-// Bytes the DRAM traffic (or bus traffic for copies).
-type Event struct {
-	Kind    EventKind
-	Name    string
-	Class   CostClass
-	Threads int64 // launched threads (grid × block)
-	Flops   float64
-	Strided float64
-	Bytes   float64
-	// ClassMMA only: the scalar instructions of all threads together, and
-	// the blocks launched (a grid of fewer blocks than SMs leaves SMs idle).
-	Scalar float64
-	Blocks int64
-	// GEMM only.
-	Shape GemmShape
-	DType DType
-	// Measured is the call's wall time on the device, the device
-	// synchronized before and after it (StartMeasuredTrace; 0: not
-	// measured).
-	Measured float64
-}
 
 // Trace records the device calls of a backend (Backend.StartTrace).
 type Trace struct {
 	mu     sync.Mutex
-	events []Event
+	events []perf.Event
 	// floor is the wall time of a synchronized empty launch, measured
 	// before the first timed call and subtracted from every measured time
 	// (0 for a trace that is not measured).
@@ -109,13 +37,13 @@ func (t *Trace) Reset() {
 }
 
 // Events returns a copy of the recorded events.
-func (t *Trace) Events() []Event {
+func (t *Trace) Events() []perf.Event {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return append([]Event(nil), t.events...)
+	return append([]perf.Event(nil), t.events...)
 }
 
-func (t *Trace) add(e Event) {
+func (t *Trace) add(e perf.Event) {
 	t.mu.Lock()
 	t.events = append(t.events, e)
 	t.mu.Unlock()
@@ -127,9 +55,9 @@ func (t *Trace) HostDeviceBytes() (h2d, d2h float64) {
 	defer t.mu.Unlock()
 	for _, e := range t.events {
 		switch e.Kind {
-		case EvH2D:
+		case perf.EvH2D:
 			h2d += e.Bytes
-		case EvD2H:
+		case perf.EvD2H:
 			d2h += e.Bytes
 		}
 	}
@@ -196,7 +124,7 @@ func (d *tracedDevice) hintBytes(bytes float64) { d.bytes = bytes }
 // timed runs call and, when measuring, sets e.Measured to its wall time
 // between two synchronizations of the device, less the launch floor; then
 // it records e.
-func (d *tracedDevice) timed(e Event, call func() error) error {
+func (d *tracedDevice) timed(e perf.Event, call func() error) error {
 	if !d.measure {
 		d.t.add(e)
 		return call()
@@ -247,17 +175,17 @@ func (d *tracedDevice) launchFloor() (float64, error) {
 }
 
 func (d *tracedDevice) upload(b Buffer, src unsafe.Pointer, bytes uint64) error {
-	d.t.add(Event{Kind: EvH2D, Name: "memcpy HtoD", Class: ClassCopy, Bytes: float64(bytes)})
+	d.t.add(perf.Event{Kind: perf.EvH2D, Name: "memcpy HtoD", Class: perf.ClassCopy, Bytes: float64(bytes)})
 	return d.device.upload(b, src, bytes)
 }
 
 func (d *tracedDevice) download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
-	d.t.add(Event{Kind: EvD2H, Name: "memcpy DtoH", Class: ClassCopy, Bytes: float64(bytes)})
+	d.t.add(perf.Event{Kind: perf.EvD2H, Name: "memcpy DtoH", Class: perf.ClassCopy, Bytes: float64(bytes)})
 	return d.device.download(dst, b, bytes)
 }
 
 func (d *tracedDevice) zero(b Buffer, bytes uint64) error {
-	d.t.add(Event{Kind: EvMemset, Name: "memset", Class: ClassStream, Threads: 1 << 20, Bytes: float64(bytes)})
+	d.t.add(perf.Event{Kind: perf.EvMemset, Name: "memset", Class: perf.ClassStream, Threads: 1 << 20, Bytes: float64(bytes)})
 	return d.device.zero(b, bytes)
 }
 
@@ -271,7 +199,7 @@ func (d *tracedDevice) loadModule(name, src string, kernels []string) error {
 }
 
 func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
-	e := Event{Kind: EvLaunch, Name: reportName(name),
+	e := perf.Event{Kind: perf.EvLaunch, Name: reportName(name),
 		Threads: int64(grid[0]) * int64(grid[1]) * int64(grid[2]) * int64(block[0]) * int64(block[1]) * int64(block[2])}
 	e.Blocks = int64(grid[0]) * int64(grid[1]) * int64(grid[2])
 	kernelCost(&e, kargs{d.sigs[name], args}, grid)
@@ -297,7 +225,7 @@ func (d *tracedDevice) gemm(pl gemmPlan, call GemmCall) error {
 	if k.BiasAlign != 0 {
 		bias = 4 * n
 	}
-	e := Event{Kind: EvGEMM, Name: s.Name(ab), Class: ClassGEMM, Shape: s, DType: ab,
+	e := perf.Event{Kind: perf.EvGEMM, Name: s.Name(ab), Class: perf.ClassGEMM, Shape: s, DType: ab,
 		Flops: 2 * m * n * kk * batch, Bytes: batch*((m*kk+kk*n)*size+m*n*c) + bias}
 	return d.timed(e, func() error { return d.device.gemm(pl, call) })
 }
@@ -350,13 +278,13 @@ func (a kargs) ptr(name string) uint64 {
 // not this.
 const ceInstrPerLogit = 100
 
-func kernelCost(e *Event, a kargs, grid [3]uint32) {
+func kernelCost(e *perf.Event, a kargs, grid [3]uint32) {
 	const w = 4.0 // bytes per fp32 word
 	n := a.i("n")
-	e.Class = ClassStream
+	e.Class = perf.ClassStream
 	switch e.Name {
 	case "binary_f32", "gather_view_f32", "scatter_view_f32", fusedGenView:
-		e.Class = ClassView
+		e.Class = perf.ClassView
 	}
 	switch e.Name {
 	case "copy_words", "unary_f32", "dropout_f32", "gather_view_f32", "scatter_view_f32", "scale_ptr_f32", "compact_rows_f32", "add_rows_f32",
@@ -384,9 +312,9 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 	case "sumsq_f32", "sumsq_parts_f32":
 		e.Bytes = w * n
 	case "sum_part_f64":
-		e.Class, e.Bytes = ClassSerial, 8*a.i("n")
+		e.Class, e.Bytes = perf.ClassSerial, 8*a.i("n")
 	case "reduce_view_f32":
-		e.Class, e.Bytes = ClassSerial, w*a.i("nout")*(a.i("nred")*reduceInputs(a)+1)
+		e.Class, e.Bytes = perf.ClassSerial, w*a.i("nout")*(a.i("nred")*reduceInputs(a)+1)
 	case "reduce_rows_f32", "reduce_cols_f32":
 		reduceCost(e, a)
 	case "reduce_parts_f32":
@@ -456,7 +384,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 		e.Bytes = 8*(R*D+2*R)*chunks + w*(2*R*D+2*R)
 	case "sinkhorn_f32", "sinkhorn_bwd_f32":
 		R, K, it := a.i("R"), a.i("K"), a.i("iters")
-		e.Class, e.Bytes = ClassSerial, 8*R*K*(2*it+2)
+		e.Class, e.Bytes = perf.ClassSerial, 8*R*K*(2*it+2)
 	case "attention_fwd_f32", "attention_bwd_dq_f32", "attention_bwd_dkdv_f32", "attention_bwd_dbias_f32":
 		attentionCost(e, a, grid)
 	case "attention_fwd_bf16", "attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16":
@@ -475,7 +403,7 @@ func kernelCost(e *Event, a kargs, grid [3]uint32) {
 // once (its re-reads by every sequence and head stay in L2), and write
 // whole bf16 rows of Tp (and, with a bias, the bias gradient's G partial
 // sums on and below the diagonal).
-func attnGEMMCost(e *Event, a kargs) {
+func attnGEMMCost(e *perf.Event, a kargs) {
 	const w = 4.0
 	BH, T, Hd := a.i("BH"), a.i("T"), a.i("Hd")
 	rows, tri := BH*T, BH*T*(T+1)/2
@@ -541,7 +469,7 @@ func flashWarpTiles(T int, keys bool) float64 {
 // operands read once and results written once (tiles re-read by other
 // blocks stay in L2); the bias read once; dq's bias-gradient partial sums
 // read and written once per (sequence, head) pair.
-func flashCost(e *Event, a kargs, grid [3]uint32) {
+func flashCost(e *perf.Event, a kargs, grid [3]uint32) {
 	T, Hd := a.i("T"), a.i("Hd")
 	Hp := math.Ceil(Hd/16) * 16
 	BH := float64(grid[1])
@@ -555,7 +483,7 @@ func flashCost(e *Event, a kargs, grid [3]uint32) {
 	}
 	const perScore = 60.0
 	tile := 2 * 16 * 32 * Hp // FLOPs of one product over a tile
-	e.Class = ClassMMA
+	e.Class = perf.ClassMMA
 	switch e.Name {
 	case "attention_fwd_bf16":
 		n := BH * flashWarpTiles(int(T), false)
@@ -575,7 +503,7 @@ func flashCost(e *Event, a kargs, grid [3]uint32) {
 // reduceCost: the first pass of a two-pass reduction over x [A, R, C]
 // (C = 1 for reduce_rows_f32): x once, then a double partial per output
 // and chunk, or the float output itself with one chunk.
-func reduceCost(e *Event, a kargs) {
+func reduceCost(e *perf.Event, a kargs) {
 	A, R, C := a.i("A"), a.i("R"), max(1, a.i("C"))
 	chunks := math.Ceil(R / max(1, a.i("chunk")))
 	out := 4.0
@@ -600,7 +528,7 @@ func reduceInputs(a kargs) float64 {
 // dO·v in the backward) touch 32 lines per warp-wide load: Strided. The
 // products over j with threads along d (p·v, dS·k, dS·q, p·dO) are
 // coalesced: SIMT.
-func attentionCost(e *Event, a kargs, grid [3]uint32) {
+func attentionCost(e *perf.Event, a kargs, grid [3]uint32) {
 	T, Hd := a.i("T"), a.i("Hd")
 	BH := float64(grid[1])
 	if e.Name == "attention_bwd_dbias_f32" {
@@ -612,7 +540,7 @@ func attentionCost(e *Event, a kargs, grid [3]uint32) {
 	if a.ptr("bias") != 0 {
 		bias = T * T * 4
 	}
-	e.Class = ClassSIMT
+	e.Class = perf.ClassSIMT
 	switch e.Name {
 	case "attention_fwd_f32": // s = q·k; o = p·v
 		e.Strided, e.Flops, e.Bytes = 2*P*Hd, 2*P*Hd, 4*rows+bias

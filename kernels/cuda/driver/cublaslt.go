@@ -60,37 +60,28 @@ type BLAS struct {
 		C uint64, Cd uintptr, D uint64, Dd uintptr, algo unsafe.Pointer, ws, wsSize uint64, stream uintptr) int32
 }
 
-var (
-	blasOnce sync.Once
-	blasLib  *BLAS
-	blasErr  error
-)
-
 // LoadBLAS binds cuBLASLt and creates its handle (after the driver has a
 // current context).
-func LoadBLAS() (*BLAS, error) {
-	blasOnce.Do(func() {
-		b := &BLAS{}
-		var err error
-		if b.handle, err = bind(LibCublasLt, []symbol{
-			{&b.create, "cublasLtCreate"}, {&b.descNew, "cublasLtMatmulDescCreate"}, {&b.descSet, "cublasLtMatmulDescSetAttribute"},
-			{&b.descDel, "cublasLtMatmulDescDestroy"}, {&b.layNew, "cublasLtMatrixLayoutCreate"},
-			{&b.layDel, "cublasLtMatrixLayoutDestroy"}, {&b.laySet, "cublasLtMatrixLayoutSetAttribute"},
-			{&b.prefNew, "cublasLtMatmulPreferenceCreate"}, {&b.prefSet, "cublasLtMatmulPreferenceSetAttribute"},
-			{&b.prefDel, "cublasLtMatmulPreferenceDestroy"}, {&b.heur, "cublasLtMatmulAlgoGetHeuristic"},
-			{&b.matmul, "cublasLtMatmul"},
-		}); err != nil {
-			blasErr = err
-			return
-		}
-		if r := b.create(&b.lt); r != 0 {
-			blasErr = fmt.Errorf("cublasLtCreate: status %d", r)
-			return
-		}
-		blasLib = b
-	})
-	return blasLib, blasErr
-}
+func LoadBLAS() (*BLAS, error) { return loadBLAS() }
+
+var loadBLAS = sync.OnceValues(func() (*BLAS, error) {
+	b := &BLAS{}
+	var err error
+	if b.handle, err = bind(LibCublasLt, []symbol{
+		{&b.create, "cublasLtCreate"}, {&b.descNew, "cublasLtMatmulDescCreate"}, {&b.descSet, "cublasLtMatmulDescSetAttribute"},
+		{&b.descDel, "cublasLtMatmulDescDestroy"}, {&b.layNew, "cublasLtMatrixLayoutCreate"},
+		{&b.layDel, "cublasLtMatrixLayoutDestroy"}, {&b.laySet, "cublasLtMatrixLayoutSetAttribute"},
+		{&b.prefNew, "cublasLtMatmulPreferenceCreate"}, {&b.prefSet, "cublasLtMatmulPreferenceSetAttribute"},
+		{&b.prefDel, "cublasLtMatmulPreferenceDestroy"}, {&b.heur, "cublasLtMatmulAlgoGetHeuristic"},
+		{&b.matmul, "cublasLtMatmul"},
+	}); err != nil {
+		return nil, err
+	}
+	if r := b.create(&b.lt); r != 0 {
+		return nil, fmt.Errorf("cublasLtCreate: status %d", r)
+	}
+	return b, nil
+})
 
 // GemmShape describes a strided batch of row-major GEMMs C = op(A)·op(B):
 // op(A) is [M,K] (A is stored [K,M] when TransA), op(B) is [K,N] (B is
@@ -469,4 +460,14 @@ func (k GemmKey) String() string {
 	return fmt.Sprintf("%s %dx%dx%d ld %d/%d/%d batch %d stride %d/%d/%d align %d/%d/%d bias %d%s",
 		s.Name(k.AB), s.M, s.N, s.K, s.LeadingA(), s.LeadingB(), s.LeadingC(), max(1, s.Batch), s.StrideA, s.StrideB, s.StrideC,
 		k.Align[0], k.Align[1], k.Align[2], k.BiasAlign, c)
+}
+
+// OperandsAligned reports whether the leading dimensions and batch strides
+// of the operands A and B are multiples of 8 elements (16 bytes of bf16).
+func (s GemmShape) OperandsAligned() bool {
+	ok := s.LeadingA()%8 == 0 && s.LeadingB()%8 == 0
+	if s.Batch > 1 {
+		ok = ok && s.StrideA%8 == 0 && s.StrideB%8 == 0
+	}
+	return ok
 }

@@ -57,42 +57,33 @@ const (
 	sharedDefault            = 48 << 10
 )
 
-var (
-	driverOnce sync.Once
-	driverLib  *Driver
-	driverErr  error
-)
-
 // LoadDriver binds the CUDA driver and initialises it (once per process).
-func LoadDriver() (*Driver, error) {
-	driverOnce.Do(func() {
-		d := &Driver{}
-		var err error
-		if d.handle, err = bind(LibDriver, []symbol{
-			{&d.init, "cuInit"}, {&d.driverVersion, "cuDriverGetVersion"}, {&d.deviceGetCount, "cuDeviceGetCount"},
-			{&d.deviceGet, "cuDeviceGet"}, {&d.deviceGetName, "cuDeviceGetName"}, {&d.deviceGetAttr, "cuDeviceGetAttribute"},
-			{&d.deviceTotalMem, "cuDeviceTotalMem_v2"}, {&d.primaryRetain, "cuDevicePrimaryCtxRetain"},
-			{&d.ctxSetCurrent, "cuCtxSetCurrent"}, {&d.ctxSynchronize, "cuCtxSynchronize"},
-			{&d.moduleLoadData, "cuModuleLoadData"}, {&d.moduleGetFunc, "cuModuleGetFunction"},
-			{&d.memAlloc, "cuMemAlloc_v2"}, {&d.memFree, "cuMemFree_v2"}, {&d.memcpyHtoD, "cuMemcpyHtoD_v2"},
-			{&d.memcpyDtoH, "cuMemcpyDtoH_v2"}, {&d.memsetD8, "cuMemsetD8_v2"}, {&d.launchKernel, "cuLaunchKernel"},
-			{&d.funcSetAttr, "cuFuncSetAttribute"}, {&d.getErrorString, "cuGetErrorString"},
-		}); err != nil {
-			driverErr = err
-			return
-		}
-		if _, err := purego.Dlsym(d.handle, "rpacsim_version"); err == nil {
-			purego.RegisterLibFunc(&d.simConfig, d.handle, "rpacsim_config")
-			purego.RegisterLibFunc(&d.simStat, d.handle, "rpacsim_stat")
-		}
-		if err := d.check(d.init(0), "cuInit"); err != nil {
-			driverErr = fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)
-			return
-		}
-		driverLib = d
-	})
-	return driverLib, driverErr
-}
+func LoadDriver() (*Driver, error) { return loadDriver() }
+
+var loadDriver = sync.OnceValues(func() (*Driver, error) {
+	d := &Driver{}
+	var err error
+	if d.handle, err = bind(LibDriver, []symbol{
+		{&d.init, "cuInit"}, {&d.driverVersion, "cuDriverGetVersion"}, {&d.deviceGetCount, "cuDeviceGetCount"},
+		{&d.deviceGet, "cuDeviceGet"}, {&d.deviceGetName, "cuDeviceGetName"}, {&d.deviceGetAttr, "cuDeviceGetAttribute"},
+		{&d.deviceTotalMem, "cuDeviceTotalMem_v2"}, {&d.primaryRetain, "cuDevicePrimaryCtxRetain"},
+		{&d.ctxSetCurrent, "cuCtxSetCurrent"}, {&d.ctxSynchronize, "cuCtxSynchronize"},
+		{&d.moduleLoadData, "cuModuleLoadData"}, {&d.moduleGetFunc, "cuModuleGetFunction"},
+		{&d.memAlloc, "cuMemAlloc_v2"}, {&d.memFree, "cuMemFree_v2"}, {&d.memcpyHtoD, "cuMemcpyHtoD_v2"},
+		{&d.memcpyDtoH, "cuMemcpyDtoH_v2"}, {&d.memsetD8, "cuMemsetD8_v2"}, {&d.launchKernel, "cuLaunchKernel"},
+		{&d.funcSetAttr, "cuFuncSetAttribute"}, {&d.getErrorString, "cuGetErrorString"},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := purego.Dlsym(d.handle, "rpacsim_version"); err == nil {
+		purego.RegisterLibFunc(&d.simConfig, d.handle, "rpacsim_config")
+		purego.RegisterLibFunc(&d.simStat, d.handle, "rpacsim_stat")
+	}
+	if err := d.check(d.init(0), "cuInit"); err != nil {
+		return nil, fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)
+	}
+	return d, nil
+})
 
 // Simulated reports whether the driver is rpac's CUDA simulator.
 func (d *Driver) Simulated() bool { return d.simConfig != nil }

@@ -30,34 +30,26 @@ type NVRTC struct {
 	compileSerialize sync.Mutex
 }
 
-var (
-	nvrtcOnce sync.Once
-	nvrtcLib  *NVRTC
-	nvrtcErr  error
-)
-
 // LoadNVRTC binds NVRTC (once per process).
-func LoadNVRTC() (*NVRTC, error) {
-	nvrtcOnce.Do(func() {
-		n := &NVRTC{}
-		var err error
-		if n.handle, err = bind(LibNVRTC, []symbol{
-			{&n.version, "nvrtcVersion"}, {&n.createProgram, "nvrtcCreateProgram"},
-			{&n.compileProgram, "nvrtcCompileProgram"}, {&n.getProgramLogSz, "nvrtcGetProgramLogSize"},
-			{&n.getProgramLog, "nvrtcGetProgramLog"}, {&n.getPTXSize, "nvrtcGetPTXSize"}, {&n.getPTX, "nvrtcGetPTX"},
-			{&n.destroyProgram, "nvrtcDestroyProgram"}, {&n.getErrorString, "nvrtcGetErrorString"},
-		}); err != nil {
-			nvrtcErr = err
-			return
-		}
-		if _, err := purego.Dlsym(n.handle, "nvrtcGetCUBIN"); err == nil {
-			purego.RegisterLibFunc(&n.getCUBINSize, n.handle, "nvrtcGetCUBINSize")
-			purego.RegisterLibFunc(&n.getCUBIN, n.handle, "nvrtcGetCUBIN")
-		}
-		nvrtcLib = n
-	})
-	return nvrtcLib, nvrtcErr
-}
+func LoadNVRTC() (*NVRTC, error) { return loadNVRTC() }
+
+var loadNVRTC = sync.OnceValues(func() (*NVRTC, error) {
+	n := &NVRTC{}
+	var err error
+	if n.handle, err = bind(LibNVRTC, []symbol{
+		{&n.version, "nvrtcVersion"}, {&n.createProgram, "nvrtcCreateProgram"},
+		{&n.compileProgram, "nvrtcCompileProgram"}, {&n.getProgramLogSz, "nvrtcGetProgramLogSize"},
+		{&n.getProgramLog, "nvrtcGetProgramLog"}, {&n.getPTXSize, "nvrtcGetPTXSize"}, {&n.getPTX, "nvrtcGetPTX"},
+		{&n.destroyProgram, "nvrtcDestroyProgram"}, {&n.getErrorString, "nvrtcGetErrorString"},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := purego.Dlsym(n.handle, "nvrtcGetCUBIN"); err == nil {
+		purego.RegisterLibFunc(&n.getCUBINSize, n.handle, "nvrtcGetCUBINSize")
+		purego.RegisterLibFunc(&n.getCUBIN, n.handle, "nvrtcGetCUBIN")
+	}
+	return n, nil
+})
 
 // Simulated reports whether this is the CUDA simulator's NVRTC (it
 // reports version 0.N and compiles for the CPU; see kernels/cuda/cudasim).

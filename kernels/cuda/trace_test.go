@@ -8,6 +8,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda/perf"
 	"github.com/rpac-dev/rpac/passes"
 )
 
@@ -32,154 +33,11 @@ func TestKernelCostCoversEveryKernel(t *testing.T) {
 				args[i] = float32(1)
 			}
 		}
-		e := Event{Kind: EvLaunch, Name: name, Threads: 256}
+		e := perf.Event{Kind: perf.EvLaunch, Name: name, Threads: 256}
 		kernelCost(&e, kargs{sig, args}, [3]uint32{4, 4, 1})
 		if !(e.Bytes > 0) {
 			t.Errorf("kernel %s: no cost (bytes %v)", name, e.Bytes)
 		}
-	}
-}
-
-// TestPredictRoofline: the model's times for hand-made events follow the
-// constants: a large aligned bf16 GEMM runs at the aligned GEMM rate, an
-// unaligned one slower, a streaming kernel at 85% of HBM, a tiny kernel
-// costs the minimum, copies go over the bus, and the machines differ where
-// their datasheets do.
-func TestPredictRoofline(t *testing.T) {
-	h100, h200, gh200 := Machines["h100"], Machines["h200"], Machines["gh200"]
-	big := GemmShape{M: 8448, N: 8192, K: 8192, Batch: 1} // 66×64 tiles: 32 full waves of 132
-	ev := Event{Kind: EvGEMM, Shape: big, DType: BF16, Flops: 2 * 8448 * 8192 * 8192}
-	got, bound := h100.eventTime(ev)
-	want := ev.Flops / (989.4e12 * gemmAligned * 8192 / (8192 + gemmKOverheadHopper))
-	if math.Abs(got/want-1) > 1e-9 || bound != "compute" {
-		t.Errorf("aligned GEMM: %.6g s (%s), want %.6g s (compute)", got, bound, want)
-	}
-	// operands' rows not 16-byte aligned (K = 8,190 unpadded), or dims not
-	// all multiples of 8 (the padded copies of the same GEMM): cuBLASLt's
-	// fallback kernels, at their own rate and overhead
-	odd := big
-	odd.K = 8190
-	padded, err := paddedShape(odd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantFallback := gemmFallback * 8190 / (8190 + gemmKOverheadFallback)
-	for _, s := range []GemmShape{odd, padded} {
-		if e := h100.gemmEfficiency(s, BF16); math.Abs(e/wantFallback-1) > 1e-9 {
-			t.Errorf("%+v: efficiency %.4f, want the fallback's %.4f", s, e, wantFallback)
-		}
-	}
-	evOdd := ev
-	evOdd.Shape = padded
-	if tOdd, _ := h100.eventTime(evOdd); tOdd < 2.5*got {
-		t.Errorf("GEMM with K 8,190: %.3g s, aligned %.3g s: want the fallback's (about 3× slower)", tOdd, got)
-	}
-	// an odd N or K: the alignment-1 kernel, slower again; an odd M is not
-	for _, c := range []struct {
-		s    GemmShape
-		want float64
-	}{
-		{GemmShape{M: 8448, N: 8191, K: 8192, Batch: 1}, gemmAlign1},
-		{GemmShape{M: 8448, N: 8190, K: 8191, Batch: 1}, gemmAlign1},
-		{GemmShape{M: 8447, N: 8190, K: 8192, Batch: 1}, 1},
-	} {
-		p, _ := paddedShape(c.s)
-		even := c.s
-		even.M, even.N, even.K = 8448, 8190, 8192
-		pe, _ := paddedShape(even)
-		r := h100.gemmEfficiency(p, BF16) / h100.gemmEfficiency(pe, BF16) * float64(8192+gemmKOverheadFallback) / float64(c.s.K+gemmKOverheadFallback) * float64(c.s.K) / 8192
-		if math.Abs(r-c.want) > 1e-3 {
-			t.Errorf("%dx%dx%d: efficiency %.4f of the even shape's, want %.2f", c.s.M, c.s.N, c.s.K, r, c.want)
-		}
-	}
-	// one output tile: too shallow to split, it fills one SM; deep, the
-	// library's split fills more (slices of at least 1,024, the tiles of
-	// all slices within the SMs)
-	if eff := h100.gemmEfficiency(GemmShape{M: 128, N: 128, K: 1024, Batch: 1}, BF16); eff > gemmAligned/132 {
-		t.Errorf("one 128×128 tile over K 1,024 on 132 SMs: efficiency %.4f, want at most 1/132 of the aligned rate", eff)
-	}
-	for _, c := range []struct {
-		tiles     float64
-		K, splits int
-	}{{1, 8192, 8}, {16, 24576, 8}, {32, 24576, 4}, {48, 24576, 2}, {128, 24576, 1}, {1, 1024, 1}, {1, 1 << 20, 128}} {
-		if got := gemmLibSplit(c.tiles, c.K, 132); got != c.splits {
-			t.Errorf("%v tiles over K %d: %d slices, want %d", c.tiles, c.K, got, c.splits)
-		}
-	}
-	stream := Event{Kind: EvLaunch, Name: "copy_words", Class: ClassStream, Threads: 1 << 21, Bytes: 1e9}
-	if got, bound := h100.eventTime(stream); math.Abs(got-1e9/(0.85*3.35e12)) > 1e-12 || bound != "memory" {
-		t.Errorf("1 GB stream on h100: %.4g s (%s)", got, bound)
-	}
-	if a, b := h100.eventTime(stream); true {
-		if c, _ := h200.eventTime(stream); !(c < a) {
-			t.Errorf("h200 streams %.4g s, h100 %.4g s (%s): want h200 faster", c, a, b)
-		}
-	}
-	// a stream kernel with an instruction floor: bytes on the h100, its
-	// instructions (one per CUDA core per clock) where the memory is faster
-	logits := 24576.0 * 50257
-	ce := Event{Kind: EvLaunch, Name: "softmax_ce_smem_f32", Class: ClassStream, Threads: 1 << 21,
-		Bytes: 6 * logits, Scalar: ceInstrPerLogit * logits}
-	floor := ceInstrPerLogit * logits / (66.9e12 / 2)
-	if got, bound := h100.eventTime(ce); bound != "memory" || !(got > floor) {
-		t.Errorf("cross-entropy on h100: %.4g s (%s), want memory-bound above %.4g s", got, bound, floor)
-	}
-	if got, bound := h200.eventTime(ce); bound != "instructions" || math.Abs(got-floor) > 1e-12 {
-		t.Errorf("cross-entropy on h200: %.4g s (%s), want its instructions' %.4g s", got, bound, floor)
-	}
-	serial := Event{Kind: EvLaunch, Name: "reduce_view_f32", Class: ClassSerial, Threads: 512, Bytes: 50e6}
-	if got, bound := h100.eventTime(serial); bound != "latency" || math.Abs(got-50e6/(512*inflightSerial/memLatency)) > 1e-9 {
-		t.Errorf("512-thread serial reduction: %.4g s (%s), want latency-bound", got, bound)
-	}
-	tiny := Event{Kind: EvLaunch, Name: "sum_part_f64", Class: ClassSerial, Threads: 1024, Bytes: 64}
-	if got, bound := h100.eventTime(tiny); got != kernelMin || bound != "launch" {
-		t.Errorf("tiny kernel: %.3g s (%s), want the minimum %.3g s", got, bound, kernelMin)
-	}
-	cp := Event{Kind: EvH2D, Bytes: 1 << 30}
-	pc, _ := h100.eventTime(cp)
-	nv, _ := gh200.eventTime(cp)
-	if !(nv < pc/5) {
-		t.Errorf("1 GiB copy: PCIe %.3g s, NVLink-C2C %.3g s", pc, nv)
-	}
-	p := Predict([]Event{ev, stream, cp, {Kind: EvD2H, Bytes: 4096}}, h100, 1000)
-	if p.Launches != 1 || p.GEMMs != 1 || p.H2D != 1<<30 || p.D2H != 4096 || len(p.Kernels) != 2 || p.Kernels[0].Calls != 1 {
-		t.Errorf("prediction bookkeeping: %+v", p)
-	}
-	if math.Abs(p.Step-(math.Max(p.GPU, p.HostIssue)+p.Copies+p.HostOptim)) > 1e-12 || p.HostOptim <= 0 {
-		t.Errorf("step %.4g s from GPU %.4g, issue %.4g, copies %.4g, host optimizer %.4g", p.Step, p.GPU, p.HostIssue, p.Copies, p.HostOptim)
-	}
-}
-
-// TestPredictGroupsGEMMShapes: GEMMs are listed once per kernel name and
-// again per shape, each group's calls, times and measured times summing its
-// events'.
-func TestPredictGroupsGEMMShapes(t *testing.T) {
-	h := Machines["h100"]
-	a := GemmShape{M: 1024, N: 512, K: 512, Batch: 1, TransB: true}
-	b := GemmShape{M: 512, N: 512, K: 64, Batch: 8, TransB: true}
-	var events []Event
-	for i, s := range []GemmShape{a, b, a} {
-		events = append(events, Event{Kind: EvGEMM, Name: s.Name(BF16), Shape: s, DType: BF16,
-			Flops: 2 * float64(s.M*s.N*s.K*s.Batch), Bytes: 1e6, Measured: float64(i+1) * 1e-3})
-	}
-	p := Predict(events, h, 0)
-	if len(p.Kernels) != 1 || p.Kernels[0].Calls != 3 || p.Kernels[0].Name != "gemm bf16 NT" {
-		t.Fatalf("kernels %+v: want one group of 3 (gemm bf16 NT)", p.Kernels)
-	}
-	got := map[string]KernelTime{}
-	for _, k := range p.GEMMShapes {
-		got[k.Name] = k
-	}
-	ka, kb := got["gemm bf16 NT 1024x512x512"], got["gemm bf16 NT 512x512x64 x8"]
-	if len(got) != 2 || ka.Calls != 2 || kb.Calls != 1 {
-		t.Fatalf("shapes %+v: want 2 calls of 1024x512x512 and 1 of 512x512x64 x8", p.GEMMShapes)
-	}
-	ta, _ := h.eventTime(events[0])
-	if math.Abs(ka.Seconds-2*ta) > 1e-15 || math.Abs(ka.Measured-4e-3) > 1e-15 || math.Abs(kb.Measured-2e-3) > 1e-15 {
-		t.Errorf("1024x512x512: %g s predicted (want %g), measured %g and %g (want 4e-3 and 2e-3)", ka.Seconds, 2*ta, ka.Measured, kb.Measured)
-	}
-	if p.GEMMShapes[0].Seconds < p.GEMMShapes[1].Seconds {
-		t.Errorf("shapes not ordered by time: %+v", p.GEMMShapes)
 	}
 }
 
@@ -193,9 +51,9 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	var gemmFlops float64
 	for _, e := range s.events {
 		switch e.Kind {
-		case EvLaunch:
+		case perf.EvLaunch:
 			launches++
-		case EvGEMM:
+		case perf.EvGEMM:
 			gemms++
 			gemmFlops += e.Flops
 		}
@@ -220,7 +78,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	// the single-thread Sinkhorn's
 	serial := map[string]bool{}
 	for _, e := range s.events {
-		if e.Kind == EvLaunch && e.Class == ClassSerial && !strings.HasPrefix(e.Name, "sinkhorn") {
+		if e.Kind == perf.EvLaunch && e.Class == perf.ClassSerial && !strings.HasPrefix(e.Name, "sinkhorn") {
 			serial[e.Name] = true
 		}
 	}
@@ -254,9 +112,9 @@ func TestTraceBF16GEMMsPadded(t *testing.T) {
 	s := traceTinyStep(t, GEMMBF16, false, DefaultOptions())
 	var bf16 int
 	for _, e := range s.events {
-		if e.Kind == EvGEMM && e.DType == BF16 {
+		if e.Kind == perf.EvGEMM && e.DType == BF16 {
 			bf16++
-			if !gemmAlignedAB(e.Shape) {
+			if !e.Shape.OperandsAligned() {
 				t.Errorf("%s %+v: A or B not 16-byte aligned", e.Name, e.Shape)
 			}
 		}
@@ -264,7 +122,7 @@ func TestTraceBF16GEMMsPadded(t *testing.T) {
 	if bf16 == 0 {
 		t.Fatal("no bf16 GEMM traced")
 	}
-	conv := func(evs []Event) (n int) {
+	conv := func(evs []perf.Event) (n int) {
 		for _, e := range evs {
 			if e.Name == "f32_to_bf16_pad_kernel" {
 				n++
@@ -284,9 +142,9 @@ func TestTraceBF16GEMMsPadded(t *testing.T) {
 // join is set).
 type tracedStep struct {
 	g       *ir.Graph
-	events  []Event
-	again   []Event // a second Run on the same weights (ReuseStored)
-	checked int     // launches and GEMMs the device checked
+	events  []perf.Event
+	again   []perf.Event // a second Run on the same weights (ReuseStored)
+	checked int          // launches and GEMMs the device checked
 	h2d     float64
 	params  int
 	weights int // weight tensors
@@ -355,7 +213,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 		names = map[string]int{}
 		for _, e := range s.events {
 			names[e.Name]++
-			if e.Kind == EvGEMM {
+			if e.Kind == perf.EvGEMM {
 				gemms++
 				flops += e.Flops
 			}
@@ -401,7 +259,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 
 // dryRunEvents compiles g on the dry-run device (fp32 GEMMs), runs it once
 // on feeds and returns the launches of that run.
-func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []Event {
+func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []perf.Event {
 	t.Helper()
 	be := newBackend(mustFake(t), GEMMF32, DefaultOptions())
 	tr, err := be.StartTrace()
@@ -430,11 +288,11 @@ func TestTraceFusedBytes(t *testing.T) {
 	cases := []struct {
 		name, kernel string
 		y            ir.Shape
-		class        CostClass
+		class        perf.CostClass
 	}{
-		{"generated, broadcast over rows", fusedGenBcast, ir.Shape{7}, ClassStream},
-		{"generated, broadcast inside", fusedGenView, ir.Shape{5, 1}, ClassView},
-		{"generated, dense", fusedGenDense, ir.Shape{3, 5, 7}, ClassStream},
+		{"generated, broadcast over rows", fusedGenBcast, ir.Shape{7}, perf.ClassStream},
+		{"generated, broadcast inside", fusedGenView, ir.Shape{5, 1}, perf.ClassView},
+		{"generated, dense", fusedGenDense, ir.Shape{3, 5, 7}, perf.ClassStream},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -446,7 +304,7 @@ func TestTraceFusedBytes(t *testing.T) {
 			feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, c.y)}
 			n := 0
 			for _, e := range dryRunEvents(t, g, feeds) {
-				if e.Kind != EvLaunch || strings.HasPrefix(e.Name, "copy") {
+				if e.Kind != perf.EvLaunch || strings.HasPrefix(e.Name, "copy") {
 					continue
 				}
 				if e.Name != c.kernel {
@@ -515,7 +373,7 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 		switch {
 		case e.Name == "f32_to_bf16_pad_kernel":
 			conv++
-		case e.Kind == EvGEMM && e.DType == BF16:
+		case e.Kind == perf.EvGEMM && e.DType == BF16:
 			gemms++
 		}
 	}

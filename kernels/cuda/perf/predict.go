@@ -1,10 +1,12 @@
-package cuda
+package perf
 
 import (
 	"fmt"
 	"math"
 	"sort"
 	"strings"
+
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
 // Hardware is what the performance model knows of a GPU and its host:
@@ -112,9 +114,9 @@ const (
 // rate; the generated chains by their report class. The others keep
 // hbmStream.
 var measuredStream = map[string]float64{
-	fusedGenSum:                               0.45, // 10.6 ms, 1.91× the streaming rate's time
-	fusedGenDense:                             0.41, // 4.2 ms, 2.09×
-	fusedGenBcast:                             0.59, // 3.4 ms, 1.43×
+	"fused_gen_sum_f32":                       0.45, // 10.6 ms, 1.91× the streaming rate's time
+	"fused_gen_f32":                           0.41, // 4.2 ms, 2.09×
+	"fused_gen_bcast_f32":                     0.59, // 3.4 ms, 1.43×
 	"softmax_ce_fused_f32":                    0.55, // 4.7 ms, 1.55×
 	"attn_softmax_bwd_f32":                    0.47, // 4.9 ms, 1.80×
 	"attn_softmax_fwd_f32":                    0.27, // 4.2 ms, 3.10× (Nsight Compute: bound by its instructions)
@@ -145,7 +147,7 @@ var estimatedStream = map[string]float64{
 // reaches: measuredStream's where the sixth run measured it,
 // estimatedStream's for its successors, else hbmStream.
 func streamRate(kernel string) float64 {
-	if r, ok := measuredStream[reportName(kernel)]; ok {
+	if r, ok := measuredStream[kernel]; ok {
 		return r
 	}
 	if r, ok := estimatedStream[kernel]; ok {
@@ -286,12 +288,12 @@ func (h Hardware) mmaTime(e Event) float64 {
 // (less again for an odd N or K),
 // times the share of the SMs its tiles' waves fill and its depth K
 // against the tile's fixed cost.
-func (h Hardware) gemmEfficiency(s GemmShape, dt DType) float64 {
-	if dt != BF16 {
+func (h Hardware) gemmEfficiency(s driver.GemmShape, dt driver.DType) float64 {
+	if dt != driver.BF16 {
 		return gemmF32
 	}
 	eff, overhead := gemmAligned, float64(gemmKOverheadHopper)
-	if !gemmAlignedAB(s) || gemmDimAlign(s) < 8 {
+	if !s.OperandsAligned() || gemmDimAlign(s) < 8 {
 		eff, overhead = gemmFallback, gemmKOverheadFallback
 		if s.N%2 != 0 || s.K%2 != 0 {
 			eff *= gemmAlign1
@@ -322,21 +324,11 @@ func gemmLibSplit(tiles float64, K, sms int) int {
 	return n
 }
 
-// gemmAlignedAB: the leading dimensions and batch strides of the bf16
-// operands A and B are multiples of 8 elements (16 bytes).
-func gemmAlignedAB(s GemmShape) bool {
-	ok := s.LeadingA()%8 == 0 && s.LeadingB()%8 == 0
-	if s.Batch > 1 {
-		ok = ok && s.StrideA%8 == 0 && s.StrideB%8 == 0
-	}
-	return ok
-}
-
 // gemmDimAlign is the largest of 8, 4, 2 and 1 that divides M, N and K:
 // cuBLASLt's Hopper kernels take 8 only (the sixth run: 4,096 × 50,257
 // over 510 ran a CUTLASS kernel for alignment 1 at 86 TFLOP/s, 4,096 ×
 // 50,264 over 512 nvjet_sm90 at 517).
-func gemmDimAlign(s GemmShape) int {
+func gemmDimAlign(s driver.GemmShape) int {
 	for _, a := range []int{8, 4, 2} {
 		if s.M%a == 0 && s.N%a == 0 && s.K%a == 0 {
 			return a
@@ -347,7 +339,7 @@ func gemmDimAlign(s GemmShape) int {
 
 func (h Hardware) gemmTime(e Event) (float64, string) {
 	peak := h.FP32TFLOPS
-	if e.DType == BF16 {
+	if e.DType == driver.BF16 {
 		peak = h.BF16TFLOPS
 	}
 	tc := e.Flops / (peak * 1e12 * h.gemmEfficiency(e.Shape, e.DType))
@@ -442,7 +434,7 @@ func addShape(byShape map[string]*KernelTime, e Event, t float64, bound string) 
 
 // gemmShapeName names a GEMM by precision, transposes and shape
 // ("gemm bf16 NT 24576x1536x510", batched: "... x8").
-func gemmShapeName(s GemmShape, dt DType) string {
+func gemmShapeName(s driver.GemmShape, dt driver.DType) string {
 	name := fmt.Sprintf("%s %dx%dx%d", s.Name(dt), s.M, s.N, s.K)
 	if s.Batch > 1 {
 		name += fmt.Sprintf(" x%d", s.Batch)
