@@ -61,11 +61,11 @@ func benchGemmAlgos(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	co, err := cuda.OptionsFromEnv(cuda.DefaultOptions())
+	co, err := cudaOptions()
 	if err != nil {
 		return err
 	}
-	be, err := training.OpenBackend(t, &co)
+	be, err := training.OpenBackend(t, co)
 	if err != nil {
 		return err
 	}

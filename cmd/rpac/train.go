@@ -352,13 +352,19 @@ func applyRunFlags(c *cli.Context, o *training.Options) error {
 	if err != nil {
 		return err
 	}
-	co, err := cuda.OptionsFromEnv(cuda.DefaultOptions())
+	co, err := cudaOptions()
 	if err != nil {
 		return err
 	}
-	o.MicroBatch, o.MemBudget, o.Device, o.Precision, o.HostOptimizer = micro, budget, device, precision, c.Bool("host-optimizer")
-	o.CUDA = &co
+	o.MicroBatch, o.MemBudget, o.Device, o.Precision, o.HostOptimizer, o.CUDA = micro, budget, device, precision, c.Bool("host-optimizer"), co
 	return nil
+}
+
+// cudaOptions are the CUDA backend's paths: its defaults, overridden by
+// the RPAC_CUDA_* variables experiments set (cuda.OptionsFromEnv).
+func cudaOptions() (*cuda.Options, error) {
+	o, err := cuda.OptionsFromEnv(cuda.DefaultOptions())
+	return &o, err
 }
 
 // deviceFlags reads --device and --precision.
