@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // Driver is the CUDA driver API, bound at run time.
@@ -75,10 +73,7 @@ var loadDriver = sync.OnceValues(func() (*Driver, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if _, err := purego.Dlsym(d.handle, "rpacsim_version"); err == nil {
-		purego.RegisterLibFunc(&d.simConfig, d.handle, "rpacsim_config")
-		purego.RegisterLibFunc(&d.simStat, d.handle, "rpacsim_stat")
-	}
+	bindOptional(d.handle, []symbol{{&d.simConfig, "rpacsim_config"}, {&d.simStat, "rpacsim_stat"}}) // the simulator's own
 	if err := d.check(d.init(0), "cuInit"); err != nil {
 		return nil, fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)
 	}

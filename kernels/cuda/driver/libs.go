@@ -179,5 +179,19 @@ func bind(lib Library, syms []symbol) (uintptr, error) {
 	return hs[0], nil
 }
 
+// bindOptional binds syms, an optional part of a loaded library's API,
+// when the library has them all; it reports whether it did.
+func bindOptional(handle uintptr, syms []symbol) bool {
+	for _, s := range syms {
+		if _, err := purego.Dlsym(handle, s.name); err != nil {
+			return false
+		}
+	}
+	for _, s := range syms {
+		purego.RegisterLibFunc(s.fn, handle, s.name)
+	}
+	return true
+}
+
 // errNotLinux is returned on systems the backend does not support.
 var errNotLinux = errors.New("the CUDA backend runs on Linux only")

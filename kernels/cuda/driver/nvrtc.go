@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // NVRTC is the runtime compiler, bound at run time.
@@ -44,10 +42,7 @@ var loadNVRTC = sync.OnceValues(func() (*NVRTC, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if _, err := purego.Dlsym(n.handle, "nvrtcGetCUBIN"); err == nil {
-		purego.RegisterLibFunc(&n.getCUBINSize, n.handle, "nvrtcGetCUBINSize")
-		purego.RegisterLibFunc(&n.getCUBIN, n.handle, "nvrtcGetCUBIN")
-	}
+	bindOptional(n.handle, []symbol{{&n.getCUBINSize, "nvrtcGetCUBINSize"}, {&n.getCUBIN, "nvrtcGetCUBIN"}}) // NVRTC 11.1 and later
 	return n, nil
 })
 
