@@ -113,7 +113,7 @@ type AblationOptions struct {
 	KeepCheckpoints bool
 	// AtLengths, when set, scores every run at other context lengths once
 	// it is trained (before its checkpoint goes): rpac ablate
-	// --eval-lengths, through the folded export (internal/lengtheval).
+	// --eval-lengths, through the folded export (app/lengtheval).
 	AtLengths *LengthEval
 	// Log receives the events of the ablation and its runs (nil: one
 	// human-readable line each on Progress, which is nil for stderr).

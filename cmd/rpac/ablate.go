@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rpac-dev/rpac/app/lengtheval"
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/internal/lengtheval"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rpac-dev/rpac/app/inferbench"
 	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/internal/inferbench"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/urfave/cli/v2"

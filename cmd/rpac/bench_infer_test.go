@@ -18,14 +18,14 @@ import (
 
 // The export without the folded bias is the benchmark's reference only:
 // nothing in this command sets export.Options.DropBias (the benchmark,
-// internal/inferbench, does), and what rpac export writes has every
+// app/inferbench, does), and what rpac export writes has every
 // layer's folded bias and no bias_dropped record.
 func TestDropBiasIsBenchmarkOnly(t *testing.T) {
 	if users := identUsers(t, ".", "DropBias"); len(users) > 0 {
 		t.Errorf("DropBias used in the command: %v", users)
 	}
-	if users := identUsers(t, "../../internal/inferbench", "DropBias"); len(users) == 0 {
-		t.Fatal("internal/inferbench does not use export.Options.DropBias (the test is stale)")
+	if users := identUsers(t, "../../app/inferbench", "DropBias"); len(users) == 0 {
+		t.Fatal("app/inferbench does not use export.Options.DropBias (the test is stale)")
 	}
 	run := writeRun(t)
 	for _, att := range []string{"op", "plain"} {

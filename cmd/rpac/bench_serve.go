@@ -15,9 +15,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rpac-dev/rpac/app/inferbench"
+	"github.com/rpac-dev/rpac/app/loadgen"
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/internal/inferbench"
+	"github.com/rpac-dev/rpac/internal/sysmem"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/runtime/serve"
 	"github.com/rpac-dev/rpac/training/data"
@@ -141,12 +143,12 @@ func benchServeLevels(c *cli.Context, url string, cfg serve.Config, bm *benchMod
 	fmt.Fprintf(w, "%7s %6s %6s %6s %9s %9s %9s %9s %8s %8s %s\n", "clients", "done", "429", "other", "comp p50", "comp p99", "score p50", "score p99", "req/s", "tok/s", "RSS")
 	var rss []int64
 	readRSS := func() {
-		if n, err := serve.RSS(); err == nil {
+		if n, err := sysmem.RSS(); err == nil {
 			rss = append(rss, n)
 		}
 	}
-	load := func(clients, requests int, seed uint64) (serve.LoadResult, error) {
-		return serve.Load(ctx, serve.LoadOptions{URL: url, Clients: clients, Requests: requests, Duration: c.Duration("duration"),
+	load := func(clients, requests int, seed uint64) (loadgen.Result, error) {
+		return loadgen.Run(ctx, loadgen.Options{URL: url, Clients: clients, Requests: requests, Duration: c.Duration("duration"),
 			ScoreEvery: c.Int("score-every"), PromptLen: c.Int("prompt-len"), MaxTokens: c.Int("gen-tokens"),
 			ScoreLen: c.Int("score-len"), Vocab: bm.vocab, Seed: seed})
 	}
@@ -184,7 +186,7 @@ func benchServeLevels(c *cli.Context, url string, cfg serve.Config, bm *benchMod
 }
 
 // printLevel prints one concurrency level's line.
-func printLevel(w io.Writer, n int, r serve.LoadResult, rss int64, base float64, first int) {
+func printLevel(w io.Writer, n int, r loadgen.Result, rss int64, base float64, first int) {
 	fmt.Fprintf(w, "%7d %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %8.2f %8.1f %.1f MiB  (%.2f× the tokens/s of %d client)\n",
 		n, r.Completions+r.Score, r.Codes[429], r.Unexpected(), ms(r.CompletionP50), ms(r.CompletionP99), ms(r.ScoreP50), ms(r.ScoreP99),
 		r.RequestsPerSecond(), r.TokensPerSecond(), float64(rss)/(1<<20), r.TokensPerSecond()/base, first)
@@ -299,8 +301,8 @@ func benchServeMix(c *cli.Context, url string, cfg serve.Config, bm *benchModel,
 		return err
 	}
 	f := splitList(c.String("weights"))
-	opts := func(clients, requests int, seed uint64) serve.MixOptions {
-		return serve.MixOptions{URL: url, Model: bm.name, Clients: clients, Requests: requests, Duration: c.Duration("duration"),
+	opts := func(clients, requests int, seed uint64) loadgen.MixOptions {
+		return loadgen.MixOptions{URL: url, Model: bm.name, Clients: clients, Requests: requests, Duration: c.Duration("duration"),
 			Weights: weights, Malformed: c.Float64("malformed"), Slow: c.Float64("slow"),
 			PromptLen: c.Int("prompt-len"), MaxTokens: c.Int("gen-tokens"), ScoreLen: c.Int("score-len"), InferLen: c.Int("infer-len"),
 			TopK: c.Int("top-k"), Vocab: bm.vocab, Seed: seed, Timeout: cfg.Timeout, ReadTimeout: cfg.ReadTimeout,
@@ -321,7 +323,7 @@ func benchServeMix(c *cli.Context, url string, cfg serve.Config, bm *benchModel,
 		bm.desc, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, cfg.Timeout, cfg.ReadTimeout, strings.Join(f, ":"), 100*c.Float64("malformed"), 100*c.Float64("slow"), trickle,
 		c.Int("prompt-len"), c.Int("gen-tokens"), c.Int("score-len"), c.Int("infer-len"), c.Int("top-k"), bounds)
 	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
-	cold, _ := serve.RSS()
+	cold, _ := sysmem.RSS()
 	if n := c.Int("warmup"); n != 0 {
 		top := slices.Max(levels)
 		if n < 0 {
@@ -329,13 +331,13 @@ func benchServeMix(c *cli.Context, url string, cfg serve.Config, bm *benchModel,
 		}
 		wo := opts(min(top, n), n, 0)
 		wo.Malformed, wo.Slow, wo.Settle = 0, 0, time.Millisecond
-		if _, err := serve.MixLoad(c.Context, wo); err != nil {
+		if _, err := loadgen.Mix(c.Context, wo); err != nil {
 			return err
 		}
 		fmt.Fprintf(w, "warm-up: %d well-formed requests; RSS (this process: server and clients) %.1f MiB before it\n", n, mib(cold))
 	}
 	for i, n := range levels {
-		r, err := serve.MixLoad(c.Context, opts(n, c.Int("requests"), uint64(i+1)))
+		r, err := loadgen.Mix(c.Context, opts(n, c.Int("requests"), uint64(i+1)))
 		if err != nil {
 			return err
 		}
@@ -345,7 +347,7 @@ func benchServeMix(c *cli.Context, url string, cfg serve.Config, bm *benchModel,
 }
 
 // printMixLevel prints the report of one level of the mixed load test.
-func printMixLevel(w io.Writer, n int, r serve.MixResult, settle time.Duration) {
+func printMixLevel(w io.Writer, n int, r loadgen.MixResult, settle time.Duration) {
 	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
 	fmt.Fprintf(w, "\n%d clients, %.1f s; latencies in ms of the expected answers (2xx; malformed: 4xx; slow: 408), a stream's until [DONE]\n", n, r.Elapsed.Seconds())
 	fmt.Fprintf(w, "%-10s %6s %6s %6s %5s %5s %5s %5s %9s %9s %9s\n", "kind", "sent", "2xx", "4xx", "429", "5xx", "none", "late", "p50", "p99", "max")
@@ -353,11 +355,11 @@ func printMixLevel(w io.Writer, n int, r serve.MixResult, settle time.Duration) 
 	for k, kr := range r.Kinds {
 		cl := kr.Classes()
 		late += kr.Late
-		fmt.Fprintf(w, "%-10s %6d %6d %6d %5d %5d %5d %5d %9.1f %9.1f %9.1f", serve.Kind(k), kr.Sent, cl.OK, cl.Client, cl.TooMany, cl.Server, cl.NoAnswer, kr.Late, ms(kr.P50), ms(kr.P99), ms(kr.Max))
-		switch serve.Kind(k) {
-		case serve.KindStream:
+		fmt.Fprintf(w, "%-10s %6d %6d %6d %5d %5d %5d %5d %9.1f %9.1f %9.1f", loadgen.Kind(k), kr.Sent, cl.OK, cl.Client, cl.TooMany, cl.Server, cl.NoAnswer, kr.Late, ms(kr.P50), ms(kr.P99), ms(kr.Max))
+		switch loadgen.Kind(k) {
+		case loadgen.KindStream:
 			fmt.Fprintf(w, "  first event p50 / p99 %.1f / %.1f", ms(kr.FirstP50), ms(kr.FirstP99))
-		case serve.KindMalformed, serve.KindSlow:
+		case loadgen.KindMalformed, loadgen.KindSlow:
 			fmt.Fprintf(w, "  %v", codeList(kr.Codes))
 		}
 		fmt.Fprintln(w)
@@ -379,8 +381,8 @@ func printMixLevel(w io.Writer, n int, r serve.MixResult, settle time.Duration) 
 }
 
 // mixFlags checks the flags of --mix and returns the weights.
-func mixFlags(c *cli.Context) ([serve.KindInfer + 1]int, error) {
-	var weights [serve.KindInfer + 1]int
+func mixFlags(c *cli.Context) ([loadgen.KindInfer + 1]int, error) {
+	var weights [loadgen.KindInfer + 1]int
 	f := splitList(c.String("weights"))
 	if len(f) != len(weights) {
 		return weights, fmt.Errorf("--weights: %q: want 4 weights (completions, streams, scores, KServe)", c.String("weights"))

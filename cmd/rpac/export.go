@@ -10,8 +10,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/rpac-dev/rpac/app/lengtheval"
 	"github.com/rpac-dev/rpac/compiler/export"
-	"github.com/rpac-dev/rpac/internal/lengtheval"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"

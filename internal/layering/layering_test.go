@@ -22,7 +22,11 @@ type rule struct {
 	why   string
 }
 
-var rules = []rule{
+// libraries are the layers below the application layer (app/): none of
+// them imports it.
+var libraries = []string{"ir", "kernels", "passes", "compiler", "training", "runtime", "internal"}
+
+var rules = append([]rule{
 	{from: "runtime", deny: []string{""}, allow: []string{"runtime", "internal/"},
 		why: "runtime is what a service embeds: no training, compiler, kernel or IR code"},
 	{from: "runtime/manifest", deny: []string{""}, allow: []string{"runtime/manifest"},
@@ -37,7 +41,19 @@ var rules = []rule{
 		why: "the CUDA bindings know nothing of rpac: no IR, kernels or graphs"},
 	{from: "kernels/cuda/perf", deny: []string{""}, allow: []string{"kernels/cuda/perf", "kernels/cuda/driver"},
 		why: "the performance model reads traced events and GEMM shapes, not the backend"},
-	{from: "", deny: []string{"cmd/"}, why: "nothing imports the command line"},
+	{from: "internal", deny: []string{""}, allow: []string{"internal"},
+		why: "internal/ holds leaf helpers: it imports nothing of rpac but internal/"},
+	{from: "", deny: []string{"cmd/"}, why: "nothing imports the command line (the application layer, app/, imports everything else)"},
+}, belowApps()...)
+
+// belowApps is a rule per library: it does not import the application
+// layer, which drives the libraries.
+func belowApps() []rule {
+	var rs []rule
+	for _, l := range libraries {
+		rs = append(rs, rule{from: l, deny: []string{"app"}, why: "the application layer (app/) sits above the libraries"})
+	}
+	return rs
 }
 
 // graph maps a package (module-relative directory) to the module packages
@@ -46,8 +62,8 @@ type graph map[string][]string
 
 func TestLayers(t *testing.T) {
 	g := moduleGraph(t, "../..")
-	if len(g["runtime"]) == 0 || len(g["training"]) == 0 {
-		t.Fatalf("the import graph misses runtime or training (%d packages): the test reads the wrong tree", len(g))
+	if len(g["runtime"]) == 0 || len(g["training"]) == 0 || len(g["app/loadgen"]) == 0 {
+		t.Fatalf("the import graph misses runtime, training or app/loadgen (%d packages): the test reads the wrong tree", len(g))
 	}
 	for _, v := range violations(g, rules) {
 		t.Error(v)
@@ -55,7 +71,8 @@ func TestLayers(t *testing.T) {
 }
 
 // TestLayersDetect: an edge from runtime to compiler/ (through a third
-// package) and one from training to the exporter are both reported.
+// package) and one from training to the exporter are both reported (and
+// the third package, a helper of internal/ that reaches up, too).
 func TestLayersDetect(t *testing.T) {
 	g := graph{
 		"runtime":         {"internal/x"},
@@ -66,8 +83,39 @@ func TestLayersDetect(t *testing.T) {
 	}
 	v := violations(g, rules)
 	joined := strings.Join(v, "\n")
-	if len(v) != 2 || !strings.Contains(joined, "runtime imports compiler/export (via internal/x)") || !strings.Contains(joined, "training imports compiler/export") {
+	if len(v) != 3 || !strings.Contains(joined, "runtime imports compiler/export (via internal/x)") || !strings.Contains(joined, "training imports compiler/export") ||
+		!strings.Contains(joined, "internal/x imports compiler/export: internal/") {
 		t.Errorf("violations:\n%s", joined)
+	}
+}
+
+// TestLayersDetectApps: a helper of internal/ that reaches up, a library
+// that imports the application layer and an application that imports the
+// command line are reported; an application that imports the libraries and
+// internal/ is not.
+func TestLayersDetectApps(t *testing.T) {
+	g := graph{
+		"internal/y":      {"runtime"},
+		"internal/z":      nil,
+		"runtime":         nil,
+		"training":        {"app/x"},
+		"app/x":           {"ir"},
+		"ir":              nil,
+		"app/z":           {"cmd/rpac"},
+		"cmd/rpac":        {"app/ok"},
+		"app/ok":          {"compiler/export", "training", "runtime", "internal/z"},
+		"compiler/export": {"runtime"},
+	}
+	v := violations(g, rules)
+	joined := strings.Join(v, "\n")
+	want := []string{"internal/y imports runtime: internal/", "training imports app/x: the application layer", "app/z imports cmd/rpac: nothing imports"}
+	if len(v) != len(want) {
+		t.Errorf("violations:\n%s", joined)
+	}
+	for _, w := range want {
+		if !strings.Contains(joined, w) {
+			t.Errorf("no %q in the violations:\n%s", w, joined)
+		}
 	}
 }
 

@@ -1,4 +1,5 @@
-// Package sysmem tells how much memory this process can still take.
+// Package sysmem tells how much memory this process can still take and
+// how much it holds.
 package sysmem
 
 import (
@@ -70,4 +71,22 @@ func readInt(path string) (int64, error) {
 		return 0, errors.New("no limit")
 	}
 	return strconv.ParseInt(s, 10, 64)
+}
+
+// RSS is this process's resident set size in bytes (Linux /proc; an error
+// elsewhere).
+func RSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, fmt.Errorf("sysmem: reading the resident set size: %w", err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("sysmem: /proc/self/statm reads %q", b)
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("sysmem: /proc/self/statm reads %q", b)
+	}
+	return pages * int64(os.Getpagesize()), nil
 }

@@ -257,7 +257,7 @@ func WriteJSON(w io.Writer, rows []Row, provider string) error {
 func WriteBenchfmt(w io.Writer, rep *Report, provider string) error {
 	bw := benchfmt.NewWriter(w)
 	cfg := []benchfmt.Config{{Key: "goos", Value: []byte(goruntime.GOOS), File: true}, {Key: "goarch", Value: []byte(goruntime.GOARCH), File: true},
-		{Key: "pkg", Value: []byte("github.com/rpac-dev/rpac/internal/inferbench"), File: true},
+		{Key: "pkg", Value: []byte("github.com/rpac-dev/rpac/app/inferbench"), File: true},
 		{Key: "onnxruntime", Value: []byte(runtime.LoadedVersion()), File: true}, {Key: "provider", Value: []byte(provider), File: true}}
 	for _, r := range rep.Rows {
 		for _, d := range rep.Runs[r.Name()] {
