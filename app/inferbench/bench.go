@@ -212,7 +212,7 @@ func prepareCases(ctx context.Context, c *Config, p model.Preset, T int) ([]*ben
 		if T > cfg.MaxLen {
 			return nil, fmt.Errorf("--length %d exceeds the %s preset's maximum length %d", T, p.Name, cfg.MaxLen)
 		}
-		st, err := RandomStore(&cfg, T, 1)
+		st, err := RandomStore(&cfg, 1, T)
 		if err != nil {
 			return nil, err
 		}
@@ -250,18 +250,33 @@ func (c *Config) folds(m string) []string {
 	return slices.Insert(rest, 0, FoldControl, passes.FoldRPAMode)
 }
 
-// RandomStore initialises cfg's weights and its eval-mode buffers at T
-// (running statistics at their initial value) from seed.
-func RandomStore(cfg *model.Config, T int, seed uint64) (*kernels.Store, error) {
+// RandomStore initialises cfg's weights from seed and its eval-mode
+// buffers at every length of lengths (running statistics at their initial
+// value).
+func RandomStore(cfg *model.Config, seed uint64, lengths ...int) (*kernels.Store, error) {
 	st := kernels.NewStore(kernels.F32)
-	mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+	for _, T := range lengths {
+		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
+		if err != nil {
+			return nil, err
+		}
+		if err := model.InitStore(mg.Specs, st, seed); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// ExportRandom exports o.Config with random weights (seed 1) at o.Lengths
+// to o.Out, with no tokenizer (prompts are token ids) and EOS 0; it fills
+// o.Store.
+func ExportRandom(ctx context.Context, o export.Options) (*export.Result, error) {
+	st, err := RandomStore(&o.Config, 1, o.Lengths...)
 	if err != nil {
 		return nil, err
 	}
-	if err := model.InitStore(mg.Specs, st, seed); err != nil {
-		return nil, err
-	}
-	return st, nil
+	o.Store, o.Tokenizer, o.EOS = st, "none", 0
+	return export.Export(ctx, o)
 }
 
 // benchCase is one exported model, opened, and its timed runs.

@@ -98,19 +98,15 @@ func Generate(ctx context.Context, c GenerateConfig, onRound func(GenerateRound)
 func openGenerate(ctx context.Context, c *GenerateConfig) (*runtime.Model, []int32, func(), error) {
 	cfg := c.Preset.Config
 	cfg.Model = c.Model
-	st, err := RandomStore(&cfg, c.Length, 1)
-	if err != nil {
-		return nil, nil, nil, err
-	}
 	dir, rm := c.Work, func() {}
 	if dir == "" {
+		var err error
 		if dir, err = os.MkdirTemp("", "rpac-bench-generate"); err != nil {
 			return nil, nil, nil, err
 		}
 		rm = func() { os.RemoveAll(dir) }
 	}
-	if _, err := export.Export(ctx, export.Options{Config: cfg, Store: st, Lengths: []int{c.Length}, Attention: c.Attention,
-		KVCache: true, Out: dir, Tokenizer: "none", EOS: 0}); err != nil {
+	if _, err := ExportRandom(ctx, export.Options{Config: cfg, Lengths: []int{c.Length}, Attention: c.Attention, KVCache: true, Out: dir}); err != nil {
 		rm()
 		return nil, nil, nil, err
 	}

@@ -234,21 +234,8 @@ func exportBenchModel(c *cli.Context, cfg *serve.Config) (*benchModel, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	st, err := inferbench.RandomStore(&p.Config, lengths[0], 1)
-	if err != nil {
-		return fail(err)
-	}
-	for _, T := range lengths[1:] { // running statistics at their initial value for every length
-		mg, err := model.Build(&p.Config, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
-		if err != nil {
-			return fail(err)
-		}
-		if err := model.InitStore(mg.Specs, st, 1); err != nil {
-			return fail(err)
-		}
-	}
-	if _, err := export.Export(c.Context, export.Options{Config: p.Config, Store: st, Lengths: lengths, Batch: batch,
-		KVCache: c.Bool("kv-cache"), Out: dir, Tokenizer: "none", EOS: 0}); err != nil {
+	if _, err := inferbench.ExportRandom(c.Context, export.Options{Config: p.Config, Lengths: lengths, Batch: batch,
+		KVCache: c.Bool("kv-cache"), Out: dir}); err != nil {
 		return fail(err)
 	}
 	m, err := runtime.OpenContext(c.Context, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
