@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/training/data"
 )
 
@@ -24,15 +25,12 @@ type LengthMemory struct {
 
 // MemoryEvent is the run's memory plan ("train.memory").
 type MemoryEvent struct {
-	Planned, Budget, Static, Eval int64
-	Lengths                       []LengthMemory
-}
-
-func (e MemoryEvent) Name() string { return "train.memory" }
-
-func (e MemoryEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Int64("planned_bytes", e.Planned), slog.Int64("budget_bytes", e.Budget),
-		slog.Int64("static_bytes", e.Static), slog.Int64("eval_bytes", e.Eval), slog.Any("lengths", e.Lengths)}
+	_       logging.Name   `log:"train.memory"`
+	Planned int64          `log:"planned_bytes"`
+	Budget  int64          `log:"budget_bytes"`
+	Static  int64          `log:"static_bytes"`
+	Eval    int64          `log:"eval_bytes"`
+	Lengths []LengthMemory `log:"lengths"`
 }
 
 func (e MemoryEvent) Text() string {
@@ -49,9 +47,10 @@ func (e MemoryEvent) Text() string {
 // StartEvent describes the run as it starts or resumes ("train.start").
 // Controls that are off are left out.
 type StartEvent struct {
-	Model   string // fuzzy | baseline
-	Config  string // the model's size, model.Config.Summary
-	Align   bool   // RPA alignment (fuzzy only)
+	_       logging.Name `log:"train.start"`
+	Model   string       // fuzzy | baseline
+	Config  string       // the model's size, model.Config.Summary
+	Align   bool         // RPA alignment (fuzzy only)
 	Preset  string
 	Params  int
 	Context int   // evaluation length
@@ -67,8 +66,6 @@ type StartEvent struct {
 	Controller             string // "" or none: no controller
 	EMA, SWA, Chaos, Glide bool
 }
-
-func (e StartEvent) Name() string { return "train.start" }
 
 func (e StartEvent) controls() []string {
 	var on []string
@@ -149,6 +146,7 @@ func (e StartEvent) Text() string {
 // EvalEvent is one evaluation during training ("train.eval"). NaN fields
 // (EMA, SWA) and a nil Recall are left out.
 type EvalEvent struct {
+	_           logging.Name `log:"train.eval"`
 	Step, Steps int
 	Split       string
 	CE          float64
@@ -160,8 +158,6 @@ type EvalEvent struct {
 	SWACE       float64               // NaN: no SWA average yet
 	SWACount    int
 }
-
-func (e EvalEvent) Name() string { return "train.eval" }
 
 func (e EvalEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int("step", e.Step), slog.Int("steps", e.Steps), slog.String("split", e.Split),
@@ -203,16 +199,11 @@ func (e EvalEvent) Text() string {
 // SkippedStepEvent is a step whose loss or gradient norm was not finite
 // ("train.skipped_step", a warning).
 type SkippedStepEvent struct {
-	Step           int
-	Loss, GradNorm float64
-	Skipped        int // steps skipped so far
-}
-
-func (e SkippedStepEvent) Name() string { return "train.skipped_step" }
-
-func (e SkippedStepEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Int("step", e.Step), slog.Float64("loss", e.Loss), slog.Float64("grad_norm", e.GradNorm),
-		slog.Int("skipped_total", e.Skipped)}
+	_        logging.Name `log:"train.skipped_step"`
+	Step     int          `log:"step"`
+	Loss     float64      `log:"loss"`
+	GradNorm float64      `log:"grad_norm"`
+	Skipped  int          `log:"skipped_total"` // steps skipped so far
 }
 
 func (e SkippedStepEvent) Text() string {
@@ -222,12 +213,10 @@ func (e SkippedStepEvent) Text() string {
 
 // ResumeLREvent is a resume with another peak learning rate
 // ("train.resume_lr", a warning).
-type ResumeLREvent struct{ LR, Was float64 }
-
-func (e ResumeLREvent) Name() string { return "train.resume_lr" }
-
-func (e ResumeLREvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Float64("lr", e.LR), slog.Float64("run_lr", e.Was)}
+type ResumeLREvent struct {
+	_   logging.Name `log:"train.resume_lr"`
+	LR  float64      `log:"lr"`
+	Was float64      `log:"run_lr"`
 }
 
 func (e ResumeLREvent) Text() string {
@@ -236,15 +225,11 @@ func (e ResumeLREvent) Text() string {
 
 // AblationRunEvent starts one run of an ablation ("ablate.run").
 type AblationRunEvent struct {
-	Stage, Label string
-	Seed         uint64
-	Dir          string
-}
-
-func (e AblationRunEvent) Name() string { return "ablate.run" }
-
-func (e AblationRunEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("stage", e.Stage), slog.String("label", e.Label), slog.Uint64("seed", e.Seed), slog.String("dir", e.Dir)}
+	_     logging.Name `log:"ablate.run"`
+	Stage string       `log:"stage"`
+	Label string       `log:"label"`
+	Seed  uint64       `log:"seed"`
+	Dir   string       `log:"dir"`
 }
 
 func (e AblationRunEvent) Text() string {
@@ -253,15 +238,10 @@ func (e AblationRunEvent) Text() string {
 
 // AblationReuseEvent is an ablation run found finished ("ablate.reuse").
 type AblationReuseEvent struct {
-	Stage string
-	Seed  uint64
-	CE    float64
-}
-
-func (e AblationReuseEvent) Name() string { return "ablate.reuse" }
-
-func (e AblationReuseEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("stage", e.Stage), slog.Uint64("seed", e.Seed), slog.Float64("val_ce", e.CE)}
+	_     logging.Name `log:"ablate.reuse"`
+	Stage string       `log:"stage"`
+	Seed  uint64       `log:"seed"`
+	CE    float64      `log:"val_ce"`
 }
 
 func (e AblationReuseEvent) Text() string {

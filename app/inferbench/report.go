@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	goruntime "runtime"
 	"slices"
@@ -13,6 +12,7 @@ import (
 
 	"golang.org/x/perf/benchfmt"
 
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -275,15 +275,14 @@ func WriteBenchfmt(w io.Writer, rep *Report, provider string) error {
 // ExportEvent: the benchmark exported one case ("bench.export", on
 // stderr: the table on stdout is the report).
 type ExportEvent struct {
-	Preset, Model, Fold, Attention, DType string
-	T, Nodes                              int
-}
-
-func (e ExportEvent) Name() string { return "bench.export" }
-
-func (e ExportEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("preset", e.Preset), slog.String("model", e.Model), slog.String("fold", e.Fold),
-		slog.String("attention", e.Attention), slog.String("dtype", e.DType), slog.Int("T", e.T), slog.Int("nodes", e.Nodes)}
+	_         logging.Name `log:"bench.export"`
+	Preset    string       `log:"preset"`
+	Model     string       `log:"model"`
+	Fold      string       `log:"fold"`
+	Attention string       `log:"attention"`
+	DType     string       `log:"dtype"`
+	T         int          `log:"T"`
+	Nodes     int          `log:"nodes"`
 }
 
 func (e ExportEvent) Text() string {

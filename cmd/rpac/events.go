@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 )
@@ -17,15 +18,17 @@ import (
 // line each for people, one JSON object each with --log-format json.
 
 // failedEvent is a command that failed ("error", on stderr).
-type failedEvent struct{ Err string }
+type failedEvent struct {
+	_   logging.Name `log:"error"`
+	Err string       `log:"err"`
+}
 
-func (e failedEvent) Name() string       { return "error" }
-func (e failedEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("err", e.Err)} }
-func (e failedEvent) Text() string       { return "rpac: " + e.Err }
+func (e failedEvent) Text() string { return "rpac: " + e.Err }
 
 // trainedEvent ends a training run ("train.done"). NaN fields did not
 // happen in this invocation and are left out.
 type trainedEvent struct {
+	_               logging.Name `log:"train.done"`
 	Steps, Params   int
 	FirstCE, LastCE float64 // this invocation's first and last train CE
 	ValCE           float64
@@ -37,24 +40,13 @@ type trainedEvent struct {
 	Out             string
 }
 
-func (e trainedEvent) Name() string { return "train.done" }
-
 // alreadyFinishedEvent: a finished run was resumed with no more steps to
 // train ("train.finished").
 type alreadyFinishedEvent struct {
-	Out   string
-	Steps int
-	ValCE float64 // the last evaluation's; NaN when none ran
-}
-
-func (e alreadyFinishedEvent) Name() string { return "train.finished" }
-
-func (e alreadyFinishedEvent) Attrs() []slog.Attr {
-	a := []slog.Attr{slog.String("run", e.Out), slog.Int("steps", e.Steps)}
-	if !math.IsNaN(e.ValCE) {
-		a = append(a, slog.Float64("val_ce", e.ValCE))
-	}
-	return a
+	_     logging.Name `log:"train.finished"`
+	Out   string       `log:"run"`
+	Steps int          `log:"steps"`
+	ValCE float64      `log:"val_ce,omitnan"` // the last evaluation's; NaN when none ran
 }
 
 func (e alreadyFinishedEvent) Text() string {
@@ -122,11 +114,10 @@ func (e trainedEvent) Text() string {
 // initialisedEvent: `rpac train --steps 0` wrote the initial checkpoint
 // ("train.init").
 type initialisedEvent struct {
+	_      logging.Name `log:"train.init"`
 	Params int
 	Out    string
 }
-
-func (e initialisedEvent) Name() string { return "train.init" }
 
 func (e initialisedEvent) Attrs() []slog.Attr {
 	return []slog.Attr{slog.Int("params", e.Params), slog.Int("step", 0), slog.String("out", e.Out)}
@@ -138,31 +129,20 @@ func (e initialisedEvent) Text() string {
 
 // exportedEvent summarises an export ("export.done").
 type exportedEvent struct {
-	Model, Weights  string
-	Step            int
-	Dir, Manifest   string
-	Seconds         float64
-	Fold, Attention string
-	Batch           int
-	DType           ir.Precision
-	Quantize        string
-	KVCache         bool
-	Lengths         []int
-}
-
-func (e exportedEvent) Name() string { return "export.done" }
-
-func (e exportedEvent) Attrs() []slog.Attr {
-	a := []slog.Attr{slog.String("model", e.Model), slog.String("weights", e.Weights), slog.Int("step", e.Step),
-		slog.String("dir", e.Dir), slog.String("manifest", e.Manifest), slog.Any("lengths", e.Lengths), slog.Float64("seconds", e.Seconds),
-		slog.String("fold", e.Fold), slog.String("attention", e.Attention), slog.Int("batch", e.Batch), slog.String("dtype", e.DType.String())}
-	if e.Quantize != "" && e.Quantize != onnx.QuantizeNone {
-		a = append(a, slog.String("quantize", e.Quantize))
-	}
-	if e.KVCache {
-		a = append(a, slog.Bool("kv_cache", true))
-	}
-	return a
+	_         logging.Name `log:"export.done"`
+	Model     string       `log:"model"`
+	Weights   string       `log:"weights"`
+	Step      int          `log:"step"`
+	Dir       string       `log:"dir"`
+	Manifest  string       `log:"manifest"`
+	Lengths   []int        `log:"lengths"`
+	Seconds   float64      `log:"seconds"`
+	Fold      string       `log:"fold"`
+	Attention string       `log:"attention"`
+	Batch     int          `log:"batch"`
+	DType     ir.Precision `log:"dtype,string"`
+	Quantize  string       `log:"quantize,omitempty"` // onnx.QuantizeNone is ""
+	KVCache   bool         `log:"kv_cache,omitempty"`
 }
 
 func (e exportedEvent) Text() string {
@@ -179,31 +159,18 @@ func (e exportedEvent) Text() string {
 
 // exportedLengthEvent is one length's graphs ("export.length").
 type exportedLengthEvent struct {
-	T                        int
-	File                     string
-	Bytes                    int64
-	Nodes                    int
-	Seconds                  float64
-	Calibrated               bool
-	CalibBatches, CalibBatch int
-	CalibSource              string
-	KVFiles                  []string
-	KVBytes                  int64
-}
-
-func (e exportedLengthEvent) Name() string { return "export.length" }
-
-func (e exportedLengthEvent) Attrs() []slog.Attr {
-	a := []slog.Attr{slog.Int("T", e.T), slog.String("file", e.File), slog.Int64("bytes", e.Bytes), slog.Int("nodes", e.Nodes),
-		slog.Float64("seconds", e.Seconds)}
-	if e.Calibrated {
-		a = append(a, slog.Bool("calibrated", true), slog.Int("calib_batches", e.CalibBatches), slog.Int("calib_batch", e.CalibBatch),
-			slog.String("calib_source", e.CalibSource))
-	}
-	if len(e.KVFiles) > 0 {
-		a = append(a, slog.Any("kv_files", e.KVFiles), slog.Int64("kv_bytes", e.KVBytes))
-	}
-	return a
+	_            logging.Name `log:"export.length"`
+	T            int          `log:"T"`
+	File         string       `log:"file"`
+	Bytes        int64        `log:"bytes"`
+	Nodes        int          `log:"nodes"`
+	Seconds      float64      `log:"seconds"`
+	Calibrated   bool         `log:"calibrated,omitempty"`
+	CalibBatches int          `log:"calib_batches,with=Calibrated"`
+	CalibBatch   int          `log:"calib_batch,with=Calibrated"`
+	CalibSource  string       `log:"calib_source,with=Calibrated"`
+	KVFiles      []string     `log:"kv_files,omitempty"`
+	KVBytes      int64        `log:"kv_bytes,with=KVFiles"`
 }
 
 func (e exportedLengthEvent) Text() string {
@@ -218,9 +185,10 @@ func (e exportedLengthEvent) Text() string {
 }
 
 // foldLayerEvent is one layer's folded prior at one length ("export.fold").
-type foldLayerEvent struct{ passes.FoldLayer }
-
-func (e foldLayerEvent) Name() string { return "export.fold" }
+type foldLayerEvent struct {
+	_ logging.Name `log:"export.fold"`
+	passes.FoldLayer
+}
 
 func (e foldLayerEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int("T", e.T), slog.Int("layer", e.Layer), slog.Float64("bias_min", e.Min), slog.Float64("bias_max", e.Max),
@@ -240,28 +208,28 @@ func (e foldLayerEvent) Text() string {
 }
 
 // exportNoteEvent is advice about an export ("export.note").
-type exportNoteEvent struct{ Note string }
+type exportNoteEvent struct {
+	_    logging.Name `log:"export.note"`
+	Note string       `log:"note"`
+}
 
-func (e exportNoteEvent) Name() string       { return "export.note" }
-func (e exportNoteEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("note", e.Note)} }
-func (e exportNoteEvent) Text() string       { return "  note: " + e.Note }
+func (e exportNoteEvent) Text() string { return "  note: " + e.Note }
 
 // verifyEvent starts `export --verify`'s report ("export.verify").
-type verifyEvent struct{ Split, Protocol string }
-
-func (e verifyEvent) Name() string { return "export.verify" }
-
-func (e verifyEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("split", e.Split), slog.String("protocol", e.Protocol)}
+type verifyEvent struct {
+	_        logging.Name `log:"export.verify"`
+	Split    string       `log:"split"`
+	Protocol string       `log:"protocol"`
 }
 
 func (e verifyEvent) Text() string { return fmt.Sprintf("verify on %s (%s):", e.Split, e.Protocol) }
 
 // verifyLimitsEvent ends a passing `export --verify` with the limits it
 // held ("export.verify_limits").
-type verifyLimitsEvent struct{ export.VerifyLimits }
-
-func (e verifyLimitsEvent) Name() string { return "export.verify_limits" }
+type verifyLimitsEvent struct {
+	_ logging.Name `log:"export.verify_limits"`
+	export.VerifyLimits
+}
 
 func (e verifyLimitsEvent) Attrs() []slog.Attr {
 	return []slog.Attr{slog.Float64("max_kl", e.MaxKL), slog.Float64("max_ce_cost", e.MaxCECost), slog.Float64("max_abs_logit_diff", e.MaxAbsDiff)}
@@ -274,14 +242,13 @@ func (e verifyLimitsEvent) Text() string {
 // verifiedEvent is one length's check against the Go executor
 // ("export.verified").
 type verifiedEvent struct {
+	_                         logging.Name `log:"export.verified"`
 	T, Tokens, Batches, Batch int
 	MaxAbsDiff, MeanKL        float64
 	CEExport, CEEval, CEBatch float64
 	KVSteps                   int
 	KVMaxAbsDiff              float64
 }
-
-func (e verifiedEvent) Name() string { return "export.verified" }
 
 func (e verifiedEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int("T", e.T), slog.Int("tokens", e.Tokens), slog.Int("batches", e.Batches), slog.Int("batch", e.Batch),
@@ -304,15 +271,11 @@ func (e verifiedEvent) Text() string {
 
 // tritonEvent summarises a Triton model repository ("export.triton").
 type tritonEvent struct {
-	Out             string
-	Seconds         float64
-	Fold, Attention string
-}
-
-func (e tritonEvent) Name() string { return "export.triton" }
-
-func (e tritonEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("dir", e.Out), slog.Float64("seconds", e.Seconds), slog.String("fold", e.Fold), slog.String("attention", e.Attention)}
+	_         logging.Name `log:"export.triton"`
+	Out       string       `log:"dir"`
+	Seconds   float64      `log:"seconds"`
+	Fold      string       `log:"fold"`
+	Attention string       `log:"attention"`
 }
 
 func (e tritonEvent) Text() string {
@@ -321,17 +284,12 @@ func (e tritonEvent) Text() string {
 
 // tritonModelEvent is one model of the repository ("export.triton.model").
 type tritonModelEvent struct {
-	Model  string
-	T      int
-	Bytes  int64
-	Nodes  int
-	Config string
-}
-
-func (e tritonModelEvent) Name() string { return "export.triton.model" }
-
-func (e tritonModelEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("model", e.Model), slog.Int("T", e.T), slog.Int64("bytes", e.Bytes), slog.Int("nodes", e.Nodes), slog.String("config", e.Config)}
+	_      logging.Name `log:"export.triton.model"`
+	Model  string       `log:"model"`
+	T      int          `log:"T"`
+	Bytes  int64        `log:"bytes"`
+	Nodes  int          `log:"nodes"`
+	Config string       `log:"config"`
 }
 
 func (e tritonModelEvent) Text() string {
@@ -339,22 +297,22 @@ func (e tritonModelEvent) Text() string {
 }
 
 // tritonServeEvent says how to serve the repository ("export.triton.serve").
-type tritonServeEvent struct{ Command string }
+type tritonServeEvent struct {
+	_       logging.Name `log:"export.triton.serve"`
+	Command string       `log:"command"`
+}
 
-func (e tritonServeEvent) Name() string       { return "export.triton.serve" }
-func (e tritonServeEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("command", e.Command)} }
-func (e tritonServeEvent) Text() string       { return "serve it with: " + e.Command }
+func (e tritonServeEvent) Text() string { return "serve it with: " + e.Command }
 
 // evaluatedEvent is `rpac eval`'s score ("eval.done").
 type evaluatedEvent struct {
-	Data                  string // e.g. "wikitext2 valid"
+	_                     logging.Name `log:"eval.done"`
+	Data                  string       // e.g. "wikitext2 valid"
 	T, Chunks, Tokens     int
 	CE                    float64
 	ModelTokPerS, TokPerS float64
 	Runtime, Provider     string
 }
-
-func (e evaluatedEvent) Name() string { return "eval.done" }
 
 func (e evaluatedEvent) Attrs() []slog.Attr {
 	return []slog.Attr{slog.String("data", e.Data), slog.Int("T", e.T), slog.Int("chunks", e.Chunks), slog.Int("tokens", e.Tokens),
@@ -369,35 +327,22 @@ func (e evaluatedEvent) Text() string {
 
 // servingEvent: rpac serve listens ("serve.start").
 type servingEvent struct {
-	Model, Dir    string
-	Lengths       []int
-	Batch         int
-	URL           string
-	MaxBatch      int
-	MaxWait       time.Duration
-	Queue         int
-	Tokenizer     string // the manifest's
-	Tokenizes     bool   // false: prompts must be token ids
-	KVCacheLength []int  // nil: completions recompute the context
+	_             logging.Name  `log:"serve.start"`
+	Model         string        `log:"model"`
+	Dir           string        `log:"dir"`
+	Lengths       []int         `log:"lengths"`
+	Batch         int           `log:"batch"`
+	URL           string        `log:"url"`
+	MaxBatch      int           `log:"max_batch"`
+	MaxWait       time.Duration `log:"max_wait_s,seconds"`
+	Queue         int           `log:"queue"`
+	Tokenizer     string        `log:"tokenizer"`                  // the manifest's
+	Tokenizes     bool          `log:"text_prompts"`               // false: prompts must be token ids
+	KVCacheLength []int         `log:"kv_cache_lengths,omitempty"` // nil: completions recompute the context
 	// Weights and Step say which weights are served (the export's
 	// provenance; "" and 0 when it records none).
-	Weights string
-	Step    int
-}
-
-func (e servingEvent) Name() string { return "serve.start" }
-
-func (e servingEvent) Attrs() []slog.Attr {
-	a := []slog.Attr{slog.String("model", e.Model), slog.String("dir", e.Dir), slog.Any("lengths", e.Lengths), slog.Int("batch", e.Batch),
-		slog.String("url", e.URL), slog.Int("max_batch", e.MaxBatch), slog.Float64("max_wait_s", e.MaxWait.Seconds()), slog.Int("queue", e.Queue),
-		slog.String("tokenizer", e.Tokenizer), slog.Bool("text_prompts", e.Tokenizes)}
-	if len(e.KVCacheLength) > 0 {
-		a = append(a, slog.Any("kv_cache_lengths", e.KVCacheLength))
-	}
-	if e.Weights != "" {
-		a = append(a, slog.String("weights", e.Weights), slog.Int("step", e.Step))
-	}
-	return a
+	Weights string `log:"weights,omitempty"`
+	Step    int    `log:"step,with=Weights"`
 }
 
 func (e servingEvent) Text() string {
@@ -415,12 +360,11 @@ func (e servingEvent) Text() string {
 }
 
 // stoppedEvent: rpac serve stopped ("serve.stop").
-type stoppedEvent struct{ After time.Duration }
-
-func (e stoppedEvent) Name() string { return "serve.stop" }
-func (e stoppedEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Float64("uptime_s", e.After.Seconds())}
+type stoppedEvent struct {
+	_     logging.Name  `log:"serve.stop"`
+	After time.Duration `log:"uptime_s,seconds"`
 }
+
 func (e stoppedEvent) Text() string {
 	return fmt.Sprintf("stopped after %v", e.After.Round(time.Second))
 }

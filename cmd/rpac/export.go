@@ -221,11 +221,11 @@ func reportExport(c *cli.Context, run *training.Run, j export.Job, jr *export.Jo
 		}
 		report(c, ev)
 		for _, f := range lr.Fold {
-			report(c, foldLayerEvent{f})
+			report(c, foldLayerEvent{FoldLayer: f})
 		}
 	}
 	if run.Weights != "last" && j.Calibrate == export.CalibrateAuto && run.Config.Model == "fuzzy" {
-		report(c, exportNoteEvent{fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
+		report(c, exportNoteEvent{Note: fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}
 }
 
@@ -237,7 +237,7 @@ func reportVerify(c *cli.Context, jr *export.JobResult, err error) {
 			CEExport: r.CEExport, CEEval: r.CEEval, CEBatch: r.CEBatchStats, KVSteps: r.KVSteps, KVMaxAbsDiff: r.KVMaxAbsDiff})
 	}
 	if err == nil {
-		report(c, verifyLimitsEvent{jr.Limits})
+		report(c, verifyLimitsEvent{VerifyLimits: jr.Limits})
 	}
 }
 

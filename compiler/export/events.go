@@ -2,7 +2,8 @@ package export
 
 import (
 	"fmt"
-	"log/slog"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 // The export's debug events, logged on Options.Log as each length is done
@@ -11,14 +12,11 @@ import (
 // CalibratedEvent: the running statistics of a length were computed on
 // data ("export.calibrated").
 type CalibratedEvent struct {
-	T, Batches, Batch int
-	Source            string
-}
-
-func (e CalibratedEvent) Name() string { return "export.calibrated" }
-
-func (e CalibratedEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Int("T", e.T), slog.Int("batches", e.Batches), slog.Int("batch", e.Batch), slog.String("source", e.Source)}
+	_       logging.Name `log:"export.calibrated"`
+	T       int          `log:"T"`
+	Batches int          `log:"batches"`
+	Batch   int          `log:"batch"`
+	Source  string       `log:"source"`
 }
 
 func (e CalibratedEvent) Text() string {
@@ -27,18 +25,12 @@ func (e CalibratedEvent) Text() string {
 
 // CompiledEvent: the graphs of a length are written ("export.compiled").
 type CompiledEvent struct {
-	T       int
-	File    string
-	Bytes   int64
-	Nodes   int
-	Seconds float64
-}
-
-func (e CompiledEvent) Name() string { return "export.compiled" }
-
-func (e CompiledEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Int("T", e.T), slog.String("file", e.File), slog.Int64("bytes", e.Bytes), slog.Int("nodes", e.Nodes),
-		slog.Float64("seconds", e.Seconds)}
+	_       logging.Name `log:"export.compiled"`
+	T       int          `log:"T"`
+	File    string       `log:"file"`
+	Bytes   int64        `log:"bytes"`
+	Nodes   int          `log:"nodes"`
+	Seconds float64      `log:"seconds"`
 }
 
 func (e CompiledEvent) Text() string {

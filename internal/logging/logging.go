@@ -4,10 +4,12 @@
 //
 // An Event is a struct that knows its name, its fields (only those that
 // apply: a field that does not apply is left out, never written as nil or
-// as a zero placeholder) and the line a person reads. Packages that do the
-// work (training, export, serve) define their events and log them with
-// Info/Warn/Debug on the *slog.Logger they are given; a plain slog record
-// (slog.Warn("...", "k", v)) is rendered too, as its message and fields.
+// as a zero placeholder) and the line a person reads. The name and the
+// fields are said once, in the struct's `log` tags (Name, Fields); the
+// line is its Text method. Packages that do the work (training, export,
+// serve) define their events and log them with Info/Warn/Debug on the
+// *slog.Logger they are given; a plain slog record (slog.Warn("...", "k",
+// v)) is rendered too, as its message and fields.
 //
 //	logging.Info(log, training.EvalEvent{Step: 100, Steps: 200, Split: "valid", CE: 7.396, Tokens: 249856, ...})
 //
@@ -61,13 +63,12 @@ func ParseLevel(s string) (slog.Level, error) {
 	return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
 }
 
-// An Event is one typed thing that happened.
+// An Event is one typed thing that happened: a struct that says its name
+// and its fields in `log` tags (see Name; a Name method and an Attrs
+// method say them instead) and the line a person reads. The name is the
+// record's message, e.g. "train.eval", by which JSON consumers select
+// events; the fields are only those that apply.
 type Event interface {
-	// Name is the record's message, e.g. "train.eval"; JSON consumers
-	// select events by it.
-	Name() string
-	// Attrs are the event's fields: only those that apply.
-	Attrs() []slog.Attr
 	// Text is the line a person reads (no trailing newline).
 	Text() string
 }
@@ -135,14 +136,14 @@ func nonFinite(f float64) string {
 // inline. The text handler finds the Event itself and writes its Text.
 type event struct{ Event }
 
-func (e event) LogValue() slog.Value { return slog.GroupValue(e.Attrs()...) }
+func (e event) LogValue() slog.Value { return slog.GroupValue(AttrsOf(e.Event)...) }
 
 // Log writes ev on l at level (nothing when l is nil).
 func Log(ctx context.Context, l *slog.Logger, level slog.Level, ev Event) {
 	if l == nil || !l.Enabled(ctx, level) {
 		return
 	}
-	l.LogAttrs(ctx, level, ev.Name(), slog.Any("", event{ev}))
+	l.LogAttrs(ctx, level, NameOf(ev), slog.Any("", event{ev}))
 }
 
 // Info writes ev on l at the info level.

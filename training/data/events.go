@@ -2,20 +2,16 @@ package data
 
 import (
 	"fmt"
-	"log/slog"
+
+	"github.com/rpac-dev/rpac/internal/logging"
 )
 
 // DownloadEvent starts the download of the WikiText-2 archive
 // ("data.download").
 type DownloadEvent struct {
-	URL   string
-	Bytes int64
-}
-
-func (e DownloadEvent) Name() string { return "data.download" }
-
-func (e DownloadEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.String("url", e.URL), slog.Int64("bytes", e.Bytes)}
+	_     logging.Name `log:"data.download"`
+	URL   string       `log:"url"`
+	Bytes int64        `log:"bytes"`
 }
 
 func (e DownloadEvent) Text() string {
@@ -24,25 +20,22 @@ func (e DownloadEvent) Text() string {
 
 // DownloadProgressEvent is the download's progress, every tenth of the
 // archive ("data.download.progress"); on a terminal it is redrawn in place.
-type DownloadProgressEvent struct{ Done, Total int64 }
-
-func (e DownloadProgressEvent) Name() string { return "data.download.progress" }
+type DownloadProgressEvent struct {
+	_     logging.Name `log:"data.download.progress"`
+	Done  int64        `log:"bytes"`
+	Total int64        `log:"total"`
+}
 
 func (e DownloadProgressEvent) Live() bool { return e.Done < e.Total }
-
-func (e DownloadProgressEvent) Attrs() []slog.Attr {
-	return []slog.Attr{slog.Int64("bytes", e.Done), slog.Int64("total", e.Total)}
-}
 
 func (e DownloadProgressEvent) Text() string {
 	return fmt.Sprintf("wikitext-2: %d/%d bytes (%d%%)", e.Done, e.Total, e.Done*100/max(1, e.Total))
 }
 
 // DataReadyEvent: the downloaded files are in place ("data.ready").
-type DataReadyEvent struct{ Dir string }
-
-func (e DataReadyEvent) Name() string { return "data.ready" }
-
-func (e DataReadyEvent) Attrs() []slog.Attr { return []slog.Attr{slog.String("dir", e.Dir)} }
+type DataReadyEvent struct {
+	_   logging.Name `log:"data.ready"`
+	Dir string       `log:"dir"`
+}
 
 func (e DataReadyEvent) Text() string { return "wikitext-2: files ready in " + e.Dir }
