@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/rpac-dev/rpac/app/exportjob"
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/runtime"
@@ -65,7 +66,7 @@ func Score(ctx context.Context, dir, which string, o Options) ([]training.Length
 	}
 	out := filepath.Join(dir, exportDir)
 	defer os.RemoveAll(out)
-	if _, err := export.RunJob(ctx, job(run, ds, out, o)); err != nil {
+	if _, err := exportjob.Run(ctx, job(run, ds, out, o)); err != nil {
 		return nil, err
 	}
 	m, err := runtime.OpenContext(ctx, out, runtime.Options{Threads: o.Threads})
@@ -102,30 +103,20 @@ func Score(ctx context.Context, dir, which string, o Options) ([]training.Length
 // job is the fp32 folded export of run at o.Lengths into out. Under EMA or
 // SWA weights every length is calibrated again (the running statistics
 // kept in training come from the live weights).
-func job(run *training.Run, ds *training.Dataset, out string, o Options) export.Job {
+func job(run *training.Run, ds *training.Dataset, out string, o Options) exportjob.Job {
 	tok, eos := run.Tokenizer()
-	calibrate := export.CalibrateAuto
+	calibrate := exportjob.CalibrateAuto
 	if run.Weights != "last" {
-		calibrate = export.CalibrateAlways
+		calibrate = exportjob.CalibrateAlways
 	}
-	return export.Job{
+	return exportjob.Job{
 		Options: export.Options{DType: ir.FP32, Config: run.Config, Store: run.Store, Trained: run.Trained, Lengths: o.Lengths,
 			CalibBatches: export.DefaultCalibBatches, CalibBatch: export.DefaultCalibBatch,
 			Out: out, Tokenizer: tok, EOS: eos, Provenance: run.Provenance(), Log: o.Log},
-		Format:    export.FormatONNX,
+		Format:    exportjob.FormatONNX,
 		Calibrate: calibrate,
-		LoadData:  func(context.Context) (*export.Data, error) { return ExportData(ds), nil },
+		LoadData:  func(context.Context) (*exportjob.Data, error) { return exportjob.FromDataset(ds), nil },
 	}
-}
-
-// ExportData is the export's view of a run's dataset: the training split
-// to calibrate on and the evaluation split to verify on.
-func ExportData(ds *training.Dataset) *export.Data {
-	src := fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
-	if ds.Name == "wikitext2" {
-		src = "wikitext2 " + ds.TrainSplit
-	}
-	return &export.Data{Train: ds.Train, Source: src, Eval: ds.Eval, EvalName: ds.EvalName, Protocol: ds.Protocol, Vocab: ds.Vocab}
 }
 
 // mqarBatch is the number of sequences per onnxruntime call in mqarAt.

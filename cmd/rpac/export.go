@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/rpac-dev/rpac/app/lengtheval"
+	"github.com/rpac-dev/rpac/app/exportjob"
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
@@ -69,11 +69,11 @@ func exportAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	res, err := export.RunJob(c.Context, j)
+	res, err := exportjob.Run(c.Context, j)
 	if res == nil {
 		return err
 	}
-	if j.Format == export.FormatTriton {
+	if j.Format == exportjob.FormatTriton {
 		reportTriton(c, j, res)
 		return err
 	}
@@ -106,7 +106,7 @@ func checkExportFlags(c *cli.Context) error {
 	if d := c.String("dump-ir"); d != "" && d != "all" && !slices.Contains(passes.Names(passes.ExportPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the export pipeline (%s, or all)", d, strings.Join(passes.Names(passes.ExportPipeline), ", "))
 	}
-	if f, err := export.ParseFormat(c.String("format")); err != nil || f == export.FormatTriton && c.Bool("verify") {
+	if f, err := exportjob.ParseFormat(c.String("format")); err != nil || f == exportjob.FormatTriton && c.Bool("verify") {
 		return cmp.Or(err, errors.New("--verify checks a runtime export; use it with --format onnx"))
 	}
 	if c.Bool("verify") {
@@ -117,7 +117,7 @@ func checkExportFlags(c *cli.Context) error {
 	if _, err := export.ParseQuantize(c.String("quantize")); err != nil {
 		return err
 	}
-	_, err := export.ParseCalibrate(c.String("calibrate"))
+	_, err := exportjob.ParseCalibrate(c.String("calibrate"))
 	return err
 }
 
@@ -138,26 +138,26 @@ func checkCounts(c *cli.Context, nonNeg, positive []string) error {
 }
 
 // exportJob is the job the flags describe for run.
-func exportJob(c *cli.Context, run *training.Run) (export.Job, error) {
-	format, _ := export.ParseFormat(c.String("format"))
+func exportJob(c *cli.Context, run *training.Run) (exportjob.Job, error) {
+	format, _ := exportjob.ParseFormat(c.String("format"))
 	quantize, err := export.ParseQuantize(c.String("quantize"))
 	if err != nil {
-		return export.Job{}, err
+		return exportjob.Job{}, err
 	}
-	calibrate, err := export.ParseCalibrate(c.String("calibrate"))
+	calibrate, err := exportjob.ParseCalibrate(c.String("calibrate"))
 	if err != nil {
-		return export.Job{}, err
+		return exportjob.Job{}, err
 	}
 	lengths, err := exportLengths(c.String("lengths"), run)
 	if err != nil {
-		return export.Job{}, err
+		return exportjob.Job{}, err
 	}
 	dtype, err := ir.ParsePrecision(c.String("dtype"))
 	if err != nil {
-		return export.Job{}, fmt.Errorf("--dtype: %w", err)
+		return exportjob.Job{}, fmt.Errorf("--dtype: %w", err)
 	}
 	tok, eos := run.Tokenizer()
-	j := export.Job{Options: export.Options{
+	j := exportjob.Job{Options: export.Options{
 		DType:  dtype.Or(ir.FP32),
 		Config: run.Config, Store: run.Store, Trained: run.Trained, Lengths: lengths, Batch: c.Int("batch"),
 		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize, KVCache: c.Bool("kv-cache"),
@@ -169,7 +169,7 @@ func exportJob(c *cli.Context, run *training.Run) (export.Job, error) {
 		Verify: c.Bool("verify"), VerifyBatches: c.Int("verify-batches"), VerifyBatch: c.Int("verify-batch"),
 		VerifyRuntime: runtime.Options{Provider: c.String("provider")},
 		Limits:        export.VerifyLimits{MaxKL: c.Float64("verify-max-kl"), MaxCECost: c.Float64("verify-max-ce-cost"), MaxAbsDiff: c.Float64("verify-max-diff")},
-		LoadData:      func(ctx context.Context) (*export.Data, error) { return exportData(c, run) },
+		LoadData:      func(ctx context.Context) (*exportjob.Data, error) { return exportData(c, run) },
 	}
 	if c.IsSet("batch") {
 		j.TritonMaxBatch = c.Int("batch")
@@ -196,7 +196,7 @@ func exportLengths(s string, run *training.Run) ([]int, error) {
 
 // exportData loads the run's data for calibration (--calib-split) and
 // verification (--eval-split).
-func exportData(c *cli.Context, run *training.Run) (*export.Data, error) {
+func exportData(c *cli.Context, run *training.Run) (*exportjob.Data, error) {
 	evalSplit := ""
 	if c.IsSet("eval-split") {
 		evalSplit = c.String("eval-split")
@@ -205,11 +205,11 @@ func exportData(c *cli.Context, run *training.Run) (*export.Data, error) {
 	if err != nil {
 		return nil, err
 	}
-	return lengtheval.ExportData(ds), nil
+	return exportjob.FromDataset(ds), nil
 }
 
 // reportExport prints what an ONNX export wrote.
-func reportExport(c *cli.Context, run *training.Run, j export.Job, jr *export.JobResult) {
+func reportExport(c *cli.Context, run *training.Run, j exportjob.Job, jr *exportjob.Result) {
 	res, o := jr.Result, j.Options
 	report(c, exportedEvent{Model: run.Config.Model, Weights: run.Weights, Step: run.State.Step, Dir: res.Dir,
 		Manifest: filepath.Join(res.Dir, runtime.ManifestName), Seconds: jr.Elapsed.Seconds(), Fold: o.Fold, Attention: o.Attention,
@@ -224,13 +224,13 @@ func reportExport(c *cli.Context, run *training.Run, j export.Job, jr *export.Jo
 			report(c, foldLayerEvent{FoldLayer: f})
 		}
 	}
-	if run.Weights != "last" && j.Calibrate == export.CalibrateAuto && run.Config.Model == "fuzzy" {
+	if run.Weights != "last" && j.Calibrate == exportjob.CalibrateAuto && run.Config.Model == "fuzzy" {
 		report(c, exportNoteEvent{Note: fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}
 }
 
 // reportVerify prints the verification, and its limits when it passed.
-func reportVerify(c *cli.Context, jr *export.JobResult, err error) {
+func reportVerify(c *cli.Context, jr *exportjob.Result, err error) {
 	report(c, verifyEvent{Split: jr.Data.EvalName, Protocol: jr.Data.Protocol})
 	for _, r := range jr.Verified {
 		report(c, verifiedEvent{T: r.T, Tokens: r.Tokens, Batches: r.Batches, Batch: r.Batch, MaxAbsDiff: r.MaxAbsDiff, MeanKL: r.MeanKL,
@@ -266,7 +266,7 @@ func openRun(run, ckpt, weights string) (*training.Run, error) {
 }
 
 // reportTriton prints what a Triton export wrote and how to serve it.
-func reportTriton(c *cli.Context, j export.Job, res *export.JobResult) {
+func reportTriton(c *cli.Context, j exportjob.Job, res *exportjob.Result) {
 	report(c, tritonEvent{Out: j.Out, Seconds: res.Elapsed.Seconds(), Fold: j.Fold, Attention: j.Attention})
 	for _, m := range res.Triton {
 		report(c, tritonModelEvent{Model: m.Name, T: m.T, Bytes: m.Bytes, Nodes: m.Nodes, Config: m.Config})

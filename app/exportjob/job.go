@@ -1,16 +1,21 @@
-package export
+// Package exportjob is the whole rpac export flow as a Job: the data when
+// calibration or verification needs it, the calibration policy
+// (Calibrate), the export itself in ONNX or as a Triton repository
+// (Format), and the verification against the Go executor within limits
+// (export.VerifyLimits). rpac export and rpac ablate --eval-lengths
+// (app/lengtheval) run it.
+package exportjob
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
+	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/compiler/onnx"
-	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
+	"github.com/rpac-dev/rpac/training"
 )
 
 // Format is what a Job writes.
@@ -46,33 +51,6 @@ func ParseCalibrate(s string) (Calibrate, error) {
 	return "", fmt.Errorf("--calibrate %q: want auto, always or never", s)
 }
 
-// ParseQuantize reads a quantization: "none" (onnx.QuantizeNone) or int8.
-func ParseQuantize(s string) (string, error) {
-	switch s {
-	case "none":
-		return onnx.QuantizeNone, nil
-	case onnx.QuantizeInt8:
-		return s, nil
-	}
-	return "", fmt.Errorf("--quantize %q: want none or int8", s)
-}
-
-// CheckFold checks a fold mode of Options.Fold.
-func CheckFold(f string) error {
-	if !slices.Contains([]string{passes.FoldRPAMode, passes.FoldNoneMode, passes.FoldRankMode, passes.FoldRankApproxMode}, f) {
-		return fmt.Errorf("--fold %q: want rpa, rank, rank-approx or none", f)
-	}
-	return nil
-}
-
-// CheckAttention checks an attention lowering of Options.Attention.
-func CheckAttention(a string) error {
-	if a != passes.AttentionOp && a != passes.AttentionPlain && a != passes.AttentionOpPadded {
-		return fmt.Errorf("--attention %q: want op, op8 or plain", a)
-	}
-	return nil
-}
-
 // Data is what a Job calibrates and verifies on.
 type Data struct {
 	Train  []int32 // calibration stream
@@ -83,10 +61,20 @@ type Data struct {
 	Vocab              int
 }
 
+// FromDataset is the export's view of a run's dataset: the training split
+// to calibrate on and the evaluation split to verify on.
+func FromDataset(ds *training.Dataset) *Data {
+	src := fmt.Sprintf("%s %s", ds.Name, ds.Protocol)
+	if ds.Name == "wikitext2" {
+		src = "wikitext2 " + ds.TrainSplit
+	}
+	return &Data{Train: ds.Train, Source: src, Eval: ds.Eval, EvalName: ds.EvalName, Protocol: ds.Protocol, Vocab: ds.Vocab}
+}
+
 // Job is one export as rpac export runs it: Options (Lengths set), the
 // format, the calibration policy and, for FormatONNX, the verification.
 type Job struct {
-	Options
+	export.Options
 	Format Format
 	// TritonName and TritonMaxBatch describe a FormatTriton repository
 	// (TritonOptions.Name and MaxBatch; 0: its default).
@@ -101,33 +89,33 @@ type Job struct {
 	VerifyBatches int
 	VerifyBatch   int
 	VerifyRuntime runtime.Options
-	Limits        VerifyLimits
+	Limits        export.VerifyLimits
 	// LoadData reads the data, called only when calibration or
 	// verification needs it.
 	LoadData func(context.Context) (*Data, error)
 }
 
-// JobResult is what a Job did. Verified and Limits are set when it
+// Result is what a Job did. Verified and Limits are set when it
 // verified; a verification over its limits returns the result and an
 // error.
-type JobResult struct {
-	Result   *Result        // FormatONNX
-	Triton   []TritonModel  // FormatTriton
-	Data     *Data          // nil when none was needed
-	Elapsed  time.Duration  // the export, without loading data or verifying
-	Verified []VerifyResult // one per length
-	Limits   VerifyLimits
+type Result struct {
+	Result   *export.Result        // FormatONNX
+	Triton   []export.TritonModel  // FormatTriton
+	Data     *Data                 // nil when none was needed
+	Elapsed  time.Duration         // the export, without loading data or verifying
+	Verified []export.VerifyResult // one per length
+	Limits   export.VerifyLimits
 }
 
-// RunJob loads the data the job needs, exports and verifies.
-func RunJob(ctx context.Context, j Job) (*JobResult, error) {
+// Run loads the data the job needs, exports and verifies.
+func Run(ctx context.Context, j Job) (*Result, error) {
 	if j.Format == FormatTriton && j.Verify {
 		return nil, errors.New("--verify checks a runtime export; use it with --format onnx")
 	}
 	if j.Calibrate == CalibrateAlways {
 		j.Trained = func(string) bool { return false }
 	}
-	res := &JobResult{}
+	res := &Result{}
 	var err error
 	if res.Data, err = j.data(ctx); err != nil {
 		return nil, err
@@ -137,11 +125,11 @@ func RunJob(ctx context.Context, j Job) (*JobResult, error) {
 	}
 	t0 := time.Now()
 	if j.Format == FormatTriton {
-		res.Triton, err = Triton(ctx, TritonOptions{Options: j.Options, Name: j.TritonName, MaxBatch: j.TritonMaxBatch})
+		res.Triton, err = export.Triton(ctx, export.TritonOptions{Options: j.Options, Name: j.TritonName, MaxBatch: j.TritonMaxBatch})
 		res.Elapsed = time.Since(t0)
 		return res, err
 	}
-	if res.Result, err = Export(ctx, j.Options); err != nil {
+	if res.Result, err = export.Export(ctx, j.Options); err != nil {
 		return nil, err
 	}
 	res.Elapsed = time.Since(t0)
@@ -184,7 +172,7 @@ func (j *Job) data(ctx context.Context) (*Data, error) {
 		return nil, fmt.Errorf("the checkpoint has no running statistics for some of the lengths %v and --calib-batches is 0; calibrate on data (--calib-batches N --data-dir D)", j.Lengths)
 	}
 	if j.LoadData == nil {
-		return nil, errors.New("export: the job needs data and has no LoadData")
+		return nil, errors.New("exportjob: the job needs data and has no LoadData")
 	}
 	d, err := j.LoadData(ctx)
 	if err != nil {
@@ -197,13 +185,13 @@ func (j *Job) data(ctx context.Context) (*Data, error) {
 }
 
 // verify runs Verify on the export and checks every length's figures.
-func (j *Job) verify(ctx context.Context, res *JobResult) error {
-	vr, err := Verify(ctx, VerifyOptions{Dir: res.Result.Dir, Config: j.Config, Store: j.Store,
+func (j *Job) verify(ctx context.Context, res *Result) error {
+	vr, err := export.Verify(ctx, export.VerifyOptions{Dir: res.Result.Dir, Config: j.Config, Store: j.Store,
 		IDs: res.Data.Eval, Batches: j.VerifyBatches, Batch: j.VerifyBatch, Runtime: j.VerifyRuntime})
 	if err != nil {
 		return err
 	}
-	l := DefaultVerifyLimits(j.DType, j.Quantize)
+	l := export.DefaultVerifyLimits(j.DType, j.Quantize)
 	for _, o := range []struct{ dst, src *float64 }{{&l.MaxKL, &j.Limits.MaxKL}, {&l.MaxCECost, &j.Limits.MaxCECost}, {&l.MaxAbsDiff, &j.Limits.MaxAbsDiff}} {
 		if *o.src != 0 {
 			*o.dst = *o.src
