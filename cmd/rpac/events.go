@@ -157,20 +157,17 @@ func (e exportedEvent) Text() string {
 		e.Model, e.Weights, e.Step, e.Dir, e.Seconds, e.Fold, e.Attention, e.Batch, extra)
 }
 
-// exportedLengthEvent is one length's graphs ("export.length").
+// exportedLengthEvent is one length's graphs ("export.length"): the
+// export's CompiledEvent and how it was calibrated.
 type exportedLengthEvent struct {
-	_            logging.Name `log:"export.length"`
-	T            int          `log:"T"`
-	File         string       `log:"file"`
-	Bytes        int64        `log:"bytes"`
-	Nodes        int          `log:"nodes"`
-	Seconds      float64      `log:"seconds"`
-	Calibrated   bool         `log:"calibrated,omitempty"`
-	CalibBatches int          `log:"calib_batches,with=Calibrated"`
-	CalibBatch   int          `log:"calib_batch,with=Calibrated"`
-	CalibSource  string       `log:"calib_source,with=Calibrated"`
-	KVFiles      []string     `log:"kv_files,omitempty"`
-	KVBytes      int64        `log:"kv_bytes,with=KVFiles"`
+	_ logging.Name `log:"export.length"`
+	export.CompiledEvent
+	Calibrated   bool     `log:"calibrated,omitempty"`
+	CalibBatches int      `log:"calib_batches,with=Calibrated"`
+	CalibBatch   int      `log:"calib_batch,with=Calibrated"`
+	CalibSource  string   `log:"calib_source,with=Calibrated"`
+	KVFiles      []string `log:"kv_files,omitempty"`
+	KVBytes      int64    `log:"kv_bytes,with=KVFiles"`
 }
 
 func (e exportedLengthEvent) Text() string {
@@ -242,18 +239,14 @@ func (e verifyLimitsEvent) Text() string {
 // verifiedEvent is one length's check against the Go executor
 // ("export.verified").
 type verifiedEvent struct {
-	_                         logging.Name `log:"export.verified"`
-	T, Tokens, Batches, Batch int
-	MaxAbsDiff, MeanKL        float64
-	CEExport, CEEval, CEBatch float64
-	KVSteps                   int
-	KVMaxAbsDiff              float64
+	_ logging.Name `log:"export.verified"`
+	export.VerifyResult
 }
 
 func (e verifiedEvent) Attrs() []slog.Attr {
 	a := []slog.Attr{slog.Int("T", e.T), slog.Int("tokens", e.Tokens), slog.Int("batches", e.Batches), slog.Int("batch", e.Batch),
 		slog.Float64("max_abs_logit_diff", e.MaxAbsDiff), slog.Float64("mean_kl", e.MeanKL), slog.Float64("ce_onnxruntime", e.CEExport), slog.Float64("ce_go_eval", e.CEEval),
-		slog.Float64("export_cost", e.CEExport-e.CEEval), slog.Float64("ce_batch_stats", e.CEBatch)}
+		slog.Float64("export_cost", e.CEExport-e.CEEval), slog.Float64("ce_batch_stats", e.CEBatchStats)}
 	if e.KVSteps > 0 {
 		a = append(a, slog.Int("kv_steps", e.KVSteps), slog.Float64("kv_max_abs_logit_diff", e.KVMaxAbsDiff))
 	}
@@ -262,7 +255,7 @@ func (e verifiedEvent) Attrs() []slog.Attr {
 
 func (e verifiedEvent) Text() string {
 	s := fmt.Sprintf("  L=%d  %d tokens (%d×%d)  max|Δlogit| %.2e  KL %.1e  CE onnxruntime %.5f  CE Go eval %.5f (export cost %+.5f nats)  CE batch-stats (paper's way) %.5f",
-		e.T, e.Tokens, e.Batches, e.Batch, e.MaxAbsDiff, e.MeanKL, e.CEExport, e.CEEval, e.CEExport-e.CEEval, e.CEBatch)
+		e.T, e.Tokens, e.Batches, e.Batch, e.MaxAbsDiff, e.MeanKL, e.CEExport, e.CEEval, e.CEExport-e.CEEval, e.CEBatchStats)
 	if e.KVSteps > 0 {
 		s += fmt.Sprintf("; KV cache: %d decode steps, max|Δlogit| %.2e", e.KVSteps, e.KVMaxAbsDiff)
 	}
@@ -284,16 +277,16 @@ func (e tritonEvent) Text() string {
 
 // tritonModelEvent is one model of the repository ("export.triton.model").
 type tritonModelEvent struct {
-	_      logging.Name `log:"export.triton.model"`
-	Model  string       `log:"model"`
-	T      int          `log:"T"`
-	Bytes  int64        `log:"bytes"`
-	Nodes  int          `log:"nodes"`
-	Config string       `log:"config"`
+	_ logging.Name `log:"export.triton.model"`
+	export.TritonModel
+}
+
+func (e tritonModelEvent) Attrs() []slog.Attr {
+	return []slog.Attr{slog.String("model", e.Name), slog.Int("T", e.T), slog.Int64("bytes", e.Bytes), slog.Int("nodes", e.Nodes), slog.String("config", e.Config)}
 }
 
 func (e tritonModelEvent) Text() string {
-	return fmt.Sprintf("  %s  L=%d  %.1f MiB  %d nodes  %s", e.Model, e.T, float64(e.Bytes)/(1<<20), e.Nodes, e.Config)
+	return fmt.Sprintf("  %s  L=%d  %.1f MiB  %d nodes  %s", e.Name, e.T, float64(e.Bytes)/(1<<20), e.Nodes, e.Config)
 }
 
 // tritonServeEvent says how to serve the repository ("export.triton.serve").

@@ -215,7 +215,7 @@ func reportExport(c *cli.Context, run *training.Run, j exportjob.Job, jr *export
 		Manifest: filepath.Join(res.Dir, runtime.ManifestName), Seconds: jr.Elapsed.Seconds(), Fold: o.Fold, Attention: o.Attention,
 		Batch: o.Batch, DType: o.DType, Quantize: o.Quantize, KVCache: o.KVCache, Lengths: o.Lengths})
 	for _, lr := range res.Lengths {
-		ev := exportedLengthEvent{T: lr.T, File: lr.File, Bytes: lr.Bytes, Nodes: lr.Nodes, Seconds: lr.Seconds, KVFiles: lr.KVFiles, KVBytes: lr.KVBytes}
+		ev := exportedLengthEvent{CompiledEvent: lr.Compiled(), KVFiles: lr.KVFiles, KVBytes: lr.KVBytes}
 		if lr.Calibrated {
 			ev.Calibrated, ev.CalibBatches, ev.CalibBatch, ev.CalibSource = true, o.CalibBatches, o.CalibBatch, jr.Data.Source
 		}
@@ -233,8 +233,7 @@ func reportExport(c *cli.Context, run *training.Run, j exportjob.Job, jr *export
 func reportVerify(c *cli.Context, jr *exportjob.Result, err error) {
 	report(c, verifyEvent{Split: jr.Data.EvalName, Protocol: jr.Data.Protocol})
 	for _, r := range jr.Verified {
-		report(c, verifiedEvent{T: r.T, Tokens: r.Tokens, Batches: r.Batches, Batch: r.Batch, MaxAbsDiff: r.MaxAbsDiff, MeanKL: r.MeanKL,
-			CEExport: r.CEExport, CEEval: r.CEEval, CEBatch: r.CEBatchStats, KVSteps: r.KVSteps, KVMaxAbsDiff: r.KVMaxAbsDiff})
+		report(c, verifiedEvent{VerifyResult: r})
 	}
 	if err == nil {
 		report(c, verifyLimitsEvent{VerifyLimits: jr.Limits})
@@ -269,7 +268,7 @@ func openRun(run, ckpt, weights string) (*training.Run, error) {
 func reportTriton(c *cli.Context, j exportjob.Job, res *exportjob.Result) {
 	report(c, tritonEvent{Out: j.Out, Seconds: res.Elapsed.Seconds(), Fold: j.Fold, Attention: j.Attention})
 	for _, m := range res.Triton {
-		report(c, tritonModelEvent{Model: m.Name, T: m.T, Bytes: m.Bytes, Nodes: m.Nodes, Config: m.Config})
+		report(c, tritonModelEvent{TritonModel: m})
 	}
 	abs, err := filepath.Abs(j.Out)
 	if err != nil {

@@ -36,3 +36,8 @@ type CompiledEvent struct {
 func (e CompiledEvent) Text() string {
 	return fmt.Sprintf("L=%d: wrote %s (%d nodes) in %.1fs", e.T, e.File, e.Nodes, e.Seconds)
 }
+
+// Compiled is the event of a length's graphs.
+func (r LengthResult) Compiled() CompiledEvent {
+	return CompiledEvent{T: r.T, File: r.File, Bytes: r.Bytes, Nodes: r.Nodes, Seconds: r.Seconds}
+}

@@ -382,7 +382,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			}
 		}
 		lr.Seconds = time.Since(t0).Seconds()
-		logging.Debug(o.Log, CompiledEvent{T: T, File: lr.File, Bytes: lr.Bytes, Nodes: lr.Nodes, Seconds: lr.Seconds})
+		logging.Debug(o.Log, lr.Compiled())
 		res.Lengths = append(res.Lengths, lr)
 	}
 	fj, err := json.Marshal(fold)

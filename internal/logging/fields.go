@@ -26,8 +26,9 @@ import (
 // when it is the zero value or empty, omitnan when it is NaN, with=F when
 // the field F is (a field present only with another); seconds
 // writes a time.Duration as float seconds; string writes an error's or a
-// fmt.Stringer's text. Fields without a tag are not written; tagged fields
-// are exported. An event with
+// fmt.Stringer's text. Fields without a tag are not written, but for an
+// embedded struct's, which are the event's own (another event's fields
+// declared once); tagged fields are exported. An event with
 // a field that a tag cannot say (computed, or present only with another)
 // has an Attrs method, which may start from Fields.
 type Name struct{}
@@ -65,10 +66,10 @@ func Fields(ev any) []slog.Attr {
 	d := describe(v.Type())
 	out := make([]slog.Attr, 0, len(d.fields))
 	for _, f := range d.fields {
-		if f.with >= 0 && empty(v.Field(f.with)) {
+		if f.with != nil && empty(v.FieldByIndex(f.with)) {
 			continue
 		}
-		if a, ok := f.attr(v.Field(f.index)); ok {
+		if a, ok := f.attr(v.FieldByIndex(f.index)); ok {
 			out = append(out, a)
 		}
 	}
@@ -83,9 +84,9 @@ type description struct {
 
 // field is one tagged field.
 type field struct {
-	index                               int
+	index                               []int // in the event struct (reflect.Value.FieldByIndex)
 	key                                 string
-	with                                int // the field whose zero value leaves this one out (-1: none)
+	with                                []int // the field whose zero value leaves this one out (nil: none)
 	omitEmpty, omitNaN, seconds, asText bool
 }
 
@@ -105,22 +106,31 @@ func describe(t reflect.Type) *description {
 	for i := range numFields(t) {
 		sf := t.Field(i)
 		tag, ok := sf.Tag.Lookup("log")
-		if !ok {
+		switch {
+		case !ok && sf.Anonymous && sf.Type.Kind() == reflect.Struct: // an embedded event's fields, inline
+			for _, f := range describe(sf.Type).fields {
+				f.index = append([]int{i}, f.index...)
+				if f.with != nil {
+					f.with = append([]int{i}, f.with...)
+				}
+				d.fields = append(d.fields, f)
+			}
 			continue
-		}
-		if sf.Type == nameType {
+		case !ok:
+			continue
+		case sf.Type == nameType:
 			d.name = tag
 			continue
 		}
 		key, opts, _ := strings.Cut(tag, ",")
-		f := field{index: i, key: key, with: -1}
+		f := field{index: []int{i}, key: key}
 		for o := range strings.SplitSeq(opts, ",") {
 			if name, ok := strings.CutPrefix(o, "with="); ok {
 				w, found := t.FieldByName(name)
-				if !found || len(w.Index) != 1 {
+				if !found {
 					panic(fmt.Sprintf("logging: %v.%s: `log:%q` names no field of %v", t, sf.Name, tag, t))
 				}
-				f.with = w.Index[0]
+				f.with = w.Index
 				continue
 			}
 			switch o {

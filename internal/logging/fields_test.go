@@ -36,6 +36,22 @@ type renamedEvent struct {
 func (e renamedEvent) Name() string { return "test." + e.Kind }
 func (e renamedEvent) Text() string { return e.Kind }
 
+// sizes is a part of events, its fields declared once.
+type sizes struct {
+	Bytes int64 `log:"bytes"`
+	Nodes int   `log:"nodes,with=Bytes"`
+}
+
+// outerEvent has the fields of an embedded struct among its own.
+type outerEvent struct {
+	_ Name `log:"test.outer"`
+	T int  `log:"T"`
+	sizes
+	Note string `log:"note"`
+}
+
+func (e outerEvent) Text() string { return "outer" }
+
 // TestFields: the tags give the name and the fields in the struct's order,
 // each option leaving out what it should and writing the rest as slog's
 // own attributes would.
@@ -45,10 +61,14 @@ func TestFields(t *testing.T) {
 	Info(l, taggedEvent{Step: 3, Seed: 7, CE: 2.5, Note: "n", Lengths: []int{32, 64}, Ranked: true, Rank: 0, Wait: 1500 * time.Millisecond, Err: errors.New("gone"), Scratch: 9})
 	Info(l, taggedEvent{Step: 4, CE: math.NaN(), Lengths: []int{}, Rank: 5, Err: errors.New("e")})
 	Info(l, renamedEvent{Kind: "dyn"})
+	Info(l, outerEvent{T: 1, sizes: sizes{Bytes: 5, Nodes: 2}, Note: "x"})
+	Info(l, outerEvent{T: 2, sizes: sizes{Nodes: 2}})
 	got := regexp.MustCompile(`"time":"[^"]*",`).ReplaceAllString(buf.String(), "")
 	want := `{"level":"INFO","msg":"test.tagged","step":3,"seed":7,"val_ce":2.5,"note":"n","lengths":[32,64],"ranked":true,"rank":0,"wait_s":1.5,"err":"gone"}` + "\n" +
 		`{"level":"INFO","msg":"test.tagged","step":4,"seed":0,"wait_s":0,"err":"e"}` + "\n" +
-		`{"level":"INFO","msg":"test.dyn","kind":"dyn"}` + "\n"
+		`{"level":"INFO","msg":"test.dyn","kind":"dyn"}` + "\n" +
+		`{"level":"INFO","msg":"test.outer","T":1,"bytes":5,"nodes":2,"note":"x"}` + "\n" +
+		`{"level":"INFO","msg":"test.outer","T":2,"bytes":0,"note":""}` + "\n"
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
