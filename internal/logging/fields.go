@@ -24,13 +24,13 @@ import (
 //
 // A field's tag is its key and options: omitempty leaves the field out
 // when it is the zero value or empty, omitnan when it is NaN, with=F when
-// the field F is (a field present only with another); seconds
-// writes a time.Duration as float seconds; string writes an error's or a
-// fmt.Stringer's text. Fields without a tag are not written, but for an
-// embedded struct's, which are the event's own (another event's fields
-// declared once); tagged fields are exported. An event with
-// a field that a tag cannot say (computed, or present only with another)
-// has an Attrs method, which may start from Fields.
+// the field F is zero or empty (a field present only with another);
+// seconds writes a time.Duration as float seconds; string writes an
+// error's or a fmt.Stringer's text. Tagged fields are exported. A field
+// without a tag is not written, but for an embedded struct, whose tagged
+// fields are the event's own (another event's fields declared once). An
+// event with a field that a tag cannot say (a computed one) has an Attrs
+// method, which may start from Fields.
 type Name struct{}
 
 // Named is an event whose name is not fixed: its Name method gives it.
