@@ -64,6 +64,11 @@ type OpDef struct {
 	// lowered one to one ("Relu"); ops with a lowering of their own leave it
 	// empty.
 	ONNX string
+	// Grad is the op's gradient rule where its definition states it (the
+	// elementwise ops); passes/autodiff.go has the others.
+	Grad GradRule
+	// Spec is an elementwise op's whole definition (elementwise.go).
+	Spec *EwSpec
 }
 
 // TakesIDs reports whether input i of the op may hold i32 data.
@@ -144,17 +149,6 @@ func binary(in []*Value, a Attrs) ([]Shape, []DType, error) {
 		return nil, nil, err
 	}
 	return one(s)
-}
-
-// unary registers an elementwise op x -> y; onnx names the ONNX operator
-// it lowers to one to one (empty: a lowering of its own).
-func unary(name, onnx, doc string) {
-	reg(&OpDef{Name: name, NumIn: 1, Infer: same(0), Doc: doc, Elementwise: true, ONNX: onnx})
-}
-
-// gradUnary registers an elementwise gradient op (dy, x-or-y) -> dx.
-func gradUnary(name, doc string) {
-	reg(&OpDef{Name: name, NumIn: 2, Infer: same(1), Doc: doc, Elementwise: true, Gradient: true})
 }
 
 func normAxes(axes []int, rank int) ([]int, error) {
@@ -338,28 +332,9 @@ func init() {
 			return one(s)
 		}})
 
-	// ---- elementwise ----
-	for _, op := range []string{"Add", "Sub", "Mul", "Div"} {
-		reg(&OpDef{Name: op, NumIn: 2, Infer: binary, Elementwise: true, ONNX: op, Doc: op + "(a, b) elementwise with numpy broadcasting."})
-	}
-	unary("Scale", "", "Scale(x; alpha, beta) -> alpha·x + beta.")
-	unary("Neg", "Neg", "Neg(x) -> -x.")
-	unary("Exp", "Exp", "Exp(x) -> exp(x).")
-	unary("Log", "Log", "Log(x) -> log(x).")
-	unary("Sigmoid", "Sigmoid", "Sigmoid(x) -> 1/(1+exp(-x)).")
-	unary("Tanh", "Tanh", "Tanh(x) -> tanh(x).")
-	unary("GELU", "", "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).")
-	unary("ReLU", "Relu", "ReLU(x) -> max(x, 0).")
-	unary("StopGradient", "", "StopGradient(x) -> x; no gradient flows through (PyTorch .detach()).")
-	Ops["StopGradient"].Alias = true
-	unary("Clamp", "", "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN.")
-	unary("NanToNum", "", "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced.")
-	gradUnary("SigmoidGrad", "SigmoidGrad(dy, y) -> dy·y·(1-y).")
-	gradUnary("TanhGrad", "TanhGrad(dy, y) -> dy·(1-y²).")
-	gradUnary("GELUGrad", "GELUGrad(dy, x) -> dy·(Φ(x) + x·φ(x)).")
-	gradUnary("ReLUGrad", "ReLUGrad(dy, x) -> dy where x > 0, else 0.")
-	gradUnary("ClampGrad", "ClampGrad(dy, x; lo, hi) -> dy where lo <= x <= hi, else 0 (PyTorch convention).")
-	gradUnary("NanToNumGrad", "NanToNumGrad(dy, x) -> dy where x is finite, else 0.")
+	// ---- elementwise: elementwise.go, and StopGradient ----
+	reg(&OpDef{Name: "StopGradient", NumIn: 1, Infer: same(0), Elementwise: true, Alias: true,
+		Doc: "StopGradient(x) -> x; no gradient flows through (PyTorch .detach())."})
 
 	// ---- reductions ----
 	for _, op := range []string{"ReduceSum", "ReduceMean"} {

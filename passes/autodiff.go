@@ -84,7 +84,7 @@ func Autodiff(g *ir.Graph, loss string) error {
 		if !want {
 			continue
 		}
-		rule, ok := gradRules[n.Op]
+		rule, ok := gradRuleOf(n.Op)
 		if !ok {
 			return fmt.Errorf("autodiff: op %s has no gradient rule", n.Op)
 		}
@@ -105,7 +105,7 @@ func Autodiff(g *ir.Graph, loss string) error {
 	return nil
 }
 
-type gradRule func(g *ir.Graph, n *ir.Node, dys []*ir.Value) []*ir.Value
+type gradRule = ir.GradRule
 
 // sumTo reduces a broadcast gradient back to shape s.
 func sumTo(g *ir.Graph, d *ir.Value, s ir.Shape) *ir.Value {
@@ -113,16 +113,6 @@ func sumTo(g *ir.Graph, d *ir.Value, s ir.Shape) *ir.Value {
 		return d
 	}
 	return g.Op1("SumTo", ir.Attrs{"shape": []int(s.Clone())}, d)
-}
-
-func unaryWith(op string, useOut bool) gradRule {
-	return func(g *ir.Graph, n *ir.Node, dys []*ir.Value) []*ir.Value {
-		ref := n.Inputs[0]
-		if useOut {
-			ref = n.Outputs[0]
-		}
-		return []*ir.Value{g.Op1(op, n.Attrs.Clone(), dys[0], ref)}
-	}
 }
 
 var gradRules map[string]gradRule
@@ -187,45 +177,8 @@ func init() {
 				return []*ir.Value{mm(b, dc, true, true), mm(dc, a, true, true)}
 			}
 		},
-		"Add": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			return []*ir.Value{sumTo(g, d[0], n.Inputs[0].Shape), sumTo(g, d[0], n.Inputs[1].Shape)}
-		},
-		"Sub": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			return []*ir.Value{sumTo(g, d[0], n.Inputs[0].Shape), sumTo(g, g.Op1("Neg", nil, d[0]), n.Inputs[1].Shape)}
-		},
-		"Mul": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			a, b := n.Inputs[0], n.Inputs[1]
-			return []*ir.Value{
-				sumTo(g, g.Op1("Mul", nil, d[0], b), a.Shape),
-				sumTo(g, g.Op1("Mul", nil, d[0], a), b.Shape),
-			}
-		},
-		"Div": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			a, b, y := n.Inputs[0], n.Inputs[1], n.Outputs[0]
-			da := g.Op1("Div", nil, d[0], b)
-			db := g.Op1("Neg", nil, g.Op1("Mul", nil, da, y)) // -dy·a/b² = -(dy/b)·y
-			return []*ir.Value{sumTo(g, da, a.Shape), sumTo(g, db, b.Shape)}
-		},
-		"Scale": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			return []*ir.Value{g.Op1("Scale", ir.Attrs{"alpha": n.Attrs.Float("alpha", 1)}, d[0])}
-		},
-		"Neg": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			return []*ir.Value{g.Op1("Neg", nil, d[0])}
-		},
-		"Exp": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			return []*ir.Value{g.Op1("Mul", nil, d[0], n.Outputs[0])}
-		},
-		"Log": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
-			return []*ir.Value{g.Op1("Div", nil, d[0], n.Inputs[0])}
-		},
-		"Sigmoid":  unaryWith("SigmoidGrad", true),
-		"Tanh":     unaryWith("TanhGrad", true),
-		"GELU":     unaryWith("GELUGrad", false),
-		"ReLU":     unaryWith("ReLUGrad", false),
-		"Clamp":    unaryWith("ClampGrad", false),
-		"NanToNum": unaryWith("NanToNumGrad", false),
-		"Softmax":  unaryWith("SoftmaxGrad", true),
-		"ZScore":   unaryWith("ZScoreGrad", false),
+		"Softmax": ir.GradWith("SoftmaxGrad", true),
+		"ZScore":  ir.GradWith("ZScoreGrad", false),
 		"StopGradient": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			return nil
 		},
@@ -296,11 +249,23 @@ func reduceGrad(g *ir.Graph, n *ir.Node, d *ir.Value, scale float64) *ir.Value {
 	return g.Op1("BroadcastTo", ir.Attrs{"shape": []int(in.Clone())}, d)
 }
 
+// gradRuleOf is op's gradient rule: its definition's (ir.OpDef.Grad), else
+// its entry in gradRules.
+func gradRuleOf(op string) (gradRule, bool) {
+	if d := ir.Ops[op]; d != nil && d.Grad != nil {
+		return d.Grad, true
+	}
+	r, ok := gradRules[op]
+	return r, ok
+}
+
 // GradOps lists the ops autodiff can differentiate (for coverage tests).
 func GradOps() []string {
-	out := make([]string, 0, len(gradRules))
-	for k := range gradRules {
-		out = append(out, k)
+	var out []string
+	for k := range ir.Ops {
+		if _, ok := gradRuleOf(k); ok {
+			out = append(out, k)
+		}
 	}
 	return out
 }

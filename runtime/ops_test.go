@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 
@@ -267,6 +268,36 @@ func tieEmb() []float64 {
 	return w
 }
 
+// elementwiseCases are the test cases of every exported op of
+// ir.Elementwise (EwSpec.Cases): the op over the embeddings, and for a
+// binary op a parameter row as its second operand (exp of one where the
+// case wants positive inputs).
+func elementwiseCases() []opCase {
+	var out []opCase
+	for _, s := range ir.Elementwise {
+		if !ir.Ops[s.Name].Exported() {
+			continue
+		}
+		for i, c := range s.Cases {
+			out = append(out, opCase{name: fmt.Sprintf("ew_%s_%d", s.Name, i), f: func(g *ir.Graph, h *ir.Value, B, T int) *ir.Value {
+				in := []*ir.Value{h}
+				if c.Positive {
+					in[0] = g.Op1("Exp", nil, h)
+				}
+				if s.NumIn() == 2 {
+					y := g.Param("y", ir.Shape{opV})
+					if c.Positive {
+						y = g.Op1("Exp", nil, y)
+					}
+					in = append(in, y)
+				}
+				return g.Op1(s.Name, c.Attrs, in...)
+			}})
+		}
+	}
+	return out
+}
+
 func topKCases() []opCase {
 	var out []opCase
 	for _, k := range []int{0, 1, 3, 8, 9} {
@@ -283,6 +314,7 @@ func TestOps(t *testing.T) {
 	requireORT(t)
 	cases := opCases()
 	cases = append(cases[:len(cases):len(cases)], topKCases()...)
+	cases = append(cases, elementwiseCases()...)
 	const B, T = 2, 5
 	ids := [][]int32{{0, 1, 2, 3, 4}, {5, 6, 7, 4, 3}}
 	covered := map[string]bool{}

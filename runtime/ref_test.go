@@ -116,6 +116,24 @@ func evalGraph(g *ir.Graph, w func(*ir.Value) []float64, ids [][]int32) *tensor 
 	return vals[g.Outputs["logits"]]
 }
 
+// evalElementwise evaluates an op of ir.Elementwise by its float64
+// formula, with its parameters as the exported float32 graph holds them.
+func evalElementwise(s *ir.EwSpec, n *ir.Node, in []*tensor, out *tensor) *tensor {
+	var p ir.EwParams[float64]
+	for i, v := range s.Params32(n.Attrs) {
+		p[i] = float64(v)
+	}
+	x, y := in[0], in[0]
+	if len(in) > 1 {
+		y = in[1]
+	}
+	ma, mb := bcastMap(out.shape, x.shape), bcastMap(out.shape, y.shape)
+	for i := range out.data {
+		out.data[i] = s.F64(x.data[ma[i]], y.data[mb[i]], p)
+	}
+	return out
+}
+
 func evalNode(n *ir.Node, in []*tensor) *tensor {
 	a := n.Attrs
 	out := newTensor(n.Outputs[0].Shape)
@@ -125,6 +143,9 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 			out.data[i] = f(v)
 		}
 		return out
+	}
+	if s := ir.ElementwiseOf(n.Op); s != nil {
+		return evalElementwise(s, n, in, out)
 	}
 	switch n.Op {
 	case "Gather":
@@ -231,66 +252,6 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				}
 			}
 		}
-	case "Add", "Sub", "Mul", "Div":
-		y := in[1]
-		ma, mb := bcastMap(out.shape, x.shape), bcastMap(out.shape, y.shape)
-		for i := range out.data {
-			p, q := x.data[ma[i]], y.data[mb[i]]
-			switch n.Op {
-			case "Add":
-				out.data[i] = p + q
-			case "Sub":
-				out.data[i] = p - q
-			case "Mul":
-				out.data[i] = p * q
-			case "Div":
-				out.data[i] = p / q
-			}
-		}
-	case "Scale":
-		al, be := a.Float("alpha", 1), a.Float("beta", 0)
-		return unary(func(v float64) float64 { return al*v + be })
-	case "Neg":
-		return unary(func(v float64) float64 { return -v })
-	case "Exp":
-		return unary(math.Exp)
-	case "Log":
-		return unary(math.Log)
-	case "Sigmoid":
-		return unary(func(v float64) float64 { return 1 / (1 + math.Exp(-v)) })
-	case "Tanh":
-		return unary(math.Tanh)
-	case "ReLU":
-		return unary(func(v float64) float64 { return math.Max(v, 0) })
-	case "GELU":
-		return unary(func(v float64) float64 { return 0.5 * v * (1 + math.Erf(v/math.Sqrt2)) })
-	case "Clamp":
-		lo, hi := math.Inf(-1), math.Inf(1)
-		if _, ok := a["lo"]; ok {
-			lo = a.Float("lo", 0)
-		}
-		if _, ok := a["hi"]; ok {
-			hi = a.Float("hi", 0)
-		}
-		return unary(func(v float64) float64 {
-			if math.IsNaN(v) {
-				return v
-			}
-			return math.Min(math.Max(v, lo), hi)
-		})
-	case "NanToNum":
-		nan, pos, neg := a.Float("nan", 0), a.Float("posinf", math.MaxFloat32), a.Float("neginf", -math.MaxFloat32)
-		return unary(func(v float64) float64 {
-			switch {
-			case math.IsNaN(v):
-				return nan
-			case math.IsInf(v, 1):
-				return pos
-			case math.IsInf(v, -1):
-				return neg
-			}
-			return v
-		})
 	case "ReduceSum", "ReduceMean":
 		axes := a.Ints("axes")
 		red := map[int]bool{}

@@ -28,10 +28,7 @@ var lowerings = map[string]lowering{
 	"SumTo":       lowerSumTo,
 	"Linear":      lowerLinear,
 	"MatMul":      lowerMatMul,
-	"Scale":       lowerScale,
 	"GELU":        lowerGELU,
-	"Clamp":       lowerClamp,
-	"NanToNum":    lowerNanToNum,
 	"StopGradient": func(b *builder, n *ir.Node, in []string, out string) (string, error) {
 		return in[0], nil
 	},
@@ -46,16 +43,43 @@ var lowerings = map[string]lowering{
 	"ZScore":             lowerZScore,
 }
 
-// lowererOf returns the lowering of op: its entry in lowerings, or the one
-// ONNX operator its definition names.
+// lowererOf returns the lowering of op: its entry in lowerings, the
+// lowering its elementwise spec states (ir.EwSpec.Lower), or the one ONNX
+// operator its definition names.
 func lowererOf(op string) (lowering, bool) {
 	if f, ok := lowerings[op]; ok {
 		return f, true
+	}
+	if s := ir.ElementwiseOf(op); s != nil && s.Lower != nil {
+		return func(b *builder, n *ir.Node, in []string, out string) (string, error) {
+			return s.Lower(emitter{b}, n, in, out), nil
+		}, true
 	}
 	if def := ir.Ops[op]; def != nil && def.ONNX != "" {
 		return elementwise(def.ONNX), true
 	}
 	return nil, false
+}
+
+// emitter is the builder as the specs' lowerings see it (ir.ONNXEmitter).
+type emitter struct{ b *builder }
+
+func (e emitter) Emit(hint, op string, in []string, attrs ...ir.ONNXAttr) string {
+	return e.b.emit(hint, op, in, onnxAttrs(attrs)...)
+}
+
+func (e emitter) EmitTo(out, op string, in []string, attrs ...ir.ONNXAttr) string {
+	return e.b.emitTo(out, op, in, onnxAttrs(attrs)...)
+}
+
+func (e emitter) Scalar(v float32) string { return e.b.scalar(v) }
+
+func onnxAttrs(attrs []ir.ONNXAttr) []*onnxpb.AttributeProto {
+	out := make([]*onnxpb.AttributeProto, len(attrs))
+	for i, a := range attrs {
+		out[i] = attrInt(a.Name, a.Value)
+	}
+	return out
 }
 
 // Lowered reports whether op has an ONNX lowering.
@@ -221,23 +245,6 @@ func lowerMatMul(b *builder, n *ir.Node, in []string, out string) (string, error
 	return b.emitTo(out, "MatMul", []string{x, y}), nil
 }
 
-// Scale(x; alpha, beta) -> Mul(x, alpha) and Add(·, beta), each only when
-// it is not the identity.
-func lowerScale(b *builder, n *ir.Node, in []string, out string) (string, error) {
-	alpha := float32(n.Attrs.Float("alpha", 1))
-	beta := float32(n.Attrs.Float("beta", 0))
-	switch {
-	case alpha == 1 && beta == 0:
-		return b.emitTo(out, "Identity", in), nil
-	case beta == 0:
-		return b.emitTo(out, "Mul", []string{in[0], b.scalar(alpha)}), nil
-	case alpha == 1:
-		return b.emitTo(out, "Add", []string{in[0], b.scalar(beta)}), nil
-	}
-	m := b.emit(out+".mul", "Mul", []string{in[0], b.scalar(alpha)})
-	return b.emitTo(out, "Add", []string{m, b.scalar(beta)}), nil
-}
-
 // GELU (exact erf form): the Gelu op (opset 20+) or
 // Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5), the pattern onnxruntime fuses
 // into its own Gelu kernel.
@@ -250,45 +257,6 @@ func lowerGELU(b *builder, n *ir.Node, in []string, out string) (string, error) 
 	a := b.emit(out+".add", "Add", []string{e, b.scalar(1)})
 	m := b.emit(out+".mul", "Mul", []string{in[0], a})
 	return b.emitTo(out, "Mul", []string{m, b.scalar(0.5)}), nil
-}
-
-// Clamp(x; lo, hi) -> Clip(x, lo, hi). An absent bound is passed as ±Inf:
-// an omitted Clip input means the largest finite float in onnxruntime,
-// which would turn ±Inf into ±MaxFloat32. NaN stays NaN.
-func lowerClamp(b *builder, n *ir.Node, in []string, out string) (string, error) {
-	_, hasLo := n.Attrs["lo"]
-	_, hasHi := n.Attrs["hi"]
-	if !hasLo && !hasHi {
-		return b.emitTo(out, "Identity", in), nil
-	}
-	lo := float32(math.Inf(-1))
-	hi := float32(math.Inf(1))
-	if hasLo {
-		lo = float32(n.Attrs.Float("lo", 0))
-	}
-	if hasHi {
-		hi = float32(n.Attrs.Float("hi", 0))
-	}
-	return b.emitTo(out, "Clip", []string{in[0], b.scalar(lo), b.scalar(hi)}), nil
-}
-
-// NanToNum(x; nan, posinf, neginf) -> Where(IsNaN(x), nan,
-// Where(IsInf+(x), posinf, Where(IsInf-(x), neginf, x))). Absent attributes
-// take torch.nan_to_num's defaults (0, largest and lowest finite float32).
-func lowerNanToNum(b *builder, n *ir.Node, in []string, out string) (string, error) {
-	nan := float32(n.Attrs.Float("nan", 0))
-	pos := float32(n.Attrs.Float("posinf", math.MaxFloat32))
-	neg := float32(n.Attrs.Float("neginf", -math.MaxFloat32))
-	return b.nanToNum(in[0], out, nan, pos, neg), nil
-}
-
-func (b *builder) nanToNum(x, out string, nan, pos, neg float32) string {
-	isPos := b.emit(out+".isposinf", "IsInf", []string{x}, attrInt("detect_negative", 0))
-	y := b.emit(out+".posinf", "Where", []string{isPos, b.scalar(pos), x})
-	isNeg := b.emit(out+".isneginf", "IsInf", []string{x}, attrInt("detect_positive", 0))
-	y = b.emit(out+".neginf", "Where", []string{isNeg, b.scalar(neg), y})
-	isNaN := b.emit(out+".isnan", "IsNaN", []string{x})
-	return b.emitTo(out, "Where", []string{isNaN, b.scalar(nan), y})
 }
 
 // ReduceSum/ReduceMean(x; axes, keepdims) -> the ONNX reduction with axes

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/rpac-dev/rpac/internal/fastexp"
 	"github.com/rpac-dev/rpac/ir"
@@ -14,25 +13,53 @@ const (
 	grainMath  = 1 << 12 // exp, erf, log per element
 )
 
+// elementwiseKernels registers a kernel for every op of ir.Elementwise,
+// which runs the spec's formula (EwSpec.F32 or F64), and for the copies
+// (Reshape, StopGradient). The kernels here are faster ones for some ops
+// in float32 (fastUnary32, fastGrad32) and the four arithmetic ops
+// (binOps); they give the results they always gave, which the specs'
+// formulas give in float64.
 func elementwiseKernels[T float](k kernelTable[T]) {
-	for op, code := range map[string]binOp{"Add": opAdd, "Sub": opSub, "Mul": opMul, "Div": opDiv} {
-		k.add(op, func(p *program[T], _ *ir.Node, in, out []*tensor[T]) (func() error, error) {
-			return p.buildBinary(code, in, out)
+	for _, s := range ir.Elementwise {
+		k.add(s.Name, func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
+			switch s.Kind {
+			case ir.EwBinary:
+				return p.buildBinary(s, in, out)
+			case ir.EwGrad:
+				return p.buildGradUnary(n, s, in, out)
+			}
+			return p.buildUnary(n, s, in, out)
 		})
 	}
-	for op, code := range map[string]unOp{"Reshape": opCopy, "StopGradient": opCopy, "Neg": opNeg, "Exp": opExp,
-		"Log": opLog, "Sigmoid": opSigmoid, "Tanh": opTanh, "GELU": opGELU, "ReLU": opReLU, "Scale": opScale,
-		"Clamp": opClamp, "NanToNum": opNanToNum} {
+	for _, op := range []string{"Reshape", "StopGradient"} {
 		k.add(op, func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-			return p.buildUnary(n, code, in, out)
+			return p.buildCopy(in, out)
 		})
 	}
-	for op, code := range map[string]gradOp{"SigmoidGrad": opSigmoidGrad, "TanhGrad": opTanhGrad,
-		"GELUGrad": opGELUGrad, "ReLUGrad": opReLUGrad, "ClampGrad": opClampGrad, "NanToNumGrad": opNanToNumGrad} {
-		k.add(op, func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
-			return p.buildGradUnary(n, code, in, out)
-		})
+}
+
+// formulaOf is s's formula in T.
+func formulaOf[T float](s *ir.EwSpec) func(x, y T, p ir.EwParams[T]) T {
+	if isF32[T]() {
+		return any(s.F32).(func(x, y T, p ir.EwParams[T]) T)
 	}
+	return any(s.F64).(func(x, y T, p ir.EwParams[T]) T)
+}
+
+// paramsOf are a node's parameters of s in T.
+func paramsOf[T float](s *ir.EwSpec, a ir.Attrs) ir.EwParams[T] {
+	if isF32[T]() {
+		return any(s.Params32(a)).(ir.EwParams[T])
+	}
+	return any(s.Params64(a)).(ir.EwParams[T])
+}
+
+// grainOf is the parallel grain of s's kernel.
+func grainOf(s *ir.EwSpec) int {
+	if s.Costly {
+		return grainMath
+	}
+	return grainCheap
 }
 
 // ---- broadcasting ----
@@ -162,6 +189,9 @@ const (
 	opDiv
 )
 
+// binOps are the binary ops binSeg runs (the others run their formula).
+var binOps = map[string]binOp{"Add": opAdd, "Sub": opSub, "Mul": opMul, "Div": opDiv}
+
 func binSeg[T float](op binOp, out, a []T, sa int, b []T, sb int) {
 	n := len(out)
 	switch {
@@ -245,14 +275,23 @@ func binSeg[T float](op binOp, out, a []T, sa int, b []T, sb int) {
 	}
 }
 
-func (p *program[T]) buildBinary(op binOp, in, out []*tensor[T]) (func() error, error) {
+func (p *program[T]) buildBinary(s *ir.EwSpec, in, out []*tensor[T]) (func() error, error) {
 	x, y, o := in[0], in[1], out[0]
 	bp := makeBPlan(o.shape, x.shape, y.shape)
+	f, pr := formulaOf[T](s), ir.EwParams[T]{}
+	seg := func(dst, a []T, sa int, b []T, sb int) {
+		for i := range dst {
+			dst[i] = f(a[i*sa], b[i*sb], pr)
+		}
+	}
+	if op, ok := binOps[s.Name]; ok {
+		seg = func(dst, a []T, sa int, b []T, sb int) { binSeg(op, dst, a, sa, b, sb) }
+	}
 	return func() error {
 		a, b, dst := x.f, y.f, o.f
-		parallelFor(bp.n, grainCheap, func(lo, hi int) {
+		parallelFor(bp.n, grainOf(s), func(lo, hi int) {
 			bp.walk(lo, hi, func(i, ia, ib, cnt int) {
-				binSeg(op, dst[i:i+cnt], a[ia:], bp.sa, b[ib:], bp.sb)
+				seg(dst[i:i+cnt], a[ia:], bp.sa, b[ib:], bp.sb)
 			})
 		})
 		return nil
@@ -261,232 +300,91 @@ func (p *program[T]) buildBinary(op binOp, in, out []*tensor[T]) (func() error, 
 
 // ---- unary ops ----
 
-type unOp uint8
-
-const (
-	opCopy unOp = iota
-	opNeg
-	opExp
-	opLog
-	opSigmoid
-	opTanh
-	opGELU
-	opReLU
-	opScale
-	opClamp
-	opNanToNum
+// fastUnary32 and fastGrad32 are float32 kernels of their own: fastexp's
+// exp, GELU's interpolation table (fastmath.go).
+var (
+	fastUnary32 = map[string]func(dst, src []float32){
+		"Exp": func(dst, src []float32) {
+			for i, x := range src[:len(dst)] {
+				dst[i] = fastexp.Exp32(x)
+			}
+		},
+		"Sigmoid": func(dst, src []float32) {
+			for i, x := range src[:len(dst)] {
+				dst[i] = sigmoid32(x)
+			}
+		},
+		"GELU": geluSlice32,
+	}
+	fastGrad32 = map[string]func(dst, dy, x []float32){"GELUGrad": geluGradSlice32}
 )
 
-type unParams struct {
-	alpha, beta  float64 // Scale
-	lo, hi       float64 // Clamp
-	nan, pinf, n float64 // NanToNum (n: the -Inf replacement)
-}
-
-func unSeg[T float](op unOp, pr *unParams, dst, src []T) {
+// unSeg sets dst[i] = f(src[i]).
+func unSeg[T float](f func(x, y T, p ir.EwParams[T]) T, pr ir.EwParams[T], dst, src []T) {
 	src = src[:len(dst)]
-	switch op {
-	case opCopy:
-		if len(dst) > 0 && &dst[0] != &src[0] {
-			copy(dst, src)
-		}
-	case opNeg:
-		for i, x := range src {
-			dst[i] = -x
-		}
-	case opExp:
-		if d, ok := any(dst).([]float32); ok {
-			s := any(src).([]float32)
-			for i, x := range s {
-				d[i] = fastexp.Exp32(x)
-			}
-			return
-		}
-		for i, x := range src {
-			dst[i] = T(math.Exp(float64(x)))
-		}
-	case opLog:
-		for i, x := range src {
-			dst[i] = T(math.Log(float64(x)))
-		}
-	case opSigmoid:
-		if d, ok := any(dst).([]float32); ok {
-			s := any(src).([]float32)
-			for i, x := range s {
-				d[i] = sigmoid32(x)
-			}
-			return
-		}
-		for i, x := range src {
-			dst[i] = T(sigmoid64(float64(x)))
-		}
-	case opTanh:
-		for i, x := range src {
-			dst[i] = T(math.Tanh(float64(x)))
-		}
-	case opGELU:
-		if d, ok := any(dst).([]float32); ok {
-			geluSlice32(d, any(src).([]float32))
-			return
-		}
-		for i, x := range src {
-			dst[i] = T(gelu64(float64(x)))
-		}
-	case opReLU:
-		for i, x := range src {
-			if x > 0 {
-				dst[i] = x
-			} else {
-				dst[i] = 0
-			}
-		}
-	case opScale:
-		al, be := T(pr.alpha), T(pr.beta)
-		if be == 0 {
-			for i, x := range src {
-				dst[i] = al * x
-			}
-			return
-		}
-		for i, x := range src {
-			dst[i] = al*x + be
-		}
-	case opClamp:
-		lo, hi := T(pr.lo), T(pr.hi)
-		for i, x := range src {
-			if x < lo {
-				x = lo
-			}
-			if x > hi {
-				x = hi
-			}
-			dst[i] = x
-		}
-	case opNanToNum:
-		nan, pinf, ninf := T(pr.nan), T(pr.pinf), T(pr.n)
-		for i, x := range src {
-			switch {
-			case x != x:
-				x = nan
-			case math.IsInf(float64(x), 1):
-				x = pinf
-			case math.IsInf(float64(x), -1):
-				x = ninf
-			}
-			dst[i] = x
-		}
+	for i, x := range src {
+		dst[i] = f(x, 0, pr)
 	}
 }
 
-func unGrain(op unOp) int {
-	switch op {
-	case opExp, opLog, opSigmoid, opTanh, opGELU:
-		return grainMath
-	}
-	return grainCheap
-}
-
-func (p *program[T]) buildUnary(n *ir.Node, op unOp, in, out []*tensor[T]) (func() error, error) {
+func (p *program[T]) buildUnary(n *ir.Node, s *ir.EwSpec, in, out []*tensor[T]) (func() error, error) {
 	x, o := in[0], out[0]
 	if x.numel() != o.numel() {
 		return nil, fmt.Errorf("input has %d elements, output %d", x.numel(), o.numel())
 	}
-	pr := &unParams{}
-	switch op {
-	case opScale:
-		pr.alpha, pr.beta = n.Attrs.Float("alpha", 1), n.Attrs.Float("beta", 0)
-	case opClamp:
-		pr.lo, pr.hi = n.Attrs.Float("lo", math.Inf(-1)), n.Attrs.Float("hi", math.Inf(1))
-	case opNanToNum:
-		m := maxFinite[T]()
-		pr.nan, pr.pinf, pr.n = n.Attrs.Float("nan", 0), n.Attrs.Float("posinf", m), n.Attrs.Float("neginf", -m)
+	f, pr := formulaOf[T](s), paramsOf[T](s, n.Attrs)
+	seg := func(dst, src []T) { unSeg(f, pr, dst, src) }
+	if fast, ok := fastUnary32[s.Name]; ok && isF32[T]() {
+		seg = func(dst, src []T) { fast(any(dst).([]float32), any(src).([]float32)) }
 	}
-	if x.v.DType == ir.I32 { // Reshape of ids
-		if op != opCopy {
-			return nil, fmt.Errorf("i32 input %s", x.v)
-		}
-		return func() error { copy(o.i, x.i); return nil }, nil
-	}
-	g := unGrain(op)
+	g := grainOf(s)
 	return func() error {
 		src, dst := x.f, o.f
-		parallelFor(len(dst), g, func(lo, hi int) { unSeg(op, pr, dst[lo:hi], src[lo:hi]) })
+		parallelFor(len(dst), g, func(lo, hi int) { seg(dst[lo:hi], src[lo:hi]) })
+		return nil
+	}, nil
+}
+
+// buildCopy copies the input (Reshape, StopGradient), ids included; a
+// shared plan slot copies nothing.
+func (p *program[T]) buildCopy(in, out []*tensor[T]) (func() error, error) {
+	x, o := in[0], out[0]
+	if x.numel() != o.numel() {
+		return nil, fmt.Errorf("input has %d elements, output %d", x.numel(), o.numel())
+	}
+	if x.v.DType == ir.I32 { // Reshape of ids
+		return func() error { copy(o.i, x.i); return nil }, nil
+	}
+	return func() error {
+		src, dst := x.f, o.f
+		if len(dst) > 0 && &dst[0] != &src[0] {
+			parallelFor(len(dst), grainCheap, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
+		}
 		return nil
 	}, nil
 }
 
 // ---- (dy, x-or-y) -> dx ----
 
-type gradOp uint8
-
-const (
-	opSigmoidGrad gradOp = iota
-	opTanhGrad
-	opGELUGrad
-	opReLUGrad
-	opClampGrad
-	opNanToNumGrad
-)
-
-func gradSeg[T float](op gradOp, lo, hi T, dst, dy, x []T) {
-	dy, x = dy[:len(dst)], x[:len(dst)]
-	switch op {
-	case opSigmoidGrad:
-		for i, y := range x {
-			dst[i] = dy[i] * y * (1 - y)
-		}
-	case opTanhGrad:
-		for i, y := range x {
-			dst[i] = dy[i] * (1 - y*y)
-		}
-	case opGELUGrad:
-		if d, ok := any(dst).([]float32); ok {
-			geluGradSlice32(d, any(dy).([]float32), any(x).([]float32))
-			return
-		}
-		for i, v := range x {
-			dst[i] = dy[i] * T(geluGrad64(float64(v)))
-		}
-	case opReLUGrad:
-		for i, v := range x {
-			if v > 0 {
-				dst[i] = dy[i]
-			} else {
-				dst[i] = 0
-			}
-		}
-	case opClampGrad:
-		for i, v := range x {
-			if lo <= v && v <= hi {
-				dst[i] = dy[i]
-			} else {
-				dst[i] = 0
-			}
-		}
-	case opNanToNumGrad:
-		for i, v := range x {
-			if v-v == 0 { // finite
-				dst[i] = dy[i]
-			} else {
-				dst[i] = 0
-			}
-		}
-	}
-}
-
-func (p *program[T]) buildGradUnary(n *ir.Node, op gradOp, in, out []*tensor[T]) (func() error, error) {
+func (p *program[T]) buildGradUnary(n *ir.Node, s *ir.EwSpec, in, out []*tensor[T]) (func() error, error) {
 	dy, x, o := in[0], in[1], out[0]
 	if dy.numel() != o.numel() || x.numel() != o.numel() {
 		return nil, fmt.Errorf("dy%v and x%v must have the same number of elements", dy.shape, x.shape)
 	}
-	lo, hi := T(n.Attrs.Float("lo", math.Inf(-1))), T(n.Attrs.Float("hi", math.Inf(1)))
-	g := grainCheap
-	if op == opGELUGrad {
-		g = grainMath
+	f, pr := formulaOf[T](s), paramsOf[T](s, n.Attrs)
+	seg := func(dst, d, v []T) {
+		d, v = d[:len(dst)], v[:len(dst)]
+		for i := range dst {
+			dst[i] = f(d[i], v[i], pr)
+		}
 	}
+	if fast, ok := fastGrad32[s.Name]; ok && isF32[T]() {
+		seg = func(dst, d, v []T) { fast(any(dst).([]float32), any(d).([]float32), any(v).([]float32)) }
+	}
+	g := grainOf(s)
 	return func() error {
 		d, xs, dst := dy.f, x.f, o.f
-		parallelFor(len(dst), g, func(a, b int) { gradSeg(op, lo, hi, dst[a:b], d[a:b], xs[a:b]) })
+		parallelFor(len(dst), g, func(a, b int) { seg(dst[a:b], d[a:b], xs[a:b]) })
 		return nil
 	}, nil
 }

@@ -141,11 +141,3 @@ func isF32[T float]() bool {
 	_, ok := any(z).(float32)
 	return ok
 }
-
-// maxFinite is the largest finite value of T.
-func maxFinite[T float]() float64 {
-	if isF32[T]() {
-		return math.MaxFloat32
-	}
-	return math.MaxFloat64
-}

@@ -221,85 +221,57 @@ func binaryCases() []gradCase {
 	}
 	var cs []gradCase
 	nonzero := awayFrom(0.5, 0)
-	for _, op := range []string{"Add", "Sub", "Mul", "Div"} {
+	for _, op := range ir.Elementwise {
+		if op.Kind != ir.EwBinary {
+			continue
+		}
 		for _, s := range shapes {
-			op := op
 			b := in(s[1]...)
-			if op == "Div" {
+			if op.Cases[0].Positive { // a divisor: kept away from 0
 				b = withGen(b, nonzero)
 			}
 			cs = append(cs, gradCase{
-				name: fmt.Sprintf("%s%v%v", op, s[0], s[1]),
+				name: fmt.Sprintf("%s%v%v", op.Name, s[0], s[1]),
 				ins:  []spec{in(s[0]...), b},
-				fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, op, nil, x[0], x[1]) },
-				bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
-					var da, db *ir.Value
-					switch op {
-					case "Add":
-						da, db = dy, dy
-					case "Sub":
-						da, db = dy, op1(g, "Neg", nil, dy)
-					case "Mul":
-						da, db = op1(g, "Mul", nil, dy, x[1]), op1(g, "Mul", nil, dy, x[0])
-					case "Div":
-						da = op1(g, "Div", nil, dy, x[1])
-						db = op1(g, "Neg", nil, op1(g, "Div", nil, op1(g, "Mul", nil, dy, x[0]), op1(g, "Mul", nil, x[1], x[1])))
-					}
-					return []*ir.Value{sumTo(g, da, x[0]), sumTo(g, db, x[1])}
-				},
+				fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, op.Name, nil, x[0], x[1]) },
+				bwd:  specGrad(op),
 			})
 		}
 	}
 	return cs
 }
 
+// specGrad is the gradient an elementwise op's spec states (EwSpec.Grad),
+// which the check holds against finite differences.
+func specGrad(op *ir.EwSpec) func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+	return func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
+		return op.Grad(g, y.Def, []*ir.Value{dy})
+	}
+}
+
+// unaryCases: every unary op of ir.Elementwise on each of its test cases
+// (EwSpec.Cases), inputs kept away from its kinks.
 func unaryCases() []gradCase {
-	type u struct {
-		op   string
-		a    ir.Attrs
-		gen  func(r *rand.Rand, i int) float64
-		grad func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value
-	}
-	mulY := func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value { return op1(g, "Mul", nil, dy, y) }
-	gradOf := func(op string, useY bool, a ir.Attrs) func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value {
-		return func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value {
-			if useY {
-				return op1(g, op, a, dy, y)
-			}
-			return op1(g, op, a, dy, x)
-		}
-	}
-	list := []u{
-		{"Scale", ir.Attrs{"alpha": 2.5, "beta": -0.75}, nil, func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value {
-			return op1(g, "Scale", ir.Attrs{"alpha": 2.5}, dy)
-		}},
-		{"Scale", nil, nil, func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value { return op1(g, "Scale", nil, dy) }},
-		{"Neg", nil, nil, func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value { return op1(g, "Neg", nil, dy) }},
-		{"Exp", nil, nil, mulY},
-		{"Log", nil, positive(0.2, 3), func(g *ir.Graph, x, y, dy *ir.Value) *ir.Value { return op1(g, "Div", nil, dy, x) }},
-		{"Sigmoid", nil, nil, gradOf("SigmoidGrad", true, nil)},
-		{"Tanh", nil, nil, gradOf("TanhGrad", true, nil)},
-		{"GELU", nil, nil, gradOf("GELUGrad", false, nil)},
-		{"ReLU", nil, awayFrom(0.05, 0), gradOf("ReLUGrad", false, nil)},
-		{"Clamp", ir.Attrs{"lo": -0.5, "hi": 1.0}, awayFrom(0.05, -0.5, 1), gradOf("ClampGrad", false, ir.Attrs{"lo": -0.5, "hi": 1.0})},
-		{"Clamp", ir.Attrs{"lo": 0.25}, awayFrom(0.05, 0.25), gradOf("ClampGrad", false, ir.Attrs{"lo": 0.25})},
-		{"Clamp", ir.Attrs{"hi": -0.3}, awayFrom(0.05, -0.3), gradOf("ClampGrad", false, ir.Attrs{"hi": -0.3})},
-		{"Clamp", nil, nil, gradOf("ClampGrad", false, nil)},
-		{"NanToNum", ir.Attrs{"nan": 0.0, "posinf": 4.0, "neginf": -4.0}, nil, gradOf("NanToNumGrad", false, nil)},
-	}
 	var cs []gradCase
-	for _, c := range list {
-		c := c
-		s := in(3, 5)
-		s.gen = c.gen
-		cs = append(cs, gradCase{
-			name: fmt.Sprintf("%s%v", c.op, c.a),
-			ins:  []spec{s},
-			fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, c.op, c.a, x[0]) },
-			bwd: func(g *ir.Graph, x []*ir.Value, y, dy *ir.Value) []*ir.Value {
-				return []*ir.Value{c.grad(g, x[0], y, dy)}
-			},
-		})
+	for _, op := range ir.Elementwise {
+		if op.Kind != ir.EwUnary {
+			continue
+		}
+		for _, c := range op.Cases {
+			s := in(3, 5)
+			switch {
+			case c.Positive:
+				s.gen = positive(0.2, 3)
+			case len(c.Kinks) > 0:
+				s.gen = awayFrom(0.05, c.Kinks...)
+			}
+			cs = append(cs, gradCase{
+				name: fmt.Sprintf("%s%v", op.Name, c.Attrs),
+				ins:  []spec{s},
+				fwd:  func(g *ir.Graph, x []*ir.Value) *ir.Value { return op1(g, op.Name, c.Attrs, x[0]) },
+				bwd:  specGrad(op),
+			})
+		}
 	}
 	return cs
 }

@@ -65,10 +65,6 @@ func opCases() []opCase {
 		{op: "Sub", in: []ir.Shape{{1000}, {1000}}},
 		{op: "Mul", in: []ir.Shape{{5, 1}, s357}},
 		{op: "Div", in: []ir.Shape{s357, s357}, pos: true},
-		{op: "Scale", attrs: ir.Attrs{"alpha": 1.5, "beta": -0.5}, in: []ir.Shape{s357}},
-		{op: "Clamp", attrs: ir.Attrs{"lo": -0.5, "hi": 0.7}, in: []ir.Shape{s357}},
-		{op: "NanToNum", attrs: ir.Attrs{"nan": 0.0, "posinf": 4.0, "neginf": -4.0}, in: []ir.Shape{s357}},
-		{op: "ClampGrad", attrs: ir.Attrs{"lo": -0.5, "hi": 0.7}, in: []ir.Shape{s357, s357}},
 		{op: "ReduceSum", attrs: ir.Attrs{"axes": []int{1}, "keepdims": true}, in: []ir.Shape{s357}},
 		{op: "ReduceMean", attrs: ir.Attrs{"axes": []int{0, 2}}, in: []ir.Shape{s357}},
 		{op: "Softmax", in: []ir.Shape{{6, 33}}},
@@ -126,12 +122,22 @@ func opCases() []opCase {
 		{op: "Concat", attrs: ir.Attrs{"axis": 1}, in: []ir.Shape{{3, 2, 7}, s357, {3, 1, 7}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": -1}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 3}}},
 	}
-	for _, op := range []string{"Neg", "Exp", "Sigmoid", "Tanh", "GELU", "ReLU", "StopGradient"} {
-		cases = append(cases, opCase{op: op, in: []ir.Shape{s357}})
-	}
-	cases = append(cases, opCase{op: "Log", in: []ir.Shape{s357}, pos: true})
-	for _, op := range []string{"SigmoidGrad", "TanhGrad", "GELUGrad", "ReLUGrad", "NanToNumGrad"} {
-		cases = append(cases, opCase{op: op, in: []ir.Shape{s357, s357}})
+	cases = append(cases, opCase{op: "StopGradient", in: []ir.Shape{s357}})
+	return append(cases, elementwiseCases(s357)...)
+}
+
+// elementwiseCases are the test cases of every op of ir.Elementwise
+// (EwSpec.Cases), each over inputs of shape s.
+func elementwiseCases(s ir.Shape) []opCase {
+	var cases []opCase
+	for _, spec := range ir.Elementwise {
+		for _, c := range spec.Cases {
+			in := []ir.Shape{s}
+			if spec.NumIn() == 2 {
+				in = append(in, s)
+			}
+			cases = append(cases, opCase{op: spec.Name, attrs: c.Attrs, in: in, pos: c.Positive})
+		}
 	}
 	return cases
 }

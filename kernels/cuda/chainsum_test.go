@@ -201,12 +201,12 @@ func TestChainSumCompiles(t *testing.T) {
 	const R, C = 24576, 1020
 	plan := planReduce(midAxis{A: 1, R: R, C: C})
 	dense := fusedChain{dense: []bool{true, true}, idx32: true, sum: plan,
-		prog:   []int32{int32(fusedBinary), binaryCode["Mul"], 0, 1, int32(fusedUnary), uCopy, 2, 0},
+		prog:   []int32{int32(fusedBinary), mustEWCode("Mul"), 0, 1, int32(fusedUnary), uCopy, 2, 0},
 		params: make([]float32, 6)}
 	thresh, scale := dropoutThreshold(0.1)
 	bcast := fusedChain{dense: []bool{true, false}, idx32: true, sum: plan, skipOut: true, twinCols: C, twinLD: bf16LD(C),
 		view:   view{dims: []int64{R, C}, strides: [][]int64{{C, 1}, {1, 0}}},
-		prog:   []int32{int32(fusedBinary), binaryCode["Add"], 0, 1, int32(fusedDraw), 0, 2, 0},
+		prog:   []int32{int32(fusedBinary), mustEWCode("Add"), 0, 1, int32(fusedDraw), 0, 2, 0},
 		params: []float32{0, 0, 0, scale, math.Float32frombits(uint32(thresh)), 0}}
 	kernels := map[string]string{}
 	for _, c := range []fusedChain{dense, bcast} {

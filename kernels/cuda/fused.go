@@ -32,18 +32,18 @@ func fusedStep(s ir.FusedStep, slot int) (prog [4]int32, params [3]float32, err 
 		}
 		return 0
 	}
-	if code, ok := binaryCode[s.Op]; ok {
-		return [4]int32{int32(fusedBinary), code, reg(0), reg(1)}, params, nil
-	}
-	if code, ok := unaryCode[s.Op]; ok {
-		return [4]int32{int32(fusedUnary), code, reg(0), 0}, unaryParams(code, s.Attrs), nil
-	}
 	if s.Op == "StopGradient" {
 		return [4]int32{int32(fusedUnary), uCopy, reg(0), 0}, params, nil
 	}
-	if code, ok := gradCode[s.Op]; ok {
-		k := gradParams(s.Attrs)
-		return [4]int32{int32(fusedGrad), code, reg(0), reg(1)}, [3]float32{k[0], k[1], 0}, nil
+	if kind, code, ok := ewCode(s.Op); ok {
+		k := ewParams(ir.ElementwiseOf(s.Op), s.Attrs)
+		switch kind {
+		case ir.EwBinary:
+			return [4]int32{int32(fusedBinary), code, reg(0), reg(1)}, params, nil
+		case ir.EwGrad:
+			return [4]int32{int32(fusedGrad), code, reg(0), reg(1)}, [3]float32{k[0], k[1], 0}, nil
+		}
+		return [4]int32{int32(fusedUnary), code, reg(0), 0}, k, nil
 	}
 	if d := ir.Ops[s.Op]; d != nil && d.ElementDraws {
 		thresh, scale := dropoutThreshold(s.Attrs.Float("p", 0))

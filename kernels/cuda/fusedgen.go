@@ -373,7 +373,7 @@ func (c fusedChain) name() string {
 // fusedModule is the source of one module holding the given chain kernels
 // (name → body), in name order, after the prelude.
 func fusedModule(kernels map[string]string) (string, error) {
-	pre, err := sourceFS.ReadFile("src/prelude.cuh")
+	pre, err := prelude()
 	if err != nil {
 		return "", err
 	}
@@ -383,7 +383,7 @@ func fusedModule(kernels map[string]string) (string, error) {
 	}
 	sort.Strings(names)
 	var b strings.Builder
-	b.Write(pre)
+	b.WriteString(pre)
 	b.WriteString("\n#line 1 \"fused_gen.cu\"\n")
 	for _, n := range names {
 		b.WriteString(kernels[n])

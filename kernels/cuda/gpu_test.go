@@ -163,12 +163,12 @@ func TestGPUElementwise(t *testing.T) {
 		args   []any
 		want   []float64
 	}{
-		{"unary_f32", []any{dout.Ptr, da.Ptr, uScale, float32(0.5), float32(-1), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return 0.5*x - 1 })},
-		{"unary_f32", []any{dout.Ptr, da.Ptr, uGELU, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return gelu(x) })},
-		{"grad_unary_f32", []any{dout.Ptr, db.Ptr, da.Ptr, gGELU, float32(0), float32(0), int64(n)}, ref(func(x, y float64) float64 { return y * dgelu(x) })},
-		{"unary_f32", []any{dout.Ptr, da.Ptr, uReLU, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return math.Max(0, x) })},
-		{"unary_f32", []any{dout.Ptr, da.Ptr, uSigmoid, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) })},
-		{"unary_f32", []any{dout.Ptr, da.Ptr, uTanh, float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return math.Tanh(x) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, mustEWCode("Scale"), float32(0.5), float32(-1), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return 0.5*x - 1 })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, mustEWCode("GELU"), float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return gelu(x) })},
+		{"grad_unary_f32", []any{dout.Ptr, db.Ptr, da.Ptr, mustEWCode("GELUGrad"), float32(0), float32(0), int64(n)}, ref(func(x, y float64) float64 { return y * dgelu(x) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, mustEWCode("ReLU"), float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return math.Max(0, x) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, mustEWCode("Sigmoid"), float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) })},
+		{"unary_f32", []any{dout.Ptr, da.Ptr, mustEWCode("Tanh"), float32(0), float32(0), float32(0), int64(n)}, ref(func(x, _ float64) float64 { return math.Tanh(x) })},
 	}
 	for _, tc := range cases {
 		if err := c.Launch(tc.kernel, grid1D, block1D, 0, tc.args...); err != nil {

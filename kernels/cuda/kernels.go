@@ -1,25 +1,18 @@
 package cuda
 
-import (
-	"errors"
+import "github.com/rpac-dev/rpac/ir"
 
-	"github.com/rpac-dev/rpac/ir"
-)
-
-// HasKernel reports whether the backend's dispatch (program.build) has a
-// kernel for op. It asks the dispatch itself with an empty node: an op
-// without a kernel answers errUnsupported; any other answer, a panic on the
-// missing inputs included, means the dispatch took the op. Nothing is
-// allocated or launched.
-func HasKernel(op string) (ok bool) {
+// HasKernel reports whether the backend has a kernel for op: an
+// elementwise op with a CUDA formula (its case in the prelude's generated
+// section), or an op of the registration table (builders).
+func HasKernel(op string) bool {
 	if ir.Ops[op] == nil {
 		return false
 	}
-	defer func() {
-		if recover() != nil {
-			ok = true
-		}
-	}()
-	_, err := (&program{}).build(&ir.Node{Op: op, Attrs: ir.Attrs{}}, nil, nil)
-	return !errors.Is(err, errUnsupported)
+	if s := ir.ElementwiseOf(op); s != nil {
+		_, _, ok := ewCode(op)
+		return ok && s.CUDA != ""
+	}
+	_, ok := builders[op]
+	return ok
 }

@@ -14,38 +14,6 @@ import (
 
 var errUnsupported = errors.New("no cuda kernel")
 
-// Op codes of src/graph.cu.
-const (
-	uCopy int32 = iota
-	uNeg
-	uExp
-	uLog
-	uSigmoid
-	uTanh
-	uGELU
-	uReLU
-	uScale
-	uClamp
-	uNanToNum
-)
-
-const (
-	gSigmoid int32 = iota
-	gTanh
-	gGELU
-	gReLU
-	gClamp
-	gNanToNum
-)
-
-var binaryCode = map[string]int32{"Add": 0, "Sub": 1, "Mul": 2, "Div": 3}
-
-var unaryCode = map[string]int32{"Neg": uNeg, "Exp": uExp, "Log": uLog, "Sigmoid": uSigmoid, "Tanh": uTanh,
-	"GELU": uGELU, "ReLU": uReLU, "Scale": uScale, "Clamp": uClamp, "NanToNum": uNanToNum}
-
-var gradCode = map[string]int32{"SigmoidGrad": gSigmoid, "TanhGrad": gTanh, "GELUGrad": gGELU, "ReLUGrad": gReLU,
-	"ClampGrad": gClamp, "NanToNumGrad": gNanToNum}
-
 const threads = 256
 
 // grid1 is the grid of a grid-stride kernel over n elements.
@@ -88,144 +56,156 @@ func (p *program) uploadView(v view) (Buffer, error) {
 	return p.uploadNew(unsafe.Pointer(&packed[0]), 8*len(packed))
 }
 
-// build returns the launches of one node.
+// build returns the launches of one node: the elementwise ops' from their
+// spec (ewgen.go), the others' from builders.
 func (p *program) build(n *ir.Node, in, out []*dval) (func() error, error) {
 	if err := checkI32Inputs(n, in); err != nil {
 		return nil, err
 	}
-	a := n.Attrs
-	if code, ok := binaryCode[n.Op]; ok {
-		if !slices.Equal(in[0].v.Shape, in[1].v.Shape) {
-			return p.buildFused(oneStepChain(n), in, out) // a generated kernel: constant offsets
-		}
-		return p.buildBinary(code, in, out)
+	if s := ir.ElementwiseOf(n.Op); s != nil {
+		return p.buildElementwise(n, s, in, out)
 	}
-	if code, ok := unaryCode[n.Op]; ok {
-		return p.buildUnary(n, code, in, out)
-	}
-	if code, ok := gradCode[n.Op]; ok {
-		k := gradParams(a)
-		x, dy, o := in[1], in[0], out[0]
-		return func() error {
-			return p.each("grad_unary_f32", o.n, o.buf.Ptr, dy.buf.Ptr, x.buf.Ptr, code, k[0], k[1], int64(o.n))
-		}, nil
-	}
-	switch n.Op {
-	case "Reshape", "StopGradient":
-		x, o := in[0], out[0]
-		return func() error { return p.copy(o.buf, x.buf, o.n) }, nil
-	case "Gather":
-		return p.buildGather(in, out)
-	case "GatherGrad":
-		return p.buildGatherGrad(n, in, out)
-	case "Slice":
-		v, err := sliceView(in[0].v.Shape, a.Int("axis", 0), a.Int("start", 0), a.Int("end", 0))
-		if err != nil {
-			return nil, err
-		}
-		return p.gatherView(v, in[0], out[0])
-	case "SliceGrad":
-		return p.buildSliceGrad(n, in, out)
-	case "Pad":
-		return p.buildPad(n, in, out)
-	case "PadGrad":
-		return p.buildPadGrad(n, in, out)
-	case "Transpose":
-		v, err := transposeView(in[0].v.Shape, a.Ints("perm"))
-		if err != nil {
-			return nil, err
-		}
-		return p.gatherView(v, in[0], out[0])
-	case "BroadcastTo":
-		v, err := broadcastToView(in[0].v.Shape, out[0].v.Shape)
-		if err != nil {
-			return nil, err
-		}
-		return p.gatherView(v, in[0], out[0])
-	case "SumTo", "ReduceSum", "ReduceMean":
-		if s, ok := p.sums[n.ID]; ok { // the chain making the input summed it (chainsum.go)
-			return s.finish(p, out[0]), nil
-		}
-		red, mean, err := reductionOf(n, in[0].v.Shape)
-		if err != nil {
-			return nil, err
-		}
-		return p.reduce(in[0], out[0], red, mean)
-	case "SumToProduct":
-		if s, ok := p.sums[n.ID]; ok { // the chain making a factor summed the products
-			return s.finish(p, out[0]), nil
-		}
-		red, _, err := reductionOf(n, in[0].v.Shape)
-		if err != nil {
-			return nil, err
-		}
-		return p.reduceProduct(in[0], in[1], out[0], red, false)
-	case "Linear":
-		return p.buildLinear(in, out)
-	case "LinearGradX":
-		return p.buildLinearGradX(in, out)
-	case "LinearGradW":
-		return p.buildLinearGradW(in, out)
-	case "MatMul":
-		return p.buildMatMul(n, in, out)
-	case "Softmax", "SoftmaxGrad":
-		return p.buildSoftmax(n, in, out)
-	case "CausalMask":
-		x, o := in[0], out[0]
-		s := x.v.Shape
-		T := s[len(s)-1]
-		fill := float32(a.Float("fill", math.Inf(-1)))
-		return func() error {
-			return p.each("causal_mask_f32", o.n, o.buf.Ptr, x.buf.Ptr, int32(T), fill, int64(o.n))
-		}, nil
-	case "LayerNorm":
-		return p.buildLayerNorm(n, in, out)
-	case "LayerNormGrad":
-		return p.buildLayerNormGrad(n, in, out)
-	case "Dropout":
-		return p.buildDropout(n, in, out)
-	case "DropoutGrad":
-		return p.buildDropoutGrad(n, in, out)
-	case "GumbelNoise":
-		x, o, id := in[0], out[0], n.Stream()
-		return func() error {
-			return p.each("gumbel_f32", o.n, o.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), int64(o.n))
-		}, nil
-	case "TopKMask":
-		x, o := in[0], out[0]
-		s := x.v.Shape
-		cols := s[len(s)-1]
-		rows, k := x.n/max(1, cols), a.Int("k", 1)
-		return func() error {
-			return p.each("topk_mask_f32", rows, o.buf.Ptr, x.buf.Ptr, int32(rows), int32(cols), int32(k))
-		}, nil
-	case "CrossEntropy":
-		return p.buildCrossEntropy(n, in, out)
-	case "CrossEntropyGrad":
-		return p.buildCrossEntropyGrad(n, in, out)
-	case "LMHeadCrossEntropy":
-		return p.buildLMHead(n, in, out)
-	case "LMHeadCrossEntropyGrad":
-		return p.buildLMHeadGrad(n, in, out)
-	case "GaussianMembership", "GaussianMembershipGrad":
-		return p.buildMembership(n, in, out)
-	case "Sinkhorn", "SinkhornGrad":
-		return p.buildSinkhorn(n, in, out)
-	case "ZScore", "ZScoreGrad":
-		return p.buildZScore(n, in, out)
-	case "FusedAttention":
-		return p.buildFusedAttention(n, in, out)
-	case "FusedAttentionGrad":
-		return p.buildFusedAttentionGrad(n, in, out)
-	case "Concat":
-		if step, lazy, err := p.buildLazyConcat(n, in); lazy || err != nil {
-			return step, err
-		}
-		return p.buildConcat(n, in, out)
-	case "FusedElementwise":
-		return p.buildFused(n, in, out)
+	if f, ok := builders[n.Op]; ok {
+		return f(p, n, in, out)
 	}
 	return nil, errUnsupported
+}
+
+// builder makes the launches of one node.
+type builder func(p *program, n *ir.Node, in, out []*dval) (func() error, error)
+
+// builders is the CUDA registration table: the builder of every op that
+// is not elementwise (HasKernel reads it).
+var builders map[string]builder
+
+// noAttrs adapts a builder that reads no attributes.
+func noAttrs(f func(p *program, in, out []*dval) (func() error, error)) builder {
+	return func(p *program, _ *ir.Node, in, out []*dval) (func() error, error) { return f(p, in, out) }
+}
+
+func init() {
+	builders = map[string]builder{
+		"Reshape":      buildCopy,
+		"StopGradient": buildCopy,
+		"Gather":       noAttrs((*program).buildGather),
+		"GatherGrad":   (*program).buildGatherGrad,
+		"Slice": func(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+			a := n.Attrs
+			v, err := sliceView(in[0].v.Shape, a.Int("axis", 0), a.Int("start", 0), a.Int("end", 0))
+			if err != nil {
+				return nil, err
+			}
+			return p.gatherView(v, in[0], out[0])
+		},
+		"SliceGrad": (*program).buildSliceGrad,
+		"Pad":       (*program).buildPad,
+		"PadGrad":   (*program).buildPadGrad,
+		"Transpose": func(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+			v, err := transposeView(in[0].v.Shape, n.Attrs.Ints("perm"))
+			if err != nil {
+				return nil, err
+			}
+			return p.gatherView(v, in[0], out[0])
+		},
+		"BroadcastTo": func(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+			v, err := broadcastToView(in[0].v.Shape, out[0].v.Shape)
+			if err != nil {
+				return nil, err
+			}
+			return p.gatherView(v, in[0], out[0])
+		},
+		"SumTo":                  buildReduction,
+		"ReduceSum":              buildReduction,
+		"ReduceMean":             buildReduction,
+		"SumToProduct":           buildSumToProduct,
+		"Linear":                 noAttrs((*program).buildLinear),
+		"LinearGradX":            noAttrs((*program).buildLinearGradX),
+		"LinearGradW":            noAttrs((*program).buildLinearGradW),
+		"MatMul":                 (*program).buildMatMul,
+		"Softmax":                (*program).buildSoftmax,
+		"SoftmaxGrad":            (*program).buildSoftmax,
+		"CausalMask":             buildCausalMask,
+		"LayerNorm":              (*program).buildLayerNorm,
+		"LayerNormGrad":          (*program).buildLayerNormGrad,
+		"Dropout":                (*program).buildDropout,
+		"DropoutGrad":            (*program).buildDropoutGrad,
+		"GumbelNoise":            buildGumbel,
+		"TopKMask":               buildTopKMask,
+		"CrossEntropy":           (*program).buildCrossEntropy,
+		"CrossEntropyGrad":       (*program).buildCrossEntropyGrad,
+		"LMHeadCrossEntropy":     (*program).buildLMHead,
+		"LMHeadCrossEntropyGrad": (*program).buildLMHeadGrad,
+		"GaussianMembership":     (*program).buildMembership,
+		"GaussianMembershipGrad": (*program).buildMembership,
+		"Sinkhorn":               (*program).buildSinkhorn,
+		"SinkhornGrad":           (*program).buildSinkhorn,
+		"ZScore":                 (*program).buildZScore,
+		"ZScoreGrad":             (*program).buildZScore,
+		"FusedAttention":         (*program).buildFusedAttention,
+		"FusedAttentionGrad":     (*program).buildFusedAttentionGrad,
+		"Concat": func(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+			if step, lazy, err := p.buildLazyConcat(n, in); lazy || err != nil {
+				return step, err
+			}
+			return p.buildConcat(n, in, out)
+		},
+		"FusedElementwise": (*program).buildFused,
+	}
+}
+
+func buildCopy(p *program, _ *ir.Node, in, out []*dval) (func() error, error) {
+	x, o := in[0], out[0]
+	return func() error { return p.copy(o.buf, x.buf, o.n) }, nil
+}
+
+// buildReduction: SumTo, ReduceSum, ReduceMean.
+func buildReduction(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+	if s, ok := p.sums[n.ID]; ok { // the chain making the input summed it (chainsum.go)
+		return s.finish(p, out[0]), nil
+	}
+	red, mean, err := reductionOf(n, in[0].v.Shape)
+	if err != nil {
+		return nil, err
+	}
+	return p.reduce(in[0], out[0], red, mean)
+}
+
+func buildSumToProduct(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+	if s, ok := p.sums[n.ID]; ok { // the chain making a factor summed the products
+		return s.finish(p, out[0]), nil
+	}
+	red, _, err := reductionOf(n, in[0].v.Shape)
+	if err != nil {
+		return nil, err
+	}
+	return p.reduceProduct(in[0], in[1], out[0], red, false)
+}
+
+func buildCausalMask(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+	x, o := in[0], out[0]
+	s := x.v.Shape
+	T := s[len(s)-1]
+	fill := float32(n.Attrs.Float("fill", math.Inf(-1)))
+	return func() error {
+		return p.each("causal_mask_f32", o.n, o.buf.Ptr, x.buf.Ptr, int32(T), fill, int64(o.n))
+	}, nil
+}
+
+func buildGumbel(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+	x, o, id := in[0], out[0], n.Stream()
+	return func() error {
+		return p.each("gumbel_f32", o.n, o.buf.Ptr, x.buf.Ptr, kernels.StreamKey(p.seed, id), int64(o.n))
+	}, nil
+}
+
+func buildTopKMask(p *program, n *ir.Node, in, out []*dval) (func() error, error) {
+	x, o := in[0], out[0]
+	s := x.v.Shape
+	cols := s[len(s)-1]
+	rows, k := x.n/max(1, cols), n.Attrs.Int("k", 1)
+	return func() error {
+		return p.each("topk_mask_f32", rows, o.buf.Ptr, x.buf.Ptr, int32(rows), int32(cols), int32(k))
+	}, nil
 }
 
 // checkI32Inputs allows i32 data only where the op table takes ids.
@@ -272,35 +252,6 @@ func (p *program) buildBinary(code int32, in, out []*dval) (func() error, error)
 	}
 	return func() error {
 		return p.each("binary_f32", o.n, o.buf.Ptr, a.buf.Ptr, b.buf.Ptr, meta.Ptr, int32(v.rank()), code, int64(o.n))
-	}, nil
-}
-
-// unaryParams are a unary op's kernel parameters (ew_unary's a, b, c).
-func unaryParams(code int32, a ir.Attrs) [3]float32 {
-	var k [3]float32
-	switch code {
-	case uScale:
-		k[0], k[1] = float32(a.Float("alpha", 1)), float32(a.Float("beta", 0))
-	case uClamp:
-		k[0], k[1] = float32(a.Float("lo", math.Inf(-1))), float32(a.Float("hi", math.Inf(1)))
-	case uNanToNum:
-		m := float64(math.MaxFloat32)
-		k[0], k[1], k[2] = float32(a.Float("nan", 0)), float32(a.Float("posinf", m)), float32(a.Float("neginf", -m))
-	}
-	return k
-}
-
-// gradParams are a gradient op's kernel parameters (ew_grad's a, b:
-// ClampGrad's bounds).
-func gradParams(a ir.Attrs) [2]float32 {
-	return [2]float32{float32(a.Float("lo", math.Inf(-1))), float32(a.Float("hi", math.Inf(1)))}
-}
-
-func (p *program) buildUnary(n *ir.Node, code int32, in, out []*dval) (func() error, error) {
-	k := unaryParams(code, n.Attrs)
-	x, o := in[0], out[0]
-	return func() error {
-		return p.each("unary_f32", o.n, o.buf.Ptr, x.buf.Ptr, code, k[0], k[1], k[2], int64(o.n))
 	}, nil
 }
 

@@ -26,10 +26,23 @@ func SourceNames() []string {
 	return out
 }
 
+// prelude is src/prelude.cuh with its elementwise section generated
+// (ewSource).
+func prelude() (string, error) {
+	pre, err := sourceFS.ReadFile("src/prelude.cuh")
+	if err != nil {
+		return "", err
+	}
+	if !strings.Contains(string(pre), ewMarker) {
+		return "", fmt.Errorf("src/prelude.cuh lacks the line %q", ewMarker)
+	}
+	return strings.Replace(string(pre), ewMarker, ewSource(), 1), nil
+}
+
 // Source returns the complete translation unit of one kernel source: the
 // shared prelude followed by the file.
 func Source(name string) (string, error) {
-	pre, err := sourceFS.ReadFile("src/prelude.cuh")
+	pre, err := prelude()
 	if err != nil {
 		return "", err
 	}
@@ -37,7 +50,7 @@ func Source(name string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("no kernel source %q (have %s)", name, strings.Join(SourceNames(), ", "))
 	}
-	src := string(pre) + "\n#line 1 \"" + name + "\"\n" + string(body)
+	src := pre + "\n#line 1 \"" + name + "\"\n" + string(body)
 	if plantHook != nil {
 		src = plantHook(src)
 	}

@@ -151,87 +151,15 @@ __device__ __forceinline__ attn_view attn_head(i64 bh, int T, int Hd, int H) {
     return v;
 }
 
-// ---- elementwise formulas (graph.cu's unary/grad/binary kernels and
-// fused.cu's FusedElementwise interpreter: one definition of each) ----
-
-// Op codes shared with backend.go (unaryOp, gradOp, binaryOp).
-#define U_COPY 0
-#define U_NEG 1
-#define U_EXP 2
-#define U_LOG 3
-#define U_SIGMOID 4
-#define U_TANH 5
-#define U_GELU 6
-#define U_RELU 7
-#define U_SCALE 8
-#define U_CLAMP 9
-#define U_NANTONUM 10
-
-#define G_SIGMOID 0
-#define G_TANH 1
-#define G_GELU 2
-#define G_RELU 3
-#define G_CLAMP 4
-#define G_NANTONUM 5
-
-#define B_ADD 0
-#define B_SUB 1
-#define B_MUL 2
-#define B_DIV 3
-
-// ew_unary: op(v); a, b, c are the op's parameters (Scale: alpha, beta;
-// Clamp: lo, hi; NanToNum: nan, posinf, neginf).
-__device__ __forceinline__ float ew_unary(int op, float v, float a, float b, float c) {
-    switch (op) {
-    case U_NEG: return -v;
-    case U_EXP: return expf(v);
-    case U_LOG: return logf(v);
-    case U_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    case U_TANH: return tanhf(v);
-    case U_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    case U_RELU: return v > 0.0f ? v : 0.0f;
-    case U_SCALE: return a * v + b;
-    case U_CLAMP: {
-        float r = v;
-        if (r < a) r = a;
-        if (r > b) r = b;
-        return r;
-    }
-    case U_NANTONUM:
-        if (v != v) return a;
-        if ((__float_as_uint(v) & 0x7fffffffu) == 0x7f800000u) return v > 0.0f ? b : c;
-        return v;
-    }
-    return v;
-}
-
-// ew_grad: dy · op'(v), v the op's input or output as the op's gradient
-// takes it; a, b are Clamp's lo and hi.
-__device__ __forceinline__ float ew_grad(int op, float g, float v, float a, float b) {
-    switch (op) {
-    case G_SIGMOID: return g * v * (1.0f - v);
-    case G_TANH: return g * (1.0f - v * v);
-    case G_GELU: {
-        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-        return g * (cdf + v * pdf);
-    }
-    case G_RELU: return v > 0.0f ? g : 0.0f;
-    case G_CLAMP: return (a <= v && v <= b) ? g : 0.0f;
-    case G_NANTONUM: return (v - v == 0.0f) ? g : 0.0f;
-    }
-    return g;
-}
-
-// ew_binary: x op y.
-__device__ __forceinline__ float ew_binary(int op, float x, float y) {
-    switch (op) {
-    case B_ADD: return x + y;
-    case B_SUB: return x - y;
-    case B_MUL: return x * y;
-    }
-    return x / y;
-}
+// ---- elementwise formulas (graph.cu's unary/grad/binary kernels,
+// fused.cu's FusedElementwise interpreter and the generated chains: one
+// definition of each) ----
+//
+// ew_unary(op, x, a, b, c): op(x), a, b, c the op's parameters;
+// ew_grad(op, dy, v, a, b): dy·op'(v), v the op's input or output as its
+// gradient takes it; ew_binary(op, x, y): x op y. The Go side puts the op
+// codes (U_*, G_*, B_*) and the functions here, from ir.Elementwise.
+// @elementwise formulas: generated from ir.Elementwise (ewgen.go)@
 
 // A view: dims[rank] of the iteration space, then one stride array per
 // operand, then (copy/scatter) a base offset. Element i of the iteration
