@@ -230,3 +230,27 @@ func BenchmarkLMHead(b *testing.B) {
 		b.Run(fmt.Sprintf("chunk=%d", c), func(b *testing.B) { benchProgram(b, graph(c), feeds, 0) })
 	}
 }
+
+// BenchmarkUnary: cheap elementwise ops over [2048, 510] in float32.
+func BenchmarkUnary(b *testing.B) {
+	const N, D = 2048, 510
+	feeds := map[string]*kernels.Tensor{
+		"x":  {Shape: ir.Shape{N, D}, F32: randF32(N*D, 1.5, 8)},
+		"dy": {Shape: ir.Shape{N, D}, F32: randF32(N*D, 1, 9)},
+	}
+	for _, c := range []struct {
+		op string
+		a  ir.Attrs
+	}{{"Scale", ir.Attrs{"alpha": 0.5}}, {"ReLU", nil}, {"Tanh", nil}, {"ReLUGrad", nil}} {
+		b.Run(c.op, func(b *testing.B) {
+			g := ir.New(c.op)
+			x := g.Input("x", ir.Shape{N, D}, ir.F32)
+			in := []*ir.Value{x}
+			if c.op == "ReLUGrad" {
+				in = []*ir.Value{g.Input("dy", ir.Shape{N, D}, ir.F32), x}
+			}
+			g.SetOutput("y", g.Op1(c.op, c.a, in...))
+			benchProgram(b, g, feeds, N*D*8)
+		})
+	}
+}

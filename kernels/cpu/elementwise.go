@@ -327,6 +327,21 @@ func unSeg[T float](f func(x, y T, p ir.EwParams[T]) T, pr ir.EwParams[T], dst, 
 	}
 }
 
+// scaleSeg is Scale's loop of its own (a step's most frequent unary op:
+// attention scores, mean gradients), without a call per element.
+func scaleSeg[T float](al, be T, dst, src []T) {
+	src = src[:len(dst)]
+	if be == 0 {
+		for i, x := range src {
+			dst[i] = al * x
+		}
+		return
+	}
+	for i, x := range src {
+		dst[i] = al*x + be
+	}
+}
+
 func (p *program[T]) buildUnary(n *ir.Node, s *ir.EwSpec, in, out []*tensor[T]) (func() error, error) {
 	x, o := in[0], out[0]
 	if x.numel() != o.numel() {
@@ -334,6 +349,9 @@ func (p *program[T]) buildUnary(n *ir.Node, s *ir.EwSpec, in, out []*tensor[T]) 
 	}
 	f, pr := formulaOf[T](s), paramsOf[T](s, n.Attrs)
 	seg := func(dst, src []T) { unSeg(f, pr, dst, src) }
+	if s.Name == "Scale" {
+		seg = func(dst, src []T) { scaleSeg(pr[0], pr[1], dst, src) }
+	}
 	if fast, ok := fastUnary32[s.Name]; ok && isF32[T]() {
 		seg = func(dst, src []T) { fast(any(dst).([]float32), any(src).([]float32)) }
 	}
