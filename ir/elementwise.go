@@ -271,6 +271,12 @@ func nanToNum[T Float](x, _ T, p EwParams[T]) T {
 	return x
 }
 
+func softsign[T Float](x, _ T, _ EwParams[T]) T { return x / (1 + T(math.Abs(float64(x)))) }
+func softsignGrad[T Float](dy, x T, _ EwParams[T]) T {
+	d := 1 + T(math.Abs(float64(x)))
+	return dy / (d * d)
+}
+
 func sigmoidGrad[T Float](dy, y T, _ EwParams[T]) T { return dy * y * (1 - y) }
 func tanhGrad[T Float](dy, y T, _ EwParams[T]) T    { return dy * (1 - y*y) }
 func geluGrad[T Float](dy, x T, _ EwParams[T]) T {
@@ -400,6 +406,8 @@ func init() {
 			F64: nanToNum[float64], F32: nanToNum[float32], Lower: lowerNanToNum, Grad: GradWith("NanToNumGrad", false),
 			CUDA:  "{ if (x != x) return a; if ((__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u) return x > 0.0f ? b : c; return x; }",
 			Cases: []EwCase{{Attrs: Attrs{"nan": 0.0, "posinf": 4.0, "neginf": -4.0}}, {}}},
+		{Name: "Softsign", Doc: "Softsign(x) -> x/(1+|x|).", F64: softsign[float64], F32: softsign[float32],
+			CUDA: "x / (1.0f + fabsf(x))", ONNX: "Softsign", Grad: GradWith("SoftsignGrad", false)},
 
 		{Name: "SigmoidGrad", Kind: EwGrad, Doc: "SigmoidGrad(dy, y) -> dy·y·(1-y).",
 			F64: sigmoidGrad[float64], F32: sigmoidGrad[float32], CUDA: "x * y * (1.0f - y)"},
@@ -415,6 +423,8 @@ func init() {
 			Attrs: []EwAttr{{Name: "lo", Default: math.Inf(-1)}, {Name: "hi", Default: math.Inf(1)}},
 			F64:   clampGrad[float64], F32: clampGrad[float32], CUDA: "(a <= y && y <= b) ? x : 0.0f",
 			Cases: []EwCase{{Attrs: Attrs{"lo": -0.5, "hi": 0.7}}}},
+		{Name: "SoftsignGrad", Kind: EwGrad, Doc: "SoftsignGrad(dy, x) -> dy/(1+|x|)².",
+			F64: softsignGrad[float64], F32: softsignGrad[float32], CUDA: "x / ((1.0f + fabsf(y)) * (1.0f + fabsf(y)))"},
 		{Name: "NanToNumGrad", Kind: EwGrad, Doc: "NanToNumGrad(dy, x) -> dy where x is finite, else 0.",
 			F64: nanToNumGrad[float64], F32: nanToNumGrad[float32], CUDA: "(y - y == 0.0f) ? x : 0.0f"},
 	} {
