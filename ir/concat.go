@@ -6,7 +6,7 @@ import (
 )
 
 func init() {
-	reg(&OpDef{Name: "Concat", NumIn: -1,
+	reg(&OpDef{Name: OpConcat, NumIn: -1,
 		Doc: "Concat(x0, x1, ...; axis) -> the inputs joined along axis (negative counts from the end); every other dimension must agree. " +
 			"With lazy, a backend may leave the result unwritten and have its readers read the inputs; the planner keeps the inputs live as long as the result.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {

@@ -2,7 +2,7 @@ package ir_test
 
 import (
 	"regexp"
-	"sort"
+	"slices"
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/onnx"
@@ -22,15 +22,15 @@ var gradName = regexp.MustCompile(`Grad[A-Z]?$`)
 // gradient or a fused op), and the facts its definition states agree with
 // each other.
 func TestEveryOpIsCovered(t *testing.T) {
-	rules := map[string]bool{}
+	rules := map[ir.OpName]bool{}
 	for _, op := range passes.GradOps() {
 		rules[op] = true
 	}
-	names := make([]string, 0, len(ir.Ops))
+	names := make([]ir.OpName, 0, len(ir.Ops))
 	for name := range ir.Ops {
 		names = append(names, name)
 	}
-	sort.Strings(names)
+	slices.Sort(names)
 	for _, name := range names {
 		def := ir.Ops[name]
 		if def.Name != name {
@@ -55,7 +55,7 @@ func TestEveryOpIsCovered(t *testing.T) {
 			t.Errorf("op %s: exported %v (not training-only, loss or gradient), ONNX lowering %v",
 				name, def.Exported(), onnx.Lowered(name))
 		}
-		if gradName.MatchString(name) != def.Gradient {
+		if gradName.MatchString(string(name)) != def.Gradient {
 			t.Errorf("op %s: Gradient is %v; gradient ops, and only they, are named ...Grad or ...GradX", name, def.Gradient)
 		}
 		if def.Elementwise && !def.InPlace {
@@ -65,7 +65,7 @@ func TestEveryOpIsCovered(t *testing.T) {
 			t.Errorf("op %s is both elementwise and row-wise", name)
 		}
 	}
-	for _, op := range []string{"NoSuchOp"} {
+	for _, op := range []ir.OpName{"NoSuchOp"} {
 		if cpu.HasKernel(op) || cuda.HasKernel(op) || onnx.Lowered(op) {
 			t.Errorf("unknown op %s reported as covered", op)
 		}

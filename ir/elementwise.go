@@ -79,7 +79,7 @@ type GradRule func(g *Graph, n *Node, dys []*Value) []*Value
 
 // EwSpec is everything about one elementwise op.
 type EwSpec struct {
-	Name string
+	Name OpName
 	Kind EwKind
 	Doc  string
 	// Attrs are the op's float attributes (at most 3 for EwUnary, 2 for
@@ -144,15 +144,15 @@ func (at EwAttr) value(a Attrs, maxFinite float64) float64 {
 // codes follow it, per kind); ElementwiseOf finds one by name.
 var Elementwise []*EwSpec
 
-var ewByName = map[string]*EwSpec{}
+var ewByName = map[OpName]*EwSpec{}
 
 // ElementwiseOf returns op's spec, or nil when op is not in the table.
-func ElementwiseOf(op string) *EwSpec { return ewByName[op] }
+func ElementwiseOf(op OpName) *EwSpec { return ewByName[op] }
 
 // RegisterElementwise adds a spec to the table and its OpDef to Ops.
 func RegisterElementwise(s *EwSpec) {
 	if err := s.check(); err != nil {
-		panic("ir: elementwise op " + s.Name + ": " + err.Error())
+		panic("ir: elementwise op " + string(s.Name) + ": " + err.Error())
 	}
 	d := &OpDef{Name: s.Name, NumIn: s.NumIn(), Doc: s.Doc, Elementwise: true, Gradient: s.Kind == EwGrad,
 		ONNX: s.ONNX, Grad: s.Grad, Spec: s}
@@ -196,7 +196,7 @@ func sumTo(g *Graph, d *Value, s Shape) *Value {
 
 // GradWith is the rule dx = op(dy, x) (useOut: the output y instead of x),
 // the node's attributes passed on.
-func GradWith(op string, useOut bool) GradRule {
+func GradWith(op OpName, useOut bool) GradRule {
 	return func(g *Graph, n *Node, d []*Value) []*Value {
 		ref := n.Inputs[0]
 		if useOut {
@@ -350,20 +350,20 @@ func lowerNanToNum(e ONNXEmitter, n *Node, in []string, out string) string {
 
 func init() {
 	for _, s := range []*EwSpec{
-		{Name: "Add", Kind: EwBinary, F64: add[float64], F32: add[float32], CUDA: "x + y", ONNX: "Add",
+		{Name: OpAdd, Kind: EwBinary, F64: add[float64], F32: add[float32], CUDA: "x + y", ONNX: "Add",
 			Grad: func(g *Graph, n *Node, d []*Value) []*Value {
 				return []*Value{sumTo(g, d[0], n.Inputs[0].Shape), sumTo(g, d[0], n.Inputs[1].Shape)}
 			}},
-		{Name: "Sub", Kind: EwBinary, F64: sub[float64], F32: sub[float32], CUDA: "x - y", ONNX: "Sub",
+		{Name: OpSub, Kind: EwBinary, F64: sub[float64], F32: sub[float32], CUDA: "x - y", ONNX: "Sub",
 			Grad: func(g *Graph, n *Node, d []*Value) []*Value {
 				return []*Value{sumTo(g, d[0], n.Inputs[0].Shape), sumTo(g, g.Op1("Neg", nil, d[0]), n.Inputs[1].Shape)}
 			}},
-		{Name: "Mul", Kind: EwBinary, F64: mul[float64], F32: mul[float32], CUDA: "x * y", ONNX: "Mul",
+		{Name: OpMul, Kind: EwBinary, F64: mul[float64], F32: mul[float32], CUDA: "x * y", ONNX: "Mul",
 			Grad: func(g *Graph, n *Node, d []*Value) []*Value {
 				a, b := n.Inputs[0], n.Inputs[1]
 				return []*Value{sumTo(g, g.Op1("Mul", nil, d[0], b), a.Shape), sumTo(g, g.Op1("Mul", nil, d[0], a), b.Shape)}
 			}},
-		{Name: "Div", Kind: EwBinary, F64: div[float64], F32: div[float32], CUDA: "x / y", ONNX: "Div",
+		{Name: OpDiv, Kind: EwBinary, F64: div[float64], F32: div[float32], CUDA: "x / y", ONNX: "Div",
 			Cases: []EwCase{{Positive: true}},
 			Grad: func(g *Graph, n *Node, d []*Value) []*Value {
 				a, b, y := n.Inputs[0], n.Inputs[1], n.Outputs[0]
@@ -371,65 +371,65 @@ func init() {
 				db := g.Op1("Neg", nil, g.Op1("Mul", nil, da, y)) // -dy·a/b² = -(dy/b)·y
 				return []*Value{sumTo(g, da, a.Shape), sumTo(g, db, b.Shape)}
 			}},
-		{Name: "Scale", Doc: "Scale(x; alpha, beta) -> alpha·x + beta.",
+		{Name: OpScale, Doc: "Scale(x; alpha, beta) -> alpha·x + beta.",
 			Attrs: []EwAttr{{Name: "alpha", Default: 1}, {Name: "beta"}},
 			F64:   scale[float64], F32: scale[float32], CUDA: "a * x + b", Lower: lowerScale,
 			Cases: []EwCase{{Attrs: Attrs{"alpha": 2.5, "beta": -0.75}}, {}},
 			Grad: func(g *Graph, n *Node, d []*Value) []*Value {
 				return []*Value{g.Op1("Scale", Attrs{"alpha": n.Attrs.Float("alpha", 1)}, d[0])}
 			}},
-		{Name: "Neg", Doc: "Neg(x) -> -x.", F64: neg[float64], F32: neg[float32], CUDA: "-x", ONNX: "Neg",
+		{Name: OpNeg, Doc: "Neg(x) -> -x.", F64: neg[float64], F32: neg[float32], CUDA: "-x", ONNX: "Neg",
 			Grad: gradOf(func(g *Graph, dy, x, y *Value) *Value { return g.Op1("Neg", nil, dy) })},
-		{Name: "Exp", Doc: "Exp(x) -> exp(x).", F64: exp[float64], F32: exp[float32], CUDA: "expf(x)", ONNX: "Exp", Costly: true,
+		{Name: OpExp, Doc: "Exp(x) -> exp(x).", F64: exp[float64], F32: exp[float32], CUDA: "expf(x)", ONNX: "Exp", Costly: true,
 			Grad: gradOf(func(g *Graph, dy, x, y *Value) *Value { return g.Op1("Mul", nil, dy, y) })},
-		{Name: "Log", Doc: "Log(x) -> log(x).", F64: log[float64], F32: log[float32], CUDA: "logf(x)", ONNX: "Log", Costly: true,
+		{Name: OpLog, Doc: "Log(x) -> log(x).", F64: log[float64], F32: log[float32], CUDA: "logf(x)", ONNX: "Log", Costly: true,
 			Cases: []EwCase{{Positive: true}},
 			Grad:  gradOf(func(g *Graph, dy, x, y *Value) *Value { return g.Op1("Div", nil, dy, x) })},
-		{Name: "Sigmoid", Doc: "Sigmoid(x) -> 1/(1+exp(-x)).", F64: sigmoid[float64], F32: sigmoid[float32],
+		{Name: OpSigmoid, Doc: "Sigmoid(x) -> 1/(1+exp(-x)).", F64: sigmoid[float64], F32: sigmoid[float32],
 			CUDA: "1.0f / (1.0f + expf(-x))", ONNX: "Sigmoid", Costly: true, Grad: GradWith("SigmoidGrad", true)},
-		{Name: "Tanh", Doc: "Tanh(x) -> tanh(x).", F64: tanh[float64], F32: tanh[float32], CUDA: "tanhf(x)", ONNX: "Tanh",
+		{Name: OpTanh, Doc: "Tanh(x) -> tanh(x).", F64: tanh[float64], F32: tanh[float32], CUDA: "tanhf(x)", ONNX: "Tanh",
 			Costly: true, Grad: GradWith("TanhGrad", true)},
-		{Name: "GELU", Doc: "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).",
+		{Name: OpGELU, Doc: "GELU(x) -> x·Φ(x) with the exact erf form (PyTorch nn.GELU default).",
 			F64: gelu[float64], F32: gelu[float32], CUDA: "0.5f * x * (1.0f + erff(x * 0.70710678118654752f))",
 			Costly: true, Grad: GradWith("GELUGrad", false)},
-		{Name: "ReLU", Doc: "ReLU(x) -> max(x, 0).", F64: relu[float64], F32: relu[float32], CUDA: "x > 0.0f ? x : 0.0f",
+		{Name: OpReLU, Doc: "ReLU(x) -> max(x, 0).", F64: relu[float64], F32: relu[float32], CUDA: "x > 0.0f ? x : 0.0f",
 			ONNX: "Relu", Grad: GradWith("ReLUGrad", false), Cases: []EwCase{{Kinks: []float64{0}}}},
-		{Name: "Clamp", Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN.",
+		{Name: OpClamp, Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN.",
 			Attrs: []EwAttr{{Name: "lo", Default: math.Inf(-1)}, {Name: "hi", Default: math.Inf(1)}},
 			F64:   clamp[float64], F32: clamp[float32], Lower: lowerClamp, Grad: GradWith("ClampGrad", false),
 			CUDA: "{ float r = x; if (r < a) r = a; if (r > b) r = b; return r; }",
 			Cases: []EwCase{{Attrs: Attrs{"lo": -0.5, "hi": 1.0}, Kinks: []float64{-0.5, 1}},
 				{Attrs: Attrs{"lo": 0.25}, Kinks: []float64{0.25}}, {Attrs: Attrs{"hi": -0.3}, Kinks: []float64{-0.3}}, {}}},
-		{Name: "NanToNum", Doc: "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced.",
+		{Name: OpNanToNum, Doc: "NanToNum(x; nan, posinf, neginf) -> x with NaN/±Inf replaced.",
 			Attrs: []EwAttr{{Name: "nan"}, {Name: "posinf", Default: math.Inf(1), Finite: true},
 				{Name: "neginf", Default: math.Inf(-1), Finite: true}},
 			F64: nanToNum[float64], F32: nanToNum[float32], Lower: lowerNanToNum, Grad: GradWith("NanToNumGrad", false),
 			CUDA:  "{ if (x != x) return a; if ((__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u) return x > 0.0f ? b : c; return x; }",
 			Cases: []EwCase{{Attrs: Attrs{"nan": 0.0, "posinf": 4.0, "neginf": -4.0}}, {}}},
-		{Name: "Softsign", Doc: "Softsign(x) -> x/(1+|x|).", F64: softsign[float64], F32: softsign[float32],
+		{Name: OpSoftsign, Doc: "Softsign(x) -> x/(1+|x|).", F64: softsign[float64], F32: softsign[float32],
 			CUDA: "x / (1.0f + fabsf(x))", ONNX: "Softsign", Grad: GradWith("SoftsignGrad", false)},
 
-		{Name: "SigmoidGrad", Kind: EwGrad, Doc: "SigmoidGrad(dy, y) -> dy·y·(1-y).",
+		{Name: OpSigmoidGrad, Kind: EwGrad, Doc: "SigmoidGrad(dy, y) -> dy·y·(1-y).",
 			F64: sigmoidGrad[float64], F32: sigmoidGrad[float32], CUDA: "x * y * (1.0f - y)"},
-		{Name: "TanhGrad", Kind: EwGrad, Doc: "TanhGrad(dy, y) -> dy·(1-y²).",
+		{Name: OpTanhGrad, Kind: EwGrad, Doc: "TanhGrad(dy, y) -> dy·(1-y²).",
 			F64: tanhGrad[float64], F32: tanhGrad[float32], CUDA: "x * (1.0f - y * y)"},
-		{Name: "GELUGrad", Kind: EwGrad, Doc: "GELUGrad(dy, x) -> dy·(Φ(x) + x·φ(x)).",
+		{Name: OpGELUGrad, Kind: EwGrad, Doc: "GELUGrad(dy, x) -> dy·(Φ(x) + x·φ(x)).",
 			F64: geluGrad[float64], F32: geluGrad[float32], Costly: true,
 			CUDA: "{ float cdf = 0.5f * (1.0f + erff(y * 0.70710678118654752f)); " +
 				"float pdf = 0.39894228040143268f * expf(-0.5f * y * y); return x * (cdf + y * pdf); }"},
-		{Name: "ReLUGrad", Kind: EwGrad, Doc: "ReLUGrad(dy, x) -> dy where x > 0, else 0.",
+		{Name: OpReLUGrad, Kind: EwGrad, Doc: "ReLUGrad(dy, x) -> dy where x > 0, else 0.",
 			F64: reluGrad[float64], F32: reluGrad[float32], CUDA: "y > 0.0f ? x : 0.0f"},
-		{Name: "ClampGrad", Kind: EwGrad, Doc: "ClampGrad(dy, x; lo, hi) -> dy where lo <= x <= hi, else 0 (PyTorch convention).",
+		{Name: OpClampGrad, Kind: EwGrad, Doc: "ClampGrad(dy, x; lo, hi) -> dy where lo <= x <= hi, else 0 (PyTorch convention).",
 			Attrs: []EwAttr{{Name: "lo", Default: math.Inf(-1)}, {Name: "hi", Default: math.Inf(1)}},
 			F64:   clampGrad[float64], F32: clampGrad[float32], CUDA: "(a <= y && y <= b) ? x : 0.0f",
 			Cases: []EwCase{{Attrs: Attrs{"lo": -0.5, "hi": 0.7}}}},
-		{Name: "SoftsignGrad", Kind: EwGrad, Doc: "SoftsignGrad(dy, x) -> dy/(1+|x|)².",
+		{Name: OpSoftsignGrad, Kind: EwGrad, Doc: "SoftsignGrad(dy, x) -> dy/(1+|x|)².",
 			F64: softsignGrad[float64], F32: softsignGrad[float32], CUDA: "x / ((1.0f + fabsf(y)) * (1.0f + fabsf(y)))"},
-		{Name: "NanToNumGrad", Kind: EwGrad, Doc: "NanToNumGrad(dy, x) -> dy where x is finite, else 0.",
+		{Name: OpNanToNumGrad, Kind: EwGrad, Doc: "NanToNumGrad(dy, x) -> dy where x is finite, else 0.",
 			F64: nanToNumGrad[float64], F32: nanToNumGrad[float32], CUDA: "(y - y == 0.0f) ? x : 0.0f"},
 	} {
 		if s.Kind == EwBinary && s.Doc == "" {
-			s.Doc = s.Name + "(a, b) elementwise with numpy broadcasting."
+			s.Doc = string(s.Name) + "(a, b) elementwise with numpy broadcasting."
 		}
 		if len(s.Cases) == 0 {
 			s.Cases = []EwCase{{}}

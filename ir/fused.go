@@ -10,7 +10,7 @@ import (
 // Registers 0..k-1 are the node's k inputs; register k+j holds step j's
 // result. The last step's result is the node's output.
 type FusedStep struct {
-	Op    string
+	Op    OpName
 	Attrs Attrs
 	Args  []int
 }
@@ -30,7 +30,7 @@ const (
 // Fusable reports whether op may be a step of a FusedElementwise body:
 // elementwise and either deterministic or drawing per element
 // (OpDef.ElementDraws).
-func Fusable(op string) bool {
+func Fusable(op OpName) bool {
 	d := Ops[op]
 	return d != nil && (d.Elementwise || d.ElementDraws) && (!d.Random || d.ElementDraws) && !d.Fused
 }
@@ -84,7 +84,7 @@ func (b FusedBody) check(k int) error {
 }
 
 func init() {
-	reg(&OpDef{Name: "FusedElementwise", NumIn: -1, Fused: true, InPlace: true,
+	reg(&OpDef{Name: OpFusedElementwise, NumIn: -1, Fused: true, InPlace: true,
 		Doc: "FusedElementwise(x0..xk-1; body, shape) -> the chain of elementwise ops in body (FusedBody) evaluated " +
 			"element by element, inputs broadcast to shape; equal to the unfused ops. Made by passes.FuseElementwise " +
 			"after autodiff.",

@@ -107,7 +107,7 @@ func (v *Value) String() string {
 // Node is one op application.
 type Node struct {
 	ID      int
-	Op      string
+	Op      OpName
 	Inputs  []*Value
 	Outputs []*Value
 	Attrs   Attrs
@@ -175,7 +175,7 @@ func (g *Graph) Lookup(name string) *Value {
 // Apply adds a node and returns its outputs. Shapes come from the op table;
 // a shape error panics, because it is a bug in a builder, not bad user input
 // (builders validate configs before building).
-func (g *Graph) Apply(op string, attrs Attrs, in ...*Value) []*Value {
+func (g *Graph) Apply(op OpName, attrs Attrs, in ...*Value) []*Value {
 	outs, err := g.TryApply(op, attrs, in...)
 	if err != nil {
 		panic(err)
@@ -184,7 +184,7 @@ func (g *Graph) Apply(op string, attrs Attrs, in ...*Value) []*Value {
 }
 
 // TryApply is Apply returning the shape error.
-func (g *Graph) TryApply(op string, attrs Attrs, in ...*Value) ([]*Value, error) {
+func (g *Graph) TryApply(op OpName, attrs Attrs, in ...*Value) ([]*Value, error) {
 	def, ok := Ops[op]
 	if !ok {
 		return nil, fmt.Errorf("ir: unknown op %q", op)
@@ -212,7 +212,7 @@ func (g *Graph) TryApply(op string, attrs Attrs, in ...*Value) ([]*Value, error)
 }
 
 // Op1 applies a single-output op.
-func (g *Graph) Op1(op string, attrs Attrs, in ...*Value) *Value { return g.Apply(op, attrs, in...)[0] }
+func (g *Graph) Op1(op OpName, attrs Attrs, in ...*Value) *Value { return g.Apply(op, attrs, in...)[0] }
 
 // SetOutput names a result of the graph.
 func (g *Graph) SetOutput(name string, v *Value) { g.Outputs[name] = v }

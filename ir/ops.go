@@ -7,7 +7,7 @@ import (
 
 // OpDef is one entry of the op table.
 type OpDef struct {
-	Name string
+	Name OpName
 	// TrainingOnly ops (Dropout, GumbelNoise) must not survive StripTraining;
 	// the verifier rejects them in an export graph.
 	TrainingOnly bool
@@ -91,7 +91,7 @@ func (d *OpDef) Exported() bool { return !d.TrainingOnly && !d.Gradient && !d.Lo
 
 // Ops is the op table. Every forward op has a gradient rule in passes/autodiff.go
 // and a kernel in every backend.
-var Ops = map[string]*OpDef{}
+var Ops = map[OpName]*OpDef{}
 
 func reg(d *OpDef) {
 	if _, dup := Ops[d.Name]; dup {
@@ -198,7 +198,7 @@ func ReduceShape(s Shape, axes []int, keep bool) (Shape, error) {
 
 func init() {
 	// ---- data movement ----
-	reg(&OpDef{Name: "Gather", NumIn: 2, IDInputs: []int{1}, Doc: "Gather(W[V,D], ids[...] i32) -> [...,D]: rows of W. Ids outside [0,V) are an error.",
+	reg(&OpDef{Name: OpGather, NumIn: 2, IDInputs: []int{1}, Doc: "Gather(W[V,D], ids[...] i32) -> [...,D]: rows of W. Ids outside [0,V) are an error.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if len(in[0].Shape) != 2 || in[1].DType != I32 {
 				return nil, nil, errors.New("want W[V,D] and i32 ids")
@@ -206,12 +206,12 @@ func init() {
 			s := append(in[1].Shape.Clone(), in[0].Shape[1])
 			return one(s)
 		}})
-	reg(&OpDef{Name: "GatherGrad", NumIn: 2, IDInputs: []int{1}, Gradient: true, Doc: "GatherGrad(dy[...,D], ids[...]; vocab V) -> dW[V,D]: scatter-add of dy rows into zeros.",
+	reg(&OpDef{Name: OpGatherGrad, NumIn: 2, IDInputs: []int{1}, Gradient: true, Doc: "GatherGrad(dy[...,D], ids[...]; vocab V) -> dW[V,D]: scatter-add of dy rows into zeros.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			d := in[0].Shape[len(in[0].Shape)-1]
 			return one(Shape{a.Int("vocab", 0), d})
 		}})
-	reg(&OpDef{Name: "Slice", NumIn: 1, Doc: "Slice(x; axis, start, end) -> x with axis restricted to [start,end).",
+	reg(&OpDef{Name: OpSlice, NumIn: 1, Doc: "Slice(x; axis, start, end) -> x with axis restricted to [start,end).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := in[0].Shape.Clone()
 			ax := a.Int("axis", 0)
@@ -225,9 +225,9 @@ func init() {
 			s[ax] = en - st
 			return one(s)
 		}})
-	reg(&OpDef{Name: "SliceGrad", NumIn: 1, Gradient: true, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
+	reg(&OpDef{Name: OpSliceGrad, NumIn: 1, Gradient: true, Doc: "SliceGrad(dy; axis, start, end, shape) -> zeros(shape) with dy written at [start,end) of axis.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(Shape(a.Ints("shape"))) }})
-	reg(&OpDef{Name: "Reshape", NumIn: 1, InPlace: true, Alias: true, AnyDType: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
+	reg(&OpDef{Name: OpReshape, NumIn: 1, InPlace: true, Alias: true, AnyDType: true, Doc: "Reshape(x; shape) -> same data, new shape (row-major).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := Shape(a.Ints("shape")).Clone()
 			if s.Numel() != in[0].Shape.Numel() {
@@ -235,7 +235,7 @@ func init() {
 			}
 			return []Shape{s}, []DType{in[0].DType}, nil
 		}})
-	reg(&OpDef{Name: "Transpose", NumIn: 1, Doc: "Transpose(x; perm) -> y with y.shape[i] = x.shape[perm[i]].",
+	reg(&OpDef{Name: OpTranspose, NumIn: 1, Doc: "Transpose(x; perm) -> y with y.shape[i] = x.shape[perm[i]].",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			p := a.Ints("perm")
 			if len(p) != len(in[0].Shape) {
@@ -247,7 +247,7 @@ func init() {
 			}
 			return one(s)
 		}})
-	reg(&OpDef{Name: "BroadcastTo", NumIn: 1, Doc: "BroadcastTo(x; shape) -> x broadcast (numpy rules) to shape.",
+	reg(&OpDef{Name: OpBroadcastTo, NumIn: 1, Doc: "BroadcastTo(x; shape) -> x broadcast (numpy rules) to shape.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := Shape(a.Ints("shape"))
 			if !CanSumTo(s, in[0].Shape) {
@@ -255,7 +255,7 @@ func init() {
 			}
 			return one(s.Clone())
 		}})
-	reg(&OpDef{Name: "SumTo", NumIn: 1, Doc: "SumTo(x; shape) -> sum of x over the axes that broadcasting shape to x.shape expanded.",
+	reg(&OpDef{Name: OpSumTo, NumIn: 1, Doc: "SumTo(x; shape) -> sum of x over the axes that broadcasting shape to x.shape expanded.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := Shape(a.Ints("shape"))
 			if !CanSumTo(in[0].Shape, s) {
@@ -263,7 +263,7 @@ func init() {
 			}
 			return one(s.Clone())
 		}})
-	reg(&OpDef{Name: "SumToProduct", NumIn: 2, Fused: true,
+	reg(&OpDef{Name: OpSumToProduct, NumIn: 2, Fused: true,
 		Doc: "SumToProduct(x, y; shape) -> SumTo(x·y; shape) for x and y of one shape, each product rounded as Mul " +
 			"rounds it: the product never written. Made by passes.FuseProductSums after autodiff.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
@@ -278,7 +278,7 @@ func init() {
 		}})
 
 	// ---- linear algebra ----
-	reg(&OpDef{Name: "Linear", NumIn: -1, Doc: "Linear(x[...,K], W[N,K], b[N]?) -> x·Wᵀ + b, [...,N] (PyTorch nn.Linear layout).",
+	reg(&OpDef{Name: OpLinear, NumIn: -1, Doc: "Linear(x[...,K], W[N,K], b[N]?) -> x·Wᵀ + b, [...,N] (PyTorch nn.Linear layout).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if len(in) != 2 && len(in) != 3 {
 				return nil, nil, errors.New("want 2 or 3 inputs")
@@ -294,17 +294,17 @@ func init() {
 			s[len(s)-1] = w[0]
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LinearGradX", NumIn: 2, Gradient: true, Doc: "LinearGradX(dy[...,N], W[N,K]) -> dy·W, [...,K].",
+	reg(&OpDef{Name: OpLinearGradX, NumIn: 2, Gradient: true, Doc: "LinearGradX(dy[...,N], W[N,K]) -> dy·W, [...,K].",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := in[0].Shape.Clone()
 			s[len(s)-1] = in[1].Shape[1]
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LinearGradW", NumIn: 2, Gradient: true, Doc: "LinearGradW(dy[...,N], x[...,K]) -> dyᵀ·x over all leading rows, [N,K].",
+	reg(&OpDef{Name: OpLinearGradW, NumIn: 2, Gradient: true, Doc: "LinearGradW(dy[...,N], x[...,K]) -> dyᵀ·x over all leading rows, [N,K].",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return one(Shape{in[0].Shape[len(in[0].Shape)-1], in[1].Shape[len(in[1].Shape)-1]})
 		}})
-	reg(&OpDef{Name: "MatMul", NumIn: 2, Doc: "MatMul(a, b; transA, transB) batched over equal leading dims: op(a)[...,M,K]·op(b)[...,K,N] -> [...,M,N].",
+	reg(&OpDef{Name: OpMatMul, NumIn: 2, Doc: "MatMul(a, b; transA, transB) batched over equal leading dims: op(a)[...,M,K]·op(b)[...,K,N] -> [...,M,N].",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			x, y := in[0].Shape, in[1].Shape
 			if len(x) < 2 || len(x) != len(y) {
@@ -333,12 +333,12 @@ func init() {
 		}})
 
 	// ---- elementwise: elementwise.go, and StopGradient ----
-	reg(&OpDef{Name: "StopGradient", NumIn: 1, Infer: same(0), Elementwise: true, Alias: true,
+	reg(&OpDef{Name: OpStopGradient, NumIn: 1, Infer: same(0), Elementwise: true, Alias: true,
 		Doc: "StopGradient(x) -> x; no gradient flows through (PyTorch .detach())."})
 
 	// ---- reductions ----
-	for _, op := range []string{"ReduceSum", "ReduceMean"} {
-		reg(&OpDef{Name: op, NumIn: 1, Doc: op + "(x; axes, keepdims) over the listed axes (none listed: all).",
+	for _, op := range []OpName{OpReduceSum, OpReduceMean} {
+		reg(&OpDef{Name: op, NumIn: 1, Doc: string(op) + "(x; axes, keepdims) over the listed axes (none listed: all).",
 			Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 				s, err := ReduceShape(in[0].Shape, a.Ints("axes"), a.Bool("keepdims", false))
 				if err != nil {
@@ -349,9 +349,9 @@ func init() {
 	}
 
 	// ---- neural network ----
-	reg(&OpDef{Name: "Softmax", NumIn: 1, Infer: same(0), InPlace: true, RowWise: true, Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
-	reg(&OpDef{Name: "SoftmaxGrad", NumIn: 2, Infer: same(1), InPlace: true, Gradient: true, Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
-	reg(&OpDef{Name: "CausalMask", NumIn: 1, InPlace: true, Doc: "CausalMask(x[...,T,T]; fill) -> x with entries j > i of the last two axes set to fill (default -Inf).",
+	reg(&OpDef{Name: OpSoftmax, NumIn: 1, Infer: same(0), InPlace: true, RowWise: true, Doc: "Softmax(x) over the last axis (max-subtracted). A row of all -Inf gives zeros."})
+	reg(&OpDef{Name: OpSoftmaxGrad, NumIn: 2, Infer: same(1), InPlace: true, Gradient: true, Doc: "SoftmaxGrad(dy, y) -> y·(dy - Σ dy·y) over the last axis."})
+	reg(&OpDef{Name: OpCausalMask, NumIn: 1, InPlace: true, Doc: "CausalMask(x[...,T,T]; fill) -> x with entries j > i of the last two axes set to fill (default -Inf).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s := in[0].Shape
 			if len(s) < 2 || s[len(s)-1] != s[len(s)-2] {
@@ -359,30 +359,30 @@ func init() {
 			}
 			return one(s)
 		}})
-	reg(&OpDef{Name: "LayerNorm", NumIn: 3, RowWise: true, Doc: "LayerNorm(x[...,D], g[W], b[W]; eps, width W (default D)) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis; with W < D the statistics and g, b cover the first W entries and the entries from W on are padding: output 0.",
+	reg(&OpDef{Name: OpLayerNorm, NumIn: 3, RowWise: true, Doc: "LayerNorm(x[...,D], g[W], b[W]; eps, width W (default D)) -> (x-mean)/sqrt(var+eps)·g + b, biased variance over the last axis; with W < D the statistics and g, b cover the first W entries and the entries from W on are padding: output 0.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if err := layerNormWidth(in[0].Shape, a, in[1], in[2]); err != nil {
 				return nil, nil, err
 			}
 			return same(0)(in, a)
 		}})
-	reg(&OpDef{Name: "LayerNormGrad", NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps, width) -> (dx, dg, db); with width W < D the entries of x from W on get gradient 0.",
+	reg(&OpDef{Name: OpLayerNormGrad, NumIn: 3, Gradient: true, Doc: "LayerNormGrad(dy, x, g; eps, width) -> (dx, dg, db); with width W < D the entries of x from W on get gradient 0.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if err := layerNormWidth(in[1].Shape, a, in[2]); err != nil {
 				return nil, nil, err
 			}
 			return []Shape{in[1].Shape, in[2].Shape, in[2].Shape}, []DType{F32, F32, F32}, nil
 		}})
-	reg(&OpDef{Name: "Dropout", NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Infer: same(0),
+	reg(&OpDef{Name: OpDropout, NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Infer: same(0),
 		Doc: "Dropout(x; p) -> x·mask with mask = Bernoulli(1-p)/(1-p), fresh per step: element i keeps when the 32-bit half (i&1) " +
 			"of draw i>>1 of the node's stream (attribute stream, else the node's id) is below (1-p)·2³²."})
-	reg(&OpDef{Name: "DropoutGrad", NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Gradient: true, Infer: same(0),
+	reg(&OpDef{Name: OpDropoutGrad, NumIn: 1, TrainingOnly: true, Random: true, ElementDraws: true, Gradient: true, Infer: same(0),
 		Doc: "DropoutGrad(dy; p, stream) -> dy·mask, mask the one the Dropout node whose id is stream drew in the same run " +
 			"(drawn again from its stream: no mask is kept between the forward and the backward)."})
-	reg(&OpDef{Name: "GumbelNoise", NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
+	reg(&OpDef{Name: OpGumbelNoise, NumIn: 1, TrainingOnly: true, Random: true, Infer: same(0),
 		Doc: "GumbelNoise(x) -> x - log(-log(u)), u ~ U(0,1) clamped to [1e-6, 1-1e-6], fresh per step; gradient is identity."})
-	reg(&OpDef{Name: "TopKMask", NumIn: 1, Infer: same(0), RowWise: true, Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})
-	reg(&OpDef{Name: "CrossEntropy", NumIn: 2, IDInputs: []int{1}, Loss: true, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics; " +
+	reg(&OpDef{Name: OpTopKMask, NumIn: 1, Infer: same(0), RowWise: true, Doc: "TopKMask(x; k) -> 1 at the k largest entries of each last-axis row (ties: lower index), else 0. No gradient."})
+	reg(&OpDef{Name: OpCrossEntropy, NumIn: 2, IDInputs: []int{1}, Loss: true, Doc: "CrossEntropy(logits[N,V], targets[N] i32; label_smoothing ls) -> (smoothed CE sum, pure CE sum), PyTorch semantics; " +
 		"a target IgnoreTarget (-1) adds nothing to either sum and gets a zero gradient row (ignore_index).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			l, t := in[0].Shape, in[1].Shape
@@ -391,7 +391,7 @@ func init() {
 			}
 			return []Shape{{}, {}}, []DType{F32, F32}, nil
 		}})
-	reg(&OpDef{Name: "LMHeadCrossEntropy", NumIn: 3, IDInputs: []int{2}, Loss: true,
+	reg(&OpDef{Name: OpLMHeadCrossEntropy, NumIn: 3, IDInputs: []int{2}, Loss: true,
 		Doc: "LMHeadCrossEntropy(x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (sm_sum[], ce_sum[], pred[N] i32): " +
 			"the two sums of CrossEntropy(x·Wᵀ, targets; ls) (rows with target IgnoreTarget left out) and pred, the argmax of each row of x·Wᵀ " +
 			"(ties: lower index; NaN ranks last; every row). " +
@@ -405,7 +405,7 @@ func init() {
 		},
 		// a chunk of logits and two float64 per chunk row
 		Scratch: func(n *Node) int { return LMHeadChunkRows(n) * (n.Inputs[1].Shape[0] + 4) }})
-	reg(&OpDef{Name: "LMHeadCrossEntropyGrad", NumIn: 4, IDInputs: []int{3}, Gradient: true,
+	reg(&OpDef{Name: OpLMHeadCrossEntropyGrad, NumIn: 4, IDInputs: []int{3}, Gradient: true,
 		Doc: "LMHeadCrossEntropyGrad(dsm[], x[N,D], W[V,D], targets[N] i32; label_smoothing ls, chunk) -> (dx[N,D], dW[V,D]): " +
 			"the gradient of dsm·sm_sum of LMHeadCrossEntropy: with dlogits = dsm·(softmax(x·Wᵀ) - ((1-ls)·onehot + ls/V)), " +
 			"dx = dlogits·W and dW = dlogitsᵀ·x, dlogits zero on rows with target IgnoreTarget. " +
@@ -426,12 +426,12 @@ func init() {
 			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
 			return x.Numel() + w.Numel() + (LMHeadChunkRows(n)+2)*x[1] + 2*x[0]
 		}})
-	reg(&OpDef{Name: "CrossEntropyGrad", NumIn: 3, IDInputs: []int{2}, Gradient: true, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)); " +
+	reg(&OpDef{Name: OpCrossEntropyGrad, NumIn: 3, IDInputs: []int{2}, Gradient: true, Doc: "CrossEntropyGrad(dloss[], logits[N,V], targets[N]; label_smoothing) -> dlogits = dloss·(softmax - ((1-ls)·onehot + ls/V)); " +
 		"zero on rows with target IgnoreTarget.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) { return one(in[1].Shape) }})
 
 	// ---- the paper's ops ----
-	reg(&OpDef{Name: "GaussianMembership", NumIn: 3, RowWise: true, Doc: "GaussianMembership(z[...,D], centers[R,D], log_sigma[R]) -> μ[...,R] = nan_to_num(softmax(clamp(-0.5·‖z-c_r‖²·clamp(exp(-2·log_sigma),1e-3,1e3), -30, 30)), 1/R).",
+	reg(&OpDef{Name: OpGaussianMembership, NumIn: 3, RowWise: true, Doc: "GaussianMembership(z[...,D], centers[R,D], log_sigma[R]) -> μ[...,R] = nan_to_num(softmax(clamp(-0.5·‖z-c_r‖²·clamp(exp(-2·log_sigma),1e-3,1e3), -30, 30)), 1/R).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			z, c, ls := in[0].Shape, in[1].Shape, in[2].Shape
 			if len(c) != 2 || len(ls) != 1 || ls[0] != c[0] || z[len(z)-1] != c[1] {
@@ -441,23 +441,23 @@ func init() {
 			s[len(s)-1] = c[0]
 			return one(s)
 		}})
-	reg(&OpDef{Name: "GaussianMembershipGrad", NumIn: 5, Gradient: true, Doc: "GaussianMembershipGrad(dμ, z, centers, log_sigma, μ) -> (dz, dcenters, dlog_sigma); clamps pass gradient only inside their range.",
+	reg(&OpDef{Name: OpGaussianMembershipGrad, NumIn: 5, Gradient: true, Doc: "GaussianMembershipGrad(dμ, z, centers, log_sigma, μ) -> (dz, dcenters, dlog_sigma); clamps pass gradient only inside their range.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			return []Shape{in[1].Shape, in[2].Shape, in[3].Shape}, []DType{F32, F32, F32}, nil
 		}})
-	reg(&OpDef{Name: "Sinkhorn", NumIn: 1, Doc: "Sinkhorn(X[R,K]; iters) -> X after iters rounds of row then column normalisation (each divides by sum + 1e-9).",
+	reg(&OpDef{Name: OpSinkhorn, NumIn: 1, Doc: "Sinkhorn(X[R,K]; iters) -> X after iters rounds of row then column normalisation (each divides by sum + 1e-9).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			if len(in[0].Shape) != 2 {
 				return nil, nil, errors.New("want [R,K]")
 			}
 			return one(in[0].Shape)
 		}})
-	reg(&OpDef{Name: "SinkhornGrad", NumIn: 2, Gradient: true, Infer: same(1), Doc: "SinkhornGrad(dP, X; iters) -> dX through the unrolled iterations."})
-	reg(&OpDef{Name: "ZScore", NumIn: 1, Infer: same(0), Doc: "ZScore(x) -> (x - mean(x)) / (std(x) + 1e-6) over all elements, std unbiased (N-1) as torch.std."})
-	reg(&OpDef{Name: "ZScoreGrad", NumIn: 2, Gradient: true, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
+	reg(&OpDef{Name: OpSinkhornGrad, NumIn: 2, Gradient: true, Infer: same(1), Doc: "SinkhornGrad(dP, X; iters) -> dX through the unrolled iterations."})
+	reg(&OpDef{Name: OpZScore, NumIn: 1, Infer: same(0), Doc: "ZScore(x) -> (x - mean(x)) / (std(x) + 1e-6) over all elements, std unbiased (N-1) as torch.std."})
+	reg(&OpDef{Name: OpZScoreGrad, NumIn: 2, Gradient: true, Infer: same(1), Doc: "ZScoreGrad(dy, x) -> dx."})
 
 	// ---- attention fusions (passes.FuseAttention, passes.FuseTrainingAttention) ----
-	reg(&OpDef{Name: "FusedAttention", NumIn: -1, Infer: inferAttention(false),
+	reg(&OpDef{Name: OpFusedAttention, NumIn: -1, Infer: inferAttention(false),
 		Doc: "FusedAttention(q[B,H,T,Hd], k[B,H,S,Hd], v[B,H,S,Hv], mask[T,S]?; scale, causal, dropout, stream) -> " +
 			"(softmax(scale·q·kᵀ + mask) ∘ D)·v, [B,H,T,Hv]. mask is an additive float mask (-Inf entries are masked out); " +
 			"causal sets entries j > i to -Inf before the softmax. A row that is entirely -Inf gives zeros. " +
@@ -465,7 +465,7 @@ func init() {
 			"with ID stream draws over the [B,H,T,S] weights (element ((b·H+h)·T+i)·S+j of that node's stream), so the " +
 			"fused core equals the unfused one draw for draw (stream absent: this node's own ID). With layout bthd, q, k, v " +
 			"and the output are [B,T,H,·] instead (the same attention, heads not moved before the sequence)."})
-	reg(&OpDef{Name: "FusedAttentionGrad", NumIn: -1, Gradient: true, Infer: inferAttention(true),
+	reg(&OpDef{Name: OpFusedAttentionGrad, NumIn: -1, Gradient: true, Infer: inferAttention(true),
 		Doc: "FusedAttentionGrad(dO[B,H,T,Hv], q, k, v, mask?, out?; scale, causal, dropout, stream, with_out) -> (dq, dk, dv, dmask?): " +
 			"the gradient of Σ dO·FusedAttention(q, k, v, mask) (same attributes); dmask [T,S] sums over B and H. " +
 			"The weights are recomputed, never stored. With with_out the last input is the forward's output, " +
@@ -608,7 +608,7 @@ func LMHeadChunkRows(n *Node) int {
 		c = LMHeadChunk
 	}
 	x := n.Inputs[0]
-	if n.Op == "LMHeadCrossEntropyGrad" {
+	if n.Op == OpLMHeadCrossEntropyGrad {
 		x = n.Inputs[1]
 	}
 	N := x.Shape[0]

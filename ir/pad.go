@@ -67,7 +67,7 @@ func padShape(x Shape, a Attrs) (Shape, error) {
 }
 
 func init() {
-	reg(&OpDef{Name: "Pad", NumIn: 1, TrainingOnly: true,
+	reg(&OpDef{Name: OpPad, NumIn: 1, TrainingOnly: true,
 		Doc: "Pad(x[R,C] or x[C]; rows, cols) -> x with each padded axis (rows: axis 0 of a matrix; cols: the last) of blocks·size entries stored as blocks·padded, each block's entries first and zeros after ([blocks, size, padded]; an axis without its attribute as it is). The aligned-width graphs' padded parameters (compiler/model).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			s, err := padShape(in[0].Shape, a)
@@ -76,7 +76,7 @@ func init() {
 			}
 			return one(s)
 		}})
-	reg(&OpDef{Name: "PadGrad", NumIn: 1, Gradient: true,
+	reg(&OpDef{Name: OpPadGrad, NumIn: 1, Gradient: true,
 		Doc: "PadGrad(dy; rows, cols, shape) -> dx[shape]: the entries of dy that Pad(x; rows, cols) took from x (its padding dropped).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
 			x := Shape(a.Ints("shape"))

@@ -69,8 +69,8 @@ func attrString(a Attrs) string {
 }
 
 // OpCounts returns how many nodes of each op the graph holds.
-func (g *Graph) OpCounts() map[string]int {
-	c := map[string]int{}
+func (g *Graph) OpCounts() map[OpName]int {
+	c := map[OpName]int{}
 	for _, n := range g.Nodes {
 		c[n.Op]++
 	}

@@ -29,7 +29,7 @@ func AttentionLayout(g *ir.Graph) error {
 	repl := map[*ir.Value]*ir.Value{}
 	put := map[*ir.Node]*ir.Node{}
 	for _, f := range g.Nodes {
-		if f.Op != "FusedAttention" || ir.AttnLayoutOf(f.Attrs) != ir.AttnBHTD {
+		if f.Op != ir.OpFusedAttention || ir.AttnLayoutOf(f.Attrs) != ir.AttnBHTD {
 			continue
 		}
 		grads := gradsOf(g, f)
@@ -52,7 +52,7 @@ func AttentionLayout(g *ir.Graph) error {
 func gradsOf(g *ir.Graph, f *ir.Node) []*ir.Node {
 	var out []*ir.Node
 	for _, n := range g.Nodes {
-		if n.Op != "FusedAttentionGrad" {
+		if n.Op != ir.OpFusedAttentionGrad {
 			continue
 		}
 		in, _, _ := ir.SplitAttentionGrad(n.Attrs, n.Inputs)
@@ -65,7 +65,7 @@ func gradsOf(g *ir.Graph, f *ir.Node) []*ir.Node {
 
 // untransposed is x when v = Transpose(x; perm 0,2,1,3), else nil.
 func untransposed(v *ir.Value) *ir.Value {
-	if d := v.Def; d != nil && d.Op == "Transpose" && slices.Equal(d.Attrs.Ints("perm"), headsPerm) {
+	if d := v.Def; d != nil && d.Op == ir.OpTranspose && slices.Equal(d.Attrs.Ints("perm"), headsPerm) {
 		return d.Inputs[0]
 	}
 	return nil
@@ -75,7 +75,7 @@ func untransposed(v *ir.Value) *ir.Value {
 // 0,2,1,3) or one of also.
 func transposeReaders(v *ir.Value, uses map[*ir.Value][]*ir.Node, also []*ir.Node) bool {
 	for _, r := range uses[v] {
-		if !slices.Contains(also, r) && (r.Op != "Transpose" || !slices.Equal(r.Attrs.Ints("perm"), headsPerm)) {
+		if !slices.Contains(also, r) && (r.Op != ir.OpTranspose || !slices.Equal(r.Attrs.Ints("perm"), headsPerm)) {
 			return false
 		}
 	}
@@ -163,7 +163,7 @@ func (m layoutMatch) rewrite(g *ir.Graph, f *ir.Node, grads []*ir.Node, repl map
 
 // place applies op and takes the node off the end of the graph (the caller
 // puts it in place of the node it replaces).
-func place(g *ir.Graph, op string, a ir.Attrs, in []*ir.Value) ([]*ir.Value, error) {
+func place(g *ir.Graph, op ir.OpName, a ir.Attrs, in []*ir.Value) ([]*ir.Value, error) {
 	vs, err := g.TryApply(op, a, in...)
 	if err != nil {
 		return nil, err
@@ -176,7 +176,7 @@ func place(g *ir.Graph, op string, a ir.Attrs, in []*ir.Value) ([]*ir.Value, err
 // to now, which holds that layout already.
 func backOf(old, now *ir.Value, repl map[*ir.Value]*ir.Value, g *ir.Graph) {
 	for _, n := range g.Nodes {
-		if n.Op == "Transpose" && len(n.Inputs) == 1 && n.Inputs[0] == old {
+		if n.Op == ir.OpTranspose && len(n.Inputs) == 1 && n.Inputs[0] == old {
 			repl[n.Outputs[0]] = now
 		}
 	}

@@ -65,7 +65,7 @@ func TestAttentionLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range kept.Nodes {
-		if n.Op == "FusedAttention" && ir.AttnLayoutOf(n.Attrs) != ir.AttnBHTD {
+		if n.Op == ir.OpFusedAttention && ir.AttnLayoutOf(n.Attrs) != ir.AttnBHTD {
 			t.Error("a core whose transposed q has another reader changed layout")
 		}
 	}

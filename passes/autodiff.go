@@ -34,7 +34,7 @@ func Autodiff(g *ir.Graph, loss string) error {
 	}
 	fwd := append([]*ir.Node(nil), g.Nodes...)
 	for _, n := range fwd {
-		if n.Op == "StopGradient" || n.Op == "TopKMask" {
+		if n.Op == ir.OpStopGradient || n.Op == ir.OpTopKMask {
 			continue
 		}
 		for _, in := range n.Inputs {
@@ -115,10 +115,10 @@ func sumTo(g *ir.Graph, d *ir.Value, s ir.Shape) *ir.Value {
 	return g.Op1("SumTo", ir.Attrs{"shape": []int(s.Clone())}, d)
 }
 
-var gradRules map[string]gradRule
+var gradRules map[ir.OpName]gradRule
 
 func init() {
-	gradRules = map[string]gradRule{
+	gradRules = map[ir.OpName]gradRule{
 		"Gather": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			return []*ir.Value{g.Op1("GatherGrad", ir.Attrs{"vocab": n.Inputs[0].Shape[0]}, d[0], n.Inputs[1]), nil}
 		},
@@ -251,7 +251,7 @@ func reduceGrad(g *ir.Graph, n *ir.Node, d *ir.Value, scale float64) *ir.Value {
 
 // gradRuleOf is op's gradient rule: its definition's (ir.OpDef.Grad), else
 // its entry in gradRules.
-func gradRuleOf(op string) (gradRule, bool) {
+func gradRuleOf(op ir.OpName) (gradRule, bool) {
 	if d := ir.Ops[op]; d != nil && d.Grad != nil {
 		return d.Grad, true
 	}
@@ -260,8 +260,8 @@ func gradRuleOf(op string) (gradRule, bool) {
 }
 
 // GradOps lists the ops autodiff can differentiate (for coverage tests).
-func GradOps() []string {
-	var out []string
+func GradOps() []ir.OpName {
+	var out []ir.OpName
 	for k := range ir.Ops {
 		if _, ok := gradRuleOf(k); ok {
 			out = append(out, k)

@@ -125,10 +125,10 @@ func foldName(v *ir.Value) string {
 	n := v.Def
 	for _, in := range n.Inputs {
 		if in.Name != "" {
-			return in.Name + "." + strings.ToLower(n.Op)
+			return in.Name + "." + strings.ToLower(string(n.Op))
 		}
 	}
-	return fmt.Sprintf("folded.%s.%d", strings.ToLower(n.Op), v.ID)
+	return fmt.Sprintf("folded.%s.%d", strings.ToLower(string(n.Op)), v.ID)
 }
 
 // evalStatic computes the values in targets, which must depend on no graph

@@ -189,7 +189,7 @@ func uniqueName(g *ir.Graph, name string) string {
 
 // insertAt applies op in g and moves the new node to index i of g.Nodes
 // (TryApply appends it at the end).
-func insertAt(g *ir.Graph, i int, op string, a ir.Attrs, in ...*ir.Value) (*ir.Value, error) {
+func insertAt(g *ir.Graph, i int, op ir.OpName, a ir.Attrs, in ...*ir.Value) (*ir.Value, error) {
 	outs, err := g.TryApply(op, a, in...)
 	if err != nil {
 		return nil, err

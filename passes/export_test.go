@@ -240,7 +240,7 @@ func TestStripTraining(t *testing.T) {
 		t.Fatalf("stripped graph does not verify as an export graph: %v", err)
 	}
 	for op := range g.OpCounts() {
-		if d := ir.Ops[op]; d.TrainingOnly || d.Random || op == "StopGradient" {
+		if d := ir.Ops[op]; d.TrainingOnly || d.Random || op == ir.OpStopGradient {
 			t.Errorf("op %s survived", op)
 		}
 	}
@@ -301,7 +301,7 @@ func TestFoldRPAExact(t *testing.T) {
 				t.Errorf("legacy=%v: buffer %s left after the fold", legacy, v.Name)
 			}
 		}
-		for _, op := range []string{"Sinkhorn", "ZScore"} {
+		for _, op := range []ir.OpName{ir.OpSinkhorn, ir.OpZScore} {
 			if g.OpCounts()[op] > 0 {
 				t.Errorf("legacy=%v: %s left after the fold", legacy, op)
 			}

@@ -12,26 +12,26 @@ func Flops(g *ir.Graph) int64 {
 	var f int64
 	for _, n := range g.Nodes {
 		switch n.Op {
-		case "Linear": // x[...,K]·W[N,K]ᵀ
+		case ir.OpLinear: // x[...,K]·W[N,K]ᵀ
 			out := n.Outputs[0].Shape
 			k := n.Inputs[1].Shape[1]
 			f += 2 * int64(out.Numel()) * int64(k)
-		case "LinearGradX": // dy[...,N]·W[N,K]
+		case ir.OpLinearGradX: // dy[...,N]·W[N,K]
 			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(n.Inputs[1].Shape[0])
-		case "LinearGradW": // dyᵀ·x over rows
+		case ir.OpLinearGradW: // dyᵀ·x over rows
 			dy := n.Inputs[0].Shape
 			rows := dy.Numel() / dy[len(dy)-1]
 			f += 2 * int64(n.Outputs[0].Shape.Numel()) * int64(rows)
-		case "FusedAttention": // q·kᵀ and p·v: 2·B·H·T·S·Hd + 2·B·H·T·S·Hv
+		case ir.OpFusedAttention: // q·kᵀ and p·v: 2·B·H·T·S·Hd + 2·B·H·T·S·Hv
 			q, k, o := n.Inputs[0].Shape, n.Inputs[1].Shape, n.Outputs[0].Shape
 			f += 2 * (int64(q.Numel()) + int64(o.Numel())) * int64(k[2])
-		case "LMHeadCrossEntropy": // x[N,D]·W[V,D]ᵀ
+		case ir.OpLMHeadCrossEntropy: // x[N,D]·W[V,D]ᵀ
 			x, w := n.Inputs[0].Shape, n.Inputs[1].Shape
 			f += 2 * int64(x[0]) * int64(w[0]) * int64(w[1])
-		case "LMHeadCrossEntropyGrad": // dlogits·W and dlogitsᵀ·x
+		case ir.OpLMHeadCrossEntropyGrad: // dlogits·W and dlogitsᵀ·x
 			x, w := n.Inputs[1].Shape, n.Inputs[2].Shape
 			f += 4 * int64(x[0]) * int64(w[0]) * int64(w[1])
-		case "MatMul":
+		case ir.OpMatMul:
 			a := n.Inputs[0].Shape
 			k := a[len(a)-1]
 			if n.Attrs.Bool("transA", false) {

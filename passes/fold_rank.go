@@ -281,11 +281,11 @@ func (w *rankWalker) form(v *ir.Value) (*rankForm, error) {
 	}
 	in := n.Inputs
 	switch n.Op {
-	case "MatMul":
+	case ir.OpMatMul:
 		if f, ok, err := w.product(n); ok || err != nil {
 			return f, err
 		}
-	case "Scale":
+	case ir.OpScale:
 		f, err := w.form(in[0])
 		if err != nil {
 			return nil, err
@@ -293,21 +293,21 @@ func (w *rankWalker) form(v *ir.Value) (*rankForm, error) {
 		f = f.scale(n.Attrs.Float("alpha", 1))
 		f.c += n.Attrs.Float("beta", 0)
 		return f, nil
-	case "StopGradient":
+	case ir.OpStopGradient:
 		return w.form(in[0])
-	case "Neg":
+	case ir.OpNeg:
 		f, err := w.form(in[0])
 		if err != nil {
 			return nil, err
 		}
 		return f.scale(-1), nil
-	case "Add", "Sub":
+	case ir.OpAdd, ir.OpSub:
 		return w.sum(n)
-	case "Mul", "Div":
+	case ir.OpMul, ir.OpDiv:
 		return w.product2(n)
-	case "ZScore":
+	case ir.OpZScore:
 		return w.zscore(in[0])
-	case "NanToNum":
+	case ir.OpNanToNum:
 		x, err := w.eval(in[0])
 		if err != nil {
 			return nil, err
@@ -318,7 +318,7 @@ func (w *rankWalker) form(v *ir.Value) (*rankForm, error) {
 			}
 		}
 		return w.form(in[0])
-	case "Clamp":
+	case ir.OpClamp:
 		return w.clamp(n)
 	}
 	return w.separable(v)
@@ -354,7 +354,7 @@ func (w *rankWalker) product(n *ir.Node) (*rankForm, bool, error) {
 // sum is Add or Sub of two [T,T] forms, or of a form and a scalar.
 func (w *rankWalker) sum(n *ir.Node) (*rankForm, error) {
 	sign := 1.0
-	if n.Op == "Sub" {
+	if n.Op == ir.OpSub {
 		sign = -1
 	}
 	a, b := n.Inputs[0], n.Inputs[1]
@@ -393,7 +393,7 @@ func (w *rankWalker) sum(n *ir.Node) (*rankForm, error) {
 // product2 is Mul of a form by a scalar (either side) or Div by a scalar.
 func (w *rankWalker) product2(n *ir.Node) (*rankForm, error) {
 	a, b := n.Inputs[0], n.Inputs[1]
-	if n.Op == "Mul" && a.Shape.Numel() == 1 && w.isBias(b) {
+	if n.Op == ir.OpMul && a.Shape.Numel() == 1 && w.isBias(b) {
 		a, b = b, a
 	}
 	if !w.isBias(a) || b.Shape.Numel() != 1 {
@@ -403,7 +403,7 @@ func (w *rankWalker) product2(n *ir.Node) (*rankForm, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n.Op == "Div" {
+	if n.Op == ir.OpDiv {
 		s = 1 / s
 	}
 	if math.IsNaN(s) || math.IsInf(s, 0) {
@@ -482,7 +482,7 @@ func (w *rankWalker) clamp(n *ir.Node) (*rankForm, error) {
 func (w *rankWalker) separable(v *ir.Value) (*rankForm, error) {
 	what := "value " + v.Name
 	if v.Def != nil {
-		what = "the result of " + v.Def.Op
+		what = "the result of " + string(v.Def.Op)
 	}
 	if !w.isBias(v) {
 		return nil, fmt.Errorf("layer %d: the bias is computed from %s %v, which the rank form does not take apart (--fold rank needs the RPA prior; use --fold rpa)", w.layer, what, v.Shape)

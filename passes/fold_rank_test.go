@@ -56,8 +56,8 @@ func TestFoldRankExact(t *testing.T) {
 				}
 			}
 			ops := g.OpCounts()
-			for _, op := range []string{"Sinkhorn", "ZScore", "CausalMask"} {
-				if ops[op] > 0 && !(op == "CausalMask" && att == passes.AttentionNone) {
+			for _, op := range []ir.OpName{ir.OpSinkhorn, ir.OpZScore, ir.OpCausalMask} {
+				if ops[op] > 0 && !(op == ir.OpCausalMask && att == passes.AttentionNone) {
 					t.Errorf("posmix %g %s: %s left: %v", posmix, att, op, ops)
 				}
 			}
@@ -65,7 +65,7 @@ func TestFoldRankExact(t *testing.T) {
 				t.Errorf("posmix %g %s: %d Concat nodes, want %d", posmix, att, ops["Concat"], 2*cfg.Layers)
 			}
 			for _, n := range g.Nodes {
-				if n.Op == "FusedAttention" && (len(n.Inputs) != 3 || n.Inputs[0].Shape[3] != cfg.HeadDim()+l0(rep).Rank) {
+				if n.Op == ir.OpFusedAttention && (len(n.Inputs) != 3 || n.Inputs[0].Shape[3] != cfg.HeadDim()+l0(rep).Rank) {
 					t.Errorf("posmix %g %s: FusedAttention reads %d inputs, q %v", posmix, att, len(n.Inputs), n.Inputs[0].Shape)
 				}
 			}
@@ -181,7 +181,7 @@ func TestPadAttentionHeads(t *testing.T) {
 		}
 		n := 0
 		for _, nd := range g.Nodes {
-			if nd.Op != "FusedAttention" {
+			if nd.Op != ir.OpFusedAttention {
 				continue
 			}
 			n++

@@ -135,7 +135,7 @@ func FoldRPA(g *ir.Graph, info *ModelInfo, st *kernels.Store, be kernels.Backend
 				targets = append(targets, o)
 			}
 		}
-		if n.Op == "Clamp" && isBias(n.Outputs[0].Shape) {
+		if n.Op == ir.OpClamp && isBias(n.Outputs[0].Shape) {
 			_, hasLo := n.Attrs["lo"]
 			_, hasHi := n.Attrs["hi"]
 			lo, hi := n.Attrs.Float("lo", 0), n.Attrs.Float("hi", 0)
@@ -314,7 +314,7 @@ func DropFoldedBias(g *ir.Graph, rep *FoldReport) (int, error) {
 			return n, fmt.Errorf("drop bias: folded bias %q is not read by an Add of the attention scores", fl.Name)
 		}
 		for _, u := range uses[c] {
-			if u.Op != "Add" || len(u.Inputs) != 2 || u.Inputs[0] == u.Inputs[1] {
+			if u.Op != ir.OpAdd || len(u.Inputs) != 2 || u.Inputs[0] == u.Inputs[1] {
 				return n, fmt.Errorf("drop bias: folded bias %q is read by %s, want an Add of the attention scores", fl.Name, u.Op)
 			}
 			scores := u.Inputs[0]

@@ -114,11 +114,11 @@ func FuseAttention(g *ir.Graph, mode string) error {
 // (whose mask output nothing reads yet: before autodiff).
 func matchAttention(g *ir.Graph, n *ir.Node, uses map[*ir.Value][]*ir.Node, withDropout bool) (attnMatch, bool) {
 	var m attnMatch
-	if n.Op != "MatMul" || n.Attrs.Bool("transA", false) || n.Attrs.Bool("transB", false) || len(n.Inputs[0].Shape) != 4 {
+	if n.Op != ir.OpMatMul || n.Attrs.Bool("transA", false) || n.Attrs.Bool("transB", false) || len(n.Inputs[0].Shape) != 4 {
 		return m, false
 	}
 	m.out, m.v = n, n.Inputs[1]
-	single := func(v *ir.Value, op string) *ir.Node {
+	single := func(v *ir.Value, op ir.OpName) *ir.Node {
 		if v.Kind != ir.Intermediate || v.Def.Op != op || len(uses[v]) != 1 || isOutput(g, v) {
 			return nil
 		}

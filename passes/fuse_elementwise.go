@@ -103,7 +103,7 @@ func rematDropouts(g *ir.Graph) []*dropoutRemat {
 	before := map[*ir.Node][]*ir.Node{} // copies to place before a reader
 	drop := map[*ir.Node]bool{}
 	for _, d := range g.Nodes {
-		if d.Op != "Dropout" || !fusable(d) {
+		if d.Op != ir.OpDropout || !fusable(d) {
 			continue
 		}
 		v := d.Outputs[0]

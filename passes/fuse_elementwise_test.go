@@ -63,7 +63,7 @@ func TestFuseElementwise(t *testing.T) {
 	g := chainGraph()
 	dropID := -1
 	for _, n := range g.Nodes {
-		if n.Op == "Dropout" {
+		if n.Op == ir.OpDropout {
 			dropID = n.ID
 		}
 	}
@@ -80,11 +80,11 @@ func TestFuseElementwise(t *testing.T) {
 		t.Fatalf("fused graph ops %v, want 2 FusedElementwise", counts)
 	}
 	first, _ := g.Nodes[0].Body()
-	if len(first) != 3 || first[1].Op != "Scale" || first[1].Attrs.Float("alpha", 0) != 1.5 || len(g.Nodes[0].Inputs) != 2 {
+	if len(first) != 3 || first[1].Op != ir.OpScale || first[1].Attrs.Float("alpha", 0) != 1.5 || len(g.Nodes[0].Inputs) != 2 {
 		t.Errorf("first group: %d inputs, body %+v", len(g.Nodes[0].Inputs), first)
 	}
 	second, _ := g.Nodes[1].Body()
-	if len(second) != 5 || second[3].Op != "Dropout" || second[3].Attrs.Int("stream", -1) != dropID {
+	if len(second) != 5 || second[3].Op != ir.OpDropout || second[3].Attrs.Int("stream", -1) != dropID {
 		t.Errorf("second group: body %+v, want the Dropout fourth with stream %d", second, dropID)
 	}
 	got := runGraph(t, g, feeds)
@@ -207,7 +207,7 @@ func TestFuseElementwiseRemat(t *testing.T) {
 		g := rematGraph(extra)
 		var dropID int
 		for _, n := range g.Nodes {
-			if n.Op == "Dropout" && n.Inputs[0].Name == "z" {
+			if n.Op == ir.OpDropout && n.Inputs[0].Name == "z" {
 				dropID = n.ID
 			}
 		}
@@ -219,12 +219,12 @@ func TestFuseElementwiseRemat(t *testing.T) {
 		}
 		kept, draws := 0, 0
 		for _, n := range g.Nodes {
-			if n.Op == "Dropout" && n.ID == dropID {
+			if n.Op == ir.OpDropout && n.ID == dropID {
 				kept++
 			}
 			if b, err := n.Body(); err == nil {
 				for _, st := range b {
-					if st.Op == "Dropout" && st.Attrs.Int("stream", -1) == dropID {
+					if st.Op == ir.OpDropout && st.Attrs.Int("stream", -1) == dropID {
 						draws++
 					}
 				}

@@ -40,7 +40,7 @@ func siblingGroups(g *ir.Graph) [][]sibling {
 	byX := map[*ir.Value][]sibling{}
 	var order []*ir.Value
 	for _, n := range g.Nodes {
-		if n.Op != "LinearGradW" || n.Inputs[0].DType != ir.F32 {
+		if n.Op != ir.OpLinearGradW || n.Inputs[0].DType != ir.F32 {
 			continue
 		}
 		x := n.Inputs[1]
@@ -50,7 +50,7 @@ func siblingGroups(g *ir.Graph) [][]sibling {
 		s := sibling{gw: n}
 		var gxs []*ir.Node
 		for _, u := range uses[n.Inputs[0]] {
-			if u.Op == "LinearGradX" && u.Inputs[0] == n.Inputs[0] {
+			if u.Op == ir.OpLinearGradX && u.Inputs[0] == n.Inputs[0] {
 				gxs = append(gxs, u)
 			}
 		}
@@ -105,7 +105,7 @@ func addTreeRoot(g *ir.Graph, leaves []*ir.Value) *ir.Node {
 				return nil
 			}
 			u := uses[v][0]
-			if u.Op == "Add" && in[u.Inputs[0]] && in[u.Inputs[1]] && u.Inputs[0] != u.Inputs[1] {
+			if u.Op == ir.OpAdd && in[u.Inputs[0]] && in[u.Inputs[1]] && u.Inputs[0] != u.Inputs[1] {
 				next = u
 				break
 			}
@@ -151,7 +151,7 @@ func joinGroup(g *ir.Graph, grp []sibling) error {
 		return nil // a replaced value is read before every operand exists
 	}
 	var added []*ir.Node
-	apply := func(op string, a ir.Attrs, in ...*ir.Value) (*ir.Value, error) {
+	apply := func(op ir.OpName, a ir.Attrs, in ...*ir.Value) (*ir.Value, error) {
 		outs, err := g.TryApply(op, a, in...)
 		if err != nil {
 			return nil, err

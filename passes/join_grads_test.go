@@ -97,7 +97,7 @@ func TestJoinSiblingGrads(t *testing.T) {
 	}
 	lazy := 0
 	for _, n := range g.Nodes {
-		if n.Op == "Concat" && n.Attrs.Bool("lazy", false) {
+		if n.Op == ir.OpConcat && n.Attrs.Bool("lazy", false) {
 			lazy++
 		}
 	}
@@ -130,7 +130,7 @@ func TestPlanKeepsLazyConcatInputs(t *testing.T) {
 	uses := g.Uses()
 	checked := 0
 	for i, n := range g.Nodes {
-		if n.Op != "Concat" || !n.Attrs.Bool("lazy", false) {
+		if n.Op != ir.OpConcat || !n.Attrs.Bool("lazy", false) {
 			continue
 		}
 		end := i

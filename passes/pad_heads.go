@@ -28,7 +28,7 @@ func PadAttentionHeads(g *ir.Graph, align int) error {
 	}
 	zeros := map[[2]int]*ir.Value{}
 	for _, n := range append([]*ir.Node(nil), g.Nodes...) {
-		if n.Op != "FusedAttention" {
+		if n.Op != ir.OpFusedAttention {
 			continue
 		}
 		qk, hv := n.Inputs[0].Shape[3], n.Inputs[2].Shape[3]

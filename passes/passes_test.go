@@ -154,7 +154,7 @@ func TestFusedHeadPlanAndFlops(t *testing.T) {
 	}
 	var head int64
 	for _, n := range g.Nodes {
-		if n.Op == "LMHeadCrossEntropy" || n.Op == "LMHeadCrossEntropyGrad" {
+		if n.Op == ir.OpLMHeadCrossEntropy || n.Op == ir.OpLMHeadCrossEntropyGrad {
 			one := ir.New("one")
 			one.Nodes = []*ir.Node{n}
 			head += passes.Flops(one)
@@ -191,7 +191,7 @@ func TestLMHeadChunkPass(t *testing.T) {
 		g := build(chunk)
 		heads := 0
 		for _, n := range g.Nodes {
-			if n.Op == "LMHeadCrossEntropy" || n.Op == "LMHeadCrossEntropyGrad" {
+			if n.Op == ir.OpLMHeadCrossEntropy || n.Op == ir.OpLMHeadCrossEntropyGrad {
 				heads++
 				if got := n.Attrs.Int("chunk", 0); got != chunk {
 					t.Errorf("chunk %d: %s has chunk attribute %d", chunk, n.Op, got)

@@ -147,7 +147,7 @@ func lmHeadChunkIfAsked(g *ir.Graph, c *Context) error {
 // node without a chunk attribute of its own a chunk of rows rows.
 func LMHeadChunk(g *ir.Graph, rows int) {
 	for _, n := range g.Nodes {
-		if (n.Op == "LMHeadCrossEntropy" || n.Op == "LMHeadCrossEntropyGrad") && n.Attrs.Int("chunk", 0) <= 0 {
+		if (n.Op == ir.OpLMHeadCrossEntropy || n.Op == ir.OpLMHeadCrossEntropyGrad) && n.Attrs.Int("chunk", 0) <= 0 {
 			if n.Attrs == nil {
 				n.Attrs = ir.Attrs{}
 			}

@@ -98,7 +98,7 @@ func lazyInputs(g *ir.Graph, last map[*ir.Value]int) map[int][]*ir.Value {
 	late := map[int][]*ir.Value{}
 	for i := len(g.Nodes) - 1; i >= 0; i-- {
 		n := g.Nodes[i]
-		if n.Op != "Concat" || !n.Attrs.Bool("lazy", false) {
+		if n.Op != ir.OpConcat || !n.Attrs.Bool("lazy", false) {
 			continue
 		}
 		for _, in := range n.Inputs {

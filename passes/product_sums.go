@@ -18,11 +18,11 @@ func FuseProductSums(g *ir.Graph) error {
 	put := map[*ir.Node]*ir.Node{}
 	drop := map[*ir.Node]bool{}
 	for _, n := range g.Nodes {
-		if n.Op != "SumTo" {
+		if n.Op != ir.OpSumTo {
 			continue
 		}
 		m := n.Inputs[0].Def
-		if m == nil || m.Op != "Mul" || len(uses[m.Outputs[0]]) != 1 || outs[m.Outputs[0]] {
+		if m == nil || m.Op != ir.OpMul || len(uses[m.Outputs[0]]) != 1 || outs[m.Outputs[0]] {
 			continue
 		}
 		x, y := m.Inputs[0], m.Inputs[1]

@@ -34,7 +34,7 @@ func StripTraining(g *ir.Graph, hooks []string, st *kernels.Store) error {
 	var drop []*ir.Node
 	for _, n := range g.Nodes {
 		switch n.Op {
-		case "Dropout", "GumbelNoise", "StopGradient":
+		case ir.OpDropout, ir.OpGumbelNoise, ir.OpStopGradient:
 			for _, o := range n.Outputs[1:] {
 				if len(uses[o]) > 0 || isOutput(g, o) {
 					return fmt.Errorf("strip training: %s node %d: its mask %s is still read (strip the forward graph, not a training step)", n.Op, n.ID, o)

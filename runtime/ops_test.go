@@ -317,7 +317,7 @@ func TestOps(t *testing.T) {
 	cases = append(cases, elementwiseCases()...)
 	const B, T = 2, 5
 	ids := [][]int32{{0, 1, 2, 3, 4}, {5, 6, 7, 4, 3}}
-	covered := map[string]bool{}
+	covered := map[ir.OpName]bool{}
 	for _, c := range cases {
 		if c.f == nil {
 			continue

@@ -148,13 +148,13 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 		return evalElementwise(s, n, in, out)
 	}
 	switch n.Op {
-	case "Gather":
+	case ir.OpGather:
 		W := in[0]
 		D := W.shape[1]
 		for i, id := range in[1].data {
 			copy(out.data[i*D:(i+1)*D], W.data[int(id)*D:(int(id)+1)*D])
 		}
-	case "Slice":
+	case ir.OpSlice:
 		ax := a.Int("axis", 0)
 		if ax < 0 {
 			ax += len(x.shape)
@@ -166,9 +166,9 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 			idx[ax] += st
 			out.data[i] = x.data[ravel(idx, x.shape)]
 		}
-	case "Reshape", "StopGradient":
+	case ir.OpReshape, ir.OpStopGradient:
 		copy(out.data, x.data)
-	case "Concat":
+	case ir.OpConcat:
 		ax := a.Int("axis", 0)
 		if ax < 0 {
 			ax += len(out.shape)
@@ -184,7 +184,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				idx[ax] -= t.shape[ax]
 			}
 		}
-	case "Transpose":
+	case ir.OpTranspose:
 		p := a.Ints("perm")
 		idx := make([]int, len(out.shape))
 		jdx := make([]int, len(out.shape))
@@ -195,15 +195,15 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 			}
 			out.data[i] = x.data[ravel(jdx, x.shape)]
 		}
-	case "BroadcastTo":
+	case ir.OpBroadcastTo:
 		for i, j := range bcastMap(out.shape, x.shape) {
 			out.data[i] = x.data[j]
 		}
-	case "SumTo":
+	case ir.OpSumTo:
 		for i, j := range bcastMap(x.shape, out.shape) {
 			out.data[j] += x.data[i]
 		}
-	case "Linear":
+	case ir.OpLinear:
 		W := in[1]
 		N, K := W.shape[0], W.shape[1]
 		rows := len(x.data) / K
@@ -219,7 +219,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				out.data[r*N+o] = s
 			}
 		}
-	case "MatMul":
+	case ir.OpMatMul:
 		y := in[1]
 		r := len(x.shape)
 		ta, tb := a.Bool("transA", false), a.Bool("transB", false)
@@ -252,7 +252,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				}
 			}
 		}
-	case "ReduceSum", "ReduceMean":
+	case ir.OpReduceSum, ir.OpReduceMean:
 		axes := a.Ints("axes")
 		red := map[int]bool{}
 		for _, ax := range axes {
@@ -274,12 +274,12 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 		for i, j := range bcastMap(x.shape, ks) {
 			out.data[j] += x.data[i]
 		}
-		if n.Op == "ReduceMean" {
+		if n.Op == ir.OpReduceMean {
 			for i := range out.data {
 				out.data[i] /= float64(cnt)
 			}
 		}
-	case "Softmax":
+	case ir.OpSoftmax:
 		rows, D := rowsOf(x)
 		for r := 0; r < rows; r++ {
 			row := x.data[r*D : (r+1)*D]
@@ -299,7 +299,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				out.data[r*D+i] /= s
 			}
 		}
-	case "FusedAttention":
+	case ir.OpFusedAttention:
 		// softmax(scale·q·kᵀ + mask [+ causal])·v per (batch, head)
 		q, k, v := in[0], in[1], in[2]
 		Bh := q.shape[0] * q.shape[1]
@@ -344,7 +344,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				}
 			}
 		}
-	case "CausalMask":
+	case ir.OpCausalMask:
 		fill := a.Float("fill", math.Inf(-1))
 		T := x.shape[len(x.shape)-1]
 		for i, v := range x.data {
@@ -354,7 +354,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 			}
 			out.data[i] = v
 		}
-	case "LayerNorm":
+	case ir.OpLayerNorm:
 		eps := a.Float("eps", 1e-5)
 		rows, D := rowsOf(x)
 		for r := 0; r < rows; r++ {
@@ -372,7 +372,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				out.data[r*D+i] = (e-mean)/math.Sqrt(v+eps)*in[1].data[i] + in[2].data[i]
 			}
 		}
-	case "TopKMask":
+	case ir.OpTopKMask:
 		k := a.Int("k", 1)
 		rows, D := rowsOf(x)
 		for r := 0; r < rows; r++ {
@@ -386,7 +386,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				out.data[r*D+i] = 1
 			}
 		}
-	case "GaussianMembership":
+	case ir.OpGaussianMembership:
 		c, ls := in[1], in[2]
 		R, D := c.shape[0], c.shape[1]
 		rows := len(x.data) / D
@@ -418,7 +418,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				out.data[r*R+k] = v
 			}
 		}
-	case "Sinkhorn":
+	case ir.OpSinkhorn:
 		R, K := x.shape[0], x.shape[1]
 		copy(out.data, x.data)
 		for it := 0; it < a.Int("iters", 8); it++ {
@@ -441,7 +441,7 @@ func evalNode(n *ir.Node, in []*tensor) *tensor {
 				}
 			}
 		}
-	case "ZScore":
+	case ir.OpZScore:
 		N := float64(len(x.data))
 		mean := 0.0
 		for _, v := range x.data {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
 )
@@ -97,7 +98,7 @@ func checkAlignedGEMMs(t *testing.T, name string, s *Step, cfg model.Config) {
 	t.Helper()
 	n := 0
 	for _, node := range s.graph.Graph.Nodes {
-		if node.Op != "Linear" {
+		if node.Op != ir.OpLinear {
 			continue
 		}
 		x, w := node.Inputs[0].Shape, node.Inputs[1].Shape

@@ -34,7 +34,7 @@ func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
 		}
 		nf := 0
 		for _, n := range s.graph.Graph.Nodes {
-			if n.Op == "FusedAttention" || n.Op == "FusedAttentionGrad" {
+			if n.Op == ir.OpFusedAttention || n.Op == ir.OpFusedAttentionGrad {
 				nf++
 			}
 			for _, v := range n.Outputs {
@@ -151,7 +151,7 @@ func TestAttentionLayoutStepMatches(t *testing.T) {
 		counts := s.graph.Graph.OpCounts()
 		layouts := 0
 		for _, n := range s.graph.Graph.Nodes {
-			if (n.Op == "FusedAttention" || n.Op == "FusedAttentionGrad") && ir.AttnLayoutOf(n.Attrs) == ir.AttnBTHD {
+			if (n.Op == ir.OpFusedAttention || n.Op == ir.OpFusedAttentionGrad) && ir.AttnLayoutOf(n.Attrs) == ir.AttnBTHD {
 				layouts++
 			}
 		}

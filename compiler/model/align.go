@@ -73,7 +73,7 @@ func (b *builder) padParam(p *ir.Value, rows, cols *span) *ir.Value {
 func placePads(g *ir.Graph) {
 	var pads, rest []*ir.Node
 	for _, n := range g.Nodes {
-		if n.Op == "Pad" {
+		if n.Op == ir.OpPad {
 			pads = append(pads, n)
 		} else {
 			rest = append(rest, n)

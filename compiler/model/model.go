@@ -143,7 +143,7 @@ func (b *builder) linear(x *ir.Value, name string, in, out span, bias bool) *ir.
 func (b *builder) resid() span { return b.span(b.cfg.DModel, 1) }
 func (b *builder) heads() span { return b.span(b.cfg.DModel, b.cfg.Heads) }
 
-func (b *builder) op(name string, a ir.Attrs, in ...*ir.Value) *ir.Value {
+func (b *builder) op(name ir.OpName, a ir.Attrs, in ...*ir.Value) *ir.Value {
 	return b.g.Op1(name, a, in...)
 }
 

@@ -88,7 +88,7 @@ func TestModelGradients(t *testing.T) {
 			// StopGradient input is frozen at its value for the base parameters.
 			var sgs []*ir.Node
 			for _, n := range g.Nodes {
-				if n.Op == "StopGradient" {
+				if n.Op == ir.OpStopGradient {
 					g.SetOutput(fmt.Sprintf("sg:%d", len(sgs)), n.Inputs[0])
 					sgs = append(sgs, n)
 				}
@@ -116,7 +116,7 @@ func TestModelGradients(t *testing.T) {
 			g2 := mg.Graph
 			k := 0
 			for _, n := range g2.Nodes {
-				if n.Op == "StopGradient" {
+				if n.Op == ir.OpStopGradient {
 					v := prog.Output(fmt.Sprintf("sg:%d", k))
 					n.Inputs[0] = g2.Const(fmt.Sprintf("frozen%d", k), v.Shape, v.Float64s())
 					k++

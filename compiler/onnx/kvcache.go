@@ -143,7 +143,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 		return nil, KVLayout{}, fmt.Errorf("onnx: %s graph: %w", which, err)
 	}
 
-	if out.Def == nil || out.Def.Op != "Linear" {
+	if out.Def == nil || out.Def.Op != ir.OpLinear {
 		return nil, KVLayout{}, fmt.Errorf("onnx: graph %s: %q is not computed by the LM head (a Linear)", g.Name, OutputName)
 	}
 	b := newBuilder(g, weights, opts)
@@ -153,7 +153,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	b.reserve(PositionIDsName)
 	nLayers := 0
 	for _, n := range g.Nodes {
-		if n.Op == "FusedAttention" {
+		if n.Op == ir.OpFusedAttention {
 			nLayers++
 		}
 	}
@@ -174,7 +174,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	if which == KVDecode {
 		b.gp.Input = append(b.gp.Input, dynValueInfo(PositionIDsName, onnxpb.TensorProto_INT64, DimBatch, 1))
 	}
-	if out.Kind == ir.Intermediate && out.Def.Op != "StopGradient" {
+	if out.Kind == ir.Intermediate && out.Def.Op != ir.OpStopGradient {
 		b.final = out
 	}
 	live := liveNodes(g, out)
@@ -272,7 +272,7 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*
 			def = &ir.OpDef{}
 		}
 		switch {
-		case n.Op == "Gather":
+		case n.Op == ir.OpGather:
 			if dyn[0] != 1 || len(dyn) != 1 || n.Inputs[1] != ids {
 				return nil, nil, bad("gathers from per-position values")
 			}
@@ -309,14 +309,14 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*
 				}
 			}
 			ax[o] = *got
-		case n.Op == "Linear" || n.Op == "MatMul":
+		case n.Op == ir.OpLinear || n.Op == ir.OpMatMul:
 			if len(dyn) != 1 {
 				return nil, nil, bad("multiplies two per-position values")
 			}
 			if dyn[0] != 0 || n.Attrs.Bool("transA", false) || a.batch == last || a.seq == last {
 				return nil, nil, bad("contracts the batch or sequence axis")
 			}
-			if w := n.Inputs[1].Shape; n.Op == "MatMul" {
+			if w := n.Inputs[1].Shape; n.Op == ir.OpMatMul {
 				for _, d := range w[:len(w)-2] {
 					if d != 1 {
 						return nil, nil, bad("multiplies by a weight %v that differs along the leading axes", w)
@@ -324,12 +324,12 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*
 				}
 			}
 			ax[o] = a
-		case n.Op == "Reshape":
+		case n.Op == ir.OpReshape:
 			if a != (posAxes{0, 1}) || len(o.Shape) < 2 || o.Shape[0] != in0.Shape[0] || o.Shape[1] != in0.Shape[1] {
 				return nil, nil, bad("reshapes across the batch or sequence axis (%v to %v)", in0.Shape, o.Shape)
 			}
 			ax[o] = a
-		case n.Op == "Transpose":
+		case n.Op == ir.OpTranspose:
 			p := n.Attrs.Ints("perm")
 			var na posAxes
 			for i, src := range p {
@@ -341,7 +341,7 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*
 				}
 			}
 			ax[o] = na
-		case n.Op == "Slice":
+		case n.Op == ir.OpSlice:
 			axis, err := normAxis(n.Attrs.Int("axis", 0), len(in0.Shape))
 			if err != nil || axis == a.batch || axis == a.seq {
 				return nil, nil, bad("slices the batch or sequence axis")
@@ -352,7 +352,7 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*
 				return nil, nil, bad("normalizes along the batch or sequence axis")
 			}
 			ax[o] = a
-		case n.Op == "ReduceSum" || n.Op == "ReduceMean":
+		case n.Op == ir.OpReduceSum || n.Op == ir.OpReduceMean:
 			axes := n.Attrs.Ints("axes")
 			if len(axes) == 0 {
 				return nil, nil, bad("reduces over every axis")
@@ -373,7 +373,7 @@ func positionAxes(g *ir.Graph, ids, out *ir.Value) (map[*ir.Value]posAxes, map[*
 				}
 			}
 			ax[o] = na
-		case n.Op == "FusedAttention":
+		case n.Op == ir.OpFusedAttention:
 			for i, v := range n.Inputs[:3] {
 				if va, ok := ax[v]; !ok || va != (posAxes{0, 2}) {
 					return nil, nil, bad("input %d is not a per-position [B,H,T,Hd] tensor", i)
@@ -424,11 +424,11 @@ func (k *kvState) override(n *ir.Node) lowering {
 		return nil
 	}
 	switch n.Op {
-	case "Reshape":
+	case ir.OpReshape:
 		return lowerKVReshape
-	case "TopKMask":
+	case ir.OpTopKMask:
 		return lowerKVTopKMask
-	case "FusedAttention":
+	case ir.OpFusedAttention:
 		return lowerKVAttention
 	}
 	return nil

@@ -187,7 +187,7 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 	// The node producing logits writes "logits" directly when the shapes
 	// agree and the value is not an alias (StopGradient) of another one.
 	reshapeOut := len(out.Shape) == 2
-	if !reshapeOut && out.Kind == ir.Intermediate && out.Def.Op != "StopGradient" {
+	if !reshapeOut && out.Kind == ir.Intermediate && out.Def.Op != ir.OpStopGradient {
 		b.final = out
 	}
 
@@ -458,7 +458,7 @@ func (b *builder) linearWeight(w *ir.Value) (string, error) {
 
 func (b *builder) onlyLinearWeight(w *ir.Value) bool {
 	for _, n := range b.uses[w] {
-		if n.Op != "Linear" {
+		if n.Op != ir.OpLinear {
 			return false
 		}
 		for i, in := range n.Inputs {

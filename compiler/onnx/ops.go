@@ -19,7 +19,7 @@ type lowering func(b *builder, n *ir.Node, in []string, out string) (string, err
 // lowered one to one (an op whose ir.OpDef names its ONNX operator needs no
 // entry). Ops that are not ir.OpDef.Exported (gradient, loss and
 // training-only ops) have no place in an inference graph.
-var lowerings = map[string]lowering{
+var lowerings = map[ir.OpName]lowering{
 	"Gather":      lowerGather,
 	"Slice":       lowerSlice,
 	"Reshape":     lowerReshape,
@@ -46,7 +46,7 @@ var lowerings = map[string]lowering{
 // lowererOf returns the lowering of op: its entry in lowerings, the
 // lowering its elementwise spec states (ir.EwSpec.Lower), or the one ONNX
 // operator its definition names.
-func lowererOf(op string) (lowering, bool) {
+func lowererOf(op ir.OpName) (lowering, bool) {
 	if f, ok := lowerings[op]; ok {
 		return f, true
 	}
@@ -83,7 +83,7 @@ func onnxAttrs(attrs []ir.ONNXAttr) []*onnxpb.AttributeProto {
 }
 
 // Lowered reports whether op has an ONNX lowering.
-func Lowered(op string) bool { _, ok := lowererOf(op); return ok }
+func Lowered(op ir.OpName) bool { _, ok := lowererOf(op); return ok }
 
 func (b *builder) lowerNode(n *ir.Node) error {
 	def := ir.Ops[n.Op]
@@ -106,7 +106,7 @@ func (b *builder) lowerNode(n *ir.Node) error {
 	}
 	in := make([]string, len(n.Inputs))
 	for i, v := range n.Inputs {
-		if n.Op == "Linear" && i == 1 {
+		if n.Op == ir.OpLinear && i == 1 {
 			continue // resolved by lowerLinear
 		}
 		name, err := b.value(v)
@@ -117,7 +117,7 @@ func (b *builder) lowerNode(n *ir.Node) error {
 	}
 	outV := n.Outputs[0]
 	out := ""
-	if n.Op != "StopGradient" {
+	if n.Op != ir.OpStopGradient {
 		out = b.outName(outV)
 	}
 	name, err := f(b, n, in, out)

@@ -239,14 +239,14 @@ func BenchmarkUnary(b *testing.B) {
 		"dy": {Shape: ir.Shape{N, D}, F32: randF32(N*D, 1, 9)},
 	}
 	for _, c := range []struct {
-		op string
+		op ir.OpName
 		a  ir.Attrs
 	}{{"Scale", ir.Attrs{"alpha": 0.5}}, {"ReLU", nil}, {"Tanh", nil}, {"ReLUGrad", nil}} {
-		b.Run(c.op, func(b *testing.B) {
-			g := ir.New(c.op)
+		b.Run(string(c.op), func(b *testing.B) {
+			g := ir.New(string(c.op))
 			x := g.Input("x", ir.Shape{N, D}, ir.F32)
 			in := []*ir.Value{x}
-			if c.op == "ReLUGrad" {
+			if c.op == ir.OpReLUGrad {
 				in = []*ir.Value{g.Input("dy", ir.Shape{N, D}, ir.F32), x}
 			}
 			g.SetOutput("y", g.Op1(c.op, c.a, in...))

@@ -15,14 +15,14 @@ type kernelFunc[T float] func(p *program[T], n *ir.Node, in, out []*tensor[T]) (
 // kernelTable maps an op of ir.Ops to its kernel. Each file registers the
 // kernels it defines (shapeKernels in shape.go, elementwiseKernels in
 // elementwise.go, ...); newKernelTable collects them.
-type kernelTable[T float] map[string]kernelFunc[T]
+type kernelTable[T float] map[ir.OpName]kernelFunc[T]
 
-func (k kernelTable[T]) add(op string, f kernelFunc[T]) {
+func (k kernelTable[T]) add(op ir.OpName, f kernelFunc[T]) {
 	if _, dup := k[op]; dup {
-		panic("cpu: two kernels for " + op)
+		panic("cpu: two kernels for " + string(op))
 	}
 	if ir.Ops[op] == nil {
-		panic("cpu: kernel for unknown op " + op)
+		panic("cpu: kernel for unknown op " + string(op))
 	}
 	k[op] = f
 }
@@ -61,7 +61,7 @@ func kernelsOf[T float]() kernelTable[T] {
 }
 
 // HasKernel reports whether the CPU backend has a kernel for op.
-func HasKernel(op string) bool { _, ok := kernels64()[op]; return ok }
+func HasKernel(op ir.OpName) bool { _, ok := kernels64()[op]; return ok }
 
 // build returns the kernel of one node.
 func (p *program[T]) build(n *ir.Node, in, out []*tensor[T]) (func() error, error) {

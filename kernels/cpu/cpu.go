@@ -207,7 +207,7 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 
 	used := readers // values read after the node that defines them
 
-	missing := map[string]bool{}
+	missing := map[ir.OpName]bool{}
 	for _, n := range g.Nodes {
 		in := make([]*tensor[T], len(n.Inputs))
 		for i, v := range n.Inputs {
@@ -231,7 +231,7 @@ func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, s
 	if len(missing) > 0 {
 		var ops []string
 		for op := range missing {
-			ops = append(ops, op)
+			ops = append(ops, string(op))
 		}
 		sort.Strings(ops)
 		return nil, fmt.Errorf("cpu: compile %s: no cpu kernel for op(s) %s", g.Name, strings.Join(ops, ", "))

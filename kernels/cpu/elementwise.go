@@ -31,7 +31,7 @@ func elementwiseKernels[T float](k kernelTable[T]) {
 			return p.buildUnary(n, s, in, out)
 		})
 	}
-	for _, op := range []string{"Reshape", "StopGradient"} {
+	for _, op := range []ir.OpName{ir.OpReshape, ir.OpStopGradient} {
 		k.add(op, func(p *program[T], n *ir.Node, in, out []*tensor[T]) (func() error, error) {
 			return p.buildCopy(in, out)
 		})
@@ -190,7 +190,7 @@ const (
 )
 
 // binOps are the binary ops binSeg runs (the others run their formula).
-var binOps = map[string]binOp{"Add": opAdd, "Sub": opSub, "Mul": opMul, "Div": opDiv}
+var binOps = map[ir.OpName]binOp{ir.OpAdd: opAdd, ir.OpSub: opSub, ir.OpMul: opMul, ir.OpDiv: opDiv}
 
 func binSeg[T float](op binOp, out, a []T, sa int, b []T, sb int) {
 	n := len(out)
@@ -303,20 +303,20 @@ func (p *program[T]) buildBinary(s *ir.EwSpec, in, out []*tensor[T]) (func() err
 // fastUnary32 and fastGrad32 are float32 kernels of their own: fastexp's
 // exp, GELU's interpolation table (fastmath.go).
 var (
-	fastUnary32 = map[string]func(dst, src []float32){
-		"Exp": func(dst, src []float32) {
+	fastUnary32 = map[ir.OpName]func(dst, src []float32){
+		ir.OpExp: func(dst, src []float32) {
 			for i, x := range src[:len(dst)] {
 				dst[i] = fastexp.Exp32(x)
 			}
 		},
-		"Sigmoid": func(dst, src []float32) {
+		ir.OpSigmoid: func(dst, src []float32) {
 			for i, x := range src[:len(dst)] {
 				dst[i] = sigmoid32(x)
 			}
 		},
-		"GELU": geluSlice32,
+		ir.OpGELU: geluSlice32,
 	}
-	fastGrad32 = map[string]func(dst, dy, x []float32){"GELUGrad": geluGradSlice32}
+	fastGrad32 = map[ir.OpName]func(dst, dy, x []float32){ir.OpGELUGrad: geluGradSlice32}
 )
 
 // unSeg sets dst[i] = f(src[i]).
@@ -349,7 +349,7 @@ func (p *program[T]) buildUnary(n *ir.Node, s *ir.EwSpec, in, out []*tensor[T]) 
 	}
 	f, pr := formulaOf[T](s), paramsOf[T](s, n.Attrs)
 	seg := func(dst, src []T) { unSeg(f, pr, dst, src) }
-	if s.Name == "Scale" {
+	if s.Name == ir.OpScale {
 		seg = func(dst, src []T) { scaleSeg(pr[0], pr[1], dst, src) }
 	}
 	if fast, ok := fastUnary32[s.Name]; ok && isF32[T]() {

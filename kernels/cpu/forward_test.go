@@ -213,9 +213,9 @@ func TestCrossEntropyForward(t *testing.T) {
 	}
 }
 
-func runSingle(t *testing.T, prec kernels.Precision, op string, a ir.Attrs, shape ir.Shape, x []float64) []float64 {
+func runSingle(t *testing.T, prec kernels.Precision, op ir.OpName, a ir.Attrs, shape ir.Shape, x []float64) []float64 {
 	t.Helper()
-	g := ir.New(op)
+	g := ir.New(string(op))
 	xv := g.Input("x", shape, ir.F32)
 	g.SetOutput("y", g.Op1(op, a, xv))
 	p := mustCompile(t, prec, g, nil, nil)

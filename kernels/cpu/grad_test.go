@@ -57,7 +57,9 @@ type gradCase struct {
 	tol float64 // relative tolerance (default 1e-6)
 }
 
-func op1(g *ir.Graph, op string, a ir.Attrs, in ...*ir.Value) *ir.Value { return g.Op1(op, a, in...) }
+func op1(g *ir.Graph, op ir.OpName, a ir.Attrs, in ...*ir.Value) *ir.Value {
+	return g.Op1(op, a, in...)
+}
 
 // sumTo reduces a broadcast gradient back to v's shape.
 func sumTo(g *ir.Graph, d, v *ir.Value) *ir.Value {
@@ -278,7 +280,7 @@ func unaryCases() []gradCase {
 
 func reduceCases() []gradCase {
 	var cs []gradCase
-	for _, op := range []string{"ReduceSum", "ReduceMean"} {
+	for _, op := range []ir.OpName{"ReduceSum", "ReduceMean"} {
 		for _, ax := range [][]int{nil, {1}, {0, 2}, {-1}, {0}} {
 			for _, keep := range []bool{false, true} {
 				op, ax, keep := op, ax, keep
@@ -295,7 +297,7 @@ func reduceCases() []gradCase {
 							d = op1(g, "Reshape", ir.Attrs{"shape": []int(ks)}, d)
 						}
 						d = op1(g, "BroadcastTo", ir.Attrs{"shape": []int(shape)}, d)
-						if op == "ReduceMean" {
+						if op == ir.OpReduceMean {
 							d = op1(g, "Scale", ir.Attrs{"alpha": float64(ks.Numel()) / float64(shape.Numel())}, d)
 						}
 						return []*ir.Value{d}
@@ -853,7 +855,7 @@ func TestGradientsLarge(t *testing.T) {
 // tests of this package, and compiles on this backend.
 func TestEveryOpHasKernelAndCheck(t *testing.T) {
 	// forward tests (no gradient rule)
-	seen := map[string]bool{"StopGradient": true, "TopKMask": true,
+	seen := map[ir.OpName]bool{"StopGradient": true, "TopKMask": true,
 		"FusedElementwise": true, // fused_test.go: no gradient (made after autodiff)
 		"SumToProduct":     true} // sumproduct_test.go: likewise
 	for _, c := range append(allGradCases(), bigCases()...) {

@@ -55,7 +55,7 @@ func lmHeadGrads(g *ir.Graph, n *ir.Node) []*ir.Node {
 			after = true
 			continue
 		}
-		if after && m.Op == "LMHeadCrossEntropyGrad" && lmHeadSameInputs(n, m) {
+		if after && m.Op == ir.OpLMHeadCrossEntropyGrad && lmHeadSameInputs(n, m) {
 			out = append(out, m)
 		}
 	}
@@ -237,7 +237,7 @@ func (p *program[T]) buildLMHeadCEGrad(n *ir.Node, in, out []*tensor[T]) (func()
 		if m == n {
 			break
 		}
-		if m.Op == "LMHeadCrossEntropy" && lmHeadSameInputs(m, n) {
+		if m.Op == ir.OpLMHeadCrossEntropy && lmHeadSameInputs(m, n) {
 			fwd = m
 		}
 	}

@@ -576,7 +576,7 @@ func ceInPlaceOK(g *ir.Graph, n *ir.Node) bool {
 			if v != lg {
 				continue
 			}
-			if !after || m.Op != "CrossEntropyGrad" || i != 1 {
+			if !after || m.Op != ir.OpCrossEntropyGrad || i != 1 {
 				return false
 			}
 		}

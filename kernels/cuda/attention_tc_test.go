@@ -225,7 +225,7 @@ func TestGPUAttentionBiasGroups(t *testing.T) {
 	agWarps = 40
 	var cases []opCase
 	for _, c := range tcAttentionCases() {
-		if c.op == "FusedAttentionGrad" && len(c.in) == 5 {
+		if c.op == ir.OpFusedAttentionGrad && len(c.in) == 5 {
 			cases = append(cases, withTol(c, tcAttnWorst))
 		}
 	}

@@ -126,7 +126,7 @@ func attnGEMMFits(a *attention, backward bool) bool {
 // hasAttentionGrad: the program's graph has a FusedAttentionGrad node.
 func (p *program) hasAttentionGrad() bool {
 	for _, n := range p.g.Nodes {
-		if n.Op == "FusedAttentionGrad" {
+		if n.Op == ir.OpFusedAttentionGrad {
 			return true
 		}
 	}
@@ -333,7 +333,7 @@ func (p *program) saveAGPacks(a *attention, q, k, v *dval) error {
 // q, k and v values key names.
 func (p *program) attentionGradReads(key [3]int) bool {
 	for _, n := range p.g.Nodes {
-		if n.Op != "FusedAttentionGrad" {
+		if n.Op != ir.OpFusedAttentionGrad {
 			continue
 		}
 		in, _, _ := ir.SplitAttentionGrad(n.Attrs, n.Inputs)

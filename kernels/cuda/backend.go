@@ -693,7 +693,7 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 			p.producer[v.ID] = n
 		}
 	}
-	missing := map[string]bool{}
+	missing := map[ir.OpName]bool{}
 	for _, n := range p.g.Nodes {
 		in := make([]*dval, len(n.Inputs))
 		for i, v := range n.Inputs {
@@ -729,7 +729,7 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 	if len(missing) > 0 {
 		var ops []string
 		for op := range missing {
-			ops = append(ops, op)
+			ops = append(ops, string(op))
 		}
 		sort.Strings(ops)
 		return fmt.Errorf("no cuda kernel for op(s) %s", strings.Join(ops, ", "))

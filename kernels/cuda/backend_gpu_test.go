@@ -14,7 +14,7 @@ import (
 
 // opCase is one op of the IR table run on both backends.
 type opCase struct {
-	op    string
+	op    ir.OpName
 	attrs ir.Attrs
 	in    []ir.Shape
 	ids   map[int]int // input index -> vocabulary of its i32 ids
@@ -145,14 +145,14 @@ func elementwiseCases(s ir.Shape) []opCase {
 // TestOpCasesCoverTable: the parity table below names every op of the IR
 // table (runs without a GPU).
 func TestOpCasesCoverTable(t *testing.T) {
-	have := map[string]bool{}
+	have := map[ir.OpName]bool{}
 	for _, c := range opCases() {
 		have[c.op] = true
 	}
 	var missing []string
 	for op := range ir.Ops {
 		if !have[op] {
-			missing = append(missing, op)
+			missing = append(missing, string(op))
 		}
 	}
 	sort.Strings(missing)
@@ -190,7 +190,7 @@ func bthd(a ir.Attrs) ir.Attrs {
 
 // caseGraph builds c's graph and random feeds.
 func caseGraph(c opCase, r *rand.Rand) (*ir.Graph, map[string]*kernels.Tensor) {
-	g := ir.New(c.op)
+	g := ir.New(string(c.op))
 	feeds := map[string]*kernels.Tensor{}
 	var vals []*ir.Value
 	for i, s := range c.in {
@@ -236,7 +236,7 @@ func TestGPUBackendOpParity(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	for _, c := range opCases() {
 		g, feeds := caseGraph(c, r)
-		outs := runBoth(t, c.op, g, feeds, be)
+		outs := runBoth(t, string(c.op), g, feeds, be)
 		for name, pair := range outs {
 			want, got := pair[0], pair[1]
 			if want.I32 != nil {
@@ -248,7 +248,7 @@ func TestGPUBackendOpParity(t *testing.T) {
 				}
 				continue
 			}
-			closeTo(t, c.op+" output "+name, got.F32, want.Float64s(), 1e-5)
+			closeTo(t, string(c.op)+" output "+name, got.F32, want.Float64s(), 1e-5)
 		}
 	}
 }

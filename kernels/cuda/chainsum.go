@@ -70,8 +70,8 @@ func (p *program) foldableBy(n, m *ir.Node) (foldable, bool) {
 	o := n.Outputs[0]
 	f := foldable{r: m}
 	switch {
-	case (m.Op == "SumTo" || m.Op == "ReduceSum" || m.Op == "ReduceMean") && len(m.Inputs) == 1 && m.Inputs[0] == o:
-	case m.Op == "SumToProduct" && len(m.Inputs) == 2 && (m.Inputs[0] == o) != (m.Inputs[1] == o):
+	case (m.Op == ir.OpSumTo || m.Op == ir.OpReduceSum || m.Op == ir.OpReduceMean) && len(m.Inputs) == 1 && m.Inputs[0] == o:
+	case m.Op == ir.OpSumToProduct && len(m.Inputs) == 2 && (m.Inputs[0] == o) != (m.Inputs[1] == o):
 		f.y = m.Inputs[0]
 		if f.y == o {
 			f.y = m.Inputs[1]
@@ -136,7 +136,7 @@ func (p *program) keepsF32(n, r *ir.Node) bool {
 			if ownTwin && p.bf16Operand(m, i, o, false) {
 				continue
 			}
-			if _, written := p.twins[m.Outputs[0].ID]; part && m.Op == "Concat" && written {
+			if _, written := p.twins[m.Outputs[0].ID]; part && m.Op == ir.OpConcat && written {
 				continue
 			}
 			return true

@@ -33,7 +33,7 @@ func ewCodes() map[ir.EwKind][]*ir.EwSpec {
 }
 
 // ewCode is op's code among the elementwise ops of its kind.
-func ewCode(op string) (ir.EwKind, int32, bool) {
+func ewCode(op ir.OpName) (ir.EwKind, int32, bool) {
 	s := ir.ElementwiseOf(op)
 	if s == nil {
 		return 0, 0, false
@@ -50,7 +50,7 @@ func ewCode(op string) (ir.EwKind, int32, bool) {
 func ewParams(s *ir.EwSpec, a ir.Attrs) [3]float32 { return [3]float32(s.Params32(a)) }
 
 // ewDefine is the prelude's name of s's op code.
-func ewDefine(s *ir.EwSpec) string { return ewPrefix[s.Kind] + strings.ToUpper(s.Name) }
+func ewDefine(s *ir.EwSpec) string { return ewPrefix[s.Kind] + strings.ToUpper(string(s.Name)) }
 
 // ewSource is the prelude's generated section: the op codes, and each
 // kind's function with one case per op. A code without a case gives NaN.

@@ -9,7 +9,7 @@ import (
 )
 
 // mustEWCode is op's elementwise op code (tests).
-func mustEWCode(op string) int32 {
+func mustEWCode(op ir.OpName) int32 {
 	_, code, ok := ewCode(op)
 	if !ok {
 		panic("no elementwise op " + op)
@@ -28,7 +28,7 @@ func TestEveryElementwiseOpHasCUDACase(t *testing.T) {
 		t.Fatal(err)
 	}
 	fn := map[ir.EwKind]string{ir.EwUnary: "ew_unary(", ir.EwGrad: "ew_grad(", ir.EwBinary: "ew_binary("}
-	seen := map[string]string{}
+	seen := map[string]ir.OpName{}
 	for _, s := range ir.Elementwise {
 		if strings.TrimSpace(s.CUDA) == "" {
 			t.Errorf("%s has no CUDA formula", s.Name)

@@ -32,7 +32,7 @@ func fusedStep(s ir.FusedStep, slot int) (prog [4]int32, params [3]float32, err 
 		}
 		return 0
 	}
-	if s.Op == "StopGradient" {
+	if s.Op == ir.OpStopGradient {
 		return [4]int32{int32(fusedUnary), uCopy, reg(0), 0}, params, nil
 	}
 	if kind, code, ok := ewCode(s.Op); ok {

@@ -18,7 +18,7 @@ import (
 func fusedCases() []opCase {
 	var out []opCase
 	for _, c := range append(opCases(), awkwardCases()...) {
-		if c.op == "FusedElementwise" {
+		if c.op == ir.OpFusedElementwise {
 			out = append(out, c)
 		}
 	}

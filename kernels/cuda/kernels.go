@@ -5,7 +5,7 @@ import "github.com/rpac-dev/rpac/ir"
 // HasKernel reports whether the backend has a kernel for op: an
 // elementwise op with a CUDA formula (its case in the prelude's generated
 // section), or an op of the registration table (builders).
-func HasKernel(op string) bool {
+func HasKernel(op ir.OpName) bool {
 	if ir.Ops[op] == nil {
 		return false
 	}

@@ -76,7 +76,7 @@ type builder func(p *program, n *ir.Node, in, out []*dval) (func() error, error)
 
 // builders is the CUDA registration table: the builder of every op that
 // is not elementwise (HasKernel reads it).
-var builders map[string]builder
+var builders map[ir.OpName]builder
 
 // noAttrs adapts a builder that reads no attributes.
 func noAttrs(f func(p *program, in, out []*dval) (func() error, error)) builder {
@@ -84,7 +84,7 @@ func noAttrs(f func(p *program, in, out []*dval) (func() error, error)) builder 
 }
 
 func init() {
-	builders = map[string]builder{
+	builders = map[ir.OpName]builder{
 		"Reshape":      buildCopy,
 		"StopGradient": buildCopy,
 		"Gather":       noAttrs((*program).buildGather),
@@ -210,13 +210,13 @@ func buildTopKMask(p *program, n *ir.Node, in, out []*dval) (func() error, error
 
 // checkI32Inputs allows i32 data only where the op table takes ids.
 func checkI32Inputs(n *ir.Node, in []*dval) error {
-	ids := map[string]int{"Gather": 1, "GatherGrad": 1, "CrossEntropy": 1, "CrossEntropyGrad": 2,
+	ids := map[ir.OpName]int{"Gather": 1, "GatherGrad": 1, "CrossEntropy": 1, "CrossEntropyGrad": 2,
 		"LMHeadCrossEntropy": 2, "LMHeadCrossEntropyGrad": 3}
 	for i, x := range in {
 		if !x.i32() {
 			continue
 		}
-		if j, ok := ids[n.Op]; (ok && j == i) || n.Op == "Reshape" {
+		if j, ok := ids[n.Op]; (ok && j == i) || n.Op == ir.OpReshape {
 			continue
 		}
 		return fmt.Errorf("input %s is i32; %s takes float data there", x.v, n.Op)
@@ -288,12 +288,12 @@ func (p *program) buildSliceGrad(n *ir.Node, in, out []*dval) (func() error, err
 // ReduceMean) does to an input of shape x: the axes it sums, and whether
 // it takes their mean.
 func reductionOf(n *ir.Node, x ir.Shape) (red []bool, mean bool, err error) {
-	if n.Op == "SumTo" || n.Op == "SumToProduct" {
+	if n.Op == ir.OpSumTo || n.Op == ir.OpSumToProduct {
 		red, err = sumToAxes(x, ir.Shape(n.Attrs.Ints("shape")))
 		return red, false, err
 	}
 	red, err = reduceAxes(x, n.Attrs.Ints("axes"))
-	return red, n.Op == "ReduceMean", err
+	return red, n.Op == ir.OpReduceMean, err
 }
 
 // reduceScale is what a reduction of nred terms scales its sums by: 1, or
@@ -379,7 +379,7 @@ func (p *program) feedOf(v *ir.Value) (string, error) {
 			return v.Name, nil
 		}
 		n := p.producer[v.ID]
-		if n == nil || n.Op != "Reshape" {
+		if n == nil || n.Op != ir.OpReshape {
 			return "", fmt.Errorf("ids %s are computed on the device; this backend takes ids only from inputs", v)
 		}
 		v = n.Inputs[0]
@@ -950,7 +950,7 @@ func (p *program) buildSoftmax(n *ir.Node, in, out []*dval) (func() error, error
 	o := out[0]
 	cols := lastDim(o.v.Shape)
 	rows := o.n / max(1, cols)
-	if n.Op == "Softmax" {
+	if n.Op == ir.OpSoftmax {
 		x := in[0]
 		return func() error {
 			return p.launch("softmax_rows_f32", blocks(rows, 1), block1, 0, o.buf.Ptr, x.buf.Ptr, int32(rows), int32(cols))
@@ -1154,7 +1154,7 @@ func logitsLD(V int) int { return bf16LD(V) }
 // lmHeadGradOf finds the LMHeadCrossEntropyGrad node on the same inputs.
 func (p *program) lmHeadGradOf(n *ir.Node) *ir.Node {
 	for _, m := range p.g.Nodes {
-		if m.Op == "LMHeadCrossEntropyGrad" && m.Inputs[1] == n.Inputs[0] && m.Inputs[2] == n.Inputs[1] && m.Inputs[3] == n.Inputs[2] {
+		if m.Op == ir.OpLMHeadCrossEntropyGrad && m.Inputs[1] == n.Inputs[0] && m.Inputs[2] == n.Inputs[1] && m.Inputs[3] == n.Inputs[2] {
 			return m
 		}
 	}
@@ -1306,7 +1306,7 @@ func (p *program) stageLogits(s GemmShape, st *lmHead) (operand, uint64, int) {
 func (p *program) buildLMHeadGrad(n *ir.Node, in, out []*dval) (func() error, error) {
 	var st *lmHead
 	for _, m := range p.g.Nodes {
-		if m.Op == "LMHeadCrossEntropy" && p.lmHeadGradOf(m) == n {
+		if m.Op == ir.OpLMHeadCrossEntropy && p.lmHeadGradOf(m) == n {
 			st = p.lmHeads[m.ID]
 		}
 	}
@@ -1335,7 +1335,7 @@ func (p *program) scaleRows(out *dval, src, s Buffer, ld int) error {
 // ---- the paper's ops ----
 
 func (p *program) buildMembership(n *ir.Node, in, out []*dval) (func() error, error) {
-	if n.Op == "GaussianMembership" {
+	if n.Op == ir.OpGaussianMembership {
 		z, c, ls, mu := in[0], in[1], in[2], out[0]
 		R, D := c.v.Shape[0], c.v.Shape[1]
 		if R > 32 {
@@ -1375,7 +1375,7 @@ func (p *program) buildSinkhorn(n *ir.Node, in, out []*dval) (func() error, erro
 	o := out[0]
 	R, K := o.v.Shape[0], o.v.Shape[1]
 	one := [3]uint32{1, 1, 1}
-	if n.Op == "Sinkhorn" {
+	if n.Op == ir.OpSinkhorn {
 		X := in[0]
 		work, err := p.alloc(2 * R * K) // R·K doubles
 		if err != nil {
@@ -1405,7 +1405,7 @@ func (p *program) buildZScore(n *ir.Node, in, out []*dval) (func() error, error)
 	}
 	stats, sums := work.Ptr, work.Ptr+16
 	p.needWork(zscoreWorkspace(N))
-	if n.Op == "ZScore" {
+	if n.Op == ir.OpZScore {
 		x := in[0]
 		return func() error {
 			if err := zscoreStats(p.launch, stats, p.work.Ptr, x.buf.Ptr, N); err != nil {

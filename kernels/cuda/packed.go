@@ -22,15 +22,15 @@ import (
 
 // gemmShapeOf is the GEMM a Linear, LinearGradX or LinearGradW node runs
 // (before any split), from its inputs' shapes; ok is false for other ops.
-func gemmShapeOf(op string, in []*ir.Value) (s GemmShape, ok bool) {
+func gemmShapeOf(op ir.OpName, in []*ir.Value) (s GemmShape, ok bool) {
 	switch op {
-	case "Linear": // y = x·Wᵀ
+	case ir.OpLinear: // y = x·Wᵀ
 		N, K := in[1].Shape[0], in[1].Shape[1]
 		return GemmShape{TransB: true, M: in[0].Shape.Numel() / max(1, K), N: N, K: K, Batch: 1}, true
-	case "LinearGradX": // dx = dy·W
+	case ir.OpLinearGradX: // dx = dy·W
 		N, K := in[1].Shape[0], in[1].Shape[1]
 		return GemmShape{M: in[0].Shape.Numel() / max(1, N), N: K, K: N, Batch: 1}, true
-	case "LinearGradW": // dW = dyᵀ·x
+	case ir.OpLinearGradW: // dW = dyᵀ·x
 		N, K := lastDim(in[0].Shape), lastDim(in[1].Shape)
 		return GemmShape{TransA: true, M: N, N: K, K: in[0].Shape.Numel() / max(1, N), Batch: 1}, true
 	}
@@ -96,13 +96,13 @@ func (p *program) onlyBF16GEMMsRead(v *ir.Value, dyOnly bool) bool {
 
 // operandSlot: input i of op is a GEMM operand onlyBF16GEMMsRead admits
 // (not a weight, which has its persistent copy, nor a bias).
-func operandSlot(op string, i int, dyOnly bool) bool {
+func operandSlot(op ir.OpName, i int, dyOnly bool) bool {
 	switch op {
-	case "Linear":
+	case ir.OpLinear:
 		return i == 0 && !dyOnly
-	case "LinearGradX":
+	case ir.OpLinearGradX:
 		return i == 0
-	case "LinearGradW":
+	case ir.OpLinearGradW:
 		return i == 0 || (i == 1 && !dyOnly)
 	}
 	return false
@@ -115,7 +115,7 @@ func (p *program) packsOutput(n *ir.Node) bool {
 		return false
 	}
 	switch n.Op {
-	case "FusedElementwise", "LayerNorm":
+	case ir.OpFusedElementwise, ir.OpLayerNorm:
 	default:
 		return false
 	}
@@ -176,9 +176,9 @@ func (p *program) halfOutput(s GemmShape, o *dval) bool {
 		}
 		r := m.Outputs[0]
 		switch {
-		case m.Op == "Reshape" && p.vals[r.ID].buf.Ptr == o.buf.Ptr && !p.isOutput(r) && p.packedByAttention(r):
+		case m.Op == ir.OpReshape && p.vals[r.ID].buf.Ptr == o.buf.Ptr && !p.isOutput(r) && p.packedByAttention(r):
 			views = append(views, r)
-		case m.Op != "FusedElementwise" || !r.Shape.Equal(o.v.Shape) || (o.slot >= 0 && p.vals[r.ID].slot == o.slot):
+		case m.Op != ir.OpFusedElementwise || !r.Shape.Equal(o.v.Shape) || (o.slot >= 0 && p.vals[r.ID].slot == o.slot):
 			return false
 		}
 		readers++
@@ -218,8 +218,8 @@ func (p *program) packedByAttention(v *ir.Value) bool {
 	for _, m := range p.g.Nodes {
 		in, first := m.Inputs, 0
 		switch m.Op {
-		case "FusedAttention":
-		case "FusedAttentionGrad":
+		case ir.OpFusedAttention:
+		case ir.OpFusedAttentionGrad:
 			in, _, _ = ir.SplitAttentionGrad(m.Attrs, m.Inputs)
 			first = 1 // after dO
 		default:
@@ -232,7 +232,7 @@ func (p *program) packedByAttention(v *ir.Value) bool {
 			if x != v {
 				continue
 			}
-			if i < first || i > first+2 || len(in) < first+3 || !p.attentionTakesGEMM(m, in[first:], m.Op == "FusedAttentionGrad") {
+			if i < first || i > first+2 || len(in) < first+3 || !p.attentionTakesGEMM(m, in[first:], m.Op == ir.OpFusedAttentionGrad) {
 				return false
 			}
 			reads++
@@ -354,14 +354,14 @@ func (p *program) newTwin(v *ir.Value, first, last int) (twin, bool, error) {
 // fp32 intermediate made by a FusedElementwise node. Nil if none.
 func (p *program) twinnedConcat(v *ir.Value) *ir.Node {
 	for _, m := range p.g.Nodes {
-		if m.Op != "Concat" || !slices.Contains(m.Inputs, v) || !p.foldsConcat(m) {
+		if m.Op != ir.OpConcat || !slices.Contains(m.Inputs, v) || !p.foldsConcat(m) {
 			continue
 		}
 		seen := map[*ir.Value]bool{}
 		all := true
 		for _, x := range m.Inputs {
 			prod := p.producer[x.ID]
-			if seen[x] || x.DType != ir.F32 || prod == nil || prod.Op != "FusedElementwise" {
+			if seen[x] || x.DType != ir.F32 || prod == nil || prod.Op != ir.OpFusedElementwise {
 				all = false
 				break
 			}
@@ -456,7 +456,7 @@ func (p *program) attnGradRows(n *ir.Node) (t twin, cols [3]int, ok bool, err er
 	}
 	var c *ir.Node
 	for _, m := range p.g.Nodes {
-		if m.Op == "Concat" && p.foldsConcat(m) && p.partsFrom(m, n) {
+		if m.Op == ir.OpConcat && p.foldsConcat(m) && p.partsFrom(m, n) {
 			c = m
 			break
 		}
@@ -493,7 +493,7 @@ func (p *program) partsFrom(c, n *ir.Node) bool {
 	seen := map[*ir.Value]bool{}
 	for _, x := range c.Inputs {
 		r := p.producer[x.ID]
-		if r == nil || r.Op != "Reshape" || seen[r.Inputs[0]] {
+		if r == nil || r.Op != ir.OpReshape || seen[r.Inputs[0]] {
 			return false
 		}
 		src := r.Inputs[0]
@@ -536,7 +536,7 @@ func (p *program) attnOutTwin(n *ir.Node) (t twin, ok bool, err error) {
 		return twin{}, false, nil
 	}
 	for _, m := range p.g.Nodes {
-		if m.Op != "Reshape" || m.Inputs[0] != o {
+		if m.Op != ir.OpReshape || m.Inputs[0] != o {
 			continue
 		}
 		r := m.Outputs[0]

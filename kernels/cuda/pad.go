@@ -35,7 +35,7 @@ func (pd padding) endOnly() bool {
 // for any other value.
 func (p *program) paddedOf(v *ir.Value) (*dval, *padding) {
 	n := v.Def
-	if n == nil || n.Op != "Pad" {
+	if n == nil || n.Op != ir.OpPad {
 		return nil, nil
 	}
 	x := n.Inputs[0]
@@ -78,10 +78,10 @@ func (p *program) padSkipped(n *ir.Node) bool {
 // bf16Weight: node m's GEMMs read its input 1 as a bf16 weight.
 func (p *program) bf16Weight(m *ir.Node) bool {
 	switch m.Op {
-	case "Linear", "LinearGradX":
+	case ir.OpLinear, ir.OpLinearGradX:
 		s, _ := gemmShapeOf(m.Op, m.Inputs)
 		return p.bf16GEMM(s)
-	case "LMHeadCrossEntropy": // chunks of rows rows, the last of last (buildLMHead)
+	case ir.OpLMHeadCrossEntropy: // chunks of rows rows, the last of last (buildLMHead)
 		x, w := m.Inputs[0].Shape, m.Inputs[1].Shape
 		rows := ir.LMHeadChunkRows(m)
 		last := x[0] - (x[0]+rows-1)/rows*rows + rows
@@ -100,7 +100,7 @@ type padKernel struct {
 }
 
 func padKernelOf(n *ir.Node, x, o *dval) (padKernel, error) {
-	shape, grad := x.v.Shape, n.Op == "PadGrad"
+	shape, grad := x.v.Shape, n.Op == ir.OpPadGrad
 	if grad {
 		shape = o.v.Shape
 	}
@@ -173,14 +173,14 @@ func (p *program) padRuns() map[int]*padRun {
 	var cur *padRun
 	var used map[int]bool // the plan slots the run's members read and write
 	for _, n := range p.g.Nodes {
-		if n.Op == "Pad" && p.padSkipped(n) {
+		if n.Op == ir.OpPad && p.padSkipped(n) {
 			continue
 		}
-		if n.Op != "Pad" && n.Op != "PadGrad" {
+		if n.Op != ir.OpPad && n.Op != ir.OpPadGrad {
 			cur = nil
 			continue
 		}
-		grad := n.Op == "PadGrad"
+		grad := n.Op == ir.OpPadGrad
 		in, out := p.vals[n.Inputs[0].ID].slot, p.vals[n.Outputs[0].ID].slot
 		if cur == nil || cur.grad != grad || (out >= 0 && used[out]) || (in >= 0 && used[in] && cur.writes(p, in)) {
 			cur, used = &padRun{grad: grad}, map[int]bool{}

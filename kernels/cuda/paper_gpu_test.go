@@ -12,9 +12,9 @@ import (
 
 // cpuOp runs one IR op on the CPU backend in float64: the reference of the
 // CUDA kernels' parity tests.
-func cpuOp(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ins ...[]float32) [][]float64 {
+func cpuOp(t *testing.T, op ir.OpName, a ir.Attrs, shapes []ir.Shape, ins ...[]float32) [][]float64 {
 	t.Helper()
-	g := ir.New(op)
+	g := ir.New(string(op))
 	feeds := map[string]*kernels.Tensor{}
 	var vals []*ir.Value
 	for i, x := range ins {

@@ -181,7 +181,7 @@ func checkReductions(t *testing.T, be *Backend, tr *Trace) {
 			if tol == 0 {
 				tol = 1e-5
 			}
-			closeTo(t, c.op+" "+shapes[0].String()+" output "+string(rune('p'+i)), got[i], w, tol)
+			closeTo(t, string(c.op)+" "+shapes[0].String()+" output "+string(rune('p'+i)), got[i], w, tol)
 		}
 		ran := map[string]bool{}
 		for _, e := range tr.Events() {
@@ -199,12 +199,12 @@ func checkReductions(t *testing.T, be *Backend, tr *Trace) {
 }
 
 // cpuOp64 is cpuOp with i32 inputs (ids given as floats) where ids says.
-func cpuOp64(t *testing.T, op string, a ir.Attrs, shapes []ir.Shape, ids map[int]int, ins ...[]float32) [][]float64 {
+func cpuOp64(t *testing.T, op ir.OpName, a ir.Attrs, shapes []ir.Shape, ids map[int]int, ins ...[]float32) [][]float64 {
 	t.Helper()
 	if len(ids) == 0 {
 		return cpuOp(t, op, a, shapes, ins...)
 	}
-	g := ir.New(op)
+	g := ir.New(string(op))
 	feeds := map[string]*kernels.Tensor{}
 	var vals []*ir.Value
 	for i, x := range ins {
@@ -334,7 +334,7 @@ func TestSimSumToProductIsMulThenSumTo(t *testing.T) {
 	r := rand.New(rand.NewPCG(45, 46))
 	checked := 0
 	for _, c := range reductionCases() {
-		if c.op != "SumToProduct" {
+		if c.op != ir.OpSumToProduct {
 			continue
 		}
 		g, feeds := caseGraph(c.opCase, r)

@@ -126,7 +126,7 @@ func checkParity(t *testing.T, be *Backend, cases []opCase, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 32))
 	for _, c := range cases {
 		g, feeds := caseGraph(c, r)
-		for name, pair := range runBoth(t, c.op, g, feeds, be) {
+		for name, pair := range runBoth(t, string(c.op), g, feeds, be) {
 			want, got := pair[0], pair[1]
 			if got == nil {
 				t.Fatalf("%s output %s: no result from the CUDA backend", c.op, name)
@@ -144,7 +144,7 @@ func checkParity(t *testing.T, be *Backend, cases []opCase, seed uint64) {
 			if tol == 0 {
 				tol = 1e-5
 			}
-			closeTo(t, c.op+" output "+name, got.F32, want.Float64s(), tol)
+			closeTo(t, string(c.op)+" output "+name, got.F32, want.Float64s(), tol)
 		}
 	}
 }

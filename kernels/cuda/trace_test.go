@@ -63,7 +63,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	}
 	want := float64(passes.Flops(s.g))
 	for _, n := range s.g.Nodes {
-		if n.Op == "FusedAttention" {
+		if n.Op == ir.OpFusedAttention {
 			q, k, o := n.Inputs[0].Shape, n.Inputs[1].Shape, n.Outputs[0].Shape
 			want -= float64(2 * (q.Numel() + o.Numel()) * k[2])
 		}
@@ -89,7 +89,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 	// launch per FusedAttention node, none from the gradients
 	var fused, forwards int
 	for _, n := range s.g.Nodes {
-		if n.Op == "FusedAttention" {
+		if n.Op == ir.OpFusedAttention {
 			fused++
 		}
 	}
@@ -228,7 +228,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 	uses := joined.g.Uses()
 	folded, written := 0, 0
 	for _, n := range joined.g.Nodes {
-		if n.Op != "Concat" {
+		if n.Op != ir.OpConcat {
 			continue
 		}
 		o := n.Outputs[0]

@@ -26,7 +26,7 @@ func TestViewsMatchCPUOps(t *testing.T) {
 	x := randF32(r, 2*3*4*5, 1)
 	sh := ir.Shape{2, 3, 4, 5}
 	cases := []struct {
-		op    string
+		op    ir.OpName
 		attrs ir.Attrs
 		v     func() (view, error)
 		n     int
@@ -43,7 +43,7 @@ func TestViewsMatchCPUOps(t *testing.T) {
 			t.Fatalf("%s %v: %v", tc.op, tc.attrs, err)
 		}
 		want := cpuOp(t, tc.op, tc.attrs, []ir.Shape{sh}, x)[0]
-		closeTo(t, tc.op, f32s(gatherHost(v, x, tc.n)), want, 0)
+		closeTo(t, string(tc.op), f32s(gatherHost(v, x, tc.n)), want, 0)
 	}
 
 	// BroadcastTo, from a shape with unit and missing axes.
