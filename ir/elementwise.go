@@ -170,10 +170,10 @@ func RegisterElementwise(s *EwSpec) {
 }
 
 func (s *EwSpec) check() error {
-	max := map[EwKind]int{EwUnary: 3, EwGrad: 2, EwBinary: 0}[s.Kind]
+	most := map[EwKind]int{EwUnary: 3, EwGrad: 2, EwBinary: 0}[s.Kind]
 	switch {
-	case len(s.Attrs) > max:
-		return fmt.Errorf("%d attributes, at most %d", len(s.Attrs), max)
+	case len(s.Attrs) > most:
+		return fmt.Errorf("%d attributes, at most %d", len(s.Attrs), most)
 	case s.F64 == nil || s.F32 == nil:
 		return fmt.Errorf("no Go formula")
 	case s.CUDA == "":

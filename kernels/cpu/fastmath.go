@@ -128,14 +128,6 @@ func sigmoid32(x float32) float32 { return 1 / (1 + fastexp.Exp32(-x)) }
 
 func normCDF64(x float64) float64 { return 0.5 * math.Erfc(-x*invSqrt2) }
 
-func gelu64(x float64) float64 { return x * normCDF64(x) }
-
-func geluGrad64(x float64) float64 {
-	return normCDF64(x) + x*invSqrt2Pi*math.Exp(-0.5*x*x)
-}
-
-func sigmoid64(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
-
 func isF32[T float]() bool {
 	var z T
 	_, ok := any(z).(float32)

@@ -59,6 +59,12 @@ func near(a, b, tol float64) bool {
 	return math.Abs(a-b) <= tol*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
 }
 
+// specF64 is an elementwise op's float64 formula (ir.EwSpec.F64), the
+// reference of the float32 fast paths.
+func specF64(op ir.OpName, x, y float64) float64 {
+	return ir.ElementwiseOf(op).F64(x, y, ir.EwParams[float64]{})
+}
+
 func TestFastMath(t *testing.T) {
 	for x := -12.0; x < 12; x += 0.00391 {
 		xf := float64(float32(x))
@@ -68,9 +74,9 @@ func TestFastMath(t *testing.T) {
 		}{
 			// float32 GELU is accurate in absolute terms (PyTorch's float32
 			// GELU is 0 below about -5.5)
-			{"gelu", float64(gelu32(float32(x))), gelu64(xf), 1e-9 * math.Max(1, math.Abs(xf))},
-			{"geluGrad", float64(geluGrad32(float32(x))), geluGrad64(xf), 1e-9},
-			{"sigmoid", float64(sigmoid32(float32(x))), sigmoid64(xf), 0},
+			{"gelu", float64(gelu32(float32(x))), specF64(ir.OpGELU, xf, 0), 1e-9 * math.Max(1, math.Abs(xf))},
+			{"geluGrad", float64(geluGrad32(float32(x))), specF64(ir.OpGELUGrad, 1, xf), 1e-9},
+			{"sigmoid", float64(sigmoid32(float32(x))), specF64(ir.OpSigmoid, xf, 0), 0},
 		} {
 			if d := math.Abs(c.got - c.want); d > 2e-6*math.Abs(c.want)+c.abs+1e-30 {
 				t.Fatalf("%s(%g) = %.9g, want %.9g", c.name, x, c.got, c.want)
@@ -829,7 +835,7 @@ func TestGELUSlicesSpecialValues(t *testing.T) {
 	}
 	geluSlice32(y, xs)
 	for i, x := range xs {
-		want := gelu64(float64(x))
+		want := specF64(ir.OpGELU, float64(x), 0)
 		if math.IsInf(float64(x), -1) {
 			want = math.NaN() // -Inf·0, as in PyTorch
 		}
@@ -839,7 +845,7 @@ func TestGELUSlicesSpecialValues(t *testing.T) {
 	}
 	geluGradSlice32(y, dy, xs)
 	for i, x := range xs {
-		want := geluGrad64(float64(x))
+		want := specF64(ir.OpGELUGrad, 1, float64(x))
 		if math.IsInf(float64(x), 0) {
 			want = math.Max(0, math.Copysign(1, float64(x)))
 		}
