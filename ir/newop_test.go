@@ -118,3 +118,30 @@ func TestNewElementwiseOpReachesEveryBackend(t *testing.T) {
 		t.Errorf("lowered to %v, want Gather, Mul, Mul", ops)
 	}
 }
+
+// TestSpecWithoutCUDAFormulaIsRefused: a spec that lacks a CUDA formula
+// (or any other part) is refused at registration, so no binary with it
+// starts: a missing formula fails every test, no simulator needed.
+func TestSpecWithoutCUDAFormulaIsRefused(t *testing.T) {
+	for name, broken := range map[string]func(s *ir.EwSpec){
+		"cuda":  func(s *ir.EwSpec) { s.CUDA = "" },
+		"go":    func(s *ir.EwSpec) { s.F32 = nil },
+		"grad":  func(s *ir.EwSpec) { s.Grad = nil },
+		"cases": func(s *ir.EwSpec) { s.Cases = nil },
+	} {
+		s := *trialCube
+		s.Name = ir.OpName("TrialBroken" + name)
+		broken(&s)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("a spec without its %s part was registered", name)
+				}
+			}()
+			ir.RegisterElementwise(&s)
+		}()
+		if ir.Ops[s.Name] != nil || ir.ElementwiseOf(s.Name) != nil {
+			t.Errorf("the spec without its %s part is in the table", name)
+		}
+	}
+}
