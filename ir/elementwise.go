@@ -348,6 +348,9 @@ func lowerNanToNum(e ONNXEmitter, n *Node, in []string, out string) string {
 	return e.EmitTo(out, "Where", []string{isNaN, e.Scalar(nan), y})
 }
 
+// clampBounds are Clamp's and ClampGrad's attributes: absent, unbounded.
+var clampBounds = []EwAttr{{Name: "lo", Default: math.Inf(-1)}, {Name: "hi", Default: math.Inf(1)}}
+
 func init() {
 	for _, s := range []*EwSpec{
 		{Name: OpAdd, Kind: EwBinary, F64: add[float64], F32: add[float32], CUDA: "x + y", ONNX: "Add",
@@ -395,7 +398,7 @@ func init() {
 		{Name: OpReLU, Doc: "ReLU(x) -> max(x, 0).", F64: relu[float64], F32: relu[float32], CUDA: "x > 0.0f ? x : 0.0f",
 			ONNX: "Relu", Grad: GradWith("ReLUGrad", false), Cases: []EwCase{{Kinks: []float64{0}}}},
 		{Name: OpClamp, Doc: "Clamp(x; lo, hi) -> min(max(x,lo),hi); absent bound = unbounded. NaN stays NaN.",
-			Attrs: []EwAttr{{Name: "lo", Default: math.Inf(-1)}, {Name: "hi", Default: math.Inf(1)}},
+			Attrs: clampBounds,
 			F64:   clamp[float64], F32: clamp[float32], Lower: lowerClamp, Grad: GradWith("ClampGrad", false),
 			CUDA: "{ float r = x; if (r < a) r = a; if (r > b) r = b; return r; }",
 			Cases: []EwCase{{Attrs: Attrs{"lo": -0.5, "hi": 1.0}, Kinks: []float64{-0.5, 1}},
@@ -420,7 +423,7 @@ func init() {
 		{Name: OpReLUGrad, Kind: EwGrad, Doc: "ReLUGrad(dy, x) -> dy where x > 0, else 0.",
 			F64: reluGrad[float64], F32: reluGrad[float32], CUDA: "y > 0.0f ? x : 0.0f"},
 		{Name: OpClampGrad, Kind: EwGrad, Doc: "ClampGrad(dy, x; lo, hi) -> dy where lo <= x <= hi, else 0 (PyTorch convention).",
-			Attrs: []EwAttr{{Name: "lo", Default: math.Inf(-1)}, {Name: "hi", Default: math.Inf(1)}},
+			Attrs: clampBounds,
 			F64:   clampGrad[float64], F32: clampGrad[float32], CUDA: "(a <= y && y <= b) ? x : 0.0f",
 			Cases: []EwCase{{Attrs: Attrs{"lo": -0.5, "hi": 0.7}}}},
 		{Name: OpSoftsignGrad, Kind: EwGrad, Doc: "SoftsignGrad(dy, x) -> dy/(1+|x|)².",
