@@ -85,7 +85,7 @@ func TestNewElementwiseOpReachesEveryBackend(t *testing.T) {
 	if !strings.Contains(src, "case U_TRIALCUBE: return x * x * x;") {
 		t.Error("the CUDA prelude has no case for TrialCube")
 	}
-	be, err := cuda.NewDryRun(cuda.GEMMF32)
+	be, err := cuda.NewDryRun(cuda.GEMMF32, cuda.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
