@@ -10,8 +10,7 @@ import (
 // The elementwise formulas of the kernels (ew_unary, ew_grad, ew_binary
 // and their op codes U_*, G_*, B_*) are generated from ir.Elementwise into
 // the prelude, where it says ewMarker: graph.cu's unary, gradient and
-// binary kernels, fused.cu's interpreter and the generated chains all
-// call them.
+// binary kernels and the generated chains call them.
 
 // ewMarker is the prelude line the generated section replaces.
 const ewMarker = "// @elementwise formulas: generated from ir.Elementwise (ewgen.go)@"

@@ -151,9 +151,8 @@ __device__ __forceinline__ attn_view attn_head(i64 bh, int T, int Hd, int H) {
     return v;
 }
 
-// ---- elementwise formulas (graph.cu's unary/grad/binary kernels,
-// fused.cu's FusedElementwise interpreter and the generated chains: one
-// definition of each) ----
+// ---- elementwise formulas (graph.cu's unary/grad/binary kernels and the
+// generated chains: one definition of each) ----
 //
 // ew_unary(op, x, a, b, c): op(x), a, b, c the op's parameters;
 // ew_grad(op, dy, v, a, b): dy·op'(v), v the op's input or output as its
