@@ -37,6 +37,7 @@ package serve
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -143,51 +144,23 @@ type Config struct {
 }
 
 func (c *Config) defaults() error {
-	if c.Name == "" {
-		c.Name = "rpac"
-	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = DefaultMaxBatch
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.Queue == 0 {
-		c.Queue = DefaultQueue
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxTokens == 0 {
-		c.MaxTokens = DefaultMaxTokens
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxInferValues == 0 {
-		c.MaxInferValues = DefaultMaxInferValues
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdown
-	}
-	for _, d := range []struct {
-		p   *time.Duration
-		def time.Duration
-	}{{&c.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&c.ReadTimeout, DefaultReadTimeout}, {&c.WriteTimeout, DefaultWriteTimeout},
-		{&c.IdleTimeout, DefaultIdleTimeout}, {&c.StreamIdleTimeout, DefaultStreamIdleTimeout}} {
-		if *d.p == 0 {
-			*d.p = d.def
-		}
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
-	if c.ResponseMemory == 0 {
-		c.ResponseMemory = max(DefaultResponseMemory, c.MaxResponseBytes)
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = DefaultMaxConns
-	}
+	c.Name = cmp.Or(c.Name, "rpac")
+	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.Queue = cmp.Or(c.Queue, DefaultQueue)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.MaxTokens = cmp.Or(c.MaxTokens, DefaultMaxTokens)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.MaxInferValues = cmp.Or(c.MaxInferValues, DefaultMaxInferValues)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdown)
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.StreamIdleTimeout = cmp.Or(c.StreamIdleTimeout, DefaultStreamIdleTimeout)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
+	c.ResponseMemory = cmp.Or(c.ResponseMemory, max(DefaultResponseMemory, c.MaxResponseBytes))
+	c.MaxConns = cmp.Or(c.MaxConns, DefaultMaxConns)
 	switch {
 	case c.MaxBatch < 0 || c.Queue < 0 || c.MaxTokens < 0 || c.MaxInferValues < 0 || c.MaxConns < 0:
 		return errors.New("serve: max batch, queue, max tokens, max infer values and max connections must not be negative")
