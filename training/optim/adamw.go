@@ -8,6 +8,7 @@
 package optim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -98,15 +99,9 @@ func DefaultAdamW() AdamWConfig {
 
 // withDefaults fills the zero fields.
 func (cfg AdamWConfig) withDefaults() AdamWConfig {
-	if cfg.Beta1 == 0 {
-		cfg.Beta1 = 0.9
-	}
-	if cfg.Beta2 == 0 {
-		cfg.Beta2 = 0.999
-	}
-	if cfg.Eps == 0 {
-		cfg.Eps = 1e-8
-	}
+	cfg.Beta1 = cmp.Or(cfg.Beta1, 0.9)
+	cfg.Beta2 = cmp.Or(cfg.Beta2, 0.999)
+	cfg.Eps = cmp.Or(cfg.Eps, 1e-8)
 	if cfg.Decay == nil {
 		cfg.Decay = DefaultDecay
 	}
