@@ -1,6 +1,7 @@
 package data
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 )
@@ -76,24 +77,12 @@ type MQARConfig struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c MQARConfig) WithDefaults() MQARConfig {
-	if c.SeqLen == 0 {
-		c.SeqLen = 128
-	}
-	if c.Pairs == 0 {
-		c.Pairs = 8
-	}
-	if c.Vocab == 0 {
-		c.Vocab = 256
-	}
-	if c.MinDist == 0 {
-		c.MinDist = 1
-	}
-	if c.MaxDist == 0 {
-		c.MaxDist = c.SeqLen
-	}
-	if c.Draw == "" {
-		c.Draw = MQARDrawEach
-	}
+	c.SeqLen = cmp.Or(c.SeqLen, 128)
+	c.Pairs = cmp.Or(c.Pairs, 8)
+	c.Vocab = cmp.Or(c.Vocab, 256)
+	c.MinDist = cmp.Or(c.MinDist, 1)
+	c.MaxDist = cmp.Or(c.MaxDist, c.SeqLen)
+	c.Draw = cmp.Or(c.Draw, MQARDrawEach)
 	return c
 }
 
@@ -168,22 +157,12 @@ type MQARStream struct {
 
 // MQARCorpus is a train and an eval stream of the same configuration with
 // different seeds.
-type MQARCorpus struct {
-	Train, Eval *MQARStream
-}
+type MQARCorpus = Corpus[MQARStream]
 
 // NewMQARCorpus generates a train stream with seed and an eval stream with
 // EvalSeed(seed).
 func NewMQARCorpus(seed int64, trainTokens, evalTokens int, cfg MQARConfig) (*MQARCorpus, error) {
-	train, err := MQAR(seed, trainTokens, cfg)
-	if err != nil {
-		return nil, err
-	}
-	eval, err := MQAR(EvalSeed(seed), evalTokens, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &MQARCorpus{Train: train, Eval: eval}, nil
+	return newCorpus(seed, trainTokens, evalTokens, cfg, MQAR)
 }
 
 // MQAR generates a stream of at least nTokens tokens: the smallest number
@@ -194,10 +173,10 @@ func MQAR(seed int64, nTokens int, cfg MQARConfig) (*MQARStream, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	if nTokens < 0 {
-		return nil, fmt.Errorf("mqar: nTokens %d is negative", nTokens)
+	nSeq, err := sequenceCount("mqar", nTokens, cfg.SeqLen)
+	if err != nil {
+		return nil, err
 	}
-	nSeq := max(1, (nTokens-1+cfg.SeqLen-1)/cfg.SeqLen)
 	n := nSeq*cfg.SeqLen + 1
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x6d7161722d7a6f6f))
 	s := &MQARStream{Config: cfg, Seed: seed, AnswerStream: AnswerStream{IDs: make([]int32, n), Answers: make([]bool, n)},

@@ -1,6 +1,7 @@
 package data
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 )
@@ -53,21 +54,11 @@ type SyntheticConfig struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c SyntheticConfig) WithDefaults() SyntheticConfig {
-	if c.SeqLen == 0 {
-		c.SeqLen = 256
-	}
-	if c.Pairs == 0 {
-		c.Pairs = 4
-	}
-	if c.Keys == 0 {
-		c.Keys = 64
-	}
-	if c.Values == 0 {
-		c.Values = 128
-	}
-	if c.MinGap == 0 {
-		c.MinGap = c.SeqLen / 2
-	}
+	c.SeqLen = cmp.Or(c.SeqLen, 256)
+	c.Pairs = cmp.Or(c.Pairs, 4)
+	c.Keys = cmp.Or(c.Keys, 64)
+	c.Values = cmp.Or(c.Values, 128)
+	c.MinGap = cmp.Or(c.MinGap, c.SeqLen/2)
 	return c
 }
 
@@ -120,26 +111,46 @@ type SyntheticStream struct {
 
 // SyntheticCorpus is a pair of streams from the same language with
 // different seeds.
-type SyntheticCorpus struct {
-	Train, Eval *SyntheticStream
-}
+type SyntheticCorpus = Corpus[SyntheticStream]
 
 // NewSyntheticCorpus generates a train stream with seed and an eval stream
 // with a seed derived from it, never equal to it.
 func NewSyntheticCorpus(seed int64, trainTokens, evalTokens int, cfg SyntheticConfig) (*SyntheticCorpus, error) {
-	train, err := Synthetic(seed, trainTokens, cfg)
+	return newCorpus(seed, trainTokens, evalTokens, cfg, Synthetic)
+}
+
+// Corpus is a train and an eval stream of a generated corpus: the same
+// configuration, different seeds.
+type Corpus[S any] struct {
+	Train, Eval *S
+}
+
+// newCorpus generates a train stream with seed and an eval stream with
+// EvalSeed(seed), both with gen.
+func newCorpus[S, C any](seed int64, trainTokens, evalTokens int, cfg C, gen func(int64, int, C) (*S, error)) (*Corpus[S], error) {
+	train, err := gen(seed, trainTokens, cfg)
 	if err != nil {
 		return nil, err
 	}
-	eval, err := Synthetic(EvalSeed(seed), evalTokens, cfg)
+	eval, err := gen(EvalSeed(seed), evalTokens, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &SyntheticCorpus{Train: train, Eval: eval}, nil
+	return &Corpus[S]{Train: train, Eval: eval}, nil
 }
 
 // EvalSeed returns the eval stream's seed for a corpus seed.
 func EvalSeed(seed int64) int64 { return seed ^ 0x5eed_e7a1_0000_0001 }
+
+// sequenceCount returns the number of whole seqLen-token sequences of a
+// stream of at least nTokens tokens (with its final BOS): the smallest, at
+// least one; the error names the corpus by prefix.
+func sequenceCount(prefix string, nTokens, seqLen int) (int, error) {
+	if nTokens < 0 {
+		return 0, fmt.Errorf("%s: nTokens %d is negative", prefix, nTokens)
+	}
+	return max(1, (nTokens-1+seqLen-1)/seqLen), nil
+}
 
 // Synthetic generates a stream of at least nTokens tokens: the smallest
 // number (at least one) of whole sequences that, with the final SynBOS, reach
@@ -149,10 +160,10 @@ func Synthetic(seed int64, nTokens int, cfg SyntheticConfig) (*SyntheticStream, 
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	if nTokens < 0 {
-		return nil, fmt.Errorf("synthetic corpus: nTokens %d is negative", nTokens)
+	nSeq, err := sequenceCount("synthetic corpus", nTokens, cfg.SeqLen)
+	if err != nil {
+		return nil, err
 	}
-	nSeq := max(1, (nTokens-1+cfg.SeqLen-1)/cfg.SeqLen)
 	g := newGrammar(cfg.Grammar)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x73796e7468657469))
 	s := &SyntheticStream{Config: cfg, Seed: seed, AnswerStream: AnswerStream{
