@@ -441,38 +441,8 @@ func rowMaxSum[T float](x []T) (m T, sum float64) {
 	if n == 0 {
 		return T(math.Inf(-1)), 0
 	}
-	m0, m1 := x[0], x[0]
-	var a0, a1, a2, a3 float64
-	i := 0
-	for ; i+4 <= n; i += 4 {
-		v0, v1, v2, v3 := x[i], x[i+1], x[i+2], x[i+3]
-		if v0 > m0 {
-			m0 = v0
-		}
-		if v1 > m1 {
-			m1 = v1
-		}
-		if v2 > m0 {
-			m0 = v2
-		}
-		if v3 > m1 {
-			m1 = v3
-		}
-		a0 += float64(v0)
-		a1 += float64(v1)
-		a2 += float64(v2)
-		a3 += float64(v3)
-	}
-	for ; i < n; i++ {
-		if x[i] > m0 {
-			m0 = x[i]
-		}
-		a0 += float64(x[i])
-	}
-	if m1 > m0 {
-		m0 = m1
-	}
-	return m0, (a0 + a1) + (a2 + a3)
+	m, a0, a1, a2, a3 := maxSum4[T, float64](x)
+	return m, (a0 + a1) + (a2 + a3)
 }
 
 // rowMaxSum32 is rowMaxSum for float32, summing in float32 over blocks.
@@ -491,11 +461,18 @@ func rowMaxSum32(x []float32) (m float32, sum float64) {
 // blockMaxSum32 returns the maximum of a non-empty block and its sum,
 // accumulated in float32 over four lanes.
 func blockMaxSum32(blk []float32) (float32, float64) {
-	m0, m1 := blk[0], blk[0]
-	var s0, s1, s2, s3 float32
+	m, s0, s1, s2, s3 := maxSum4[float32, float32](blk)
+	return m, float64(s0+s1) + float64(s2+s3)
+}
+
+// maxSum4 returns the maximum of a non-empty x and its sums in A over four
+// lanes: lane l adds the elements 4i+l of the whole quads, lane 0 also the
+// tail.
+func maxSum4[T, A float](x []T) (m T, s0, s1, s2, s3 A) {
+	m0, m1 := x[0], x[0]
 	i := 0
-	for ; i+4 <= len(blk); i += 4 {
-		v0, v1, v2, v3 := blk[i], blk[i+1], blk[i+2], blk[i+3]
+	for ; i+4 <= len(x); i += 4 {
+		v0, v1, v2, v3 := x[i], x[i+1], x[i+2], x[i+3]
 		if v0 > m0 {
 			m0 = v0
 		}
@@ -508,21 +485,21 @@ func blockMaxSum32(blk []float32) (float32, float64) {
 		if v3 > m1 {
 			m1 = v3
 		}
-		s0 += v0
-		s1 += v1
-		s2 += v2
-		s3 += v3
+		s0 += A(v0)
+		s1 += A(v1)
+		s2 += A(v2)
+		s3 += A(v3)
 	}
-	for ; i < len(blk); i++ {
-		if blk[i] > m0 {
-			m0 = blk[i]
+	for ; i < len(x); i++ {
+		if x[i] > m0 {
+			m0 = x[i]
 		}
-		s0 += blk[i]
+		s0 += A(x[i])
 	}
 	if m1 > m0 {
 		m0 = m1
 	}
-	return m0, float64(s0+s1) + float64(s2+s3)
+	return m0, s0, s1, s2, s3
 }
 
 // expRowSum returns Σ exp(x - m); with store set it also writes the terms
