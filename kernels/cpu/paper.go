@@ -305,36 +305,31 @@ func (p *program[T]) buildSinkhornGrad(n *ir.Node, in, out []*tensor[T]) (func()
 			d[i] = float64(v)
 		}
 		for it := iters - 1; it >= 0; it-- {
-			y := rec.xc[it*R*K : (it+1)*R*K]
-			for j := 0; j < K; j++ {
-				c := rec.cs[it*K+j] + sinkEps
-				var q float64
-				for i := 0; i < R; i++ {
-					q += d[i*K+j] * y[i*K+j]
-				}
-				q /= c * c
-				for i := 0; i < R; i++ {
-					d[i*K+j] = d[i*K+j]/c - q
-				}
-			}
-			xr := rec.xr[it*R*K : (it+1)*R*K]
-			for i := 0; i < R; i++ {
-				r := rec.rs[it*R+i] + sinkEps
-				var q float64
-				for j := 0; j < K; j++ {
-					q += d[i*K+j] * xr[i*K+j]
-				}
-				q /= r * r
-				for j := 0; j < K; j++ {
-					d[i*K+j] = d[i*K+j]/r - q
-				}
-			}
+			sinkNormGrad(d, rec.xc[it*R*K:(it+1)*R*K], rec.cs[it*K:(it+1)*K], R, 1, K)
+			sinkNormGrad(d, rec.xr[it*R*K:(it+1)*R*K], rec.rs[it*R:(it+1)*R], K, K, 1)
 		}
 		for i, v := range d {
 			o.f[i] = T(v)
 		}
 		return nil
 	}, nil
+}
+
+// sinkNormGrad backpropagates d through one Sinkhorn normalization in
+// place: line l (its m elements at l*ls + e*es) of y was divided by
+// sums[l]+sinkEps.
+func sinkNormGrad(d, y, sums []float64, m, ls, es int) {
+	for l, sum := range sums {
+		s := sum + sinkEps
+		var q float64
+		for e := 0; e < m; e++ {
+			q += d[l*ls+e*es] * y[l*ls+e*es]
+		}
+		q /= s * s
+		for e := 0; e < m; e++ {
+			d[l*ls+e*es] = d[l*ls+e*es]/s - q
+		}
+	}
 }
 
 // ---- ZScore (torch: (x - x.mean()) / (x.std() + 1e-6), std unbiased) ----
