@@ -128,14 +128,8 @@ func (p *program[T]) buildMatMul(n *ir.Node, in, out []*tensor[T]) (func() error
 	tA, tB := n.Attrs.Bool("transA", false), n.Attrs.Bool("transB", false)
 	ar, ac := a.shape[r-2], a.shape[r-1]
 	br, bc := b.shape[r-2], b.shape[r-1]
-	M, K := ar, ac
-	if tA {
-		M, K = ac, ar
-	}
-	K2, N := br, bc
-	if tB {
-		K2, N = bc, br
-	}
+	M, K := blas.OpDims(tA, ar, ac)
+	K2, N := blas.OpDims(tB, br, bc)
 	if K != K2 {
 		return nil, fmt.Errorf("inner dims %d vs %d", K, K2)
 	}

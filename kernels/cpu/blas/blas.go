@@ -39,41 +39,35 @@ const nativeAlign = 16
 
 // Sgemm is float32 GEMM.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	if !checkArgs("Sgemm", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc) {
-		return
-	}
-	if haveNative && alpha != 0 && useNative(m, n, k, lda, ldb, ldc) {
-		splitGemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nativeAlign, nativeSgemm)
-		return
-	}
-	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	gemm("Sgemm", nativeSgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
 // Dgemm is float64 GEMM.
 func Dgemm(transA, transB bool, m, n, k int, alpha float64, a []float64, lda int, b []float64, ldb int, beta float64, c []float64, ldc int) {
-	if !checkArgs("Dgemm", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc) {
-		return
-	}
-	if haveNative && alpha != 0 && useNative(m, n, k, lda, ldb, ldc) {
-		splitGemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nativeAlign, nativeDgemm)
-		return
-	}
-	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	gemm("Dgemm", nativeDgemm, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
 // SgemmGo is Sgemm computed by the pure-Go kernel whatever the build, with
 // the same arguments and semantics.
 func SgemmGo(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	if !checkArgs("SgemmGo", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc) {
-		return
-	}
-	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	gemm[float32]("SgemmGo", nil, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
 // DgemmGo is Dgemm computed by the pure-Go kernel whatever the build, with
 // the same arguments and semantics.
 func DgemmGo(transA, transB bool, m, n, k int, alpha float64, a []float64, lda int, b []float64, ldb int, beta float64, c []float64, ldc int) {
-	if !checkArgs("DgemmGo", transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc) {
+	gemm[float64]("DgemmGo", nil, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// gemm checks the arguments of fn and computes with native (OpenBLAS) when
+// it is given, built in and worth the call, else with the pure-Go kernel.
+func gemm[T float32 | float64](fn string, native func(transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int),
+	transA, transB bool, m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int) {
+	if !checkArgs(fn, transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc) {
+		return
+	}
+	if native != nil && haveNative && alpha != 0 && useNative(m, n, k, lda, ldb, ldc) {
+		splitGemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nativeAlign, native)
 		return
 	}
 	gemmGo(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
@@ -106,18 +100,22 @@ func checkArgs(fn string, transA, transB bool, m, n, k, na, lda, nb, ldb, nc, ld
 		panic(fmt.Sprintf("blas: %s: negative size m=%d n=%d k=%d", fn, m, n, k))
 	}
 	// Rows and columns of A, B, C as stored.
-	ar, ac := m, k
-	if transA {
-		ar, ac = k, m
-	}
-	br, bc := k, n
-	if transB {
-		br, bc = n, k
-	}
+	ar, ac := OpDims(transA, m, k)
+	br, bc := OpDims(transB, k, n)
 	checkMat(fn, "a", ar, ac, na, lda)
 	checkMat(fn, "b", br, bc, nb, ldb)
 	checkMat(fn, "c", m, n, nc, ldc)
 	return m > 0 && n > 0
+}
+
+// OpDims returns the rows and columns of op(X) for X of rows×cols: swapped
+// when trans is set. Since the swap is its own inverse, it also gives the
+// stored dimensions of an operand from op(X)'s.
+func OpDims(trans bool, rows, cols int) (int, int) {
+	if trans {
+		return cols, rows
+	}
+	return rows, cols
 }
 
 func checkMat(fn, name string, rows, cols, length, ld int) {
