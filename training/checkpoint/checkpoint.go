@@ -31,11 +31,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/rpac-dev/rpac/internal/fileio"
 )
 
 // File names inside a checkpoint directory.
@@ -368,19 +371,12 @@ func load(dir string, o LoadOptions) (*Checkpoint, error) {
 
 // readBounded reads a file of at most limit bytes.
 func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() > limit {
-		return nil, fmt.Errorf("%s is %d bytes, more than the limit of %d for this file", path, st.Size(), limit)
-	}
-	return io.ReadAll(io.LimitReader(f, limit))
+	return fileio.ReadBounded(path, limit, func(st fs.FileInfo) error {
+		if st.Size() > limit {
+			return fmt.Errorf("%s is %d bytes, more than the limit of %d for this file", path, st.Size(), limit)
+		}
+		return nil
+	})
 }
 
 // openVerified opens path and checks its size against its manifest entry

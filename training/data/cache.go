@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/rpac-dev/rpac/internal/fileio"
 )
 
 // Token cache file layout (little-endian):
@@ -99,19 +101,12 @@ func decodeCache(b []byte, sum [32]byte, tokName string) (rows int, ids []int32,
 
 // readCacheFile reads a token cache file of at most limit bytes.
 func readCacheFile(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() || st.Size() > limit {
-		return nil, fmt.Errorf("%w: %d bytes, more than the %d its source can give", errBadCache, st.Size(), limit)
-	}
-	return io.ReadAll(io.LimitReader(f, limit))
+	return fileio.ReadBounded(path, limit, func(st fs.FileInfo) error {
+		if !st.Mode().IsRegular() || st.Size() > limit {
+			return fmt.Errorf("%w: %d bytes, more than the %d its source can give", errBadCache, st.Size(), limit)
+		}
+		return nil
+	})
 }
 
 // writeFileAtomic writes data to path through a temporary file in the same
@@ -126,20 +121,8 @@ func writeFileAtomic(path string, data []byte) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
+	return fileio.Replace(f, path, func(f *os.File) error {
+		_, err := f.Write(data)
 		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	})
 }
