@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/internal/fileio"
 )
 
 // maxInline is the size above which Write moves initializer data into an
@@ -139,27 +140,13 @@ func atomicWrite(path string, fill func(*os.File) error) error {
 	if err != nil {
 		return fmt.Errorf("onnx: write %s: %w", path, err)
 	}
-	tmp := f.Name()
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("onnx: write %s: %w", path, err)
-	}
-	if err := fill(f); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("onnx: write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	err = fileio.Replace(f, path, func(f *os.File) error {
+		if err := fill(f); err != nil {
+			return err
+		}
+		return f.Chmod(0o644)
+	})
+	if err != nil {
 		return fmt.Errorf("onnx: write %s: %w", path, err)
 	}
 	if d, err := os.Open(dir); err == nil {

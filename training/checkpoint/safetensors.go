@@ -11,6 +11,7 @@ import (
 	"os"
 	"sort"
 
+	"github.com/rpac-dev/rpac/internal/fileio"
 	"github.com/rpac-dev/rpac/internal/sysmem"
 )
 
@@ -490,22 +491,11 @@ func SaveWeightsFile(path string, tensors []Named, meta map[string]string) error
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	tmp := f.Name()
-	err = WriteSafetensors(f, tensors, meta)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
+	err = fileio.Replace(f, path, func(f *os.File) error { return WriteSafetensors(f, tensors, meta) })
 	if err == nil {
 		err = syncDir(dir)
 	}
 	if err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("checkpoint: writing %s: %w", path, err)
 	}
 	return nil
