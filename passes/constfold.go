@@ -85,23 +85,7 @@ func ConstFold(g *ir.Graph, st *kernels.Store, be kernels.Backend) error {
 		}
 	}
 	// The folded values that unfolded nodes or graph outputs read.
-	var targets []*ir.Value
-	for _, n := range g.Nodes {
-		if !fold[n] {
-			continue
-		}
-		for _, o := range n.Outputs {
-			read := isOutput(g, o)
-			for _, u := range uses[o] {
-				if !fold[u] {
-					read = true
-				}
-			}
-			if read {
-				targets = append(targets, o)
-			}
-		}
-	}
+	targets := readOutside(g, fold, uses)
 	if len(targets) == 0 {
 		return nil
 	}
@@ -208,4 +192,25 @@ func evalStatic(g *ir.Graph, targets []*ir.Value, st *kernels.Store, be kernels.
 		out[v] = t.Float64s()
 	}
 	return out, nil
+}
+
+// readOutside returns, in graph order, the outputs of the nodes of set that
+// a graph output or a node outside set reads.
+func readOutside(g *ir.Graph, set map[*ir.Node]bool, uses map[*ir.Value][]*ir.Node) []*ir.Value {
+	var out []*ir.Value
+	for _, n := range g.Nodes {
+		if !set[n] {
+			continue
+		}
+		for _, o := range n.Outputs {
+			read := isOutput(g, o)
+			for _, u := range uses[o] {
+				read = read || !set[u]
+			}
+			if read {
+				out = append(out, o)
+			}
+		}
+	}
+	return out
 }

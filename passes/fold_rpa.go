@@ -120,20 +120,12 @@ func FoldRPA(g *ir.Graph, info *ModelInfo, st *kernels.Store, be kernels.Backend
 	T := info.T
 	isBias := func(s ir.Shape) bool { return len(s) == 2 && s[0] == s[1] && (s[0] == T || T == 0 && s[0] > 1) }
 	uses := g.Uses()
-	var targets, clipIn []*ir.Value
+	targets := readOutside(g, dep, uses)
+	var clipIn []*ir.Value
 	clipOf := map[int]*ir.Node{}
 	for _, n := range g.Nodes {
 		if !dep[n] {
 			continue
-		}
-		for _, o := range n.Outputs {
-			read := isOutput(g, o)
-			for _, u := range uses[o] {
-				read = read || !dep[u]
-			}
-			if read {
-				targets = append(targets, o)
-			}
 		}
 		if n.Op == ir.OpClamp && isBias(n.Outputs[0].Shape) {
 			_, hasLo := n.Attrs["lo"]
