@@ -106,11 +106,7 @@ func checkRunning(g *ir.Graph, info *ModelInfo, st *kernels.Store) error {
 		if v == nil || v.Kind != ir.Buffer {
 			continue
 		}
-		var t *kernels.Tensor
-		if st != nil {
-			t = st.Get(v.Name)
-		}
-		if t == nil || !t.Shape.Equal(v.Shape) {
+		if storedValue(st, v) == nil {
 			missing = append(missing, v.Name)
 		}
 	}

@@ -76,11 +76,8 @@ func StripTraining(g *ir.Graph, hooks []string, st *kernels.Store) error {
 		if v.Kind != ir.Buffer || !v.TrainingOnly {
 			continue
 		}
-		var t *kernels.Tensor
-		if st != nil {
-			t = st.Get(v.Name)
-		}
-		if t == nil || !t.Shape.Equal(v.Shape) {
+		t := storedValue(st, v)
+		if t == nil {
 			missing = append(missing, v.Name)
 			continue
 		}
@@ -103,4 +100,16 @@ func isOutput(g *ir.Graph, v *ir.Value) bool {
 		}
 	}
 	return false
+}
+
+// storedValue returns st's tensor of v's name when it has v's shape, else
+// nil (also for a nil st).
+func storedValue(st *kernels.Store, v *ir.Value) *kernels.Tensor {
+	if st == nil {
+		return nil
+	}
+	if t := st.Get(v.Name); t != nil && t.Shape.Equal(v.Shape) {
+		return t
+	}
+	return nil
 }
