@@ -1,8 +1,12 @@
 package passes
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
@@ -55,23 +59,30 @@ func exportOptions(c *Context) (*ExportOptions, error) {
 		return nil, errors.New("no export options (Context.ExportOptions)")
 	}
 	o := c.ExportOptions
-	if o.Fold == "" {
-		o.Fold = FoldRPAMode
+	var err error
+	if o.Fold, err = oneOf("fold mode", o.Fold, FoldRPAMode, FoldRankMode, FoldRankApproxMode, FoldNoneMode); err != nil {
+		return nil, err
 	}
-	switch o.Fold {
-	case FoldRPAMode, FoldNoneMode, FoldRankMode, FoldRankApproxMode:
-	default:
-		return nil, fmt.Errorf("fold mode %q: want %q, %q, %q or %q", o.Fold, FoldRPAMode, FoldRankMode, FoldRankApproxMode, FoldNoneMode)
-	}
-	if o.Attention == "" {
-		o.Attention = DefaultAttention
-	}
-	switch o.Attention {
-	case AttentionOp, AttentionOpPadded, AttentionPlain, AttentionNone:
-	default:
-		return nil, fmt.Errorf("attention lowering %q: want %q, %q, %q or %q", o.Attention, AttentionOp, AttentionOpPadded, AttentionPlain, AttentionNone)
+	if o.Attention, err = oneOf("attention lowering", o.Attention, DefaultAttention, AttentionOpPadded, AttentionPlain, AttentionNone); err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// oneOf returns v, or def when v is "", if it is def or one of others;
+// the error names the option what and lists the choices.
+func oneOf(what, v, def string, others ...string) (string, error) {
+	v = cmp.Or(v, def)
+	choices := append([]string{def}, others...)
+	if slices.Contains(choices, v) {
+		return v, nil
+	}
+	q := make([]string, len(choices))
+	for i, c := range choices {
+		q[i] = strconv.Quote(c)
+	}
+	last := len(q) - 1
+	return "", fmt.Errorf("%s %q: want %s or %s", what, v, strings.Join(q[:last], ", "), q[last])
 }
 
 // ExportPipeline turns an eval-mode forward graph (model.Build with
