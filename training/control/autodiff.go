@@ -82,27 +82,23 @@ func (t *Tape) Affine(W, x, b *Var) *Var {
 
 // Tanh is elementwise tanh.
 func (t *Tape) Tanh(x *Var) *Var {
-	y := t.result(x.Rows, x.Cols)
-	for i, v := range x.Val {
-		y.Val[i] = math.Tanh(v)
-	}
-	t.ops = append(t.ops, func() {
-		for i, yv := range y.Val {
-			x.Grad[i] += y.Grad[i] * (1 - yv*yv)
-		}
-	})
-	return y
+	return t.unary(x, math.Tanh, func(y float64) float64 { return 1 - y*y })
 }
 
 // Exp is elementwise exp.
 func (t *Tape) Exp(x *Var) *Var {
+	return t.unary(x, math.Exp, func(y float64) float64 { return y })
+}
+
+// unary is f elementwise; dy gives f's derivative from f's value.
+func (t *Tape) unary(x *Var, f, dy func(float64) float64) *Var {
 	y := t.result(x.Rows, x.Cols)
 	for i, v := range x.Val {
-		y.Val[i] = math.Exp(v)
+		y.Val[i] = f(v)
 	}
 	t.ops = append(t.ops, func() {
 		for i, yv := range y.Val {
-			x.Grad[i] += y.Grad[i] * yv
+			x.Grad[i] += y.Grad[i] * dy(yv)
 		}
 	})
 	return y
