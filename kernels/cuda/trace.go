@@ -325,30 +325,14 @@ func kernelCost(e *perf.Event, a kargs, grid [3]uint32) {
 		e.Bytes = w*n + 8*math.Ceil(n/max(1, a.i("chunk")))
 	case "zscore_grad_part_f32":
 		e.Bytes = 2*w*n + 16*math.Ceil(n/max(1, a.i("chunk")))
-	case "gather_rows_f32":
-		e.Bytes = 2 * w * a.i("rows") * a.i("D")
-	case "gather_grad_csr_f32":
-		e.Bytes = 2 * w * a.i("nuniq") * a.i("D")
-	case "layernorm_fwd_f32":
-		e.Bytes = 2 * w * a.i("rows") * a.i("D")
 	case "layernorm_fwd_bf16pad": // fp32 rows×D read, bf16 rows×ld written
 		e.Bytes = w*a.i("rows")*a.i("D") + 2*a.i("rows")*a.i("ld")
-	case "layernorm_bwd_dx_f32":
-		e.Bytes = 3 * w * a.i("rows") * a.i("D")
 	case "layernorm_bwd_f32":
 		// dy and x read, dx written, two double partials per column and chunk
 		e.Bytes = 3*w*a.i("rows")*a.i("D") + 16*float64(grid[0])*a.i("W")
 	case "layernorm_bwd_params_f32":
 		// dy and x, then two double partials per column and chunk
 		e.Bytes = 2*w*a.i("rows")*a.i("D") + 16*float64(grid[1])*a.i("D")
-	case "softmax_rows_f32", "topk_mask_f32":
-		e.Bytes = 2 * w * a.i("rows") * a.i("n")
-	case "softmax_rows_bwd_f32":
-		e.Bytes = 3 * w * a.i("rows") * a.i("n")
-	case "ce_rows_f32":
-		e.Bytes = 2 * w * a.i("rows") * a.i("V")
-	case "ce_grad_f32":
-		e.Bytes = 3 * w * a.i("rows") * a.i("V")
 	case "softmax_ce_fused_f32", "softmax_ce_smem_f32":
 		// the chunk's logits: read for the maximum and the sum (one pass),
 		// read again (a chunk of rows × 50,257 does not fit in L2; the
@@ -394,7 +378,29 @@ func kernelCost(e *perf.Event, a kargs, grid [3]uint32) {
 	case "attention_dbias_reduce_f32":
 		T := a.i("T")
 		e.Bytes = w * T * T * (a.i("G")/2 + 1) // the partial sums on and below the diagonal, the result
+	default:
+		if m, ok := matrixPasses[e.Name]; ok {
+			e.Bytes = m.words * w * a.i(m.rows) * a.i(m.cols)
+		}
 	}
+}
+
+// matrixPasses: the kernels that move words fp32 words per element of a
+// matrix whose rows and columns the arguments rows and cols count (one
+// read and one write: 2).
+var matrixPasses = map[string]struct {
+	words      float64
+	rows, cols string
+}{
+	"gather_rows_f32":      {2, "rows", "D"},
+	"gather_grad_csr_f32":  {2, "nuniq", "D"},
+	"layernorm_fwd_f32":    {2, "rows", "D"},
+	"layernorm_bwd_dx_f32": {3, "rows", "D"},
+	"softmax_rows_f32":     {2, "rows", "n"},
+	"topk_mask_f32":        {2, "rows", "n"},
+	"softmax_rows_bwd_f32": {3, "rows", "n"},
+	"ce_rows_f32":          {2, "rows", "V"},
+	"ce_grad_f32":          {3, "rows", "V"},
 }
 
 // attnGEMMCost: attngemm.cu's kernels. The packs read the fp32 operand
