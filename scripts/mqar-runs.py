@@ -16,6 +16,8 @@ import os
 import statistics
 import sys
 
+import metricslog
+
 # Student's t, 0.975 quantile, by degrees of freedom
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
         10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
@@ -23,16 +25,7 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 
 
 def evaluations(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a stop
-            if "recall_acc" in r:
-                rows.append(r)
-    return rows
+    return [r for r in metricslog.records(path) if "recall_acc" in r]
 
 
 def first(rows, level):

@@ -3,24 +3,20 @@
 each run's metrics.jsonl (OUT/L<len>-P<pairs>/metrics.jsonl): steps run,
 wall time, best recall and its step, the first step with recall >= 0.9, and
 the last evaluation's recall by query distance."""
-import json
 import os
 import sys
+
+import metricslog
 
 
 def evals(path):
     first_time, rows = None, []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue  # a line cut by the stop
-            if first_time is None and "time" in r:
-                first_time = r["time"]
-            if "recall_acc" in r:
-                rows.append(r)
-            last = r
+    for r in metricslog.records(path):
+        if first_time is None and "time" in r:
+            first_time = r["time"]
+        if "recall_acc" in r:
+            rows.append(r)
+        last = r
     return first_time, rows, last
 
 
