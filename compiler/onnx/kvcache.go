@@ -177,18 +177,9 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	if out.Kind == ir.Intermediate && out.Def.Op != ir.OpStopGradient {
 		b.final = out
 	}
-	live := liveNodes(g, out)
-	for _, n := range g.Nodes {
-		if !live[n] {
-			continue
-		}
-		if err := b.lowerNode(n); err != nil {
-			return nil, KVLayout{}, fmt.Errorf("onnx: %s graph: %s node %d: %w", which, n.Op, n.ID, err)
-		}
-	}
-	name, err := b.value(out)
+	name, err := b.lowerLive(g, out, fmt.Sprintf("onnx: %s graph: ", which))
 	if err != nil {
-		return nil, KVLayout{}, fmt.Errorf("onnx: output: %w", err)
+		return nil, KVLayout{}, err
 	}
 	if name != OutputName {
 		b.emitTo(OutputName, "Identity", []string{name})
@@ -593,4 +584,23 @@ func (b *builder) kvDecodeAttention(i int, q, key, val, bias string, scale float
 	s = b.emit(out+".scaled", "Mul", []string{s, b.scalar(scale)})
 	s = b.emit(out+".masked", "Add", []string{s, mask})
 	return b.emitTo(out, "MatMul", []string{b.softmax(s, b.fresh(out+".probs")), pv})
+}
+
+// lowerLive lowers the nodes of g that out depends on, in graph order, and
+// returns out's name; prefix starts the error of a node that fails.
+func (b *builder) lowerLive(g *ir.Graph, out *ir.Value, prefix string) (string, error) {
+	live := liveNodes(g, out)
+	for _, n := range g.Nodes {
+		if !live[n] {
+			continue
+		}
+		if err := b.lowerNode(n); err != nil {
+			return "", fmt.Errorf("%s%s node %d: %w", prefix, n.Op, n.ID, err)
+		}
+	}
+	name, err := b.value(out)
+	if err != nil {
+		return "", fmt.Errorf("onnx: output: %w", err)
+	}
+	return name, nil
 }

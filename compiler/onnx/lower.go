@@ -191,18 +191,9 @@ func Lower(g *ir.Graph, weights WeightFunc, opts Options) (*onnxpb.ModelProto, e
 		b.final = out
 	}
 
-	live := liveNodes(g, out)
-	for _, n := range g.Nodes {
-		if !live[n] {
-			continue
-		}
-		if err := b.lowerNode(n); err != nil {
-			return nil, fmt.Errorf("onnx: %s node %d: %w", n.Op, n.ID, err)
-		}
-	}
-	name, err := b.value(out)
+	name, err := b.lowerLive(g, out, "onnx: ")
 	if err != nil {
-		return nil, fmt.Errorf("onnx: output: %w", err)
+		return nil, err
 	}
 	switch {
 	case reshapeOut:
