@@ -22,11 +22,9 @@ __device__ __forceinline__ float ln_warp_sum(float v) {
     return v;
 }
 
-// ln_row: row r of x (D floats apart), the mean and 1/std of its first W
-// entries computed by the warp (lane 0 stores them in mean[r] and rstd[r]).
-__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, int W, float eps, float* mean, float* rstd,
-                                               float* mu, float* rs) {
-    const float* xr = x + (i64)r * D;
+// ln_stats: the mean (*mu) and 1/std (*rs) of the first W entries of the
+// row xr, computed by the warp.
+__device__ __forceinline__ void ln_stats(const float* xr, int W, float eps, float* mu, float* rs) {
     int lane = threadIdx.x & 31;
     float s = 0.0f;
     for (int j = lane; j < W; j += 32) s += xr[j];
@@ -38,7 +36,15 @@ __device__ __forceinline__ const float* ln_row(const float* x, int r, int D, int
     }
     *mu = m;
     *rs = rsqrtf(ln_warp_sum(q) / W + eps);
-    if (lane == 0) {
+}
+
+// ln_row: row r of x (D floats apart), the mean and 1/std of its first W
+// entries computed by the warp (lane 0 stores them in mean[r] and rstd[r]).
+__device__ __forceinline__ const float* ln_row(const float* x, int r, int D, int W, float eps, float* mean, float* rstd,
+                                               float* mu, float* rs) {
+    const float* xr = x + (i64)r * D;
+    ln_stats(xr, W, eps, mu, rs);
+    if ((threadIdx.x & 31) == 0) {
         mean[r] = *mu;
         rstd[r] = *rs;
     }
@@ -80,15 +86,8 @@ __device__ __forceinline__ void ln_dx_row(float* dx, const float* dy, const floa
     int lane = threadIdx.x & 31;
     const float* xr = x + (i64)r * D;
     const float* dyr = dy + (i64)r * D;
-    float s = 0.0f;
-    for (int j = lane; j < W; j += 32) s += xr[j];
-    float mu = ln_warp_sum(s) / W;
-    float q = 0.0f;
-    for (int j = lane; j < W; j += 32) {
-        float d = xr[j] - mu;
-        q += d * d;
-    }
-    float rs = rsqrtf(ln_warp_sum(q) / W + eps);
+    float mu, rs;
+    ln_stats(xr, W, eps, &mu, &rs);
     float a = 0.0f, c = 0.0f;
     for (int j = lane; j < W; j += 32) {
         float xh = (xr[j] - mu) * rs;
