@@ -93,6 +93,18 @@ __device__ __forceinline__ void fa_rows(rpac_a_row* f, const bf16_t* s, int nk, 
     }
 }
 
+// fa_block_rows: the block's FA_ROWS rows of src from r0 staged through buf
+// (a [FA_ROWS][Hs] tile, see fa_stage), then the warp's 16 of them as left
+// operands in f (fa_rows); all the block's threads, synchronised after each
+// step, so that buf may be staged again.
+__device__ __forceinline__ void fa_block_rows(rpac_a_row* f, bf16_t* buf, const float* src, int r0, int T, int Hd, int rs,
+                                              int Hp, int Hs, int nk) {
+    fa_stage(buf, src, r0, FA_ROWS, T, Hd, rs, Hp, Hs);
+    __syncthreads();
+    fa_rows(f, buf + (threadIdx.x >> 5) * 16 * Hs, nk, Hs);
+    __syncthreads();
+}
+
 // fa_dots: dst[16][32] (fp32, rows of ldd) = a · xᵀ, a the warp's 16 rows
 // over the head and x a staged [32][Hs] tile: every dot product of a row
 // with x's rows.
@@ -223,11 +235,8 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o
     float* s = ss[w];
     rpac_acc ids;
     fa_row_ids(ids, (bf16_t*)s);  // ss[w] is 2,048 bytes: the patterns fit
-    fa_stage(sq, q + base, q0, FA_ROWS, T, Hd, rs, Hp, Hp);
-    __syncthreads();
     rpac_a_row qa[FA_NK];
-    fa_rows(qa, sq + w * 16 * Hp, nk, Hp);
-    __syncthreads();
+    fa_block_rows(qa, sq, q + base, q0, T, Hd, rs, Hp, Hp, nk);
     int tiles = (min(q0 + FA_ROWS, T) - 1) / FA_TILE + 1;
     float m = RPAC_NEG_INF, l = 0.0f;
     rpac_acc acc[FA_NK];
@@ -325,14 +334,8 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_bwd_dq_bf16(float
         if ((lane & 1) == 0 && i < T) Dbuf[row] = Di;
         float L = i < T ? lse[row] : 0.0f;
         rpac_a_row qa[FA_NK], da[FA_NK];
-        fa_stage(skv, q + base, q0, FA_ROWS, T, Hd, rs, Hp, Hs);
-        __syncthreads();
-        fa_rows(qa, skv + w * 16 * Hs, nk, Hs);
-        __syncthreads();
-        fa_stage(skv, dO + base, q0, FA_ROWS, T, Hd, rs, Hp, Hs);
-        __syncthreads();
-        fa_rows(da, skv + w * 16 * Hs, nk, Hs);
-        __syncthreads();
+        fa_block_rows(qa, skv, q + base, q0, T, Hd, rs, Hp, Hs, nk);
+        fa_block_rows(da, skv, dO + base, q0, T, Hd, rs, Hp, Hs, nk);
         rpac_acc acc[FA_NK];
         fa_zero(acc);
         for (int t = 0; t < tiles; t++) {
@@ -391,14 +394,8 @@ extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const f
     bf16_t* sq = sqd;
     bf16_t* sdo = sqd + FA_TILE * Hs;
     rpac_a_row ka[FA_NK], va[FA_NK];
-    fa_stage(sqd, k + base, k0, FA_ROWS, T, Hd, rs, Hp, Hs);
-    __syncthreads();
-    fa_rows(ka, sqd + w * 16 * Hs, nk, Hs);
-    __syncthreads();
-    fa_stage(sqd, v + base, k0, FA_ROWS, T, Hd, rs, Hp, Hs);
-    __syncthreads();
-    fa_rows(va, sqd + w * 16 * Hs, nk, Hs);
-    __syncthreads();
+    fa_block_rows(ka, sqd, k + base, k0, T, Hd, rs, Hp, Hs, nk);
+    fa_block_rows(va, sqd, v + base, k0, T, Hd, rs, Hp, Hs, nk);
     rpac_acc dK[FA_NK], dV[FA_NK];
     fa_zero(dK);
     fa_zero(dV);
