@@ -30,6 +30,24 @@ __device__ __forceinline__ void ce_load(float* vs, const float* x, int j0, int s
     }
 }
 
+// ce_each: f(j, x[j]) for the thread's entries of the row (j from
+// threadIdx.x, blockDim.x apart, below V) in order, the loads AHEAD at a
+// time (ce_load).
+template <int AHEAD, typename F>
+__device__ __forceinline__ void ce_each(const float* x, int V, F f) {
+    const int step = blockDim.x;
+    for (int j0 = threadIdx.x; j0 < V; j0 += AHEAD * step) {
+        float vs[AHEAD];
+        ce_load<AHEAD>(vs, x, j0, step, V);
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            int j = j0 + u * step;
+            if (j >= V) break;
+            f(j, vs[u]);
+        }
+    }
+}
+
 // ce_put: gradient entry j of the row, into the fp32 row x or the bf16
 // row g.
 __device__ __forceinline__ void ce_put(float* x, bf16_t* g, int j, float v) {
@@ -66,27 +84,18 @@ __device__ __forceinline__ void ce_row(float* logits, float* loss_sm, float* los
     float m = RPAC_NEG_INF;
     int arg = 0x7fffffff;
     float sx = 0.0f, se = 0.0f;
-    const int step = blockDim.x;
-    for (int j0 = threadIdx.x; j0 < V; j0 += AHEAD * step) {
-        float vs[AHEAD];
-        ce_load<AHEAD>(vs, x, j0, step, V);
-#pragma unroll
-        for (int u = 0; u < AHEAD; u++) {
-            int j = j0 + u * step;
-            if (j >= V) break;
-            float v = vs[u];
-            if (keep) keep[j] = v;
-            if (v > m) {
-                se = (m == RPAC_NEG_INF ? 0.0f : se * expf(m - v)) + 1.0f;
-                m = v;
-                arg = j;
-            } else {
-                if (m != RPAC_NEG_INF) se += expf(v - m);  // (v = m = −Inf adds nothing)
-                if (v == m && j < arg) arg = j;
-            }
-            sx += v;
+    ce_each<AHEAD>(x, V, [&](int j, float v) {
+        if (keep) keep[j] = v;
+        if (v > m) {
+            se = (m == RPAC_NEG_INF ? 0.0f : se * expf(m - v)) + 1.0f;
+            m = v;
+            arg = j;
+        } else {
+            if (m != RPAC_NEG_INF) se += expf(v - m);  // (v = m = −Inf adds nothing)
+            if (v == m && j < arg) arg = j;
         }
-    }
+        sx += v;
+    });
     // argmax with ties to the lower index: reduce (value, index) pairs.
     // (block_max's barriers: the kept row is whole after it.)
     float bm = block_max(m, shared);
@@ -119,19 +128,11 @@ __device__ __forceinline__ void ce_row(float* logits, float* loss_sm, float* los
     }
     __syncthreads();  // every thread has read x[t] before it is overwritten (fp32 gradient)
     float inv = 1.0f / se;
-    for (int j0 = threadIdx.x; j0 < V; j0 += AHEAD * step) {
-        float vs[AHEAD];
-        ce_load<AHEAD>(vs, src, j0, step, V);
-#pragma unroll
-        for (int u = 0; u < AHEAD; u++) {
-            int j = j0 + u * step;
-            if (j < V) {
-                float p = expf(vs[u] - bm) * inv;
-                float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
-                ce_put(x, g, j, scale * (p - tgt));
-            }
-        }
-    }
+    ce_each<AHEAD>(src, V, [&](int j, float v) {
+        float p = expf(v - bm) * inv;
+        float tgt = ls / V + (j == t ? 1.0f - ls : 0.0f);
+        ce_put(x, g, j, scale * (p - tgt));
+    });
 }
 
 extern "C" __global__ void softmax_ce_fused_f32(float* logits, float* loss_sm, float* loss_ce, int* pred,
