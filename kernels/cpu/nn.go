@@ -20,14 +20,8 @@ func softmaxRow[T float](dst, src []T) {
 		softmaxRow32(d32, any(src).([]float32))
 		return
 	}
-	m := T(math.Inf(-1))
-	for _, x := range src {
-		if x > m {
-			m = x
-		}
-	}
-	if math.IsInf(float64(m), -1) {
-		allInfRow(dst, src)
+	m, ok := softmaxMax(dst, src)
+	if !ok {
 		return
 	}
 	var s float64
@@ -42,6 +36,22 @@ func softmaxRow[T float](dst, src []T) {
 	}
 }
 
+// softmaxMax returns the maximum of src; a row with no finite maximum
+// gives false, its result already written to dst (allInfRow).
+func softmaxMax[T float](dst, src []T) (T, bool) {
+	m := T(math.Inf(-1))
+	for _, x := range src {
+		if x > m {
+			m = x
+		}
+	}
+	if math.IsInf(float64(m), -1) {
+		allInfRow(dst, src)
+		return m, false
+	}
+	return m, true
+}
+
 // allInfRow: a row with no finite maximum gives zeros (NaN stays NaN).
 func allInfRow[T float](dst, src []T) {
 	for i, x := range src {
@@ -54,14 +64,8 @@ func allInfRow[T float](dst, src []T) {
 }
 
 func softmaxRow32(dst, src []float32) {
-	m := float32(math.Inf(-1))
-	for _, x := range src {
-		if x > m {
-			m = x
-		}
-	}
-	if math.IsInf(float64(m), -1) {
-		allInfRow(dst, src)
+	m, ok := softmaxMax(dst, src)
+	if !ok {
 		return
 	}
 	var s float64
