@@ -125,38 +125,58 @@ func TestAllControllersMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var evals []map[string]any
-	contexts := map[float64]bool{}
+	var evals []metrics.Record
+	contexts := map[int]bool{}
 	for _, r := range recs {
-		if _, ok := r["val_ce"]; ok {
+		switch r.Kind() {
+		case metrics.KindEval:
 			evals = append(evals, r)
-		} else if c, ok := r["context"].(float64); ok {
-			contexts[c] = true
+		case metrics.KindStep:
+			contexts[r.Context] = true
 		}
 	}
 	if len(evals) != 4 {
 		t.Fatalf("%d evaluations, want 4", len(evals))
 	}
-	want := []string{"val_ce", "val_ce_ema", "tau_att", "guardian_reward", "lambda_sat", "lambda_delta", "mu_entropy",
-		"mu_entropy_layers", "sat_frac", "expert_usage", "gate_delta", "q_context", "contexts", "swa_members", "swa_count", "lr"}
+	want := []struct {
+		name string
+		has  func(r *metrics.Record) bool
+	}{
+		{"val_ce", func(r *metrics.Record) bool { return r.ValCE.Present() }},
+		{"val_ce_ema", func(r *metrics.Record) bool { return r.ValCEEMA.Present() }},
+		{"tau_att", func(r *metrics.Record) bool { return r.TauAtt != nil }},
+		{"guardian_reward", func(r *metrics.Record) bool { return r.GuardianReward.Present() }},
+		{"lambda_sat", func(r *metrics.Record) bool { return r.LambdaSat.Present() }},
+		{"lambda_delta", func(r *metrics.Record) bool { return r.LambdaDelta.Present() }},
+		{"mu_entropy", func(r *metrics.Record) bool { return r.MuEntropy.Present() }},
+		{"mu_entropy_layers", func(r *metrics.Record) bool { return r.MuEntropyLayers != nil }},
+		{"sat_frac", func(r *metrics.Record) bool { return r.SatFrac.Present() }},
+		{"expert_usage", func(r *metrics.Record) bool { return r.ExpertUsage != nil }},
+		{"gate_delta", func(r *metrics.Record) bool { return r.GateDelta.Present() }},
+		{"q_context", func(r *metrics.Record) bool { return r.QContext != nil }},
+		{"contexts", func(r *metrics.Record) bool { return r.Contexts != nil }},
+		{"swa_members", func(r *metrics.Record) bool { return r.SWAMembers != nil }},
+		{"swa_count", func(r *metrics.Record) bool { return r.SWACount != nil }},
+		{"lr", func(r *metrics.Record) bool { return r.LR.Present() }},
+	}
 	for i, r := range evals {
 		for _, k := range want {
-			if _, ok := r[k]; !ok {
-				t.Errorf("evaluation %d lacks %q", i, k)
+			if !k.has(&r) {
+				t.Errorf("evaluation %d lacks %q", i, k.name)
 			}
 		}
 		if i < len(evals)-1 {
-			if a, ok := r["guardian_action"].([]any); !ok || len(a) != 3 {
-				t.Errorf("evaluation %d: guardian_action %v, want 3 numbers", i, r["guardian_action"])
+			if a := r.GuardianAction; len(a) != 3 {
+				t.Errorf("evaluation %d: guardian_action %v, want 3 numbers", i, a)
 			}
 		}
-		if tau := r["tau_att"].([]any); len(tau) != 2 {
+		if tau := r.TauAtt; len(tau) != 2 {
 			t.Errorf("tau_att %v: want one per layer", tau)
 		}
 	}
 	learned := false
 	for _, r := range evals {
-		if r["guardian_advantage"] != nil {
+		if !math.IsNaN(r.GuardianAdvantage.Value()) {
 			learned = true
 		}
 	}
@@ -165,8 +185,7 @@ func TestAllControllersMetrics(t *testing.T) {
 	}
 	moved := false
 	for _, r := range evals {
-		before, _ := r["tau_att"].([]any)
-		after, _ := r["tau_att_after"].([]any)
+		before, after := r.TauAtt, r.TauAttAfter
 		if len(before) == 2 && len(after) == 2 && before[0] != after[0] {
 			moved = true
 		}
@@ -175,14 +194,14 @@ func TestAllControllersMetrics(t *testing.T) {
 		t.Error("Guardian never moved τ_att (tau_att equals tau_att_after at every evaluation)")
 	}
 	last := evals[len(evals)-1]
-	if last["swa_count"].(float64) < 1 || last["val_ce_swa"] == nil {
-		t.Errorf("SWA-select never joined: %v", last["swa_members"])
+	if last.SWACount == nil || *last.SWACount < 1 || !last.ValCESWA.Present() {
+		t.Errorf("SWA-select never joined: %v", last.SWAMembers)
 	}
 	if !contexts[16] || !contexts[32] {
 		t.Errorf("trained at contexts %v, want both 16 and 32", contexts)
 	}
-	q := last["q_context"].([]any)
-	if s := q[0].(float64) + q[1].(float64); math.Abs(s-1) > 1e-9 {
+	q := last.QContext
+	if s := q[0] + q[1]; math.Abs(s-1) > 1e-9 {
 		t.Errorf("q(c) sums to %g", s)
 	}
 	for _, f := range []string{"early", "late"} {

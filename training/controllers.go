@@ -9,6 +9,7 @@ import (
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/control"
+	"github.com/rpac-dev/rpac/training/metrics"
 )
 
 // controllers drive the paper's training-time machinery between steps.
@@ -167,7 +168,7 @@ func (s intervalStats) observation(ce float64) control.Observation {
 
 // intervalDiagnostics computes the interval's mean diagnostics and writes
 // them into rec.
-func (c *controllers) intervalDiagnostics(rec map[string]any) intervalStats {
+func (c *controllers) intervalDiagnostics(rec *metrics.Record) intervalStats {
 	a := &c.cs.Acc
 	c.ensureAcc()
 	var st intervalStats
@@ -182,15 +183,15 @@ func (c *controllers) intervalDiagnostics(rec map[string]any) intervalStats {
 			}
 		}
 		st = intervalStats{Usage: usage, MuEntropy: mean(hs), SatFrac: mean(sats), GateDelta: control.GateDelta(c.cs.PrevUsage, usage)}
-		rec["mu_entropy_layers"], rec["mu_entropy"] = hs, st.MuEntropy
-		rec["sat_frac_layers"], rec["sat_frac"] = sats, st.SatFrac
-		rec["expert_usage"] = usage
-		rec["gate_delta"] = st.GateDelta
+		rec.MuEntropyLayers, rec.MuEntropy = hs, metrics.N(st.MuEntropy)
+		rec.SatFracLayers, rec.SatFrac = sats, metrics.N(st.SatFrac)
+		rec.ExpertUsage = usage
+		rec.GateDelta = metrics.N(st.GateDelta)
 	}
-	rec["tau_att"] = c.tauNow()
+	rec.TauAtt = c.tauNow()
 	if c.cs.Game != nil {
-		rec["contexts"], rec["q_context"] = c.plan.Contexts, c.cs.Game.Probs()
-		rec["game_utility"] = c.cs.GameU
+		rec.Contexts, rec.QContext = c.plan.Contexts, c.cs.Game.Probs()
+		rec.GameUtility = c.cs.GameU
 	}
 	byCtx := map[string]float64{}
 	for i, ctx := range c.plan.Contexts {
@@ -198,21 +199,21 @@ func (c *controllers) intervalDiagnostics(rec map[string]any) intervalStats {
 			byCtx[fmt.Sprint(ctx)] = a.CE[i] / float64(a.N[i])
 		}
 	}
-	rec["train_ce_by_context"] = byCtx
+	rec.TrainCEByContext = byCtx
 	return st
 }
 
 // endOfInterval runs the τ controllers' end-of-interval hooks on the
 // evaluation's CE (Guardian learns and, before the last step, acts; the
 // scripted schedule observes), then starts the next interval.
-func (c *controllers) endOfInterval(step int, ce float64, final bool, st intervalStats, rec map[string]any) {
+func (c *controllers) endOfInterval(step int, ce float64, final bool, st intervalStats, rec *metrics.Record) {
 	cs := c.cs
 	switch {
 	case cs.Guardian != nil:
 		c.guardianInterval(step, st.observation(ce), final, rec)
 	case cs.Scripted != nil:
 		cs.Scripted.Observe(ce)
-		rec["scripted_nudge"] = cs.Scripted.Nudging
+		rec.ScriptedNudge = new(cs.Scripted.Nudging)
 	}
 	cs.PrevUsage = st.Usage
 	cs.Epoch++
@@ -222,20 +223,20 @@ func (c *controllers) endOfInterval(step int, ce float64, final bool, st interva
 
 // guardianInterval lets Guardian learn from the interval's evaluation
 // (obs.ValCE) and, before the last step, act on obs.
-func (c *controllers) guardianInterval(step int, obs control.Observation, final bool, rec map[string]any) {
+func (c *controllers) guardianInterval(step int, obs control.Observation, final bool, rec *metrics.Record) {
 	g := c.cs.Guardian
 	r, adv := g.Learn(obs.ValCE)
-	rec["guardian_reward"], rec["guardian_advantage"] = r, nanNull(adv)
+	rec.GuardianReward, rec.GuardianAdvantage = metrics.N(r), metrics.N(adv)
 	if !final {
 		g.Beta = g.Cfg.BetaAt(step)
 		tau := c.tauNow()
 		act := g.Act(obs, tau)
 		c.setTaus(tau...)
-		rec["guardian_action"] = act.Raw
-		rec["guardian_state"] = obs.Vector()
-		rec["tau_att_after"] = slices.Clone(tau)
+		rec.GuardianAction = act.Raw
+		rec.GuardianState = obs.Vector()
+		rec.TauAttAfter = slices.Clone(tau)
 	}
-	rec["guardian_beta"], rec["lambda_delta"], rec["lambda_sat"] = g.Beta, g.LambdaDelta, g.LambdaSat
+	rec.GuardianBeta, rec.LambdaDelta, rec.LambdaSat = metrics.N(g.Beta), metrics.N(g.LambdaDelta), metrics.N(g.LambdaSat)
 }
 
 // newControlState builds the switched-on controllers of a fresh run.

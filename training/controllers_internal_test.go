@@ -8,6 +8,7 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training/control"
+	"github.com/rpac-dev/rpac/training/metrics"
 )
 
 // TestGuardianObservesTypedDiagnostics: Guardian's observation is the
@@ -23,11 +24,11 @@ func TestGuardianObservesTypedDiagnostics(t *testing.T) {
 	c := &controllers{cs: &ControlState{Guardian: g}, plan: &Plan{}, taus: []*kernels.Tensor{tau}}
 	st := intervalStats{Usage: [][]float64{{0.5, 0.5}}, MuEntropy: 0.7, SatFrac: 0.1, GateDelta: 0.03}
 	// Stale values under the old names must not reach Guardian.
-	rec := map[string]any{"mu_entropy": 9.0, "sat_frac": 9.0, "gate_delta": 9.0}
+	rec := &metrics.Record{MuEntropy: metrics.N(9), SatFrac: metrics.N(9), GateDelta: metrics.N(9)}
 	c.endOfInterval(10, 2.5, false, st, rec)
 	want := []float64{0.03, 0.1, 0.7, 2.5}
-	if got, _ := rec["guardian_state"].([]float64); !slices.Equal(got, want) {
-		t.Fatalf("guardian_state %v, want %v", rec["guardian_state"], want)
+	if got := rec.GuardianState; !slices.Equal(got, want) {
+		t.Fatalf("guardian_state %v, want %v", got, want)
 	}
 	if !slices.Equal(g.Pending.State, want) {
 		t.Fatalf("pending state %v, want %v", g.Pending.State, want)

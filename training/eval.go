@@ -15,6 +15,7 @@ import (
 	"github.com/rpac-dev/rpac/training/checkpoint"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
+	"github.com/rpac-dev/rpac/training/metrics"
 )
 
 // evaluator scores the evaluation split at one length: sequential,
@@ -203,21 +204,21 @@ func (r *run) evaluateOnHost(lr float64) error {
 		nb = max(0, r.o.FinalEvalBatches) // < 0: the whole split
 	}
 	cs := r.ctl.cs
-	rec := map[string]any{"step": r.st.Step, "split": r.ds.EvalName, "epoch": cs.Epoch, "lr": lr,
-		"bias_scale": scale, "tokens": r.st.Tokens}
+	rec := &metrics.Record{Step: r.st.Step, Split: r.ds.EvalName, Epoch: new(cs.Epoch), LR: metrics.N(lr),
+		BiasScale: metrics.N(scale), Tokens: r.st.Tokens}
 	res, err := r.eval.run(r.ds, nb, true)
 	if err != nil {
 		return err
 	}
 	ce := res.CE
 	r.st.LastValCE, r.res.FinalValCE = control.F(ce), ce
-	rec["val_ce"], rec["val_ppl"], rec["val_tokens"] = ce, math.Exp(ce), res.Tokens
+	rec.ValCE, rec.ValPPL, rec.ValTokens = metrics.N(ce), metrics.N(math.Exp(ce)), res.Tokens
 	if res.Recall != nil {
 		r.res.FinalRecall, r.res.FinalRecallN = res.Recall.Accuracy(), res.Recall.Total
-		rec["recall_acc"], rec["recall_n"] = res.Recall.Accuracy(), res.Recall.Total
+		rec.RecallAcc, rec.RecallN = metrics.N(res.Recall.Accuracy()), new(res.Recall.Total)
 	}
 	if res.Breakdown != nil {
-		rec["recall_by_dist"], rec["recall_by_slot"], rec["recall_by_order"] = res.Breakdown.ByDist, res.Breakdown.BySlot, res.Breakdown.ByOrder
+		rec.RecallBreakdown = res.Breakdown
 		r.res.FinalRecallByDist = res.Breakdown.ByDist
 	}
 	if len(res.Bias) > 0 {
@@ -231,7 +232,7 @@ func (r *run) evaluateOnHost(lr float64) error {
 			return err
 		}
 		r.res.FinalEMACE = ece
-		rec["val_ce_ema"], rec["val_ppl_ema"] = ece, math.Exp(ece)
+		rec.ValCEEMA, rec.ValPPLEMA = metrics.N(ece), metrics.N(math.Exp(ece))
 	}
 	diag := r.ctl.intervalDiagnostics(rec)
 	if cs.SWA != nil {
@@ -270,7 +271,7 @@ func (r *run) evalWith(w [][]float32, nb int) (float64, error) {
 
 // swaSelect lets SWA-select decide on the interval with the raw weights'
 // CE, and evaluates the SWA average.
-func (r *run) swaSelect(ce float64, nb int, rec map[string]any) error {
+func (r *run) swaSelect(ce float64, nb int, rec *metrics.Record) error {
 	swa := r.ctl.cs.SWA
 	d := swa.Consider(r.ctl.cs.Epoch, ce)
 	if d.Join {
@@ -278,15 +279,15 @@ func (r *run) swaSelect(ce float64, nb int, rec map[string]any) error {
 			return err
 		}
 	}
-	rec["swa_join"], rec["swa_in_zone"], rec["swa_gain"] = d.Join, d.InZone, nanNull(d.RelGain)
-	rec["swa_members"], rec["swa_count"] = slices.Clone(swa.Members), swa.Count()
+	rec.SWAJoin, rec.SWAInZone, rec.SWAGain = new(d.Join), new(d.InZone), metrics.N(d.RelGain)
+	rec.SWAMembers, rec.SWACount = append([]int{}, swa.Members...), new(swa.Count())
 	if r.w.swa != nil {
 		sce, err := r.evalWith(r.w.swa, nb)
 		if err != nil {
 			return err
 		}
 		r.res.FinalSWACE = sce
-		rec["val_ce_swa"], rec["val_ppl_swa"] = sce, math.Exp(sce)
+		rec.ValCESWA, rec.ValPPLSWA = metrics.N(sce), metrics.N(math.Exp(sce))
 	}
 	r.res.SWAMembers = slices.Clone(swa.Members)
 	return nil

@@ -76,15 +76,15 @@ func TestMetricsAfterKillBeforeFirstCheckpoint(t *testing.T) {
 	steps := map[string]int{}
 	starts := 0
 	for _, r := range recs {
-		if r["event"] == "start" {
+		if r.Kind() == metrics.KindStart {
 			starts++
 		}
-		if s, ok := r["step"].(float64); ok {
+		if r.Step > 0 {
 			kind := "train"
-			if _, ok := r["val_ce"]; ok {
+			if r.Kind() == metrics.KindEval {
 				kind = "eval"
 			}
-			steps[fmt.Sprintf("%s %v", kind, s)]++
+			steps[fmt.Sprintf("%s %v", kind, r.Step)]++
 		}
 	}
 	for k, n := range steps {

@@ -25,6 +25,7 @@ package training
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -186,9 +187,9 @@ func (r *run) skipStep(set stepSettings, out *StepResult, gnorm float64) error {
 	r.st.Step++
 	l := r.plan.Lengths[set.Context]
 	r.st.Tokens += int64(l.Batch * l.T)
-	rec := map[string]any{"step": r.st.Step, "skipped": true, "loss": nanNull(out.Loss), "grad_norm": nanNull(gnorm),
-		"skipped_total": r.st.SkippedSteps, "context": l.T}
-	if err := r.metrics.Write(rec); err != nil {
+	rec := metrics.Record{Step: r.st.Step, Skipped: true, Loss: metrics.N(out.Loss), GradNorm: metrics.N(gnorm),
+		SkippedTotal: r.st.SkippedSteps, Context: l.T}
+	if err := r.metrics.Write(&rec); err != nil {
 		return err
 	}
 	logging.Warn(r.o.Log, SkippedStepEvent{Step: r.st.Step, Loss: out.Loss, GradNorm: gnorm, Skipped: r.st.SkippedSteps})
@@ -477,14 +478,23 @@ func (r *run) logStart() {
 	}
 	logging.Info(o.Log, ev)
 	if r.st.Step == 0 {
-		_ = r.metrics.Write(map[string]any{"event": "start", "model": cfg.Model, "align": cfg.UseRPA, "preset": p.Preset, "params": r.res.Params,
-			"config": cfg, "context": p.EvalT, "contexts": p.Contexts, "batch": r.st.Batch, "lengths": p.Lengths,
-			"tokens_per_step": p.TokensPerStep, "steps": p.Steps, "dataset": r.ds.Name, "protocol": r.ds.Protocol,
-			"lr": p.Schedule.Peak, "controller": ctl.controller(), "ema": ctl.EMA, "swa": ctl.SWA,
-			"chaos": ctl.Chaos, "dropout_glide": ctl.DropoutGlide, "eval_every": p.EvalEvery, "game_every": p.GameEvery,
-			"layers": cfg.Layers, "R": cfg.R, "experts": cfg.Experts, "mem_budget": p.Memory.Budget, "mem_planned": p.Memory.Total,
-			"seed": o.Seed})
+		_ = r.metrics.Write(&metrics.Record{Event: metrics.EventStart, Start: r.startRecord()})
 	}
+}
+
+// startRecord is the start record of metrics.jsonl.
+func (r *run) startRecord() *metrics.Start {
+	p, ctl := r.plan, r.o.Control
+	cfg := &p.Config
+	config, _ := json.Marshal(cfg)
+	lengths, _ := json.Marshal(p.Lengths)
+	return &metrics.Start{Model: cfg.Model, Align: cfg.UseRPA, Preset: p.Preset, Params: r.res.Params,
+		Config: config, Context: p.EvalT, Contexts: p.Contexts, Batch: r.st.Batch, Lengths: lengths,
+		TokensPerStep: p.TokensPerStep, Steps: p.Steps, Dataset: r.ds.Name, Protocol: r.ds.Protocol,
+		LR: p.Schedule.Peak, Controller: ctl.controller(), EMA: ctl.EMA, SWA: ctl.SWA,
+		Chaos: ctl.Chaos, DropoutGlide: ctl.DropoutGlide, EvalEvery: p.EvalEvery, GameEvery: p.GameEvery,
+		Layers: cfg.Layers, R: cfg.R, Experts: cfg.Experts, MemBudget: p.Memory.Budget, MemPlanned: p.Memory.Total,
+		Seed: r.o.Seed}
 }
 
 // optimizerPlace is where the training state is updated: host or device.
@@ -578,10 +588,10 @@ func (r *run) logStep(set stepSettings, out *StepResult, gnorm, lr float64) erro
 	r.st.Tokens += int64(l.Batch * l.T)
 	tokps := float64(r.st.Tokens-r.tokens0) / math.Max(time.Since(r.started).Seconds(), 1e-9)
 	r.res.TokensPerS = tokps
-	rec := map[string]any{"step": r.st.Step, "loss": out.Loss, "train_ce": out.CE, "lr": lr, "grad_norm": gnorm,
-		"bias_scale": set.Scale, "tokens": r.st.Tokens, "tok_per_s": tokps, "context": l.T, "batch": l.Batch}
+	rec := metrics.Record{Step: r.st.Step, Loss: metrics.N(out.Loss), TrainCE: metrics.N(out.CE), LR: metrics.N(lr), GradNorm: metrics.N(gnorm),
+		BiasScale: metrics.N(set.Scale), Tokens: r.st.Tokens, TokPerS: metrics.N(tokps), Context: l.T, Batch: l.Batch}
 	if l.Micro < l.Batch {
-		rec["micro_batch"] = l.Micro
+		rec.MicroBatch = l.Micro
 	}
 	if n := len(out.Layers); n > 0 {
 		var h, sat float64
@@ -589,15 +599,15 @@ func (r *run) logStep(set stepSettings, out *StepResult, gnorm, lr float64) erro
 			h += st.H / float64(n)
 			sat += st.Sat / float64(n)
 		}
-		rec["mu_entropy"], rec["sat_frac"] = nanNull(h), nanNull(sat)
+		rec.MuEntropy, rec.SatFrac = metrics.N(h), metrics.N(sat)
 	}
 	if r.ctl.cs.Chaos != nil {
-		rec["chaos"] = set.Chaos
+		rec.Chaos = metrics.N(set.Chaos)
 	}
 	if r.o.Control.DropoutGlide {
-		rec["dropout"] = set.Dropout
+		rec.Dropout = metrics.N(set.Dropout)
 	}
-	if err := r.metrics.Write(rec); err != nil {
+	if err := r.metrics.Write(&rec); err != nil {
 		return err
 	}
 	r.progress.Update(r.st.Step, metrics.Fields{metrics.F("loss", out.CE), metrics.F("lr", lr)})
@@ -663,14 +673,6 @@ func mean(x []float64) float64 {
 func zeroNaN(x float64) float64 {
 	if math.IsNaN(x) {
 		return 0
-	}
-	return x
-}
-
-// nanNull turns NaN into a JSON null.
-func nanNull(x float64) any {
-	if math.IsNaN(x) {
-		return nil
 	}
 	return x
 }

@@ -79,7 +79,7 @@ func TestResumeIsExact(t *testing.T) {
 	}
 	var evals int
 	for _, r := range recs {
-		if _, ok := r["val_ce"]; ok {
+		if r.Kind() == metrics.KindEval {
 			evals++
 		}
 	}

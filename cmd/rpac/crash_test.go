@@ -112,14 +112,13 @@ func TestKilledRunsResumeExactly(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, r := range recs {
-		s, ok := r["step"].(float64)
-		if !ok {
-			continue
-		}
-		key := fmt.Sprint("step ", s)
-		if _, eval := r["val_ce"]; eval {
-			key = fmt.Sprint("eval ", s)
-		} else if _, train := r["loss"]; !train {
+		var key string
+		switch r.Kind() {
+		case metrics.KindEval:
+			key = fmt.Sprint("eval ", r.Step)
+		case metrics.KindStep, metrics.KindSkipped:
+			key = fmt.Sprint("step ", r.Step)
+		default:
 			continue
 		}
 		if seen[key] {

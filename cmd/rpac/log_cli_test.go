@@ -187,16 +187,18 @@ func TestTrainLogText(t *testing.T) {
 	}
 	var stepRecs, evalRecs, start int
 	for _, r := range recs {
-		switch {
-		case r["event"] == "start":
+		switch r.Kind() {
+		case metrics.KindStart:
 			start++
-			if r["seed"] != 1.0 { // --seed's default
-				t.Errorf("metrics.jsonl: the start record's seed is %v, want 1", r["seed"])
+			if r.Start.Seed != 1 { // --seed's default
+				t.Errorf("metrics.jsonl: the start record's seed is %v, want 1", r.Start.Seed)
 			}
-		case r["val_ce"] != nil:
+		case metrics.KindEval:
 			evalRecs++
-		case r["loss"] != nil && r["train_ce"] != nil:
-			stepRecs++
+		case metrics.KindStep:
+			if r.Loss.Present() {
+				stepRecs++
+			}
 		}
 	}
 	if start != 1 || stepRecs != 4 || evalRecs != 2 {

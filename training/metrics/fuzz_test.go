@@ -28,8 +28,8 @@ func FuzzMetricsFile(f *testing.F) {
 			return
 		}
 		for _, r := range recs {
-			if s, ok := r["step"].(float64); ok && s > float64(step) {
-				t.Fatalf("record of step %v kept after truncating to %d", s, step)
+			if r.Step > step {
+				t.Fatalf("record of step %v kept after truncating to %d", r.Step, step)
 			}
 		}
 	})

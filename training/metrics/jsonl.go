@@ -1,5 +1,5 @@
-// Package metrics records training runs: metrics.jsonl, one JSON object per
-// line, and a progress line for people watching the run.
+// Package metrics records training runs: metrics.jsonl, one Record per
+// line as a JSON object, and a progress line for people watching the run.
 //
 // Each record is written whole with a single write call, so a process killed
 // at any moment leaves at most a truncated last line, which ReadJSONL skips
@@ -13,11 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
-	"slices"
-	"sort"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -128,18 +124,15 @@ func (w *Writer) flusher(every time.Duration) {
 }
 
 // Write appends one record (a training step); it is buffered.
-func (w *Writer) Write(rec map[string]any) error { return w.write(rec, false) }
+func (w *Writer) Write(rec *Record) error { return w.write(rec, false) }
 
 // WriteEval appends one record (an evaluation) and syncs it to disk at once,
 // together with any buffered records.
-func (w *Writer) WriteEval(rec map[string]any) error { return w.write(rec, true) }
+func (w *Writer) WriteEval(rec *Record) error { return w.write(rec, true) }
 
-// write encodes rec as one line: the keys "kind", "step" and "time" first
-// (in that order, when present), then the others sorted. "time" (unix
-// seconds) is added when rec lacks it. Non-finite floats are written as the
-// strings "NaN", "Inf" and "-Inf" (JSON has no such numbers). durable
-// flushes and syncs the file before returning.
-func (w *Writer) write(rec map[string]any, durable bool) error {
+// write encodes rec as one line, stamped with the time when it has none.
+// durable flushes and syncs the file before returning.
+func (w *Writer) write(rec *Record, durable bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -229,81 +222,30 @@ func (w *Writer) syncLocked() error {
 	return w.err
 }
 
-// leadKeys come first in a record, in this order.
-var leadKeys = []string{"kind", "step", "time"}
-
-// encodeRecord renders one line, newline included.
-func encodeRecord(rec map[string]any, now time.Time) ([]byte, error) {
-	keys := make([]string, 0, len(rec)+1)
-	for _, k := range leadKeys {
-		if _, ok := rec[k]; ok || k == "time" {
-			keys = append(keys, k)
-		}
+// encodeRecord renders one line, newline included; a record without a
+// time gets now's.
+func encodeRecord(rec *Record, now time.Time) ([]byte, error) {
+	r := *rec
+	if r.Time == 0 {
+		r.Time = Stamp(float64(now.UnixMilli()) / 1000)
 	}
-	var rest []string
-	for k := range rec {
-		if !slices.Contains(leadKeys, k) {
-			rest = append(rest, k)
-		}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
 	}
-	sort.Strings(rest)
-	keys = append(keys, rest...)
-
-	var b bytes.Buffer
-	b.WriteByte('{')
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		kj, _ := json.Marshal(k)
-		b.Write(kj)
-		b.WriteByte(':')
-		v, ok := rec[k]
-		if !ok { // the automatic time stamp
-			b.WriteString(strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', 3, 64))
-			continue
-		}
-		vj, err := encodeValue(v)
-		if err != nil {
-			return nil, fmt.Errorf("field %q: %w", k, err)
-		}
-		b.Write(vj)
-	}
-	b.WriteString("}\n")
-	return b.Bytes(), nil
-}
-
-func encodeValue(v any) ([]byte, error) {
-	var f float64
-	switch x := v.(type) {
-	case float64:
-		f = x
-	case float32:
-		f = float64(x)
-	default:
-		return json.Marshal(v)
-	}
-	switch {
-	case math.IsNaN(f):
-		return []byte(`"NaN"`), nil
-	case math.IsInf(f, 1):
-		return []byte(`"Inf"`), nil
-	case math.IsInf(f, -1):
-		return []byte(`"-Inf"`), nil
-	}
-	return strconv.AppendFloat(nil, f, 'g', -1, 64), nil
+	return append(b, '\n'), nil
 }
 
 // ReadJSONL reads a metrics.jsonl file. Blank lines are skipped; a last line
 // without its newline that does not parse is taken as cut short by a killed
 // process and ignored. Any other line that is not a JSON object is an error
-// naming the line. Numbers decode as float64.
-func ReadJSONL(path string) ([]map[string]any, error) {
+// naming the line, as is a field of the wrong type.
+func ReadJSONL(path string) ([]Record, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	var out []map[string]any
+	var out []Record
 	for lineNo := 1; len(data) > 0; lineNo++ {
 		line := data
 		complete := false
@@ -315,19 +257,25 @@ func ReadJSONL(path string) ([]map[string]any, error) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var rec map[string]any
-		if err := json.Unmarshal(line, &rec); err != nil || rec == nil {
+		rec, err := decodeRecord(line)
+		if err != nil {
 			if !complete {
 				break
-			}
-			if err == nil {
-				err = errors.New("not an object")
 			}
 			return nil, fmt.Errorf("metrics: %s:%d: bad record: %v", path, lineNo, err)
 		}
 		out = append(out, rec)
 	}
 	return out, nil
+}
+
+// decodeRecord reads one line, which must be a JSON object.
+func decodeRecord(line []byte) (Record, error) {
+	var rec Record
+	if t := bytes.TrimSpace(line); len(t) == 0 || t[0] != '{' {
+		return rec, errors.New("not an object")
+	}
+	return rec, json.Unmarshal(line, &rec)
 }
 
 // TruncateAfter drops the records of path whose "step" is beyond step (a

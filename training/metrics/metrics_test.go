@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rpac-dev/rpac/internal/logging"
+	"github.com/rpac-dev/rpac/training/data"
 )
 
 type fakeClock struct{ t time.Time }
@@ -33,17 +34,18 @@ func TestWriterBuffersTrainAndSyncsEval(t *testing.T) {
 	w.lastFlush = clock.now()
 	w.mu.Unlock()
 
-	if err := w.Write(map[string]any{"step": 1, "loss": 5.5, "lr": 1e-3, "kind": "train"}); err != nil {
+	if err := w.Write(&Record{Step: 1, Loss: N(5.5), LR: N(1e-3), Context: 64}); err != nil {
 		t.Fatal(err)
 	}
 	if got := fileString(t, path); got != "" {
 		t.Fatalf("train record written at once: %q", got)
 	}
-	if err := w.WriteEval(map[string]any{"step": 1, "val_loss": 5.25, "nan": math.NaN(), "tags": []string{"a"}, "time": "t0"}); err != nil {
+	epoch := 0
+	if err := w.WriteEval(&Record{Step: 1, Time: 1.5, ValCE: N(5.25), GateDelta: N(math.NaN()), Epoch: &epoch, TauAtt: []float64{1}}); err != nil {
 		t.Fatal(err)
 	}
-	want := `{"kind":"train","step":1,"time":1700000000.000,"loss":5.5,"lr":0.001}` + "\n" +
-		`{"step":1,"time":"t0","nan":"NaN","tags":["a"],"val_loss":5.25}` + "\n"
+	want := `{"step":1,"time":1700000000.000,"loss":5.5,"context":64,"lr":0.001}` + "\n" +
+		`{"step":1,"time":1.500,"epoch":0,"val_ce":5.25,"gate_delta":"NaN","tau_att":[1]}` + "\n"
 	if got := fileString(t, path); got != want {
 		t.Fatalf("file:\n%s\nwant:\n%s", got, want)
 	}
@@ -52,12 +54,12 @@ func TestWriterBuffersTrainAndSyncsEval(t *testing.T) {
 	w.flushEvery = time.Second
 	w.mu.Unlock()
 	clock.add(2 * time.Second)
-	w.Write(map[string]any{"step": 2, "loss": float32(5)})
+	w.Write(&Record{Step: 2, Loss: N(float64(float32(5)))})
 	if got := fileString(t, path); !strings.Contains(got, `"step":2`) {
 		t.Fatalf("no flush after the interval: %q", got)
 	}
-	w.Write(map[string]any{"step": 3, "inf": math.Inf(-1)})
-	if err := w.Write(map[string]any{"f": func() {}}); err == nil {
+	w.Write(&Record{Step: 3, GradNorm: N(math.Inf(-1))})
+	if err := w.Write(&Record{Step: 4, TauAtt: []float64{math.NaN()}}); err == nil {
 		t.Error("unencodable field accepted")
 	}
 	if err := w.Close(); err != nil {
@@ -66,15 +68,92 @@ func TestWriterBuffersTrainAndSyncsEval(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Write(nil); err == nil {
+	if err := w.Write(&Record{}); err == nil {
 		t.Error("write after Close accepted")
 	}
 	recs, err := ReadJSONL(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 4 || recs[3]["step"] != 3.0 || recs[3]["inf"] != "-Inf" || recs[1]["nan"] != "NaN" {
-		t.Fatalf("records %v", recs)
+	if len(recs) != 4 || recs[3].Step != 3 || recs[3].GradNorm.Value() != math.Inf(-1) || !math.IsNaN(recs[1].GateDelta.Value()) ||
+		!recs[1].GateDelta.Present() || recs[0].ValCE.Present() || recs[1].Epoch == nil || *recs[1].Epoch != 0 {
+		t.Fatalf("records %+v", recs)
+	}
+}
+
+// TestRecordKinds: every kind of record the trainer writes reads back as
+// itself, the start record with its own fields (its chaos is a flag, a
+// step's the factor).
+func TestRecordKinds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	w, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := []*Record{
+		{Event: EventStart, Start: &Start{Model: "fuzzy", Chaos: true, Seed: 7, Config: json.RawMessage(`{"d_model":8}`)}},
+		{Step: 1, TrainCE: N(3), Chaos: N(0.5), Context: 8},
+		{Step: 2, Skipped: true, Loss: N(math.NaN()), SkippedTotal: 1},
+		{Step: 2, ValCE: N(2.5), RecallBreakdown: &data.RecallBreakdown{ByDist: []data.RecallBucket{{Lo: 1, Hi: 4, Correct: 1, Total: 2}}}},
+	}
+	for _, r := range recs {
+		if err := w.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	got, err := ReadJSONL(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d records", len(got))
+	}
+	for i, want := range []Kind{KindStart, KindStep, KindSkipped, KindEval} {
+		if k := got[i].Kind(); k != want {
+			t.Errorf("record %d: kind %v, want %v", i, k, want)
+		}
+	}
+	if s := got[0].Start; s == nil || !s.Chaos || s.Seed != 7 || s.Model != "fuzzy" || string(s.Config) != `{"d_model":8}` || got[0].Step != 0 {
+		t.Errorf("start record %+v (%+v)", got[0], s)
+	}
+	if got[1].Chaos.Value() != 0.5 || got[1].Start != nil {
+		t.Errorf("step record %+v", got[1])
+	}
+	if b := got[3].RecallBreakdown; b == nil || len(b.ByDist) != 1 || b.ByDist[0].Total != 2 {
+		t.Errorf("eval record %+v", got[3])
+	}
+}
+
+// TestReadEarlierRecords: lines as earlier versions wrote them (keys
+// sorted, a NaN as null, a kind key) read into the same fields.
+func TestReadEarlierRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	lines := `{"event":"start","time":1,"chaos":false,"config":{"model":"fuzzy"},"contexts":[64,128],"ema":true,"lengths":[{"T":64,"batch":4,"micro_batch":4}],"model":"fuzzy","seed":3}` + "\n" +
+		`{"step":1,"time":1700000000.500,"batch":4,"bias_scale":0,"context":64,"grad_norm":1.5,"loss":4,"lr":0.001,"mu_entropy":null,"sat_frac":null,"tok_per_s":10,"tokens":256,"train_ce":4}` + "\n" +
+		`{"step":2,"time":2,"context":64,"grad_norm":null,"loss":"Inf","skipped":true,"skipped_total":1}` + "\n" +
+		`{"kind":"eval","step":2,"time":3,"epoch":0,"expert_usage":[[0.5,0.5]],"guardian_advantage":null,"swa_join":false,"train_ce_by_context":{"64":4},"val_ce":"NaN","val_ppl":"NaN"}` + "\n"
+	os.WriteFile(path, []byte(lines), 0o644)
+	recs, err := ReadJSONL(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 4 {
+		t.Fatalf("%d records", len(recs))
+	}
+	if s := recs[0].Start; s == nil || !s.EMA || s.Seed != 3 || len(s.Contexts) != 2 || recs[0].Kind() != KindStart {
+		t.Errorf("start %+v", recs[0])
+	}
+	st := recs[1]
+	if st.Kind() != KindStep || st.TrainCE.Value() != 4 || !st.BiasScale.Present() || st.BiasScale.Value() != 0 || !math.IsNaN(st.MuEntropy.Value()) || st.Tokens != 256 {
+		t.Errorf("step %+v", st)
+	}
+	if sk := recs[2]; sk.Kind() != KindSkipped || !math.IsInf(sk.Loss.Value(), 1) || !math.IsNaN(sk.GradNorm.Value()) {
+		t.Errorf("skipped %+v", sk)
+	}
+	ev := recs[3]
+	if ev.Kind() != KindEval || !math.IsNaN(ev.ValCE.Value()) || ev.Epoch == nil || ev.SWAJoin == nil || *ev.SWAJoin || ev.TrainCEByContext["64"] != 4 || ev.ExpertUsage[0][1] != 0.5 {
+		t.Errorf("eval %+v", ev)
 	}
 }
 
@@ -85,7 +164,7 @@ func TestWriterBackgroundFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	w.Write(map[string]any{"loss": 1})
+	w.Write(&Record{Loss: N(1)})
 	// Wait for the flusher (bounded, not a timing assertion).
 	for i := 0; i < 500 && fileString(t, path) == ""; i++ {
 		time.Sleep(10 * time.Millisecond)
@@ -97,7 +176,7 @@ func TestWriterBackgroundFlush(t *testing.T) {
 
 func TestAppendAfterKill(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "metrics.jsonl")
-	os.WriteFile(path, []byte(`{"kind":"train","step":1}`+"\n"+`{"kind":"train","st`), 0o644)
+	os.WriteFile(path, []byte(`{"step":1,"train_ce":2}`+"\n"+`{"step":2,"tr`), 0o644)
 
 	recs, err := ReadJSONL(path)
 	if err != nil || len(recs) != 1 {
@@ -107,13 +186,13 @@ func TestAppendAfterKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.WriteEval(map[string]any{"kind": "eval", "step": 2, "val_loss": 3})
+	w.WriteEval(&Record{Step: 2, ValCE: N(3)})
 	w.Close()
 	recs, err = ReadJSONL(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 2 || recs[1]["kind"] != "eval" {
+	if len(recs) != 2 || recs[1].Kind() != KindEval {
 		t.Fatalf("after reopening: %v\n%s", recs, fileString(t, path))
 	}
 }
@@ -132,6 +211,7 @@ func TestReadJSONL(t *testing.T) {
 		{"truncated last", "{\"a\":1}\n{\"a\":", 1, ""},
 		{"bad middle", "{\"a\":1}\n{oops\n{\"a\":2}\n", 0, ":2:"},
 		{"not an object", "[1]\n", 0, "bad record"},
+		{"wrong type", "{\"step\":\"x\"}\n", 0, ":1:"},
 		{"null", "null\n", 0, "not an object"},
 	}
 	for _, c := range cases {

@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/palette/moreland"
@@ -39,14 +38,12 @@ func Run(runDir, outDir string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plot: %w (is %s a run directory?)", err, runDir)
 	}
-	var steps, evals []map[string]any
+	var steps, evals []metrics.Record
 	for _, r := range recs {
-		if _, ok := r["event"]; ok {
-			continue
-		}
-		if _, ok := r["val_ce"]; ok {
+		switch r.Kind() {
+		case metrics.KindEval:
 			evals = append(evals, r)
-		} else if _, ok := r["train_ce"]; ok {
+		case metrics.KindStep:
 			steps = append(steps, r)
 		}
 	}
@@ -90,56 +87,30 @@ func Run(runDir, outDir string) ([]string, error) {
 	return written, nil
 }
 
-// num reads a number field (NaN when absent or not a number).
-func num(r map[string]any, k string) float64 {
-	switch v := r[k].(type) {
-	case float64:
-		return v
-	case string:
-		if f, err := strconv.ParseFloat(v, 64); err == nil {
-			return f
-		}
-	}
-	return math.NaN()
-}
+// rec is one record of metrics.jsonl.
+type rec = *metrics.Record
 
-// nums reads a list-of-numbers field.
-func nums(r map[string]any, k string) []float64 {
-	a, ok := r[k].([]any)
-	if !ok {
-		return nil
-	}
-	out := make([]float64, len(a))
-	for i, v := range a {
-		f, ok := v.(float64)
-		if !ok {
-			f = math.NaN()
-		}
-		out[i] = f
-	}
-	return out
-}
-
-// series collects (step, f(r)) for records where f is a number.
-func series(recs []map[string]any, f func(map[string]any) float64) plotter.XYs {
+// series collects (step, f(r)) for records where f is a finite number.
+func series(recs []metrics.Record, f func(rec) float64) plotter.XYs {
 	var xy plotter.XYs
-	for _, r := range recs {
-		x, y := num(r, "step"), f(r)
-		if !math.IsNaN(x) && !math.IsNaN(y) && !math.IsInf(y, 0) {
+	for i := range recs {
+		x, y := float64(recs[i].Step), f(&recs[i])
+		if !math.IsNaN(y) && !math.IsInf(y, 0) {
 			xy = append(xy, plotter.XY{X: x, Y: y})
 		}
 	}
 	return xy
 }
 
-func field(k string) func(map[string]any) float64 {
-	return func(r map[string]any) float64 { return num(r, k) }
+// field reads a number of a record (NaN when absent).
+func field(f func(rec) metrics.Num) func(rec) float64 {
+	return func(r rec) float64 { return f(r).Value() }
 }
 
-func index(k string, i int) func(map[string]any) float64 {
-	return func(r map[string]any) float64 {
-		v := nums(r, k)
-		if i < len(v) {
+// index reads element i of a list of a record (NaN when absent).
+func index(f func(rec) []float64, i int) func(rec) float64 {
+	return func(r rec) float64 {
+		if v := f(r); i < len(v) {
 			return v[i]
 		}
 		return math.NaN()
@@ -254,31 +225,35 @@ func saveGrid(path string, plots [][]*plot.Plot, w, h vg.Length) error {
 	return f.Close()
 }
 
+func valCEOf(r rec) metrics.Num { return r.ValCE }
+func emaCEOf(r rec) metrics.Num { return r.ValCEEMA }
+func swaCEOf(r rec) metrics.Num { return r.ValCESWA }
+
 // valCE: (a) validation CE of the raw, EMA and SWA weights with the training
 // CE behind them, SWA members marked; (b) the smoothed rate of change of the
 // validation CE.
-func valCE(path string, steps, evals []map[string]any) (bool, error) {
-	raw := series(evals, field("val_ce"))
+func valCE(path string, steps, evals []metrics.Record) (bool, error) {
+	raw := series(evals, field(valCEOf))
 	if len(raw) == 0 {
 		return false, nil
 	}
 	p := newPlot("Validation cross-entropy", "step", "CE (nats)")
-	if err := faint(p, "train CE (EMA)", emaXY(series(steps, field("train_ce")), 0.1)); err != nil {
+	if err := faint(p, "train CE (EMA)", emaXY(series(steps, field(func(r rec) metrics.Num { return r.TrainCE })), 0.1)); err != nil {
 		return false, err
 	}
 	if err := addLine(p, "val CE", raw, 0, false, true); err != nil {
 		return false, err
 	}
-	if err := addLine(p, "val CE, EMA weights", series(evals, field("val_ce_ema")), 1, true, false); err != nil {
+	if err := addLine(p, "val CE, EMA weights", series(evals, field(emaCEOf)), 1, true, false); err != nil {
 		return false, err
 	}
-	if err := addLine(p, "val CE, SWA weights", series(evals, field("val_ce_swa")), 2, true, false); err != nil {
+	if err := addLine(p, "val CE, SWA weights", series(evals, field(swaCEOf)), 2, true, false); err != nil {
 		return false, err
 	}
 	var joined plotter.XYs
 	for _, r := range evals {
-		if j, ok := r["swa_join"].(bool); ok && j {
-			joined = append(joined, plotter.XY{X: num(r, "step"), Y: num(r, "val_ce")})
+		if r.SWAJoin != nil && *r.SWAJoin {
+			joined = append(joined, plotter.XY{X: float64(r.Step), Y: r.ValCE.Value()})
 		}
 	}
 	if len(joined) > 0 {
@@ -294,7 +269,7 @@ func valCE(path string, steps, evals []map[string]any) (bool, error) {
 	}
 	// Keep the axis on the validation curves (the first training steps are far above).
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, k := range []string{"val_ce", "val_ce_ema", "val_ce_swa"} {
+	for _, k := range []func(rec) metrics.Num{valCEOf, emaCEOf, swaCEOf} {
 		for _, q := range series(evals, field(k)) {
 			lo, hi = math.Min(lo, q.Y), math.Max(hi, q.Y)
 		}
@@ -311,58 +286,57 @@ func valCE(path string, steps, evals []map[string]any) (bool, error) {
 	return true, saveGrid(path, [][]*plot.Plot{{p}, {r}}, 18*vg.Centimeter, 18*vg.Centimeter)
 }
 
-func tauAtt(path string, evals []map[string]any) (bool, error) {
+func tauAtt(path string, evals []metrics.Record) (bool, error) {
 	n := 0
 	for _, r := range evals {
-		n = max(n, len(nums(r, "tau_att")))
+		n = max(n, len(r.TauAtt))
 	}
 	if n == 0 {
 		return false, nil
 	}
-	key := "tau_att"
 	title := "Attention temperature τ_att per layer (at each evaluation)"
 	p := newPlot(title, "step", "τ_att")
 	for l := 0; l < n; l++ {
-		if err := addLine(p, fmt.Sprintf("layer %d", l), series(evals, index(key, l)), l, false, true); err != nil {
+		if err := addLine(p, fmt.Sprintf("layer %d", l), series(evals, index(func(r rec) []float64 { return r.TauAtt }, l)), l, false, true); err != nil {
 			return false, err
 		}
 	}
 	return true, saveGrid(path, [][]*plot.Plot{{p}}, 18*vg.Centimeter, 11*vg.Centimeter)
 }
 
-func muEntropy(path string, steps, evals []map[string]any) (bool, error) {
-	if len(series(evals, field("mu_entropy"))) == 0 {
+func muEntropy(path string, steps, evals []metrics.Record) (bool, error) {
+	if len(series(evals, field(func(r rec) metrics.Num { return r.MuEntropy }))) == 0 {
 		return false, nil
 	}
 	p := newPlot("Membership entropy H(μ)", "step", "H(μ) (nats)")
-	if err := faint(p, "per step (EMA)", emaXY(series(steps, field("mu_entropy")), 0.1)); err != nil {
+	if err := faint(p, "per step (EMA)", emaXY(series(steps, field(func(r rec) metrics.Num { return r.MuEntropy })), 0.1)); err != nil {
 		return false, err
 	}
 	n := 0
 	for _, r := range evals {
-		n = max(n, len(nums(r, "mu_entropy_layers")))
+		n = max(n, len(r.MuEntropyLayers))
 	}
 	for l := 0; l < n; l++ {
-		if err := addLine(p, fmt.Sprintf("layer %d (epoch mean)", l), series(evals, index("mu_entropy_layers", l)), l, false, true); err != nil {
+		if err := addLine(p, fmt.Sprintf("layer %d (epoch mean)", l), series(evals, index(func(r rec) []float64 { return r.MuEntropyLayers }, l)), l, false, true); err != nil {
 			return false, err
 		}
 	}
 	s := newPlot("Saturation fraction (tokens with max μ > 0.9)", "step", "fraction")
-	if err := faint(s, "per step (EMA)", emaXY(series(steps, field("sat_frac")), 0.1)); err != nil {
+	if err := faint(s, "per step (EMA)", emaXY(series(steps, field(func(r rec) metrics.Num { return r.SatFrac })), 0.1)); err != nil {
 		return false, err
 	}
 	for l := 0; l < n; l++ {
-		if err := addLine(s, fmt.Sprintf("layer %d", l), series(evals, index("sat_frac_layers", l)), l, false, true); err != nil {
+		if err := addLine(s, fmt.Sprintf("layer %d", l), series(evals, index(func(r rec) []float64 { return r.SatFracLayers }, l)), l, false, true); err != nil {
 			return false, err
 		}
 	}
 	return true, saveGrid(path, [][]*plot.Plot{{p}, {s}}, 18*vg.Centimeter, 18*vg.Centimeter)
 }
 
-func qContext(path string, steps, evals []map[string]any) (bool, error) {
-	var ctx []float64
+func qContext(path string, steps, evals []metrics.Record) (bool, error) {
+	var ctx []int
 	for _, r := range evals {
-		if c := nums(r, "contexts"); len(c) > len(ctx) {
+		if c := r.Contexts; len(c) > len(ctx) {
 			ctx = c
 		}
 	}
@@ -371,7 +345,7 @@ func qContext(path string, steps, evals []map[string]any) (bool, error) {
 	}
 	p := newPlot("Context game: q(c)", "step", "probability")
 	for i, c := range ctx {
-		if err := addLine(p, fmt.Sprintf("c = %g", c), series(evals, index("q_context", i)), i, false, true); err != nil {
+		if err := addLine(p, fmt.Sprintf("c = %d", c), series(evals, index(func(r rec) []float64 { return r.QContext }, i)), i, false, true); err != nil {
 			return false, err
 		}
 	}
@@ -383,15 +357,15 @@ func qContext(path string, steps, evals []map[string]any) (bool, error) {
 		var n, k int
 		for j, r := range steps {
 			n++
-			if num(r, "context") == c {
+			if r.Context == c {
 				k++
 			}
 			if n == 10 || j == len(steps)-1 {
-				xy = append(xy, plotter.XY{X: num(r, "step"), Y: float64(k) / float64(n)})
+				xy = append(xy, plotter.XY{X: float64(r.Step), Y: float64(k) / float64(n)})
 				n, k = 0, 0
 			}
 		}
-		if err := addLine(h, fmt.Sprintf("c = %g", c), xy, i, false, false); err != nil {
+		if err := addLine(h, fmt.Sprintf("c = %d", c), xy, i, false, false); err != nil {
 			return false, err
 		}
 	}
@@ -399,28 +373,10 @@ func qContext(path string, steps, evals []map[string]any) (bool, error) {
 	return true, saveGrid(path, [][]*plot.Plot{{p}, {h}}, 18*vg.Centimeter, 18*vg.Centimeter)
 }
 
-func expertUsage(path string, evals []map[string]any) (bool, error) {
-	type usage = [][]float64
+func expertUsage(path string, evals []metrics.Record) (bool, error) {
 	var layers int
-	get := func(r map[string]any) usage {
-		a, ok := r["expert_usage"].([]any)
-		if !ok {
-			return nil
-		}
-		var u usage
-		for _, l := range a {
-			row, _ := l.([]any)
-			var v []float64
-			for _, x := range row {
-				f, _ := x.(float64)
-				v = append(v, f)
-			}
-			u = append(u, v)
-		}
-		return u
-	}
 	for _, r := range evals {
-		layers = max(layers, len(get(r)))
+		layers = max(layers, len(r.ExpertUsage))
 	}
 	if layers == 0 {
 		return false, nil
@@ -430,13 +386,13 @@ func expertUsage(path string, evals []map[string]any) (bool, error) {
 		p := newPlot(fmt.Sprintf("Expert usage, layer %d (mean gate weight per expert)", l), "step", "usage")
 		experts := 0
 		for _, r := range evals {
-			if u := get(r); l < len(u) {
+			if u := r.ExpertUsage; l < len(u) {
 				experts = max(experts, len(u[l]))
 			}
 		}
 		for e := 0; e < experts; e++ {
-			xy := series(evals, func(r map[string]any) float64 {
-				u := get(r)
+			xy := series(evals, func(r rec) float64 {
+				u := r.ExpertUsage
 				if l < len(u) && e < len(u[l]) {
 					return u[l][e]
 				}
@@ -451,8 +407,8 @@ func expertUsage(path string, evals []map[string]any) (bool, error) {
 	return true, saveGrid(path, grid, 18*vg.Centimeter, vg.Length(layers)*7*vg.Centimeter)
 }
 
-func guardian(path string, evals []map[string]any) (bool, error) {
-	rw := series(evals, field("guardian_reward"))
+func guardian(path string, evals []metrics.Record) (bool, error) {
+	rw := series(evals, field(func(r rec) metrics.Num { return r.GuardianReward }))
 	if len(rw) == 0 {
 		return false, nil
 	}
@@ -462,24 +418,24 @@ func guardian(path string, evals []map[string]any) (bool, error) {
 	}
 	a := newPlot("Guardian actions and penalty weights", "step", "value")
 	for i, n := range []string{"Δτ_att", "Δλ_delta", "Δλ_sat"} {
-		if err := addLine(a, "action "+n, series(evals, index("guardian_action", i)), i, true, true); err != nil {
+		if err := addLine(a, "action "+n, series(evals, index(func(r rec) []float64 { return r.GuardianAction }, i)), i, true, true); err != nil {
 			return false, err
 		}
 	}
-	if err := addLine(a, "λ_sat", series(evals, field("lambda_sat")), 3, false, false); err != nil {
+	if err := addLine(a, "λ_sat", series(evals, field(func(r rec) metrics.Num { return r.LambdaSat })), 3, false, false); err != nil {
 		return false, err
 	}
-	if err := addLine(a, "λ_delta", series(evals, field("lambda_delta")), 4, false, false); err != nil {
+	if err := addLine(a, "λ_delta", series(evals, field(func(r rec) metrics.Num { return r.LambdaDelta })), 4, false, false); err != nil {
 		return false, err
 	}
-	if err := addLine(a, "β", series(evals, field("guardian_beta")), 5, false, false); err != nil {
+	if err := addLine(a, "β", series(evals, field(func(r rec) metrics.Num { return r.GuardianBeta })), 5, false, false); err != nil {
 		return false, err
 	}
 	return true, saveGrid(path, [][]*plot.Plot{{p}, {a}}, 18*vg.Centimeter, 18*vg.Centimeter)
 }
 
-func lrPlot(path string, steps []map[string]any) (bool, error) {
-	xy := series(steps, field("lr"))
+func lrPlot(path string, steps []metrics.Record) (bool, error) {
+	xy := series(steps, field(func(r rec) metrics.Num { return r.LR }))
 	if len(xy) == 0 {
 		return false, nil
 	}
@@ -488,12 +444,12 @@ func lrPlot(path string, steps []map[string]any) (bool, error) {
 		return false, err
 	}
 	grid := [][]*plot.Plot{{p}}
-	if c := series(steps, field("chaos")); len(c) > 0 {
+	if c := series(steps, field(func(r rec) metrics.Num { return r.Chaos })); len(c) > 0 {
 		q := newPlot("Chaos factor (1−a) + a·x, on LR and bias scale", "step", "factor")
 		if err := addLine(q, "chaos", c, 1, false, false); err != nil {
 			return false, err
 		}
-		if err := addLine(q, "bias scale", series(steps, field("bias_scale")), 2, false, false); err != nil {
+		if err := addLine(q, "bias scale", series(steps, field(func(r rec) metrics.Num { return r.BiasScale })), 2, false, false); err != nil {
 			return false, err
 		}
 		grid = append(grid, []*plot.Plot{q})

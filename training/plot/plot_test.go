@@ -10,6 +10,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 
 	"github.com/rpac-dev/rpac/training/checkpoint"
+	"github.com/rpac-dev/rpac/training/data"
 	"github.com/rpac-dev/rpac/training/metrics"
 )
 
@@ -34,14 +35,14 @@ func TestRunWritesPNGs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for s := 1; s <= 20; s++ {
-		_ = w.Write(map[string]any{"step": s, "train_ce": 8 - 0.1*float64(s), "lr": 1e-3, "mu_entropy": 1.2, "sat_frac": 0.1,
-			"context": []int{64, 128}[s%2], "chaos": 0.9, "bias_scale": 0.5})
+		_ = w.Write(&metrics.Record{Step: s, TrainCE: metrics.N(8 - 0.1*float64(s)), LR: metrics.N(1e-3), MuEntropy: metrics.N(1.2), SatFrac: metrics.N(0.1),
+			Context: []int{64, 128}[s%2], Chaos: metrics.N(0.9), BiasScale: metrics.N(0.5)})
 		if s%5 == 0 {
-			_ = w.WriteEval(map[string]any{"step": s, "val_ce": 8 - 0.05*float64(s), "val_ce_ema": 8.1 - 0.05*float64(s),
-				"tau_att": []float64{0.68, 0.7}, "mu_entropy": 1.2, "mu_entropy_layers": []float64{1.1, 1.3},
-				"sat_frac_layers": []float64{0.1, 0.2}, "expert_usage": [][]float64{{0.25, 0.25, 0.3, 0.2}, {0.4, 0.1, 0.3, 0.2}},
-				"contexts": []int{64, 128}, "q_context": []float64{0.4, 0.6}, "guardian_reward": -7.0,
-				"guardian_action": []float64{0.1, -0.2, 0.3}, "lambda_sat": 0.01, "swa_join": s >= 15, "val_ce_swa": 7.2})
+			_ = w.WriteEval(&metrics.Record{Step: s, ValCE: metrics.N(8 - 0.05*float64(s)), ValCEEMA: metrics.N(8.1 - 0.05*float64(s)),
+				TauAtt: []float64{0.68, 0.7}, MuEntropy: metrics.N(1.2), MuEntropyLayers: []float64{1.1, 1.3},
+				SatFracLayers: []float64{0.1, 0.2}, ExpertUsage: [][]float64{{0.25, 0.25, 0.3, 0.2}, {0.4, 0.1, 0.3, 0.2}},
+				Contexts: []int{64, 128}, QContext: []float64{0.4, 0.6}, GuardianReward: metrics.N(-7.0),
+				GuardianAction: []float64{0.1, -0.2, 0.3}, LambdaSat: metrics.N(0.01), SWAJoin: new(s >= 15), ValCESWA: metrics.N(7.2)})
 		}
 	}
 	if err := w.Close(); err != nil {
@@ -93,12 +94,12 @@ func TestRecall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dist := func(c float64) []map[string]any {
-		return []map[string]any{{"lo": 1, "hi": 4, "correct": c, "total": 10}, {"lo": 4, "hi": 16, "correct": 5, "total": 10},
-			{"lo": 16, "hi": 64, "correct": 0, "total": 0}}
+	dist := func(c int) *data.RecallBreakdown {
+		return &data.RecallBreakdown{ByDist: []data.RecallBucket{{Lo: 1, Hi: 4, Correct: c, Total: 10}, {Lo: 4, Hi: 16, Correct: 5, Total: 10},
+			{Lo: 16, Hi: 64, Correct: 0, Total: 0}}}
 	}
 	for s := 1; s <= 4; s++ {
-		_ = w.WriteEval(map[string]any{"step": 100 * s, "val_ce": 2.0, "recall_acc": 0.2 * float64(s), "recall_by_dist": dist(float64(2 * s))})
+		_ = w.WriteEval(&metrics.Record{Step: 100 * s, ValCE: metrics.N(2.0), RecallAcc: metrics.N(0.2 * float64(s)), RecallBreakdown: dist(2 * s)})
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func TestRecall(t *testing.T) {
 	if err != nil || len(r.Evals) != 4 {
 		t.Fatalf("read %d evaluations (%v), want 4", len(r.Evals), err)
 	}
-	xy := byDistance(r.Evals[3])
+	xy := byDistance(&r.Evals[3])
 	if len(xy) != 2 || xy[0].X != 2 || xy[0].Y != 0.8 || xy[1].X != 8 || xy[1].Y != 0.5 {
 		t.Fatalf("by distance %v, want (2, 0.8) and (8, 0.5)", xy)
 	}
@@ -127,7 +128,7 @@ func TestRecall(t *testing.T) {
 		fh.Close()
 	}
 	// Without distance buckets (the synthetic corpus) only the steps panel.
-	plain := RecallRun{Label: "syn", Evals: []map[string]any{{"step": 1.0, "recall_acc": 0.5}, {"step": 2.0, "recall_acc": 0.6}}}
+	plain := RecallRun{Label: "syn", Evals: []metrics.Record{{Step: 1, RecallAcc: metrics.N(0.5)}, {Step: 2, RecallAcc: metrics.N(0.6)}}}
 	if err := Recall(filepath.Join(dir, "syn.png"), []RecallRun{plain}); err != nil {
 		t.Fatalf("recall without distances: %v", err)
 	}

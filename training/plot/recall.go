@@ -16,7 +16,7 @@ import (
 // of metrics.jsonl with recall_acc) and the label its curves get.
 type RecallRun struct {
 	Label string
-	Evals []map[string]any
+	Evals []metrics.Record
 }
 
 // ReadRecallRun reads a run directory's evaluations that scored recall.
@@ -27,7 +27,7 @@ func ReadRecallRun(dir, label string) (RecallRun, error) {
 	}
 	rr := RecallRun{Label: label}
 	for _, r := range recs {
-		if _, ok := r["recall_acc"]; ok {
+		if r.RecallAcc.Present() {
 			rr.Evals = append(rr.Evals, r)
 		}
 	}
@@ -50,13 +50,13 @@ func Recall(path string, runs []RecallRun) error {
 	}
 	anyDist := false
 	for i, r := range runs {
-		if err := addLine(steps, r.Label, series(r.Evals, field("recall_acc")), i, false, false); err != nil {
+		if err := addLine(steps, r.Label, series(r.Evals, field(func(r rec) metrics.Num { return r.RecallAcc })), i, false, false); err != nil {
 			return err
 		}
-		last := r.Evals[len(r.Evals)-1]
+		last := &r.Evals[len(r.Evals)-1]
 		xy := byDistance(last)
 		anyDist = anyDist || len(xy) > 0
-		label := fmt.Sprintf("%s (step %.0f)", r.Label, num(last, "step"))
+		label := fmt.Sprintf("%s (step %.0f)", r.Label, float64(last.Step))
 		if err := addLine(dist, label, xy, i, false, true); err != nil {
 			return err
 		}
@@ -71,27 +71,25 @@ func Recall(path string, runs []RecallRun) error {
 
 // byDistance is an evaluation's recall per distance bucket (recall_by_dist:
 // lo, hi, correct, total), at √(lo·hi), buckets without answers left out.
-func byDistance(r map[string]any) plotter.XYs {
+func byDistance(r rec) plotter.XYs {
 	var xy plotter.XYs
-	list, _ := r["recall_by_dist"].([]any)
-	for _, v := range list {
-		b, ok := v.(map[string]any)
-		if !ok {
-			continue
-		}
-		lo, hi, correct, total := num(b, "lo"), num(b, "hi"), num(b, "correct"), num(b, "total")
-		if total > 0 && lo > 0 && hi > lo {
-			xy = append(xy, plotter.XY{X: math.Sqrt(lo * hi), Y: correct / total})
+	if r.RecallBreakdown == nil {
+		return nil
+	}
+	for _, b := range r.ByDist {
+		lo, hi := float64(b.Lo), float64(b.Hi)
+		if b.Total > 0 && lo > 0 && hi > lo {
+			xy = append(xy, plotter.XY{X: math.Sqrt(lo * hi), Y: float64(b.Correct) / float64(b.Total)})
 		}
 	}
 	return xy
 }
 
 // recallRun draws one run's recall (Recall) when its evaluations scored it.
-func recallRun(path, label string, evals []map[string]any) (bool, error) {
+func recallRun(path, label string, evals []metrics.Record) (bool, error) {
 	r := RecallRun{Label: label}
 	for _, e := range evals {
-		if _, ok := e["recall_acc"]; ok {
+		if e.RecallAcc.Present() {
 			r.Evals = append(r.Evals, e)
 		}
 	}
