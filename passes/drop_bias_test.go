@@ -16,7 +16,7 @@ import (
 // every bias set to zero.
 func TestDropFoldedBias(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
-		cfg := exportCfg("fuzzy", 2)
+		cfg := exportCfg(model.Fuzzy, 2)
 		cfg.UseRPA = !legacy
 		const T, B = 12, 2
 		st := exportStore(t, &cfg, T)
@@ -69,7 +69,7 @@ func TestDropFoldedBias(t *testing.T) {
 			t.Errorf("legacy=%v: dropping the bias moved the logits by %g only", legacy, d)
 		}
 	}
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	g := evalGraph(t, &cfg, 8, 1, model.Eval, false)
 	if _, err := passes.DropFoldedBias(g, &passes.FoldReport{}); err == nil || !strings.Contains(err.Error(), "no folded bias") {
 		t.Errorf("empty report: got %v", err)

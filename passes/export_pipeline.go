@@ -1,31 +1,69 @@
 package passes
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 
+	"github.com/rpac-dev/rpac/internal/enum"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 )
 
+// FoldMode is what the export pipeline does with the RPA prior (rpac
+// export --fold; "fold" in manifests and provenance).
+type FoldMode uint8
+
 // Fold modes of the export pipeline.
 const (
-	FoldRPAMode  = "rpa"  // the RPA subgraph of every layer becomes a constant bias
-	FoldNoneMode = "none" // the RPA computation stays in the graph (parity checks, measuring the fold)
+	FoldRPAMode FoldMode = iota // the RPA subgraph of every layer becomes a constant bias (the default)
 	// FoldRankMode and FoldRankApproxMode (fold_rank.go) write the prior
 	// into the attention dot product.
+	FoldRankMode
+	FoldRankApproxMode
+	FoldNoneMode // the RPA computation stays in the graph (parity checks, measuring the fold)
 )
+
+var foldNames = enum.Names[FoldMode]{"rpa", "rank", "rank-approx", "none"}
+
+func (f FoldMode) String() string { return foldNames.String("fold", f) }
+
+// ParseFold reads --fold: rpa, rank, rank-approx or none.
+func ParseFold(s string) (FoldMode, error) { return foldNames.Parse("--fold", s) }
+
+// MarshalText writes the mode's spelling.
+func (f FoldMode) MarshalText() ([]byte, error) { return foldNames.Marshal("fold", f) }
+
+// UnmarshalText reads the mode's spelling.
+func (f *FoldMode) UnmarshalText(b []byte) error { return foldNames.Unmarshal("fold", f, b) }
+
+// AttentionMode is how the export pipeline lowers attention (rpac export
+// --attention; "attention" in manifests and provenance).
+type AttentionMode uint8
 
 // Attention lowerings of the export pipeline.
 const (
-	AttentionOp    = "op"    // one FusedAttention node per layer (ONNX Attention, opset 23)
-	AttentionPlain = "plain" // MatMul, Add of one constant mask, Softmax, MatMul
-	AttentionNone  = "none"  // leave the attention subgraph as built
+	AttentionOp       AttentionMode = iota // one FusedAttention node per layer (ONNX Attention, opset 23; the default)
+	AttentionOpPadded                      // AttentionOp with padded heads (pad_heads.go)
+	AttentionPlain                         // MatMul, Add of one constant mask, Softmax, MatMul
+	AttentionNone                          // leave the attention subgraph as built
 )
+
+var attentionNames = enum.Names[AttentionMode]{"op", "op8", "plain", "none"}
+
+func (a AttentionMode) String() string { return attentionNames.String("attention", a) }
+
+// ParseAttention reads --attention: op, op8, plain or none.
+func ParseAttention(s string) (AttentionMode, error) {
+	return attentionNames.Parse("--attention", s)
+}
+
+// MarshalText writes the lowering's spelling.
+func (a AttentionMode) MarshalText() ([]byte, error) { return attentionNames.Marshal("attention", a) }
+
+// UnmarshalText reads the lowering's spelling.
+func (a *AttentionMode) UnmarshalText(b []byte) error {
+	return attentionNames.Unmarshal("attention", a, b)
+}
 
 // DefaultAttention is the attention lowering the export uses unless told
 // otherwise. It was chosen by measuring both on onnxruntime 1.30 (CPU): the
@@ -43,13 +81,9 @@ type ExportOptions struct {
 	// Backend evaluates the subgraphs that FoldRPA and ConstFold replace by
 	// constants (kernels/cpu in F32, so that folded values equal what the
 	// eval-mode executor computes).
-	Backend kernels.Backend
-	// Fold is FoldRPAMode (default), FoldRankMode, FoldRankApproxMode or
-	// FoldNoneMode.
-	Fold string
-	// Attention is AttentionOp, AttentionOpPadded, AttentionPlain or
-	// AttentionNone (default DefaultAttention).
-	Attention string
+	Backend   kernels.Backend
+	Fold      FoldMode
+	Attention AttentionMode
 	// Report receives FoldRPA's per-layer statistics.
 	Report *FoldReport
 }
@@ -59,30 +93,13 @@ func exportOptions(c *Context) (*ExportOptions, error) {
 		return nil, errors.New("no export options (Context.ExportOptions)")
 	}
 	o := c.ExportOptions
-	var err error
-	if o.Fold, err = oneOf("fold mode", o.Fold, FoldRPAMode, FoldRankMode, FoldRankApproxMode, FoldNoneMode); err != nil {
-		return nil, err
+	if o.Fold > FoldNoneMode {
+		return nil, fmt.Errorf("fold mode %v: want %s", o.Fold, foldNames.List())
 	}
-	if o.Attention, err = oneOf("attention lowering", o.Attention, DefaultAttention, AttentionOpPadded, AttentionPlain, AttentionNone); err != nil {
-		return nil, err
+	if o.Attention > AttentionNone {
+		return nil, fmt.Errorf("attention lowering %v: want %s", o.Attention, attentionNames.List())
 	}
 	return o, nil
-}
-
-// oneOf returns v, or def when v is "", if it is def or one of others;
-// the error names the option what and lists the choices.
-func oneOf(what, v, def string, others ...string) (string, error) {
-	v = cmp.Or(v, def)
-	choices := append([]string{def}, others...)
-	if slices.Contains(choices, v) {
-		return v, nil
-	}
-	q := make([]string, len(choices))
-	for i, c := range choices {
-		q[i] = strconv.Quote(c)
-	}
-	last := len(q) - 1
-	return "", fmt.Errorf("%s %q: want %s or %s", what, v, strings.Join(q[:last], ", "), q[last])
 }
 
 // ExportPipeline turns an eval-mode forward graph (model.Build with

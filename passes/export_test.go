@@ -22,7 +22,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden IR dumps in testdata/golden")
 
 // exportCfg is a small model for export tests.
-func exportCfg(kind string, layers int) model.Config {
+func exportCfg(kind model.Kind, layers int) model.Config {
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
 	c.Model = kind
@@ -92,7 +92,7 @@ func evalGraph(t testing.TB, cfg *model.Config, T, B int, mode model.Mode, batch
 // infos holds the model description of every graph evalGraph built.
 var infos = map[*ir.Graph]*passes.ModelInfo{}
 
-func exportCtx(g *ir.Graph, st *kernels.Store, fold, attention string, rep *passes.FoldReport) *passes.Context {
+func exportCtx(g *ir.Graph, st *kernels.Store, fold passes.FoldMode, attention passes.AttentionMode, rep *passes.FoldReport) *passes.Context {
 	return &passes.Context{Model: infos[g], ExportOptions: &passes.ExportOptions{
 		Store: st, Backend: cpu.New(kernels.F32), Fold: fold, Attention: attention, Report: rep}}
 }
@@ -136,13 +136,16 @@ func maxAbsDiff(a, b []float64) float64 {
 // ./passes -run Golden -update rewrites them).
 func TestExportGolden(t *testing.T) {
 	cases := []struct {
-		name, kind, fold, attention string
-		mode                        model.Mode
+		name      string
+		kind      model.Kind
+		fold      passes.FoldMode
+		attention passes.AttentionMode
+		mode      model.Mode
 	}{
-		{"export_fuzzy_rpa_plain", "fuzzy", passes.FoldRPAMode, passes.AttentionPlain, model.Eval},
-		{"export_fuzzy_rpa_op", "fuzzy", passes.FoldRPAMode, passes.AttentionOp, model.Eval},
-		{"export_fuzzy_none_op", "fuzzy", passes.FoldNoneMode, passes.AttentionOp, model.Eval},
-		{"export_baseline_plain", "baseline", passes.FoldRPAMode, passes.AttentionPlain, model.Eval},
+		{"export_fuzzy_rpa_plain", model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain, model.Eval},
+		{"export_fuzzy_rpa_op", model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp, model.Eval},
+		{"export_fuzzy_none_op", model.Fuzzy, passes.FoldNoneMode, passes.AttentionOp, model.Eval},
+		{"export_baseline_plain", model.Baseline, passes.FoldRPAMode, passes.AttentionPlain, model.Eval},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,7 +169,7 @@ func TestExportGolden(t *testing.T) {
 // TestStripTrainingGolden strips a training-mode forward graph (dropout,
 // Gumbel noise, controller hooks, warm-in scale).
 func TestStripTrainingGolden(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	cfg.Vocab, cfg.DModel = 11, 8
 	st := exportStore(t, &cfg, 4)
 	g := evalGraph(t, &cfg, 4, 1, model.Train, false)
@@ -227,7 +230,7 @@ func checkGolden(t *testing.T, name, got string) {
 }
 
 func TestStripTraining(t *testing.T) {
-	cfg := exportCfg("fuzzy", 2)
+	cfg := exportCfg(model.Fuzzy, 2)
 	st := exportStore(t, &cfg, 8)
 	g := evalGraph(t, &cfg, 8, 2, model.Train, false)
 	if g.OpCounts()["Dropout"] == 0 || g.OpCounts()["GumbelNoise"] == 0 {
@@ -265,7 +268,7 @@ func TestStripTraining(t *testing.T) {
 // The verifier rejects a training-only op in a graph that must verify as
 // an export graph.
 func TestVerifierRejectsTrainingOps(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	g := evalGraph(t, &cfg, 8, 1, model.Train, false)
 	noop := []passes.Pass{{Name: "noop", ExportAfter: true, Fn: func(*ir.Graph, *passes.Context) error { return nil }}}
 	err := passes.Run(g, noop, &passes.Context{})
@@ -278,7 +281,7 @@ func TestVerifierRejectsTrainingOps(t *testing.T) {
 // the eval-mode graph.
 func TestFoldRPAExact(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
-		cfg := exportCfg("fuzzy", 2)
+		cfg := exportCfg(model.Fuzzy, 2)
 		cfg.UseRPA = !legacy
 		const T, B = 12, 2
 		st := exportStore(t, &cfg, T)
@@ -321,7 +324,7 @@ func TestFoldRPAExact(t *testing.T) {
 }
 
 func TestFoldRPAClipFraction(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	cfg.BiasClip = 0.5 // most z-scores exceed it
 	const T = 12
 	st := exportStore(t, &cfg, T)
@@ -336,7 +339,7 @@ func TestFoldRPAClipFraction(t *testing.T) {
 }
 
 func TestFoldRPAErrors(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	st := exportStore(t, &cfg, 8)
 	g := evalGraph(t, &cfg, 8, 1, model.Eval, true)
 	err := passes.Run(g, passes.ExportPipeline, exportCtx(g, st, passes.FoldRPAMode, passes.AttentionNone, nil))
@@ -353,7 +356,7 @@ func TestFoldRPAErrors(t *testing.T) {
 
 // Calibrate stores the mean of the batch statistics over the batches.
 func TestCalibrate(t *testing.T) {
-	cfg := exportCfg("fuzzy", 2)
+	cfg := exportCfg(model.Fuzzy, 2)
 	const T, B = 8, 2
 	st := exportStore(t, &cfg, T)
 	mg, err := model.Build(&cfg, model.Opts{T: T, B: B, Mode: model.Eval, BatchStats: true, NoLoss: true})
@@ -406,7 +409,7 @@ func TestCalibrate(t *testing.T) {
 // clamped scalars) and leaves the running statistics of an unfolded export
 // alone.
 func TestConstFold(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	const T = 8 // < max_len: the position table is sliced
 	st := exportStore(t, &cfg, T)
 	g := evalGraph(t, &cfg, T, 1, model.Eval, false)
@@ -433,9 +436,9 @@ func TestConstFold(t *testing.T) {
 // FuseAttention keeps the logits and leaves one fused node (op) or no
 // CausalMask (plain, folded bias) per layer.
 func TestFuseAttention(t *testing.T) {
-	for _, kind := range []string{"fuzzy", "baseline"} {
-		for _, fold := range []string{passes.FoldRPAMode, passes.FoldNoneMode} {
-			for _, att := range []string{passes.AttentionOp, passes.AttentionPlain} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
+		for _, fold := range []passes.FoldMode{passes.FoldRPAMode, passes.FoldNoneMode} {
+			for _, att := range []passes.AttentionMode{passes.AttentionOp, passes.AttentionPlain} {
 				cfg := exportCfg(kind, 2)
 				const T, B = 10, 2
 				st := exportStore(t, &cfg, T)
@@ -452,7 +455,7 @@ func TestFuseAttention(t *testing.T) {
 					t.Errorf("%s %s %s: %d FusedAttention nodes, want %d", kind, fold, att, ops["FusedAttention"], cfg.Layers)
 				case att == passes.AttentionOp && ops["CausalMask"] != 0:
 					t.Errorf("%s %s %s: CausalMask left", kind, fold, att)
-				case att == passes.AttentionPlain && (fold == passes.FoldRPAMode || kind == "baseline") && ops["CausalMask"] != 0:
+				case att == passes.AttentionPlain && (fold == passes.FoldRPAMode || kind == model.Baseline) && ops["CausalMask"] != 0:
 					t.Errorf("%s %s %s: CausalMask left: %v", kind, fold, att, ops)
 				}
 				if d := maxAbsDiff(logitsOf(t, g, st, ids), want); d > 1e-5 {
@@ -482,7 +485,7 @@ func TestExportPipelineOrder(t *testing.T) {
 }
 
 func TestDumpAfterNamedPass(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	st := exportStore(t, &cfg, 8)
 	g := evalGraph(t, &cfg, 8, 1, model.Eval, false)
 	var buf bytes.Buffer

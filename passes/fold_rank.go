@@ -11,15 +11,11 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 )
 
-// Fold modes that write the RPA prior into the attention dot product.
-const (
-	// FoldRankMode refuses a layer whose bias clip cuts any visible entry
-	// (the rank form would not be exact there).
-	FoldRankMode = "rank"
-	// FoldRankApproxMode drops the clip where it is active; the logits
-	// differ from the dense fold's and --verify measures the CE cost.
-	FoldRankApproxMode = "rank-approx"
-)
+// The fold modes that write the RPA prior into the attention dot product:
+// FoldRankMode refuses a layer whose bias clip cuts any visible entry (the
+// rank form would not be exact there); FoldRankApproxMode drops the clip
+// where it is active, so the logits differ from the dense fold's and
+// --verify measures the CE cost.
 
 // rankTol is the largest deviation (absolute, on the visible entries) of
 // the rank form from the dense folded bias that FoldRank accepts when the

@@ -13,7 +13,7 @@ import (
 
 // rankCfg is exportCfg with a bias clip that cuts nothing.
 func rankCfg(layers int) model.Config {
-	cfg := exportCfg("fuzzy", layers)
+	cfg := exportCfg(model.Fuzzy, layers)
 	cfg.BiasClip = 50
 	return cfg
 }
@@ -22,7 +22,7 @@ func rankCfg(layers int) model.Config {
 // every attention lowering, with no [T,T] constant and no bias Add left.
 func TestFoldRankExact(t *testing.T) {
 	for _, posmix := range []float64{0.1, 0} {
-		for _, att := range []string{passes.AttentionNone, passes.AttentionOp, passes.AttentionPlain} {
+		for _, att := range []passes.AttentionMode{passes.AttentionNone, passes.AttentionOp, passes.AttentionPlain} {
 			cfg := rankCfg(2)
 			cfg.RPAPosmix = posmix
 			const T, B = 12, 2
@@ -80,7 +80,7 @@ func l0(r *passes.FoldReport) passes.FoldLayer { return r.Layers[0] }
 // reports the clipped fraction and computes the logits of the model with
 // its clip removed.
 func TestFoldRankClip(t *testing.T) {
-	cfg := exportCfg("fuzzy", 1)
+	cfg := exportCfg(model.Fuzzy, 1)
 	cfg.BiasClip = 0.5
 	const T = 12
 	st := exportStore(t, &cfg, T)
@@ -123,7 +123,7 @@ func TestFoldRankRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--fold rpa") || !strings.Contains(err.Error(), "layer 0") {
 		t.Errorf("legacy bias: want a refusal pointing to --fold rpa, got %v", err)
 	}
-	base := exportCfg("baseline", 1)
+	base := exportCfg(model.Baseline, 1)
 	bst := exportStore(t, &base, 8)
 	g = evalGraph(t, &base, 8, 1, model.Eval, false)
 	err = passes.Run(g, passes.ExportPipeline, exportCtx(g, bst, passes.FoldRankMode, passes.AttentionOp, nil))
@@ -166,7 +166,7 @@ func TestFoldRankCausal(t *testing.T) {
 // op8 pads q, k and v to one head size, a multiple of 8, and keeps the
 // logits of op, for the dense and the rank fold.
 func TestPadAttentionHeads(t *testing.T) {
-	for _, fold := range []string{passes.FoldRPAMode, passes.FoldRankMode} {
+	for _, fold := range []passes.FoldMode{passes.FoldRPAMode, passes.FoldRankMode} {
 		cfg := rankCfg(2)
 		const T, B = 10, 2
 		st := exportStore(t, &cfg, T)

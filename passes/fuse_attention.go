@@ -39,12 +39,12 @@ type attnMatch struct {
 //
 // Cores that do not match exactly are left alone. The replaced nodes become
 // dead; DCE removes them.
-func FuseAttention(g *ir.Graph, mode string) error {
+func FuseAttention(g *ir.Graph, mode AttentionMode) error {
 	if mode == AttentionNone {
 		return nil
 	}
 	if mode != AttentionOp && mode != AttentionPlain {
-		return fmt.Errorf("fuse attention: unknown lowering %q", mode)
+		return fmt.Errorf("fuse attention: lowering %v is not one FuseAttention makes (want op, plain or none)", mode)
 	}
 	uses := g.Uses()
 	masks := map[*ir.Value]*ir.Value{} // bias (nil: none) -> causal constant mask

@@ -11,7 +11,6 @@ import (
 // provider runs flash attention only for equal q/k and v head sizes that
 // are multiples of 8, which neither the paper preset (85) nor a rank fold
 // (85 + K + 1 against 85) has.
-const AttentionOpPadded = "op8"
 
 // HeadAlign is the head-size multiple of AttentionOpPadded.
 const HeadAlign = 8

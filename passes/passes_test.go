@@ -9,7 +9,7 @@ import (
 	"github.com/rpac-dev/rpac/passes"
 )
 
-func trainGraph(t *testing.T, kind string) *ir.Graph {
+func trainGraph(t *testing.T, kind model.Kind) *ir.Graph {
 	t.Helper()
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
@@ -31,7 +31,7 @@ func trainGraph(t *testing.T, kind string) *ir.Graph {
 // StopGradient: the same elements), keeps outputs live to the end, and
 // reuses memory; the step graph's reshapes of activations do share slots.
 func TestPlanIsSafeAndReuses(t *testing.T) {
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		g := trainGraph(t, kind)
 		p := passes.Plan(g)
 		def := map[*ir.Value]int{}
@@ -135,7 +135,7 @@ func TestDumpAfterPass(t *testing.T) {
 // no [B·T,V] value, records the op's scratch, and Flops counts its GEMMs
 // (6·N·V·D for the forward and its gradient).
 func TestFusedHeadPlanAndFlops(t *testing.T) {
-	g := trainGraph(t, "baseline")
+	g := trainGraph(t, model.Baseline)
 	const N, V, D = 32, 97, 32
 	counts := g.OpCounts()
 	if counts["LMHeadCrossEntropy"] != 1 || counts["LMHeadCrossEntropyGrad"] != 1 || counts["CrossEntropy"] != 0 {
@@ -172,7 +172,7 @@ func TestFusedHeadPlanAndFlops(t *testing.T) {
 func TestLMHeadChunkPass(t *testing.T) {
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
-	c.Model = "baseline"
+	c.Model = model.Baseline
 	c.Vocab, c.DModel, c.MaxLen, c.Dropout = 97, 32, 16, 0
 	const B, T, N, V, D = 4, 16, 64, 97, 32
 	build := func(chunk int) *ir.Graph {

@@ -18,7 +18,7 @@ import (
 )
 
 // kvCfg is a small model of the tiny preset's kind (fuzzy or baseline).
-func kvCfg(kind string) model.Config {
+func kvCfg(kind model.Kind) model.Config {
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
 	c.Model = kind
@@ -72,7 +72,11 @@ func kvStore(t *testing.T, cfg *model.Config, ls ...int) *kernels.Store {
 	return st
 }
 
-type kvVariant struct{ kind, fold, attention string }
+type kvVariant struct {
+	kind      model.Kind
+	fold      passes.FoldMode
+	attention passes.AttentionMode
+}
 
 // kvExport writes an export with KV-cache graphs at lengths ls.
 func kvExport(t *testing.T, v kvVariant, ls ...int) string {
@@ -120,13 +124,13 @@ func TestDecoderMatchesRecompute(t *testing.T) {
 	requireORT(t)
 	const T, tol = 24, 1e-4
 	for _, v := range []kvVariant{
-		{"fuzzy", passes.FoldRPAMode, passes.AttentionOp},
-		{"fuzzy", passes.FoldRPAMode, passes.AttentionPlain},
-		{"fuzzy", passes.FoldNoneMode, passes.AttentionOp},
-		{"baseline", passes.FoldRPAMode, passes.AttentionOp},
-		{"baseline", passes.FoldRPAMode, passes.AttentionPlain},
+		{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp},
+		{model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain},
+		{model.Fuzzy, passes.FoldNoneMode, passes.AttentionOp},
+		{model.Baseline, passes.FoldRPAMode, passes.AttentionOp},
+		{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain},
 	} {
-		t.Run(v.kind+"/"+v.fold+"/"+v.attention, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v/%v/%v", v.kind, v.fold, v.attention), func(t *testing.T) {
 			dir := kvExport(t, v, T)
 			m := openT(t, dir, runtime.Options{})
 			ctx := context.Background()
@@ -213,7 +217,7 @@ func TestDecoderMatchesRecompute(t *testing.T) {
 // and leaves the decoder usable.
 func TestDecoderErrors(t *testing.T) {
 	requireORT(t)
-	dir := kvExport(t, kvVariant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp}, 8, 16)
+	dir := kvExport(t, kvVariant{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp}, 8, 16)
 	m, err := runtime.Open(dir, runtime.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +306,7 @@ func TestDecoderErrors(t *testing.T) {
 // many goroutines at once (go test -race).
 func TestGenerateOnCache(t *testing.T) {
 	requireORT(t)
-	dir := kvExport(t, kvVariant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp}, 8, 24)
+	dir := kvExport(t, kvVariant{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp}, 8, 24)
 	m := openT(t, dir, runtime.Options{Parallel: 2})
 	if got := m.KVCacheLengths(); len(got) != 2 || got[0] != 8 || got[1] != 24 {
 		t.Fatalf("KVCacheLengths = %v", got)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
 	"github.com/rpac-dev/rpac/runtime"
@@ -169,7 +170,7 @@ func TestNonFiniteWeightsEveryPath(t *testing.T) {
 	})
 
 	t.Run("kv-cache graphs", func(t *testing.T) {
-		dir := kvExport(t, kvVariant{kind: "baseline"}, 8)
+		dir := kvExport(t, kvVariant{kind: model.Baseline}, 8)
 		name := ""
 		for _, f := range []string{"prefill", "decode"} {
 			entries, _ := filepath.Glob(filepath.Join(dir, "*"+f+"*.onnx"))

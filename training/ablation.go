@@ -26,9 +26,10 @@ import (
 type Stage struct {
 	Name  string // directory name
 	Label string // table row
-	// Weights the stage reports: "last" (raw), "ema" or "swa" (falling back
-	// to EMA, then raw, when SWA-select chose no epoch).
-	Weights string
+	// Weights the stage reports: WeightsLast (raw), WeightsEMA or
+	// WeightsSWA (falling back to EMA, then raw, when SWA-select chose no
+	// epoch).
+	Weights WeightSet
 	apply   func(o *Options, contexts []int)
 }
 
@@ -64,10 +65,10 @@ func AblationStages() []Stage {
 		o.Control.SWA = true
 	}
 	return []Stage{
-		{Name: "baseline", Label: "Baseline (no RPA/Guardian/SWA/Context)", Weights: "last", apply: base},
-		{Name: "cg_align", Label: "+ Context game + Sinkhorn align", Weights: "last", apply: cg},
-		{Name: "guardian_late", Label: "+ Guardian + late-phase schedules (no SWA-select)", Weights: "ema", apply: late},
-		{Name: "swa_select", Label: "+ SWA-select (Final)", Weights: "swa", apply: swa},
+		{Name: "baseline", Label: "Baseline (no RPA/Guardian/SWA/Context)", Weights: WeightsLast, apply: base},
+		{Name: "cg_align", Label: "+ Context game + Sinkhorn align", Weights: WeightsLast, apply: cg},
+		{Name: "guardian_late", Label: "+ Guardian + late-phase schedules (no SWA-select)", Weights: WeightsEMA, apply: late},
+		{Name: "swa_select", Label: "+ SWA-select (Final)", Weights: WeightsSWA, apply: swa},
 	}
 }
 
@@ -83,16 +84,16 @@ func AblationStages() []Stage {
 // On the synthetic corpus they measure the long-span recall claim.
 func ComparisonStages() []Stage {
 	zero := 0.0
-	plain := func(model string, noAlign bool) func(o *Options, _ []int) {
+	plain := func(kind model.Kind, noAlign bool) func(o *Options, _ []int) {
 		return func(o *Options, _ []int) {
-			o.Model, o.NoAlign = model, noAlign
+			o.Model, o.NoAlign = kind, noAlign
 			o.Control = Controls{LRFlat: &zero, LRFloor: &zero}
 		}
 	}
 	return []Stage{
-		{Name: "transformer", Label: "Transformer (no fuzzy gating, no prior)", Weights: "last", apply: plain("baseline", false)},
-		{Name: "fuzzy_legacy", Label: "Fuzzy, legacy bias (no RPA alignment)", Weights: "last", apply: plain("fuzzy", true)},
-		{Name: "fuzzy_rpa", Label: "Fuzzy + RPA prior (Sinkhorn-aligned)", Weights: "last", apply: plain("fuzzy", false)},
+		{Name: "transformer", Label: "Transformer (no fuzzy gating, no prior)", Weights: WeightsLast, apply: plain(model.Baseline, false)},
+		{Name: "fuzzy_legacy", Label: "Fuzzy, legacy bias (no RPA alignment)", Weights: WeightsLast, apply: plain(model.Fuzzy, true)},
+		{Name: "fuzzy_rpa", Label: "Fuzzy + RPA prior (Sinkhorn-aligned)", Weights: WeightsLast, apply: plain(model.Fuzzy, false)},
 	}
 }
 
@@ -123,19 +124,19 @@ type AblationOptions struct {
 
 // RunResult is one finished run of the ablation (also its result.json).
 type RunResult struct {
-	Stage    string   `json:"stage"`
-	Seed     uint64   `json:"seed"`
-	Weights  string   `json:"weights"` // the weights reported
-	ValCE    float64  `json:"val_ce"`  // of the reported weights
-	RawCE    float64  `json:"raw_ce"`
-	EMACE    *float64 `json:"ema_ce,omitempty"`
-	SWACE    *float64 `json:"swa_ce,omitempty"`
-	Members  []int    `json:"swa_members,omitempty"`
-	Params   int      `json:"params"`
-	Steps    int      `json:"steps"`
-	Tokens   int64    `json:"tokens"`
-	Seconds  float64  `json:"seconds"`
-	Contexts []int    `json:"contexts"`
+	Stage    string    `json:"stage"`
+	Seed     uint64    `json:"seed"`
+	Weights  WeightSet `json:"weights"` // the weights reported
+	ValCE    float64   `json:"val_ce"`  // of the reported weights
+	RawCE    float64   `json:"raw_ce"`
+	EMACE    *float64  `json:"ema_ce,omitempty"`
+	SWACE    *float64  `json:"swa_ce,omitempty"`
+	Members  []int     `json:"swa_members,omitempty"`
+	Params   int       `json:"params"`
+	Steps    int       `json:"steps"`
+	Tokens   int64     `json:"tokens"`
+	Seconds  float64   `json:"seconds"`
+	Contexts []int     `json:"contexts"`
 	// Recall is the final evaluation's recall accuracy at the synthetic
 	// corpus's answer positions (raw weights), and RecallN its count.
 	Recall  *float64 `json:"recall_acc,omitempty"`
@@ -167,7 +168,7 @@ type LengthEval struct {
 	Lengths []int
 	// Score evaluates the run in dir (its checkpoint/ still there) under
 	// the weights it reports (last, ema or swa) at every length.
-	Score func(ctx context.Context, dir, weights string) ([]LengthCE, error)
+	Score func(ctx context.Context, dir string, weights WeightSet) ([]LengthCE, error)
 }
 
 // ceAt is the run's CE at length T (ok false: not scored there).
@@ -204,7 +205,9 @@ func (r RunResult) scoredAt(lengths []int) bool {
 // is trained, on what, for how long, how, and where), as JSON.
 func runSetup(o Options) string {
 	b, _ := json.Marshal(struct {
-		Preset, Model, Dataset, TrainSplit, EvalSplit         string
+		Preset                                                string
+		Model                                                 model.Kind
+		Dataset, TrainSplit, EvalSplit                        string
 		Synthetic                                             data.SyntheticConfig
 		MQAR                                                  data.MQARConfig
 		Context, TokensPerStep, Steps, EvalEvery, EvalBatches int
@@ -406,12 +409,12 @@ func newRunResult(st Stage, seed uint64, setup string, res *Result, o Options, t
 		v := res.FinalSWACE
 		rr.SWACE = &v
 	}
-	rr.Weights, rr.ValCE = "last", rr.RawCE
+	rr.Weights, rr.ValCE = WeightsLast, rr.RawCE
 	switch {
-	case st.Weights == "swa" && rr.SWACE != nil:
-		rr.Weights, rr.ValCE = "swa", *rr.SWACE
-	case (st.Weights == "swa" || st.Weights == "ema") && rr.EMACE != nil:
-		rr.Weights, rr.ValCE = "ema", *rr.EMACE
+	case st.Weights == WeightsSWA && rr.SWACE != nil:
+		rr.Weights, rr.ValCE = WeightsSWA, *rr.SWACE
+	case (st.Weights == WeightsSWA || st.Weights == WeightsEMA) && rr.EMACE != nil:
+		rr.Weights, rr.ValCE = WeightsEMA, *rr.EMACE
 	}
 	return rr
 }
@@ -506,8 +509,8 @@ func Summarize(rs []StageResult) []AblationRow {
 			}
 			members += len(run.Members)
 			r.Params, r.Steps, r.Tokens, r.Contexts = run.Params, run.Steps, run.Tokens, run.Contexts
-			if !slices.Contains(ws, run.Weights) {
-				ws = append(ws, run.Weights)
+			if w := run.Weights.String(); !slices.Contains(ws, w) {
+				ws = append(ws, w)
 			}
 		}
 		r.Weights = strings.Join(ws, "/")

@@ -44,7 +44,7 @@ func TestAblate(t *testing.T) {
 	if rows[0].Contexts[0] != 32 || len(rows[1].Contexts) != 2 {
 		t.Errorf("contexts: baseline %v, game %v", rows[0].Contexts, rows[1].Contexts)
 	}
-	if rows[2].Weights != "ema" || math.IsNaN(rows[2].EMACE) {
+	if rows[2].Weights != WeightsEMA.String() || math.IsNaN(rows[2].EMACE) {
 		t.Errorf("stage 3 should report EMA weights: %+v", rows[2])
 	}
 	if rows[0].DeltaBase != 0 || math.Abs(rows[3].DeltaPrev-(rows[3].CE-rows[2].CE)) > 1e-12 {
@@ -209,11 +209,11 @@ func TestAblateAtLengths(t *testing.T) {
 	base.Steps, base.EvalEvery = 2, 2
 	var calls []string
 	score := func(lengths ...int) *LengthEval {
-		return &LengthEval{Lengths: lengths, Score: func(_ context.Context, run, weights string) ([]LengthCE, error) {
+		return &LengthEval{Lengths: lengths, Score: func(_ context.Context, run string, weights WeightSet) ([]LengthCE, error) {
 			if _, err := os.Stat(filepath.Join(run, "checkpoint")); err != nil {
 				t.Errorf("scored without a checkpoint: %v", err)
 			}
-			calls = append(calls, run+" "+weights)
+			calls = append(calls, run+" "+weights.String())
 			var out []LengthCE
 			for _, T := range lengths {
 				out = append(out, LengthCE{T: T, CE: float64(T), Tokens: T})

@@ -34,16 +34,16 @@ func (b aligningCPU) Capabilities() kernels.Capabilities {
 func TestAlignedStepMatchesUnaligned(t *testing.T) {
 	cases := []struct {
 		name  string
-		kind  string
+		kind  model.Kind
 		mod   func(*model.Config)
 		fused bool
 	}{
-		{"fuzzy", "fuzzy", nil, false},
-		{"fuzzy/fused", "fuzzy", nil, true},
-		{"fuzzy/legacy", "fuzzy", func(c *model.Config) { c.UseRPA = false }, false},
-		{"fuzzy/type2+sinusoid", "fuzzy", func(c *model.Config) { c.Type2, c.PosInit = true, "sinusoid" }, true},
-		{"baseline/rope+smear", "baseline", func(c *model.Config) { c.RoPE, c.SmearKeys = true, true }, true},
-		{"baseline", "baseline", nil, false},
+		{"fuzzy", model.Fuzzy, nil, false},
+		{"fuzzy/fused", model.Fuzzy, nil, true},
+		{"fuzzy/legacy", model.Fuzzy, func(c *model.Config) { c.UseRPA = false }, false},
+		{"fuzzy/type2+sinusoid", model.Fuzzy, func(c *model.Config) { c.Type2, c.PosInit = true, "sinusoid" }, true},
+		{"baseline/rope+smear", model.Baseline, func(c *model.Config) { c.RoPE, c.SmearKeys = true, true }, true},
+		{"baseline", model.Baseline, nil, false},
 	}
 	for _, tc := range cases {
 		mods := []func(*model.Config){func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 }}
@@ -119,7 +119,7 @@ func checkAlignedGEMMs(t *testing.T, name string, s *Step, cfg model.Config) {
 // TestAlignedEvalMatchesUnaligned: the evaluator's padded graph gives the
 // unpadded one's CE.
 func TestAlignedEvalMatchesUnaligned(t *testing.T) {
-	f := newStepFixture(t, "fuzzy", 12, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
+	f := newStepFixture(t, model.Fuzzy, 12, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
 	plain, aligned := evalCESum(t, f, cpu.New(kernels.F32)), evalCESum(t, f, aligningCPU{cpu.New(kernels.F32), true})
 	if d := math.Abs(aligned-plain) / plain; d > 1e-6 {
 		t.Errorf("eval CE sum: aligned %.8f, unaligned %.8f", aligned, plain)

@@ -17,9 +17,10 @@ type Contents struct {
 	// Lengths have running statistics stored; Trained are those of them
 	// whose running statistics all come from training.
 	Lengths, Trained []int
-	// Groups counts the tensors of the averaged weight sets ("ema",
-	// "swa") and of the Guardian policy ("guardian").
-	Groups map[string]int
+	// Averaged counts the tensors of the averaged weight sets (WeightsEMA,
+	// WeightsSWA); Guardian those of the Guardian policy.
+	Averaged map[WeightSet]int
+	Guardian int
 }
 
 var lengthSuffix = regexp.MustCompile(`\.T(\d+)$`)
@@ -31,7 +32,7 @@ func (r *Run) Contents() Contents {
 	for _, p := range params {
 		isParam[p] = true
 	}
-	c := Contents{ParamTensors: len(params), Tensors: len(r.Tensors), Groups: map[string]int{}}
+	c := Contents{ParamTensors: len(params), Tensors: len(r.Tensors), Averaged: map[WeightSet]int{}}
 	lengths := map[int]bool{}
 	for _, t := range r.Tensors {
 		if isParam[t.Name] {
@@ -41,8 +42,13 @@ func (r *Run) Contents() Contents {
 			T, _ := strconv.Atoi(m[1])
 			lengths[T] = true
 		}
-		if g, _, ok := strings.Cut(t.Name, "."); ok && (g == "ema" || g == "swa" || g == "guardian") {
-			c.Groups[g]++
+		for _, w := range []WeightSet{WeightsEMA, WeightsSWA} {
+			if strings.HasPrefix(t.Name, w.Prefix()) {
+				c.Averaged[w]++
+			}
+		}
+		if strings.HasPrefix(t.Name, "guardian.") {
+			c.Guardian++
 		}
 	}
 	for T := range lengths {

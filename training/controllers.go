@@ -137,7 +137,7 @@ func (c *controllers) gameUpdate(step int) {
 func (c *controllers) ensureAcc() {
 	a := &c.cs.Acc
 	layers := len(c.taus)
-	if c.plan.Config.Model != "fuzzy" {
+	if c.plan.Config.Model != model.Fuzzy {
 		layers = 0
 	}
 	if len(a.H) != layers {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
@@ -152,7 +153,7 @@ func relDiff(a, b []float32) float64 {
 func TestGPUStepMatchesCPU(t *testing.T) {
 	f32 := cudaOrSkip(t, cuda.GEMMF32, cuda.DefaultOptions())
 	bf16 := cudaOrSkip(t, cuda.GEMMBF16, cuda.DefaultOptions())
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.1
 		loss, ce, grads := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
@@ -205,7 +206,7 @@ func TestGPUStepMatchesCPU(t *testing.T) {
 // bit (no atomics in any reduction), which exact resume relies on.
 func TestGPUStepRepeats(t *testing.T) {
 	be := cudaOrSkip(t, cuda.GEMMF32, cuda.DefaultOptions())
-	f := newStepFixture(t, "fuzzy", 24, 4)
+	f := newStepFixture(t, model.Fuzzy, 24, 4)
 	f.cfg.Dropout = 0.1
 	l1, _, g1 := f.stepOn(t, be, 2, 5)
 	l2, _, g2 := f.stepOn(t, be, 2, 5)
@@ -233,7 +234,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 		mod  func(o *Options)
 	}{
 		{"fuzzy", func(o *Options) {}},
-		{"baseline", func(o *Options) { o.Model = "baseline" }},
+		{"baseline", func(o *Options) { o.Model = model.Baseline }},
 		{"micro-batches and controllers", func(o *Options) {
 			o.MicroBatch = 2
 			o.Control.Controller = "guardian"

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -48,9 +49,9 @@ func (e MemoryEvent) Text() string {
 // Controls that are off are left out.
 type StartEvent struct {
 	_       logging.Name `log:"train.start"`
-	Model   string       // fuzzy | baseline
-	Config  string       // the model's size, model.Config.Summary
-	Align   bool         // RPA alignment (fuzzy only)
+	Model   model.Kind
+	Config  string // the model's size, model.Config.Summary
+	Align   bool   // RPA alignment (fuzzy only)
 	Preset  string
 	Params  int
 	Context int   // evaluation length
@@ -87,8 +88,8 @@ func (e StartEvent) controls() []string {
 }
 
 func (e StartEvent) Attrs() []slog.Attr {
-	a := []slog.Attr{slog.String("model", e.Model), slog.String("config", e.Config)}
-	if e.Model == "fuzzy" {
+	a := []slog.Attr{slog.String("model", e.Model.String()), slog.String("config", e.Config)}
+	if e.Model == model.Fuzzy {
 		a = append(a, slog.Bool("align", e.Align))
 	}
 	if e.Preset != "" {
@@ -121,7 +122,7 @@ func (e StartEvent) Attrs() []slog.Attr {
 func (e StartEvent) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "model: %s, %d parameters", e.Config, e.Params)
-	if e.Model == "fuzzy" && !e.Align {
+	if e.Model == model.Fuzzy && !e.Align {
 		b.WriteString(" (legacy bias, no RPA alignment)")
 	}
 	verb := "training"

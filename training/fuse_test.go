@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cpu"
@@ -23,7 +24,7 @@ func (fusingCPU) Capabilities() kernels.Capabilities {
 // dropout on the attention weights and micro-batches, gives the unfused
 // step's loss and gradients, and its graph holds no [B,H,T,T] tensor.
 func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.2
 		loss, ce, grads := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
@@ -70,7 +71,7 @@ func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
 // TestFusedAttentionEvalMatchesUnfused: the evaluator's fused graph gives
 // the unfused one's CE.
 func TestFusedAttentionEvalMatchesUnfused(t *testing.T) {
-	f := newStepFixture(t, "fuzzy", 24, 4)
+	f := newStepFixture(t, model.Fuzzy, 24, 4)
 	unfused, fused := evalCESum(t, f, cpu.New(kernels.F32)), evalCESum(t, f, fusingCPU{cpu.New(kernels.F32)})
 	if d := math.Abs(fused-unfused) / unfused; d > 1e-6 {
 		t.Errorf("eval CE sum: fused %.8f, unfused %.8f", fused, unfused)
@@ -109,7 +110,7 @@ func (c capsCPU) Capabilities() kernels.Capabilities { return c.caps }
 // FusedElementwise nodes and give the unfused step's loss and gradients
 // bit for bit on the CPU kernels.
 func TestFusedElementwiseStepMatchesUnfused(t *testing.T) {
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.2
 		plain := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}}
@@ -128,7 +129,7 @@ func TestFusedElementwiseStepMatchesUnfused(t *testing.T) {
 		if fl != loss || fce != ce {
 			t.Errorf("%s: fused loss %v CE %v, unfused %v %v", kind, fl, fce, loss, ce)
 		}
-		same(t, kind+" fused elementwise gradients", fg, grads)
+		same(t, kind.String()+" fused elementwise gradients", fg, grads)
 		t.Logf("%s: %d FusedElementwise nodes; loss and gradients bit-identical", kind, counts["FusedElementwise"])
 	}
 }
@@ -138,7 +139,7 @@ func TestFusedElementwiseStepMatchesUnfused(t *testing.T) {
 // and give the [B,H,T,D] fused step's loss and gradients (dropout on the
 // attention weights: the same draws); the evaluator's CE too.
 func TestAttentionLayoutStepMatches(t *testing.T) {
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.2
 		plain := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}}
@@ -174,7 +175,7 @@ func TestAttentionLayoutStepMatches(t *testing.T) {
 			t.Errorf("%s: gradient of %s differs by %.2g between the layouts", kind, at, worst)
 		}
 	}
-	f := newStepFixture(t, "fuzzy", 24, 4)
+	f := newStepFixture(t, model.Fuzzy, 24, 4)
 	bhtd := evalCESum(t, f, capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}})
 	bthd := evalCESum(t, f, capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}})
 	if d := math.Abs(bthd-bhtd) / bhtd; d > 1e-6 {

@@ -16,8 +16,8 @@ import (
 // Options are the knobs of `rpac train`.
 type Options struct {
 	Preset  string
-	Model   string // fuzzy | baseline ("" = preset)
-	Dataset string // wikitext2 | synthetic | mqar
+	Model   model.Kind // model.KindUnset: the preset's
+	Dataset string     // wikitext2 | synthetic | mqar
 	DataDir string
 	// Synthetic shapes the synthetic corpus (zero fields: defaults).
 	Synthetic data.SyntheticConfig

@@ -34,7 +34,7 @@ type Run struct {
 	// Tensors lists what model.safetensors holds (names and shapes).
 	Tensors []checkpoint.Named
 	// Weights is the weight set the store's parameters hold: last, ema or swa.
-	Weights string
+	Weights WeightSet
 
 	options recordedOptions
 }
@@ -67,7 +67,7 @@ func openRun(path string, withOptim bool) (*Run, error) {
 	if ckDir, err = checkpoint.Resolve(ckDir); err != nil {
 		return nil, err
 	}
-	r := &Run{Dir: runDir, Checkpoint: ckDir, Weights: "last"}
+	r := &Run{Dir: runDir, Checkpoint: ckDir, Weights: WeightsLast}
 	statePath := filepath.Join(ckDir, checkpoint.StateFile)
 	// state.json is read and checked first; its config and lengths say
 	// what the tensor files may hold, which is checked against their
@@ -164,9 +164,9 @@ func head(s []string, n int) []string {
 	return s
 }
 
-// SelectWeights makes the store's parameters the chosen weight set (ema,
-// swa, last, or "" for ema when the checkpoint has it) and drops the others.
-func (r *Run) SelectWeights(which string) error {
+// SelectWeights makes the store's parameters the chosen weight set
+// (WeightsAuto: ema when the checkpoint has it) and drops the others.
+func (r *Run) SelectWeights(which WeightSet) error {
 	params, err := r.ParamNames()
 	if err != nil {
 		return err
@@ -279,7 +279,7 @@ func (r *Run) Tokenizer() (string, int) {
 // the splits and the tokenizer. The exporter adds how it compiled them.
 func (r *Run) Provenance() *manifest.Provenance {
 	tok, eos := r.Tokenizer()
-	p := &manifest.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights, Step: r.State.Step,
+	p := &manifest.Provenance{Run: r.Dir, Checkpoint: r.Checkpoint, Weights: r.Weights.String(), Step: r.State.Step,
 		Dataset: r.Dataset(), DataDir: r.DataDir(), TrainSplit: r.TrainSplit(), EvalSplit: r.EvalSplit(),
 		Protocol: r.State.Protocol, Tokenizer: tok, EOS: eos}
 	switch p.Dataset {

@@ -1,6 +1,7 @@
 package training
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ func weightStore(t *testing.T, cfg *model.Config) *kernels.Store {
 func TestSelectWeights(t *testing.T) {
 	p, _ := model.LookupPreset("tiny")
 	cfg := p.Config
-	cfg.Model = "baseline"
+	cfg.Model = model.Baseline
 	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen = 97, 32, 2, 2, 32
 	params, err := model.Params(&cfg)
 	if err != nil {
@@ -45,27 +46,47 @@ func TestSelectWeights(t *testing.T) {
 		return st
 	}
 	st := mk()
-	if w, err := SelectWeights(st, params, ""); err != nil || w != "last" {
-		t.Fatalf("default without EMA: %q %v", w, err)
+	if w, err := SelectWeights(st, params, WeightsAuto); err != nil || w != WeightsLast {
+		t.Fatalf("default without EMA: %v %v", w, err)
 	}
-	for _, which := range []string{"ema", "swa"} {
+	for _, which := range []WeightSet{WeightsEMA, WeightsSWA} {
 		_, err := SelectWeights(mk(), params, which)
-		if err == nil || !strings.Contains(err.Error(), which+".") || !strings.Contains(err.Error(), "--weights last") {
+		if err == nil || !strings.Contains(err.Error(), which.Prefix()) || !strings.Contains(err.Error(), "--weights last") {
 			t.Errorf("%s missing: want an error naming %s.<param>, got %v", which, which, err)
 		}
 	}
 	st = mk("ema.")
-	if w, err := SelectWeights(st, params, ""); err != nil || w != "ema" {
-		t.Fatalf("default with EMA: %q %v", w, err)
+	if w, err := SelectWeights(st, params, WeightsAuto); err != nil || w != WeightsEMA {
+		t.Fatalf("default with EMA: %v %v", w, err)
 	}
 	if st.Get(params[0]).At(0) != 0.5 || st.Get("ema."+params[0]) != nil {
 		t.Fatal("EMA weights were not moved into the parameters")
 	}
 	st = mk("ema.", "swa.")
-	if w, err := SelectWeights(st, params, "swa"); err != nil || w != "swa" || st.Get(params[0]).At(0) != 0.5 {
-		t.Fatalf("swa: %q %v", w, err)
+	if w, err := SelectWeights(st, params, WeightsSWA); err != nil || w != WeightsSWA || st.Get(params[0]).At(0) != 0.5 {
+		t.Fatalf("swa: %v %v", w, err)
 	}
-	if _, err := SelectWeights(mk(), params, "best"); err == nil {
+	if _, err := SelectWeights(mk(), params, WeightSet(9)); err == nil {
 		t.Fatal("unknown weight set accepted")
+	}
+}
+
+// TestWeightSetSpelling: --weights and result.json spell the sets as
+// before; an unknown spelling is refused with the valid ones.
+func TestWeightSetSpelling(t *testing.T) {
+	for s, want := range map[string]WeightSet{"": WeightsAuto, "last": WeightsLast, "ema": WeightsEMA, "swa": WeightsSWA} {
+		if w, err := ParseWeightSet(s); err != nil || w != want {
+			t.Errorf("ParseWeightSet(%q) = %v, %v; want %v", s, w, err, want)
+		}
+	}
+	if _, err := ParseWeightSet("best"); err == nil || !strings.Contains(err.Error(), `--weights "best": want last, ema or swa`) {
+		t.Errorf("ParseWeightSet(best): %v", err)
+	}
+	var r RunResult
+	if err := json.Unmarshal([]byte(`{"stage":"swa_select","weights":"ema"}`), &r); err != nil || r.Weights != WeightsEMA {
+		t.Fatalf("result.json weights: %v, %v", r.Weights, err)
+	}
+	if b, _ := json.Marshal(RunResult{Weights: WeightsSWA}); !strings.Contains(string(b), `"weights":"swa"`) {
+		t.Errorf("result.json written as %s", b)
 	}
 }

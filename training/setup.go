@@ -120,7 +120,7 @@ func (p *Plan) resolveConfig(o Options, preset model.Preset, ds *Dataset, prev *
 	if o.Config != nil {
 		base = *o.Config
 	}
-	if o.Model != "" {
+	if o.Model != model.KindUnset {
 		base.Model = o.Model
 	}
 	if ds != nil {

@@ -58,12 +58,12 @@ func parityBackend(t *testing.T, dev Device, gemm cuda.GEMMPrecision, o cuda.Opt
 // on CUDA.
 func TestSimTrainingMatchesCPU(t *testing.T) {
 	cu := parityDevice(t)
-	for _, model := range []string{"fuzzy", "baseline"} {
-		t.Run(model, func(t *testing.T) {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
+		t.Run(kind.String(), func(t *testing.T) {
 			dir := t.TempDir()
 			run := func(name string, dev Device, mod func(o *Options)) *Result {
 				o := microOptions(filepath.Join(dir, name))
-				o.Model = model
+				o.Model = kind
 				o.Device, o.Precision = dev, ir.FP32
 				if mod != nil {
 					mod(&o)
@@ -127,7 +127,11 @@ func TestSimStepParity(t *testing.T) {
 	be := parityBackend(t, parityDevice(t), cuda.GEMMF32, cuda.DefaultOptions())
 	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope+smear", "baseline+smear"} {
 		opts := strings.Split(kind, "+")
-		f := newStepFixture(t, opts[0], 19, 3, func(c *model.Config) {
+		mk, err := model.ParseKind(opts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newStepFixture(t, mk, 19, 3, func(c *model.Config) {
 			c.RoPE, c.SmearKeys = slices.Contains(opts, "rope"), slices.Contains(opts, "smear")
 		})
 		f.cfg.Dropout = 0.1
@@ -150,7 +154,7 @@ func TestSimStepParity(t *testing.T) {
 // run in bf16 and the products over R = E = 4 in fp32) with dropout.
 func wideFixture(t *testing.T, dropout float64) *stepFixture {
 	t.Helper()
-	return newStepFixture(t, "fuzzy", 24, 4, func(c *model.Config) { c.DModel, c.Dropout = 32, dropout })
+	return newStepFixture(t, model.Fuzzy, 24, 4, func(c *model.Config) { c.DModel, c.Dropout = 32, dropout })
 }
 
 // TestSimBF16GradientErrors measures the bf16 GEMM policy's gradient error
@@ -318,7 +322,7 @@ func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
 func TestSimAnswerLoss(t *testing.T) {
 	cu := parityDevice(t)
 	be := parityBackend(t, cu, cuda.GEMMF32, cuda.DefaultOptions())
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 19, 4)
 		for i := range f.y {
 			if i%3 == 1 {
@@ -342,7 +346,7 @@ func TestSimAnswerLoss(t *testing.T) {
 	var res [2]*Result
 	for i, dev := range []Device{DeviceCPU, cu} {
 		o := microOptions(filepath.Join(dir, fmt.Sprint(i)))
-		o.Model, o.Dataset, o.MQAR, o.Config.Vocab, o.Loss = "baseline", "mqar", data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, 32, LossAnswers
+		o.Model, o.Dataset, o.MQAR, o.Config.Vocab, o.Loss = model.Baseline, "mqar", data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, 32, LossAnswers
 		o.Device, o.Precision = dev, ir.FP32
 		r, err := Train(context.Background(), o)
 		if err != nil {
@@ -365,7 +369,7 @@ func TestSimAnswerLoss(t *testing.T) {
 // unpadded step's; on the simulator or a GPU.
 func TestSimAlignedStep(t *testing.T) {
 	dev := parityDevice(t)
-	f := newStepFixture(t, "fuzzy", 24, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
+	f := newStepFixture(t, model.Fuzzy, 24, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
 	_, _, want := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
 	type result struct {
 		loss    float64

@@ -79,7 +79,7 @@ func (s *RunState) Validate() error {
 	if s.Format != 1 && s.Format != stateFormat {
 		return fmt.Errorf("run state format %d is not supported (this build reads 1..%d)", s.Format, stateFormat)
 	}
-	if s.Config.Model == "" {
+	if s.Config.Model == model.KindUnset {
 		return fmt.Errorf("it has no model config; it was not written by rpac train")
 	}
 	if err := s.Config.Validate(); err != nil {

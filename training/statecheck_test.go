@@ -22,7 +22,7 @@ func TestCheckpointSchemasDerived(t *testing.T) {
 	noRPA := base
 	noRPA.UseRPA = false
 	bl := base
-	bl.Model = "baseline"
+	bl.Model = model.Baseline
 	for _, c := range []model.Config{base, noRPA, bl} {
 		for _, st := range []RunState{{Config: c, Context: 32}, {Config: c, Context: 48, Contexts: []int{16, 48}, Lengths: []LengthPlan{{T: 16, Batch: 2}, {T: 48, Batch: 1}}}} {
 			w, m, err := checkpointSchemas(&st)

@@ -28,7 +28,7 @@ type stepFixture struct {
 	T, B  int
 }
 
-func newStepFixture(t *testing.T, kind string, T, B int, mods ...func(*model.Config)) *stepFixture {
+func newStepFixture(t *testing.T, kind model.Kind, T, B int, mods ...func(*model.Config)) *stepFixture {
 	t.Helper()
 	p, _ := model.LookupPreset("tiny")
 	cfg := p.Config
@@ -85,7 +85,7 @@ func maxRelDiff(t *testing.T, a, b map[string][]float32) float64 {
 // micro-batches is the step over the whole batch (loss, CE and every
 // gradient) to float32 rounding.
 func TestMicroBatchEquivalenceBaseline(t *testing.T) {
-	f := newStepFixture(t, "baseline", 16, 8)
+	f := newStepFixture(t, model.Baseline, 16, 8)
 	loss, ce, full := f.run(t, 8, 8, f.x, f.y, 11)
 	for _, micro := range []int{4, 2, 1} {
 		l, c, g := f.run(t, 8, micro, f.x, f.y, 11)
@@ -104,7 +104,7 @@ func TestMicroBatchEquivalenceBaseline(t *testing.T) {
 // micro-batch (their statistics, their seeds); the whole-batch step
 // differs (other statistics, other Gumbel draws).
 func TestMicroBatchFuzzyIsPerMicroBatchStatistics(t *testing.T) {
-	f := newStepFixture(t, "fuzzy", 16, 4)
+	f := newStepFixture(t, model.Fuzzy, 16, 4)
 	const seed = 5
 	loss, ce, acc := f.run(t, 4, 2, f.x, f.y, seed)
 	half := len(f.x) / 2
@@ -317,12 +317,12 @@ func TestResumeRefusesMissingParameter(t *testing.T) {
 // message after maxBadSteps in a row, and the checkpoint left behind holds
 // finite weights and resumes.
 func TestNonFiniteStepsStopCleanly(t *testing.T) {
-	for _, kind := range []string{"baseline", "fuzzy"} {
-		t.Run(kind, func(t *testing.T) { nonFiniteRun(t, kind) })
+	for _, kind := range []model.Kind{model.Baseline, model.Fuzzy} {
+		t.Run(kind.String(), func(t *testing.T) { nonFiniteRun(t, kind) })
 	}
 }
 
-func nonFiniteRun(t *testing.T, kind string) {
+func nonFiniteRun(t *testing.T, kind model.Kind) {
 	out := t.TempDir()
 	o := microOptions(out)
 	o.Model, o.LR, o.Steps, o.EvalEvery, o.EvalBatches = kind, 1e6, 30, 1, 1
@@ -344,11 +344,11 @@ func nonFiniteRun(t *testing.T, kind string) {
 	if name := nonFinite(r.Store); name != "" {
 		t.Fatalf("the checkpoint holds a non-finite %s", name)
 	}
-	if err := r.SelectWeights("last"); err != nil {
+	if err := r.SelectWeights(WeightsLast); err != nil {
 		t.Fatal(err)
 	}
 	r.Store.Get("ln_f.weight").F32[0] = float32(math.NaN())
-	if err := r.SelectWeights("last"); err == nil || !strings.Contains(err.Error(), "ln_f.weight") {
+	if err := r.SelectWeights(WeightsLast); err == nil || !strings.Contains(err.Error(), "ln_f.weight") {
 		t.Fatalf("export accepted a NaN weight: %v", err)
 	}
 }
@@ -431,7 +431,7 @@ func (f *stepFixture) runLoss(t *testing.T, batch, micro int, x, y []int32, loss
 // rows are independent), whatever the micro-batches; and ignored targets
 // spread unevenly over the micro-batches give the whole batch's mean.
 func TestAnswerLossStep(t *testing.T) {
-	f := newStepFixture(t, "baseline", 16, 8)
+	f := newStepFixture(t, model.Baseline, 16, 8)
 	near := func(what string, a, b float64, ga, gb map[string][]float32) {
 		t.Helper()
 		if math.Abs(a-b) > 1e-5*math.Abs(b) {

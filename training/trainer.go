@@ -488,7 +488,7 @@ func (r *run) startRecord() *metrics.Start {
 	cfg := &p.Config
 	config, _ := json.Marshal(cfg)
 	lengths, _ := json.Marshal(p.Lengths)
-	return &metrics.Start{Model: cfg.Model, Align: cfg.UseRPA, Preset: p.Preset, Params: r.res.Params,
+	return &metrics.Start{Model: cfg.Model.String(), Align: cfg.UseRPA, Preset: p.Preset, Params: r.res.Params,
 		Config: config, Context: p.EvalT, Contexts: p.Contexts, Batch: r.st.Batch, Lengths: lengths,
 		TokensPerStep: p.TokensPerStep, Steps: p.Steps, Dataset: r.ds.Name, Protocol: r.ds.Protocol,
 		LR: p.Schedule.Peak, Controller: ctl.controller(), EMA: ctl.EMA, SWA: ctl.SWA,

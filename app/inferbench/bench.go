@@ -47,9 +47,9 @@ const foldBaseline = "-"
 // Config describes a benchmark.
 type Config struct {
 	Presets    []model.Preset
-	Models     []string // fuzzy, baseline
-	Folds      []string // fold modes of the fuzzy model, FoldNoBias
-	Attentions []string // attention lowerings
+	Models     []model.Kind
+	Folds      []string // fold labels of the fuzzy model: fold modes (passes.ParseFold), FoldNoBias
+	Attentions []passes.AttentionMode
 	DTypes     []string // fp32, fp16, bf16, int8
 	Length     int      // 0: each preset's first training context
 	Batch      int      // sequences per run
@@ -68,14 +68,9 @@ func (c *Config) Check() error {
 	if c.Batch < 1 || c.Runs < 1 || c.Block < 1 || c.Length < 0 || c.Threads < 0 {
 		return fmt.Errorf("--batch, --runs and --block must be positive, --length and --threads not negative")
 	}
-	for _, m := range c.Models {
-		if m != "fuzzy" && m != "baseline" {
-			return fmt.Errorf("--model %q: want fuzzy or baseline", m)
-		}
-	}
 	for _, f := range c.Folds {
-		if f != FoldNoBias && export.CheckFold(f) != nil {
-			return fmt.Errorf("--fold %q: want rpa, rank, rank-approx, nobias or none", f)
+		if _, _, err := exportFold(f); err != nil {
+			return fmt.Errorf("%w (or %s)", err, FoldNoBias)
 		}
 	}
 	for _, d := range c.DTypes {
@@ -85,7 +80,7 @@ func (c *Config) Check() error {
 	}
 	for _, a := range c.Attentions {
 		if a != passes.AttentionPlain && a != passes.AttentionOp && a != passes.AttentionOpPadded {
-			return fmt.Errorf("--attention %q: want plain or op", a)
+			return fmt.Errorf("--attention %s: want plain, op or op8", a)
 		}
 	}
 	return nil
@@ -93,13 +88,13 @@ func (c *Config) Check() error {
 
 // Precision maps a dtype of Config.DTypes to the export's precision and
 // quantization.
-func Precision(d string) (ir.Precision, string, error) {
+func Precision(d string) (ir.Precision, onnx.Quantize, error) {
 	if d == "int8" {
 		return ir.FP32, onnx.QuantizeInt8, nil
 	}
 	p, err := ir.ParsePrecision(d)
 	if err != nil || d == "" {
-		return ir.FP32, "", fmt.Errorf("--dtype %q: want fp32, fp16, bf16 or int8", d)
+		return ir.FP32, onnx.QuantizeNone, fmt.Errorf("--dtype %q: want fp32, fp16, bf16 or int8", d)
 	}
 	return p, onnx.QuantizeNone, nil
 }
@@ -206,9 +201,9 @@ func prepareCases(ctx context.Context, c *Config, p model.Preset, T int) ([]*ben
 		st  *kernels.Store
 	}
 	var models []built
-	for _, mname := range c.Models {
+	for _, kind := range c.Models {
 		cfg := p.Config
-		cfg.Model = mname
+		cfg.Model = kind
 		if T > cfg.MaxLen {
 			return nil, fmt.Errorf("--length %d exceeds the %s preset's maximum length %d", T, p.Name, cfg.MaxLen)
 		}
@@ -229,7 +224,7 @@ func prepareCases(ctx context.Context, c *Config, p model.Preset, T int) ([]*ben
 						return cases, err
 					}
 					cases = append(cases, cs)
-					logging.Info(c.Log, ExportEvent{Preset: p.Name, Model: models[i].cfg.Model, Fold: fold, Attention: att, DType: dt, T: T, Nodes: cs.r.Nodes})
+					logging.Info(c.Log, ExportEvent{Preset: p.Name, Model: models[i].cfg.Model.String(), Fold: fold, Attention: att.String(), DType: dt, T: T, Nodes: cs.r.Nodes})
 				}
 			}
 		}
@@ -239,15 +234,16 @@ func prepareCases(ctx context.Context, c *Config, p model.Preset, T int) ([]*ben
 
 // folds are the fold labels timed for a model: the baseline has none;
 // with Control, rpa#2 and rpa lead so that each pair compared is adjacent.
-func (c *Config) folds(m string) []string {
-	if m == "baseline" {
+func (c *Config) folds(m model.Kind) []string {
+	if m == model.Baseline {
 		return []string{foldBaseline}
 	}
-	if !c.Control || !slices.Contains(c.Folds, passes.FoldRPAMode) {
+	rpa := passes.FoldRPAMode.String()
+	if !c.Control || !slices.Contains(c.Folds, rpa) {
 		return c.Folds
 	}
-	rest := slices.DeleteFunc(slices.Clone(c.Folds), func(f string) bool { return f == passes.FoldRPAMode })
-	return slices.Insert(rest, 0, FoldControl, passes.FoldRPAMode)
+	rest := slices.DeleteFunc(slices.Clone(c.Folds), func(f string) bool { return f == rpa })
+	return slices.Insert(rest, 0, FoldControl, rpa)
 }
 
 // RandomStore initialises cfg's weights from seed and its eval-mode
@@ -312,26 +308,30 @@ func (cs *benchCase) row() Row {
 }
 
 // exportFold is the export's fold mode and bias drop of a fold label.
-func exportFold(fold string) (string, bool) {
+func exportFold(fold string) (passes.FoldMode, bool, error) {
 	switch fold {
 	case foldBaseline, FoldControl:
-		return passes.FoldRPAMode, false
+		return passes.FoldRPAMode, false, nil
 	case FoldNoBias:
-		return passes.FoldRPAMode, true
+		return passes.FoldRPAMode, true, nil
 	}
-	return fold, false
+	f, err := passes.ParseFold(fold)
+	return f, false, err
 }
 
 // prepare exports one case, counts its model FLOPs (cached per model and
 // fold in flops) and opens it with random input ids.
-func prepare(ctx context.Context, c *Config, preset string, cfg *model.Config, st *kernels.Store, fold, att, dtype string, T int, flops map[string]int64) (*benchCase, error) {
+func prepare(ctx context.Context, c *Config, preset string, cfg *model.Config, st *kernels.Store, fold string, att passes.AttentionMode, dtype string, T int, flops map[string]int64) (*benchCase, error) {
 	prec, quant, err := Precision(dtype)
 	if err != nil {
 		return nil, err
 	}
-	r := Row{Preset: preset, Model: cfg.Model, Fold: fold, Attention: att, DType: dtype, T: T, B: c.Batch}
-	ef, drop := exportFold(fold)
-	dir := fmt.Sprintf("%s/%s_%s_%s_%s_L%d", c.Work, preset, cfg.Model, strings.NewReplacer("-", "", "#", "_").Replace(fold), att, T)
+	r := Row{Preset: preset, Model: cfg.Model.String(), Fold: fold, Attention: att.String(), DType: dtype, T: T, B: c.Batch}
+	ef, drop, err := exportFold(fold)
+	if err != nil {
+		return nil, err
+	}
+	dir := fmt.Sprintf("%s/%s_%v_%s_%v_L%d", c.Work, preset, cfg.Model, strings.NewReplacer("-", "", "#", "_").Replace(fold), att, T)
 	if dtype != "fp32" {
 		dir += "_" + dtype
 	}
@@ -353,8 +353,8 @@ func prepare(ctx context.Context, c *Config, preset string, cfg *model.Config, s
 
 // modelFlops counts the matrix products of the inference graph, attention
 // spelled out (FusedAttention hides its two products from Flops).
-func modelFlops(cfg *model.Config, T, B int, st *kernels.Store, fold string, drop bool, cache map[string]int64) (int64, error) {
-	key := fmt.Sprintf("%s/%s/%v", cfg.Model, fold, drop)
+func modelFlops(cfg *model.Config, T, B int, st *kernels.Store, fold passes.FoldMode, drop bool, cache map[string]int64) (int64, error) {
+	key := fmt.Sprintf("%v/%v/%v", cfg.Model, fold, drop)
 	if f, ok := cache[key]; ok {
 		return f, nil
 	}

@@ -18,11 +18,11 @@ import (
 // random-init export of one length.
 type GenerateConfig struct {
 	Preset            model.Preset
-	Model             string // fuzzy or baseline
-	Length            int    // the exported length T
+	Model             model.Kind
+	Length            int // the exported length T
 	Prompt, NewTokens int
 	Rounds            int // each times both paths, in alternating order
-	Attention         string
+	Attention         passes.AttentionMode
 	Threads           int
 	Work              string // folder for the export ("": a temporary one)
 }
@@ -36,10 +36,7 @@ func (c *GenerateConfig) Check() error {
 		return fmt.Errorf("--prompt %d plus --new-tokens %d exceed --length %d", c.Prompt, c.NewTokens, c.Length)
 	}
 	if c.Attention != passes.AttentionOp && c.Attention != passes.AttentionPlain {
-		return fmt.Errorf("--attention %q: want plain or op", c.Attention)
-	}
-	if c.Model != "fuzzy" && c.Model != "baseline" {
-		return fmt.Errorf("--model %q: want fuzzy or baseline", c.Model)
+		return fmt.Errorf("--attention %s: want plain or op", c.Attention)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/perf/benchfmt"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/passes"
@@ -57,16 +58,17 @@ type PriorCost struct {
 
 // priorCost finds the fp32 cases of one attention lowering and compares
 // them; ok is false when the pair is not among the cases.
-func priorCost(cases []*benchCase, preset, att string, T, rounds int) (PriorCost, bool) {
+func priorCost(cases []*benchCase, preset string, mode passes.AttentionMode, T, rounds int) (PriorCost, bool) {
+	att := mode.String()
 	var with, without, control, base *benchCase
 	for _, cs := range cases {
 		if cs.r.Attention != att || cs.r.DType != "fp32" {
 			continue
 		}
 		switch {
-		case cs.r.Model == "baseline":
+		case cs.r.Model == model.Baseline.String():
 			base = cs
-		case cs.r.Fold == passes.FoldRPAMode:
+		case cs.r.Fold == passes.FoldRPAMode.String():
 			with = cs
 		case cs.r.Fold == FoldNoBias:
 			without = cs

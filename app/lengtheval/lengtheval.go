@@ -41,9 +41,9 @@ type Options struct {
 // is removed once scored.
 const exportDir = "export-lengths"
 
-// Score exports the run in dir (its weights: which, "" for EMA when the
-// checkpoint has it) at o.Lengths and returns its CE at each.
-func Score(ctx context.Context, dir, which string, o Options) ([]training.LengthCE, error) {
+// Score exports the run in dir (its weights: which; WeightsAuto for EMA
+// when the checkpoint has it) at o.Lengths and returns its CE at each.
+func Score(ctx context.Context, dir string, which training.WeightSet, o Options) ([]training.LengthCE, error) {
 	if len(o.Lengths) == 0 {
 		return nil, fmt.Errorf("lengtheval: no lengths")
 	}
@@ -106,7 +106,7 @@ func Score(ctx context.Context, dir, which string, o Options) ([]training.Length
 func job(run *training.Run, ds *training.Dataset, out string, o Options) exportjob.Job {
 	tok, eos := run.Tokenizer()
 	calibrate := exportjob.CalibrateAuto
-	if run.Weights != "last" {
+	if run.Weights != training.WeightsLast {
 		calibrate = exportjob.CalibrateAlways
 	}
 	return exportjob.Job{

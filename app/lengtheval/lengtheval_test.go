@@ -42,7 +42,7 @@ func TestScore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := Score(context.Background(), dir, "last", Options{Lengths: []int{32, 64}})
+	got, err := Score(context.Background(), dir, training.WeightsLast, Options{Lengths: []int{32, 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,14 +55,14 @@ func TestScore(t *testing.T) {
 	if math.IsNaN(got[1].CE) || got[1].CE <= 0 || got[1].Tokens%64 != 0 || got[1].Tokens == 0 {
 		t.Errorf("at 64: %+v", got[1])
 	}
-	bounded, err := Score(context.Background(), dir, "last", Options{Lengths: []int{32, 64}, Tokens: 200})
+	bounded, err := Score(context.Background(), dir, training.WeightsLast, Options{Lengths: []int{32, 64}, Tokens: 200})
 	if err != nil || bounded[0].Tokens != 6*32 || bounded[1].Tokens != 3*64 {
 		t.Errorf("the first 200 tokens at 32 and 64: %+v %v", bounded, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, exportDir)); !os.IsNotExist(err) {
 		t.Errorf("the export is left in the run: %v", err)
 	}
-	if _, err := Score(context.Background(), dir, "last", Options{Lengths: []int{128}}); err == nil {
+	if _, err := Score(context.Background(), dir, training.WeightsLast, Options{Lengths: []int{128}}); err == nil {
 		t.Error("a length above the model's max_len was accepted")
 	}
 }
@@ -77,14 +77,14 @@ func TestScoreMQAR(t *testing.T) {
 	dir := t.TempDir()
 	p, _ := model.LookupPreset("mqar")
 	c := p.Config
-	c.Model, c.Vocab, c.DModel, c.Layers, c.Heads, c.MaxLen, c.SmearKeys = "baseline", 32, 16, 2, 2, 64, true
+	c.Model, c.Vocab, c.DModel, c.Layers, c.Heads, c.MaxLen, c.SmearKeys = model.Baseline, 32, 16, 2, 2, 64, true
 	res, err := training.Train(context.Background(), training.Options{Preset: "mqar", Config: &c, Dataset: "mqar",
 		MQAR: data.MQARConfig{SeqLen: 32, Pairs: 3, Vocab: 32}, Context: 32, TokensPerStep: 256, Steps: 6, EvalEvery: 6,
 		EvalBatches: 2, FinalEvalBatches: -1, Seed: 3, Out: dir, Progress: &bytes.Buffer{}, Dropout: -1, WarmIn: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := Score(context.Background(), dir, "last", Options{Lengths: []int{32, 64}})
+	got, err := Score(context.Background(), dir, training.WeightsLast, Options{Lengths: []int{32, 64}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -214,7 +214,7 @@ func lengthEval(c *cli.Context) (*training.LengthEval, error) {
 		return nil, fmt.Errorf("--eval-lengths runs the exports in onnxruntime: %w", err)
 	}
 	o := lengtheval.Options{Lengths: lengths, Tokens: c.Int("eval-lengths-tokens"), Log: logger(c)}
-	return &training.LengthEval{Lengths: lengths, Score: func(ctx context.Context, dir, weights string) ([]training.LengthCE, error) {
+	return &training.LengthEval{Lengths: lengths, Score: func(ctx context.Context, dir string, weights training.WeightSet) ([]training.LengthCE, error) {
 		return lengtheval.Score(ctx, dir, weights, o)
 	}}, nil
 }

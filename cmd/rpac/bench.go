@@ -7,6 +7,7 @@ import (
 	"runtime/pprof"
 	"time"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/kernels/cuda/perf"
@@ -90,7 +91,11 @@ func benchTrain(c *cli.Context) error {
 
 // benchTrainOptions is the training step the flags describe.
 func benchTrainOptions(c *cli.Context) (training.Options, error) {
-	o := training.Options{Preset: c.String("preset"), Model: c.String("model"), Context: c.Int("context"),
+	kind, err := model.ParseKind(c.String("model"))
+	if err != nil {
+		return training.Options{}, err
+	}
+	o := training.Options{Preset: c.String("preset"), Model: kind, Context: c.Int("context"),
 		TokensPerStep: c.Int("tokens-per-step"), Dropout: -1, Seed: 1, ConfigFile: c.String("config"), Sizes: sizesFromFlags(c)}
 	if err := applyRunFlags(c, &o); err != nil {
 		return training.Options{}, err

@@ -23,7 +23,7 @@ func benchGenerateCommand() *cli.Command {
 			&cli.IntFlag{Name: "prompt", Value: 128, Usage: "prompt tokens"},
 			&cli.IntFlag{Name: "new-tokens", Value: 256, Usage: "tokens to generate"},
 			&cli.IntFlag{Name: "rounds", Value: 1, Usage: "rounds; each times both paths, in alternating order"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: plain or op"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention.String(), Usage: "attention lowering: plain or op"},
 			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
 			&cli.StringFlag{Name: "keep", Usage: "keep the export under this folder"},
 		},
@@ -39,8 +39,14 @@ func benchGenerate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg := inferbench.GenerateConfig{Preset: p, Model: c.String("model"), Length: c.Int("length"), Prompt: c.Int("prompt"),
-		NewTokens: c.Int("new-tokens"), Rounds: c.Int("rounds"), Attention: c.String("attention"), Threads: c.Int("threads"), Work: c.String("keep")}
+	cfg := inferbench.GenerateConfig{Preset: p, Length: c.Int("length"), Prompt: c.Int("prompt"),
+		NewTokens: c.Int("new-tokens"), Rounds: c.Int("rounds"), Threads: c.Int("threads"), Work: c.String("keep")}
+	if cfg.Model, err = model.ParseKind(c.String("model")); err != nil {
+		return err
+	}
+	if cfg.Attention, err = passes.ParseAttention(c.String("attention")); err != nil {
+		return err
+	}
 	if err := cfg.Check(); err != nil {
 		return err
 	}

@@ -21,9 +21,9 @@ func benchInferCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "preset", Value: "tiny,paper", Usage: "comma-separated presets (" + strings.Join(model.PresetNames(), ", ") + ")"},
 			&cli.StringFlag{Name: "model", Value: "fuzzy,baseline", Usage: "comma-separated: fuzzy, baseline"},
-			&cli.StringFlag{Name: "fold", Value: passes.FoldRPAMode + "," + inferbench.FoldNoBias,
+			&cli.StringFlag{Name: "fold", Value: passes.FoldRPAMode.String() + "," + inferbench.FoldNoBias,
 				Usage: "comma-separated fold modes for the fuzzy model: rpa (folded bias), rank or rank-approx (the prior as extra query/key components), nobias (the same folded graph with its bias dropped; benchmark only), none (RPA computed in the graph)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "comma-separated attention lowerings: plain, op, op8 (op with padded heads)"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention.String(), Usage: "comma-separated attention lowerings: plain, op, op8 (op with padded heads)"},
 			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "comma-separated precisions: fp32, fp16, bf16 (rpac export --dtype), int8 (rpac export --quantize int8)"},
 			&cli.StringFlag{Name: "json", Usage: "also write the rows as JSON to this file"},
 			&cli.StringFlag{Name: "bench-out", Usage: "also write every timed run in Go's benchmark format to this file (benchstat old.txt new.txt compares two runs)"},
@@ -51,12 +51,32 @@ func splitList(s string) []string {
 	return out
 }
 
+// parseList reads a comma-separated list of values of a flag.
+func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	for _, f := range splitList(s) {
+		v, err := parse(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
 // inferConfig is the benchmark the flags describe.
 func inferConfig(c *cli.Context) (inferbench.Config, error) {
-	cfg := inferbench.Config{Models: splitList(c.String("model")), Folds: splitList(c.String("fold")), Attentions: splitList(c.String("attention")),
+	cfg := inferbench.Config{Folds: splitList(c.String("fold")),
 		DTypes: splitList(c.String("dtype")), Length: c.Int("length"), Batch: c.Int("batch"), Runs: c.Int("runs"), Block: c.Int("block"),
 		Control: c.Bool("control"), Threads: c.Int("threads"), Provider: c.String("provider"), GEMMTime: c.Duration("gemm-time"),
 		Work: c.String("keep"), Log: logger(c)}
+	var err error
+	if cfg.Models, err = parseList(c.String("model"), model.ParseKind); err != nil {
+		return cfg, err
+	}
+	if cfg.Attentions, err = parseList(c.String("attention"), passes.ParseAttention); err != nil {
+		return cfg, err
+	}
 	if err := cfg.Check(); err != nil {
 		return cfg, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/onnx"
+	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 	"golang.org/x/perf/benchfmt"
 )
@@ -39,7 +40,7 @@ func TestDropBiasIsBenchmarkOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 		var fold export.Fold
-		if err := json.Unmarshal(man.Fold, &fold); err != nil || fold.BiasDropped || fold.Mode != "rpa" || len(fold.Layers) != 2 {
+		if err := json.Unmarshal(man.Fold, &fold); err != nil || fold.BiasDropped || fold.Mode != passes.FoldRPAMode || len(fold.Layers) != 2 {
 			t.Errorf("%s: manifest fold %s (%v)", att, man.Fold, err)
 		}
 		m, err := onnx.Read(filepath.Join(out, export.FileName(16)))

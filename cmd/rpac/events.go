@@ -8,10 +8,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/internal/logging"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
+	"github.com/rpac-dev/rpac/training"
 )
 
 // The result events of the commands, written on stdout (see logs.go): one
@@ -129,20 +131,20 @@ func (e initialisedEvent) Text() string {
 
 // exportedEvent summarises an export ("export.done").
 type exportedEvent struct {
-	_         logging.Name `log:"export.done"`
-	Model     string       `log:"model"`
-	Weights   string       `log:"weights"`
-	Step      int          `log:"step"`
-	Dir       string       `log:"dir"`
-	Manifest  string       `log:"manifest"`
-	Lengths   []int        `log:"lengths"`
-	Seconds   float64      `log:"seconds"`
-	Fold      string       `log:"fold"`
-	Attention string       `log:"attention"`
-	Batch     int          `log:"batch"`
-	DType     ir.Precision `log:"dtype,string"`
-	Quantize  string       `log:"quantize,omitempty"` // onnx.QuantizeNone is ""
-	KVCache   bool         `log:"kv_cache,omitempty"`
+	_         logging.Name         `log:"export.done"`
+	Model     model.Kind           `log:"model,string"`
+	Weights   training.WeightSet   `log:"weights,string"`
+	Step      int                  `log:"step"`
+	Dir       string               `log:"dir"`
+	Manifest  string               `log:"manifest"`
+	Lengths   []int                `log:"lengths"`
+	Seconds   float64              `log:"seconds"`
+	Fold      passes.FoldMode      `log:"fold,string"`
+	Attention passes.AttentionMode `log:"attention,string"`
+	Batch     int                  `log:"batch"`
+	DType     ir.Precision         `log:"dtype,string"`
+	Quantize  onnx.Quantize        `log:"quantize,string,omitempty"` // onnx.QuantizeNone is left out
+	KVCache   bool                 `log:"kv_cache,omitempty"`
 }
 
 func (e exportedEvent) Text() string {
@@ -150,8 +152,8 @@ func (e exportedEvent) Text() string {
 	if e.DType.Reduced() {
 		extra += ", dtype " + e.DType.String()
 	}
-	if e.Quantize != "" && e.Quantize != onnx.QuantizeNone {
-		extra += ", quantized " + e.Quantize
+	if e.Quantize != onnx.QuantizeNone {
+		extra += ", quantized " + e.Quantize.String()
 	}
 	return fmt.Sprintf("exported %s model (%s weights, step %d) to %s in %.1fs: fold %s, attention %s, batch %d%s",
 		e.Model, e.Weights, e.Step, e.Dir, e.Seconds, e.Fold, e.Attention, e.Batch, extra)
@@ -264,11 +266,11 @@ func (e verifiedEvent) Text() string {
 
 // tritonEvent summarises a Triton model repository ("export.triton").
 type tritonEvent struct {
-	_         logging.Name `log:"export.triton"`
-	Out       string       `log:"dir"`
-	Seconds   float64      `log:"seconds"`
-	Fold      string       `log:"fold"`
-	Attention string       `log:"attention"`
+	_         logging.Name         `log:"export.triton"`
+	Out       string               `log:"dir"`
+	Seconds   float64              `log:"seconds"`
+	Fold      passes.FoldMode      `log:"fold,string"`
+	Attention passes.AttentionMode `log:"attention,string"`
 }
 
 func (e tritonEvent) Text() string {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/rpac-dev/rpac/app/exportjob"
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -33,7 +35,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "fp32 | fp16 | bf16: type of weights and activations (LayerNorm, softmax, reductions stay fp32; logits fp32)"},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
 			&cli.StringFlag{Name: "weights", Usage: "ema|swa|last (default: ema if the checkpoint has it, else last)"},
-			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention, Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | op8 (op with q, k and v padded to one head size, a multiple of 8: what onnxruntime's CUDA flash attention needs) | plain (MatMul, Add of one constant mask, Softmax)"},
+			&cli.StringFlag{Name: "attention", Value: passes.DefaultAttention.String(), Usage: "attention lowering: op (ONNX Attention; spelled out below opset 23) | op8 (op with q, k and v padded to one head size, a multiple of 8: what onnxruntime's CUDA flash attention needs) | plain (MatMul, Add of one constant mask, Softmax)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
 			&cli.StringFlag{Name: "quantize", Value: "none", Usage: "none | int8 (int8 weights per output column and activations per token in every Linear layer, int32 accumulation: for onnxruntime's CPU provider; --verify reports the CE cost)"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
@@ -61,7 +63,11 @@ func exportAction(c *cli.Context) error {
 	if err := checkExportFlags(c); err != nil {
 		return err
 	}
-	run, err := openRun(c.String("run"), c.String("checkpoint"), c.String("weights"))
+	weights, err := training.ParseWeightSet(c.String("weights"))
+	if err != nil {
+		return err
+	}
+	run, err := openRun(c.String("run"), c.String("checkpoint"), weights)
 	if err != nil {
 		return err
 	}
@@ -97,10 +103,7 @@ func checkExportFlags(c *cli.Context) error {
 			return fmt.Errorf("--%s must be a positive number (got %g)", n, v)
 		}
 	}
-	if err := export.CheckFold(c.String("fold")); err != nil {
-		return err
-	}
-	if err := export.CheckAttention(c.String("attention")); err != nil {
+	if _, err := exportModes(c); err != nil {
 		return err
 	}
 	if d := c.String("dump-ir"); d != "" && d != "all" && !slices.Contains(passes.Names(passes.ExportPipeline), d) {
@@ -114,11 +117,20 @@ func checkExportFlags(c *cli.Context) error {
 			return fmt.Errorf("--verify needs onnxruntime: %w", err)
 		}
 	}
-	if _, err := export.ParseQuantize(c.String("quantize")); err != nil {
-		return err
-	}
 	_, err := exportjob.ParseCalibrate(c.String("calibrate"))
 	return err
+}
+
+// exportModes are --fold, --attention and --quantize.
+func exportModes(c *cli.Context) (m export.Options, err error) {
+	if m.Fold, err = passes.ParseFold(c.String("fold")); err != nil {
+		return m, err
+	}
+	if m.Attention, err = passes.ParseAttention(c.String("attention")); err != nil || m.Attention == passes.AttentionNone {
+		return m, cmp.Or(err, errors.New("--attention none: an export writes op, op8 or plain"))
+	}
+	m.Quantize, err = onnx.ParseQuantize(c.String("quantize"))
+	return m, err
 }
 
 // checkCounts checks that the flags nonNeg are not negative and the flags
@@ -140,7 +152,7 @@ func checkCounts(c *cli.Context, nonNeg, positive []string) error {
 // exportJob is the job the flags describe for run.
 func exportJob(c *cli.Context, run *training.Run) (exportjob.Job, error) {
 	format, _ := exportjob.ParseFormat(c.String("format"))
-	quantize, err := export.ParseQuantize(c.String("quantize"))
+	modes, err := exportModes(c)
 	if err != nil {
 		return exportjob.Job{}, err
 	}
@@ -160,7 +172,7 @@ func exportJob(c *cli.Context, run *training.Run) (exportjob.Job, error) {
 	j := exportjob.Job{Options: export.Options{
 		DType:  dtype.Or(ir.FP32),
 		Config: run.Config, Store: run.Store, Trained: run.Trained, Lengths: lengths, Batch: c.Int("batch"),
-		Fold: c.String("fold"), Attention: c.String("attention"), Opset: int64(c.Int("opset")), Quantize: quantize, KVCache: c.Bool("kv-cache"),
+		Fold: modes.Fold, Attention: modes.Attention, Opset: int64(c.Int("opset")), Quantize: modes.Quantize, KVCache: c.Bool("kv-cache"),
 		CalibBatches: c.Int("calib-batches"), CalibBatch: c.Int("calib-batch"),
 		Out: c.String("out"), Tokenizer: tok, EOS: eos, Provenance: run.Provenance(),
 		DumpIR: c.String("dump-ir"), Dump: c.App.Writer, Log: logger(c),
@@ -224,7 +236,7 @@ func reportExport(c *cli.Context, run *training.Run, j exportjob.Job, jr *export
 			report(c, foldLayerEvent{FoldLayer: f})
 		}
 	}
-	if run.Weights != "last" && j.Calibrate == exportjob.CalibrateAuto && run.Config.Model == "fuzzy" {
+	if run.Weights != training.WeightsLast && j.Calibrate == exportjob.CalibrateAuto && run.Config.Model == model.Fuzzy {
 		report(c, exportNoteEvent{Note: fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}
 }
@@ -242,7 +254,7 @@ func reportVerify(c *cli.Context, jr *exportjob.Result, err error) {
 
 // openRun opens the run named by --run or --checkpoint and selects its
 // weight set.
-func openRun(run, ckpt, weights string) (*training.Run, error) {
+func openRun(run, ckpt string, weights training.WeightSet) (*training.Run, error) {
 	var path string
 	switch {
 	case run != "" && ckpt != "":

@@ -207,17 +207,17 @@ func inspectCheckpoint(w io.Writer, dir string) error {
 		fmt.Fprintf(w, "data       %s (%s)\n", s.Dataset, s.Protocol)
 	}
 	fmt.Fprintf(w, "parameters %d in %d tensors (%d tensors in the file)\n", ct.Params, ct.ParamTensors, ct.Tensors)
-	ls, trained, groups := ct.Lengths, ct.Trained, ct.Groups
+	ls, trained := ct.Lengths, ct.Trained
 	fmt.Fprintf(w, "lengths    running statistics stored for %v, trained for %v (max_len %d)\n", ls, trained, run.Config.MaxLen)
 	fmt.Fprintf(w, "weights    last")
-	for _, g := range []string{"ema", "swa"} {
-		if groups[g] > 0 {
-			fmt.Fprintf(w, ", %s (%d tensors)", g, groups[g])
+	for _, g := range []training.WeightSet{training.WeightsEMA, training.WeightsSWA} {
+		if n := ct.Averaged[g]; n > 0 {
+			fmt.Fprintf(w, ", %s (%d tensors)", g, n)
 		}
 	}
 	fmt.Fprintln(w)
-	if groups["guardian"] > 0 {
-		fmt.Fprintf(w, "training   guardian policy (%d tensors; never exported)\n", groups["guardian"])
+	if ct.Guardian > 0 {
+		fmt.Fprintf(w, "training   guardian policy (%d tensors; never exported)\n", ct.Guardian)
 	}
 	cj, _ := json.Marshal(run.Config)
 	fmt.Fprintf(w, "config     %s\n", cj)

@@ -50,7 +50,7 @@ func TestBadInput(t *testing.T) {
 		{"non-numeric steps", []string{"train", "--steps", "ten", "--dataset", "synthetic"}, "steps"},
 		{"missing data dir", []string{"train", "--data-dir", "/nonexistent/wt2"}, "/nonexistent/wt2"},
 		{"negative context", []string{"train", "--context", "-5", "--dataset", "synthetic"}, "--context"},
-		{"unknown model", []string{"train", "--model", "rnn", "--dataset", "synthetic"}, "rnn"},
+		{"unknown model", []string{"train", "--model", "rnn", "--dataset", "synthetic"}, `--model "rnn": want fuzzy or baseline`},
 		{"bad eval stats", []string{"train", "--eval-stats", "mixed", "--dataset", "synthetic"}, "eval-stats"},
 		{"huge context", []string{"train", "--context", "100000", "--dataset", "synthetic"}, "context 100000"},
 		{"negative grad clip", []string{"train", "--grad-clip", "-1", "--dataset", "synthetic"}, "--grad-clip"},

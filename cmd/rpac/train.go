@@ -209,12 +209,12 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 	if err != nil {
 		return training.Options{}, err
 	}
-	modelName := ""
-	if c.IsSet("model") {
-		modelName = c.String("model")
+	kind, err := modelFlag(c)
+	if err != nil {
+		return training.Options{}, err
 	}
 	o := training.Options{
-		Preset: c.String("preset"), Model: modelName, Dataset: c.String("dataset"),
+		Preset: c.String("preset"), Model: kind, Dataset: c.String("dataset"),
 		ConfigFile: c.String("config"), Sizes: sizesFromFlags(c), Synthetic: syn, MQAR: mq,
 		InitOnly: c.IsSet("steps") && c.Int("steps") == 0,
 		DataDir:  c.String("data-dir"), TrainSplit: c.String("train-split"), EvalSplit: c.String("eval-split"),
@@ -428,4 +428,12 @@ func checkTrainFlags(c *cli.Context) error {
 // lossFlag is --loss (train, ablate).
 func lossFlag() cli.Flag {
 	return &cli.StringFlag{Name: "loss", Value: string(training.LossAll), Usage: "tokens the training loss averages over: all | answers (only the answer positions of the synthetic or mqar corpus; evaluations still score every token)"}
+}
+
+// modelFlag is --model, model.KindUnset (the preset's) when it is not given.
+func modelFlag(c *cli.Context) (model.Kind, error) {
+	if !c.IsSet("model") {
+		return model.KindUnset, nil
+	}
+	return model.ParseKind(c.String("model"))
 }

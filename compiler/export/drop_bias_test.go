@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
 	"github.com/rpac-dev/rpac/passes"
@@ -51,9 +52,9 @@ func attentionMasks(m *onnxpb.ModelProto) []string {
 func TestDropBias(t *testing.T) {
 	requireORT(t)
 	const B, T = 2, 24
-	for _, att := range []string{passes.AttentionOp, passes.AttentionPlain} {
-		t.Run(att, func(t *testing.T) {
-			cfg := smallCfg("fuzzy")
+	for _, att := range []passes.AttentionMode{passes.AttentionOp, passes.AttentionPlain} {
+		t.Run(att.String(), func(t *testing.T) {
+			cfg := smallCfg(model.Fuzzy)
 			st := smallStore(t, &cfg, T)
 			ex := func(drop bool) (string, *export.Result) {
 				dir := t.TempDir()
@@ -169,9 +170,13 @@ func TestDropBias(t *testing.T) {
 
 // DropBias needs a folded bias: not with fold none, not for the baseline.
 func TestDropBiasErrors(t *testing.T) {
-	for _, tc := range []struct{ kind, fold, want string }{
-		{"fuzzy", passes.FoldNoneMode, "fold rpa"},
-		{"baseline", passes.FoldRPAMode, "no folded bias"},
+	for _, tc := range []struct {
+		kind model.Kind
+		fold passes.FoldMode
+		want string
+	}{
+		{model.Fuzzy, passes.FoldNoneMode, "fold rpa"},
+		{model.Baseline, passes.FoldRPAMode, "no folded bias"},
 	} {
 		cfg := smallCfg(tc.kind)
 		st := smallStore(t, &cfg, 8)

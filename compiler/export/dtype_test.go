@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
 	"github.com/rpac-dev/rpac/ir"
@@ -24,9 +25,9 @@ const (
 	int8CEBudget = 0.05
 )
 
-func dtypeExport(t *testing.T, dt ir.Precision, quant, fold, att string) exported {
+func dtypeExport(t *testing.T, dt ir.Precision, quant onnx.Quantize, fold passes.FoldMode, att passes.AttentionMode) exported {
 	t.Helper()
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	if fold == passes.FoldRankMode {
 		cfg.BiasClip = 50
 	}
@@ -37,7 +38,7 @@ func dtypeExport(t *testing.T, dt ir.Precision, quant, fold, att string) exporte
 	if err != nil {
 		t.Fatalf("%s %s %s: %v", dt, fold, att, err)
 	}
-	return exported{variant{"fuzzy", fold, att, quant, ""}, cfg, st, dir, res}
+	return exported{variant{model.Fuzzy, fold, att, quant, ""}, cfg, st, dir, res}
 }
 
 // initTypes counts the initializers of an exported file by element type.
@@ -71,10 +72,13 @@ func ceCost(t *testing.T, e exported) []export.VerifyResult {
 // float32 logits, stay causal and cost less than the CE budget.
 func TestFP16Export(t *testing.T) {
 	requireORT(t)
-	for _, c := range []struct{ fold, att string }{
+	for _, c := range []struct {
+		fold passes.FoldMode
+		att  passes.AttentionMode
+	}{
 		{passes.FoldRPAMode, passes.AttentionOp}, {passes.FoldRPAMode, passes.AttentionPlain}, {passes.FoldRankMode, passes.AttentionOp},
 	} {
-		e := dtypeExport(t, ir.FP16, "", c.fold, c.att)
+		e := dtypeExport(t, ir.FP16, onnx.QuantizeNone, c.fold, c.att)
 		for _, l := range e.res.Lengths {
 			n := initTypes(t, filepath.Join(e.dir, l.File))
 			if n[onnxpb.TensorProto_FLOAT16] == 0 {
@@ -102,8 +106,8 @@ var missingOp = regexp.MustCompile(`(?:Could not find an implementation for |Opt
 // must be within the budget.
 func TestBF16Export(t *testing.T) {
 	requireORT(t)
-	for _, att := range []string{passes.AttentionOp, passes.AttentionPlain} {
-		e := dtypeExport(t, ir.BF16, "", passes.FoldRPAMode, att)
+	for _, att := range []passes.AttentionMode{passes.AttentionOp, passes.AttentionPlain} {
+		e := dtypeExport(t, ir.BF16, onnx.QuantizeNone, passes.FoldRPAMode, att)
 		for _, l := range e.res.Lengths {
 			if n := initTypes(t, filepath.Join(e.dir, l.File)); n[onnxpb.TensorProto_BFLOAT16] == 0 {
 				t.Errorf("bf16 %s T=%d: no bfloat16 initializer: %v", att, l.T, n)
@@ -141,7 +145,7 @@ func TestInt8CECost(t *testing.T) {
 		}
 		t.Logf("int8 T=%d: CE cost %+.5f nats, max |Δlogit| %.2e", x.T, cost, x.MaxAbsDiff)
 	}
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	_, err := export.Export(context.Background(), export.Options{Config: cfg, Store: smallStore(t, &cfg, 8), Lengths: []int{8},
 		DType: ir.FP16, Quantize: onnx.QuantizeInt8, Out: filepath.Join(t.TempDir(), "x"), Tokenizer: "test"})
 	if err == nil {
@@ -155,11 +159,11 @@ func TestInt8CECost(t *testing.T) {
 // The KV-cache graphs are fp32 with the dense prior: a reduced dtype or a
 // rank fold with --kv-cache is refused before anything is written.
 func TestKVCacheRefusesDTypeAndRank(t *testing.T) {
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	st := smallStore(t, &cfg, 8)
 	for _, c := range []struct {
 		dt   ir.Precision
-		fold string
+		fold passes.FoldMode
 	}{{ir.FP16, passes.FoldRPAMode}, {ir.FP32, passes.FoldRankMode}, {ir.FP32, passes.FoldRankApproxMode}} {
 		out := filepath.Join(t.TempDir(), "x")
 		_, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: []int{8}, KVCache: true,
@@ -176,11 +180,11 @@ func TestKVCacheRefusesDTypeAndRank(t *testing.T) {
 // A Triton repository is fp32 with the dense prior for now: --dtype and
 // the rank fold are refused with --format triton.
 func TestTritonRefusesDTypeAndRank(t *testing.T) {
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	st := smallStore(t, &cfg, 8)
 	for _, c := range []struct {
 		dt   ir.Precision
-		fold string
+		fold passes.FoldMode
 	}{{ir.FP16, passes.FoldRPAMode}, {ir.FP32, passes.FoldRankMode}} {
 		_, err := export.Triton(context.Background(), export.TritonOptions{Options: export.Options{Config: cfg, Store: st, Lengths: []int{8},
 			DType: c.dt, Fold: c.fold, Out: filepath.Join(t.TempDir(), "x"), Tokenizer: "test"}})

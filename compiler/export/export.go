@@ -58,11 +58,11 @@ type Options struct {
 	Batch int
 	// Fold is passes.FoldRPAMode (default), passes.FoldRankMode,
 	// passes.FoldRankApproxMode or passes.FoldNoneMode.
-	Fold string
-	// Attention is passes.AttentionOp or passes.AttentionPlain (default
-	// passes.DefaultAttention). Below opset 23, which has no Attention op,
+	Fold passes.FoldMode
+	// Attention is passes.AttentionOp (default), passes.AttentionOpPadded
+	// or passes.AttentionPlain. Below opset 23, which has no Attention op,
 	// the fused node is lowered to MatMul, Add, Where and Softmax.
-	Attention string
+	Attention passes.AttentionMode
 	// DropBias removes the folded RPA bias of every layer (Fold rpa; see
 	// passes.DropFoldedBias): the model without its prior, for measuring
 	// what the prior costs (rpac bench infer). Its logits are not the
@@ -72,7 +72,7 @@ type Options struct {
 	// Quantize is onnx.QuantizeNone (fp32) or onnx.QuantizeInt8 (int8
 	// products in every Linear layer, for CPU serving; recorded in the
 	// manifest's fold meta as "quantize").
-	Quantize string
+	Quantize onnx.Quantize
 	// DType is the type of weights and activations (ir.FP32 default,
 	// ir.FP16, ir.BF16; LayerNorm, softmax and the reductions stay
 	// float32, logits are float32). Not with Quantize or KVCache.
@@ -136,8 +136,8 @@ type Result struct {
 
 // Fold is the manifest's "fold" record (also the "fold" metadata entry).
 type Fold struct {
-	Mode      string `json:"mode"`
-	Attention string `json:"attention"`
+	Mode      passes.FoldMode      `json:"mode"`
+	Attention passes.AttentionMode `json:"attention"`
 	// Calibrated lists the lengths whose running statistics were calibrated
 	// on data (the others came from the checkpoint).
 	Calibrated   []int              `json:"calibrated,omitempty"`
@@ -215,25 +215,17 @@ func (o *Options) defaults() error {
 	if o.Batch < 0 {
 		return fmt.Errorf("export: batch %d is negative", o.Batch)
 	}
-	if o.Fold == "" {
-		o.Fold = passes.FoldRPAMode
-	}
-	switch o.Fold {
-	case passes.FoldRPAMode, passes.FoldNoneMode, passes.FoldRankMode, passes.FoldRankApproxMode:
-	default:
-		return fmt.Errorf("export: --fold %q: want rpa, rank, rank-approx or none", o.Fold)
+	if o.Fold > passes.FoldNoneMode {
+		return fmt.Errorf("export: fold mode %v is unknown", o.Fold)
 	}
 	if o.DropBias && o.Fold != passes.FoldRPAMode {
-		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %q", o.Fold)
+		return fmt.Errorf("export: dropping the bias needs --fold rpa, not %s", o.Fold)
 	}
 	if o.DType = o.DType.Or(ir.FP32); o.DType != ir.FP32 && !o.DType.Reduced() {
 		return fmt.Errorf("export: --dtype %s: want fp32, fp16 or bf16", o.DType)
 	}
 	if o.DType.Reduced() && o.Quantize != onnx.QuantizeNone {
 		return fmt.Errorf("export: --dtype %s and --quantize %s do not combine (int8 products read float32 activations)", o.DType, o.Quantize)
-	}
-	if o.Attention == "" {
-		o.Attention = passes.DefaultAttention
 	}
 	if o.KVCache && (o.DropBias || o.Quantize != onnx.QuantizeNone) {
 		return errors.New("export: the KV-cache graphs are written without quantization and with the model's prior; drop --quantize (or --kv-cache)")
@@ -242,7 +234,7 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("export: the KV-cache graphs are written in fp32 with the dense folded prior; drop --dtype %s or --fold %s (or --kv-cache)", o.DType, o.Fold)
 	}
 	if o.Attention != passes.AttentionOp && o.Attention != passes.AttentionPlain && o.Attention != passes.AttentionOpPadded {
-		return fmt.Errorf("export: attention lowering %q: want %s, %s or %s", o.Attention, passes.AttentionOp, passes.AttentionOpPadded, passes.AttentionPlain)
+		return fmt.Errorf("export: attention lowering %v: want %s, %s or %s", o.Attention, passes.AttentionOp, passes.AttentionOpPadded, passes.AttentionPlain)
 	}
 	if o.KVCache && o.Config.SmearKeys {
 		return errors.New("export: the model smears keys (smear_keys: each key mixed with the one before), which a KV cache of the mixed keys cannot step exactly; drop --kv-cache")
@@ -298,7 +290,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{Dir: o.Out}
 	prov := o.provenance()
 	man := &manifest.Manifest{Format: manifest.FormatVersion, Lengths: lengths, VocabSize: o.Config.Vocab,
-		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model, Provenance: prov}
+		Tokenizer: o.Tokenizer, EOS: o.EOS, Config: cfgJSON, Model: o.Config.Model.String(), Provenance: prov}
 	fold := Fold{Mode: o.Fold, Attention: o.Attention, BiasDropped: o.DropBias}
 	if o.Provenance != nil {
 		fold.Meta = prov.LegacyMeta() // for readers of exports older than Provenance
@@ -335,7 +327,7 @@ func Export(ctx context.Context, o Options) (*Result, error) {
 			Tokenizer: o.Tokenizer, EOS: o.EOS, Model: o.Config.Model, Config: cfgJSON, Fold: &perFold,
 			Quantize: o.Quantize, DType: o.DType, Provenance: prov}
 		m, err := Lower(g, o.Store, onnx.Options{Opset: o.Opset, IRVersion: o.IRVersion, Metadata: meta.Props(),
-			GraphName: fmt.Sprintf("rpac_%s_L%d", o.Config.Model, T), Quantize: o.Quantize, Precision: o.DType})
+			GraphName: fmt.Sprintf("rpac_%v_L%d", o.Config.Model, T), Quantize: o.Quantize, Precision: o.DType})
 		if err != nil {
 			return nil, fmt.Errorf("export: length %d: %w", T, err)
 		}
@@ -407,14 +399,17 @@ func (o *Options) provenance() *manifest.Provenance {
 	if p.Commit == "" {
 		p.Commit = manifest.BuildCommit()
 	}
-	p.Fold, p.Attention, p.Precision, p.Quantize = o.Fold, o.Attention, o.DType.String(), o.Quantize
+	p.Fold, p.Attention, p.Precision, p.Quantize = o.Fold.String(), o.Attention.String(), o.DType.String(), ""
+	if o.Quantize != onnx.QuantizeNone {
+		p.Quantize = o.Quantize.String()
+	}
 	return p
 }
 
 // GraphOptions select the export pipeline's variants.
 type GraphOptions struct {
-	Fold      string
-	Attention string // passes.AttentionOp, AttentionPlain or AttentionNone
+	Fold      passes.FoldMode
+	Attention passes.AttentionMode
 	// DropBias runs passes.DropFoldedBias right after the fold (see
 	// Options.DropBias).
 	DropBias bool
@@ -425,7 +420,7 @@ type GraphOptions struct {
 // Graph builds cfg's inference graph for length T and batch B (input
 // "input_ids" [B,T], output "logits" [B,T,V]) and runs the export
 // pipeline on it with the weights of st. The running statistics of length
-// T must be in st when go.Fold is "rpa" (EnsureRunning). With
+// T must be in st when o.Fold is passes.FoldRPAMode (EnsureRunning). With
 // AttentionNone or AttentionPlain the result runs on the CPU backend too.
 func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.Graph, *passes.FoldReport, error) {
 	mg, err := model.Build(cfg, model.Opts{T: T, B: B, Mode: model.Eval, Logits: true, NoLoss: true})
@@ -438,8 +433,8 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), ExportOptions: eo}
 	pipe := passes.ExportPipeline
 	if o.DropBias {
-		if o.Fold != "" && o.Fold != passes.FoldRPAMode {
-			return nil, nil, fmt.Errorf("dropping the bias needs fold %q, not %q", passes.FoldRPAMode, o.Fold)
+		if o.Fold != passes.FoldRPAMode {
+			return nil, nil, fmt.Errorf("dropping the bias needs fold %s, not %s", passes.FoldRPAMode, o.Fold)
 		}
 		pipe = nil
 		for _, ps := range passes.ExportPipeline {

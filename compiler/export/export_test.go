@@ -36,7 +36,7 @@ func requireORT(t testing.TB) {
 
 var lengths = []int{8, 24}
 
-func smallCfg(kind string) model.Config {
+func smallCfg(kind model.Kind) model.Config {
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
 	c.Model = kind
@@ -100,15 +100,17 @@ func smallStore(t testing.TB, cfg *model.Config, ls ...int) *kernels.Store {
 }
 
 type variant struct {
-	kind, fold, attention string
-	quantize              string // "" or onnx.QuantizeInt8
-	options               string // "", or "+"-joined model options: rope, smear
+	kind      model.Kind
+	fold      passes.FoldMode
+	attention passes.AttentionMode
+	quantize  onnx.Quantize
+	options   string // "", or "+"-joined model options: rope, smear
 }
 
 func (v variant) String() string {
-	s := v.kind + "/" + v.fold + "/" + v.attention
-	if v.quantize != "" {
-		s += "/" + v.quantize
+	s := fmt.Sprintf("%v/%v/%v", v.kind, v.fold, v.attention)
+	if v.quantize != onnx.QuantizeNone {
+		s += "/" + v.quantize.String()
 	}
 	if v.options != "" {
 		s += "/" + v.options
@@ -117,17 +119,17 @@ func (v variant) String() string {
 }
 
 var variants = []variant{
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionPlain, "", ""},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""},
-	{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", ""},
-	{"fuzzy", passes.FoldNoneMode, passes.AttentionOp, "", ""},
-	{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", ""},
-	{"baseline", passes.FoldNoneMode, passes.AttentionOp, "", ""},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeInt8, ""},
-	{"baseline", passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeInt8, ""},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", "rope"},
-	{"baseline", passes.FoldNoneMode, passes.AttentionPlain, "", "rope"},
-	{"fuzzy", passes.FoldRPAMode, passes.AttentionPlain, "", "rope+smear"},
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeNone, ""},
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeNone, ""},
+	{model.Fuzzy, passes.FoldNoneMode, passes.AttentionPlain, onnx.QuantizeNone, ""},
+	{model.Fuzzy, passes.FoldNoneMode, passes.AttentionOp, onnx.QuantizeNone, ""},
+	{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeNone, ""},
+	{model.Baseline, passes.FoldNoneMode, passes.AttentionOp, onnx.QuantizeNone, ""},
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeInt8, ""},
+	{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeInt8, ""},
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeNone, "rope"},
+	{model.Baseline, passes.FoldNoneMode, passes.AttentionPlain, onnx.QuantizeNone, "rope"},
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeNone, "rope+smear"},
 }
 
 type exported struct {
@@ -240,7 +242,7 @@ func TestParity(t *testing.T) {
 				if d > tol {
 					t.Errorf("T=%d: onnxruntime vs Go eval mode: max |Δlogit| %g > %g", T, d, tol)
 				}
-				if v.quantize != "" {
+				if v.quantize != onnx.QuantizeNone {
 					t.Logf("%s T=%d: max |Δlogit| %.2e", v, T, d)
 					checkInt8File(t, e, T)
 					continue
@@ -317,14 +319,14 @@ func TestExportedFilesAreClean(t *testing.T) {
 		if err := man.VerifyFiles(e.dir); err != nil {
 			t.Fatal(err)
 		}
-		if fmt.Sprint(man.Lengths) != fmt.Sprint(lengths) || man.VocabSize != e.cfg.Vocab || man.Tokenizer != "test" || man.EOS != 3 || man.Model != v.kind {
+		if fmt.Sprint(man.Lengths) != fmt.Sprint(lengths) || man.VocabSize != e.cfg.Vocab || man.Tokenizer != "test" || man.EOS != 3 || man.Model != v.kind.String() {
 			t.Errorf("%s: manifest %+v", v, man)
 		}
 		var fold export.Fold
 		if err := json.Unmarshal(man.Fold, &fold); err != nil || fold.Mode != v.fold || fold.Attention != v.attention {
 			t.Errorf("%s: manifest fold %s (%v)", v, man.Fold, err)
 		}
-		if v.kind == "fuzzy" && v.fold == passes.FoldRPAMode && len(fold.Layers) != e.cfg.Layers*len(lengths) {
+		if v.kind == model.Fuzzy && v.fold == passes.FoldRPAMode && len(fold.Layers) != e.cfg.Layers*len(lengths) {
 			t.Errorf("%s: fold statistics for %d layer-lengths, want %d", v, len(fold.Layers), e.cfg.Layers*len(lengths))
 		}
 		for _, T := range lengths {
@@ -366,7 +368,7 @@ func TestExportedFilesAreClean(t *testing.T) {
 			if v.attention == passes.AttentionOp && ops["Attention"] != e.cfg.Layers {
 				t.Errorf("%s: %d Attention nodes, want %d", path, ops["Attention"], e.cfg.Layers)
 			}
-			if v.kind == "fuzzy" && v.fold == passes.FoldRPAMode && ops["ReduceSum"] > 0 && ops["Sqrt"] > 0 {
+			if v.kind == model.Fuzzy && v.fold == passes.FoldRPAMode && ops["ReduceSum"] > 0 && ops["Sqrt"] > 0 {
 				t.Errorf("%s: the RPA computation (ZScore, Sinkhorn) is still in a folded graph: %v", path, ops)
 			}
 		}
@@ -376,7 +378,7 @@ func TestExportedFilesAreClean(t *testing.T) {
 // Verify compares onnxruntime with the Go executor on held-out ids.
 func TestVerify(t *testing.T) {
 	requireORT(t)
-	e := doExport(t, variant{"fuzzy", passes.FoldRPAMode, passes.DefaultAttention, "", ""}, 2)
+	e := doExport(t, variant{model.Fuzzy, passes.FoldRPAMode, passes.DefaultAttention, onnx.QuantizeNone, ""}, 2)
 	r := rand.New(rand.NewPCG(41, 42))
 	ids := randSeqs(r, 1, 200, e.cfg.Vocab)[0]
 	res, err := export.Verify(context.Background(), export.VerifyOptions{Dir: e.dir, Config: e.cfg, Store: e.st, IDs: ids, Batches: 2, Batch: 2})
@@ -397,7 +399,7 @@ func TestVerify(t *testing.T) {
 }
 
 func TestCalibration(t *testing.T) {
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	st := smallStore(t, &cfg, 8)
 	// No running statistics at 16 and no data: a clear error.
 	_, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: []int{16}, Out: t.TempDir()})
@@ -431,7 +433,7 @@ func TestCalibration(t *testing.T) {
 }
 
 func TestExportErrors(t *testing.T) {
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	st := smallStore(t, &cfg, 8)
 	for _, tc := range []struct {
 		o    func(*export.Options)
@@ -440,8 +442,9 @@ func TestExportErrors(t *testing.T) {
 		{func(o *export.Options) { o.Lengths = []int{0} }, "not a positive integer"},
 		{func(o *export.Options) { o.Lengths = []int{33} }, "maximum length 32"},
 		{func(o *export.Options) { o.Lengths = []int{8, 8} }, "twice"},
-		{func(o *export.Options) { o.Fold = "half" }, "fold"},
-		{func(o *export.Options) { o.Attention = "flash" }, "attention"},
+		{func(o *export.Options) { o.Fold = passes.FoldMode(9) }, "fold"},
+		{func(o *export.Options) { o.Attention = passes.AttentionNone }, "attention"},
+		{func(o *export.Options) { o.Attention = passes.AttentionMode(9) }, "attention"},
 		{func(o *export.Options) { o.Opset = 12 }, "opset"},
 		{func(o *export.Options) { o.Out = "" }, "output folder"},
 		{func(o *export.Options) { o.EOS = 1000 }, "eos"},
@@ -466,7 +469,7 @@ func TestExportErrors(t *testing.T) {
 // and matches the Go executor.
 func TestOldOpset(t *testing.T) {
 	requireORT(t)
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	st := smallStore(t, &cfg, 8)
 	dir := t.TempDir()
 	if _, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: []int{8}, Out: dir,

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -31,15 +32,15 @@ func requireCUDAProvider(t *testing.T, dir string) *runtime.Model {
 
 // gpuParity is one line of the GPU parity report (GPUPARITY {json}).
 type gpuParity struct {
-	DType      string  `json:"dtype"`
-	Fold       string  `json:"fold"`
-	Attention  string  `json:"attention"`
-	T          int     `json:"T"`
-	MaxAbsDiff float64 `json:"max_abs_diff_vs_go_fp32"`
-	CPUvsCUDA  float64 `json:"max_abs_diff_cpu_vs_cuda,omitempty"`
-	CECost     float64 `json:"ce_cost_nats"`
-	Budget     float64 `json:"budget"`
-	OK         bool    `json:"ok"`
+	DType      string               `json:"dtype"`
+	Fold       passes.FoldMode      `json:"fold"`
+	Attention  passes.AttentionMode `json:"attention"`
+	T          int                  `json:"T"`
+	MaxAbsDiff float64              `json:"max_abs_diff_vs_go_fp32"`
+	CPUvsCUDA  float64              `json:"max_abs_diff_cpu_vs_cuda,omitempty"`
+	CECost     float64              `json:"ce_cost_nats"`
+	Budget     float64              `json:"budget"`
+	OK         bool                 `json:"ok"`
 }
 
 // On the CUDA provider: fp32 matches the Go executor within 1e-4 (and the
@@ -50,11 +51,14 @@ func TestGPUProviderParity(t *testing.T) {
 		t.Skip("set RPAC_GPU_ORT=1 on a GPU machine (scripts/gpu-check-ort.sh)")
 	}
 	for _, dt := range []ir.Precision{ir.FP32, ir.FP16, ir.BF16} {
-		for _, c := range []struct{ fold, att string }{
+		for _, c := range []struct {
+			fold passes.FoldMode
+			att  passes.AttentionMode
+		}{
 			{passes.FoldRPAMode, passes.AttentionOp}, {passes.FoldRankMode, passes.AttentionOp}, {passes.FoldRankMode, passes.AttentionOpPadded},
 		} {
 			fold := c.fold
-			e := dtypeExport(t, dt, "", fold, c.att)
+			e := dtypeExport(t, dt, onnx.QuantizeNone, fold, c.att)
 			m := requireCUDAProvider(t, e.dir)
 			r := rand.New(rand.NewPCG(91, 92))
 			var cpuDiff map[int]float64

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -21,11 +22,11 @@ import (
 // position embedding decodes with the rows of its tables at each position.
 func TestExportKVCache(t *testing.T) {
 	for _, c := range []struct {
-		att  string
+		att  passes.AttentionMode
 		rope bool
 	}{{passes.AttentionOp, false}, {passes.AttentionPlain, false}, {passes.AttentionOp, true}} {
 		att := c.att
-		cfg := smallCfg("fuzzy")
+		cfg := smallCfg(model.Fuzzy)
 		if c.rope {
 			cfg.RoPE, cfg.PosInit = true, "none"
 		}
@@ -82,7 +83,7 @@ func TestExportKVCache(t *testing.T) {
 			}
 		}
 	}
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	for _, o := range []export.Options{{Quantize: onnx.QuantizeInt8}, {DropBias: true}} {
 		o.Config, o.Store, o.Lengths, o.KVCache, o.Out, o.EOS = cfg, smallStore(t, &cfg, 8), []int{8}, true, t.TempDir(), 3
 		if _, err := export.Export(context.Background(), o); err == nil || !strings.Contains(err.Error(), "KV-cache") {

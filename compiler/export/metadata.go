@@ -5,8 +5,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime/manifest"
 )
 
@@ -27,21 +29,21 @@ type Metadata struct {
 	// Graph is a KV-cache graph's kind ("graph"; omitted for the full graph).
 	Graph manifest.GraphKind
 
-	VocabSize int    // "vocab_size"
-	Tokenizer string // "tokenizer"
-	EOS       int    // "eos"
-	Model     string // "model"
+	VocabSize int        // "vocab_size"
+	Tokenizer string     // "tokenizer"
+	EOS       int        // "eos"
+	Model     model.Kind // "model"
 	// Config is the model configuration as JSON ("config").
 	Config json.RawMessage
 	// Fold is the fold record ("fold", as JSON). Without it, FoldMode and
 	// Attention are written as "fold" and "attention" on their own (the
 	// Triton repository's form).
 	Fold      *Fold
-	FoldMode  string
-	Attention string
+	FoldMode  passes.FoldMode
+	Attention passes.AttentionMode
 	// Quantize is onnx.QuantizeInt8 ("quantize", with "int8_weight_max")
 	// or onnx.QuantizeNone (omitted).
-	Quantize string
+	Quantize onnx.Quantize
 	// DType is the type of weights and activations ("dtype"; omitted for
 	// float32).
 	DType ir.Precision
@@ -84,16 +86,16 @@ func (md *Metadata) Props() map[string]string {
 	out["vocab_size"] = strconv.Itoa(md.VocabSize)
 	out["tokenizer"] = md.Tokenizer
 	out["eos"] = strconv.Itoa(md.EOS)
-	out["model"] = md.Model
+	out["model"] = md.Model.String()
 	out["config"] = string(md.Config)
 	if md.Fold != nil {
 		js, _ := json.Marshal(md.Fold)
 		out["fold"] = string(js)
 	} else {
-		out["fold"], out["attention"] = md.FoldMode, md.Attention
+		out["fold"], out["attention"] = md.FoldMode.String(), md.Attention.String()
 	}
 	if md.Quantize != onnx.QuantizeNone {
-		out["quantize"] = md.Quantize
+		out["quantize"] = md.Quantize.String()
 		out["int8_weight_max"] = strconv.Itoa(onnx.Int8WeightMax)
 	}
 	if md.DType.Reduced() {

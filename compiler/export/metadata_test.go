@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/passes"
@@ -20,7 +21,7 @@ import (
 func TestMetadataProps(t *testing.T) {
 	prov := &runtime.Provenance{Weights: "ema", Checkpoint: "/r/checkpoint", Step: 9, DataDir: "/d"}
 	md := export.Metadata{Lengths: []int{8, 24}, Length: 8, Batch: "1", VocabSize: 64, Tokenizer: "gpt2", EOS: 3,
-		Model: "fuzzy", Config: json.RawMessage(`{"a":1}`), Fold: &export.Fold{Mode: "rpa", Attention: "op"},
+		Model: model.Fuzzy, Config: json.RawMessage(`{"a":1}`), Fold: &export.Fold{Mode: passes.FoldRPAMode, Attention: passes.AttentionOp},
 		Quantize: onnx.QuantizeInt8, DType: ir.FP32, Provenance: prov}
 	p := md.Props()
 	want := map[string]string{"lengths": "8,24", "length": "8", "batch": "1", "vocab_size": "64", "tokenizer": "gpt2",
@@ -38,8 +39,8 @@ func TestMetadataProps(t *testing.T) {
 	}
 	// Triton's form: fold and attention as plain strings, a named batch
 	// dimension and max_batch_size, no lengths; no provenance given.
-	tr := export.Metadata{Length: 8, Batch: "batch", MaxBatch: 4, VocabSize: 64, Tokenizer: "t", EOS: 0, Model: "baseline",
-		Config: json.RawMessage(`{}`), FoldMode: "none", Attention: "plain"}
+	tr := export.Metadata{Length: 8, Batch: "batch", MaxBatch: 4, VocabSize: 64, Tokenizer: "t", EOS: 0, Model: model.Baseline,
+		Config: json.RawMessage(`{}`), FoldMode: passes.FoldNoneMode, Attention: passes.AttentionPlain}
 	keys := slices.Sorted(func(yield func(string) bool) {
 		for k := range tr.Props() {
 			if !yield(k) {
@@ -62,7 +63,7 @@ func TestMetadataProps(t *testing.T) {
 // with its own settings and writes the same record into the manifest and
 // every file's metadata, and the legacy keys where earlier readers look.
 func TestExportWritesProvenance(t *testing.T) {
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	st := smallStore(t, &cfg, lengths...)
 	dir := t.TempDir()
 	in := &runtime.Provenance{Run: "/r", Checkpoint: "/r/checkpoint", Weights: "last", Step: 5, Dataset: "wikitext2",
@@ -77,7 +78,7 @@ func TestExportWritesProvenance(t *testing.T) {
 	}
 	want := *in
 	want.Tokenizer, want.EOS = "test", 3
-	want.Fold, want.Attention, want.Precision, want.Quantize = passes.FoldRPAMode, passes.DefaultAttention, "fp32", ""
+	want.Fold, want.Attention, want.Precision, want.Quantize = "rpa", "op", "fp32", ""
 	if !reflect.DeepEqual(man.Provenance, &want) || !reflect.DeepEqual(man.Origin(), &want) {
 		t.Fatalf("manifest provenance %+v, want %+v", man.Provenance, want)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -15,15 +16,15 @@ import (
 
 // rankExport exports the small fuzzy model (clip bias_clip) with fold and
 // attention, at the test lengths.
-func rankExport(t *testing.T, clip float64, fold, attention string) (exported, error) {
+func rankExport(t *testing.T, clip float64, fold passes.FoldMode, attention passes.AttentionMode) (exported, error) {
 	t.Helper()
-	cfg := smallCfg("fuzzy")
+	cfg := smallCfg(model.Fuzzy)
 	cfg.BiasClip = clip
 	st := smallStore(t, &cfg, lengths...)
 	dir := t.TempDir()
 	res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Batch: 2,
 		Fold: fold, Attention: attention, Out: dir, Tokenizer: "test", EOS: 3})
-	return exported{variant{"fuzzy", fold, attention, "", ""}, cfg, st, dir, res}, err
+	return exported{variant{model.Fuzzy, fold, attention, onnx.QuantizeNone, ""}, cfg, st, dir, res}, err
 }
 
 func logitsIn(t *testing.T, dir string, seqs [][]int32) []runtime.Logits {
@@ -53,7 +54,7 @@ func flat(ls []runtime.Logits) []float32 {
 // Attention op no mask, and stays causal.
 func TestRankFoldParity(t *testing.T) {
 	requireORT(t)
-	for _, att := range []string{passes.AttentionOp, passes.AttentionPlain} {
+	for _, att := range []passes.AttentionMode{passes.AttentionOp, passes.AttentionPlain} {
 		dense, err := rankExport(t, 50, passes.FoldRPAMode, att)
 		if err != nil {
 			t.Fatal(err)
@@ -176,7 +177,7 @@ func TestRankFoldClip(t *testing.T) {
 // is a multiple of 8.
 func TestPaddedHeadsParity(t *testing.T) {
 	requireORT(t)
-	for _, fold := range []string{passes.FoldRPAMode, passes.FoldRankMode} {
+	for _, fold := range []passes.FoldMode{passes.FoldRPAMode, passes.FoldRankMode} {
 		ref, err := rankExport(t, 50, fold, passes.AttentionOp)
 		if err != nil {
 			t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"unicode"
 
 	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
 	"github.com/rpac-dev/rpac/passes"
@@ -197,11 +198,11 @@ func TestTriton(t *testing.T) {
 		v     variant
 		opset int64
 	}{
-		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""}, 0},
-		{variant{"fuzzy", passes.FoldRPAMode, passes.AttentionOp, "", ""}, 18},
-		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", ""}, 0},
-		{variant{"fuzzy", passes.FoldNoneMode, passes.AttentionPlain, "", ""}, 0},
-		{variant{"baseline", passes.FoldRPAMode, passes.AttentionPlain, "", "rope+smear"}, 0},
+		{variant{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeNone, ""}, 0},
+		{variant{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp, onnx.QuantizeNone, ""}, 18},
+		{variant{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeNone, ""}, 0},
+		{variant{model.Fuzzy, passes.FoldNoneMode, passes.AttentionPlain, onnx.QuantizeNone, ""}, 0},
+		{variant{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain, onnx.QuantizeNone, "rope+smear"}, 0},
 	} {
 		v := c.v
 		t.Run(fmt.Sprintf("%s/opset%d", v, c.opset), func(t *testing.T) {
@@ -349,7 +350,7 @@ func checkTritonParity(t *testing.T, m *runtime.Model, path string, T, V int) {
 }
 
 func TestTritonErrors(t *testing.T) {
-	cfg := smallCfg("baseline")
+	cfg := smallCfg(model.Baseline)
 	st := smallStore(t, &cfg, lengths...)
 	base := export.Options{Config: cfg, Store: st, Lengths: lengths, Out: t.TempDir(), Tokenizer: "test", EOS: 3}
 	for _, c := range []struct {

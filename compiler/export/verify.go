@@ -78,7 +78,7 @@ type VerifyLimits struct {
 // precisions and int8 round weights and activations, and their limits sit
 // well above what correct graphs of trained models measure and well below
 // what a wrong kernel gives (docs/EXPORT.md).
-func DefaultVerifyLimits(dt ir.Precision, quantize string) VerifyLimits {
+func DefaultVerifyLimits(dt ir.Precision, quantize onnx.Quantize) VerifyLimits {
 	switch {
 	case quantize == onnx.QuantizeInt8:
 		return VerifyLimits{MaxKL: 1e-3, MaxCECost: 0.01, MaxAbsDiff: 2}

@@ -16,16 +16,16 @@ import (
 
 // Config describes a model (architecture and the model-side loss terms).
 type Config struct {
-	Model   string `json:"model"` // "fuzzy" or "baseline"
-	Vocab   int    `json:"vocab"`
-	DModel  int    `json:"d_model"`
-	Layers  int    `json:"layers"`
-	Heads   int    `json:"heads"`
-	R       int    `json:"R"`       // fuzzy regimes
-	Experts int    `json:"experts"` // FuzzyMoE experts E
-	TopK    int    `json:"top_k"`   // experts kept per token
-	FFMult  int    `json:"ff_mult"` // expert hidden width = FFMult·d
-	MaxLen  int    `json:"max_len"` // rows of the learned position embedding
+	Model   Kind `json:"model"`
+	Vocab   int  `json:"vocab"`
+	DModel  int  `json:"d_model"`
+	Layers  int  `json:"layers"`
+	Heads   int  `json:"heads"`
+	R       int  `json:"R"`       // fuzzy regimes
+	Experts int  `json:"experts"` // FuzzyMoE experts E
+	TopK    int  `json:"top_k"`   // experts kept per token
+	FFMult  int  `json:"ff_mult"` // expert hidden width = FFMult·d
+	MaxLen  int  `json:"max_len"` // rows of the learned position embedding
 	// PosInit initialises the learned position embedding: "" or "normal"
 	// (N(0, 0.02²), the default) or "sinusoid" (the sinusoids of Vaswani et
 	// al. 2017 scaled to the same RMS, from which a linear map reaches
@@ -119,9 +119,13 @@ const (
 func (c *Config) Validate() error {
 	var errs []string
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
-	fuzzy := c.Model == "fuzzy"
-	if !fuzzy && c.Model != "baseline" {
-		bad("model %q is unknown (want fuzzy or baseline)", c.Model)
+	fuzzy := c.Model == Fuzzy
+	switch c.Model {
+	case Fuzzy, Baseline:
+	case KindUnset:
+		bad("model is not set (want %s)", kindNames.List())
+	default:
+		bad("model %v is unknown (want %s)", c.Model, kindNames.List())
 	}
 	if c.Vocab < 2 {
 		bad("vocab %d is too small (at least 2 tokens)", c.Vocab)
@@ -243,7 +247,7 @@ func (c *Config) Validate() error {
 func (c *Config) paramEstimate() float64 {
 	d, L := float64(c.DModel), float64(c.Layers)
 	ffn := 2 * float64(c.FFMult) * d * d
-	if c.Model == "fuzzy" {
+	if c.Model == Fuzzy {
 		ffn *= float64(max(c.Experts, 1))
 	}
 	perLayer := 4*d*d + ffn + 16*d + 4*float64(max(c.R, 1))*(d+float64(max(c.K(), 1)))
@@ -284,7 +288,7 @@ type Preset struct {
 // with the paper's stated values (Section "Model and hyperparameters").
 func fuzzyDefaults() Config {
 	return Config{
-		Model: "fuzzy", Vocab: 50257, R: 4, Experts: 4, TopK: 2, FFMult: 2,
+		Model: Fuzzy, Vocab: 50257, R: 4, Experts: 4, TopK: 2, FFMult: 2,
 		UseRPA: true, RPAK: 0, TauAlign: 0.70, SinkhornIters: 6, RPAPosmix: 0.10, RPADetach: true,
 		TauAttInit: 0.68, TauMax: 1.6, PosBeta: 0.2, KappaInit: 0.5, BiasClip: 4.0,
 		LabelSmooth: 0.015, EntFloorEta: 0.6, EntFloorAlpha: 0.02,

@@ -25,7 +25,7 @@ func FuzzConfigFile(f *testing.F) {
 			return
 		}
 		switch {
-		case c.SinkhornIters > MaxSinkhornIters && c.Model == "fuzzy":
+		case c.SinkhornIters > MaxSinkhornIters && c.Model == Fuzzy:
 			t.Fatalf("accepted sinkhorn_iters %d", c.SinkhornIters)
 		case c.paramEstimate() > MaxParams:
 			t.Fatalf("accepted %g parameters", c.paramEstimate())

@@ -303,7 +303,7 @@ func Build(cfg *Config, o Opts) (*Graph, error) {
 		}
 	}
 	g := ir.New(fmt.Sprintf("%s_%s_T%d_B%d", cfg.Model, mode, o.T, o.B))
-	g.Meta["model"], g.Meta["mode"] = cfg.Model, mode
+	g.Meta["model"], g.Meta["mode"] = cfg.Model.String(), mode
 	g.Meta["T"], g.Meta["B"] = fmt.Sprint(o.T), fmt.Sprint(o.B)
 	b := &builder{g: g, cfg: cfg, o: o, seen: map[string]*ir.Value{}}
 	if err := b.build(); err != nil {
@@ -349,7 +349,7 @@ func (b *builder) build() error {
 	var entropies []*ir.Value
 	for i := 0; i < c.Layers; i++ {
 		var h *ir.Value
-		if c.Model == "fuzzy" {
+		if c.Model == Fuzzy {
 			x, h = b.fuzzyBlock(x, i)
 			entropies = append(entropies, h)
 		} else {
@@ -394,7 +394,7 @@ func (b *builder) build() error {
 	} else {
 		loss = b.scale(ce[0], 1/float64(B*T), 0)
 	}
-	if c.Model == "fuzzy" && c.R >= 2 && c.EntFloorAlpha > 0 {
+	if c.Model == Fuzzy && c.R >= 2 && c.EntFloorAlpha > 0 {
 		var hsum *ir.Value
 		for _, h := range entropies {
 			if hsum == nil {

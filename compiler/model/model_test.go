@@ -16,7 +16,7 @@ import (
 )
 
 // microConfig is a model small enough for finite differences on every parameter.
-func microConfig(kind string) model.Config {
+func microConfig(kind model.Kind) model.Config {
 	p, _ := model.LookupPreset("tiny")
 	c := p.Config
 	c.Model = kind
@@ -58,21 +58,21 @@ func TestModelGradients(t *testing.T) {
 		name string
 		cfg  func() model.Config
 	}{
-		{"fuzzy-rpa", func() model.Config { return microConfig("fuzzy") }},
-		{"fuzzy-legacy", func() model.Config { c := microConfig("fuzzy"); c.UseRPA = false; return c }},
-		{"fuzzy-nodetach", func() model.Config { c := microConfig("fuzzy"); c.RPADetach = false; return c }},
-		{"baseline", func() model.Config { return microConfig("baseline") }},
-		{"baseline-rope", func() model.Config { c := microConfig("baseline"); c.RoPE = true; return c }},
+		{"fuzzy-rpa", func() model.Config { return microConfig(model.Fuzzy) }},
+		{"fuzzy-legacy", func() model.Config { c := microConfig(model.Fuzzy); c.UseRPA = false; return c }},
+		{"fuzzy-nodetach", func() model.Config { c := microConfig(model.Fuzzy); c.RPADetach = false; return c }},
+		{"baseline", func() model.Config { return microConfig(model.Baseline) }},
+		{"baseline-rope", func() model.Config { c := microConfig(model.Baseline); c.RoPE = true; return c }},
 		// head dimension 3: one rotated pair and a dimension left as it is
 		{"baseline-rope-odd", func() model.Config {
-			c := microConfig("baseline")
+			c := microConfig(model.Baseline)
 			c.RoPE, c.DModel, c.RoPEBase = true, 6, 50
 			return c
 		}},
-		{"fuzzy-rope", func() model.Config { c := microConfig("fuzzy"); c.RoPE = true; return c }},
-		{"baseline-smear", func() model.Config { c := microConfig("baseline"); c.SmearKeys = true; return c }},
-		{"fuzzy-smear-rope", func() model.Config { c := microConfig("fuzzy"); c.SmearKeys, c.RoPE = true, true; return c }},
-		{"baseline-rope-nopos", func() model.Config { c := microConfig("baseline"); c.RoPE, c.PosInit = true, "none"; return c }},
+		{"fuzzy-rope", func() model.Config { c := microConfig(model.Fuzzy); c.RoPE = true; return c }},
+		{"baseline-smear", func() model.Config { c := microConfig(model.Baseline); c.SmearKeys = true; return c }},
+		{"fuzzy-smear-rope", func() model.Config { c := microConfig(model.Fuzzy); c.SmearKeys, c.RoPE = true, true; return c }},
+		{"baseline-rope-nopos", func() model.Config { c := microConfig(model.Baseline); c.RoPE, c.PosInit = true, "none"; return c }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,9 +189,9 @@ func TestModelGradients(t *testing.T) {
 // batch statistics (--eval-stats batch) the same change does leak backwards,
 // which is why eval and export use running statistics.
 func TestEvalCausality(t *testing.T) {
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		for _, batchStats := range []bool{false, true} {
-			if kind == "baseline" && batchStats {
+			if kind == model.Baseline && batchStats {
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/batchstats=%v", kind, batchStats), func(t *testing.T) {
@@ -286,7 +286,7 @@ func TestPresetSizes(t *testing.T) {
 // parameters the name rule of optim.DefaultDecay selects, for both models.
 func TestDecayHandles(t *testing.T) {
 	p, _ := model.LookupPreset("tiny")
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		cfg := p.Config
 		cfg.Model = kind
 		mg, err := model.Build(&cfg, model.Opts{T: 16, B: 1, Mode: model.Train})

@@ -2,6 +2,7 @@ package model
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -187,6 +188,9 @@ func configFieldNames() []string {
 }
 
 func jsonKind(t reflect.Type) string {
+	if reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]()) {
+		return "a string"
+	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return "an integer"
@@ -218,7 +222,7 @@ func lineCol(data []byte, off int64) (line, col int) {
 // JSON field names.
 func (c Config) Summary() string {
 	var s string
-	if c.Model != "fuzzy" {
+	if c.Model != Fuzzy {
 		s = fmt.Sprintf("model=%s d_model=%d layers=%d heads=%d ff_mult=%d top_k=%d (ffn width %d) max_len=%d",
 			c.Model, c.DModel, c.Layers, c.Heads, c.FFMult, c.TopK, c.FFMult*c.DModel*max(1, c.TopK), c.MaxLen)
 	} else {

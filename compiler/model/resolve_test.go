@@ -69,9 +69,9 @@ func TestResolve(t *testing.T) {
 					t.Errorf("got d_model %d heads %d, want 99, 3", c.DModel, c.Heads)
 				}
 			}},
-		{name: "full file round trip", file: func() string { c := tinyConfig(t); c.Model, c.DModel = "baseline", 64; return string(c.JSON()) }(),
+		{name: "full file round trip", file: func() string { c := tinyConfig(t); c.Model, c.DModel = model.Baseline, 64; return string(c.JSON()) }(),
 			check: func(t *testing.T, c model.Config) {
-				if c.Model != "baseline" || c.DModel != 64 {
+				if c.Model != model.Baseline || c.DModel != 64 {
 					t.Errorf("got %s d_model %d", c.Model, c.DModel)
 				}
 			}},
@@ -89,6 +89,8 @@ func TestResolve(t *testing.T) {
 		{name: "not an object", file: `[96]`, wantErr: []string{"cfg.json:1:1: want a JSON object"}},
 		{name: "wrong type", file: "{\n  \"heads\": 2.5\n}", wantErr: []string{"cfg.json:2:", "heads: want an integer, got number 2.5"}},
 		{name: "null", file: `{"heads": null}`, wantErr: []string{"heads set to null"}},
+		{name: "unknown model", file: `{"model": "moe"}`, wantErr: []string{`model "moe": want fuzzy or baseline`}},
+		{name: "model not a string", file: `{"model": 2}`, wantErr: []string{"model: want a string, got number"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,7 +135,8 @@ func TestValidateMessages(t *testing.T) {
 		valid bool
 	}{
 		{"presets", func(c *model.Config) {}, "", true},
-		{"model", func(c *model.Config) { c.Model = "moe" }, `model "moe" is unknown (want fuzzy or baseline)`, false},
+		{"model", func(c *model.Config) { c.Model = model.Kind(9) }, `model model(9) is unknown (want fuzzy or baseline)`, false},
+		{"no model", func(c *model.Config) { c.Model = model.KindUnset }, `model is not set (want fuzzy or baseline)`, false},
 		{"vocab", func(c *model.Config) { c.Vocab = 1 }, "vocab 1 is too small (at least 2 tokens)", false},
 		{"d_model", func(c *model.Config) { c.DModel = 0 }, "d_model 0 must be at least 1", false},
 		{"layers", func(c *model.Config) { c.Layers = 0 }, "layers 0 must be at least 1", false},
@@ -159,8 +162,8 @@ func TestValidateMessages(t *testing.T) {
 		{"tau_att_init high", func(c *model.Config) { c.TauAttInit = 2 }, "tau_att_init 2 is outside [0.3, tau_max 1.6]", false},
 		{"tau_att_init edge", func(c *model.Config) { c.TauAttInit = 0.3 }, "", true},
 		// The baseline reads none of the fuzzy-only fields.
-		{"baseline ignores fuzzy fields", func(c *model.Config) { c.Model, c.R, c.Experts, c.TopK, c.TauMax = "baseline", 1, 0, 0, 0 }, "", true},
-		{"baseline shared fields", func(c *model.Config) { c.Model, c.MaxLen = "baseline", 0 }, "max_len 0 is too short", false},
+		{"baseline ignores fuzzy fields", func(c *model.Config) { c.Model, c.R, c.Experts, c.TopK, c.TauMax = model.Baseline, 1, 0, 0, 0 }, "", true},
+		{"baseline shared fields", func(c *model.Config) { c.Model, c.MaxLen = model.Baseline, 0 }, "max_len 0 is too short", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -233,7 +236,7 @@ func TestPresetParamCounts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		for i, kind := range []string{"fuzzy", "baseline"} {
+		for i, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 			c.Model = kind
 			if got := count(t, c, p.Contexts[0]); got != want[name][i] {
 				t.Errorf("%s %s: %d parameters, want %d", name, kind, got, want[name][i])
@@ -254,7 +257,7 @@ func TestSummary(t *testing.T) {
 	if got, want := c.Summary(), "model=fuzzy d_model=128 layers=2 heads=4 R=4 experts=4 top_k=2 ff_mult=2 max_len=256"; got != want {
 		t.Errorf("Summary() = %q, want %q", got, want)
 	}
-	c.Model = "baseline"
+	c.Model = model.Baseline
 	if got, want := c.Summary(), "model=baseline d_model=128 layers=2 heads=4 ff_mult=2 top_k=2 (ffn width 512) max_len=256"; got != want {
 		t.Errorf("Summary() = %q, want %q", got, want)
 	}

@@ -81,7 +81,7 @@ func TestRotaryRelative(t *testing.T) {
 // without it at position 0 (where every rotation is the identity) and other
 // logits after it; rope_base is checked.
 func TestRoPEWired(t *testing.T) {
-	plain := microConfig("baseline")
+	plain := microConfig(model.Baseline)
 	plain.Dropout = 0
 	rope := plain
 	rope.RoPE = true
@@ -121,7 +121,7 @@ func TestRoPEWired(t *testing.T) {
 // before it, so swapping two earlier tokens changes its logits with rope
 // and cannot without (nor without positions at all).
 func TestPosInitNone(t *testing.T) {
-	base := microConfig("baseline")
+	base := microConfig(model.Baseline)
 	base.Dropout = 0
 	none := base
 	none.PosInit = "none"
@@ -168,7 +168,7 @@ func TestPosInitNone(t *testing.T) {
 // the logits of the same weights without smearing; at its initial a = 0
 // (half the key before) it gives others, from the second position on.
 func TestSmearKeys(t *testing.T) {
-	plain := microConfig("baseline")
+	plain := microConfig(model.Baseline)
 	plain.Dropout = 0
 	smear := plain
 	smear.SmearKeys = true

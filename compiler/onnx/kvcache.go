@@ -118,7 +118,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 		return nil, KVLayout{}, fmt.Errorf("onnx: unknown KV-cache graph %v", which)
 	}
 	if opts.Quantize != QuantizeNone {
-		return nil, KVLayout{}, fmt.Errorf("onnx: the KV-cache graphs do not support quantization %q yet; export them without it", opts.Quantize)
+		return nil, KVLayout{}, fmt.Errorf("onnx: the KV-cache graphs do not support quantization %v yet; export them without it", opts.Quantize)
 	}
 	if opts.Precision.Reduced() {
 		return nil, KVLayout{}, fmt.Errorf("onnx: the KV-cache graphs are written in fp32, not %s; export them without --dtype", opts.Precision)

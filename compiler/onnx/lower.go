@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
+	"github.com/rpac-dev/rpac/internal/enum"
 	"github.com/rpac-dev/rpac/ir"
 )
 
@@ -70,17 +71,34 @@ type Options struct {
 	// QuantizeNone (fp32) or QuantizeInt8 (int8 weights per output column,
 	// int8 activations per token, int32 accumulation: MatMulInteger, which
 	// onnxruntime's CPU provider runs on its integer GEMM).
-	Quantize string
+	Quantize Quantize
 	// Precision is the type of weights and activations (ir.FP32 by default,
 	// ir.FP16, ir.BF16; see ConvertPrecision).
 	Precision ir.Precision
 }
 
+// Quantize is the precision of the Linear layers' products (rpac export
+// --quantize; "quantize" in metadata and provenance).
+type Quantize uint8
+
 // Quantization modes.
 const (
-	QuantizeNone = ""
-	QuantizeInt8 = "int8"
+	QuantizeNone Quantize = iota // fp32 products
+	QuantizeInt8                 // int8 products, int32 accumulation
 )
+
+var quantizeNames = enum.Names[Quantize]{"none", "int8"}
+
+func (q Quantize) String() string { return quantizeNames.String("quantize", q) }
+
+// ParseQuantize reads --quantize: none or int8.
+func ParseQuantize(s string) (Quantize, error) { return quantizeNames.Parse("--quantize", s) }
+
+// MarshalText writes the mode's spelling.
+func (q Quantize) MarshalText() ([]byte, error) { return quantizeNames.Marshal("quantize", q) }
+
+// UnmarshalText reads the mode's spelling.
+func (q *Quantize) UnmarshalText(b []byte) error { return quantizeNames.Unmarshal("quantize", q, b) }
 
 // irVersionFor is the IR version released together with an opset.
 func irVersionFor(opset int64) int64 {
@@ -127,8 +145,8 @@ func (o Options) withDefaults() (Options, error) {
 	default:
 		return o, fmt.Errorf("onnx: unknown GELU mode %q (want %q or %q)", o.GELU, GELUOp, GELUErf)
 	}
-	if o.Quantize != QuantizeNone && o.Quantize != QuantizeInt8 {
-		return o, fmt.Errorf("onnx: quantization %q: want %q or none", o.Quantize, QuantizeInt8)
+	if o.Quantize > QuantizeInt8 {
+		return o, fmt.Errorf("onnx: quantization %v: want %s", o.Quantize, quantizeNames.List())
 	}
 	return o, nil
 }

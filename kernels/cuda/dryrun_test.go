@@ -130,7 +130,7 @@ func TestBackendRunsTrainingStepsOnFakeDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, kind := range []string{"fuzzy", "baseline"} {
+	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		for _, mode := range []model.Mode{model.Train, model.Eval} {
 			cfg := p.Config
 			cfg.Model, cfg.Vocab, cfg.DModel, cfg.Layers, cfg.Heads, cfg.MaxLen, cfg.Dropout = kind, 97, 32, 2, 2, 24, 0.1
