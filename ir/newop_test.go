@@ -55,13 +55,13 @@ func TestNewElementwiseOpReachesEveryBackend(t *testing.T) {
 	if err := passes.Autodiff(g, "loss"); err != nil {
 		t.Fatal(err)
 	}
-	st := kernels.NewStore(kernels.F64)
+	st := kernels.NewStore(ir.FP64)
 	wt, err := st.Ensure("w", ir.Shape{5})
 	if err != nil {
 		t.Fatal(err)
 	}
 	copy(wt.F64, []float64{-2, -0.5, 0, 1.5, 3})
-	p, err := cpu.New(kernels.F64).Compile(g, nil, st)
+	p, err := cpu.New(ir.FP64).Compile(g, nil, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,11 +85,11 @@ func TestNewElementwiseOpReachesEveryBackend(t *testing.T) {
 	if !strings.Contains(src, "case U_TRIALCUBE: return x * x * x;") {
 		t.Error("the CUDA prelude has no case for TrialCube")
 	}
-	be, err := cuda.NewDryRun(cuda.GEMMF32, cuda.DefaultOptions())
+	be, err := cuda.NewDryRun(ir.FP32, cuda.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := kernels.NewStore(kernels.F32)
+	dst := kernels.NewStore(ir.FP32)
 	if _, err := dst.Ensure("w", ir.Shape{5}); err != nil {
 		t.Fatal(err)
 	}

@@ -3,9 +3,12 @@ package ir
 import "fmt"
 
 // Precision is a floating-point number format: the arithmetic of a run's
-// GEMMs (rpac train --precision) or the type of an exported graph's weights
-// and activations (rpac export --dtype). It is parsed in one place,
-// ParsePrecision; each consumer states which formats it takes.
+// GEMMs (rpac train --precision; the CUDA backend's GEMM inputs, FP32 or
+// BF16), the type of an exported graph's weights and activations (rpac
+// export --dtype), or the float type a compiled program computes in on the
+// host (kernels.Backend.Precision: FP32, or FP64 for gradient checks). It
+// is parsed in one place, ParsePrecision; each consumer states which
+// formats it takes.
 type Precision uint8
 
 const (
@@ -15,6 +18,7 @@ const (
 	FP32                       // IEEE single precision
 	BF16                       // bfloat16
 	FP16                       // IEEE half precision
+	FP64                       // IEEE double precision (host programs only: gradient checks)
 )
 
 // ParsePrecision reads a precision flag: fp32, bf16 or fp16 (float32,
@@ -42,6 +46,8 @@ func (p Precision) String() string {
 		return "bf16"
 	case FP16:
 		return "fp16"
+	case FP64:
+		return "fp64"
 	case PrecisionDefault:
 		return "default"
 	}

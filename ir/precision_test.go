@@ -16,10 +16,15 @@ func TestParsePrecision(t *testing.T) {
 			t.Errorf("%v does not round-trip through String", got)
 		}
 	}
-	if _, err := ParsePrecision("int8"); err == nil {
-		t.Error("int8 parsed as a precision")
+	for _, s := range []string{"int8", "fp64", "float64"} { // fp64 is a host program's type, never a flag's
+		if _, err := ParsePrecision(s); err == nil {
+			t.Errorf("%s parsed as a precision", s)
+		}
 	}
-	if !BF16.Reduced() || !FP16.Reduced() || FP32.Reduced() || PrecisionDefault.Reduced() {
+	if FP64.String() != "fp64" {
+		t.Errorf("FP64 is spelled %q", FP64)
+	}
+	if !BF16.Reduced() || !FP16.Reduced() || FP32.Reduced() || FP64.Reduced() || PrecisionDefault.Reduced() {
 		t.Error("Reduced")
 	}
 	if PrecisionDefault.Or(FP32) != FP32 || BF16.Or(FP32) != BF16 {

@@ -13,22 +13,6 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 )
 
-// Precision is the float type a Program computes in. Training runs in F32;
-// gradient checks run the same kernels in F64.
-type Precision uint8
-
-const (
-	F32 Precision = iota
-	F64
-)
-
-func (p Precision) String() string {
-	if p == F64 {
-		return "f64"
-	}
-	return "f32"
-}
-
 // Tensor is host data with a shape. Exactly one of F32, F64, I32 is set.
 type Tensor struct {
 	Shape ir.Shape
@@ -37,10 +21,11 @@ type Tensor struct {
 	I32   []int32
 }
 
-// NewTensor allocates a zero float tensor of the given precision.
-func NewTensor(p Precision, s ir.Shape) *Tensor {
+// NewTensor allocates a zero float tensor of the given precision: float64
+// for ir.FP64, float32 for any other.
+func NewTensor(p ir.Precision, s ir.Shape) *Tensor {
 	t := &Tensor{Shape: s.Clone()}
-	if p == F64 {
+	if p == ir.FP64 {
 		t.F64 = make([]float64, s.Numel())
 	} else {
 		t.F32 = make([]float32, s.Numel())
@@ -109,13 +94,13 @@ func (t *Tensor) Set(i int, v float64) {
 // Store holds the persistent named tensors of a model: parameters and
 // buffers. Programs of different lengths share one Store.
 type Store struct {
-	Prec    Precision
+	Prec    ir.Precision
 	Tensors map[string]*Tensor
 	Order   []string // insertion order (stable checkpoints)
 }
 
 // NewStore returns an empty store.
-func NewStore(p Precision) *Store { return &Store{Prec: p, Tensors: map[string]*Tensor{}} }
+func NewStore(p ir.Precision) *Store { return &Store{Prec: p, Tensors: map[string]*Tensor{}} }
 
 // Get returns a tensor or nil.
 func (s *Store) Get(name string) *Tensor { return s.Tensors[name] }
@@ -212,7 +197,7 @@ type Program interface {
 // Backend compiles graphs for one kind of machine.
 type Backend interface {
 	Name() string
-	Precision() Precision
+	Precision() ir.Precision
 	// Capabilities are what the graphs compiled for the backend, and the
 	// memory plan sized for them, depend on.
 	Capabilities() Capabilities

@@ -36,7 +36,7 @@ func TestAttentionLayout(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	feeds := map[string]*kernels.Tensor{}
 	for _, n := range []string{"q", "k", "v"} {
-		x := kernels.NewTensor(kernels.F32, ir.Shape{2, 7, 3, 4})
+		x := kernels.NewTensor(ir.FP32, ir.Shape{2, 7, 3, 4})
 		for i := range x.F32 {
 			x.F32[i] = float32(r.NormFloat64())
 		}

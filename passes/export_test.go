@@ -36,7 +36,7 @@ func exportCfg(kind model.Kind, layers int) model.Config {
 // membership: positive, summing to 1) and a bias warm-in scale of 0.75.
 func exportStore(t testing.TB, cfg *model.Config, lengths ...int) *kernels.Store {
 	t.Helper()
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, T := range lengths {
 		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Train})
@@ -94,13 +94,13 @@ var infos = map[*ir.Graph]*passes.ModelInfo{}
 
 func exportCtx(g *ir.Graph, st *kernels.Store, fold passes.FoldMode, attention passes.AttentionMode, rep *passes.FoldReport) *passes.Context {
 	return &passes.Context{Model: infos[g], ExportOptions: &passes.ExportOptions{
-		Store: st, Backend: cpu.New(kernels.F32), Fold: fold, Attention: attention, Report: rep}}
+		Store: st, Backend: cpu.New(ir.FP32), Fold: fold, Attention: attention, Report: rep}}
 }
 
 // logitsOf runs g on the CPU backend.
 func logitsOf(t testing.TB, g *ir.Graph, st *kernels.Store, ids []int32) []float64 {
 	t.Helper()
-	p, err := cpu.New(kernels.F32).Compile(g, passes.Plan(g), st)
+	p, err := cpu.New(ir.FP32).Compile(g, passes.Plan(g), st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestStripTraining(t *testing.T) {
 	}
 	// Without the store, the warm-in scale has no value to freeze.
 	g = evalGraph(t, &cfg, 8, 1, model.Eval, false)
-	err := passes.StripTraining(g, infos[g].Hooks, kernels.NewStore(kernels.F32))
+	err := passes.StripTraining(g, infos[g].Hooks, kernels.NewStore(ir.FP32))
 	if err == nil || !strings.Contains(err.Error(), "bias_scale") {
 		t.Fatalf("want an error naming bias_scale, got %v", err)
 	}
@@ -372,7 +372,7 @@ func TestCalibrate(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	batches := [][]int32{randIDs(r, B*T, cfg.Vocab), randIDs(r, B*T, cfg.Vocab), randIDs(r, B*T, cfg.Vocab)}
 	// Reference: the mean of each batch's stat output.
-	p, err := cpu.New(kernels.F32).Compile(g, passes.Plan(g), st)
+	p, err := cpu.New(ir.FP32).Compile(g, passes.Plan(g), st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +392,7 @@ func TestCalibrate(t *testing.T) {
 		}
 	}
 	p.Close()
-	if err := passes.Calibrate(g, cpu.New(kernels.F32), st, batches, stats); err != nil {
+	if err := passes.Calibrate(g, cpu.New(ir.FP32), st, batches, stats); err != nil {
 		t.Fatal(err)
 	}
 	for buf, w := range want {
@@ -400,7 +400,7 @@ func TestCalibrate(t *testing.T) {
 			t.Errorf("%s: calibrated values differ from the batch mean by %g", buf, d)
 		}
 	}
-	if err := passes.Calibrate(g, cpu.New(kernels.F32), st, [][]int32{{1, 2}}, stats); err == nil {
+	if err := passes.Calibrate(g, cpu.New(ir.FP32), st, [][]int32{{1, 2}}, stats); err == nil {
 		t.Error("a batch of the wrong size must be an error")
 	}
 }

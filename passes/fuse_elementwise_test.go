@@ -31,7 +31,7 @@ func chainGraph() *ir.Graph {
 
 func runGraph(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []float32 {
 	t.Helper()
-	p, err := cpu.New(kernels.F32).Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	p, err := cpu.New(ir.FP32).Compile(g, passes.Plan(g), kernels.NewStore(ir.FP32))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestFuseElementwise(t *testing.T) {
 		name string
 		s    ir.Shape
 	}{{"x", ir.Shape{3, 5, 7}}, {"y", ir.Shape{7}}} {
-		t := kernels.NewTensor(kernels.F32, in.s)
+		t := kernels.NewTensor(ir.FP32, in.s)
 		for i := range t.F32 {
 			t.F32[i] = float32(r.NormFloat64())
 		}
@@ -108,7 +108,7 @@ func TestFuseElementwiseDraws(t *testing.T) {
 		g.SetOutput("out", v)
 		return g
 	}
-	x := kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7})
+	x := kernels.NewTensor(ir.FP32, ir.Shape{3, 5, 7})
 	for i := range x.F32 {
 		x.F32[i] = float32(i%11) - 5
 	}
@@ -196,7 +196,7 @@ func TestFuseElementwiseRemat(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	feeds := map[string]*kernels.Tensor{}
 	for name, sh := range map[string]ir.Shape{"z": {3, 5, 8}, "gate": {3, 5, 1}, "y": {3, 5, 8}} {
-		x := kernels.NewTensor(kernels.F32, sh)
+		x := kernels.NewTensor(ir.FP32, sh)
 		for i := range x.F32 {
 			x.F32[i] = float32(r.NormFloat64())
 		}

@@ -43,7 +43,7 @@ func siblingGraph() *ir.Graph {
 
 func runF64(t *testing.T, g *ir.Graph, st *kernels.Store, feeds map[string]*kernels.Tensor) map[string][]float64 {
 	t.Helper()
-	p, err := cpu.New(kernels.F64).Compile(g, passes.Plan(g), st)
+	p, err := cpu.New(ir.FP64).Compile(g, passes.Plan(g), st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func runF64(t *testing.T, g *ir.Graph, st *kernels.Store, feeds map[string]*kern
 // unjoined graph's in float64 to 1e-12.
 func TestJoinSiblingGrads(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	st := kernels.NewStore(kernels.F64)
+	st := kernels.NewStore(ir.FP64)
 	g0 := siblingGraph()
 	for _, v := range g0.ValuesOfKind(ir.Param) {
 		tt, _ := st.Ensure(v.Name, v.Shape)
@@ -74,7 +74,7 @@ func TestJoinSiblingGrads(t *testing.T) {
 			tt.F64[i] = r.NormFloat64() * 0.5
 		}
 	}
-	x := kernels.NewTensor(kernels.F64, ir.Shape{2, 5, 6})
+	x := kernels.NewTensor(ir.FP64, ir.Shape{2, 5, 6})
 	for i := range x.F64 {
 		x.F64[i] = r.NormFloat64()
 	}

@@ -40,14 +40,14 @@ func TestFuseProductSums(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	feeds := map[string]*kernels.Tensor{}
 	for name, s := range map[string]ir.Shape{"a": {4, 6, 9}, "b": {4, 6, 9}, "c": {9}} {
-		x := kernels.NewTensor(kernels.F32, s)
+		x := kernels.NewTensor(ir.FP32, s)
 		for i := range x.F32 {
 			x.F32[i] = float32(r.NormFloat64())
 		}
 		feeds[name] = x
 	}
 	run := func(g *ir.Graph) map[string][]float32 {
-		p, err := cpu.New(kernels.F32).Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+		p, err := cpu.New(ir.FP32).Compile(g, passes.Plan(g), kernels.NewStore(ir.FP32))
 		if err != nil {
 			t.Fatal(err)
 		}

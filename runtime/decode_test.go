@@ -12,6 +12,7 @@ import (
 
 	cexport "github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
@@ -31,7 +32,7 @@ func kvCfg(kind model.Kind) model.Config {
 // statistics at every length of ls and a warm-in scale of 1.
 func kvStore(t *testing.T, cfg *model.Config, ls ...int) *kernels.Store {
 	t.Helper()
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, T := range ls {
 		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval})

@@ -51,19 +51,19 @@ func TestAlignedStepMatchesUnaligned(t *testing.T) {
 			mods = append(mods, tc.mod)
 		}
 		f := newStepFixture(t, tc.kind, 12, 4, mods...)
-		be := aligningCPU{cpu.New(kernels.F32), tc.fused}
+		be := aligningCPU{cpu.New(ir.FP32), tc.fused}
 		s, err := CompileStep(&f.cfg, f.store, be, f.T, f.B, 2, 0, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkAlignedGEMMs(t, tc.name, s, f.cfg)
 		s.Close()
-		loss, _, _ := f.stepOn(t, cpu.New(kernels.F32), 2, 5)
+		loss, _, _ := f.stepOn(t, cpu.New(ir.FP32), 2, 5)
 		if al, _, _ := f.stepOn(t, be, 2, 5); math.Abs(al-loss) > 1e-6*math.Abs(loss) {
 			t.Errorf("%s: aligned loss %.8f, unaligned %.8f", tc.name, al, loss)
 		}
 		want := f.step64(t, 2, 5)
-		got := f.step64On(t, aligningCPU{cpu.New(kernels.F64), tc.fused}, 2, 5)
+		got := f.step64On(t, aligningCPU{cpu.New(ir.FP64), tc.fused}, 2, 5)
 		if len(got) != len(want) {
 			t.Fatalf("%s: %d gradients aligned, %d unaligned", tc.name, len(got), len(want))
 		}
@@ -120,7 +120,7 @@ func checkAlignedGEMMs(t *testing.T, name string, s *Step, cfg model.Config) {
 // unpadded one's CE.
 func TestAlignedEvalMatchesUnaligned(t *testing.T) {
 	f := newStepFixture(t, model.Fuzzy, 12, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
-	plain, aligned := evalCESum(t, f, cpu.New(kernels.F32)), evalCESum(t, f, aligningCPU{cpu.New(kernels.F32), true})
+	plain, aligned := evalCESum(t, f, cpu.New(ir.FP32)), evalCESum(t, f, aligningCPU{cpu.New(ir.FP32), true})
 	if d := math.Abs(aligned-plain) / plain; d > 1e-6 {
 		t.Errorf("eval CE sum: aligned %.8f, unaligned %.8f", aligned, plain)
 	}

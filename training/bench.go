@@ -47,7 +47,7 @@ func NewBench(o Options) (*Bench, error) {
 	}
 	acfg := optim.DefaultAdamW()
 	acfg.Decay = mg.Decayed()
-	b := &Bench{Plan: p, store: kernels.NewStore(kernels.F32), opt: optim.NewAdamW(acfg), params: map[string][]float32{}}
+	b := &Bench{Plan: p, store: kernels.NewStore(ir.FP32), opt: optim.NewAdamW(acfg), params: map[string][]float32{}}
 	if err := model.InitStore(mg.Specs, b.store, o.Seed); err != nil {
 		return nil, err
 	}
@@ -169,11 +169,7 @@ func PredictOptions(o Options, hw perf.Hardware) (_ Options, dryRun bool, err er
 		o.Backend, err = OpenBackend(Target{Device: DeviceCUDA, Precision: p}, o.CUDA)
 		return o, false, err
 	}
-	gemm := cuda.GEMMBF16
-	if p == ir.FP32 {
-		gemm = cuda.GEMMF32
-	}
-	if o.Backend, err = cuda.NewDryRun(gemm, cudaOptions(o.CUDA)); err != nil {
+	if o.Backend, err = cuda.NewDryRun(p, cudaOptions(o.CUDA)); err != nil {
 		return o, false, err
 	}
 	if o.MemBudget == 0 {

@@ -19,7 +19,7 @@ func TestGuardianObservesTypedDiagnostics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tau := kernels.NewTensor(kernels.F32, ir.Shape{1})
+	tau := kernels.NewTensor(ir.FP32, ir.Shape{1})
 	tau.Set(0, 1)
 	c := &controllers{cs: &ControlState{Guardian: g}, plan: &Plan{}, taus: []*kernels.Tensor{tau}}
 	st := intervalStats{Usage: [][]float64{{0.5, 0.5}}, MuEntropy: 0.7, SatFrac: 0.1, GateDelta: 0.03}

@@ -18,7 +18,7 @@ import (
 // cudaOrSkip opens the CUDA backend taking the paths o chooses, or skips
 // without a GPU (fails under RPAC_REQUIRE_GPU=1, as scripts/gpu-check.sh
 // sets it).
-func cudaOrSkip(t *testing.T, gemm cuda.GEMMPrecision, o cuda.Options) *cuda.Backend {
+func cudaOrSkip(t *testing.T, gemm ir.Precision, o cuda.Options) *cuda.Backend {
 	t.Helper()
 	be, err := cuda.New(0, gemm, o)
 	if err != nil {
@@ -42,13 +42,13 @@ func (f *stepFixture) stepOn(t *testing.T, be kernels.Backend, micro int, seed u
 // mean taken in float64: the exact reference the fp32 backends are held to.
 func (f *stepFixture) step64(t *testing.T, micro int, seed uint64) map[string][]float64 {
 	t.Helper()
-	return f.step64On(t, cpu.New(kernels.F64), micro, seed)
+	return f.step64On(t, cpu.New(ir.FP64), micro, seed)
 }
 
 // step64On is step64 on be (a float64 CPU backend, or one that wraps it).
 func (f *stepFixture) step64On(t *testing.T, be kernels.Backend, micro int, seed uint64) map[string][]float64 {
 	t.Helper()
-	st := kernels.NewStore(kernels.F64)
+	st := kernels.NewStore(ir.FP64)
 	for n, x := range f.store.Tensors {
 		y, err := st.Ensure(n, x.Shape)
 		if err != nil {
@@ -151,12 +151,12 @@ func relDiff(a, b []float32) float64 {
 // dropout, micro-batches and the Gumbel top-k gate) give the CPU backend's
 // loss and gradients on the GPU in fp32, and stay close in bf16.
 func TestGPUStepMatchesCPU(t *testing.T) {
-	f32 := cudaOrSkip(t, cuda.GEMMF32, cuda.DefaultOptions())
-	bf16 := cudaOrSkip(t, cuda.GEMMBF16, cuda.DefaultOptions())
+	f32 := cudaOrSkip(t, ir.FP32, cuda.DefaultOptions())
+	bf16 := cudaOrSkip(t, ir.BF16, cuda.DefaultOptions())
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.1
-		loss, ce, grads := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
+		loss, ce, grads := f.stepOn(t, cpu.New(ir.FP32), 2, 11)
 		ref64 := f.step64(t, 2, 11)
 		for _, tc := range []struct {
 			be             kernels.Backend
@@ -205,7 +205,7 @@ func TestGPUStepMatchesCPU(t *testing.T) {
 // TestGPUStepRepeats: two runs of the same step on the GPU agree bit for
 // bit (no atomics in any reduction), which exact resume relies on.
 func TestGPUStepRepeats(t *testing.T) {
-	be := cudaOrSkip(t, cuda.GEMMF32, cuda.DefaultOptions())
+	be := cudaOrSkip(t, ir.FP32, cuda.DefaultOptions())
 	f := newStepFixture(t, model.Fuzzy, 24, 4)
 	f.cfg.Dropout = 0.1
 	l1, _, g1 := f.stepOn(t, be, 2, 5)
@@ -243,7 +243,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			be, err := cuda.NewDryRun(cuda.GEMMBF16, cuda.DefaultOptions())
+			be, err := cuda.NewDryRun(ir.BF16, cuda.DefaultOptions())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -276,7 +276,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 // default budget follows the device's memory; and a plan for a GPU without
 // its opened backend is refused.
 func TestMemoryPlanOnFusedGraphs(t *testing.T) {
-	be, err := cuda.NewDryRun(cuda.GEMMBF16, cuda.DefaultOptions())
+	be, err := cuda.NewDryRun(ir.BF16, cuda.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

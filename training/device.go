@@ -62,7 +62,10 @@ type Target struct {
 }
 
 // resolveDevice turns auto into cpu or cuda (cuda when a GPU is usable),
-// and checks the precision against the device.
+// and checks the precision against the device. The precision it returns
+// is the one mapping of --precision to a backend's arithmetic: fp32 on the
+// CPU; on CUDA the GEMM inputs' type the backend is opened with (cuda.New,
+// cuda.NewDryRun), bf16 unless fp32 is asked for.
 func resolveDevice(d Device, p ir.Precision) (Device, ir.Precision, error) {
 	if d == DeviceAuto {
 		d = DeviceCPU
@@ -129,13 +132,9 @@ func checkSimulator() error {
 // the graphs then read the backend's Capabilities.
 func OpenBackend(t Target, co *cuda.Options) (kernels.Backend, error) {
 	if t.Device == DeviceCPU {
-		return cpu.New(kernels.F32), nil
+		return cpu.New(ir.FP32), nil
 	}
-	gemm := cuda.GEMMF32
-	if t.Precision == ir.BF16 {
-		gemm = cuda.GEMMBF16
-	}
-	be, err := cuda.New(0, gemm, cudaOptions(co))
+	be, err := cuda.New(0, t.Precision, cudaOptions(co))
 	if err != nil {
 		return nil, fmt.Errorf("--device %s: %w", t.Device, err)
 	}

@@ -27,8 +27,8 @@ func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.2
-		loss, ce, grads := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
-		fused := fusingCPU{cpu.New(kernels.F32)}
+		loss, ce, grads := f.stepOn(t, cpu.New(ir.FP32), 2, 11)
+		fused := fusingCPU{cpu.New(ir.FP32)}
 		s, err := CompileStep(&f.cfg, f.store, fused, f.T, f.B, 2, f.cfg.Dropout, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +72,7 @@ func TestFusedAttentionStepMatchesUnfused(t *testing.T) {
 // the unfused one's CE.
 func TestFusedAttentionEvalMatchesUnfused(t *testing.T) {
 	f := newStepFixture(t, model.Fuzzy, 24, 4)
-	unfused, fused := evalCESum(t, f, cpu.New(kernels.F32)), evalCESum(t, f, fusingCPU{cpu.New(kernels.F32)})
+	unfused, fused := evalCESum(t, f, cpu.New(ir.FP32)), evalCESum(t, f, fusingCPU{cpu.New(ir.FP32)})
 	if d := math.Abs(fused-unfused) / unfused; d > 1e-6 {
 		t.Errorf("eval CE sum: fused %.8f, unfused %.8f", fused, unfused)
 	}
@@ -113,8 +113,8 @@ func TestFusedElementwiseStepMatchesUnfused(t *testing.T) {
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.2
-		plain := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}}
-		fused := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, FusedElementwise: true}}
+		plain := capsCPU{cpu.New(ir.FP32), kernels.Capabilities{FusedAttention: true}}
+		fused := capsCPU{cpu.New(ir.FP32), kernels.Capabilities{FusedAttention: true, FusedElementwise: true}}
 		s, err := CompileStep(&f.cfg, f.store, fused, f.T, f.B, 2, f.cfg.Dropout, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -142,8 +142,8 @@ func TestAttentionLayoutStepMatches(t *testing.T) {
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.2
-		plain := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}}
-		bthd := capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}}
+		plain := capsCPU{cpu.New(ir.FP32), kernels.Capabilities{FusedAttention: true}}
+		bthd := capsCPU{cpu.New(ir.FP32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}}
 		loss, ce, grads := f.stepOn(t, plain, 2, 11)
 		s, err := CompileStep(&f.cfg, f.store, bthd, f.T, f.B, 2, f.cfg.Dropout, nil)
 		if err != nil {
@@ -176,8 +176,8 @@ func TestAttentionLayoutStepMatches(t *testing.T) {
 		}
 	}
 	f := newStepFixture(t, model.Fuzzy, 24, 4)
-	bhtd := evalCESum(t, f, capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true}})
-	bthd := evalCESum(t, f, capsCPU{cpu.New(kernels.F32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}})
+	bhtd := evalCESum(t, f, capsCPU{cpu.New(ir.FP32), kernels.Capabilities{FusedAttention: true}})
+	bthd := evalCESum(t, f, capsCPU{cpu.New(ir.FP32), kernels.Capabilities{FusedAttention: true, AttentionBTHD: true}})
 	if d := math.Abs(bthd-bhtd) / bhtd; d > 1e-6 {
 		t.Errorf("eval CE sum: bthd %.8f, bhtd %.8f", bthd, bhtd)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/runtime/manifest"
 	"github.com/rpac-dev/rpac/training/checkpoint"
@@ -97,7 +98,7 @@ func openRun(path string, withOptim bool) (*Run, error) {
 	for _, t := range ck.Weights {
 		r.Tensors = append(r.Tensors, checkpoint.Named{Name: t.Name, Shape: t.Shape})
 	}
-	r.Store = kernels.NewStore(kernels.F32)
+	r.Store = kernels.NewStore(ir.FP32)
 	if _, err := checkpoint.IntoStore(r.Store, ck.Weights); err != nil {
 		return nil, err
 	}

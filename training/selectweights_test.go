@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 )
 
@@ -16,7 +17,7 @@ func weightStore(t *testing.T, cfg *model.Config) *kernels.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	if err := model.InitStore(mg.Specs, st, 7); err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func parityDevice(t *testing.T) Device {
 // parityBackend opens the CUDA backend on dev (parityDevice's), taking
 // the paths o chooses, and checks it is the simulator exactly when dev is
 // DeviceCUDASim.
-func parityBackend(t *testing.T, dev Device, gemm cuda.GEMMPrecision, o cuda.Options) *cuda.Backend {
+func parityBackend(t *testing.T, dev Device, gemm ir.Precision, o cuda.Options) *cuda.Backend {
 	t.Helper()
 	be := cudaOrSkip(t, gemm, o)
 	if be.Simulated() != (dev == DeviceCUDASim) {
@@ -124,7 +124,7 @@ func same(t *testing.T, what string, got, want map[string][]float32) {
 // against the CPU, with the tiny preset's head size and an awkward one;
 // with rotary positions and smeared keys too.
 func TestSimStepParity(t *testing.T) {
-	be := parityBackend(t, parityDevice(t), cuda.GEMMF32, cuda.DefaultOptions())
+	be := parityBackend(t, parityDevice(t), ir.FP32, cuda.DefaultOptions())
 	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope+smear", "baseline+smear"} {
 		opts := strings.Split(kind, "+")
 		mk, err := model.ParseKind(opts[0])
@@ -135,7 +135,7 @@ func TestSimStepParity(t *testing.T) {
 			c.RoPE, c.SmearKeys = slices.Contains(opts, "rope"), slices.Contains(opts, "smear")
 		})
 		f.cfg.Dropout = 0.1
-		loss, _, grads := f.stepOn(t, cpu.New(kernels.F32), 3, 11)
+		loss, _, grads := f.stepOn(t, cpu.New(ir.FP32), 3, 11)
 		gl, _, gg := f.stepOn(t, be, 3, 11)
 		if d := math.Abs(gl-loss) / math.Abs(loss); d > 1e-5 {
 			t.Errorf("%s: loss %.7f, cpu %.7f", kind, gl, loss)
@@ -162,9 +162,9 @@ func wideFixture(t *testing.T, dropout float64) *stepFixture {
 // so the big GEMMs run in bf16 and the products over R = E = 4 in fp32) and
 // holds each group to its documented bound (docs/CUDASIM.md).
 func TestSimBF16GradientErrors(t *testing.T) {
-	be := parityBackend(t, parityDevice(t), cuda.GEMMBF16, cuda.DefaultOptions())
+	be := parityBackend(t, parityDevice(t), ir.BF16, cuda.DefaultOptions())
 	f := wideFixture(t, 0)
-	_, _, want := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
+	_, _, want := f.stepOn(t, cpu.New(ir.FP32), 2, 11)
 	_, _, got := f.stepOn(t, be, 2, 11)
 	groups := map[string]float64{}
 	for n, g := range want {
@@ -193,7 +193,7 @@ type tracedStep struct {
 
 func runTracedStep(t *testing.T, dev Device, f *stepFixture, o cuda.Options) tracedStep {
 	t.Helper()
-	be := parityBackend(t, dev, cuda.GEMMBF16, o)
+	be := parityBackend(t, dev, ir.BF16, o)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
 // micro-batches, then a short MQAR run through the whole trainer.
 func TestSimAnswerLoss(t *testing.T) {
 	cu := parityDevice(t)
-	be := parityBackend(t, cu, cuda.GEMMF32, cuda.DefaultOptions())
+	be := parityBackend(t, cu, ir.FP32, cuda.DefaultOptions())
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 19, 4)
 		for i := range f.y {
@@ -333,7 +333,7 @@ func TestSimAnswerLoss(t *testing.T) {
 			s, err := CompileStepLoss(&f.cfg, f.store, be, f.T, f.B, 2, f.cfg.Dropout, LossAnswers, nil)
 			return runStepCopy(t, s, err, f.x, f.y, 5)
 		}
-		cl, cc, cg := run(cpu.New(kernels.F32))
+		cl, cc, cg := run(cpu.New(ir.FP32))
 		gl, gc, gg := run(be)
 		if math.Abs(gl-cl) > 1e-5*math.Abs(cl) || math.Abs(gc-cc) > 1e-5*math.Abs(cc) {
 			t.Errorf("%s: loss %.7f CE %.7f, cpu %.7f %.7f", kind, gl, gc, cl, cc)
@@ -370,7 +370,7 @@ func TestSimAnswerLoss(t *testing.T) {
 func TestSimAlignedStep(t *testing.T) {
 	dev := parityDevice(t)
 	f := newStepFixture(t, model.Fuzzy, 24, 4, func(c *model.Config) { c.DModel, c.Heads, c.FFMult = 30, 2, 2 })
-	_, _, want := f.stepOn(t, cpu.New(kernels.F32), 2, 11)
+	_, _, want := f.stepOn(t, cpu.New(ir.FP32), 2, 11)
 	type result struct {
 		loss    float64
 		grads   map[string][]float32
@@ -380,7 +380,7 @@ func TestSimAlignedStep(t *testing.T) {
 	run := func(pad bool) result {
 		o := cuda.DefaultOptions()
 		o.PadModel = pad
-		be := parityBackend(t, dev, cuda.GEMMBF16, o)
+		be := parityBackend(t, dev, ir.BF16, o)
 		tr, err := be.StartTrace()
 		if err != nil {
 			t.Fatal(err)

@@ -40,7 +40,7 @@ func newStepFixture(t *testing.T, kind model.Kind, T, B int, mods ...func(*model
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	if err := model.InitStore(mg.Specs, st, 7); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func newStepFixture(t *testing.T, kind model.Kind, T, B int, mods ...func(*model
 // x, y and returns copies of its loss, CE and gradients.
 func (f *stepFixture) run(t *testing.T, batch, micro int, x, y []int32, seed uint64) (float64, float64, map[string][]float32) {
 	t.Helper()
-	s, err := CompileStep(&f.cfg, f.store, cpu.New(kernels.F32), f.T, batch, micro, f.cfg.Dropout, nil)
+	s, err := CompileStep(&f.cfg, f.store, cpu.New(ir.FP32), f.T, batch, micro, f.cfg.Dropout, nil)
 	return runStepCopy(t, s, err, x, y, seed)
 }
 
@@ -421,7 +421,7 @@ func TestResumeRefusesOtherData(t *testing.T) {
 // runLoss is run with the loss over the given targets.
 func (f *stepFixture) runLoss(t *testing.T, batch, micro int, x, y []int32, loss LossTargets) (float64, float64, map[string][]float32) {
 	t.Helper()
-	s, err := CompileStepLoss(&f.cfg, f.store, cpu.New(kernels.F32), f.T, batch, micro, f.cfg.Dropout, loss, nil)
+	s, err := CompileStepLoss(&f.cfg, f.store, cpu.New(ir.FP32), f.T, batch, micro, f.cfg.Dropout, loss, nil)
 	return runStepCopy(t, s, err, x, y, 1)
 }
 

@@ -37,6 +37,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/internal/logging"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/control"
@@ -318,7 +319,7 @@ func (r *run) limitMemory() {
 // controllers and the data streams, fresh or from the resumed run.
 func (r *run) initState(prev *Run) error {
 	p, o := r.plan, r.o
-	r.store = kernels.NewStore(kernels.F32)
+	r.store = kernels.NewStore(ir.FP32)
 	mg0, err := model.Build(&p.Config, model.Opts{T: p.Lengths[0].T, B: 1, Mode: model.Train})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/training"
 )
@@ -25,7 +26,7 @@ func TestRunRefuses(t *testing.T) {
 		t.Fatalf("the tiny preset has no running statistics to calibrate (%v): the test checks nothing", err)
 	}
 	loaded := 0
-	base := Job{Options: export.Options{Config: p.Config, Store: kernels.NewStore(kernels.F32), Lengths: []int{16}, CalibBatches: 2},
+	base := Job{Options: export.Options{Config: p.Config, Store: kernels.NewStore(ir.FP32), Lengths: []int{16}, CalibBatches: 2},
 		Format: FormatONNX, Calibrate: CalibrateAuto,
 		LoadData: func(context.Context) (*Data, error) { loaded++; return nil, errors.New("no data here") }}
 	for _, c := range []struct {

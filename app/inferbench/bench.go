@@ -250,7 +250,7 @@ func (c *Config) folds(m model.Kind) []string {
 // buffers at every length of lengths (running statistics at their initial
 // value).
 func RandomStore(cfg *model.Config, seed uint64, lengths ...int) (*kernels.Store, error) {
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	for _, T := range lengths {
 		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Eval, Logits: true, NoLoss: true})
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/runtime"
 	"github.com/rpac-dev/rpac/training/checkpoint"
@@ -60,7 +61,7 @@ func writeRun(t *testing.T) string {
 	cfg := p.Config
 	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = data.SyntheticVocab, 32, 2, 2, 64, 2, 1
 	const T = 16
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Train})
 	if err != nil {
 		t.Fatal(err)

@@ -429,7 +429,7 @@ func Graph(cfg *model.Config, T, B int, st *kernels.Store, o GraphOptions) (*ir.
 	}
 	g := mg.Graph
 	rep := &passes.FoldReport{}
-	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(kernels.F32), Fold: o.Fold, Attention: o.Attention, Report: rep}
+	eo := &passes.ExportOptions{Store: st, Backend: cpu.New(ir.FP32), Fold: o.Fold, Attention: o.Attention, Report: rep}
 	c := &passes.Context{Export: false, DumpAfter: o.DumpIR, Dump: o.Dump, Model: mg.Info(), ExportOptions: eo}
 	pipe := passes.ExportPipeline
 	if o.DropBias {
@@ -534,7 +534,7 @@ func EnsureRunning(cfg *model.Config, T int, st *kernels.Store, trained func(str
 	if err := passes.Run(g, passes.EvalPipeline, &passes.Context{}); err != nil {
 		return false, err
 	}
-	if err := passes.Calibrate(g, cpu.New(kernels.F32), st, batches, bufs); err != nil {
+	if err := passes.Calibrate(g, cpu.New(ir.FP32), st, batches, bufs); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -50,7 +50,7 @@ func smallCfg(kind model.Kind) model.Config {
 // in ls, and Guardian policy weights that must never reach an export.
 func smallStore(t testing.TB, cfg *model.Config, ls ...int) *kernels.Store {
 	t.Helper()
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, T := range ls {
 		mg, err := model.Build(cfg, model.Opts{T: T, B: 1, Mode: model.Train})
@@ -173,7 +173,7 @@ func goLogits(t *testing.T, g *ir.Graph, st *kernels.Store, seqs [][]int32) []fl
 	for _, s := range seqs {
 		ids = append(ids, s...)
 	}
-	p, err := cpu.New(kernels.F32).Compile(g, passes.Plan(g), st)
+	p, err := cpu.New(ir.FP32).Compile(g, passes.Plan(g), st)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,7 @@ func verifyLength(ctx context.Context, m *runtime.Model, o VerifyOptions, T int)
 		if err := passes.Run(g, passes.EvalPipeline, &passes.Context{}); err != nil {
 			return nil, err
 		}
-		return cpu.New(kernels.F32).Compile(g, passes.Plan(g), o.Store)
+		return cpu.New(ir.FP32).Compile(g, passes.Plan(g), o.Store)
 	}
 	ev, err := build(false)
 	if err != nil {

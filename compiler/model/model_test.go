@@ -39,7 +39,7 @@ func feeds(rng *rand.Rand, vocab, B, T int) map[string]*kernels.Tensor {
 	}
 }
 
-func compile(t *testing.T, g *ir.Graph, st *kernels.Store, prec kernels.Precision) kernels.Program {
+func compile(t *testing.T, g *ir.Graph, st *kernels.Store, prec ir.Precision) kernels.Program {
 	t.Helper()
 	prog, err := cpu.New(prec).Compile(g, passes.Plan(g), st)
 	if err != nil {
@@ -96,14 +96,14 @@ func TestModelGradients(t *testing.T) {
 			if err := passes.Run(g, passes.TrainPipeline, &passes.Context{Loss: "loss"}); err != nil {
 				t.Fatal(err)
 			}
-			st := kernels.NewStore(kernels.F64)
+			st := kernels.NewStore(ir.FP64)
 			if err := model.InitStore(specs, st, 7); err != nil {
 				t.Fatal(err)
 			}
 			if tb := st.Get(model.LambdaSat); tb != nil {
 				tb.F64[0] = 0.3
 			}
-			prog := compile(t, g, st, kernels.F64)
+			prog := compile(t, g, st, ir.FP64)
 			fd := feeds(rand.New(rand.NewPCG(1, 2)), cfg.Vocab, B, T)
 			const seed = 99
 			if err := prog.Run(fd, seed); err != nil {
@@ -128,7 +128,7 @@ func TestModelGradients(t *testing.T) {
 			if err := passes.Run(g2, passes.EvalPipeline, &passes.Context{}); err != nil {
 				t.Fatal(err)
 			}
-			fdProg := compile(t, g2, st, kernels.F64)
+			fdProg := compile(t, g2, st, ir.FP64)
 			loss := func() float64 {
 				if err := fdProg.Run(fd, seed); err != nil {
 					t.Fatal(err)
@@ -202,7 +202,7 @@ func TestEvalCausality(t *testing.T) {
 					t.Fatal(err)
 				}
 				g, specs := mg.Graph, mg.Specs
-				st := kernels.NewStore(kernels.F64)
+				st := kernels.NewStore(ir.FP64)
 				if err := model.InitStore(specs, st, 11); err != nil {
 					t.Fatal(err)
 				}
@@ -215,7 +215,7 @@ func TestEvalCausality(t *testing.T) {
 						}
 					}
 				}
-				prog := compile(t, g, st, kernels.F64)
+				prog := compile(t, g, st, ir.FP64)
 				fd := feeds(rng, cfg.Vocab, B, T)
 				if err := prog.Run(fd, 0); err != nil {
 					t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 )
 
@@ -21,7 +22,7 @@ func TestPosInitSinusoid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := kernels.NewStore(kernels.F64)
+	st := kernels.NewStore(ir.FP64)
 	if err := model.InitStore(mg.Specs, st, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 )
 
@@ -220,14 +221,14 @@ func evalLogits(t *testing.T, cfg model.Config, B, T int, fd map[string]*kernels
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := kernels.NewStore(kernels.F64)
+	st := kernels.NewStore(ir.FP64)
 	if err := model.InitStore(mg.Specs, st, seed); err != nil {
 		t.Fatal(err)
 	}
 	if edit != nil {
 		edit(st)
 	}
-	prog := compile(t, mg.Graph, st, kernels.F64)
+	prog := compile(t, mg.Graph, st, ir.FP64)
 	if err := prog.Run(fd, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ func randF32(n int, scale float64, seed uint64) []float32 {
 
 func benchProgram(b *testing.B, g *ir.Graph, feeds map[string]*kernels.Tensor, bytes int64) {
 	b.Helper()
-	p, err := New(kernels.F32).Compile(g, nil, kernels.NewStore(kernels.F32))
+	p, err := New(ir.FP32).Compile(g, nil, kernels.NewStore(ir.FP32))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,13 +20,13 @@ import (
 
 type float interface{ float32 | float64 }
 
-type backend struct{ prec kernels.Precision }
+type backend struct{ prec ir.Precision }
 
 // New returns the CPU backend computing in precision p.
-func New(p kernels.Precision) kernels.Backend { return &backend{prec: p} }
+func New(p ir.Precision) kernels.Backend { return &backend{prec: p} }
 
-func (b *backend) Name() string                 { return "cpu" }
-func (b *backend) Precision() kernels.Precision { return b.prec }
+func (b *backend) Name() string            { return "cpu" }
+func (b *backend) Precision() ir.Precision { return b.prec }
 
 // Capabilities: the unfused attention core (its GEMMs are this backend's
 // fastest path), in the host's memory.
@@ -35,7 +35,7 @@ func (b *backend) Capabilities() kernels.Capabilities { return kernels.Capabilit
 // Compile checks g against the store and the op table, lays out its buffers
 // and prepares one kernel per node.
 func (b *backend) Compile(g *ir.Graph, plan *kernels.Plan, store *kernels.Store) (kernels.Program, error) {
-	if b.prec == kernels.F64 {
+	if b.prec == ir.FP64 {
 		return compile[float64](b.prec, g, plan, store)
 	}
 	return compile[float32](b.prec, g, plan, store)
@@ -61,7 +61,7 @@ type step struct {
 }
 
 type program[T float] struct {
-	prec   kernels.Precision
+	prec   ir.Precision
 	g      *ir.Graph
 	store  *kernels.Store
 	vals   []*tensor[T] // by value ID
@@ -93,7 +93,7 @@ type ceCache struct {
 
 var errUnsupported = errors.New("no cpu kernel")
 
-func compile[T float](prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, store *kernels.Store) (*program[T], error) {
+func compile[T float](prec ir.Precision, g *ir.Graph, plan *kernels.Plan, store *kernels.Store) (*program[T], error) {
 	if g == nil {
 		return nil, errors.New("cpu: nil graph")
 	}

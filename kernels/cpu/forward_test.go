@@ -10,7 +10,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels"
 )
 
-func mustCompile(t *testing.T, prec kernels.Precision, g *ir.Graph, plan *kernels.Plan, st *kernels.Store) kernels.Program {
+func mustCompile(t *testing.T, prec ir.Precision, g *ir.Graph, plan *kernels.Plan, st *kernels.Store) kernels.Program {
 	t.Helper()
 	if st == nil {
 		st = kernels.NewStore(prec)
@@ -30,12 +30,12 @@ func mustRun(t *testing.T, p kernels.Program, feeds map[string]*kernels.Tensor, 
 }
 
 func f64Tensor(shape ir.Shape, data ...float64) *kernels.Tensor {
-	t := kernels.NewTensor(kernels.F64, shape)
+	t := kernels.NewTensor(ir.FP64, shape)
 	copy(t.F64, data)
 	return t
 }
 
-func floatTensor(prec kernels.Precision, shape ir.Shape, data []float64) *kernels.Tensor {
+func floatTensor(prec ir.Precision, shape ir.Shape, data []float64) *kernels.Tensor {
 	t := kernels.NewTensor(prec, shape)
 	t.SetFloat64s(data)
 	return t
@@ -135,7 +135,7 @@ func TestGaussianMembershipForward(t *testing.T) {
 	}
 	z[4*D+1] = math.NaN() // a NaN row: μ = 1/R
 	want := refGaussian(z, D, c, ls)
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		g := ir.New("gauss")
 		zv := g.Input("z", ir.Shape{2, 3, D}, ir.F32)
 		cv := g.Input("c", ir.Shape{R, D}, ir.F32)
@@ -147,7 +147,7 @@ func TestGaussianMembershipForward(t *testing.T) {
 		}, 0)
 		got := p.Output("mu").Float64s()
 		tol := 1e-12
-		if prec == kernels.F32 {
+		if prec == ir.FP32 {
 			tol = 2e-6
 		}
 		for i := range want {
@@ -196,7 +196,7 @@ func TestCrossEntropyForward(t *testing.T) {
 			wantP += nll
 			wantS += (1-ls)*nll + ls*smooth
 		}
-		for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+		for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 			g := ir.New("ce")
 			lv := g.Input("logits", ir.Shape{N, V}, ir.F32)
 			tv := g.Input("t", ir.Shape{N}, ir.I32)
@@ -206,7 +206,7 @@ func TestCrossEntropyForward(t *testing.T) {
 			p := mustCompile(t, prec, g, nil, nil)
 			mustRun(t, p, map[string]*kernels.Tensor{"logits": floatTensor(prec, lv.Shape, logits), "t": kernels.IntTensor(tv.Shape, tg)}, 0)
 			tol := 1e-12
-			if prec == kernels.F32 {
+			if prec == ir.FP32 {
 				tol = 1e-6
 			}
 			if s := p.Output("s").At(0); !near(s, wantS, tol) {
@@ -219,7 +219,7 @@ func TestCrossEntropyForward(t *testing.T) {
 	}
 }
 
-func runSingle(t *testing.T, prec kernels.Precision, op ir.OpName, a ir.Attrs, shape ir.Shape, x []float64) []float64 {
+func runSingle(t *testing.T, prec ir.Precision, op ir.OpName, a ir.Attrs, shape ir.Shape, x []float64) []float64 {
 	t.Helper()
 	g := ir.New(string(op))
 	xv := g.Input("x", shape, ir.F32)
@@ -243,7 +243,7 @@ func TestTopKMask(t *testing.T) {
 		{4, []float64{1, 2, 3, 4}, []float64{1, 1, 1, 1}},
 		{9, []float64{1, 2, 3, 4}, []float64{1, 1, 1, 1}},
 	}
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		for _, c := range cases {
 			got := runSingle(t, prec, "TopKMask", ir.Attrs{"k": c.k}, ir.Shape{1, 4}, c.x)
 			for i := range got {
@@ -284,7 +284,7 @@ func TestTopKMask(t *testing.T) {
 
 func TestSoftmaxMaskedRows(t *testing.T) {
 	inf := math.Inf(-1)
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		g := ir.New("sm")
 		xv := g.Input("x", ir.Shape{1, 3, 3}, ir.F32)
 		g.SetOutput("y", g.Op1("Softmax", nil, g.Op1("CausalMask", nil, xv)))
@@ -315,7 +315,7 @@ func TestSinkhornSums(t *testing.T) {
 		for i := range x {
 			x[i] = math.Exp(r.NormFloat64())
 		}
-		got := runSingle(t, kernels.F64, "Sinkhorn", ir.Attrs{"iters": tc.iters}, ir.Shape{tc.R, tc.K}, x)
+		got := runSingle(t, ir.FP64, "Sinkhorn", ir.Attrs{"iters": tc.iters}, ir.Shape{tc.R, tc.K}, x)
 		for j := 0; j < tc.K; j++ {
 			var s float64
 			for i := 0; i < tc.R; i++ {
@@ -339,7 +339,7 @@ func TestSinkhornSums(t *testing.T) {
 	}
 	// one iteration by hand
 	x := []float64{1, 2, 3, 4}
-	got := runSingle(t, kernels.F64, "Sinkhorn", ir.Attrs{"iters": 1}, ir.Shape{2, 2}, x)
+	got := runSingle(t, ir.FP64, "Sinkhorn", ir.Attrs{"iters": 1}, ir.Shape{2, 2}, x)
 	y := []float64{1 / (3 + 1e-9), 2 / (3 + 1e-9), 3 / (7 + 1e-9), 4 / (7 + 1e-9)}
 	c0, c1 := y[0]+y[2]+1e-9, y[1]+y[3]+1e-9
 	want := []float64{y[0] / c0, y[1] / c1, y[2] / c0, y[3] / c1}
@@ -363,7 +363,7 @@ func TestZScoreForward(t *testing.T) {
 		ss += (v - m) * (v - m)
 	}
 	sd := math.Sqrt(ss / 29) // torch.std is unbiased
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		got := runSingle(t, prec, "ZScore", nil, ir.Shape{5, 6}, x)
 		for i, v := range x {
 			if want := (v - m) / (sd + 1e-6); !near(got[i], want, 1e-6) {
@@ -376,31 +376,31 @@ func TestZScoreForward(t *testing.T) {
 func TestElementwiseSpecialValues(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
 	x := []float64{nan, inf, -inf, 2, -3}
-	got := runSingle(t, kernels.F64, "NanToNum", ir.Attrs{"nan": 0.5, "posinf": 7.0, "neginf": -7.0}, ir.Shape{5}, x)
+	got := runSingle(t, ir.FP64, "NanToNum", ir.Attrs{"nan": 0.5, "posinf": 7.0, "neginf": -7.0}, ir.Shape{5}, x)
 	if want := []float64{0.5, 7, -7, 2, -3}; !equalF(got, want) {
 		t.Errorf("NanToNum = %v, want %v", got, want)
 	}
-	got = runSingle(t, kernels.F64, "NanToNum", nil, ir.Shape{5}, x)
+	got = runSingle(t, ir.FP64, "NanToNum", nil, ir.Shape{5}, x)
 	if want := []float64{0, math.MaxFloat64, -math.MaxFloat64, 2, -3}; !equalF(got, want) {
 		t.Errorf("NanToNum defaults = %v, want %v", got, want)
 	}
-	got = runSingle(t, kernels.F32, "NanToNum", nil, ir.Shape{5}, x)
+	got = runSingle(t, ir.FP32, "NanToNum", nil, ir.Shape{5}, x)
 	if want := []float64{0, math.MaxFloat32, -math.MaxFloat32, 2, -3}; !equalF(got, want) {
 		t.Errorf("NanToNum f32 defaults = %v, want %v", got, want)
 	}
-	got = runSingle(t, kernels.F64, "Clamp", ir.Attrs{"lo": -1.0, "hi": 1.0}, ir.Shape{5}, x)
+	got = runSingle(t, ir.FP64, "Clamp", ir.Attrs{"lo": -1.0, "hi": 1.0}, ir.Shape{5}, x)
 	if !math.IsNaN(got[0]) || got[1] != 1 || got[2] != -1 || got[3] != 1 || got[4] != -1 {
 		t.Errorf("Clamp = %v", got)
 	}
-	got = runSingle(t, kernels.F64, "Clamp", ir.Attrs{"lo": 0.0}, ir.Shape{5}, x)
+	got = runSingle(t, ir.FP64, "Clamp", ir.Attrs{"lo": 0.0}, ir.Shape{5}, x)
 	if got[1] != inf || got[2] != 0 || got[3] != 2 || got[4] != 0 {
 		t.Errorf("Clamp lo only = %v", got)
 	}
-	got = runSingle(t, kernels.F64, "StopGradient", nil, ir.Shape{5}, x)
+	got = runSingle(t, ir.FP64, "StopGradient", nil, ir.Shape{5}, x)
 	if !equalF(got, x) {
 		t.Errorf("StopGradient = %v", got)
 	}
-	got = runSingle(t, kernels.F64, "Scale", ir.Attrs{"alpha": 2.0, "beta": 1.0}, ir.Shape{2}, []float64{1, -4})
+	got = runSingle(t, ir.FP64, "Scale", ir.Attrs{"alpha": 2.0, "beta": 1.0}, ir.Shape{2}, []float64{1, -4})
 	if !equalF(got, []float64{3, -7}) {
 		t.Errorf("Scale = %v", got)
 	}
@@ -435,7 +435,7 @@ func TestRandomOpsDeterministic(t *testing.T) {
 	for i := range x {
 		x[i] = 1
 	}
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		p := mustCompile(t, prec, g, nil, nil)
 		feeds := map[string]*kernels.Tensor{"x": floatTensor(prec, xv.Shape, x)}
 		mustRun(t, p, feeds, 42)
@@ -527,7 +527,7 @@ func chainGraph() *ir.Graph {
 	return g
 }
 
-func chainStore(prec kernels.Precision, g *ir.Graph) *kernels.Store {
+func chainStore(prec ir.Precision, g *ir.Graph) *kernels.Store {
 	st := kernels.NewStore(prec)
 	r := rand.New(rand.NewPCG(21, 22))
 	for _, v := range g.ValuesOfKind(ir.Param) {
@@ -558,8 +558,8 @@ func chainFeeds(g *ir.Graph) map[string]*kernels.Tensor {
 
 func TestF32MatchesF64(t *testing.T) {
 	g := chainGraph()
-	res := map[kernels.Precision]map[string][]float64{}
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	res := map[ir.Precision]map[string][]float64{}
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		p := mustCompile(t, prec, g, nil, chainStore(prec, g))
 		mustRun(t, p, chainFeeds(g), 1)
 		res[prec] = map[string][]float64{}
@@ -568,7 +568,7 @@ func TestF32MatchesF64(t *testing.T) {
 		}
 	}
 	for _, name := range g.OutputNames() {
-		a, b := res[kernels.F64][name], res[kernels.F32][name]
+		a, b := res[ir.FP64][name], res[ir.FP32][name]
 		var num, den float64
 		for i := range a {
 			num += (a[i] - b[i]) * (a[i] - b[i])
@@ -656,7 +656,7 @@ func TestPlanSlotReuse(t *testing.T) {
 	g.SetOutput("e", e)
 	plan := &kernels.Plan{Slot: map[int]int{a.ID: 0, b.ID: 1, c.ID: 0, d.ID: 1, e.ID: 0}, SlotElems: []int{12, 12}}
 	feeds := map[string]*kernels.Tensor{"x": f64Tensor(x.Shape, randData(rand.New(rand.NewPCG(1, 1)), 12, 1)...)}
-	ref := mustCompile(t, kernels.F64, g, nil, nil)
+	ref := mustCompile(t, ir.FP64, g, nil, nil)
 	mustRun(t, ref, feeds, 0)
 	// Slot 0 holds c, then e (c's last use is the Transpose): e is [4]
 	// inside a 12-element slot.
@@ -664,7 +664,7 @@ func TestPlanSlotReuse(t *testing.T) {
 		// in place: b over a, c over b, d over c (Transpose takes a temporary)
 		{Slot: map[int]int{a.ID: 0, b.ID: 0, c.ID: 0, d.ID: 0, e.ID: 1}, SlotElems: []int{12, 4}},
 	} {
-		p := mustCompile(t, kernels.F64, g, pl, nil)
+		p := mustCompile(t, ir.FP64, g, pl, nil)
 		for run := 0; run < 2; run++ {
 			mustRun(t, p, feeds, 0)
 			for _, name := range []string{"d", "e"} {
@@ -675,7 +675,7 @@ func TestPlanSlotReuse(t *testing.T) {
 		}
 	}
 	// Slots are not zeroed between values: dirty them and run again.
-	p := mustCompile(t, kernels.F64, g, plan, nil)
+	p := mustCompile(t, ir.FP64, g, plan, nil)
 	for _, s := range p.(*program[float64]).slots {
 		for i := range s {
 			s[i] = math.NaN()
@@ -689,11 +689,11 @@ func TestPlanSlotReuse(t *testing.T) {
 
 func TestPlannedChainMatchesUnplanned(t *testing.T) {
 	g := chainGraph()
-	ref := mustCompile(t, kernels.F32, g, nil, chainStore(kernels.F32, g))
+	ref := mustCompile(t, ir.FP32, g, nil, chainStore(ir.FP32, g))
 	mustRun(t, ref, chainFeeds(g), 1)
 	for _, inPlace := range []bool{false, true} {
 		pl := planFor(g, inPlace)
-		p := mustCompile(t, kernels.F32, g, pl, chainStore(kernels.F32, g))
+		p := mustCompile(t, ir.FP32, g, pl, chainStore(ir.FP32, g))
 		mustRun(t, p, chainFeeds(g), 1)
 		mustRun(t, p, chainFeeds(g), 1)
 		for _, name := range g.OutputNames() {
@@ -710,30 +710,30 @@ func TestErrors(t *testing.T) {
 	x := g.Input("x", ir.Shape{2, 3}, ir.F32)
 	w := g.Param("layer.weight", ir.Shape{4, 3})
 	g.SetOutput("y", g.Op1("Linear", nil, x, w))
-	_, err := New(kernels.F32).Compile(g, nil, kernels.NewStore(kernels.F32))
+	_, err := New(ir.FP32).Compile(g, nil, kernels.NewStore(ir.FP32))
 	if err == nil || !strings.Contains(err.Error(), "layer.weight") {
 		t.Errorf("missing param: err = %v", err)
 	}
 	// wrong shape in the store
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	st.Ensure("layer.weight", ir.Shape{3, 4})
-	_, err = New(kernels.F32).Compile(g, nil, st)
+	_, err = New(ir.FP32).Compile(g, nil, st)
 	if err == nil || !strings.Contains(err.Error(), "layer.weight") {
 		t.Errorf("param shape: err = %v", err)
 	}
 	// store of the other precision
-	st64 := kernels.NewStore(kernels.F64)
+	st64 := kernels.NewStore(ir.FP64)
 	st64.Ensure("layer.weight", ir.Shape{4, 3})
-	if _, err = New(kernels.F32).Compile(g, nil, st64); err == nil {
+	if _, err = New(ir.FP32).Compile(g, nil, st64); err == nil {
 		t.Errorf("precision mismatch: no error")
 	}
 	// the store is not modified by Compile
-	if len(kernels.NewStore(kernels.F32).Tensors) != 0 {
+	if len(kernels.NewStore(ir.FP32).Tensors) != 0 {
 		t.Fatal("unreachable")
 	}
-	st = kernels.NewStore(kernels.F32)
+	st = kernels.NewStore(ir.FP32)
 	st.Ensure("layer.weight", ir.Shape{4, 3})
-	p, err := New(kernels.F32).Compile(g, nil, st)
+	p, err := New(ir.FP32).Compile(g, nil, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -742,7 +742,7 @@ func TestErrors(t *testing.T) {
 		want  string
 	}{
 		{map[string]*kernels.Tensor{}, `"x"`},
-		{map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 2})}, "shape [3,2]"},
+		{map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{3, 2})}, "shape [3,2]"},
 		{map[string]*kernels.Tensor{"x": kernels.IntTensor(ir.Shape{2, 3}, make([]int32, 6))}, "float"},
 	} {
 		if err := p.Run(tc.feeds, 0); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -750,12 +750,12 @@ func TestErrors(t *testing.T) {
 		}
 	}
 	// a feed of the other precision is converted
-	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F64, ir.Shape{2, 3})}, 0); err != nil {
+	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP64, ir.Shape{2, 3})}, 0); err != nil {
 		t.Errorf("f64 feed to f32 program: %v", err)
 	}
 	// a parameter removed from the store after compiling
 	delete(st.Tensors, "layer.weight")
-	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{2, 3})}, 0); err == nil || !strings.Contains(err.Error(), "layer.weight") {
+	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{2, 3})}, 0); err == nil || !strings.Contains(err.Error(), "layer.weight") {
 		t.Errorf("param gone: err = %v", err)
 	}
 
@@ -764,9 +764,9 @@ func TestErrors(t *testing.T) {
 	emb := g.Input("emb", ir.Shape{5, 2}, ir.F32)
 	id := g.Input("ids", ir.Shape{3}, ir.I32)
 	g.SetOutput("y", g.Op1("Gather", nil, emb, id))
-	p = mustCompile(t, kernels.F32, g, nil, nil)
+	p = mustCompile(t, ir.FP32, g, nil, nil)
 	for _, bad := range [][]int32{{0, 5, 1}, {-1, 0, 0}} {
-		err := p.Run(map[string]*kernels.Tensor{"emb": kernels.NewTensor(kernels.F32, emb.Shape), "ids": kernels.IntTensor(id.Shape, bad)}, 0)
+		err := p.Run(map[string]*kernels.Tensor{"emb": kernels.NewTensor(ir.FP32, emb.Shape), "ids": kernels.IntTensor(id.Shape, bad)}, 0)
 		if err == nil || !strings.Contains(err.Error(), "outside [0,5)") {
 			t.Errorf("ids %v: err = %v", bad, err)
 		}
@@ -775,8 +775,8 @@ func TestErrors(t *testing.T) {
 	lv := g.Input("logits", ir.Shape{2, 4}, ir.F32)
 	tv := g.Input("t", ir.Shape{2}, ir.I32)
 	g.SetOutput("loss", g.Apply("CrossEntropy", nil, lv, tv)[0])
-	p = mustCompile(t, kernels.F32, g, nil, nil)
-	err = p.Run(map[string]*kernels.Tensor{"logits": kernels.NewTensor(kernels.F32, lv.Shape), "t": kernels.IntTensor(tv.Shape, []int32{1, 4})}, 0)
+	p = mustCompile(t, ir.FP32, g, nil, nil)
+	err = p.Run(map[string]*kernels.Tensor{"logits": kernels.NewTensor(ir.FP32, lv.Shape), "t": kernels.IntTensor(tv.Shape, []int32{1, 4})}, 0)
 	if err == nil || !strings.Contains(err.Error(), "target") {
 		t.Errorf("target out of range: err = %v", err)
 	}
@@ -785,7 +785,7 @@ func TestErrors(t *testing.T) {
 	x = g.Input("x", ir.Shape{4}, ir.F32)
 	y := g.Op1("Exp", nil, x)
 	g.SetOutput("y", y)
-	if _, err := New(kernels.F32).Compile(g, &kernels.Plan{Slot: map[int]int{y.ID: 0}, SlotElems: []int{3}}, nil); err == nil {
+	if _, err := New(ir.FP32).Compile(g, &kernels.Plan{Slot: map[int]int{y.ID: 0}, SlotElems: []int{3}}, nil); err == nil {
 		t.Error("small slot: no error")
 	}
 }
@@ -797,10 +797,10 @@ func TestOutputsOfParamsAndInputs(t *testing.T) {
 	g.SetOutput("x", x)
 	g.SetOutput("w", w)
 	g.SetOutput("s", g.Op1("Add", nil, x, w))
-	st := kernels.NewStore(kernels.F64)
+	st := kernels.NewStore(ir.FP64)
 	wt, _ := st.Ensure("w", ir.Shape{2})
 	wt.F64[0], wt.F64[1] = 10, 20
-	p := mustCompile(t, kernels.F64, g, nil, st)
+	p := mustCompile(t, ir.FP64, g, nil, st)
 	mustRun(t, p, map[string]*kernels.Tensor{"x": f64Tensor(ir.Shape{2}, 1, 2)}, 0)
 	if got := p.Output("s").F64; got[0] != 11 || got[1] != 22 {
 		t.Errorf("s = %v", got)
@@ -813,7 +813,7 @@ func TestOutputsOfParamsAndInputs(t *testing.T) {
 	}
 	// an input nothing reads needs no feed
 	g.Input("unused", ir.Shape{3}, ir.I32)
-	p = mustCompile(t, kernels.F64, g, nil, st)
+	p = mustCompile(t, ir.FP64, g, nil, st)
 	mustRun(t, p, map[string]*kernels.Tensor{"x": f64Tensor(ir.Shape{2}, 1, 2)}, 0)
 	if p.Output("nope") != nil {
 		t.Error("unknown output should be nil")
@@ -924,9 +924,9 @@ func TestFusedAttention(t *testing.T) {
 			s = g.Op1("CausalMask", nil, s)
 		}
 		g.SetOutput("ref", g.Op1("MatMul", nil, g.Op1("Softmax", nil, s), v))
-		for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+		for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 			fd := feeds
-			if prec == kernels.F32 {
+			if prec == ir.FP32 {
 				fd = map[string]*kernels.Tensor{}
 				for name, x := range feeds {
 					fd[name] = floatTensor(prec, x.Shape, x.F64)
@@ -936,7 +936,7 @@ func TestFusedAttention(t *testing.T) {
 			mustRun(t, p, fd, 0)
 			got, want := p.Output("fused").Float64s(), p.Output("ref").Float64s()
 			tol := 1e-12
-			if prec == kernels.F32 {
+			if prec == ir.FP32 {
 				tol = 1e-5
 			}
 			for i := range want {
@@ -960,7 +960,7 @@ func TestCrossEntropyKeepsVisibleLogits(t *testing.T) {
 	g.SetOutput("logits", l)
 	g.SetOutput("loss", ce[0])
 	g.SetOutput("d", g.Op1("CrossEntropyGrad", nil, g.Scalar(1), l, tv))
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		p := mustCompile(t, prec, g, nil, nil)
 		xd := randData(rand.New(rand.NewPCG(1, 5)), 15, 1)
 		mustRun(t, p, map[string]*kernels.Tensor{"x": floatTensor(prec, x.Shape, xd), "t": kernels.IntTensor(tv.Shape, []int32{0, 4, 2})}, 0)
@@ -985,7 +985,7 @@ func TestCrossEntropyKeepsVisibleLogits(t *testing.T) {
 
 func TestCrossEntropyInPlaceSelection(t *testing.T) {
 	g := chainGraph()
-	p := mustCompile(t, kernels.F64, g, nil, chainStore(kernels.F64, g)).(*program[float64])
+	p := mustCompile(t, ir.FP64, g, nil, chainStore(ir.FP64, g)).(*program[float64])
 	n := 0
 	for _, c := range p.ce {
 		if !c.inPlace {
@@ -1002,7 +1002,7 @@ func TestCrossEntropyInPlaceSelection(t *testing.T) {
 	l := g2.Op1("Scale", nil, x)
 	g2.SetOutput("loss", g2.Apply("CrossEntropy", nil, l, tv)[0])
 	g2.SetOutput("logits", l)
-	p2 := mustCompile(t, kernels.F64, g2, nil, nil).(*program[float64])
+	p2 := mustCompile(t, ir.FP64, g2, nil, nil).(*program[float64])
 	if p2.ce[l.ID].inPlace {
 		t.Error("logits that are a graph output must not be overwritten")
 	}
@@ -1010,7 +1010,7 @@ func TestCrossEntropyInPlaceSelection(t *testing.T) {
 
 func TestCrossEntropyNonFinite(t *testing.T) {
 	for _, inPlace := range []bool{false, true} {
-		for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+		for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 			g := ir.New("ce-nan")
 			x := g.Input("x", ir.Shape{2, 3}, ir.F32)
 			tv := g.Input("t", ir.Shape{2}, ir.I32)

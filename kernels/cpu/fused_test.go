@@ -46,7 +46,7 @@ func TestFusedElementwiseMatchesSteps(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	feeds := map[string]*kernels.Tensor{}
 	for i, s := range shapes {
-		x := kernels.NewTensor(kernels.F32, s)
+		x := kernels.NewTensor(ir.FP32, s)
 		for j := range x.F32 {
 			x.F32[j] = float32(r.NormFloat64())
 		}
@@ -59,7 +59,7 @@ func TestFusedElementwiseMatchesSteps(t *testing.T) {
 // feeds in float32 and float64 and requires the same bits.
 func sameBitsFused(t *testing.T, feeds map[string]*kernels.Tensor, build func(fused bool) *ir.Graph) {
 	t.Helper()
-	for _, prec := range []kernels.Precision{kernels.F32, kernels.F64} {
+	for _, prec := range []ir.Precision{ir.FP32, ir.FP64} {
 		var outs [2][]float64
 		for k, fused := range []bool{false, true} {
 			g := build(fused)

@@ -92,7 +92,7 @@ func buildCase(c gradCase, seed uint64) *builtCase {
 		}
 		v := g.Input(name, s.shape, ir.F32)
 		b.xs = append(b.xs, v)
-		t := kernels.NewTensor(kernels.F64, s.shape)
+		t := kernels.NewTensor(ir.FP64, s.shape)
 		for j := range t.F64 {
 			if s.gen != nil {
 				t.F64[j] = s.gen(r, j)
@@ -105,7 +105,7 @@ func buildCase(c gradCase, seed uint64) *builtCase {
 	}
 	b.y = c.fwd(g, b.xs)
 	b.dy = g.Input("dy", b.y.Shape, ir.F32)
-	dt := kernels.NewTensor(kernels.F64, b.y.Shape)
+	dt := kernels.NewTensor(ir.FP64, b.y.Shape)
 	for j := range dt.F64 {
 		dt.F64[j] = r.NormFloat64()
 	}
@@ -123,7 +123,7 @@ func buildCase(c gradCase, seed uint64) *builtCase {
 func checkGrad(t *testing.T, c gradCase) {
 	t.Helper()
 	b := buildCase(c, 1)
-	prog, err := New(kernels.F64).Compile(b.g, nil, kernels.NewStore(kernels.F64))
+	prog, err := New(ir.FP64).Compile(b.g, nil, kernels.NewStore(ir.FP64))
 	if err != nil {
 		t.Fatalf("%s: compile: %v", c.name, err)
 	}

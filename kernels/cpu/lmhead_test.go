@@ -91,7 +91,7 @@ func TestLMHeadMatchesLinearCrossEntropy(t *testing.T) {
 				xd[r*D+j] = 8 * wd[int(tg[r])*D+j]
 			}
 		}
-		for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+		for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 			for _, ls := range []float64{0, 0.1} {
 				for _, chunk := range sh.chunks {
 					for _, planned := range []bool{false, true} {
@@ -104,7 +104,7 @@ func TestLMHeadMatchesLinearCrossEntropy(t *testing.T) {
 	}
 }
 
-func checkLMHeadParity(t *testing.T, name string, prec kernels.Precision, ls float64, chunk int, planned bool,
+func checkLMHeadParity(t *testing.T, name string, prec ir.Precision, ls float64, chunk int, planned bool,
 	xd, wd []float64, tg []int32, N, D, V int) {
 	t.Helper()
 	build := func(fused bool) *ir.Graph {
@@ -157,7 +157,7 @@ func checkLMHeadParity(t *testing.T, name string, prec kernels.Precision, ls flo
 	defer ref.Close()
 	defer got.Close()
 	tol := 1e-12
-	if prec == kernels.F32 {
+	if prec == ir.FP32 {
 		tol = 1e-5
 	}
 	for _, o := range []string{"sm", "ce"} {
@@ -192,7 +192,7 @@ func checkLMHeadParity(t *testing.T, name string, prec kernels.Precision, ls flo
 				want = i
 			}
 		}
-		if int(pred[r]) != want && !(prec == kernels.F32 && near(row[pred[r]], row[want], 1e-6)) {
+		if int(pred[r]) != want && !(prec == ir.FP32 && near(row[pred[r]], row[want], 1e-6)) {
 			t.Errorf("%s: pred[%d] = %d (logit %g), argmax %d (logit %g)", name, r, pred[r], row[pred[r]], want, row[want])
 		}
 	}
@@ -220,7 +220,7 @@ func TestLMHeadForwardOnly(t *testing.T) {
 	w := []float64{0, 0, 1, 2, -1, 0, 1, 2, 0.5, 0.5}
 	x := []float64{1, 1, -1, -1, 0, 0, 2, -1}
 	tg := []int32{1, 2, 0, 4}
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		g := ir.New("eval")
 		xv := g.Input("x", ir.Shape{N, D}, ir.F32)
 		wv := g.Input("w", ir.Shape{V, D}, ir.F32)
@@ -294,7 +294,7 @@ func TestLMHeadGradErrors(t *testing.T) {
 		{mk(false, 0.1), "no LMHeadCrossEntropy"},
 		{mk(true, 0.2), "label_smoothing"},
 	} {
-		_, err := New(kernels.F64).Compile(c.g, nil, kernels.NewStore(kernels.F64))
+		_, err := New(ir.FP64).Compile(c.g, nil, kernels.NewStore(ir.FP64))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("want an error containing %q, got %v", c.want, err)
 		}
@@ -317,10 +317,10 @@ func TestLMHeadTwoGradients(t *testing.T) {
 	g.SetOutput("dw1", d1[1])
 	g.SetOutput("dx2", d2[0])
 	g.SetOutput("dw2", d2[1])
-	p := mustCompile(t, kernels.F64, g, nil, nil)
+	p := mustCompile(t, ir.FP64, g, nil, nil)
 	defer p.Close()
 	mustRun(t, p, map[string]*kernels.Tensor{
-		"x": floatTensor(kernels.F64, x.Shape, xd), "w": floatTensor(kernels.F64, w.Shape, wd), "t": kernels.IntTensor(tv.Shape, tg),
+		"x": floatTensor(ir.FP64, x.Shape, xd), "w": floatTensor(ir.FP64, w.Shape, wd), "t": kernels.IntTensor(tv.Shape, tg),
 	}, 0)
 	for _, o := range []string{"dx", "dw"} {
 		a, b := p.Output(o+"1").F64, p.Output(o+"2").F64
@@ -349,7 +349,7 @@ func TestIgnoredTargets(t *testing.T) {
 		return out
 	}
 	kx, ktg := sub(x, keep, D), []int32{4, 0, 8, 2}
-	for _, prec := range []kernels.Precision{kernels.F64, kernels.F32} {
+	for _, prec := range []ir.Precision{ir.FP64, ir.FP32} {
 		run := func(n int, xs []float64, tgs []int32, grad bool) (sm, ce float64, pred []int32, dx []float64) {
 			g := ir.New("ignored")
 			xv := g.Input("x", ir.Shape{n, D}, ir.F32)
@@ -376,7 +376,7 @@ func TestIgnoredTargets(t *testing.T) {
 			sm, ce, pred, dx := run(N, x, tg, grad)
 			wsm, wce, wpred, wdx := run(len(keep), kx, ktg, grad)
 			tol := 1e-12
-			if prec == kernels.F32 {
+			if prec == ir.FP32 {
 				tol = 1e-6
 			}
 			if !near(sm, wsm, tol) || !near(ce, wce, tol) {
@@ -438,9 +438,9 @@ func TestIgnoredTargets(t *testing.T) {
 	lv := g.Input("l", ir.Shape{2, 3}, ir.F32)
 	tv := g.Input("t", ir.Shape{2}, ir.I32)
 	g.SetOutput("ce", g.Apply("CrossEntropy", nil, lv, tv)[1])
-	p := mustCompile(t, kernels.F32, g, nil, nil)
+	p := mustCompile(t, ir.FP32, g, nil, nil)
 	defer p.Close()
-	err := p.Run(map[string]*kernels.Tensor{"l": floatTensor(kernels.F32, ir.Shape{2, 3}, make([]float64, 6)), "t": kernels.IntTensor(ir.Shape{2}, []int32{0, -2})}, 0)
+	err := p.Run(map[string]*kernels.Tensor{"l": floatTensor(ir.FP32, ir.Shape{2, 3}, make([]float64, 6)), "t": kernels.IntTensor(ir.Shape{2}, []int32{0, -2})}, 0)
 	if err == nil {
 		t.Error("target -2 accepted")
 	}

@@ -19,7 +19,7 @@ func TestSumToProductMatchesMulSumTo(t *testing.T) {
 	}{{ir.Shape{4, 6, 9}, []int{4, 6, 1}}, {ir.Shape{3000, 7}, []int{7}}, {ir.Shape{5, 11}, []int{}}} {
 		feeds := map[string]*kernels.Tensor{}
 		for _, name := range []string{"x", "y"} {
-			x := kernels.NewTensor(kernels.F32, c.in)
+			x := kernels.NewTensor(ir.FP32, c.in)
 			for j := range x.F32 {
 				x.F32[j] = float32(r.NormFloat64())
 			}

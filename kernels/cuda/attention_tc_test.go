@@ -87,7 +87,7 @@ var attnPathKernels = map[AttentionPath][]string{
 func gpuBackendPath(t *testing.T, choice AttentionPath) *Backend {
 	o := DefaultOptions()
 	o.Attention = choice
-	return gpuBackendWith(t, GEMMBF16, o)
+	return gpuBackendWith(t, ir.BF16, o)
 }
 
 // TestGPUFusedAttentionBF16: under bf16 GEMMs the backend runs
@@ -256,9 +256,9 @@ func TestFlashWarpTiles(t *testing.T) {
 // without dropout; the fp32 kernels (attention.cu) too, within fp32's
 // bounds.
 func TestGPUAttentionBandMask(t *testing.T) {
-	bandMaskCase(t, gpuBackend(t, GEMMF32), GEMMF32)
+	bandMaskCase(t, gpuBackend(t, ir.FP32), ir.FP32)
 	for _, choice := range []AttentionPath{AttentionGEMM, AttentionFlash} {
-		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
+		bandMaskCase(t, gpuBackendPath(t, choice), ir.BF16)
 	}
 	d, err := driver.LoadDriver()
 	if err != nil || !d.Simulated() || t.Failed() {
@@ -268,19 +268,19 @@ func TestGPUAttentionBandMask(t *testing.T) {
 	defer d.SimConfig("diff", 0)
 	before := d.SimStat("diff_launches")
 	for _, choice := range []AttentionPath{AttentionGEMM, AttentionFlash} {
-		bandMaskCase(t, gpuBackendPath(t, choice), GEMMBF16)
+		bandMaskCase(t, gpuBackendPath(t, choice), ir.BF16)
 	}
 	if d.SimStat("diff_launches") == before {
 		t.Error("no launch ran in differential mode")
 	}
 }
 
-func bandMaskCase(t *testing.T, be kernels.Backend, prec GEMMPrecision) {
+func bandMaskCase(t *testing.T, be kernels.Backend, prec ir.Precision) {
 	r := rand.New(rand.NewPCG(23, 4))
 	const B, H, T, Hd, band = 2, 3, 100, 85, 24
 	s := ir.Shape{B, H, T, Hd}
 	worstBound, biasBound, l2Bound := tcAttnWorst, tcAttnBiasWorst, tcAttnL2
-	if prec == GEMMF32 {
+	if prec == ir.FP32 {
 		worstBound, biasBound, l2Bound = 1e-4, 1e-4, 1e-5
 	}
 	for _, p := range []float64{0, 0.1} {

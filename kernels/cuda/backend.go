@@ -14,32 +14,18 @@ import (
 	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
-// GEMMPrecision is the element type of the GEMM inputs. Everything else
-// (activations between ops, accumulation, master weights) is float32.
-type GEMMPrecision uint8
-
-const (
-	// GEMMF32 multiplies float32 inputs (parity with the CPU backend).
-	GEMMF32 GEMMPrecision = iota
-	// GEMMBF16 rounds both inputs of every GEMM to bfloat16 and accumulates
-	// in float32 (the tensor cores' fast path).
-	GEMMBF16
-)
-
-func (p GEMMPrecision) String() string {
-	if p == GEMMBF16 {
-		return "bf16"
-	}
-	return "fp32"
-}
-
 // Backend runs IR graphs on one NVIDIA GPU. Parameters and buffers live on
 // the host in the Store (the optimizer and the controllers work there);
 // each Run uploads them into a device mirror shared by every program of the
 // backend, and Output downloads what the caller asks for.
 type Backend struct {
-	dev  device
-	gemm GEMMPrecision
+	dev device
+	// gemm is the element type of the GEMM inputs: ir.BF16 rounds both
+	// inputs of every GEMM to bfloat16 and accumulates in float32 (the
+	// tensor cores' fast path); any other (ir.FP32) multiplies float32
+	// inputs (parity with the CPU backend). Everything else (activations
+	// between ops, accumulation, master weights) is float32.
+	gemm ir.Precision
 	// The paths Options chose (Options' fields say which is which);
 	// resolved for the device where they depend on it (ceShared).
 	attention                                                  AttentionPath
@@ -210,7 +196,8 @@ func (b *Backend) resident(st *kernels.Store, name string) bool {
 
 // New opens device ordinal, loads every kernel (compiled by NVRTC for the
 // device, cached on disk) and cuBLASLt, and takes the paths o chooses.
-func New(ordinal int, gemm GEMMPrecision, o Options) (*Backend, error) {
+// gemm is the GEMM inputs' type: ir.FP32 or ir.BF16.
+func New(ordinal int, gemm ir.Precision, o Options) (*Backend, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -247,7 +234,7 @@ func New(ordinal int, gemm GEMMPrecision, o Options) (*Backend, error) {
 }
 
 // newBackend is the backend on dev taking the paths o chooses (validated).
-func newBackend(dev device, gemm GEMMPrecision, o Options) *Backend {
+func newBackend(dev device, gemm ir.Precision, o Options) *Backend {
 	ceShared := 0
 	if o.CESmem {
 		ceShared = max(0, dev.Info().SharedOptin-ceStaticShared)
@@ -272,14 +259,14 @@ func (b *Backend) Name() string {
 	if g, ok := b.dev.(*gpu); ok && g.choices != nil { // Options.GEMMAlgos: which file chose the algorithms
 		gemm += ", algorithms from " + g.choices.path
 	}
-	if b.gemm == GEMMBF16 && b.attention == AttentionFlash {
+	if b.gemm == ir.BF16 && b.attention == AttentionFlash {
 		return fmt.Sprintf("cuda (%s, %s, gemm %s, attention %s)", d.Name, d.Arch, gemm, b.attention)
 	}
 	return fmt.Sprintf("cuda (%s, %s, gemm %s)", d.Name, d.Arch, gemm)
 }
 
 // Precision is F32: the backend has no float64 kernels.
-func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
+func (b *Backend) Precision() ir.Precision { return ir.FP32 }
 
 // Capabilities: training and eval graphs on this backend fuse each
 // attention core, whose kernels hold the weights of one node at a time at
@@ -291,7 +278,7 @@ func (b *Backend) Precision() kernels.Precision { return kernels.F32 }
 // (Options.PadModel).
 func (b *Backend) Capabilities() kernels.Capabilities {
 	align := 0
-	if b.padModel && b.gemm == GEMMBF16 {
+	if b.padModel && b.gemm == ir.BF16 {
 		align = 8
 	}
 	return kernels.Capabilities{FusedAttention: true, FusedElementwise: true, AttentionBTHD: true, DeviceMemory: int64(b.dev.Info().TotalMemory), DeviceState: true,
@@ -394,7 +381,7 @@ type program struct {
 
 	producer map[int]*ir.Node // value ID -> the node that defines it
 	lmHeads  map[int]*lmHead  // LMHeadCrossEntropy node ID -> its state
-	// GEMM input staging for GEMMBF16: the largest padded A and B
+	// GEMM input staging for ir.BF16: the largest padded A and B
 	// activation operand (in elements) of any GEMM, and per side
 	// stageSlots bf16 buffers of that size.
 	bf16Need [2]int

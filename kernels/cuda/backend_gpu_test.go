@@ -163,13 +163,13 @@ func TestOpCasesCoverTable(t *testing.T) {
 
 // gpuBackend opens the CUDA backend, or skips (fails under
 // RPAC_REQUIRE_GPU=1) without a GPU.
-func gpuBackend(t *testing.T, gemm GEMMPrecision) *Backend {
+func gpuBackend(t *testing.T, gemm ir.Precision) *Backend {
 	t.Helper()
 	return gpuBackendWith(t, gemm, DefaultOptions())
 }
 
 // gpuBackendWith is gpuBackend taking the paths o chooses.
-func gpuBackendWith(t *testing.T, gemm GEMMPrecision, o Options) *Backend {
+func gpuBackendWith(t *testing.T, gemm ir.Precision, o Options) *Backend {
 	t.Helper()
 	b, err := New(0, gemm, o)
 	if err != nil {
@@ -232,7 +232,7 @@ func caseGraph(c opCase, r *rand.Rand) (*ir.Graph, map[string]*kernels.Tensor) {
 // against the CPU backend, both in float32, on the same inputs and seed
 // (Dropout and GumbelNoise draw the same numbers on both).
 func TestGPUBackendOpParity(t *testing.T) {
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	r := rand.New(rand.NewPCG(31, 32))
 	for _, c := range opCases() {
 		g, feeds := caseGraph(c, r)
@@ -259,8 +259,8 @@ func runBoth(t *testing.T, what string, g *ir.Graph, feeds map[string]*kernels.T
 	t.Helper()
 	res := map[string][2]*kernels.Tensor{}
 	var progs [2]kernels.Program
-	for i, b := range []kernels.Backend{cpu.New(kernels.F32), be} {
-		p, err := b.Compile(g, nil, kernels.NewStore(kernels.F32))
+	for i, b := range []kernels.Backend{cpu.New(ir.FP32), be} {
+		p, err := b.Compile(g, nil, kernels.NewStore(ir.FP32))
 		if err != nil {
 			t.Fatalf("%s on %s: %v", what, b.Name(), err)
 		}
@@ -279,17 +279,17 @@ func runBoth(t *testing.T, what string, g *ir.Graph, feeds map[string]*kernels.T
 // TestGPUBackendRejectsBadIDs: an id outside the table is an error, not a
 // read out of bounds.
 func TestGPUBackendRejectsBadIDs(t *testing.T) {
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	g := ir.New("gather")
 	w := g.Input("w", ir.Shape{5, 3}, ir.F32)
 	ids := g.Input("ids", ir.Shape{2}, ir.I32)
 	g.SetOutput("y", g.Op1("Gather", nil, w, ids))
-	p, err := be.Compile(g, nil, kernels.NewStore(kernels.F32))
+	p, err := be.Compile(g, nil, kernels.NewStore(ir.FP32))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	err = p.Run(map[string]*kernels.Tensor{"w": kernels.NewTensor(kernels.F32, ir.Shape{5, 3}),
+	err = p.Run(map[string]*kernels.Tensor{"w": kernels.NewTensor(ir.FP32, ir.Shape{5, 3}),
 		"ids": kernels.IntTensor(ir.Shape{2}, []int32{1, 5})}, 0)
 	if err == nil {
 		t.Fatal("id 5 of a 5-row table was accepted")
@@ -303,7 +303,7 @@ func TestOpCasesRunOnCPU(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	for _, c := range opCases() {
 		g, feeds := caseGraph(c, r)
-		p, err := cpu.New(kernels.F32).Compile(g, nil, kernels.NewStore(kernels.F32))
+		p, err := cpu.New(ir.FP32).Compile(g, nil, kernels.NewStore(ir.FP32))
 		if err != nil {
 			t.Fatalf("%s: %v", c.op, err)
 		}

@@ -105,7 +105,7 @@ func chainSums(t *testing.T) {
 	}
 	names := []string{"y", "sh", "mh2", "h2", "sh3", "sh4", "sc0", "sc1", "dw", "dx", "se", "p5", "p6", "p8"}
 	run := func(sums bool) packRun {
-		be := gpuBackend(t, GEMMBF16)
+		be := gpuBackend(t, ir.BF16)
 		be.sums = sums
 		return runOn(t, be, chainSumGraph(B, T, N, M, K, widths), weights, feeds, names)
 	}

@@ -33,7 +33,7 @@ func TestSimSatCounterMatchesHost(t *testing.T) {
 
 func checkSatCounter(t *testing.T) {
 	t.Helper()
-	be, err := New(0, GEMMF32, DefaultOptions())
+	be, err := New(0, ir.FP32, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +130,11 @@ func TestSimDeviceEMAMatchesHost(t *testing.T) {
 		if d.Simulated() {
 			d.SimConfig("diff", diff)
 		}
-		be, err := New(0, GEMMF32, DefaultOptions())
+		be, err := New(0, ir.FP32, DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
-		st := kernels.NewStore(kernels.F32)
+		st := kernels.NewStore(ir.FP32)
 		r := rand.New(rand.NewPCG(11, 12))
 		sizes := map[string]int{"a.weight": 3000, "b.bias": 7}
 		var names []string

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 )
 
@@ -108,7 +109,7 @@ func newFakeDevice() (*fakeDevice, error) {
 // tests can drive training and evaluation through it. It takes the paths
 // o chooses (its GEMMs have no algorithms to choose: o.GEMMAlgos is not
 // read).
-func NewDryRun(gemm GEMMPrecision, o Options) (*Backend, error) {
+func NewDryRun(gemm ir.Precision, o Options) (*Backend, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}

@@ -88,13 +88,13 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 // on the fake device in both GEMM precisions; every launch matches its
 // kernel's signature and stays inside the allocations.
 func TestBackendLaunchesEveryOpOnFakeDevice(t *testing.T) {
-	for _, gemm := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+	for _, gemm := range []ir.Precision{ir.FP32, ir.BF16} {
 		f := mustFake(t)
 		be := newBackend(f, gemm, DefaultOptions())
 		r := rand.New(rand.NewPCG(31, 32))
 		for _, c := range opCases() {
 			g, feeds := caseGraph(c, r)
-			p, err := be.Compile(g, nil, kernels.NewStore(kernels.F32))
+			p, err := be.Compile(g, nil, kernels.NewStore(ir.FP32))
 			if err != nil {
 				t.Fatalf("%s (%s): compile: %v", c.op, gemm, err)
 			}
@@ -146,12 +146,12 @@ func TestBackendRunsTrainingStepsOnFakeDevice(t *testing.T) {
 			if err := passes.Run(mg.Graph, pipe, pc); err != nil {
 				t.Fatal(err)
 			}
-			st := kernels.NewStore(kernels.F32)
+			st := kernels.NewStore(ir.FP32)
 			if err := model.InitStore(mg.Specs, st, 7); err != nil {
 				t.Fatal(err)
 			}
 			f := mustFake(t)
-			be := newBackend(f, GEMMBF16, DefaultOptions())
+			be := newBackend(f, ir.BF16, DefaultOptions())
 			prog, err := be.Compile(mg.Graph, passes.Plan(mg.Graph), st)
 			if err != nil {
 				t.Fatalf("%s %v: %v", kind, mode, err)
@@ -190,11 +190,11 @@ func mustFake(t *testing.T) *fakeDevice {
 // only the feeds, and the Run after it the weights again.
 func TestReuseStoredSkipsOneUpload(t *testing.T) {
 	f := mustFake(t)
-	be := newBackend(f, GEMMF32, DefaultOptions())
+	be := newBackend(f, ir.FP32, DefaultOptions())
 	g := ir.New("linear")
 	x := g.Input("x", ir.Shape{2, 3}, ir.F32)
 	g.SetOutput("y", g.Op1("Linear", nil, x, g.Param("w", ir.Shape{4, 3}), g.Param("b", ir.Shape{4})))
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	st.Ensure("w", ir.Shape{4, 3})
 	st.Ensure("b", ir.Shape{4})
 	p, err := be.Compile(g, nil, st)
@@ -202,7 +202,7 @@ func TestReuseStoredSkipsOneUpload(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{2, 3})}
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{2, 3})}
 	var per []int
 	for i, reuse := range []bool{false, true, false} {
 		if reuse {

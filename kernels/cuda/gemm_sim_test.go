@@ -85,7 +85,7 @@ func (c gemmCase) shapes() (ir.Shape, ir.Shape) {
 // in feeds (inputs).
 func (c gemmCase) graph(r *rand.Rand) (*ir.Graph, *kernels.Store, map[string]*kernels.Tensor) {
 	g := ir.New("gemm")
-	st, feeds := kernels.NewStore(kernels.F32), map[string]*kernels.Tensor{}
+	st, feeds := kernels.NewStore(ir.FP32), map[string]*kernels.Tensor{}
 	sa, sb := c.shapes()
 	var vals []*ir.Value
 	for i, s := range []ir.Shape{sa, sb} {
@@ -137,7 +137,7 @@ func gemmCases() []gemmCase {
 // a second Run repeats the first bit for bit. On the simulator or a GPU.
 func TestSimGEMMParity(t *testing.T) {
 	parityDevice(t)
-	for _, prec := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+	for _, prec := range []ir.Precision{ir.FP32, ir.BF16} {
 		be := gpuBackend(t, prec)
 		r := rand.New(rand.NewPCG(41, 42))
 		for _, c := range gemmCases() {
@@ -151,7 +151,7 @@ func TestSimGEMMParity(t *testing.T) {
 			}
 			got := append([]float32(nil), p.Output("y").F32...)
 			a, b := operands(st, feeds)
-			bf16 := prec == GEMMBF16 && min(c.M, c.N, c.K) > SmallGEMMDim
+			bf16 := prec == ir.BF16 && min(c.M, c.N, c.K) > SmallGEMMDim
 			want := matmulRef(a, b, max(1, c.Batch), c.M, c.N, c.K, c.TransA, c.TransB, bf16)
 			closeTo(t, fmt.Sprintf("%s %v", prec, c), got, want, 1e-4)
 			if err := p.Run(feeds, 0); err != nil {
@@ -195,7 +195,7 @@ func checkLinear(t *testing.T, what string, p kernels.Program, feeds map[string]
 // Close destroys them.
 func TestSimGEMMPlansReused(t *testing.T) {
 	d := simOnly(t)
-	be := gpuBackend(t, GEMMBF16)
+	be := gpuBackend(t, ir.BF16)
 	const R, N, K = 37, 85, 510
 	g, st, w, feeds := linearFixture(R, N, K, 43)
 	live := d.SimStat("lt_live")
@@ -244,7 +244,7 @@ func TestSimBF16WeightRefreshed(t *testing.T) {
 }
 
 func bf16WeightRefreshed(t *testing.T, d *driver.Driver) {
-	be := gpuBackend(t, GEMMBF16)
+	be := gpuBackend(t, ir.BF16)
 	const R, N, K = 37, 85, 510
 	g, st, w, feeds := linearFixture(R, N, K, 45)
 	p, err := be.Compile(g, nil, st)
@@ -351,13 +351,13 @@ func bf16WeightRefreshed(t *testing.T, d *driver.Driver) {
 func TestSimLinearBiasEpilogue(t *testing.T) {
 	d := parityDevice(t)
 	const R, N, K = 37, 85, 510
-	for _, prec := range []GEMMPrecision{GEMMF32, GEMMBF16} {
+	for _, prec := range []ir.Precision{ir.FP32, ir.BF16} {
 		be := gpuBackend(t, prec)
 		g := ir.New("linear-bias")
 		w, b := g.Param("w", ir.Shape{N, K}), g.Param("b", ir.Shape{N})
 		x := g.Input("x", ir.Shape{R, K}, ir.F32)
 		g.SetOutput("y", g.Op1("Linear", nil, x, w, b))
-		st := kernels.NewStore(kernels.F32)
+		st := kernels.NewStore(ir.FP32)
 		r := rand.New(rand.NewPCG(49, 50))
 		wt, _ := st.Ensure("w", ir.Shape{N, K})
 		bt, _ := st.Ensure("b", ir.Shape{N})
@@ -372,13 +372,13 @@ func TestSimLinearBiasEpilogue(t *testing.T) {
 		if err := p.Run(feeds, 0); err != nil {
 			t.Fatal(err)
 		}
-		want := matmulRef(feeds["x"].F32, wt.F32, 1, R, N, K, false, true, prec == GEMMBF16)
+		want := matmulRef(feeds["x"].F32, wt.F32, 1, R, N, K, false, true, prec == ir.BF16)
 		for i := range want {
 			want[i] += float64(bt.F32[i%N])
 		}
 		closeTo(t, prec.String()+" Linear with bias", p.Output("y").F32, want, 1e-4)
 		// bf16: x and w converted; fp32: nothing but the GEMM
-		if n, wantN := d.SimStat("launches")-n0, map[GEMMPrecision]int64{GEMMF32: 0, GEMMBF16: 2}[prec]; d.Simulated() && n != wantN {
+		if n, wantN := d.SimStat("launches")-n0, map[ir.Precision]int64{ir.FP32: 0, ir.BF16: 2}[prec]; d.Simulated() && n != wantN {
 			t.Errorf("%s: %d launches besides the GEMM, want %d", prec, n, wantN)
 		}
 		p.Close()
@@ -421,7 +421,7 @@ func TestGPUBF16Pad(t *testing.T) {
 // "w" in a store and random feeds x and dy, drawn from seed.
 func linearFixture(R, N, K int, seed uint64) (*ir.Graph, *kernels.Store, *kernels.Tensor, map[string]*kernels.Tensor) {
 	g := linearGraph(R, N, K)
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	w, _ := st.Ensure("w", ir.Shape{N, K})
 	r := rand.New(rand.NewPCG(seed, seed+1))
 	copy(w.F32, randF32(r, N*K, 1))
@@ -435,7 +435,7 @@ func linearFixture(R, N, K int, seed uint64) (*ir.Graph, *kernels.Store, *kernel
 // Predict sums the times per kernel and in all,
 // and the dry-run device, which computes nothing, refuses to measure.
 func TestGPUMeasuredTrace(t *testing.T) {
-	be := gpuBackend(t, GEMMBF16)
+	be := gpuBackend(t, ir.BF16)
 	g, st, _, feeds := linearFixture(37, 85, 510, 49)
 	p, err := be.Compile(g, nil, st)
 	if err != nil {
@@ -476,7 +476,7 @@ func TestGPUMeasuredTrace(t *testing.T) {
 	if math.Abs(pr.Measured-sum) > 1e-12 || math.Abs(per-sum) > 1e-12 {
 		t.Errorf("measured: events %.6g s, prediction %.6g s, kernels %.6g s", sum, pr.Measured, per)
 	}
-	dry, err := NewDryRun(GEMMBF16, DefaultOptions())
+	dry, err := NewDryRun(ir.BF16, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package cuda
 import (
 	"strings"
 	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
 )
 
 // TestParseGemmShape: sizes, transposes and the backend's bf16 row padding;
@@ -40,7 +42,7 @@ func TestParseGemmShape(t *testing.T) {
 func TestSimGemmAlgos(t *testing.T) {
 	parityDevice(t)
 	for _, dt := range []DType{BF16, F32} {
-		be := gpuBackend(t, GEMMF32)
+		be := gpuBackend(t, ir.FP32)
 		for _, spec := range []string{"96x80x72:NT", "65x33x130:TN"} {
 			s, err := ParseGemmShape(spec, dt)
 			if err != nil {
@@ -69,7 +71,7 @@ func TestSimGemmAlgos(t *testing.T) {
 // TestGemmAlgosNeedsAGPU: on the dry-run device timing is refused with an
 // error that says why.
 func TestGemmAlgosNeedsAGPU(t *testing.T) {
-	be := newBackend(mustFake(t), GEMMF32, DefaultOptions())
+	be := newBackend(mustFake(t), ir.FP32, DefaultOptions())
 	if _, err := be.TimeGemmAlgos(GemmShape{M: 2, N: 2, K: 2}, F32, 1, 1); err == nil || !strings.Contains(err.Error(), "needs a GPU") {
 		t.Errorf("dry-run device: %v", err)
 	}

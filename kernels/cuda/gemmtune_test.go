@@ -26,14 +26,14 @@ func tuneGraph(R, K, N int) *ir.Graph {
 // file and tuning of o and returns its outputs, or the first error.
 func runTuned(t *testing.T, o Options, weights, feeds map[string]*kernels.Tensor) (map[string][]float32, error) {
 	t.Helper()
-	be, err := New(0, GEMMF32, o)
+	be, err := New(0, ir.FP32, o)
 	if err != nil {
 		return nil, err
 	}
 	if path := o.GEMMAlgos; strings.Contains(be.Name(), "algorithms from "+path) != (path != "") {
 		t.Errorf("backend %q with the choices file %q: the name does not say where the algorithms come from", be.Name(), path)
 	}
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	for name, w := range weights {
 		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)
 	}
@@ -139,7 +139,7 @@ func TestSimGemmChoices(t *testing.T) {
 		t.Errorf("a file of another device: %v, want a refusal naming it", err)
 	}
 	o.GEMMAlgos, o.GEMMTune = "", true
-	if _, err := New(0, GEMMF32, o); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_GEMM_ALGOS") {
+	if _, err := New(0, ir.FP32, o); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_GEMM_ALGOS") {
 		t.Errorf("tuning without a file: %v, want a refusal naming RPAC_CUDA_GEMM_ALGOS", err)
 	}
 }

@@ -38,7 +38,7 @@ func TestGPUHeadPad(t *testing.T) {
 	feeds := map[string]*kernels.Tensor{"x": {Shape: ir.Shape{R, D}, F32: randF32(r, R*D, 1)}, "t": kernels.IntTensor(ir.Shape{R}, ids)}
 
 	want := cpuOutputs(t, g, weights, feeds, names)
-	be := gpuBackend(t, GEMMBF16)
+	be := gpuBackend(t, ir.BF16)
 	be.headPad = false
 	plain := runOn(t, be, g, weights, feeds, names)
 	be.headPad = true
@@ -82,11 +82,11 @@ func TestGPUHeadPad(t *testing.T) {
 // reads the named outputs.
 func cpuOutputs(t *testing.T, g *ir.Graph, weights, feeds map[string]*kernels.Tensor, names []string) map[string][]float32 {
 	t.Helper()
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	for name, w := range weights {
 		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)
 	}
-	p, err := cpu.New(kernels.F32).Compile(g, nil, st)
+	p, err := cpu.New(ir.FP32).Compile(g, nil, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestGPUPaddedGradW(t *testing.T) {
 func paddedGradW(t *testing.T) {
 	const R, N, K = 300, 37, 85
 	g, feeds := gradWCase(R, N, K, 91)
-	be := gpuBackend(t, GEMMBF16)
+	be := gpuBackend(t, ir.BF16)
 	be.padGradW = false
 	plain := runOn(t, be, g, nil, feeds, []string{"dw"})
 	be.padGradW = true

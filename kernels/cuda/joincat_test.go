@@ -76,17 +76,17 @@ func joinedGradsLazyConcat(t *testing.T) {
 		weights[string(rune('p'+i))] = &kernels.Tensor{Shape: ir.Shape{n, K}, F32: W[off*K : (off+n)*K]}
 		off += n
 	}
-	run := func(prec GEMMPrecision, lazy bool) (dw, dx []float32, folded int) {
+	run := func(prec ir.Precision, lazy bool) (dw, dx []float32, folded int) {
 		res := runPacked(t, joinedGraph(R, K, widths, lazy), prec, true, weights, feeds, []string{"dw", "dx"})
 		return res.outs["dw"], res.outs["dx"], res.cats
 	}
-	dw, dx, folded := run(GEMMBF16, true)
+	dw, dx, folded := run(ir.BF16, true)
 	if folded != 1 {
 		t.Fatalf("bf16: %d lazy Concats left unwritten, want 1", folded)
 	}
 	closeTo(t, "dw", dw, matmulRef(D, feeds["x"].F32, 1, N, K, R, true, false, true), 1e-4)
 	closeTo(t, "dx", dx, matmulRef(D, W, 1, R, K, N, false, false, true), 1e-4)
-	edw, edx, efolded := run(GEMMBF16, false)
+	edw, edx, efolded := run(ir.BF16, false)
 	if efolded != 0 {
 		t.Fatalf("an eager Concat was left unwritten")
 	}
@@ -100,7 +100,7 @@ func joinedGradsLazyConcat(t *testing.T) {
 			t.Fatalf("dx[%d] = %g with the lazy Concat, %g with the eager one", i, dx[i], edx[i])
 		}
 	}
-	fdw, fdx, ffolded := run(GEMMF32, true)
+	fdw, fdx, ffolded := run(ir.FP32, true)
 	if ffolded != 0 {
 		t.Fatalf("fp32 GEMMs: the lazy Concat was left unwritten")
 	}

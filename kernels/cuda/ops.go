@@ -497,7 +497,7 @@ func (p *program) buildGatherGrad(n *ir.Node, in, out []*dval) (func() error, er
 
 // ---- GEMMs ----
 
-// SmallGEMMDim: under GEMMBF16, a GEMM with M, N or K at most this stays
+// SmallGEMMDim: under ir.BF16, a GEMM with M, N or K at most this stays
 // in fp32. Those are the fuzzy path's products over the R regimes, the K
 // soft blocks and the E experts (R = E = 4): [T,R]×[R,K], μ·P·Φᵀ, the gate
 // and value_gamma's projections, and their gradients, whose reductions
@@ -561,7 +561,7 @@ type stagedCopy struct {
 func act(b Buffer) operand { return operand{buf: b} }
 
 // gemm runs a strided batch of GEMMs in the backend's GEMM precision:
-// under GEMMBF16 both inputs go to bf16 copies with 16-byte-aligned rows.
+// under ir.BF16 both inputs go to bf16 copies with 16-byte-aligned rows.
 func (p *program) gemm(s GemmShape, a, b operand, beta float32, C Buffer) error {
 	return p.gemmBias(s, a, b, beta, C, Buffer{})
 }
@@ -609,7 +609,7 @@ func (p *program) gemmRun(s GemmShape, grow func(*GemmShape), a, b operand, call
 
 // bf16GEMM: the GEMM runs on bf16 inputs (see SmallGEMMDim).
 func (p *program) bf16GEMM(s GemmShape) bool {
-	return p.be.gemm == GEMMBF16 && min(s.M, s.N, s.K) > SmallGEMMDim
+	return p.be.gemm == ir.BF16 && min(s.M, s.N, s.K) > SmallGEMMDim
 }
 
 // paddedShape is s on the padded bf16 copies of dense A and B: leading
@@ -824,7 +824,7 @@ func (p *program) needGEMM(s GemmShape, a, b operand) {
 
 // stageBF16 allocates the bf16 staging buffers (2 bytes per element).
 func (p *program) stageBF16() error {
-	if p.be.gemm != GEMMBF16 {
+	if p.be.gemm != ir.BF16 {
 		return nil
 	}
 	for i, n := range p.bf16Need {
@@ -1465,7 +1465,7 @@ const (
 // newAttention is a node's geometry and path: under bf16 GEMMs the GEMM
 // path when choice allows and its work buffer fits (the backward's when
 // backward, else the forward's), else flash.cu's kernels.
-func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, choice AttentionPath, backward bool) (*attention, error) {
+func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm ir.Precision, choice AttentionPath, backward bool) (*attention, error) {
 	lay := ir.AttnLayoutOf(n.Attrs)
 	B, H, T, Hd := lay.Dims(q.v.Shape)
 	_, _, S, _ := lay.Dims(k.v.Shape)
@@ -1491,7 +1491,7 @@ func newAttention(n *ir.Node, q, k, v *dval, mask *dval, gemm GEMMPrecision, cho
 	// gradient was off by 0.15). Heads above attnMaxHead do not fit.
 	// The GEMM path where the backend prefers it and its work buffer
 	// fits, else flash.cu's.
-	if gemm == GEMMBF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead {
+	if gemm == ir.BF16 && min(a.T, a.Hd) > SmallGEMMDim && a.Hd <= attnMaxHead {
 		a.path = attnFlash
 		if choice == AttentionGEMM && attnGEMMFits(a, backward) {
 			a.path = attnGEMM

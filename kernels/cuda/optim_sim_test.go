@@ -30,13 +30,13 @@ func TestSimDeviceAdamWMatchesHost(t *testing.T) {
 }
 
 func deviceAdamWMatchesHost(t *testing.T) {
-	be, err := New(0, GEMMF32, DefaultOptions())
+	be, err := New(0, ir.FP32, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	sizes := map[string]int{"a.weight": 3*(1<<14) + 77, "b.bias": 5, "c.norm.weight": 1029, "d.weight": 1 << 14}
 	r := rand.New(rand.NewPCG(5, 6))
-	dst, host := kernels.NewStore(kernels.F32), map[string][]float32{}
+	dst, host := kernels.NewStore(ir.FP32), map[string][]float32{}
 	var names []string
 	for n, k := range sizes {
 		dst.Ensure(n, ir.Shape{k})

@@ -3,6 +3,8 @@ package cuda
 import (
 	"strings"
 	"testing"
+
+	"github.com/rpac-dev/rpac/ir"
 )
 
 // TestOptionsFromEnv: each path variable takes its values or nothing
@@ -35,7 +37,7 @@ func TestOptionsFromEnv(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s=%q: %v", name, v, err)
 			}
-			be, err := NewDryRun(GEMMBF16, o)
+			be, err := NewDryRun(ir.BF16, o)
 			if err != nil || c.flag(be) != want {
 				t.Errorf("%s=%q: dry run %v, path %v; want %v", name, v, err, be != nil && c.flag(be), want)
 			}
@@ -63,7 +65,7 @@ func TestOptionsFromEnv(t *testing.T) {
 	if _, err := OptionsFromEnv(DefaultOptions()); err == nil || !strings.Contains(err.Error(), "RPAC_CUDA_GEMM_ALGOS") {
 		t.Errorf("RPAC_CUDA_GEMM_TUNE=1 alone: %v, want a refusal naming RPAC_CUDA_GEMM_ALGOS", err)
 	}
-	if _, err := NewDryRun(GEMMBF16, Options{GEMMTune: true}); err == nil {
+	if _, err := NewDryRun(ir.BF16, Options{GEMMTune: true}); err == nil {
 		t.Error("the dry run took GEMMTune without a choices file")
 	}
 	t.Setenv("RPAC_CUDA_GEMM_ALGOS", "/nonexistent/choices.json")

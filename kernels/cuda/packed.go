@@ -81,7 +81,7 @@ func (p *program) bf16Operand(m *ir.Node, i int, v *ir.Value, dyOnly bool) bool 
 // bf16Candidate: v is an fp32 intermediate of rows of at least 8 elements
 // under bf16 GEMMs, a value whose producer may write a bf16 copy.
 func (p *program) bf16Candidate(v *ir.Value) bool {
-	return p.be.gemm == GEMMBF16 && v.Kind == ir.Intermediate && v.DType == ir.F32 && len(v.Shape) > 0 && lastDim(v.Shape) >= 8
+	return p.be.gemm == ir.BF16 && v.Kind == ir.Intermediate && v.DType == ir.F32 && len(v.Shape) > 0 && lastDim(v.Shape) >= 8
 }
 
 // onlyBF16GEMMsRead: v is an intermediate value, no graph output, read at
@@ -312,7 +312,7 @@ type pooled struct {
 // its result beside the fp32 one; ok is false for none.
 func (p *program) twinFor(n *ir.Node) (t twin, ok bool, err error) {
 	o := n.Outputs[0]
-	if !p.be.pack || p.be.gemm != GEMMBF16 || o.Kind != ir.Intermediate || o.DType != ir.F32 {
+	if !p.be.pack || p.be.gemm != ir.BF16 || o.Kind != ir.Intermediate || o.DType != ir.F32 {
 		return twin{}, false, nil
 	}
 	if t, ok := p.parts[o.ID]; ok { // a Concat's part, placed with the first
@@ -451,7 +451,7 @@ func (p *program) index(n *ir.Node) int {
 // output j's first column in those rows, -1 for an output not among them.
 func (p *program) attnGradRows(n *ir.Node) (t twin, cols [3]int, ok bool, err error) {
 	cols = [3]int{-1, -1, -1}
-	if !p.be.pack || p.be.gemm != GEMMBF16 {
+	if !p.be.pack || p.be.gemm != ir.BF16 {
 		return twin{}, cols, false, nil
 	}
 	var c *ir.Node
@@ -532,7 +532,7 @@ func (p *program) readers(v *ir.Value) int {
 // readers (the attention's backward); ok is false for none.
 func (p *program) attnOutTwin(n *ir.Node) (t twin, ok bool, err error) {
 	o := n.Outputs[0]
-	if !p.be.pack || p.be.gemm != GEMMBF16 || len(o.Shape) != 4 {
+	if !p.be.pack || p.be.gemm != ir.BF16 || len(o.Shape) != 4 {
 		return twin{}, false, nil
 	}
 	for _, m := range p.g.Nodes {

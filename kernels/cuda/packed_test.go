@@ -63,10 +63,10 @@ func packedChainOutputs(t *testing.T) {
 	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, N}), "w2": randTensor(r, ir.Shape{M, N}),
 		"ln.g": randTensor(r, ir.Shape{N}), "ln.b": randTensor(r, ir.Shape{N})}
 	names := []string{"y", "dw", "dx", "y3"}
-	run := func(prec GEMMPrecision, pack, alsoRead bool) packRun {
+	run := func(prec ir.Precision, pack, alsoRead bool) packRun {
 		return runPacked(t, packedGraph(R, K, N, M, alsoRead), prec, pack, weights, feeds, names)
 	}
-	on, off := run(GEMMBF16, true, false), run(GEMMBF16, false, false)
+	on, off := run(ir.BF16, true, false), run(ir.BF16, false, false)
 	if on.packed != 3 || off.packed != 0 {
 		t.Fatalf("bf16: %d results packed (want 3), %d with packing off (want 0)", on.packed, off.packed)
 	}
@@ -75,12 +75,12 @@ func packedChainOutputs(t *testing.T) {
 		t.Errorf("bf16: %d conversions packed, %d not; want 4 fewer", on.launches[cvt], off.launches[cvt])
 	}
 	sameOutputs(t, "bf16", on, off)
-	if read := run(GEMMBF16, true, true); read.packed != 2 {
+	if read := run(ir.BF16, true, true); read.packed != 2 {
 		t.Errorf("h also an output: %d results packed, want 2 (h2, the LayerNorm's)", read.packed)
 	} else {
 		sameOutputs(t, "h also an output", read, off)
 	}
-	if f32 := run(GEMMF32, true, false); f32.packed != 0 {
+	if f32 := run(ir.FP32, true, false); f32.packed != 0 {
 		t.Errorf("fp32 GEMMs: %d chains packed", f32.packed)
 	}
 	h2 := make([]float32, R*M) // dx against its own reference: dy2 = 0.75·z + 0.125
@@ -102,13 +102,13 @@ func must[T any](v T, err error) T {
 // widths unpadded.
 func TestSoftmaxCEAndAlign(t *testing.T) {
 	// a row of logits past the shared memory's opt-in: the kernel that reads it twice
-	if be, err := NewDryRun(GEMMBF16, DefaultOptions()); err != nil {
+	if be, err := NewDryRun(ir.BF16, DefaultOptions()); err != nil {
 		t.Fatal(err)
 	} else if k, shared := be.softmaxCE(60000); k != "softmax_ce_fused_f32" || shared != 0 {
 		t.Errorf("60,000 logits a row: %s with %d bytes of shared memory; want softmax_ce_fused_f32 with none", k, shared)
 	}
 	// fp32 GEMMs gain nothing from the padded widths: their graphs keep the model's
-	be, err := NewDryRun(GEMMF32, DefaultOptions())
+	be, err := NewDryRun(ir.FP32, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +165,8 @@ func twinCopies(t *testing.T) {
 		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{n, K})
 	}
 	names := []string{"y", "sh", "dw", "dx", "sc0", "sc1", "sc2"}
-	on := runPacked(t, twinGraph(R, K, N, widths), GEMMBF16, true, weights, feeds, names)
-	off := runPacked(t, twinGraph(R, K, N, widths), GEMMBF16, false, weights, feeds, names)
+	on := runPacked(t, twinGraph(R, K, N, widths), ir.BF16, true, weights, feeds, names)
+	off := runPacked(t, twinGraph(R, K, N, widths), ir.BF16, false, weights, feeds, names)
 	if on.twins != 2 || off.twins != 0 { // h's copy and the Concat's rows
 		t.Fatalf("%d bf16 copies written by chains (want 2), %d with them off (want 0)", on.twins, off.twins)
 	}
@@ -183,7 +183,7 @@ func twinCopies(t *testing.T) {
 // once the last node reading it has run, never while it is read, and the
 // pool stops at twinPoolBytes.
 func TestTwinPool(t *testing.T) {
-	be, err := NewDryRun(GEMMBF16, DefaultOptions())
+	be, err := NewDryRun(ir.BF16, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ type packRun struct {
 
 // runPacked compiles g with GEMM precision prec and packing as asked over
 // weights, runs it once on feeds and reads the named outputs.
-func runPacked(t *testing.T, g *ir.Graph, prec GEMMPrecision, pack bool, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
+func runPacked(t *testing.T, g *ir.Graph, prec ir.Precision, pack bool, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
 	t.Helper()
 	o := DefaultOptions()
 	o.Pack = pack
@@ -233,7 +233,7 @@ func runOn(t *testing.T, be *Backend, g *ir.Graph, weights, feeds map[string]*ke
 		t.Fatal(err)
 	}
 	tr.Reset()
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	for name, w := range weights {
 		copy(must(st.Ensure(name, w.Shape)).F32, w.F32)
 	}
@@ -305,8 +305,8 @@ func TestGPUTwinSharedPart(t *testing.T) {
 	r := rand.New(rand.NewPCG(95, 96))
 	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{R, K}), "u": randTensor(r, ir.Shape{R, 13}),
 		"v": randTensor(r, ir.Shape{R, 30}), "w": randTensor(r, ir.Shape{R, 21})}
-	on := runPacked(t, g, GEMMBF16, true, nil, feeds, []string{"dw0", "dw1"})
-	off := runPacked(t, g, GEMMBF16, false, nil, feeds, []string{"dw0", "dw1"})
+	on := runPacked(t, g, ir.BF16, true, nil, feeds, []string{"dw0", "dw1"})
+	off := runPacked(t, g, ir.BF16, false, nil, feeds, []string{"dw0", "dw1"})
 	if on.twins != 1 || on.launches["f32_cat_to_bf16_pad_kernel"] != 1 {
 		t.Errorf("%d Concats written by their parts (want 1), %d converted (want 1)", on.twins, on.launches["f32_cat_to_bf16_pad_kernel"])
 	}
@@ -366,8 +366,8 @@ func attentionGradIntoConcat(t *testing.T) {
 		weights[string(rune('p'+i))] = randTensor(r, ir.Shape{H * Hd, K})
 	}
 	names := []string{"dw", "dx", "db"}
-	on := runPacked(t, g, GEMMBF16, true, weights, feeds, names)
-	off := runPacked(t, g, GEMMBF16, false, weights, feeds, names)
+	on := runPacked(t, g, ir.BF16, true, weights, feeds, names)
+	off := runPacked(t, g, ir.BF16, false, weights, feeds, names)
 	if on.launches["attn_unpack_bf16"] != 3 || on.launches["f32_cat_to_bf16_pad_kernel"] != 0 {
 		t.Errorf("%d bf16 unpacks (want 3), %d Concat conversions (want 0)", on.launches["attn_unpack_bf16"], on.launches["f32_cat_to_bf16_pad_kernel"])
 	}
@@ -378,7 +378,7 @@ func attentionGradIntoConcat(t *testing.T) {
 	// fp32 GEMM results, which attn_unpack_bf16 rounds (AGLean off)
 	lean := DefaultOptions()
 	lean.AGLean = false
-	whole := runOn(t, gpuBackendWith(t, GEMMBF16, lean), g, weights, feeds, names)
+	whole := runOn(t, gpuBackendWith(t, ir.BF16, lean), g, weights, feeds, names)
 	if whole.launches["attn_unpack_bf16"] != 3 {
 		t.Errorf("AGLean off: %d bf16 unpacks (want 3)", whole.launches["attn_unpack_bf16"])
 	}
@@ -405,8 +405,8 @@ func attentionOutTwin(t *testing.T) {
 	r2 := g.Op1("Reshape", ir.Attrs{"shape": []int{B, T, H * Hd}}, o)
 	g.SetOutput("y", g.Op1("Linear", nil, r2, g.Param("w", ir.Shape{K, H * Hd})))
 	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{K, H * Hd})}
-	on := runPacked(t, g, GEMMBF16, true, weights, feeds, []string{"o", "y"})
-	off := runPacked(t, g, GEMMBF16, false, weights, feeds, []string{"o", "y"})
+	on := runPacked(t, g, ir.BF16, true, weights, feeds, []string{"o", "y"})
+	off := runPacked(t, g, ir.BF16, false, weights, feeds, []string{"o", "y"})
 	if cvt := "f32_to_bf16_pad_kernel"; on.twins != 1 || off.twins != 0 || off.launches[cvt]-on.launches[cvt] != 1 {
 		t.Errorf("copies %d and %d (want 1 and 0); conversions %d and %d (want one fewer)", on.twins, off.twins, on.launches[cvt], off.launches[cvt])
 	}
@@ -446,7 +446,7 @@ func halfOutputs(t *testing.T) {
 	d := parityDevice(t)
 	const R, N, K = 37, 88, 64
 	r := rand.New(rand.NewPCG(61, 62))
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	wt, _ := st.Ensure("w", ir.Shape{N, K})
 	bt, _ := st.Ensure("b", ir.Shape{N})
 	copy(wt.F32, randF32(r, N*K, 1))
@@ -459,7 +459,7 @@ func halfOutputs(t *testing.T) {
 	run := func(act bool) (y, dx []float32, gemmBytes float64) {
 		o := DefaultOptions()
 		o.BF16Act = act
-		be := gpuBackendWith(t, GEMMBF16, o)
+		be := gpuBackendWith(t, ir.BF16, o)
 		biasOK = be.halfBiasOK()
 		g := halfGraph(R, N, K)
 		if err := passes.FuseElementwise(g); err != nil {
@@ -532,7 +532,7 @@ func halfAttentionOperands(t *testing.T) {
 	r := rand.New(rand.NewPCG(91, 92))
 	g := ir.New("half-attention")
 	x := g.Input("x", ir.Shape{B, T, K}, ir.F32)
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	var qkv []*ir.Value
 	for _, name := range []string{"wq", "wk", "wv"} {
 		w, _ := st.Ensure(name, ir.Shape{H * Hd, K})
@@ -547,7 +547,7 @@ func halfAttentionOperands(t *testing.T) {
 	run := func(act bool) ([]float32, float64) {
 		o := DefaultOptions()
 		o.Attention, o.BF16Act = path, act
-		be := gpuBackendWith(t, GEMMBF16, o)
+		be := gpuBackendWith(t, ir.BF16, o)
 		tr, err := be.StartTrace()
 		if err != nil {
 			t.Fatal(err)

@@ -54,7 +54,7 @@ func (p *program) paddedOf(v *ir.Value) (*dval, *padding) {
 // reader.
 func (p *program) padSkipped(n *ir.Node) bool {
 	o := n.Outputs[0]
-	if st, _ := p.paddedOf(o); st == nil || p.be.gemm != GEMMBF16 {
+	if st, _ := p.paddedOf(o); st == nil || p.be.gemm != ir.BF16 {
 		return false
 	}
 	if p.isOutput(o) {

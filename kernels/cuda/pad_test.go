@@ -80,7 +80,7 @@ func TestGPUPaddedWeights(t *testing.T) {
 	}
 	feeds := map[string]*kernels.Tensor{"x": {Shape: ir.Shape{R, 88}, F32: xs}, "t": kernels.IntTensor(ir.Shape{R}, ids)}
 	want := cpuOutputs(t, g, weights, feeds, names)
-	got := runOn(t, gpuBackend(t, GEMMBF16), g, weights, feeds, names)
+	got := runOn(t, gpuBackend(t, ir.BF16), g, weights, feeds, names)
 	if got.launches["pad_f32"] != 1 || got.launches["pad_bf16"] != 1 {
 		t.Errorf("pad_f32 ran %d times (want 1: the head's), pad_bf16 %d (want 1: the Linear's)", got.launches["pad_f32"], got.launches["pad_bf16"])
 	}
@@ -139,14 +139,14 @@ func padRuns(t *testing.T) {
 	pg1 := g.Op1("PadGrad", grad, n1) // its result may take n0's slot, which pg0 freed: a run of its own then
 	g.SetOutput("g2", g.Op1("Scale", ir.Attrs{"alpha": 2.0, "beta": 0.0}, pg0))
 	g.SetOutput("g3", g.Op1("Scale", ir.Attrs{"alpha": 2.0, "beta": 0.0}, pg1))
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var outs [2]kernels.Program
-	for i, b := range []kernels.Backend{cpu.New(kernels.F32), be} {
-		p, err := b.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	for i, b := range []kernels.Backend{cpu.New(ir.FP32), be} {
+		p, err := b.Compile(g, passes.Plan(g), kernels.NewStore(ir.FP32))
 		if err != nil {
 			t.Fatal(err)
 		}

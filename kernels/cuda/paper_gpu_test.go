@@ -20,7 +20,7 @@ func cpuOp(t *testing.T, op ir.OpName, a ir.Attrs, shapes []ir.Shape, ins ...[]f
 	for i, x := range ins {
 		name := string(rune('a' + i))
 		vals = append(vals, g.Input(name, shapes[i], ir.F32))
-		tt := kernels.NewTensor(kernels.F64, shapes[i])
+		tt := kernels.NewTensor(ir.FP64, shapes[i])
 		for j, v := range x {
 			tt.F64[j] = float64(v)
 		}
@@ -36,7 +36,7 @@ func runGraph(t *testing.T, g *ir.Graph, outs []*ir.Value, feeds map[string]*ker
 	for i, o := range outs {
 		g.SetOutput(string(rune('p'+i)), o)
 	}
-	p, err := cpu.New(kernels.F64).Compile(g, nil, kernels.NewStore(kernels.F64))
+	p, err := cpu.New(ir.FP64).Compile(g, nil, kernels.NewStore(ir.FP64))
 	if err != nil {
 		t.Fatal(err)
 	}

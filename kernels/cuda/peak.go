@@ -1,10 +1,14 @@
 package cuda
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/rpac-dev/rpac/ir"
+)
 
 // densePeaks are datasheet dense peaks in TFLOP/s (no sparsity): bf16 on the
 // tensor cores, and fp32 without TF32 (cuBLASLt's CUBLAS_COMPUTE_32F, what
-// GEMMF32 runs). Matched in order against the device name.
+// fp32 GEMMs run). Matched in order against the device name.
 var densePeaks = []struct {
 	name       string
 	bf16, fp32 float64
@@ -19,10 +23,10 @@ var densePeaks = []struct {
 
 // DensePeakTFLOPS is the GPU's datasheet dense GEMM peak for precision p,
 // or 0 for a GPU the table does not know.
-func DensePeakTFLOPS(device string, p GEMMPrecision) float64 {
+func DensePeakTFLOPS(device string, p ir.Precision) float64 {
 	for _, d := range densePeaks {
 		if strings.Contains(device, d.name) {
-			if p == GEMMBF16 {
+			if p == ir.BF16 {
 				return d.bf16
 			}
 			return d.fp32
@@ -32,4 +36,4 @@ func DensePeakTFLOPS(device string, p GEMMPrecision) float64 {
 }
 
 // GEMM is the backend's GEMM precision.
-func (b *Backend) GEMM() GEMMPrecision { return b.gemm }
+func (b *Backend) GEMM() ir.Precision { return b.gemm }

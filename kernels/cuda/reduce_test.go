@@ -219,7 +219,7 @@ func cpuOp64(t *testing.T, op ir.OpName, a ir.Attrs, shapes []ir.Shape, ids map[
 			continue
 		}
 		vals = append(vals, g.Input(name, shapes[i], ir.F32))
-		tt := kernels.NewTensor(kernels.F64, shapes[i])
+		tt := kernels.NewTensor(ir.FP64, shapes[i])
 		for j, v := range x {
 			tt.F64[j] = float64(v)
 		}
@@ -246,7 +246,7 @@ func runProgram(t *testing.T, be kernels.Backend, g *ir.Graph, st *kernels.Store
 // runCUDA runs g once on be and returns its outputs p, q, ... as floats.
 func runCUDA(t *testing.T, be *Backend, g *ir.Graph, feeds map[string]*kernels.Tensor) [][]float32 {
 	t.Helper()
-	p, err := be.Compile(g, nil, kernels.NewStore(kernels.F32))
+	p, err := be.Compile(g, nil, kernels.NewStore(ir.FP32))
 	if err != nil {
 		t.Fatalf("%s: %v", g.Name, err)
 	}
@@ -271,7 +271,7 @@ func runCUDA(t *testing.T, be *Backend, g *ir.Graph, feeds map[string]*kernels.T
 // thread order, results compared bit for bit).
 func TestSimReductionsMatchCPU(t *testing.T) {
 	d := parityDevice(t)
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -291,11 +291,11 @@ func TestSimReductionsMatchCPU(t *testing.T) {
 // or a GPU.
 func TestSimReductionsRepeatBitForBit(t *testing.T) {
 	parityDevice(t)
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	r := rand.New(rand.NewPCG(43, 44))
 	for _, c := range reductionCases() {
 		g, feeds := caseGraph(c.opCase, r)
-		p, err := be.Compile(g, nil, kernels.NewStore(kernels.F32))
+		p, err := be.Compile(g, nil, kernels.NewStore(ir.FP32))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -330,7 +330,7 @@ func bitsOf(x []float32) []uint32 {
 // the same order).
 func TestSimSumToProductIsMulThenSumTo(t *testing.T) {
 	parityDevice(t)
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	r := rand.New(rand.NewPCG(45, 46))
 	checked := 0
 	for _, c := range reductionCases() {

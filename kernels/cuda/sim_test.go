@@ -155,7 +155,7 @@ func checkParity(t *testing.T, be *Backend, cases []opCase, seed uint64) {
 // order with another shared-memory poison, results compared bit for bit).
 func TestSimOpParity(t *testing.T) {
 	d := parityDevice(t)
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	cases := append(opCases(), awkwardCases()...)
 	t0 := time.Now()
 	checkParity(t, be, cases, 31)
@@ -205,13 +205,13 @@ func differentially(t *testing.T, kernels []string, body func()) {
 // copies (it binds the context first; unbound frees fail).
 func TestSimReleaseFrees(t *testing.T) {
 	d := simOnly(t)
-	be := gpuBackend(t, GEMMF32)
+	be := gpuBackend(t, ir.FP32)
 	base := d.SimStat("allocs")
 	g := ir.New("params")
 	w := g.Param("w", ir.Shape{7, 5})
 	x := g.Input("x", ir.Shape{3, 5}, ir.F32)
 	g.SetOutput("y", g.Op1("Linear", nil, x, w))
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	if _, err := st.Ensure("w", ir.Shape{7, 5}); err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestSimReleaseFrees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5})}, 0); err != nil {
+	if err := p.Run(map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{3, 5})}, 0); err != nil {
 		t.Fatal(err)
 	}
 	p.Close()

@@ -46,7 +46,7 @@ func TestKernelCostCoversEveryKernel(t *testing.T) {
 // of the graph (all but the fused attention, whose products run in its own
 // kernels), and the weights going up.
 func TestTraceRecordsTrainingStep(t *testing.T) {
-	s := traceTinyStep(t, GEMMF32, false, DefaultOptions())
+	s := traceTinyStep(t, ir.FP32, false, DefaultOptions())
 	var launches, gemms int
 	var gemmFlops float64
 	for _, e := range s.events {
@@ -109,7 +109,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 // per step: a second micro-batch on the same weights (ReuseStored)
 // converts only activations.
 func TestTraceBF16GEMMsPadded(t *testing.T) {
-	s := traceTinyStep(t, GEMMBF16, false, DefaultOptions())
+	s := traceTinyStep(t, ir.BF16, false, DefaultOptions())
 	var bf16 int
 	for _, e := range s.events {
 		if e.Kind == perf.EvGEMM && e.DType == BF16 {
@@ -150,7 +150,7 @@ type tracedStep struct {
 	weights int // weight tensors
 }
 
-func traceTinyStep(t *testing.T, gemm GEMMPrecision, join bool, o Options) tracedStep {
+func traceTinyStep(t *testing.T, gemm ir.Precision, join bool, o Options) tracedStep {
 	t.Helper()
 	p, err := model.LookupPreset("tiny")
 	if err != nil {
@@ -166,7 +166,7 @@ func traceTinyStep(t *testing.T, gemm GEMMPrecision, join bool, o Options) trace
 	if err := passes.Run(mg.Graph, passes.TrainPipeline, &passes.Context{Model: mg.Info(), FuseAttention: true, Loss: "loss", JoinGrads: join}); err != nil {
 		t.Fatal(err)
 	}
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	if err := model.InitStore(mg.Specs, st, 7); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 	// plain ones would round up differently: other FLOPs)
 	o := DefaultOptions()
 	o.PadGradW = false
-	plain, joined := traceTinyStep(t, GEMMBF16, false, o), traceTinyStep(t, GEMMBF16, true, o)
+	plain, joined := traceTinyStep(t, ir.BF16, false, o), traceTinyStep(t, ir.BF16, true, o)
 	uses := joined.g.Uses()
 	folded, written := 0, 0
 	for _, n := range joined.g.Nodes {
@@ -261,12 +261,12 @@ func TestTraceJoinedGradients(t *testing.T) {
 // on feeds and returns the launches of that run.
 func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []perf.Event {
 	t.Helper()
-	be := newBackend(mustFake(t), GEMMF32, DefaultOptions())
+	be := newBackend(mustFake(t), ir.FP32, DefaultOptions())
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
 	}
-	prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(kernels.F32))
+	prog, err := be.Compile(g, passes.Plan(g), kernels.NewStore(ir.FP32))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestTraceFusedBytes(t *testing.T) {
 			y := g.Input("y", c.y, ir.F32)
 			body := ir.FusedBody{{Op: "Add", Args: []int{0, 1}}, {Op: "Neg", Args: []int{2}}}
 			g.SetOutput("o", g.Apply("FusedElementwise", ir.Attrs{"shape": []int{3, 5, 7}, "body": body}, x, y)[0])
-			feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(kernels.F32, c.y)}
+			feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{3, 5, 7}), "y": kernels.NewTensor(ir.FP32, c.y)}
 			n := 0
 			for _, e := range dryRunEvents(t, g, feeds) {
 				if e.Kind != perf.EvLaunch || strings.HasPrefix(e.Name, "copy") {
@@ -326,7 +326,7 @@ func TestTraceFusedBytes(t *testing.T) {
 	}
 }
 
-// TestTraceBF16StagingKeepsSharedInput: under GEMMBF16 an activation that
+// TestTraceBF16StagingKeepsSharedInput: under ir.BF16 an activation that
 // several GEMMs read stays in its staging buffer while another activation
 // is converted between them (two buffers per side, least recently read
 // replaced): x feeds two up projections, each followed by a down
@@ -336,7 +336,7 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 	const M, K, F = 40, 24, 32
 	g := ir.New("experts")
 	x := g.Input("x", ir.Shape{M, K}, ir.F32)
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	w := func(name string, n, k int) *ir.Value {
 		v := g.Param(name, ir.Shape{n, k})
 		if _, err := st.Ensure(name, v.Shape); err != nil {
@@ -349,7 +349,7 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 	h2 := g.Op1("Linear", nil, x, w("up2", F, K))
 	y2 := g.Op1("Linear", nil, h2, w("down2", K, F))
 	g.SetOutput("y", g.Op1("Add", nil, y1, y2))
-	be := newBackend(mustFake(t), GEMMBF16, DefaultOptions())
+	be := newBackend(mustFake(t), ir.BF16, DefaultOptions())
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +359,7 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prog.Close()
-	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(kernels.F32, ir.Shape{M, K})}
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{M, K})}
 	if err := prog.Run(feeds, 1); err != nil { // converts the weights too
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestBinaryKernelChoice(t *testing.T) {
 		a := g.Input("a", ir.Shape{3, 5, 7}, ir.F32)
 		b := g.Input("b", tc.b, ir.F32)
 		g.SetOutput("o", g.Op1("Mul", nil, a, b))
-		feeds := map[string]*kernels.Tensor{"a": kernels.NewTensor(kernels.F32, ir.Shape{3, 5, 7}), "b": kernels.NewTensor(kernels.F32, tc.b)}
+		feeds := map[string]*kernels.Tensor{"a": kernels.NewTensor(ir.FP32, ir.Shape{3, 5, 7}), "b": kernels.NewTensor(ir.FP32, tc.b)}
 		var names []string
 		for _, e := range dryRunEvents(t, g, feeds) {
 			if strings.HasPrefix(e.Name, "binary_") || strings.HasPrefix(e.Name, fusedGenPrefix) {

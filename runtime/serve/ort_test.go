@@ -216,7 +216,7 @@ func kvExport(t *testing.T, ls ...int) string {
 	p, _ := model.LookupPreset("tiny")
 	cfg := p.Config
 	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = 61, 24, 3, 2, 32, 3, 2
-	st := kernels.NewStore(kernels.F32)
+	st := kernels.NewStore(ir.FP32)
 	for _, T := range ls {
 		mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
 		if err != nil {

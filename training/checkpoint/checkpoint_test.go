@@ -288,7 +288,7 @@ func TestCrashSafety(t *testing.T) {
 }
 
 func TestStoreRoundTrip(t *testing.T) {
-	src := kernels.NewStore(kernels.F64)
+	src := kernels.NewStore(ir.FP64)
 	a, _ := src.Ensure("tok_emb.weight", ir.Shape{2, 2})
 	a.SetFloat64s([]float64{1, 2, 3, 4})
 	b, _ := src.Ensure("blocks.0.attn.tau_att", ir.Shape{})
@@ -298,7 +298,7 @@ func TestStoreRoundTrip(t *testing.T) {
 		t.Fatalf("FromStore = %+v", ts)
 	}
 
-	dst := kernels.NewStore(kernels.F32)
+	dst := kernels.NewStore(ir.FP32)
 	dst.Ensure("extra.bias", ir.Shape{3})
 	missing, err := IntoStore(dst, ts)
 	if err != nil {
@@ -310,7 +310,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	if got := dst.Get("tok_emb.weight").F32; got[3] != 4 {
 		t.Errorf("copied %v", got)
 	}
-	wrong := kernels.NewStore(kernels.F32)
+	wrong := kernels.NewStore(ir.FP32)
 	wrong.Ensure("tok_emb.weight", ir.Shape{4})
 	if _, err := IntoStore(wrong, ts); err == nil || !strings.Contains(err.Error(), "shape") {
 		t.Errorf("shape mismatch: %v", err)

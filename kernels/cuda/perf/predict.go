@@ -16,7 +16,7 @@ type Hardware struct {
 	Name string
 	// Datasheet (dense, no sparsity).
 	BF16TFLOPS float64 // tensor-core bf16 peak
-	FP32TFLOPS float64 // CUDA-core fp32 peak (no TF32): GEMMF32 and SIMT kernels
+	FP32TFLOPS float64 // CUDA-core fp32 peak (no TF32): fp32 GEMMs and SIMT kernels
 	HBMTBs     float64 // HBM bandwidth, TB/s
 	SMs        int
 	ClockGHz   float64 // boost clock the peaks are quoted at
