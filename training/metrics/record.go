@@ -3,10 +3,10 @@ package metrics
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"math"
 	"strconv"
 
+	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
 )
 
@@ -195,22 +195,22 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 // Num is a number of a record that may be absent. The zero Num is absent
 // (its field is left out of the line); N makes a present one, NaN and ±Inf
 // included, which are written as the strings "NaN", "Inf" and "-Inf" (JSON
-// has no such numbers). A null read back (earlier versions wrote some NaNs
-// so) is a present NaN.
+// has no such numbers; control.F's form). A null read back (earlier
+// versions wrote some NaNs so) is a present NaN.
 type Num struct {
-	v   float64
+	v   control.F
 	set bool
 }
 
 // N is the present number x.
-func N(x float64) Num { return Num{v: x, set: true} }
+func N(x float64) Num { return Num{v: control.F(x), set: true} }
 
 // Value is the number, NaN when absent.
 func (n Num) Value() float64 {
 	if !n.set {
 		return math.NaN()
 	}
-	return n.v
+	return float64(n.v)
 }
 
 // Present reports whether the record holds the number.
@@ -220,43 +220,19 @@ func (n Num) Present() bool { return n.set }
 func (n Num) IsZero() bool { return !n.set }
 
 // MarshalJSON writes the number, or its non-finite spelling.
-func (n Num) MarshalJSON() ([]byte, error) {
-	switch f := n.Value(); {
-	case math.IsNaN(f):
-		return []byte(`"NaN"`), nil
-	case math.IsInf(f, 1):
-		return []byte(`"Inf"`), nil
-	case math.IsInf(f, -1):
-		return []byte(`"-Inf"`), nil
-	default:
-		return strconv.AppendFloat(nil, f, 'g', -1, 64), nil
-	}
-}
+func (n Num) MarshalJSON() ([]byte, error) { return control.F(n.Value()).MarshalJSON() }
 
-// UnmarshalJSON reads a number, a number in a string ("NaN", "Inf",
-// "-Inf") or null.
+// UnmarshalJSON reads a number, "NaN", "Inf", "-Inf" or null.
 func (n *Num) UnmarshalJSON(b []byte) error {
 	if bytes.Equal(b, []byte("null")) {
 		*n = N(math.NaN())
 		return nil
 	}
-	var s string
-	if len(b) > 0 && b[0] == '"' {
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return fmt.Errorf("metrics: number %q", s)
-		}
-		*n = N(f)
-		return nil
-	}
-	var f float64
-	if err := json.Unmarshal(b, &f); err != nil {
+	var f control.F
+	if err := f.UnmarshalJSON(b); err != nil {
 		return err
 	}
-	*n = N(f)
+	*n = Num{v: f, set: true}
 	return nil
 }
 
