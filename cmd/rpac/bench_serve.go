@@ -238,7 +238,7 @@ func exportBenchModel(c *cli.Context, cfg *serve.Config) (*benchModel, error) {
 		KVCache: c.Bool("kv-cache"), Out: dir}); err != nil {
 		return fail(err)
 	}
-	m, err := runtime.OpenContext(c.Context, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
+	m, err := runtime.OpenContext(c.Context, dir, sessionOptions(c, nil))
 	if err != nil {
 		return fail(err)
 	}
@@ -265,7 +265,7 @@ func openBenchModel(c *cli.Context, cfg *serve.Config) (*benchModel, error) {
 	if man.Tokenizer == data.GPT2TokenizerName {
 		cfg.Tokenizer = data.NewTokenizer()
 	}
-	m, err := runtime.OpenContext(c.Context, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: cfg.Tokenizer})
+	m, err := runtime.OpenContext(c.Context, dir, sessionOptions(c, cfg.Tokenizer))
 	if err != nil {
 		return nil, err
 	}

@@ -14,18 +14,17 @@ func evalCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "eval",
 		Usage: "cross-entropy, perplexity and tokens/s of an exported model (onnxruntime) on a data split",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
+		Flags: append(append([]cli.Flag{
+			exportFolderFlag(),
 			&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (default: the training run's, else $RPAC_DATA, the user cache, then a download)"},
 			&cli.StringFlag{Name: "dataset", Usage: "wikitext2|synthetic|mqar (default: from the model's tokenizer)"},
 			&cli.StringFlag{Name: "split", Value: "valid", Usage: "split to evaluate (wikitext2: train|valid|test; synthetic: eval|train)"},
 			&cli.IntFlag{Name: "length", Usage: "context length T of the evaluation chunks (default: the longest exported length)"},
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "sequences per onnxruntime call"},
 			&cli.IntFlag{Name: "max-chunks", Usage: "evaluate at most N chunks (0: the whole split)"},
-			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
-			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
+		}, sessionFlags()...),
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the synthetic corpus (default: the training run's, from the export)"},
-		},
+		),
 		Action: evalAction,
 	}
 }
@@ -55,7 +54,7 @@ func evalAction(c *cli.Context) error {
 	if T > maxL {
 		return fmt.Errorf("--length %d exceeds the longest exported length %d (lengths %v)", T, maxL, man.SortedLengths())
 	}
-	m, err := openModel(c.Context, c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads")})
+	m, err := openModel(c.Context, c.String("model"), sessionOptions(c, nil))
 	if err != nil {
 		return err
 	}

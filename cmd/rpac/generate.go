@@ -16,8 +16,8 @@ func generateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "generate",
 		Usage: "sample text from an exported model (onnxruntime)",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
+		Flags: append([]cli.Flag{
+			exportFolderFlag(),
 			&cli.StringFlag{Name: "prompt", Usage: "prompt text (GPT-2 tokenizer)"},
 			&cli.StringFlag{Name: "ids", Usage: "prompt as comma-separated token ids (instead of --prompt)"},
 			&cli.IntFlag{Name: "max-new-tokens", Value: 50},
@@ -26,9 +26,7 @@ func generateCommand() *cli.Command {
 			&cli.Uint64Flag{Name: "seed", Value: 1},
 			&cli.BoolFlag{Name: "stop-at-eos", Usage: "stop after an end-of-sequence token"},
 			&cli.BoolFlag{Name: "recompute", Usage: "run the full graph for every token even when the export has KV-cache graphs (--kv-cache)"},
-			&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
-			&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
-		},
+		}, sessionFlags()...),
 		Action: generateAction,
 	}
 }
@@ -58,7 +56,7 @@ func generateAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	m, err := openModel(c.Context, c.String("model"), runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: tok})
+	m, err := openModel(c.Context, c.String("model"), sessionOptions(c, tok))
 	if err != nil {
 		return err
 	}

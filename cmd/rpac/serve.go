@@ -16,7 +16,7 @@ import (
 // serveFlags are the server's limits and batching flags (rpac serve and
 // rpac bench serve).
 func serveFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.IntFlag{Name: "max-batch", Value: serve.DefaultMaxBatch, Usage: "most sequences in one batched model step (and decoding slots)"},
 		&cli.DurationFlag{Name: "max-wait", Value: serve.DefaultMaxWait, Usage: "how long a batch waits for more work after its first request"},
 		&cli.IntFlag{Name: "queue", Value: serve.DefaultQueue, Usage: "requests that may wait for a slot (and sequences waiting to be scored); beyond it: 429"},
@@ -31,9 +31,7 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "stream-idle-timeout", Value: serve.DefaultStreamIdleTimeout, Usage: "time a streaming client has to take each event before it is cut off"},
 		&cli.DurationFlag{Name: "idle-timeout", Value: serve.DefaultIdleTimeout, Usage: "time a keep-alive connection may wait for its next request"},
 		&cli.IntFlag{Name: "max-conns", Value: serve.DefaultMaxConns, Usage: "most connections open at once (more wait in the listen backlog)"},
-		&cli.StringFlag{Name: "provider", Value: "cpu", Usage: "onnxruntime execution provider: cpu|cuda"},
-		&cli.IntFlag{Name: "threads", Usage: "onnxruntime intra-op threads (0: one per core)"},
-	}
+	}, sessionFlags()...)
 }
 
 func serveCommand() *cli.Command {
@@ -41,7 +39,7 @@ func serveCommand() *cli.Command {
 		Name:  "serve",
 		Usage: "serve an exported model over HTTP: OpenAI-style completions (streaming), score, KServe v2, Prometheus metrics",
 		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "model", Usage: "export folder (written by rpac export)", Required: true},
+			exportFolderFlag(),
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "address to listen on"},
 			&cli.StringFlag{Name: "name", Usage: "model name in the API (default: the export folder's name)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: serve.DefaultShutdown, Usage: "on SIGTERM, how long requests in flight may take to finish"},
@@ -113,7 +111,7 @@ func serveAction(c *cli.Context) error {
 	if prov.Tokenizer == data.GPT2TokenizerName {
 		cfg.Tokenizer = data.NewTokenizer()
 	}
-	m, err := openModel(c.Context, dir, runtime.Options{Provider: c.String("provider"), Threads: c.Int("threads"), Tokenizer: cfg.Tokenizer})
+	m, err := openModel(c.Context, dir, sessionOptions(c, cfg.Tokenizer))
 	if err != nil {
 		return err
 	}
