@@ -229,19 +229,32 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 	return o, applyRunFlags(c, &o)
 }
 
+// intOverride is an integer flag whose zero value keeps the default its usage names.
+type intOverride struct{ name, usage string }
+
+// intOverrides declares integer override flags, in order.
+func intOverrides(fs []intOverride) []cli.Flag {
+	flags := make([]cli.Flag, len(fs))
+	for i, f := range fs {
+		flags[i] = &cli.IntFlag{Name: f.name, Usage: f.usage}
+	}
+	return flags
+}
+
 // syntheticFlags shape the synthetic corpus.
 func syntheticFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.IntFlag{Name: "syn-len", Usage: "synthetic corpus: tokens per sequence (default 256)"},
-		&cli.IntFlag{Name: "syn-pairs", Usage: "synthetic corpus: key-value statements (and queries) per sequence (default 4)"},
-		&cli.IntFlag{Name: "syn-gap", Usage: "synthetic corpus: least distance from a statement to its query (default half the sequence)"},
-		&cli.IntFlag{Name: "mqar-len", Usage: "MQAR corpus: tokens per sequence (default 128)"},
-		&cli.IntFlag{Name: "mqar-pairs", Usage: "MQAR corpus: key-value pairs (and queries) per sequence (default 8)"},
-		&cli.IntFlag{Name: "mqar-vocab", Usage: "MQAR corpus: vocabulary size, half keys and half values (default 256)"},
-		&cli.IntFlag{Name: "mqar-min-dist", Usage: "MQAR corpus: least distance from a pair's key to its query's key (default 1)"},
-		&cli.IntFlag{Name: "mqar-max-dist", Usage: "MQAR corpus: most distance from a pair's key to its query's key (default the sequence length)"},
+	return append(intOverrides([]intOverride{
+		{"syn-len", "synthetic corpus: tokens per sequence (default 256)"},
+		{"syn-pairs", "synthetic corpus: key-value statements (and queries) per sequence (default 4)"},
+		{"syn-gap", "synthetic corpus: least distance from a statement to its query (default half the sequence)"},
+		{"mqar-len", "MQAR corpus: tokens per sequence (default 128)"},
+		{"mqar-pairs", "MQAR corpus: key-value pairs (and queries) per sequence (default 8)"},
+		{"mqar-vocab", "MQAR corpus: vocabulary size, half keys and half values (default 256)"},
+		{"mqar-min-dist", "MQAR corpus: least distance from a pair's key to its query's key (default 1)"},
+		{"mqar-max-dist", "MQAR corpus: most distance from a pair's key to its query's key (default the sequence length)"},
+	}),
 		&cli.StringFlag{Name: "mqar-draw", Usage: "MQAR corpus: which pairs the queries ask for: each (every pair once, in random order; default) | random (drawn with replacement, so the values already asked for tell nothing)"},
-	}
+	)
 }
 
 // mqarFromFlags reads the MQAR corpus's shape; the corpus checks it.
@@ -275,19 +288,23 @@ func syntheticFromFlags(c *cli.Context) (data.SyntheticConfig, error) {
 
 // sizeFlags override the preset's model size.
 func sizeFlags() []cli.Flag {
-	return []cli.Flag{
+	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "JSON file with fields of the model config (d_model, layers, heads, R, experts, top_k, ff_mult, max_len, ...) applied over the preset"},
-		&cli.IntFlag{Name: "d-model", Usage: "model width d (overrides the preset and --config)"},
-		&cli.IntFlag{Name: "layers", Usage: "transformer blocks"},
-		&cli.IntFlag{Name: "heads", Usage: "attention heads (must divide --d-model)"},
-		&cli.IntFlag{Name: "regimes", Usage: "fuzzy regimes R"},
-		&cli.IntFlag{Name: "experts", Usage: "FuzzyMoE experts"},
-		&cli.IntFlag{Name: "top-k", Usage: "experts kept per token"},
-		&cli.IntFlag{Name: "ff-mult", Usage: "expert hidden width as a multiple of d"},
-		&cli.IntFlag{Name: "max-len", Usage: "rows of the learned position embedding"},
+	}
+	flags = append(flags, intOverrides([]intOverride{
+		{"d-model", "model width d (overrides the preset and --config)"},
+		{"layers", "transformer blocks"},
+		{"heads", "attention heads (must divide --d-model)"},
+		{"regimes", "fuzzy regimes R"},
+		{"experts", "FuzzyMoE experts"},
+		{"top-k", "experts kept per token"},
+		{"ff-mult", "expert hidden width as a multiple of d"},
+		{"max-len", "rows of the learned position embedding"},
+	})...)
+	return append(flags,
 		&cli.BoolFlag{Name: "rope", Usage: "rotate queries and keys by position (rotary embedding, on top of the learned positions; not in the paper)"},
 		&cli.BoolFlag{Name: "smear-keys", Usage: "mix each attention key with the one before it (learned per head; not in the paper)"},
-	}
+	)
 }
 
 // sizesFromFlags collects the size flags that were given.
