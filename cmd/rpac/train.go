@@ -121,16 +121,20 @@ func trainCommand() *cli.Command {
 }
 
 func trainFlags() []cli.Flag {
-	return []cli.Flag{
+	flags := []cli.Flag{
 		&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model size: " + strings.Join(model.PresetNames(), "|")},
 		&cli.StringFlag{Name: "model", Value: "fuzzy", Usage: "fuzzy|baseline"},
 		&cli.StringFlag{Name: "dataset", Value: "wikitext2", Usage: "wikitext2|synthetic|mqar"},
 		&cli.StringFlag{Name: "data-dir", Usage: "WikiText-2 raw directory (else $RPAC_DATA, the user cache, then a download)"},
 		&cli.StringFlag{Name: "train-split", Value: "train", Usage: "split to train on (train|valid|test)"},
 		&cli.StringFlag{Name: "eval-split", Value: "valid", Usage: "split to evaluate on"},
-		&cli.IntFlag{Name: "context", Usage: "context length T of evaluation (and of training without --contexts; default: the preset's)"},
-		&cli.IntFlag{Name: "tokens-per-step", Usage: "tokens per optimizer step; batch = tokens/T (default: the preset's)"},
-		&cli.IntFlag{Name: "steps", Usage: "optimizer steps (default: from --epochs or the preset; 0 writes the initialised checkpoint and stops)"},
+	}
+	flags = append(flags, intOverrides([]intOverride{
+		{"context", "context length T of evaluation (and of training without --contexts; default: the preset's)"},
+		{"tokens-per-step", "tokens per optimizer step; batch = tokens/T (default: the preset's)"},
+		{"steps", "optimizer steps (default: from --epochs or the preset; 0 writes the initialised checkpoint and stops)"},
+	})...)
+	return append(flags,
 		&cli.Float64Flag{Name: "epochs", Usage: "passes over the training split (alternative to --steps)"},
 		&cli.IntFlag{Name: "eval-every", Value: 0, Usage: "evaluate and checkpoint every N steps; one controller epoch (0: only at the end, steps/10 with controllers)"},
 		&cli.IntFlag{Name: "eval-batches", Value: 0, Usage: "limit each evaluation to N batches (0: the whole split)"},
@@ -146,7 +150,7 @@ func trainFlags() []cli.Flag {
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
 		lossFlag(),
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
-	}
+	)
 }
 
 func trainAction(c *cli.Context) error {
