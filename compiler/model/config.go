@@ -142,15 +142,16 @@ func (c *Config) Validate() error {
 			bad("%s %d is beyond this build's limit of %d", l.name, l.v, l.hi)
 		}
 	}
-	if c.DModel < 1 {
-		bad("d_model %d must be at least 1", c.DModel)
+	// atLeastOne reports a count below 1 and says whether v is at least 1.
+	atLeastOne := func(name string, v int) bool {
+		if v < 1 {
+			bad("%s %d must be at least 1", name, v)
+		}
+		return v >= 1
 	}
-	if c.Layers < 1 {
-		bad("layers %d must be at least 1", c.Layers)
-	}
-	if c.Heads < 1 {
-		bad("heads %d must be at least 1", c.Heads)
-	}
+	atLeastOne("d_model", c.DModel)
+	atLeastOne("layers", c.Layers)
+	atLeastOne("heads", c.Heads)
 	if c.DModel >= 1 && c.Heads >= 1 {
 		if c.DModel < c.Heads {
 			bad("heads %d exceeds d_model %d (the head dimension d_model/heads must be at least 1: use at most %d heads)", c.Heads, c.DModel, c.DModel)
@@ -208,12 +209,8 @@ func (c *Config) Validate() error {
 	if c.R < 2 {
 		bad("R %d: the fuzzy model needs at least 2 regimes (with one, every membership is 1 and the gates, router, RPA prior and entropy floor carry nothing)", c.R)
 	}
-	if c.Experts < 1 {
-		bad("experts %d must be at least 1", c.Experts)
-	}
-	if c.TopK < 1 {
-		bad("top_k %d must be at least 1", c.TopK)
-	} else if c.Experts >= 1 && c.TopK > c.Experts {
+	atLeastOne("experts", c.Experts)
+	if atLeastOne("top_k", c.TopK) && c.Experts >= 1 && c.TopK > c.Experts {
 		bad("top_k %d exceeds experts %d (top_k must be between 1 and experts)", c.TopK, c.Experts)
 	}
 	if c.RPAK < 0 {
@@ -222,9 +219,7 @@ func (c *Config) Validate() error {
 	if !(c.TauAlign > 0) {
 		bad("tau_align %g must be positive", c.TauAlign)
 	}
-	if c.SinkhornIters < 1 {
-		bad("sinkhorn_iters %d must be at least 1", c.SinkhornIters)
-	}
+	atLeastOne("sinkhorn_iters", c.SinkhornIters)
 	if !(c.RPAPosmix >= 0 && c.RPAPosmix <= 1) {
 		bad("rpa_posmix %g is outside [0, 1]", c.RPAPosmix)
 	}
