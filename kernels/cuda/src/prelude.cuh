@@ -34,45 +34,46 @@ __device__ __forceinline__ rpac_bf16x8 bf16x8_of(const float* src, int c, int co
     return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
-    return v;
-}
+// The combining operations of the warp and block reductions, each with the
+// value that leaves the other operand unchanged.
+struct rpac_sum_op {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+    __device__ __forceinline__ static float identity() { return 0.0f; }
+};
+struct rpac_max_op {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ __forceinline__ static float identity() { return RPAC_NEG_INF; }
+};
 
-// block_sum / block_max: every thread gets the block's result. blockDim.x
-// must be a multiple of 32 and at most 1024; shared holds 32 floats.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
+// warp_reduce: the warp's result in lane 0, in a fixed shuffle tree.
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+    Op op;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<rpac_sum_op>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<rpac_max_op>(v); }
+
+// block_reduce (block_sum, block_max): every thread gets the block's result.
+// blockDim.x must be a multiple of 32 and at most 1024; shared holds 32 floats.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* shared) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce<Op>(v);
     if (lane == 0) shared[warp] = v;
     __syncthreads();
     int warps = blockDim.x >> 5;
-    v = (threadIdx.x < warps) ? shared[threadIdx.x] : 0.0f;
-    if (warp == 0) v = warp_sum(v);
+    v = (threadIdx.x < warps) ? shared[threadIdx.x] : Op::identity();
+    if (warp == 0) v = warp_reduce<Op>(v);
     if (threadIdx.x == 0) shared[0] = v;
     __syncthreads();
     v = shared[0];
     __syncthreads();
     return v;
 }
-__device__ __forceinline__ float block_max(float v, float* shared) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    int warps = blockDim.x >> 5;
-    v = (threadIdx.x < warps) ? shared[threadIdx.x] : RPAC_NEG_INF;
-    if (warp == 0) v = warp_max(v);
-    if (threadIdx.x == 0) shared[0] = v;
-    __syncthreads();
-    v = shared[0];
-    __syncthreads();
-    return v;
-}
+__device__ __forceinline__ float block_sum(float v, float* shared) { return block_reduce<rpac_sum_op>(v, shared); }
+__device__ __forceinline__ float block_max(float v, float* shared) { return block_reduce<rpac_max_op>(v, shared); }
 
 // Two-pass reductions (graph.cu, paper.cu): the first pass writes partials
 // in double, the second sums each output's partials in a fixed tree.
