@@ -210,6 +210,32 @@ __device__ __forceinline__ void fa_scale_rows(rpac_acc* acc, const rpac_acc& ids
 // fa_max2: the maximum over the row's two lanes.
 __device__ __forceinline__ float fa_max2(float x) { return fmaxf(x, __shfl_xor_sync(FA_FULL, x, 1)); }
 
+// fa_geom: a flash block's thread geometry: warp w and its lane, the head
+// dimension in nk 16-column blocks (Hp columns), the block's FA_ROWS rows
+// from b0, the warp's 16 rows from w0, the lane's row w0 + r and column half
+// c0, and head bh's view of q, k and v (base, row stride rs).
+struct fa_geom {
+    int w, lane, nk, Hp, b0, w0, row, r, c0, rs;
+    i64 bh, base;
+};
+__device__ __forceinline__ fa_geom fa_geometry(int T, int Hd, int H) {
+    fa_geom g;
+    g.w = threadIdx.x >> 5;
+    g.lane = threadIdx.x & 31;
+    g.nk = (Hd + 15) >> 4;
+    g.Hp = g.nk * 16;
+    g.b0 = blockIdx.x * FA_ROWS;
+    g.w0 = g.b0 + g.w * 16;
+    g.r = g.lane >> 1;
+    g.row = g.w0 + g.r;
+    g.c0 = (g.lane & 1) * 16;
+    g.bh = blockIdx.y;
+    attn_view hv = attn_head(g.bh, T, Hd, H);
+    g.base = hv.base;
+    g.rs = hv.rs;
+    return g;
+}
+
 // attention_fwd_bf16: o and the rows' log-sum-exp, in one pass over the
 // keys with the online softmax. grid = (⌈T/64⌉, B·H). Per tile of 32 keys
 // the two lanes of a row take the tile's row maximum m' = max(m, scores),
@@ -224,14 +250,10 @@ extern "C" __global__ __launch_bounds__(128, 3) void attention_fwd_bf16(float* o
     __shared__ __align__(32) bf16_t skv[FA_TILE * FA_HMAX];  // a tile of k or v
     __shared__ __align__(32) float ss[4][16 * FA_TILE];      // each warp's scores
     __shared__ float srow[4][16];                            // each warp's per-row factors
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nk = (Hd + 15) >> 4, Hp = nk * 16;
-    int q0 = blockIdx.x * FA_ROWS, wr = q0 + w * 16;
-    int i = wr + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
-    i64 bh = blockIdx.y;
-    attn_view hv = attn_head(bh, T, Hd, H);
-    i64 base = hv.base;
-    int rs = hv.rs;
+    fa_geom g = fa_geometry(T, Hd, H);
+    int w = g.w, lane = g.lane, nk = g.nk, Hp = g.Hp;
+    int q0 = g.b0, wr = g.w0, i = g.row, r = g.r, c0 = g.c0, rs = g.rs;
+    i64 bh = g.bh, base = g.base;
     float* s = ss[w];
     rpac_acc ids;
     fa_row_ids(ids, (bf16_t*)s);  // ss[w] is 2,048 bytes: the patterns fit
@@ -383,14 +405,10 @@ extern "C" __global__ void attention_bwd_dkdv_bf16(float* dk, float* dv, const f
     __shared__ __align__(32) bf16_t spt[4][16 * FA_KP];        // the weights after dropout
     __shared__ __align__(32) bf16_t sdt[4][16 * FA_KP];        // dS
     __shared__ float sl[FA_TILE], sd[FA_TILE];                  // the tile's lse and D
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nk = (Hd + 15) >> 4, Hp = nk * 16, Hs = Hp + FA_PAD;
-    int k0 = blockIdx.x * FA_ROWS, kw = k0 + w * 16;
-    int j = kw + (lane >> 1), r = lane >> 1, c0 = (lane & 1) * 16;
-    i64 bh = blockIdx.y;
-    attn_view hv = attn_head(bh, T, Hd, H);
-    i64 base = hv.base;
-    int rs = hv.rs;
+    fa_geom g = fa_geometry(T, Hd, H);
+    int w = g.w, lane = g.lane, nk = g.nk, Hp = g.Hp, Hs = Hp + FA_PAD;
+    int k0 = g.b0, kw = g.w0, j = g.row, r = g.r, c0 = g.c0, rs = g.rs;
+    i64 bh = g.bh, base = g.base;
     bf16_t* sq = sqd;
     bf16_t* sdo = sqd + FA_TILE * Hs;
     rpac_a_row ka[FA_NK], va[FA_NK];
