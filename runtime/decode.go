@@ -433,7 +433,7 @@ func (d *Decoder) Step(ctx context.Context, slots []int, tokens []int32) ([][]fl
 	if err := d.g.decode.run(ctx, in, out); err != nil {
 		return nil, err
 	}
-	// present equals past but in each sequence's new slot: copy that back.
+	// cache_out equals cache but in each sequence's new slot: copy that back.
 	for i := 0; i < 2*d.layers; i++ {
 		present := d.present[i*sz : (i+1)*sz]
 		for b, s := range slots {

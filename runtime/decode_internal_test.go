@@ -154,6 +154,8 @@ func TestManifestKVCache(t *testing.T) {
 		{func(m *Manifest) { m.KVCache.Lengths = []int{16} }, "length 16 is not an exported length"},
 		{func(m *Manifest) { m.KVCache.Lengths = nil }, "which kv_cache does not list"},
 		{func(m *Manifest) { m.KVCache.PastKeyNames = "past.%d.k" }, "past.%d.k"},
+		{func(m *Manifest) { m.KVCache.PastKeyNames = "past_key_values.%d.key" }, "re-export with `rpac export --kv-cache`"},
+		{func(m *Manifest) { m.KVCache.PresentKeyNames = "present.%d.key" }, "re-export with `rpac export --kv-cache`"},
 		{func(m *Manifest) { m.KVCache.Layout = "paged" }, `layout "paged"`},
 		{func(m *Manifest) { m.KVCache.Heads = 0 }, "0 heads"},
 		{func(m *Manifest) { m.Files[1].Graph = GraphPrefill }, "0 .onnx files for length 8"},

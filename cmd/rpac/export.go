@@ -39,7 +39,7 @@ func exportCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch", Value: 1, Usage: "static batch size of the exported graphs"},
 			&cli.StringFlag{Name: "quantize", Value: "none", Usage: "none | int8 (int8 weights per output column and activations per token in every Linear layer, int32 accumulation: for onnxruntime's CPU provider; --verify reports the CE cost)"},
 			&cli.IntFlag{Name: "opset", Value: 23, Usage: "ONNX opset (18..26)"},
-			&cli.BoolFlag{Name: "kv-cache", Usage: "also write, per length, the prefill and decode graphs of KV-cached decoding (past_key_values.{i}.key|value in, present.{i}.key|value out); rpac generate uses them"},
+			&cli.BoolFlag{Name: "kv-cache", Usage: "also write, per length, the prefill and decode graphs of KV-cached decoding (rpac's fixed-slot cache: cache.{i}.key|value in, cache_out.{i}.key|value out); rpac generate uses them"},
 			&cli.IntFlag{Name: "calib-batches", Value: export.DefaultCalibBatches, Usage: "batches to calibrate running statistics on, for lengths the checkpoint has none for"},
 			&cli.IntFlag{Name: "calib-batch", Value: export.DefaultCalibBatch, Usage: "sequences per calibration batch"},
 			&cli.StringFlag{Name: "calib-split", Usage: "split to calibrate on (default: the run's training split)"},

@@ -7,27 +7,32 @@ import (
 
 	"github.com/rpac-dev/rpac/compiler/onnx/onnxpb"
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/runtime/manifest"
 )
 
 // KV-cached decoding. LowerKV lowers the same export graph as Lower (built
 // for length T, attention fused into FusedAttention nodes) into one of two
 // graphs whose batch and sequence dimensions are dynamic and whose
-// attention reads and writes a key/value cache, named as Hugging Face
-// Optimum and onnxruntime-genai name it:
+// attention reads and writes rpac's fixed-slot key/value cache. The cache
+// tensors are named cache.{i}.* and cache_out.{i}.*, not Optimum's
+// past_key_values.{i}.* / present.{i}.*: Optimum's cache grows by a
+// position a step under an attention_mask, this one does not, and a driver
+// written for Optimum's graphs must fail on a missing input here instead of
+// computing wrong logits.
 //
 //	prefill  in:  input_ids           int64 [batch, sequence]      (positions 0..sequence-1, sequence <= T)
 //	         out: logits              float [batch, 1, V]           (after the prompt's last token)
-//	              present.{i}.key     float [batch, heads, sequence, head_size]
-//	              present.{i}.value   float [batch, heads, sequence, head_size]
+//	              cache_out.{i}.key   float [batch, heads, sequence, head_size]
+//	              cache_out.{i}.value float [batch, heads, sequence, head_size]
 //	decode   in:  input_ids           int64 [batch, 1]              (one new token per sequence)
 //	              position_ids        int64 [batch, 1]              (its position p_b, 0 <= p_b < past_sequence)
-//	              past_key_values.{i}.key|value float [batch, heads, past_sequence, head_size]
+//	              cache.{i}.key|value float [batch, heads, past_sequence, head_size]
 //	         out: logits              float [batch, 1, V]
-//	              present.{i}.key|value float [batch, heads, past_sequence, head_size]
+//	              cache_out.{i}.key|value float [batch, heads, past_sequence, head_size]
 //
 // The decode cache has fixed slots: slot j of a sequence holds the key and
 // value of its position j (past_sequence <= T slots). The step writes the
-// new token's key and value into slot p_b (present equals past elsewhere:
+// new token's key and value into slot p_b (cache_out equals cache elsewhere:
 // the cache is updated in place, as onnxruntime-genai's shared past/present
 // buffer is) and attends to slots 0..p_b only, so each sequence of a batch
 // can be at its own position and slots beyond it may hold anything. The
@@ -72,10 +77,11 @@ const (
 )
 
 // PastKeyName and the other three name layer i's cache tensors.
-func PastKeyName(layer int) string      { return fmt.Sprintf("past_key_values.%d.key", layer) }
-func PastValueName(layer int) string    { return fmt.Sprintf("past_key_values.%d.value", layer) }
-func PresentKeyName(layer int) string   { return fmt.Sprintf("present.%d.key", layer) }
-func PresentValueName(layer int) string { return fmt.Sprintf("present.%d.value", layer) }
+// (the manifest's names: runtime/manifest.KVPastKey and the others).
+func PastKeyName(layer int) string      { return fmt.Sprintf(manifest.KVPastKey, layer) }
+func PastValueName(layer int) string    { return fmt.Sprintf(manifest.KVPastValue, layer) }
+func PresentKeyName(layer int) string   { return fmt.Sprintf(manifest.KVPresentKey, layer) }
+func PresentValueName(layer int) string { return fmt.Sprintf(manifest.KVPresentValue, layer) }
 
 // KVLayout is the cache geometry of a lowered KV-cache graph.
 type KVLayout struct {

@@ -61,9 +61,9 @@ func TestLowerKVInputsOutputs(t *testing.T) {
 		in, out string
 	}{
 		{KVPrefill, "input_ids[batch,sequence]",
-			"logits[batch,1,7] present.0.key[batch,2,sequence,2] present.0.value[batch,2,sequence,2]"},
-		{KVDecode, "input_ids[batch,1] position_ids[batch,1] past_key_values.0.key[batch,2,past_sequence,2] past_key_values.0.value[batch,2,past_sequence,2]",
-			"logits[batch,1,7] present.0.key[batch,2,past_sequence,2] present.0.value[batch,2,past_sequence,2]"},
+			"logits[batch,1,7] cache_out.0.key[batch,2,sequence,2] cache_out.0.value[batch,2,sequence,2]"},
+		{KVDecode, "input_ids[batch,1] position_ids[batch,1] cache.0.key[batch,2,past_sequence,2] cache.0.value[batch,2,past_sequence,2]",
+			"logits[batch,1,7] cache_out.0.key[batch,2,past_sequence,2] cache_out.0.value[batch,2,past_sequence,2]"},
 	} {
 		m, lay, err := LowerKV(kvGraph(6, nil), seqWeights, KVOptions{Graph: c.graph}, Options{})
 		if err != nil {

@@ -21,16 +21,27 @@ const (
 
 func (g GraphKind) valid() bool { return g == GraphFull || g == GraphPrefill || g == GraphDecode }
 
-// Names of the KV-cache graphs' inputs and outputs (Hugging Face Optimum and
-// onnxruntime-genai spell them so). The %d is the layer index.
+// Names of the KV-cache graphs' inputs and outputs. The %d is the layer
+// index. The cache tensors are named for rpac's fixed-slot cache on
+// purpose: Hugging Face Optimum's past_key_values.{i}.* / present.{i}.*
+// mean a cache that grows by one position a step under an attention_mask,
+// and a driver that feeds these graphs so must fail on a missing input, not
+// run with wrong logits.
 const (
 	KVInputIDs     = "input_ids"
 	KVPositionIDs  = "position_ids"
 	KVLogits       = "logits"
-	KVPastKey      = "past_key_values.%d.key"
-	KVPastValue    = "past_key_values.%d.value"
-	KVPresentKey   = "present.%d.key"
-	KVPresentValue = "present.%d.value"
+	KVPastKey      = "cache.%d.key"
+	KVPastValue    = "cache.%d.value"
+	KVPresentKey   = "cache_out.%d.key"
+	KVPresentValue = "cache_out.%d.value"
+)
+
+// Optimum's cache names, which exports before the fixed-slot names used
+// for the same fixed-slot graphs; such an export is refused (validateKV).
+const (
+	optimumPastKey    = "past_key_values.%d.key"
+	optimumPresentKey = "present.%d.key"
 )
 
 // KVCacheLayout names the cache layout of the decode graphs: every
@@ -44,14 +55,14 @@ const KVCacheLayout = "fixed-slots"
 //
 //	prefill  input_ids int64 [batch, sequence] (positions 0..sequence-1, sequence <= T)
 //	         -> logits float [batch, sequence, V],
-//	            present.{i}.key|value float [batch, heads, sequence, head_size]
+//	            cache_out.{i}.key|value float [batch, heads, sequence, head_size]
 //	decode   input_ids int64 [batch, 1], position_ids int64 [batch, 1],
-//	         past_key_values.{i}.key|value float [batch, heads, past_sequence, head_size]
+//	         cache.{i}.key|value float [batch, heads, past_sequence, head_size]
 //	         -> logits float [batch, 1, V],
-//	            present.{i}.key|value float [batch, heads, past_sequence, head_size]
+//	            cache_out.{i}.key|value float [batch, heads, past_sequence, head_size]
 //
-// with past_sequence <= T and position_ids < past_sequence; present equals
-// past except in slot position_ids, which holds the new token's key and
+// with past_sequence <= T and position_ids < past_sequence; cache_out equals
+// cache except in slot position_ids, which holds the new token's key and
 // value.
 type KVCache struct {
 	Layout   string `json:"layout"`
@@ -107,6 +118,10 @@ func (m *Manifest) validateKV(kv map[kvKey]int) error {
 	}
 	if k.Layers < 1 || k.Layers > maxKVLayers || k.Heads < 1 || k.Heads > maxKVHeads || k.HeadSize < 1 || k.HeadSize > maxHeadSize {
 		return fmt.Errorf("manifest kv_cache has %d layers of %d heads of size %d; want 1..%d, 1..%d, 1..%d", k.Layers, k.Heads, k.HeadSize, maxKVLayers, maxKVHeads, maxHeadSize)
+	}
+	if k.PastKeyNames == optimumPastKey || k.PresentKeyNames == optimumPresentKey {
+		return fmt.Errorf("manifest kv_cache names its fixed-slot cache %s / %s (Optimum's names, written by older rpac versions); this runtime reads %s / %s: re-export with `rpac export --kv-cache`",
+			k.PastKeyNames, k.PresentKeyNames, KVPastKey, KVPresentKey)
 	}
 	want := NewKVCache(k.Layers, k.Heads, k.HeadSize, k.Lengths)
 	if k.InputIDs != want.InputIDs || k.PositionIDs != want.PositionIDs || k.Logits != want.Logits ||
