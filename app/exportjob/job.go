@@ -99,7 +99,11 @@ type Job struct {
 // verified; a verification over its limits returns the result and an
 // error.
 type Result struct {
-	Result   *export.Result        // FormatONNX
+	Result *export.Result // FormatONNX
+	// HFFiles are the Hugging Face tokenizer files written beside a
+	// FormatONNX export (tokenizer.json, tokenizer_config.json; none for
+	// a tokenizer without them).
+	HFFiles  []string
 	Triton   []export.TritonModel  // FormatTriton
 	Data     *Data                 // nil when none was needed
 	Elapsed  time.Duration         // the export, without loading data or verifying
@@ -130,6 +134,9 @@ func Run(ctx context.Context, j Job) (*Result, error) {
 		return res, err
 	}
 	if res.Result, err = export.Export(ctx, j.Options); err != nil {
+		return nil, err
+	}
+	if res.HFFiles, err = writeHFTokenizer(j.Out, j.Tokenizer); err != nil {
 		return nil, err
 	}
 	res.Elapsed = time.Since(t0)

@@ -236,6 +236,9 @@ func reportExport(c *cli.Context, run *training.Run, j exportjob.Job, jr *export
 			report(c, foldLayerEvent{FoldLayer: f})
 		}
 	}
+	if len(jr.HFFiles) > 0 {
+		report(c, exportNoteEvent{Note: fmt.Sprintf("wrote the Hugging Face tokenizer of the ids: %s (docs/EXPORT.md, \"Hugging Face files\")", strings.Join(jr.HFFiles, ", "))})
+	}
 	if run.Weights != training.WeightsLast && j.Calibrate == exportjob.CalibrateAuto && run.Config.Model == model.Fuzzy {
 		report(c, exportNoteEvent{Note: fmt.Sprintf("the running statistics of trained lengths come from the live weights; --calibrate always recomputes them under the %s weights", run.Weights)})
 	}

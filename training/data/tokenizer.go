@@ -122,6 +122,14 @@ func (t *Tokenizer) buildPieces() {
 	}
 }
 
+// Pieces returns, for each id, the bytes of its token (a copy): ids below
+// GPT2EOS are byte strings whose id is their merge rank (tiktoken's
+// convention), GPT2EOS is GPT2EOSText.
+func (t *Tokenizer) Pieces() []string {
+	t.piecesOnce.Do(t.buildPieces)
+	return append([]string(nil), t.pieces...)
+}
+
 // Decode returns the text of ids. GPT2EOS decodes to GPT2EOSText; an id
 // outside the vocabulary decodes to U+FFFD. Byte sequences that are not valid
 // UTF-8 (a slice that splits a character) are returned as they are.
