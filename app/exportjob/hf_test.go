@@ -1,10 +1,18 @@
 package exportjob
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
+
+	"github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/hf"
+	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 )
 
 // TestHFTokenizerGPT2: GPT-2's vocabulary gives Hugging Face's gpt2 files:
@@ -39,6 +47,46 @@ func TestHFTokenizerGPT2(t *testing.T) {
 	for _, name := range []string{"synthetic", "mqar"} {
 		if files, err := writeHFTokenizer(t.TempDir(), name); files != nil || err != nil {
 			t.Errorf("%s: %v, %v", name, files, err)
+		}
+	}
+}
+
+// TestRunWritesHFTokenizer: an ONNX export of GPT-2 token ids gets the
+// tokenizer files beside its manifest, one of synthetic ids none.
+func TestRunWritesHFTokenizer(t *testing.T) {
+	p, err := model.LookupPreset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := p.Config
+	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen = 61, 16, 2, 1, 16
+	const T = 8
+	mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Eval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := kernels.NewStore(ir.FP32)
+	if err := model.InitStore(mg.Specs, st, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tokenizer string
+		files     []string
+	}{{"gpt2-r50k", []string{hf.TokenizerFile, hf.TokenizerConfigFile}}, {"synthetic", nil}} {
+		out := t.TempDir()
+		j := Job{Options: export.Options{Config: cfg, Store: st, Lengths: []int{T}, Out: out, Tokenizer: c.tokenizer, Trained: func(string) bool { return true }},
+			Format: FormatONNX, Calibrate: CalibrateAuto}
+		res, err := Run(context.Background(), j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(res.HFFiles, c.files) {
+			t.Errorf("%s: files %v, want %v", c.tokenizer, res.HFFiles, c.files)
+		}
+		for _, f := range []string{hf.TokenizerFile, hf.TokenizerConfigFile} {
+			if _, err := os.Stat(filepath.Join(out, f)); (err == nil) != (c.files != nil) {
+				t.Errorf("%s: %s: %v", c.tokenizer, f, err)
+			}
 		}
 	}
 }
