@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 
 	"github.com/rpac-dev/rpac/runtime"
@@ -28,7 +29,14 @@ const (
 
 	defaultTopK = 10
 	maxTopK     = 1000
+
+	// modelVersion is the one version of the served model.
+	modelVersion = "1"
 )
+
+// extensions are the protocol extensions this server implements, listed
+// in its server metadata.
+var extensions = []string{}
 
 // outputNames lists the outputs in the order of the model's metadata.
 var outputNames = []string{outLogits, outLastLogits, outTopKIDs, outTopKLogits, outTargetLogprobs}
@@ -232,7 +240,7 @@ func (s *Server) writeInfer(w http.ResponseWriter, req *inferRequest, p *inferPl
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriterSize(w, 64<<10)
-	head, _ := json.Marshal(map[string]string{"model_name": s.cfg.Name, "model_version": "1", "id": req.ID})
+	head, _ := json.Marshal(map[string]string{"model_name": s.cfg.Name, "model_version": modelVersion, "id": req.ID})
 	bw.Write(head[:len(head)-1])
 	bw.WriteString(`,"outputs":[`)
 	var num []byte
@@ -533,4 +541,73 @@ func (h *topK) of(row []float32, k int) {
 		}
 	}
 	h.c = c
+}
+
+type tensorMeta struct {
+	Name     string  `json:"name"`
+	Datatype string  `json:"datatype"`
+	Shape    []int64 `json:"shape"`
+}
+
+// tensors lists the model's inputs and outputs; -1 is a dimension of any
+// size.
+func (s *Server) tensors() (inputs, outputs []tensorMeta) {
+	V := int64(s.m.VocabSize())
+	inputs = []tensorMeta{{Name: inInputIDs, Datatype: "INT64", Shape: []int64{-1, -1}},
+		{Name: inTargetIDs, Datatype: "INT64", Shape: []int64{-1, -1}}}
+	outputs = []tensorMeta{{Name: outLogits, Datatype: "FP32", Shape: []int64{-1, -1, V}},
+		{Name: outLastLogits, Datatype: "FP32", Shape: []int64{-1, V}},
+		{Name: outTopKIDs, Datatype: "INT64", Shape: []int64{-1, -1, -1}},
+		{Name: outTopKLogits, Datatype: "FP32", Shape: []int64{-1, -1, -1}},
+		{Name: outTargetLogprobs, Datatype: "FP32", Shape: []int64{-1, -1}}}
+	return inputs, outputs
+}
+
+// serverMetadata answers GET /v2: the server's name, version and the
+// protocol extensions it implements.
+func (s *Server) serverMetadata(w http.ResponseWriter, r *http.Request) {
+	version := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		version = bi.Main.Version
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"name": "rpac", "version": version, "extensions": extensions})
+}
+
+func (s *Server) modelMetadata(w http.ResponseWriter, r *http.Request) {
+	if !s.checkName(w, r) {
+		return
+	}
+	inputs, outputs := s.tensors()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"name": s.cfg.Name, "versions": []string{modelVersion}, "platform": "onnxruntime_onnx",
+		"inputs": inputs, "outputs": outputs,
+	})
+}
+
+// configTensor is a tensor of Triton's model configuration.
+type configTensor struct {
+	Name     string  `json:"name"`
+	DataType string  `json:"data_type"`
+	Dims     []int64 `json:"dims"`
+}
+
+// modelConfig answers Triton's model configuration route: the tensors as
+// the model's metadata lists them, with Triton's type names; the batch
+// dimension is explicit in dims (max_batch_size 0).
+func (s *Server) modelConfig(w http.ResponseWriter, r *http.Request) {
+	if !s.checkName(w, r) {
+		return
+	}
+	conv := func(ts []tensorMeta) []configTensor {
+		out := make([]configTensor, len(ts))
+		for i, t := range ts {
+			out[i] = configTensor{t.Name, "TYPE_" + t.Datatype, t.Shape}
+		}
+		return out
+	}
+	inputs, outputs := s.tensors()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"name": s.cfg.Name, "platform": "onnxruntime_onnx", "backend": "onnxruntime",
+		"max_batch_size": 0, "input": conv(inputs), "output": conv(outputs),
+	})
 }

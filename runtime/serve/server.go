@@ -7,6 +7,8 @@
 //	POST /v1/score                 cross-entropy, perplexity and per-token log-probabilities of a text
 //	POST /v2/models/{name}/infer   KServe v2 inference: input_ids [B,T] in, logits [B,T,V] out
 //	GET  /v2/health/live, /v2/health/ready, /v2/models/{name}, /v2/models/{name}/ready
+//	GET  /v2 (server metadata), /v2/models/{name}/config (Triton's model configuration)
+//	     and /v2/models/{name}/versions/{version}/... for each model route
 //	GET  /metrics                  Prometheus text format
 //
 // Completions are decoded in batches: one loop advances every open
@@ -251,9 +253,15 @@ func (s *Server) routes() {
 	}{
 		{"POST /v1/completions", s.completions},
 		{"POST /v1/score", s.score},
+		{"GET /v2", s.serverMetadata},
 		{"POST /v2/models/{name}/infer", s.infer},
 		{"GET /v2/models/{name}", s.modelMetadata},
 		{"GET /v2/models/{name}/ready", s.modelReady},
+		{"GET /v2/models/{name}/config", s.modelConfig},
+		{"POST /v2/models/{name}/versions/{version}/infer", s.infer},
+		{"GET /v2/models/{name}/versions/{version}", s.modelMetadata},
+		{"GET /v2/models/{name}/versions/{version}/ready", s.modelReady},
+		{"GET /v2/models/{name}/versions/{version}/config", s.modelConfig},
 		{"GET /v2/health/live", s.live},
 		{"GET /v2/health/ready", s.ready},
 		{"GET /metrics", s.metrics.handler().ServeHTTP},
@@ -586,6 +594,10 @@ func (s *Server) checkName(w http.ResponseWriter, r *http.Request) bool {
 		writeError(w, r, http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", n, s.cfg.Name))
 		return false
 	}
+	if v := r.PathValue("version"); v != "" && v != modelVersion {
+		writeError(w, r, http.StatusNotFound, fmt.Sprintf("model %q has no version %q; its versions are [%s]", s.cfg.Name, v, modelVersion))
+		return false
+	}
 	return true
 }
 
@@ -594,27 +606,4 @@ func (s *Server) modelReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.ready(w, r)
-}
-
-type tensorMeta struct {
-	Name     string  `json:"name"`
-	Datatype string  `json:"datatype"`
-	Shape    []int64 `json:"shape"`
-}
-
-func (s *Server) modelMetadata(w http.ResponseWriter, r *http.Request) {
-	if !s.checkName(w, r) {
-		return
-	}
-	V := int64(s.m.VocabSize())
-	writeJSON(w, http.StatusOK, map[string]any{
-		"name": s.cfg.Name, "versions": []string{"1"}, "platform": "onnxruntime_onnx",
-		"inputs": []tensorMeta{{Name: inInputIDs, Datatype: "INT64", Shape: []int64{-1, -1}},
-			{Name: inTargetIDs, Datatype: "INT64", Shape: []int64{-1, -1}}},
-		"outputs": []tensorMeta{{Name: outLogits, Datatype: "FP32", Shape: []int64{-1, -1, V}},
-			{Name: outLastLogits, Datatype: "FP32", Shape: []int64{-1, V}},
-			{Name: outTopKIDs, Datatype: "INT64", Shape: []int64{-1, -1, -1}},
-			{Name: outTopKLogits, Datatype: "FP32", Shape: []int64{-1, -1, -1}},
-			{Name: outTargetLogprobs, Datatype: "FP32", Shape: []int64{-1, -1}}},
-	})
 }
