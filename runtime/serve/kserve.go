@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"strings"
 
 	"github.com/rpac-dev/rpac/runtime"
 )
@@ -32,6 +33,9 @@ const (
 
 	// modelVersion is the one version of the served model.
 	modelVersion = "1"
+
+	// maxIDBytes bounds a request's id, which the answer echoes.
+	maxIDBytes = 256
 )
 
 // extensions are the protocol extensions this server implements, listed
@@ -133,12 +137,17 @@ func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
 	if !s.checkName(w, r) {
 		return
 	}
-	var req inferRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
+	var raw json.RawMessage
+	if err := s.decodeJSON(w, r, &raw); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	p, err := s.inferPlan(&req)
+	req, err := parseInferRequest(raw)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, err := s.inferPlan(req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -159,7 +168,7 @@ func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.writeInfer(w, &req, p, res)
+	s.writeInfer(w, req, p, res)
 }
 
 // describe names the outputs and their shapes, for messages.
@@ -405,7 +414,7 @@ func (s *Server) inferIDs(in *inferTensor, want string) ([][]int32, error) {
 	if B > int64(s.cfg.Queue) {
 		return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s has %d rows; the server's queue holds %d per request", in.Name, B, s.cfg.Queue)}
 	}
-	flat, err := flatInts(in.Data, int(B*T))
+	flat, err := flatInts(in.Data, in.Shape)
 	if err != nil {
 		return nil, badRequest("%s data: %v", in.Name, err)
 	}
@@ -426,45 +435,150 @@ func (s *Server) inferIDs(in *inferTensor, want string) ([][]int32, error) {
 	return seqs, nil
 }
 
-// flatInts reads a JSON array of integers, possibly nested (row-major),
-// of at most limit values.
-func flatInts(raw json.RawMessage, limit int) ([]int64, error) {
+// flatInts reads the data of a tensor of the given shape: a JSON array
+// of integers, either flat (row-major, at most the shape's count of
+// values) or nested exactly as the shape (ragged rows, nulls and mixed
+// forms are errors).
+func flatInts(raw json.RawMessage, shape []int64) ([]int64, error) {
+	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("missing")
 	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, fmt.Errorf("want an array: %v", err)
+	}
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
 	var out []int64
-	var walk func(b json.RawMessage, depth int) error
-	walk = func(b json.RawMessage, depth int) error {
-		b = bytes.TrimSpace(b)
-		if len(b) > 0 && b[0] == '[' {
-			if depth > 8 {
-				return fmt.Errorf("nested deeper than the tensor's rank")
-			}
-			var items []json.RawMessage
-			if err := json.Unmarshal(b, &items); err != nil {
-				return err
-			}
-			for _, it := range items {
-				if err := walk(it, depth+1); err != nil {
-					return err
-				}
-			}
-			return nil
+	if len(items) > 0 && isArray(items[0]) {
+		return out, nestedInts(items, shape, "", &out)
+	}
+	for i, it := range items {
+		if int64(len(out)) >= n {
+			return nil, fmt.Errorf("more values than the shape holds")
 		}
-		var x int64
-		if err := json.Unmarshal(b, &x); err != nil {
-			return fmt.Errorf("%s is not an integer", b)
-		}
-		if len(out) >= limit {
-			return fmt.Errorf("more values than the shape holds")
+		x, err := oneInt(it, fmt.Sprintf("[%d]", i))
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, x)
-		return nil
-	}
-	if err := walk(raw, 0); err != nil {
-		return nil, err
 	}
 	return out, nil
+}
+
+func isArray(b json.RawMessage) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) > 0 && b[0] == '['
+}
+
+// nestedInts appends the values of items, the array at index path of
+// nested data, which must hold shape[0] elements, each nested as
+// shape[1:].
+func nestedInts(items []json.RawMessage, shape []int64, path string, out *[]int64) error {
+	if int64(len(items)) != shape[0] {
+		return fmt.Errorf("data%s holds %d elements, the shape wants %d there (ragged or misshapen nested data)", path, len(items), shape[0])
+	}
+	for i, it := range items {
+		at := fmt.Sprintf("%s[%d]", path, i)
+		if len(shape) == 1 {
+			if isArray(it) {
+				return fmt.Errorf("data%s is an array where the shape wants a value (ragged or misshapen nested data)", at)
+			}
+			x, err := oneInt(it, at)
+			if err != nil {
+				return err
+			}
+			*out = append(*out, x)
+			continue
+		}
+		if !isArray(it) {
+			return fmt.Errorf("data%s is a value where the shape wants an array (ragged or misshapen nested data)", at)
+		}
+		var sub []json.RawMessage
+		if err := json.Unmarshal(it, &sub); err != nil {
+			return fmt.Errorf("data%s: %v", at, err)
+		}
+		if err := nestedInts(sub, shape[1:], at, out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// oneInt reads one integer; null (which encoding/json reads as 0) is an
+// error.
+func oneInt(b json.RawMessage, at string) (int64, error) {
+	b = bytes.TrimSpace(b)
+	if string(b) == "null" {
+		return 0, fmt.Errorf("data%s is null; want an integer", at)
+	}
+	if isArray(b) {
+		return 0, fmt.Errorf("data%s is an array among values (ragged data)", at)
+	}
+	var x int64
+	if err := json.Unmarshal(b, &x); err != nil {
+		return 0, fmt.Errorf("data%s: %s is not an integer", at, b)
+	}
+	return x, nil
+}
+
+// The keys of the protocol's objects. encoding/json matches keys without
+// regard to case ("INPUTS" would fill inputs, and override it); a key
+// that differs from one of these only in case is refused instead.
+var (
+	requestKeys = []string{"id", "parameters", "inputs", "outputs"}
+	inputKeys   = []string{"name", "shape", "datatype", "parameters", "data"}
+	outputKeys  = []string{"name", "parameters"}
+)
+
+// parseInferRequest decodes an inference request with exact key matching
+// and checks the length of its id.
+func parseInferRequest(raw json.RawMessage) (*inferRequest, error) {
+	obj, err := exactKeys(raw, "the request", requestKeys)
+	if err != nil {
+		return nil, err
+	}
+	for _, part := range []struct {
+		key  string
+		keys []string
+	}{{"inputs", inputKeys}, {"outputs", outputKeys}} {
+		var list []json.RawMessage
+		if r, ok := obj[part.key]; ok && json.Unmarshal(r, &list) == nil {
+			for i, it := range list {
+				if _, err := exactKeys(it, fmt.Sprintf("%s[%d]", part.key, i), part.keys); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	var req inferRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return nil, badRequest("the request body is not valid JSON for this route: %v", err)
+	}
+	if len(req.ID) > maxIDBytes {
+		return nil, badRequest("the request's id is %d bytes; the most this server echoes is %d", len(req.ID), maxIDBytes)
+	}
+	return &req, nil
+}
+
+// exactKeys decodes a JSON object and refuses a key that matches one of
+// keys only without regard to case.
+func exactKeys(raw json.RawMessage, what string, keys []string) (map[string]json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, badRequest("%s is not a JSON object: %v", what, err)
+	}
+	for k := range obj {
+		for _, want := range keys {
+			if k != want && strings.EqualFold(k, want) {
+				return nil, badRequest("%s has the key %q; the protocol's key is %q (keys are case-sensitive)", what, k, want)
+			}
+		}
+	}
+	return obj, nil
 }
 
 // topK selects the k largest logits of a row, most likely first (lower
