@@ -150,8 +150,9 @@ func TestKServeOutputs(t *testing.T) {
 		{`{"inputs": [` + input + `, {"name": "target_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}], "outputs": [{"name": "target_logprobs"}]}`, "want input_ids' shape [2 3]"},
 		{`{"inputs": [` + input + `, ` + input + `]}`, "given twice"},
 		{`{"inputs": [` + input + `, {"name": "mask", "shape": [1], "datatype": "INT64", "data": [1]}]}`, `unknown input "mask"`},
-		{`{"inputs": [` + input + `], "outputs": [{"name": "logits", "parameters": {"binary_data": true}}]}`, "no binary tensor data"},
-		{`{"inputs": [` + input + `], "parameters": {"binary_data_output": true}}`, "no binary tensor data"},
+		{`{"inputs": [` + input + `], "outputs": [{"name": "logits", "parameters": {"binary_data": 1}}]}`, "binary_data 1: want true or false"},
+		{`{"inputs": [` + input + `], "parameters": {"binary_data_output": "yes"}}`, "want true or false"},
+		{`{"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64", "parameters": {"binary_data_size": 8}}]}`, "no header Inference-Header-Content-Length"},
 	} {
 		if code, _, msg := inferOutputs(t, url, c.body); code != 400 || !strings.Contains(msg, c.want) {
 			t.Errorf("%.120s: %d %q, want 400 with %q", c.body, code, msg, c.want)

@@ -4,13 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/rpac-dev/rpac/runtime"
 )
@@ -34,13 +39,17 @@ const (
 	// modelVersion is the one version of the served model.
 	modelVersion = "1"
 
+	// headerLength is the binary tensor data extension's header: the
+	// length of the JSON that begins a body with binary tensor data.
+	headerLength = "Inference-Header-Content-Length"
+
 	// maxIDBytes bounds a request's id, which the answer echoes.
 	maxIDBytes = 256
 )
 
 // extensions are the protocol extensions this server implements, listed
 // in its server metadata.
-var extensions = []string{}
+var extensions = []string{"binary_tensor_data"}
 
 // outputNames lists the outputs in the order of the model's metadata.
 var outputNames = []string{outLogits, outLastLogits, outTopKIDs, outTopKLogits, outTargetLogprobs}
@@ -64,6 +73,11 @@ type inferTensor struct {
 	Datatype   string                     `json:"datatype"`
 	Data       json.RawMessage            `json:"data,omitempty"`
 	Parameters map[string]json.RawMessage `json:"parameters,omitempty"`
+
+	// bin holds the tensor's values in the binary form when isBinary (its
+	// parameter binary_data_size): little-endian, row-major.
+	bin      []byte
+	isBinary bool
 }
 
 // requestedOutput is a KServe v2 $request_output.
@@ -84,6 +98,7 @@ type inferRequest struct {
 type inferPlan struct {
 	seqs, targets [][]int32
 	outs          []string
+	binary        []bool // per output: written as binary tensor data
 	k             int
 	B, T, V       int
 }
@@ -118,7 +133,11 @@ func (p *inferPlan) shape(name string) []int64 {
 // responseBytes is the most JSON the answer can take.
 func (p *inferPlan) responseBytes() int64 {
 	n := int64(jsonOverhead)
-	for _, o := range p.outs {
+	for i, o := range p.outs {
+		if p.binary[i] {
+			n += p.binaryBytes(o) + 128
+			continue
+		}
 		per := int64(floatJSONBytes)
 		if o == outTopKIDs {
 			per = idJSONBytes(p.V)
@@ -137,8 +156,8 @@ func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
 	if !s.checkName(w, r) {
 		return
 	}
-	var raw json.RawMessage
-	if err := s.decodeJSON(w, r, &raw); err != nil {
+	raw, bin, hasBinary, err := s.readInfer(w, r)
+	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -147,7 +166,7 @@ func (s *Server) infer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	p, err := s.inferPlan(req)
+	p, err := s.inferPlan(req, bin, hasBinary)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -243,115 +262,133 @@ func (s *Server) runInfer(ctx context.Context, p *inferPlan) (*inferResult, erro
 	return res, nil
 }
 
-// writeInfer writes the answer, rendering the values straight into the
-// connection's buffer.
+// writeInfer writes the answer. Without binary outputs its JSON is
+// rendered straight into the connection's buffer; with them the JSON
+// header is rendered first (its length goes in the header
+// Inference-Header-Content-Length), then the binary outputs' bytes follow
+// in the order of the outputs.
 func (s *Server) writeInfer(w http.ResponseWriter, req *inferRequest, p *inferPlan, res *inferResult) {
-	w.Header().Set("Content-Type", "application/json")
+	if !p.anyBinary() {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		bw := bufio.NewWriterSize(w, 64<<10)
+		s.renderInfer(bw, req, p, res)
+		_ = bw.Flush()
+		return
+	}
+	var head bytes.Buffer
+	s.renderInfer(&head, req, p, res)
+	n := int64(head.Len())
+	for i, o := range p.outs {
+		if p.binary[i] {
+			n += p.binaryBytes(o)
+		}
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set(headerLength, strconv.Itoa(head.Len()))
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriterSize(w, 64<<10)
+	_, _ = bw.Write(head.Bytes())
+	var b [8]byte
+	for i, o := range p.outs {
+		switch {
+		case !p.binary[i]:
+		case o == outTopKIDs:
+			for _, id := range res.ids {
+				binary.LittleEndian.PutUint64(b[:], uint64(int64(id)))
+				_, _ = bw.Write(b[:8])
+			}
+		default:
+			for _, x := range res.floats[o] {
+				binary.LittleEndian.PutUint32(b[:], math.Float32bits(x))
+				_, _ = bw.Write(b[:4])
+			}
+		}
+	}
+	_ = bw.Flush()
+}
+
+// renderInfer renders the answer's JSON: the values of the JSON outputs,
+// the size of the binary ones.
+func (s *Server) renderInfer(bw io.Writer, req *inferRequest, p *inferPlan, res *inferResult) {
 	head, _ := json.Marshal(map[string]string{"model_name": s.cfg.Name, "model_version": modelVersion, "id": req.ID})
 	bw.Write(head[:len(head)-1])
-	bw.WriteString(`,"outputs":[`)
+	io.WriteString(bw, `,"outputs":[`)
 	var num []byte
 	for i, o := range p.outs {
 		if i > 0 {
-			bw.WriteByte(',')
+			io.WriteString(bw, ",")
 		}
-		dt := "FP32"
-		if o == outTopKIDs {
-			dt = "INT64"
-		}
-		meta, _ := json.Marshal(struct {
-			Name     string  `json:"name"`
-			Datatype string  `json:"datatype"`
-			Shape    []int64 `json:"shape"`
-		}{o, dt, p.shape(o)})
+		meta, _ := json.Marshal(tensorMeta{o, datatypeOf(o), p.shape(o)})
 		bw.Write(meta[:len(meta)-1])
-		bw.WriteString(`,"data":[`)
+		if p.binary[i] {
+			fmt.Fprintf(bw, `,"parameters":{"binary_data_size":%d}}`, p.binaryBytes(o))
+			continue
+		}
+		io.WriteString(bw, `,"data":[`)
 		if o == outTopKIDs {
 			for j, id := range res.ids {
+				num = num[:0]
 				if j > 0 {
-					bw.WriteByte(',')
+					num = append(num, ',')
 				}
-				num = strconv.AppendInt(num[:0], int64(id), 10)
+				num = strconv.AppendInt(num, int64(id), 10)
 				bw.Write(num)
 			}
 		} else {
 			for j, x := range res.floats[o] {
+				num = num[:0]
 				if j > 0 {
-					bw.WriteByte(',')
+					num = append(num, ',')
 				}
-				num = strconv.AppendFloat(num[:0], float64(x), 'g', -1, 32)
+				num = strconv.AppendFloat(num, float64(x), 'g', -1, 32)
 				bw.Write(num)
 			}
 		}
-		bw.WriteString("]}")
+		io.WriteString(bw, "]}")
 	}
-	bw.WriteString("]}\n")
-	_ = bw.Flush()
+	io.WriteString(bw, "]}\n")
 }
 
-// inferPlan validates the request: its inputs, the outputs it asks for,
-// and the server's limits.
-func (s *Server) inferPlan(req *inferRequest) (*inferPlan, error) {
-	if err := noBinary(req.Parameters, "binary_data_output"); err != nil {
+func datatypeOf(out string) string {
+	if out == outTopKIDs {
+		return "INT64"
+	}
+	return "FP32"
+}
+
+// binaryBytes is the size of output name in the binary form: 8 bytes per
+// INT64 value, 4 per FP32 one.
+func (p *inferPlan) binaryBytes(name string) int64 {
+	if name == outTopKIDs {
+		return 8 * p.values(name)
+	}
+	return 4 * p.values(name)
+}
+
+func (p *inferPlan) anyBinary() bool {
+	for _, b := range p.binary {
+		if b {
+			return true
+		}
+	}
+	return false
+}
+
+// inferPlan validates the request: its inputs (bin is the body's binary
+// tensor data, after its JSON), the outputs it asks for, and the
+// server's limits.
+func (s *Server) inferPlan(req *inferRequest, bin []byte, hasBinary bool) (*inferPlan, error) {
+	input, target, err := pickInputs(req, bin, hasBinary)
+	if err != nil {
 		return nil, err
 	}
-	var input, target *inferTensor
-	for i := range req.Inputs {
-		in := &req.Inputs[i]
-		switch {
-		case in.Name == inInputIDs && input == nil:
-			input = in
-		case in.Name == inTargetIDs && target == nil:
-			target = in
-		case in.Name == inInputIDs || in.Name == inTargetIDs:
-			return nil, badRequest("the input %s is given twice", in.Name)
-		default:
-			return nil, badRequest("unknown input %q; the model takes input_ids (INT64 [B,T]) and, for the output target_logprobs, target_ids (INT64 [B,T])", in.Name)
-		}
-		if err := noBinary(in.Parameters, "binary_data_size"); err != nil {
-			return nil, err
-		}
-	}
-	if input == nil {
-		return nil, badRequest("want the input input_ids (INT64 [B,T])")
-	}
 	p := &inferPlan{V: s.m.VocabSize(), k: 0}
-	seen := map[string]bool{}
-	for _, o := range req.Outputs {
-		if !known(o.Name) {
-			return nil, badRequest("unknown output %q; the outputs are %v", o.Name, outputNames)
-		}
-		if seen[o.Name] {
-			return nil, badRequest("the output %s is asked for twice", o.Name)
-		}
-		seen[o.Name] = true
-		if err := noBinary(o.Parameters, "binary_data"); err != nil {
-			return nil, err
-		}
-		if raw, ok := o.Parameters["top_k"]; ok {
-			if o.Name != outTopKIDs && o.Name != outTopKLogits {
-				return nil, badRequest("the parameter top_k belongs to the outputs top_k_ids and top_k_logits, not %s", o.Name)
-			}
-			var k int
-			if err := json.Unmarshal(raw, &k); err != nil || k < 1 || k > min(maxTopK, p.V) {
-				return nil, badRequest("%s: top_k %s: want an integer in 1..%d", o.Name, raw, min(maxTopK, p.V))
-			}
-			if p.k != 0 && p.k != k {
-				return nil, badRequest("top_k_ids and top_k_logits ask for different top_k (%d and %d)", p.k, k)
-			}
-			p.k = k
-		}
-		p.outs = append(p.outs, o.Name)
+	if err := p.planOutputs(req); err != nil {
+		return nil, err
 	}
-	if len(p.outs) == 0 {
-		p.outs = []string{outLogits}
-	}
-	if p.k == 0 {
-		p.k = min(defaultTopK, p.V)
-	}
-	if seen[outTargetLogprobs] != (target != nil) {
+	if slicesContains(p.outs, outTargetLogprobs) != (target != nil) {
 		return nil, badRequest("the output target_logprobs and the input target_ids go together: give both or neither")
 	}
 	if sh := input.Shape; len(sh) == 2 && sh[0] > 0 && sh[1] > 0 && sh[1] <= int64(s.m.MaxLength()) && sh[0] <= int64(s.cfg.Queue) {
@@ -372,28 +409,119 @@ func (s *Server) inferPlan(req *inferRequest) (*inferPlan, error) {
 	return p, nil
 }
 
-func known(name string) bool {
-	for _, n := range outputNames {
-		if n == name {
+func slicesContains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
 			return true
 		}
 	}
 	return false
 }
 
-// noBinary refuses the binary tensor data extension's parameter key when
-// it asks for binary data: this server reads and writes JSON only.
-func noBinary(params map[string]json.RawMessage, key string) error {
+// pickInputs finds input_ids and target_ids and hands each binary input
+// its bytes of bin, in the order of the inputs; the declared sizes must
+// add up to bin's length exactly. hasBinary says whether the request
+// declared binary data (the header Inference-Header-Content-Length).
+func pickInputs(req *inferRequest, bin []byte, hasBinary bool) (input, target *inferTensor, err error) {
+	off := int64(0)
+	for i := range req.Inputs {
+		in := &req.Inputs[i]
+		switch {
+		case in.Name == inInputIDs && input == nil:
+			input = in
+		case in.Name == inTargetIDs && target == nil:
+			target = in
+		case in.Name == inInputIDs || in.Name == inTargetIDs:
+			return nil, nil, badRequest("the input %s is given twice", in.Name)
+		default:
+			return nil, nil, badRequest("unknown input %q; the model takes input_ids (INT64 [B,T]) and, for the output target_logprobs, target_ids (INT64 [B,T])", in.Name)
+		}
+		raw, ok := in.Parameters["binary_data_size"]
+		if !ok {
+			continue
+		}
+		var n int64
+		switch {
+		case json.Unmarshal(raw, &n) != nil || n < 0:
+			return nil, nil, badRequest("%s: binary_data_size %s: want a byte count (an integer >= 0)", in.Name, raw)
+		case !hasBinary:
+			return nil, nil, badRequest("%s has binary_data_size but the request has no header %s giving the length of its JSON; binary tensor data follows the JSON in the body", in.Name, headerLength)
+		case len(in.Data) > 0:
+			return nil, nil, badRequest("%s has both data and binary_data_size: send its values in one form", in.Name)
+		case n > int64(len(bin))-off:
+			return nil, nil, badRequest("%s: binary_data_size %d is more than the %d bytes left in the body after the JSON and the inputs before it", in.Name, n, int64(len(bin))-off)
+		}
+		in.bin, in.isBinary = bin[off:off+n], true
+		off += n
+	}
+	if hasBinary && off != int64(len(bin)) {
+		return nil, nil, badRequest("the body holds %d bytes after its JSON (header %s), but the inputs' binary_data_size add up to %d", len(bin), headerLength, off)
+	}
+	if input == nil {
+		return nil, nil, badRequest("want the input input_ids (INT64 [B,T])")
+	}
+	return input, target, nil
+}
+
+// boolParam reads the boolean parameter key of params (def when absent).
+func boolParam(params map[string]json.RawMessage, key, what string, def bool) (bool, error) {
 	raw, ok := params[key]
 	if !ok {
-		return nil
+		return def, nil
 	}
 	var on bool
-	if key == "binary_data_size" || json.Unmarshal(raw, &on) != nil || on {
-		return badRequest("%s: this server supports no binary tensor data; send and receive JSON", key)
+	if err := json.Unmarshal(raw, &on); err != nil || string(bytes.TrimSpace(raw)) == "null" {
+		return false, badRequest("%s: %s %s: want true or false", what, key, raw)
+	}
+	return on, nil
+}
+
+// planOutputs reads the outputs asked for, their top_k and whether each
+// is binary (its binary_data, else the request's binary_data_output).
+func (p *inferPlan) planOutputs(req *inferRequest) error {
+	allBinary, err := boolParam(req.Parameters, "binary_data_output", "the request's parameters", false)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, o := range req.Outputs {
+		if !known(o.Name) {
+			return badRequest("unknown output %q; the outputs are %v", o.Name, outputNames)
+		}
+		if seen[o.Name] {
+			return badRequest("the output %s is asked for twice", o.Name)
+		}
+		seen[o.Name] = true
+		bin, err := boolParam(o.Parameters, "binary_data", o.Name, allBinary)
+		if err != nil {
+			return err
+		}
+		if raw, ok := o.Parameters["top_k"]; ok {
+			if o.Name != outTopKIDs && o.Name != outTopKLogits {
+				return badRequest("the parameter top_k belongs to the outputs top_k_ids and top_k_logits, not %s", o.Name)
+			}
+			var k int
+			if err := json.Unmarshal(raw, &k); err != nil || k < 1 || k > min(maxTopK, p.V) {
+				return badRequest("%s: top_k %s: want an integer in 1..%d", o.Name, raw, min(maxTopK, p.V))
+			}
+			if p.k != 0 && p.k != k {
+				return badRequest("top_k_ids and top_k_logits ask for different top_k (%d and %d)", p.k, k)
+			}
+			p.k = k
+		}
+		p.outs = append(p.outs, o.Name)
+		p.binary = append(p.binary, bin)
+	}
+	if len(p.outs) == 0 {
+		p.outs, p.binary = []string{outLogits}, []bool{allBinary}
+	}
+	if p.k == 0 {
+		p.k = min(defaultTopK, p.V)
 	}
 	return nil
 }
+
+func known(name string) bool { return slicesContains(outputNames, name) }
 
 // inferIDs validates an INT64 (or INT32) [B,T] input of token ids and
 // returns its rows; want, when set, is the shape it must have.
@@ -414,7 +542,7 @@ func (s *Server) inferIDs(in *inferTensor, want string) ([][]int32, error) {
 	if B > int64(s.cfg.Queue) {
 		return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s has %d rows; the server's queue holds %d per request", in.Name, B, s.cfg.Queue)}
 	}
-	flat, err := flatInts(in.Data, in.Shape)
+	flat, err := tensorInts(in)
 	if err != nil {
 		return nil, badRequest("%s data: %v", in.Name, err)
 	}
@@ -433,6 +561,31 @@ func (s *Server) inferIDs(in *inferTensor, want string) ([][]int32, error) {
 		}
 	}
 	return seqs, nil
+}
+
+// tensorInts reads the values of an INT64 or INT32 tensor whose shape is
+// valid: its binary data, whose size must be the shape's, or its JSON
+// data.
+func tensorInts(in *inferTensor) ([]int64, error) {
+	if !in.isBinary {
+		return flatInts(in.Data, in.Shape)
+	}
+	n, size := in.Shape[0]*in.Shape[1], int64(8)
+	if in.Datatype == "INT32" {
+		size = 4
+	}
+	if int64(len(in.bin)) != n*size {
+		return nil, fmt.Errorf("binary_data_size %d: the shape %v of %s needs %d bytes", len(in.bin), in.Shape, in.Datatype, n*size)
+	}
+	out := make([]int64, n)
+	for i := range out {
+		if size == 4 {
+			out[i] = int64(int32(binary.LittleEndian.Uint32(in.bin[4*i:])))
+		} else {
+			out[i] = int64(binary.LittleEndian.Uint64(in.bin[8*i:]))
+		}
+	}
+	return out, nil
 }
 
 // flatInts reads the data of a tensor of the given shape: a JSON array
@@ -533,6 +686,64 @@ var (
 	inputKeys   = []string{"name", "shape", "datatype", "parameters", "data"}
 	outputKeys  = []string{"name", "parameters"}
 )
+
+// readInfer reads an inference body of at most MaxBodyBytes: its JSON,
+// and with the header Inference-Header-Content-Length the binary tensor
+// data after it. The header's length is checked against the server's
+// limit and the body before the body is read.
+func (s *Server) readInfer(w http.ResponseWriter, r *http.Request) (raw json.RawMessage, bin []byte, hasBinary bool, err error) {
+	n := int64(-1)
+	if h := r.Header.Get(headerLength); h != "" {
+		if n, err = strconv.ParseInt(h, 10, 64); err != nil || n < 0 {
+			return nil, nil, false, badRequest("header %s %q: want the length in bytes of the JSON that begins the body", headerLength, h)
+		}
+		if n > s.cfg.MaxBodyBytes || (r.ContentLength >= 0 && n > r.ContentLength) {
+			return nil, nil, false, badRequest("header %s %d is longer than the body (%d bytes; this server accepts at most %d)", headerLength, n, r.ContentLength, s.cfg.MaxBodyBytes)
+		}
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if n > int64(len(body)) {
+		return nil, nil, false, badRequest("header %s %d is longer than the body's %d bytes", headerLength, n, len(body))
+	}
+	if n >= 0 {
+		body, bin = body[:n], body[n:]
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&raw); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil, false, badRequest("the request body is empty; send a JSON object")
+		}
+		return nil, nil, false, badRequest("the request's JSON is not valid: %v", err)
+	}
+	if rest := bytes.TrimSpace(body[dec.InputOffset():]); len(rest) > 0 {
+		if n >= 0 {
+			return nil, nil, false, badRequest("the first %d bytes of the body (header %s) hold more than one JSON value", n, headerLength)
+		}
+		return nil, nil, false, badRequest("the request body holds %d bytes after its JSON object; a body with binary tensor data needs the header %s giving the length of the JSON, and binary_data_size on each binary input", len(rest), headerLength)
+	}
+	return raw, bin, n >= 0, nil
+}
+
+// readBody reads the whole body, of at most MaxBodyBytes, and then lifts
+// the connection's read deadline (as decodeJSON does).
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, &apiError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is %d bytes, more than the %d bytes this server accepts (rpac serve --max-body); send a smaller body", r.ContentLength, s.cfg.MaxBodyBytes)}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return nil, &apiError{http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within the server's read timeout of %v", s.cfg.ReadTimeout)}
+	}
+	if err != nil {
+		return nil, err
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	return body, nil
+}
 
 // parseInferRequest decodes an inference request with exact key matching
 // and checks the length of its id.
