@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -39,12 +40,14 @@ type specModelMetadata struct {
 	Outputs  []specMetadataTensor `json:"outputs"`
 }
 
-type specRequestInput struct {
+// specTensor is a $request_input and a $response_output.
+type specTensor struct {
 	Name       string         `json:"name"`
 	Shape      []int64        `json:"shape"`
 	Datatype   string         `json:"datatype"`
 	Parameters map[string]any `json:"parameters,omitempty"`
 	Data       any            `json:"data,omitempty"`
+	raw        []byte         // the binary form's bytes
 }
 
 type specRequestOutput struct {
@@ -55,24 +58,15 @@ type specRequestOutput struct {
 type specInferRequest struct {
 	ID         string              `json:"id,omitempty"`
 	Parameters map[string]any      `json:"parameters,omitempty"`
-	Inputs     []specRequestInput  `json:"inputs"`
+	Inputs     []specTensor        `json:"inputs"`
 	Outputs    []specRequestOutput `json:"outputs,omitempty"`
 }
 
-type specResponseOutput struct {
-	Name       string         `json:"name"`
-	Shape      []int64        `json:"shape"`
-	Datatype   string         `json:"datatype"`
-	Parameters map[string]any `json:"parameters"`
-	Data       []json.Number  `json:"data"`
-	raw        []byte         // the binary form's bytes
-}
-
 type specInferResponse struct {
-	ModelName    string               `json:"model_name"`
-	ModelVersion string               `json:"model_version"`
-	ID           string               `json:"id"`
-	Outputs      []specResponseOutput `json:"outputs"`
+	ModelName    string       `json:"model_name"`
+	ModelVersion string       `json:"model_version"`
+	ID           string       `json:"id"`
+	Outputs      []specTensor `json:"outputs"`
 }
 
 type specError struct {
@@ -143,19 +137,22 @@ func specDecode(t *testing.T, resp *http.Response, body []byte) specInferRespons
 		head, rest = body[:n], body[n:]
 	}
 	var out specInferResponse
-	if err := json.Unmarshal(head, &out); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(head))
+	dec.UseNumber() // FP32 values read back exactly
+	if err := dec.Decode(&out); err != nil {
 		t.Fatalf("answer JSON %q: %v", head, err)
 	}
 	for i := range out.Outputs {
 		o := &out.Outputs[i]
-		size, ok := o.Parameters["binary_data_size"].(float64)
+		num, ok := o.Parameters["binary_data_size"].(json.Number)
 		if !ok {
 			continue
 		}
-		if int(size) > len(rest) {
-			t.Fatalf("%s: binary_data_size %v, %d bytes left", o.Name, size, len(rest))
+		size, err := num.Int64()
+		if err != nil || size < 0 || size > int64(len(rest)) {
+			t.Fatalf("%s: binary_data_size %v, %d bytes left", o.Name, num, len(rest))
 		}
-		o.raw, rest = rest[:int(size)], rest[int(size):]
+		o.raw, rest = rest[:size], rest[size:]
 	}
 	if len(rest) != 0 {
 		t.Fatalf("%d bytes after the binary outputs", len(rest))
@@ -165,7 +162,7 @@ func specDecode(t *testing.T, resp *http.Response, body []byte) specInferRespons
 
 // specBits returns an output's values as bit patterns: FP32 as its 32
 // bits, INT64 as its 64, from either form.
-func specBits(t *testing.T, o specResponseOutput) []uint64 {
+func specBits(t *testing.T, o specTensor) []uint64 {
 	t.Helper()
 	var out []uint64
 	if o.raw != nil {
@@ -181,7 +178,9 @@ func specBits(t *testing.T, o specResponseOutput) []uint64 {
 		}
 		return out
 	}
-	for _, n := range o.Data {
+	data, _ := o.Data.([]any)
+	for _, v := range data {
+		n, _ := v.(json.Number)
 		switch o.Datatype {
 		case "FP32":
 			x, err := strconv.ParseFloat(n.String(), 32)
@@ -237,7 +236,7 @@ func TestKServeSpecClient(t *testing.T) {
 	}
 	ids := []int64{1, 2, 3, 4, 5, 6}
 	outputs := []specRequestOutput{{Name: "logits"}, {Name: "last_logits"}, {Name: "top_k_ids", Parameters: map[string]any{"top_k": 3}}, {Name: "top_k_logits", Parameters: map[string]any{"top_k": 3}}}
-	jsonReq := specInferRequest{ID: "a", Inputs: []specRequestInput{{Name: "input_ids", Shape: []int64{2, 3}, Datatype: "INT64", Data: ids}}, Outputs: outputs}
+	jsonReq := specInferRequest{ID: "a", Inputs: []specTensor{{Name: "input_ids", Shape: []int64{2, 3}, Datatype: "INT64", Data: ids}}, Outputs: outputs}
 	body, _ := specEncode(t, jsonReq, nil)
 	resp, b := specPost(t, ts.URL+"/v2/models/tiny/infer", body, -1)
 	if resp.StatusCode != 200 {
@@ -260,7 +259,7 @@ func TestKServeSpecClient(t *testing.T) {
 		{"per output", specInferRequest{ID: "a", Outputs: binOutputs}},
 		{"binary_data_output", specInferRequest{ID: "a", Outputs: outputs, Parameters: map[string]any{"binary_data_output": true}}},
 	} {
-		c.req.Inputs = []specRequestInput{{Name: "input_ids", Shape: []int64{2, 3}, Datatype: "INT64", Parameters: map[string]any{"binary_data_size": 8 * len(ids)}}}
+		c.req.Inputs = []specTensor{{Name: "input_ids", Shape: []int64{2, 3}, Datatype: "INT64", Parameters: map[string]any{"binary_data_size": 8 * len(ids)}}}
 		body, n := specEncode(t, c.req, [][]byte{specInt64s(ids)})
 		resp, b := specPost(t, ts.URL+"/v2/models/tiny/versions/1/infer", body, n)
 		if resp.StatusCode != 200 || resp.Header.Get("Inference-Header-Content-Length") == "" {
@@ -287,7 +286,7 @@ func TestKServeSpecClient(t *testing.T) {
 		}
 	}
 	// A binary request with a JSON answer.
-	req := specInferRequest{Inputs: []specRequestInput{{Name: "input_ids", Shape: []int64{2, 3}, Datatype: "INT64", Parameters: map[string]any{"binary_data_size": 8 * len(ids)}}}, Outputs: outputs}
+	req := specInferRequest{Inputs: []specTensor{{Name: "input_ids", Shape: []int64{2, 3}, Datatype: "INT64", Parameters: map[string]any{"binary_data_size": 8 * len(ids)}}}, Outputs: outputs}
 	body, n := specEncode(t, req, [][]byte{specInt64s(ids)})
 	resp, b = specPost(t, ts.URL+"/v2/models/tiny/infer", body, n)
 	if resp.StatusCode != 200 || resp.Header.Get("Inference-Header-Content-Length") != "" {
@@ -332,4 +331,43 @@ func equalBits(a, b []uint64) bool {
 		}
 	}
 	return true
+}
+
+// TestKServeRoutes: the server metadata, Triton's model configuration and
+// the versioned forms of the model routes; a version the model lacks is a
+// 404 in the protocol's error shape.
+func TestKServeRoutes(t *testing.T) {
+	_, ts := newTest(t, &countModel{maxLen: 8}, Config{Name: "tiny", MaxInferValues: 1000})
+	code, v := get(t, ts.URL+"/v2")
+	if code != http.StatusOK || v["name"] != "rpac" || v["version"] == "" || v["extensions"] == nil {
+		t.Errorf("GET /v2: %d %v", code, v)
+	}
+	for _, path := range []string{"/v2/models/tiny/versions/1", "/v2/models/tiny"} {
+		if code, v := get(t, ts.URL+path); code != http.StatusOK || v["name"] != "tiny" || fmt.Sprint(v["versions"]) != "[1]" {
+			t.Errorf("%s: %d %v", path, code, v)
+		}
+	}
+	if code, v := get(t, ts.URL+"/v2/models/tiny/versions/1/ready"); code != http.StatusOK || v["ready"] != true {
+		t.Errorf("versioned ready: %d %v", code, v)
+	}
+	code, v = post(t, ts.URL+"/v2/models/tiny/versions/1/infer", `{"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]}]}`)
+	if code != http.StatusOK || v["model_version"] != "1" {
+		t.Errorf("versioned infer: %d %v", code, v)
+	}
+	for _, path := range []string{"/v2/models/tiny/config", "/v2/models/tiny/versions/1/config"} {
+		code, v := get(t, ts.URL+path)
+		if code != http.StatusOK || v["name"] != "tiny" || v["backend"] != "onnxruntime" || v["max_batch_size"] != float64(0) ||
+			fmt.Sprint(v["input"]) != "[map[data_type:TYPE_INT64 dims:[-1 -1] name:input_ids] map[data_type:TYPE_INT64 dims:[-1 -1] name:target_ids]]" ||
+			!strings.HasPrefix(fmt.Sprint(v["output"]), "[map[data_type:TYPE_FP32 dims:[-1 -1 16] name:logits]") {
+			t.Errorf("%s: %d %v", path, code, v)
+		}
+	}
+	for _, path := range []string{"/v2/models/tiny/versions/2", "/v2/models/tiny/versions/2/ready", "/v2/models/tiny/versions/0/config"} {
+		if code, v := get(t, ts.URL+path); code != http.StatusNotFound || !strings.Contains(errorMessage(v), `no version`) {
+			t.Errorf("%s: %d %v, want 404 naming the version", path, code, v)
+		}
+	}
+	if code, v := post(t, ts.URL+"/v2/models/tiny/versions/2/infer", `{}`); code != http.StatusNotFound || !strings.Contains(errorMessage(v), `no version "2"`) {
+		t.Errorf("infer of version 2: %d %v", code, v)
+	}
 }
