@@ -99,6 +99,7 @@ type inferPlan struct {
 	seqs, targets [][]int32
 	outs          []string
 	binary        []bool // per output: written as binary tensor data
+	idBytes       int64  // the request's id in JSON, which the answer echoes
 	k             int
 	B, T, V       int
 }
@@ -132,7 +133,7 @@ func (p *inferPlan) shape(name string) []int64 {
 
 // responseBytes is the most JSON the answer can take.
 func (p *inferPlan) responseBytes() int64 {
-	n := int64(jsonOverhead)
+	n := int64(jsonOverhead) + p.idBytes
 	for i, o := range p.outs {
 		if p.binary[i] {
 			n += p.binaryBytes(o) + 128
@@ -384,7 +385,8 @@ func (s *Server) inferPlan(req *inferRequest, bin []byte, hasBinary bool) (*infe
 	if err != nil {
 		return nil, err
 	}
-	p := &inferPlan{V: s.m.VocabSize(), k: 0}
+	id, _ := json.Marshal(req.ID)
+	p := &inferPlan{V: s.m.VocabSize(), idBytes: int64(len(id))}
 	if err := p.planOutputs(req); err != nil {
 		return nil, err
 	}

@@ -116,4 +116,9 @@ func TestKServeBinaryBounds(t *testing.T) {
 	if resp, b := specPost(t, url, append([]byte(j), ids...), len(j)); resp.StatusCode != 200 || len(b) < 384 {
 		t.Errorf("binary logits within MaxResponseBytes: %d %q", resp.StatusCode, b)
 	}
+	// The echoed id counts: 256 control bytes take 1,536 bytes escaped.
+	j = head(input(48), `, "id": "`+strings.Repeat(`\u0001`, maxIDBytes)+`", "parameters": {"binary_data_output": true}`)
+	if resp, b := specPost(t, url, append([]byte(j), ids...), len(j)); resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("binary logits with a long escaped id: %d %q, want 413", resp.StatusCode, b)
+	}
 }
