@@ -3,10 +3,13 @@ package serve
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestKServeHostileInputs: an id longer than the cap, null elements,
@@ -121,4 +124,49 @@ func TestKServeBinaryBounds(t *testing.T) {
 	if resp, b := specPost(t, url, append([]byte(j), ids...), len(j)); resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Errorf("binary logits with a long escaped id: %d %q, want 413", resp.StatusCode, b)
 	}
+}
+
+// FuzzKServeBinary: whatever body and Inference-Header-Content-Length a
+// client sends, the answer is a 2xx or 4xx, never a panic; a 2xx with the
+// header splits into a JSON object and the binary outputs it declares,
+// and any other answer is a JSON object (an error with its message).
+func FuzzKServeBinary(f *testing.F) {
+	j := `{"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "parameters": {"binary_data_size": 16}}], "outputs": [{"name": "top_k_ids", "parameters": {"binary_data": true, "top_k": 2}}, {"name": "last_logits"}]}`
+	ids := string(specInt64s([]int64{1, 2}))
+	f.Add(int64(len(j)), j+ids)
+	f.Add(int64(len(j)), j+ids+"x")
+	f.Add(int64(-1), j+ids)
+	f.Add(int64(3), j)
+	s, err := New(&countModel{maxLen: 8}, Config{MaxBodyBytes: 4096, MaxResponseBytes: 8192, Timeout: 2 * time.Second})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer s.Close()
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, n int64, body string) {
+		req := httptest.NewRequest(http.MethodPost, "/v2/models/rpac/infer", strings.NewReader(body))
+		if n >= 0 {
+			req.Header.Set("Inference-Header-Content-Length", strconv.FormatInt(n, 10))
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%d %q: %d %s", n, body, rec.Code, rec.Body)
+		}
+		b := rec.Body.Bytes()
+		if hl := rec.Header().Get("Inference-Header-Content-Length"); hl != "" {
+			k, err := strconv.Atoi(hl)
+			if rec.Code != 200 || err != nil || k > len(b) {
+				t.Fatalf("%d %q: %d with header %q and %d bytes", n, body, rec.Code, hl, len(b))
+			}
+			b = b[:k]
+		}
+		var v map[string]any
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("%d %q: %d, %q is not a JSON object", n, body, rec.Code, b)
+		}
+		if rec.Code >= 400 && errorMessage(v) == "" {
+			t.Fatalf("%d %q: %d without an error message", n, body, rec.Code)
+		}
+	})
 }
