@@ -16,7 +16,7 @@ import (
 )
 
 // completionRequest is the body of POST /v1/completions (OpenAI's
-// fields; others are ignored).
+// fields; any other is refused with a 400 that names it).
 type completionRequest struct {
 	Model       string          `json:"model"`
 	Prompt      json.RawMessage `json:"prompt"` // a string, or an array of token ids
@@ -74,10 +74,10 @@ type completionResponse struct {
 func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion, error) {
 	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
 	if req.Model != "" && req.Model != s.cfg.Name {
-		return nil, &apiError{http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", req.Model, s.cfg.Name)}
+		return nil, &paramError{&apiError{http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", req.Model, s.cfg.Name)}, "model", codeModelNotFound}
 	}
 	if req.N != nil && *req.N != 1 {
-		return nil, badRequest("n %d: this server returns one choice per request (n 1)", *req.N)
+		return nil, badParam("n", "n %d: this server returns one choice per request (n 1)", *req.N)
 	}
 	if req.MaxTokens != nil {
 		c.maxTokens = *req.MaxTokens
@@ -85,17 +85,17 @@ func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion
 		c.maxTokens = min(c.maxTokens, s.cfg.MaxTokens)
 	}
 	if c.maxTokens < 0 || c.maxTokens > s.cfg.MaxTokens {
-		return nil, badRequest("max_tokens %d: want 0..%d (the server's limit)", c.maxTokens, s.cfg.MaxTokens)
+		return nil, badParam("max_tokens", "max_tokens %d: want 0..%d (the server's limit)", c.maxTokens, s.cfg.MaxTokens)
 	}
 	if req.Temperature != nil {
 		c.sample.Temperature = *req.Temperature
 	}
 	if t := c.sample.Temperature; t < 0 || t > 100 || math.IsNaN(t) {
-		return nil, badRequest("temperature %v: want a number in [0,100] (0: greedy)", t)
+		return nil, badParam("temperature", "temperature %v: want a number in [0,100] (0: greedy)", t)
 	}
 	if req.TopP != nil {
 		if p := *req.TopP; !(p > 0 && p <= 1) {
-			return nil, badRequest("top_p %v: want a number in (0,1]", p)
+			return nil, badParam("top_p", "top_p %v: want a number in (0,1]", p)
 		}
 		c.sample.TopP = *req.TopP
 	}
@@ -112,7 +112,7 @@ func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion
 		return nil, err
 	}
 	if len(c.stop) > 0 && s.cfg.Tokenizer == nil {
-		return nil, badRequest("stop strings need a tokenizer, and this model's tokenizer cannot decode text here; leave stop out")
+		return nil, badParam("stop", "stop strings need a tokenizer, and this model's tokenizer cannot decode text here; leave stop out")
 	}
 	if c.prompt, err = s.parsePrompt(ctx, req.Prompt); err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion
 		c.maxTokens = max(0, min(c.maxTokens, s.cfg.Engine.Context()-len(c.prompt)))
 	}
 	if n, ctx := len(c.prompt)+c.maxTokens, s.cfg.Engine.Context(); n > ctx {
-		return nil, badRequest("the prompt (%d tokens) plus max_tokens (%d) is %d tokens, more than the model's context of %d; shorten the prompt or lower max_tokens", len(c.prompt), c.maxTokens, n, ctx)
+		return nil, badParam("max_tokens", "the prompt (%d tokens) plus max_tokens (%d) is %d tokens, more than the model's context of %d; shorten the prompt or lower max_tokens", len(c.prompt), c.maxTokens, n, ctx)
 	}
 	return c, nil
 }
@@ -136,14 +136,14 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	}
 	var list []string
 	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, badRequest("stop: want a string or an array of strings")
+		return nil, badParam("stop", "stop: want a string or an array of strings")
 	}
 	if len(list) > maxStops {
-		return nil, badRequest("stop: %d strings, at most %d", len(list), maxStops)
+		return nil, badParam("stop", "stop: %d strings, at most %d", len(list), maxStops)
 	}
 	for _, s := range list {
 		if s == "" {
-			return nil, badRequest("stop: empty strings are not allowed")
+			return nil, badParam("stop", "stop: empty strings are not allowed")
 		}
 	}
 	return list, nil
@@ -159,7 +159,7 @@ func (s *Server) parsePrompt(ctx context.Context, raw json.RawMessage) ([]int32,
 	case json.Unmarshal(raw, &text) == nil:
 		if text != "" {
 			if s.cfg.Tokenizer == nil {
-				return nil, badRequest("this model's tokenizer cannot encode text here; send the prompt as an array of token ids")
+				return nil, badParam("prompt", "this model's tokenizer cannot encode text here; send the prompt as an array of token ids")
 			}
 			n := s.cfg.Engine.Context()
 			var err error
@@ -167,18 +167,18 @@ func (s *Server) parsePrompt(ctx context.Context, raw json.RawMessage) ([]int32,
 				return nil, err
 			}
 			if len(ids) > n {
-				return nil, badRequest("the prompt has more than %d tokens, the model's context; shorten it", n)
+				return nil, badParam("prompt", "the prompt has more than %d tokens, the model's context; shorten it", n)
 			}
 		}
 	default:
 		var nums []int64
 		if err := json.Unmarshal(raw, &nums); err != nil {
-			return nil, badRequest("prompt: want a string or an array of token ids")
+			return nil, badParam("prompt", "prompt: want a string or an array of token ids")
 		}
 		V := int64(s.m.VocabSize())
 		for i, id := range nums {
 			if id < 0 || id >= V {
-				return nil, badRequest("prompt token %d: id %d is outside the vocabulary [0,%d)", i, id, V)
+				return nil, badParam("prompt", "prompt token %d: id %d is outside the vocabulary [0,%d)", i, id, V)
 			}
 			ids = append(ids, int32(id))
 		}
@@ -191,7 +191,7 @@ func (s *Server) parsePrompt(ctx context.Context, raw json.RawMessage) ([]int32,
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
+	if err := s.decodeParams(w, r, &req); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -379,7 +379,7 @@ func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 		code, msg := statusOf(err, g.s.cfg.Timeout)
 		setOutcome(w, code)
-		_ = event(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": code}})
+		_ = event(map[string]openAIError{"error": newOpenAIError(code, msg, "", "")})
 		return
 	}
 	finish := g.finish

@@ -27,7 +27,7 @@ type scoreResponse struct {
 
 func (s *Server) score(w http.ResponseWriter, r *http.Request) {
 	var req scoreRequest
-	if err := s.decodeJSON(w, r, &req); err != nil {
+	if err := s.decodeParams(w, r, &req); err != nil {
 		s.fail(w, r, err)
 		return
 	}

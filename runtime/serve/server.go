@@ -474,6 +474,37 @@ func badRequest(format string, args ...any) *apiError {
 	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
 }
 
+// errCode is the string "code" of an OpenAI-form error.
+type errCode string
+
+const (
+	codeInvalidValue         errCode = "invalid_value"
+	codeUnsupportedParameter errCode = "unsupported_parameter"
+	codeModelNotFound        errCode = "model_not_found"
+)
+
+// paramError is an apiError about one request field: the OpenAI-form
+// error names it in "param", with a string "code".
+type paramError struct {
+	err   *apiError
+	param string
+	code  errCode
+}
+
+func (e *paramError) Error() string { return e.err.msg }
+func (e *paramError) Unwrap() error { return e.err }
+
+// badParam is a 400 about the request field param.
+func badParam(param string, format string, args ...any) *paramError {
+	return &paramError{badRequest(format, args...), param, codeInvalidValue}
+}
+
+// unsupportedParam is the 400 for a field this server does not implement
+// (a field is never silently ignored).
+func unsupportedParam(param string) *paramError {
+	return &paramError{badRequest("the parameter %s is not supported by this server; leave it out (or send null)", param), param, codeUnsupportedParameter}
+}
+
 // statusOf maps an error to its HTTP status and message: the server's
 // own limits and failures are 5xx (or 429), the client's mistakes 4xx.
 func statusOf(err error, timeout time.Duration) (int, string) {
@@ -500,9 +531,15 @@ func statusOf(err error, timeout time.Duration) (int, string) {
 }
 
 // writeError writes a JSON error: {"error": "..."} on the KServe v2
-// routes (the protocol's form), {"error": {"message", "type", "code"}}
-// on the others (the OpenAI form).
+// routes (the protocol's form), OpenAI's {"error": {"message", "type",
+// "param", "code"}} on the others, with param and code null.
 func writeError(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	writeParamError(w, r, code, msg, "", "")
+}
+
+// writeParamError writes a JSON error as writeError does, with OpenAI's
+// param and code (null when empty).
+func writeParamError(w http.ResponseWriter, r *http.Request, code int, msg, param string, ec errCode) {
 	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "1")
 	}
@@ -510,11 +547,47 @@ func writeError(w http.ResponseWriter, r *http.Request, code int, msg string) {
 		writeJSON(w, code, map[string]string{"error": msg})
 		return
 	}
-	typ := "invalid_request_error"
+	writeJSON(w, code, map[string]openAIError{"error": newOpenAIError(code, msg, param, ec)})
+}
+
+// openAIError is the body of an error in OpenAI's form.
+type openAIError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// newOpenAIError fills OpenAI's error: a status without its own code gets
+// one of its kind ("timeout", "rate_limit_exceeded", ...), or null.
+func newOpenAIError(code int, msg, param string, ec errCode) openAIError {
+	e := openAIError{Message: msg, Type: "invalid_request_error"}
 	if code >= 500 || code == http.StatusTooManyRequests {
-		typ = "server_error"
+		e.Type = "server_error"
 	}
-	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code}})
+	if ec == "" {
+		ec = statusCodes[code]
+	}
+	if param != "" {
+		e.Param = &param
+	}
+	if ec != "" {
+		c := string(ec)
+		e.Code = &c
+	}
+	return e
+}
+
+// statusCodes are the error codes of statuses without a more precise one.
+var statusCodes = map[int]errCode{
+	http.StatusNotFound:              "not_found",
+	http.StatusMethodNotAllowed:      "method_not_allowed",
+	http.StatusRequestTimeout:        "request_timeout",
+	http.StatusRequestEntityTooLarge: "request_too_large",
+	http.StatusTooManyRequests:       "rate_limit_exceeded",
+	http.StatusServiceUnavailable:    "service_unavailable",
+	http.StatusGatewayTimeout:        "timeout",
+	http.StatusInternalServerError:   "internal_error",
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -528,6 +601,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var oe *overloadError
 	if errors.As(err, &oe) {
 		w.Header().Set("Retry-After", oe.retryAfterSeconds())
+	}
+	var pe *paramError
+	if errors.As(err, &pe) {
+		writeParamError(w, r, code, msg, pe.param, pe.code)
+		return
 	}
 	writeError(w, r, code, msg)
 }

@@ -383,7 +383,7 @@ func TestScore(t *testing.T) {
 		{`{"ids": [1, 16]}`, 400, "outside the vocabulary"},
 		{`{"ids": [1, 2], "text": "ab"}`, 400, "not both"},
 		{`{}`, 400, "give text"},
-		{`{"ids": "ab"}`, 400, "not valid JSON"},
+		{`{"ids": "ab"}`, 400, "ids: want a JSON array"},
 	} {
 		code, v := post(t, ts.URL+"/v1/score", c.body)
 		if code != c.code || !strings.Contains(errorMessage(v), c.want) {
