@@ -42,6 +42,7 @@ func serveCommand() *cli.Command {
 			exportFolderFlag(),
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "address to listen on"},
 			&cli.StringFlag{Name: "name", Usage: "model name in the API (default: the export folder's name)"},
+			&cli.StringSliceFlag{Name: "served-model-name", Usage: "names the OpenAI routes answer to and GET /v1/models lists, repeatable or a comma list; the first is the name in answers (default: --name)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: serve.DefaultShutdown, Usage: "on SIGTERM, how long requests in flight may take to finish"},
 		}, serveFlags()...),
 		Action: serveAction,
@@ -103,6 +104,7 @@ func serveAction(c *cli.Context) error {
 		}
 		cfg.Name = filepath.Base(abs)
 	}
+	cfg.ServedModelNames = c.StringSlice("served-model-name")
 	man, err := runtime.ReadManifest(dir)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,8 +74,8 @@ type completionResponse struct {
 // text prompt is tokenized under ctx.
 func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion, error) {
 	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
-	if req.Model != "" && req.Model != s.cfg.Name {
-		return nil, &paramError{&apiError{http.StatusNotFound, fmt.Sprintf("no model %q here; this server serves %q", req.Model, s.cfg.Name)}, "model", codeModelNotFound}
+	if err := s.checkModel(req.Model); err != nil {
+		return nil, err
 	}
 	if req.N != nil && *req.N != 1 {
 		return nil, badParam("n", "n %d: this server returns one choice per request (n 1)", *req.N)
@@ -203,7 +204,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g := &generation{s: s, c: c, ids: []int32{}, finish: "length", resp: completionResponse{
-		ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion", Created: time.Now().Unix(), Model: s.cfg.Name}}
+		ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion", Created: time.Now().Unix(), Model: cmp.Or(req.Model, s.cfg.ServedModelNames[0])}}
 	if c.maxTokens > 0 {
 		sampler, err := runtime.NewSampler(c.sample, c.seed)
 		if err != nil {

@@ -72,3 +72,43 @@ func TestOpenAIErrors(t *testing.T) {
 		t.Fatalf("a null field: %d %v", status, v)
 	}
 }
+
+// TestModels: GET /v1/models lists the served names in OpenAI's shapes,
+// GET /v1/models/{id} answers one (404 in the error shape for another),
+// and a completion may name any served model (echoed in its answer).
+func TestModels(t *testing.T) {
+	_, ts := newTest(t, &countModel{}, Config{Name: "m", ServedModelNames: []string{"first", "org/second"}})
+	status, v := get(t, ts.URL+"/v1/models")
+	if status != 200 || v["object"] != "list" {
+		t.Fatalf("list: %d %v", status, v)
+	}
+	data, _ := v["data"].([]any)
+	if len(data) != 2 {
+		t.Fatalf("list: %v, want 2 models", v)
+	}
+	for i, id := range []string{"first", "org/second"} {
+		m, _ := data[i].(map[string]any)
+		created, _ := m["created"].(float64)
+		if m["id"] != id || m["object"] != "model" || m["owned_by"] != "rpac" || created <= 0 {
+			t.Errorf("model %d: %v", i, m)
+		}
+		status, one := get(t, ts.URL+"/v1/models/"+id)
+		if status != 200 || one["id"] != id || one["object"] != "model" {
+			t.Errorf("GET /v1/models/%s: %d %v", id, status, one)
+		}
+		status, c := post(t, ts.URL+"/v1/completions", `{"model": "`+id+`", "prompt": "a", "max_tokens": 1}`)
+		if status != 200 || c["model"] != id {
+			t.Errorf("completion of %s: %d %v", id, status, c)
+		}
+	}
+	status, v = get(t, ts.URL+"/v1/models/m")
+	if param, code := openAIErrorOf(t, "unknown model", v); status != 404 || param != "model" || code != "model_not_found" {
+		t.Fatalf("GET /v1/models/m: %d %v", status, v)
+	}
+	if status, c := post(t, ts.URL+"/v1/completions", `{"prompt": "a", "max_tokens": 1}`); status != 200 || c["model"] != "first" {
+		t.Errorf("completion without a model: %d %v, want model first", status, c)
+	}
+	if _, err := New(&countModel{maxLen: 8}, Config{ServedModelNames: []string{"a", "a"}}); err == nil {
+		t.Error("repeated served names: no error")
+	}
+}

@@ -71,7 +71,7 @@ func (s *Server) score(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res := scoreResponse{Model: s.cfg.Name, Tokens: len(lp), TokenIDs: ids, LogProbs: lp}
+	res := scoreResponse{Model: s.cfg.ServedModelNames[0], Tokens: len(lp), TokenIDs: ids, LogProbs: lp}
 	for _, x := range lp {
 		res.NLL -= x
 	}

@@ -4,6 +4,7 @@
 // Routes:
 //
 //	POST /v1/completions           OpenAI-style completions; "stream": true sends server-sent events
+//	GET  /v1/models, /v1/models/{id}  OpenAI's model list and model object
 //	POST /v1/score                 cross-entropy, perplexity and per-token log-probabilities of a text
 //	POST /v2/models/{name}/infer   KServe v2 inference: input_ids [B,T] in, logits [B,T,V] out
 //	GET  /v2/health/live, /v2/health/ready, /v2/models/{name}, /v2/models/{name}/ready
@@ -49,6 +50,7 @@ import (
 	"net"
 	"net/http"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -84,6 +86,11 @@ const (
 type Config struct {
 	// Name is the model's name in responses and KServe routes (default "rpac").
 	Name string
+	// ServedModelNames are the names the OpenAI routes answer to (GET
+	// /v1/models lists them; a request's "model" must be one of them or
+	// absent); the first is the name in answers that give none (default:
+	// Name).
+	ServedModelNames []string
 	// Tokenizer encodes text prompts and decodes completions; without one
 	// prompts must be token ids and completions carry ids only.
 	Tokenizer runtime.Tokenizer
@@ -147,6 +154,14 @@ type Config struct {
 
 func (c *Config) defaults() error {
 	c.Name = cmp.Or(c.Name, "rpac")
+	if len(c.ServedModelNames) == 0 {
+		c.ServedModelNames = []string{c.Name}
+	}
+	for i, n := range c.ServedModelNames {
+		if n == "" || slices.Contains(c.ServedModelNames[:i], n) {
+			return fmt.Errorf("serve: served model names must be non-empty and distinct (got %q)", c.ServedModelNames)
+		}
+	}
 	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.Queue = cmp.Or(c.Queue, DefaultQueue)
@@ -253,6 +268,8 @@ func (s *Server) routes() {
 	}{
 		{"POST /v1/completions", s.completions},
 		{"POST /v1/score", s.score},
+		{"GET /v1/models", s.listModels},
+		{"GET /v1/models/{id...}", s.getModel},
 		{"GET /v2", s.serverMetadata},
 		{"POST /v2/models/{name}/infer", s.infer},
 		{"GET /v2/models/{name}", s.modelMetadata},
@@ -295,7 +312,7 @@ func (s *Server) unmatched(h http.Handler) http.HandlerFunc {
 		case http.StatusMethodNotAllowed:
 			msg = fmt.Sprintf("%s does not accept %s (allowed: %s)", r.URL.Path, r.Method, w.Header().Get("Allow"))
 		case http.StatusNotFound:
-			msg = fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/score, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name)
+			msg = fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/score, GET /v1/models, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name)
 		default:
 			msg = http.StatusText(code)
 		}
