@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	goruntime "runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,8 @@ type genRequest struct {
 	prompt    []int32
 	maxTokens int
 	sampler   *runtime.Sampler
+	adjust    *logitAdjust // logit_bias and penalties (nil: none)
+	logprobs  int          // alternatives to report with each token; -1: no logprobs
 	events    chan genEvent
 	cancelled atomic.Bool // set by the request's goroutine; the decoder drops the sequence at its next step
 }
@@ -60,10 +63,12 @@ type genRequest struct {
 // when it drew EOS (not sent as a token), done alone after maxTokens,
 // or err.
 type genEvent struct {
-	id   int32
-	done bool
-	eos  bool
-	err  error
+	id      int32
+	logprob float64        // of id, from the model's logits (when logprobs >= 0)
+	top     []tokenLogprob // the most likely tokens (when logprobs >= 0)
+	done    bool
+	eos     bool
+	err     error
 }
 
 // cancel stops the sequence at the decoder's next step (the client left,
@@ -357,10 +362,21 @@ func (d *decoder) drawAll(batch []*seqState, logits [][]float32, evs []genEvent)
 
 // draw samples a sequence's next token.
 func (d *decoder) draw(s *seqState, logits []float32) genEvent {
+	var ev genEvent
+	var lse float64
+	raw := logits
+	if s.req.logprobs >= 0 { // from the model's logits, before the adjustment
+		lse, ev.top = topLogprobs(logits, s.req.logprobs)
+		if s.req.adjust.active() {
+			raw = slices.Clone(logits)
+		}
+	}
+	s.req.adjust.apply(logits)
 	id, err := s.req.sampler.Next(logits)
 	if err != nil {
 		return genEvent{err: err}
 	}
+	s.req.adjust.observe(id)
 	s.drawn++
 	d.backlog.Add(-1)
 	d.metrics.tokens.Inc()
@@ -368,7 +384,11 @@ func (d *decoder) draw(s *seqState, logits []float32) genEvent {
 		return genEvent{done: true, eos: true}
 	}
 	s.pending = []int32{id}
-	return genEvent{id: id}
+	ev.id = id
+	if s.req.logprobs >= 0 {
+		ev.logprob = float64(raw[id]) - lse
+	}
+	return ev
 }
 
 // close stops the loop after the step in flight; open sequences end

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -29,6 +30,12 @@ type completionRequest struct {
 	Stop        json.RawMessage `json:"stop"` // a string or an array of strings
 	Stream      bool            `json:"stream"`
 	N           *int            `json:"n"`
+
+	Logprobs         *int               `json:"logprobs"` // alternatives per token, 0..5
+	Echo             bool               `json:"echo"`
+	LogitBias        map[string]float64 `json:"logit_bias"`
+	PresencePenalty  *float64           `json:"presence_penalty"`
+	FrequencyPenalty *float64           `json:"frequency_penalty"`
 }
 
 // maxStops bounds the stop strings of a request.
@@ -46,13 +53,28 @@ type completion struct {
 	seed      uint64
 	stop      []string
 	stream    bool
+	adjust    *logitAdjust
+	logprobs  int    // alternatives per token; -1: no logprobs
+	echo      bool   // the answer begins with the prompt
+	text      string // the prompt's text (for echo)
 }
 
 type choice struct {
-	Index        int     `json:"index"`
-	Text         string  `json:"text"`
-	TokenIDs     []int32 `json:"token_ids"`
-	FinishReason *string `json:"finish_reason"`
+	Index        int            `json:"index"`
+	Text         string         `json:"text"`
+	TokenIDs     []int32        `json:"token_ids"`
+	Logprobs     *logprobsBlock `json:"logprobs"`
+	FinishReason *string        `json:"finish_reason"`
+}
+
+// logprobsBlock is OpenAI's logprobs of a completion choice: per token
+// its text, log-probability, most likely alternatives and offset in the
+// choice's text (null for the first token of an echoed prompt).
+type logprobsBlock struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []*float64           `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
 }
 
 type usage struct {
@@ -73,7 +95,7 @@ type completionResponse struct {
 // parse validates a request against the model and the server's limits; a
 // text prompt is tokenized under ctx.
 func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion, error) {
-	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream}
+	c := &completion{maxTokens: defaultMaxTokens, sample: runtime.SampleOptions{Temperature: 1, TopK: req.TopK}, stream: req.Stream, logprobs: -1, echo: req.Echo}
 	if err := s.checkModel(req.Model); err != nil {
 		return nil, err
 	}
@@ -108,7 +130,15 @@ func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion
 	} else {
 		c.seed = rand.Uint64()
 	}
+	if req.Logprobs != nil {
+		if c.logprobs = *req.Logprobs; c.logprobs < 0 || c.logprobs > maxLogprobs {
+			return nil, badParam("logprobs", "logprobs %d: want 0..%d (the most likely tokens to give with each)", c.logprobs, maxLogprobs)
+		}
+	}
 	var err error
+	if c.adjust, err = parseAdjust(req.LogitBias, req.PresencePenalty, req.FrequencyPenalty, s.m.VocabSize()); err != nil {
+		return nil, err
+	}
 	if c.stop, err = parseStop(req.Stop); err != nil {
 		return nil, err
 	}
@@ -117,6 +147,9 @@ func (s *Server) parse(ctx context.Context, req *completionRequest) (*completion
 	}
 	if c.prompt, err = s.parsePrompt(ctx, req.Prompt); err != nil {
 		return nil, err
+	}
+	if c.echo && s.cfg.Tokenizer != nil {
+		c.text = s.cfg.Tokenizer.Decode(c.prompt)
 	}
 	if req.MaxTokens == nil { // the default never overflows the context
 		c.maxTokens = max(0, min(c.maxTokens, s.cfg.Engine.Context()-len(c.prompt)))
@@ -211,12 +244,17 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, badRequest("%v", err))
 			return
 		}
-		g.req = &genRequest{prompt: c.prompt, maxTokens: c.maxTokens, sampler: sampler, events: make(chan genEvent, c.maxTokens+1)}
+		g.req = &genRequest{prompt: c.prompt, maxTokens: c.maxTokens, sampler: sampler, adjust: c.adjust, logprobs: c.logprobs,
+			events: make(chan genEvent, c.maxTokens+1)}
 		if err := s.dec.start(ctx, g.req); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		defer g.req.cancel() // ends the sequence if this handler returns early
+	}
+	if err := g.echoPrompt(ctx); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	if c.stream {
 		g.streamTo(ctx, w, r)
@@ -227,7 +265,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	finish := g.finish
-	g.resp.Choices = []choice{{Text: g.text(true), TokenIDs: g.ids, FinishReason: &finish}}
+	g.resp.Choices = []choice{{Text: g.text(true), TokenIDs: g.ids, Logprobs: g.logprobs(), FinishReason: &finish}}
 	g.resp.Usage = &usage{len(c.prompt), len(g.ids), len(c.prompt) + len(g.ids)}
 	writeJSON(w, http.StatusOK, g.resp)
 }
@@ -242,6 +280,96 @@ type generation struct {
 	full   string  // decoded text of ids, cut at a stop string
 	sent   int     // bytes of full already streamed
 	finish string  // "length" or "stop"
+	// lps are the logprobs of the echoed prompt (when echo) and of ids,
+	// lpSent how many of them have been answered, lpOffset the text
+	// offset of the next one.
+	lps      []tokenLP
+	lpSent   int
+	lpOffset int
+}
+
+// echo is the prompt's text when the answer echoes it, else "".
+func (g *generation) echo() string {
+	if g.c.echo {
+		return g.c.text
+	}
+	return ""
+}
+
+// tokenLP is one token of a logprobs block.
+type tokenLP struct {
+	id  int32
+	lp  *float64 // nil for the first token of an echoed prompt
+	top []tokenLogprob
+}
+
+// tokenText is a token's text in logprobs: its decoded text, or its id
+// without a tokenizer.
+func (g *generation) tokenText(id int32) string {
+	if g.s.cfg.Tokenizer == nil {
+		return strconv.Itoa(int(id))
+	}
+	return g.s.cfg.Tokenizer.Decode([]int32{id})
+}
+
+// logprobs returns the block of the tokens not yet answered (nil without
+// logprobs).
+func (g *generation) logprobs() *logprobsBlock {
+	if g.c.logprobs < 0 {
+		return nil
+	}
+	b := &logprobsBlock{Tokens: []string{}, TokenLogprobs: []*float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+	for _, t := range g.lps[g.lpSent:] {
+		text := g.tokenText(t.id)
+		b.Tokens = append(b.Tokens, text)
+		b.TokenLogprobs = append(b.TokenLogprobs, t.lp)
+		var top map[string]float64
+		if t.lp != nil {
+			top = map[string]float64{}
+			for _, a := range t.top {
+				if k := g.tokenText(a.id); !hasKey(top, k) {
+					top[k] = a.lp
+				}
+			}
+		}
+		b.TopLogprobs = append(b.TopLogprobs, top)
+		b.TextOffset = append(b.TextOffset, g.lpOffset)
+		g.lpOffset += len(text)
+	}
+	g.lpSent = len(g.lps)
+	return b
+}
+
+func hasKey(m map[string]float64, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// echoPrompt readies the echoed prompt: its logprobs (when asked for,
+// from one scoring call over the prompt), and its text before the
+// completion's.
+func (g *generation) echoPrompt(ctx context.Context) error {
+	if !g.c.echo {
+		return nil
+	}
+	g.full = g.c.text
+	g.sent = 0
+	if g.c.logprobs < 0 {
+		return nil
+	}
+	p := g.c.prompt
+	g.lps = append(g.lps, tokenLP{id: p[0]})
+	if len(p) < 2 {
+		return nil
+	}
+	return g.s.sc.run(ctx, [][]int32{p}, func(_ int, l runtime.Logits) error {
+		for t := 0; t+1 < len(p); t++ {
+			lse, top := topLogprobs(l.Row(t), g.c.logprobs)
+			lp := float64(l.Row(t)[p[t+1]]) - lse
+			g.lps = append(g.lps, tokenLP{id: p[t+1], lp: &lp, top: top})
+		}
+		return nil
+	})
 }
 
 // run receives the decoder's tokens until max_tokens, EOS or a stop
@@ -273,6 +401,9 @@ func (g *generation) run(ctx context.Context, emit func() error) error {
 			return nil
 		}
 		g.ids = append(g.ids, ev.id)
+		if g.c.logprobs >= 0 {
+			g.lps = append(g.lps, tokenLP{id: ev.id, lp: &ev.logprob, top: ev.top})
+		}
 		if g.decode() {
 			g.finish = "stop"
 			g.req.cancel()
@@ -292,14 +423,16 @@ func (g *generation) decode() bool {
 	if g.s.cfg.Tokenizer == nil {
 		return false
 	}
-	g.full = g.s.cfg.Tokenizer.Decode(g.ids)
+	gen := g.s.cfg.Tokenizer.Decode(g.ids)
+	stopped := false
 	for _, st := range g.c.stop {
-		if i := strings.Index(g.full, st); i >= 0 {
-			g.full = g.full[:i]
-			return true
+		if i := strings.Index(gen, st); i >= 0 {
+			gen, stopped = gen[:i], true
+			break
 		}
 	}
-	return false
+	g.full = g.echo() + gen
+	return stopped
 }
 
 // text returns the text not yet sent: all of it at the end, else the part
@@ -362,7 +495,7 @@ func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *htt
 	}
 	chunk := func(text string, ids []int32, finish *string) completionResponse {
 		c := g.resp
-		c.Choices = []choice{{Text: text, TokenIDs: ids, FinishReason: finish}}
+		c.Choices = []choice{{Text: text, TokenIDs: ids, Logprobs: g.logprobs(), FinishReason: finish}}
 		return c
 	}
 	err := g.run(ctx, func() error {

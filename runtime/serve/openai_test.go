@@ -1,7 +1,10 @@
 package serve
 
 import (
+	"math"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -110,5 +113,190 @@ func TestModels(t *testing.T) {
 	}
 	if _, err := New(&countModel{maxLen: 8}, Config{ServedModelNames: []string{"a", "a"}}); err == nil {
 		t.Error("repeated served names: no error")
+	}
+}
+
+// greedyReference decodes greedily from the countModel's logits with
+// OpenAI's logit_bias and penalties applied directly: the reference for
+// the server's adjusted decoding.
+func greedyReference(m *countModel, prompt int32, n int, bias map[int32]float32, presence, frequency float32) []int32 {
+	var out []int32
+	counts := map[int32]int{}
+	last := prompt
+	for range n {
+		row := m.row(last)
+		best := int32(0)
+		for j := range row {
+			row[j] += bias[int32(j)]
+			if c := counts[int32(j)]; c > 0 {
+				row[j] -= float32(c)*frequency + presence
+			}
+			if row[j] > row[best] {
+				best = int32(j)
+			}
+		}
+		if best == fakeEOS {
+			break
+		}
+		out = append(out, best)
+		counts[best]++
+		last = best
+	}
+	return out
+}
+
+func idsOf(t *testing.T, v map[string]any) []int32 {
+	t.Helper()
+	ch, _ := v["choices"].([]any)
+	if len(ch) != 1 {
+		t.Fatalf("choices: %v", v)
+	}
+	raw, _ := ch[0].(map[string]any)["token_ids"].([]any)
+	out := []int32{}
+	for _, x := range raw {
+		out = append(out, int32(x.(float64)))
+	}
+	return out
+}
+
+// TestLogitAdjust: logit_bias, presence_penalty and frequency_penalty give
+// the tokens of greedy decoding over the model's logits with OpenAI's
+// adjustments applied; values out of range are 400s naming the field.
+func TestLogitAdjust(t *testing.T) {
+	m := &countModel{}
+	_, ts := newTest(t, m, Config{})
+	for _, c := range []struct {
+		body                string
+		bias                map[int32]float32
+		presence, frequency float32
+	}{
+		{`"logit_bias": {"2": -5}`, map[int32]float32{2: -5}, 0, 0},
+		{`"logit_bias": {"15": -100}`, map[int32]float32{15: -100}, 0, 0},
+		{`"logit_bias": {"15": -100, "1": -4.5}, "presence_penalty": 1.5`, map[int32]float32{15: -100, 1: -4.5}, 1.5, 0},
+		{`"logit_bias": {"15": -100, "1": -4.5}, "frequency_penalty": 1`, map[int32]float32{15: -100, 1: -4.5}, 0, 1},
+		{`"logit_bias": {"15": -100, "3": 4.5}, "frequency_penalty": 1, "presence_penalty": -0.5`, map[int32]float32{15: -100, 3: 4.5}, -0.5, 1},
+	} {
+		status, v := post(t, ts.URL+"/v1/completions", `{"prompt": [0], "max_tokens": 40, "temperature": 0, `+c.body+`}`)
+		if status != 200 {
+			t.Fatalf("%s: %d %v", c.body, status, v)
+		}
+		got, want := idsOf(t, v), greedyReference(m, 0, 40, c.bias, c.presence, c.frequency)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: tokens %v, want %v", c.body, got, want)
+		}
+	}
+	// each penalty changes the tokens here (else the test shows nothing)
+	bias := map[int32]float32{15: -100, 1: -4.5}
+	plain := greedyReference(m, 0, 40, bias, 0, 0)
+	if slices.Equal(plain, greedyReference(m, 0, 40, bias, 1.5, 0)) || slices.Equal(plain, greedyReference(m, 0, 40, bias, 0, 1)) {
+		t.Fatal("a penalty does not change the reference")
+	}
+	for _, c := range []struct{ body, param string }{
+		{`"logit_bias": {"2": 101}`, "logit_bias"},
+		{`"logit_bias": {"16": 1}`, "logit_bias"},
+		{`"logit_bias": {"x": 1}`, "logit_bias"},
+		{`"presence_penalty": 2.5`, "presence_penalty"},
+		{`"frequency_penalty": -3`, "frequency_penalty"},
+		{`"logprobs": 6`, "logprobs"},
+	} {
+		status, v := post(t, ts.URL+"/v1/completions", `{"prompt": [0], `+c.body+`}`)
+		if param, _ := openAIErrorOf(t, c.body, v); status != 400 || param != c.param {
+			t.Errorf("%s: %d %v, want 400 naming %s", c.body, status, v, c.param)
+		}
+	}
+}
+
+// logSoftmaxRef is log softmax(row) in float64.
+func logSoftmaxRef(row []float32) []float64 {
+	mx := math.Inf(-1)
+	for _, x := range row {
+		mx = max(mx, float64(x))
+	}
+	s := 0.0
+	for _, x := range row {
+		s += math.Exp(float64(x) - mx)
+	}
+	out := make([]float64, len(row))
+	for j, x := range row {
+		out[j] = float64(x) - mx - math.Log(s)
+	}
+	return out
+}
+
+// TestLogprobsEcho: logprobs gives each token's log-probability and its
+// most likely alternatives from the model's logits (before the bias),
+// with echo the prompt's too (null for its first token), and text
+// offsets into the choice's text; a stream gives the same per chunk.
+func TestLogprobsEcho(t *testing.T) {
+	m := &countModel{}
+	_, ts := newTest(t, m, Config{})
+	status, v := post(t, ts.URL+"/v1/completions", `{"prompt": "ab", "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": true, "logit_bias": {"3": -10}}`)
+	if status != 200 {
+		t.Fatalf("%d %v", status, v)
+	}
+	ch := v["choices"].([]any)[0].(map[string]any)
+	// the prompt a b, then greedy decoding with c biased down
+	gen := greedyReference(m, 1, 3, map[int32]float32{3: -10}, 0, 0)
+	all := append([]int32{0, 1}, gen...)
+	text := letters{}.Decode(all)
+	if ch["text"] != text {
+		t.Fatalf("text %q, want %q", ch["text"], text)
+	}
+	lp := ch["logprobs"].(map[string]any)
+	tokens, tlp, top, off := lp["tokens"].([]any), lp["token_logprobs"].([]any), lp["top_logprobs"].([]any), lp["text_offset"].([]any)
+	if len(tokens) != len(all) || len(tlp) != len(all) || len(top) != len(all) || len(off) != len(all) {
+		t.Fatalf("logprobs of %d tokens: %v", len(all), lp)
+	}
+	if tlp[0] != nil || top[0] != nil {
+		t.Errorf("first echoed token: logprob %v, top %v, want null", tlp[0], top[0])
+	}
+	var tok letters
+	for i, id := range all {
+		if tokens[i] != tok.Decode([]int32{id}) || off[i] != float64(i) {
+			t.Errorf("token %d: %v at %v, want %q at %d", i, tokens[i], off[i], tok.Decode([]int32{id}), i)
+		}
+		if i == 0 {
+			continue
+		}
+		ref := logSoftmaxRef(m.row(all[i-1]))
+		if got := tlp[i].(float64); math.Abs(got-ref[id]) > 1e-5 {
+			t.Errorf("token %d: logprob %v, want %v", i, got, ref[id])
+		}
+		alt := top[i].(map[string]any)
+		if len(alt) != 2 {
+			t.Fatalf("token %d: top %v, want 2", i, alt)
+		}
+		for k, x := range []int32{(all[i-1] + 1) % fakeV, (all[i-1] + 2) % fakeV} {
+			if got, ok := alt[tok.Decode([]int32{x})].(float64); !ok || math.Abs(got-ref[x]) > 1e-5 {
+				t.Errorf("token %d: alternative %d (%d) %v, want %v", i, k, x, alt, ref[x])
+			}
+		}
+	}
+	// without logprobs the field is null
+	_, v = post(t, ts.URL+"/v1/completions", `{"prompt": "ab", "max_tokens": 2}`)
+	if lp, present := v["choices"].([]any)[0].(map[string]any)["logprobs"]; !present || lp != nil {
+		t.Errorf("logprobs without asking: %v", lp)
+	}
+	// a stream carries each token's logprobs in its chunk
+	resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "a", "max_tokens": 3, "temperature": 0, "logprobs": 1, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	evs, done := readEvents(t, resp.Body)
+	n := 0
+	for _, ev := range evs {
+		c := ev["choices"].([]any)[0].(map[string]any)
+		l := c["logprobs"].(map[string]any)
+		for _, x := range l["token_logprobs"].([]any) {
+			prev := int32(n) // prompt a (0) then b, c: each after the one before
+			if want := logSoftmaxRef(m.row(prev))[prev+1]; math.Abs(x.(float64)-want) > 1e-5 {
+				t.Errorf("stream token %d: logprob %v, want %v", n, x, want)
+			}
+			n++
+		}
+	}
+	if !done || n != 3 {
+		t.Fatalf("stream: %d logprobs, done %v: %v", n, done, evs)
 	}
 }
