@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -42,6 +43,7 @@ func serveCommand() *cli.Command {
 			exportFolderFlag(),
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "address to listen on"},
 			&cli.StringFlag{Name: "name", Usage: "model name in the API (default: the export folder's name)"},
+			&cli.StringFlag{Name: "chat-template", Usage: "file holding the chat template of /v1/chat/completions, in the Jinja syntax of Hugging Face's chat_template (default: a plain \"Role: content\" template for a base model, docs/SERVING.md)"},
 			&cli.StringSliceFlag{Name: "served-model-name", Usage: "names the OpenAI routes answer to and GET /v1/models lists, repeatable or a comma list; the first is the name in answers (default: --name)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: serve.DefaultShutdown, Usage: "on SIGTERM, how long requests in flight may take to finish"},
 		}, serveFlags()...),
@@ -86,6 +88,19 @@ func serveConfig(c *cli.Context) (serve.Config, error) {
 		IdleTimeout: c.Duration("idle-timeout"), MaxConns: c.Int("max-conns"), Log: logger(c)}, nil
 }
 
+// openAIFlags reads the flags of the OpenAI routes.
+func openAIFlags(c *cli.Context, cfg *serve.Config) error {
+	cfg.ServedModelNames = c.StringSlice("served-model-name")
+	if f := c.String("chat-template"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("--chat-template: %w", err)
+		}
+		cfg.ChatTemplate = string(b)
+	}
+	return nil
+}
+
 func serveAction(c *cli.Context) error {
 	if c.Args().Len() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", c.Args().Slice())
@@ -104,7 +119,9 @@ func serveAction(c *cli.Context) error {
 		}
 		cfg.Name = filepath.Base(abs)
 	}
-	cfg.ServedModelNames = c.StringSlice("served-model-name")
+	if err := openAIFlags(c, &cfg); err != nil {
+		return err
+	}
 	man, err := runtime.ReadManifest(dir)
 	if err != nil {
 		return err

@@ -20,8 +20,15 @@ import (
 // completionRequest is the body of POST /v1/completions (OpenAI's
 // fields; any other is refused with a 400 that names it).
 type completionRequest struct {
+	samplingParams
+	Prompt   json.RawMessage `json:"prompt"`   // a string, or an array of token ids
+	Logprobs *int            `json:"logprobs"` // alternatives per token, 0..5
+	Echo     bool            `json:"echo"`
+}
+
+// samplingParams are the fields completions and chat completions share.
+type samplingParams struct {
 	Model       string          `json:"model"`
-	Prompt      json.RawMessage `json:"prompt"` // a string, or an array of token ids
 	MaxTokens   *int            `json:"max_tokens"`
 	Temperature *float64        `json:"temperature"`
 	TopK        int             `json:"top_k"`
@@ -31,8 +38,6 @@ type completionRequest struct {
 	Stream      bool            `json:"stream"`
 	N           *int            `json:"n"`
 
-	Logprobs         *int               `json:"logprobs"` // alternatives per token, 0..5
-	Echo             bool               `json:"echo"`
 	LogitBias        map[string]float64 `json:"logit_bias"`
 	PresencePenalty  *float64           `json:"presence_penalty"`
 	FrequencyPenalty *float64           `json:"frequency_penalty"`
@@ -236,8 +241,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	g := &generation{s: s, c: c, ids: []int32{}, finish: "length", resp: completionResponse{
-		ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion", Created: time.Now().Unix(), Model: cmp.Or(req.Model, s.cfg.ServedModelNames[0])}}
+	s.answer(ctx, w, r, c, &completionShape{completionResponse{ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion",
+		Created: time.Now().Unix(), Model: cmp.Or(req.Model, s.cfg.ServedModelNames[0])}})
+}
+
+// answer generates c and answers it in shape's form, streamed or whole.
+func (s *Server) answer(ctx context.Context, w http.ResponseWriter, r *http.Request, c *completion, shape answerShape) {
+	g := &generation{s: s, c: c, ids: []int32{}, finish: "length", shape: shape}
 	if c.maxTokens > 0 {
 		sampler, err := runtime.NewSampler(c.sample, c.seed)
 		if err != nil {
@@ -264,10 +274,35 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	finish := g.finish
-	g.resp.Choices = []choice{{Text: g.text(true), TokenIDs: g.ids, Logprobs: g.logprobs(), FinishReason: &finish}}
-	g.resp.Usage = &usage{len(c.prompt), len(g.ids), len(c.prompt) + len(g.ids)}
-	writeJSON(w, http.StatusOK, g.resp)
+	writeJSON(w, http.StatusOK, shape.whole(g, g.text(true), g.finish, g.usage()))
+}
+
+// usage counts the prompt's and the generated tokens.
+func (g *generation) usage() *usage {
+	return &usage{len(g.c.prompt), len(g.ids), len(g.c.prompt) + len(g.ids)}
+}
+
+// answerShape renders a generation in a route's form.
+type answerShape interface {
+	// chunk is a stream event: the text and ids new since the last one,
+	// with the finish reason and usage on the last.
+	chunk(g *generation, text string, ids []int32, finish *string, u *usage) any
+	// whole is the answer of a request that does not stream.
+	whole(g *generation, text, finish string, u *usage) any
+}
+
+// completionShape is the form of /v1/completions.
+type completionShape struct{ base completionResponse }
+
+func (c *completionShape) chunk(g *generation, text string, ids []int32, finish *string, u *usage) any {
+	r := c.base
+	r.Choices = []choice{{Text: text, TokenIDs: ids, Logprobs: g.logprobs(), FinishReason: finish}}
+	r.Usage = u
+	return r
+}
+
+func (c *completionShape) whole(g *generation, text, finish string, u *usage) any {
+	return c.chunk(g, text, g.ids, &finish, u)
 }
 
 // generation is one completion as its handler sees it.
@@ -275,7 +310,7 @@ type generation struct {
 	s      *Server
 	c      *completion
 	req    *genRequest // nil when max_tokens is 0
-	resp   completionResponse
+	shape  answerShape
 	ids    []int32 // generated, without a final EOS
 	full   string  // decoded text of ids, cut at a stop string
 	sent   int     // bytes of full already streamed
@@ -493,15 +528,10 @@ func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 		return rc.Flush()
 	}
-	chunk := func(text string, ids []int32, finish *string) completionResponse {
-		c := g.resp
-		c.Choices = []choice{{Text: text, TokenIDs: ids, Logprobs: g.logprobs(), FinishReason: finish}}
-		return c
-	}
 	err := g.run(ctx, func() error {
 		ids := g.ids[sent:]
 		sent = len(g.ids)
-		return event(chunk(g.text(false), ids, nil))
+		return event(g.shape.chunk(g, g.text(false), ids, nil, nil))
 	})
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -517,9 +547,7 @@ func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *htt
 		return
 	}
 	finish := g.finish
-	last := chunk(g.text(true), g.ids[sent:], &finish)
-	last.Usage = &usage{len(g.c.prompt), len(g.ids), len(g.c.prompt) + len(g.ids)}
-	if event(last) != nil {
+	if event(g.shape.chunk(g, g.text(true), g.ids[sent:], &finish, g.usage())) != nil {
 		setOutcome(w, 499) // the client stopped reading
 		return
 	}

@@ -3,6 +3,7 @@ package serve
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"reflect"
 	"slices"
@@ -37,7 +38,9 @@ func (s *Server) decodeParams(w http.ResponseWriter, r *http.Request, v any) err
 	if err := json.Unmarshal(b, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return badParam(te.Field, "%s: want a JSON %s, not %s", te.Field, jsonKind(te.Type), te.Value)
+			// the path of a promoted field begins with its embedded struct's name
+			field := strings.TrimPrefix(te.Field, reflect.TypeFor[samplingParams]().Name()+".")
+			return badParam(field, "%s: want a JSON %s, not %s", field, jsonKind(te.Type), te.Value)
 		}
 		return badRequest("the request body is not valid JSON for this route: %v", err)
 	}
@@ -70,6 +73,10 @@ func knownFields(t reflect.Type) map[string]bool {
 	}
 	m := map[string]bool{}
 	for f := range t.Fields() {
+		if f.Anonymous && f.Type.Kind() == reflect.Struct { // its fields are the outer's in JSON
+			maps.Copy(m, knownFields(f.Type))
+			continue
+		}
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "-" || !f.IsExported() {
 			continue

@@ -4,6 +4,7 @@
 // Routes:
 //
 //	POST /v1/completions           OpenAI-style completions; "stream": true sends server-sent events
+//	POST /v1/chat/completions      OpenAI-style chat, the messages rendered by a Jinja chat template
 //	GET  /v1/models, /v1/models/{id}  OpenAI's model list and model object
 //	POST /v1/score                 cross-entropy, perplexity and per-token log-probabilities of a text
 //	POST /v2/models/{name}/infer   KServe v2 inference: input_ids [B,T] in, logits [B,T,V] out
@@ -91,6 +92,10 @@ type Config struct {
 	// absent); the first is the name in answers that give none (default:
 	// Name).
 	ServedModelNames []string
+	// ChatTemplate renders the messages of a chat completion, in the Jinja
+	// syntax of Hugging Face's chat_template (default:
+	// DefaultChatTemplate).
+	ChatTemplate string
 	// Tokenizer encodes text prompts and decodes completions; without one
 	// prompts must be token ids and completions carry ids only.
 	Tokenizer runtime.Tokenizer
@@ -207,6 +212,7 @@ type Server struct {
 	m        Model
 	dec      *decoder
 	sc       *scorer
+	chat     *chatTemplate
 	metrics  *metrics
 	mux      *http.ServeMux
 	handler  http.Handler // mux, with JSON 404 and 405 answers
@@ -248,6 +254,15 @@ func New(m Model, cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, m: m, metrics: newMetrics(cfg.Registry), draining: make(chan struct{}), created: time.Now().Unix(),
 		encodeSlots: make(chan struct{}, max(1, goruntime.GOMAXPROCS(0)))}
+	eos := ""
+	if cfg.Tokenizer != nil {
+		eos = cfg.Tokenizer.Decode([]int32{m.EOS()})
+	}
+	chat, err := newChatTemplate(cfg.ChatTemplate, eos)
+	if err != nil {
+		return nil, err
+	}
+	s.chat = chat
 	s.closing, s.closeCancel = context.WithCancel(context.Background())
 	s.dec = newDecoder(cfg.Engine, m.EOS(), cfg.MaxBatch, cfg.MaxWait, cfg.Queue, cfg.Timeout, s.metrics)
 	s.sc = newScorer(m, cfg.MaxBatch, cfg.MaxWait, cfg.Queue, cfg.Timeout, s.metrics)
@@ -267,6 +282,7 @@ func (s *Server) routes() {
 		h       http.HandlerFunc
 	}{
 		{"POST /v1/completions", s.completions},
+		{"POST /v1/chat/completions", s.chatCompletions},
 		{"POST /v1/score", s.score},
 		{"GET /v1/models", s.listModels},
 		{"GET /v1/models/{id...}", s.getModel},
@@ -312,7 +328,7 @@ func (s *Server) unmatched(h http.Handler) http.HandlerFunc {
 		case http.StatusMethodNotAllowed:
 			msg = fmt.Sprintf("%s does not accept %s (allowed: %s)", r.URL.Path, r.Method, w.Header().Get("Allow"))
 		case http.StatusNotFound:
-			msg = fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/score, GET /v1/models, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name)
+			msg = fmt.Sprintf("no route %s %s; see the routes of rpac serve (POST /v1/completions, POST /v1/chat/completions, POST /v1/score, GET /v1/models, POST /v2/models/%s/infer, GET /v2/health/ready, GET /metrics)", r.Method, r.URL.Path, s.cfg.Name)
 		default:
 			msg = http.StatusText(code)
 		}
