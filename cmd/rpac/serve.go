@@ -44,6 +44,7 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "address to listen on"},
 			&cli.StringFlag{Name: "name", Usage: "model name in the API (default: the export folder's name)"},
 			&cli.StringFlag{Name: "chat-template", Usage: "file holding the chat template of /v1/chat/completions, in the Jinja syntax of Hugging Face's chat_template (default: a plain \"Role: content\" template for a base model, docs/SERVING.md)"},
+			&cli.StringSliceFlag{Name: "allow-origin", Usage: "answer cross-origin (CORS) requests from this origin (repeatable or a comma list; * for any); without it no CORS headers are sent"},
 			&cli.StringSliceFlag{Name: "served-model-name", Usage: "names the OpenAI routes answer to and GET /v1/models lists, repeatable or a comma list; the first is the name in answers (default: --name)"},
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: serve.DefaultShutdown, Usage: "on SIGTERM, how long requests in flight may take to finish"},
 		}, serveFlags()...),
@@ -91,6 +92,7 @@ func serveConfig(c *cli.Context) (serve.Config, error) {
 // openAIFlags reads the flags of the OpenAI routes.
 func openAIFlags(c *cli.Context, cfg *serve.Config) error {
 	cfg.ServedModelNames = c.StringSlice("served-model-name")
+	cfg.AllowOrigins = serve.ParseOrigins(c.StringSlice("allow-origin"))
 	if f := c.String("chat-template"); f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {

@@ -300,3 +300,58 @@ func TestLogprobsEcho(t *testing.T) {
 		t.Fatalf("stream: %d logprobs, done %v: %v", n, done, evs)
 	}
 }
+
+// TestCORS: with AllowOrigins, an allowed origin's requests carry
+// Access-Control-Allow-Origin and its preflight OPTIONS is answered 204
+// with the methods and headers; another origin gets neither (403 for its
+// preflight); without AllowOrigins there are no CORS headers and OPTIONS
+// stays a 405.
+func TestCORS(t *testing.T) {
+	if got := ParseOrigins([]string{"http://a.example, http://b.example", "http://c.example"}); !slices.Equal(got, []string{"http://a.example", "http://b.example", "http://c.example"}) {
+		t.Fatalf("ParseOrigins: %q", got)
+	}
+	send := func(url, method, origin string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+"/v1/completions", strings.NewReader(`{"prompt": "a", "max_tokens": 1}`))
+		req.Header.Set("Origin", origin)
+		if method == http.MethodOptions {
+			req.Header.Set("Access-Control-Request-Method", "POST")
+			req.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	_, on := newTest(t, &countModel{}, Config{AllowOrigins: []string{"http://a.example", "http://b.example"}})
+	resp := send(on.URL, http.MethodPost, "http://b.example")
+	if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "http://b.example" {
+		t.Errorf("allowed POST: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp = send(on.URL, http.MethodOptions, "http://a.example")
+	if h := resp.Header; resp.StatusCode != http.StatusNoContent || h.Get("Access-Control-Allow-Origin") != "http://a.example" ||
+		!strings.Contains(h.Get("Access-Control-Allow-Methods"), "POST") || h.Get("Access-Control-Allow-Headers") != "authorization, content-type" {
+		t.Errorf("allowed preflight: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp = send(on.URL, http.MethodPost, "http://evil.example")
+	if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("POST from another origin: %d %v", resp.StatusCode, resp.Header)
+	}
+	if resp = send(on.URL, http.MethodOptions, "http://evil.example"); resp.StatusCode != http.StatusForbidden || resp.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("preflight from another origin: %d %v", resp.StatusCode, resp.Header)
+	}
+	_, star := newTest(t, &countModel{}, Config{AllowOrigins: []string{"*"}})
+	if resp = send(star.URL, http.MethodOptions, "http://x.example"); resp.StatusCode != http.StatusNoContent || resp.Header.Get("Access-Control-Allow-Origin") != "http://x.example" {
+		t.Errorf("* preflight: %d %v", resp.StatusCode, resp.Header)
+	}
+	_, off := newTest(t, &countModel{}, Config{})
+	for _, m := range []string{http.MethodPost, http.MethodOptions} {
+		resp = send(off.URL, m, "http://a.example")
+		want := map[string]int{http.MethodPost: 200, http.MethodOptions: http.StatusMethodNotAllowed}[m]
+		if resp.StatusCode != want || resp.Header.Get("Access-Control-Allow-Origin") != "" || resp.Header.Get("Access-Control-Allow-Methods") != "" {
+			t.Errorf("%s without AllowOrigins: %d %v", m, resp.StatusCode, resp.Header)
+		}
+	}
+}

@@ -96,6 +96,9 @@ type Config struct {
 	// syntax of Hugging Face's chat_template (default:
 	// DefaultChatTemplate).
 	ChatTemplate string
+	// AllowOrigins are the origins whose cross-origin (CORS) requests are
+	// answered, "*" for any; empty: no CORS headers, and OPTIONS is a 405.
+	AllowOrigins []string
 	// Tokenizer encodes text prompts and decodes completions; without one
 	// prompts must be token ids and completions carry ids only.
 	Tokenizer runtime.Tokenizer
@@ -302,14 +305,13 @@ func (s *Server) routes() {
 		_, path, _ := strings.Cut(r.pattern, " ")
 		s.mux.Handle(r.pattern, s.metrics.instrument(path, s.cfg.WriteTimeout, r.h))
 	}
-	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.handler = s.cors(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h, pattern := s.mux.Handler(r); pattern == "" {
 			s.metrics.instrument("other", s.cfg.WriteTimeout, s.unmatched(h)).ServeHTTP(w, r)
 			return
 		}
 		s.mux.ServeHTTP(w, r) // sets the request's path values
-
-	})
+	}))
 }
 
 // unmatched runs the mux's own answer to a request no pattern takes (404,
