@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -132,24 +131,17 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
 	prompt, _ := json.Marshal(text)
-	c, err := s.parse(ctx, &completionRequest{samplingParams: req.samplingParams, Prompt: prompt})
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	s.answer(ctx, w, r, c, &chatShape{id: fmt.Sprintf("chatcmpl-%016x", rand.Uint64()), created: time.Now().Unix(),
-		model: cmp.Or(req.Model, s.cfg.ServedModelNames[0])})
+	s.complete(w, r, &completionRequest{samplingParams: req.samplingParams, Prompt: prompt}, func(h responseHead) answerShape {
+		h.ID = fmt.Sprintf("chatcmpl-%016x", rand.Uint64())
+		return &chatShape{head: h}
+	})
 }
 
 // chatShape is the form of /v1/chat/completions.
 type chatShape struct {
-	id       string
-	created  int64
-	model    string
-	roleSent bool // a stream gives the role in its first delta
+	head     responseHead // without its object
+	roleSent bool         // a stream gives the role in its first delta
 }
 
 type chatContent struct {
@@ -166,10 +158,7 @@ type chatChoice struct {
 }
 
 type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
+	responseHead
 	Choices []chatChoice `json:"choices"`
 	Usage   *usage       `json:"usage,omitempty"`
 }
@@ -179,11 +168,13 @@ func (c *chatShape) chunk(g *generation, text string, ids []int32, finish *strin
 	if !c.roleSent {
 		d.Role, c.roleSent = "assistant", true
 	}
-	return chatResponse{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model,
-		Choices: []chatChoice{{Delta: d, FinishReason: finish}}, Usage: u}
+	h := c.head
+	h.Object = "chat.completion.chunk"
+	return chatResponse{responseHead: h, Choices: []chatChoice{{Delta: d, FinishReason: finish}}, Usage: u}
 }
 
 func (c *chatShape) whole(g *generation, text, finish string, u *usage) any {
-	return chatResponse{ID: c.id, Object: "chat.completion", Created: c.created, Model: c.model,
-		Choices: []chatChoice{{Message: &chatContent{Role: "assistant", Content: &text}, FinishReason: &finish}}, Usage: u}
+	h := c.head
+	h.Object = "chat.completion"
+	return chatResponse{responseHead: h, Choices: []chatChoice{{Message: &chatContent{Role: "assistant", Content: &text}, FinishReason: &finish}}, Usage: u}
 }

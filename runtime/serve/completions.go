@@ -88,11 +88,17 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
+// responseHead is what every completion and chat answer (and chunk)
+// begins with.
+type responseHead struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+}
+
 type completionResponse struct {
-	ID      string   `json:"id"`
-	Object  string   `json:"object"`
-	Created int64    `json:"created"`
-	Model   string   `json:"model"`
+	responseHead
 	Choices []choice `json:"choices"`
 	Usage   *usage   `json:"usage,omitempty"`
 }
@@ -234,15 +240,23 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.complete(w, r, &req, func(h responseHead) answerShape {
+		h.ID, h.Object = fmt.Sprintf("cmpl-%016x", rand.Uint64()), "text_completion"
+		return &completionShape{completionResponse{responseHead: h}}
+	})
+}
+
+// complete validates req, generates it and answers in the shape that
+// shape makes from the answer's head.
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, req *completionRequest, shape func(responseHead) answerShape) {
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	c, err := s.parse(ctx, &req)
+	c, err := s.parse(ctx, req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.answer(ctx, w, r, c, &completionShape{completionResponse{ID: fmt.Sprintf("cmpl-%016x", rand.Uint64()), Object: "text_completion",
-		Created: time.Now().Unix(), Model: cmp.Or(req.Model, s.cfg.ServedModelNames[0])}})
+	s.answer(ctx, w, r, c, shape(responseHead{Created: time.Now().Unix(), Model: cmp.Or(req.Model, s.cfg.ServedModelNames[0])}))
 }
 
 // answer generates c and answers it in shape's form, streamed or whole.
