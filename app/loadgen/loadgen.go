@@ -275,7 +275,7 @@ func readStream(r io.Reader, t time.Time) answer {
 		}
 		var v struct {
 			Error *struct {
-				Code int `json:"code"`
+				Status int `json:"status"` // the HTTP status the stream's 200 could not give
 			} `json:"error"`
 			Usage *usage `json:"usage"`
 		}
@@ -283,7 +283,7 @@ func readStream(r io.Reader, t time.Time) answer {
 			return answer{}
 		}
 		if v.Error != nil {
-			a.code = v.Error.Code
+			a.code = v.Error.Status
 			return a
 		}
 		if v.Usage != nil {

@@ -557,7 +557,9 @@ func (g *generation) streamTo(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 		code, msg := statusOf(err, g.s.cfg.Timeout)
 		setOutcome(w, code)
-		_ = event(map[string]openAIError{"error": newOpenAIError(code, msg, "", "")})
+		e := newOpenAIError(code, msg, "", "")
+		e.Status = code
+		_ = event(map[string]openAIError{"error": e})
 		return
 	}
 	finish := g.finish

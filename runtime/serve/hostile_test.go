@@ -436,7 +436,7 @@ func TestStreamFailureMetrics(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(b), `"code":"timeout"`) {
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"code":"timeout","status":504`) {
 		t.Fatalf("stream: %d %s", resp.StatusCode, b)
 	}
 	pr, pw := io.Pipe()

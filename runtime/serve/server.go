@@ -591,6 +591,9 @@ type openAIError struct {
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
 	Code    *string `json:"code"`
+	// Status is the HTTP status of an error that ends a stream (whose
+	// header said 200); absent elsewhere.
+	Status int `json:"status,omitempty"`
 }
 
 // newOpenAIError fills OpenAI's error: a status without its own code gets
