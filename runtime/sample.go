@@ -42,8 +42,10 @@ type Sampler struct {
 	rng  *rand.Rand
 	mask []float32 // the kept candidates' logits
 	idx  []int     // their indices, increasing
-	h    logitHeap
 	nc   []nucleusCand
+	// compared counts the comparisons of entries the last draw's selection
+	// and sorting made (the bound TestTopKLinear checks).
+	compared int
 }
 
 // NewSampler returns a sampler for o seeded with seed.
@@ -64,42 +66,168 @@ func (s *Sampler) Next(row []float32) (int32, error) {
 	if s.o.TopK <= 0 || s.o.TopK >= len(row) {
 		return s.nucleus(row) // top_p alone: O(V), no sort
 	}
-	cand := s.candidates(row)
-	if len(cand) == 0 {
-		return sample(row, plain, s.rng) // reports the all-NaN row
+	return s.topK(row)
+}
+
+// sortedCutLimit is the largest TopK whose candidates topK sorts to cut
+// them to TopP, summing in decreasing order of logit; above it, the cut is
+// nucleusCut's, in O(K).
+const sortedCutLimit = 1024
+
+// topK draws with TopK (below the vocabulary size) and, when set, TopP. It
+// keeps the TopK most likely entries (decreasing logit, lower index first
+// on ties), cut to the shortest prefix whose weights reach TopP of theirs,
+// and draws among them in index order: as sample would from the row with
+// every other entry NaN. A heap keeps the K best up to heapLimit (one
+// comparison rejects most entries; at most about 2 log2 K per entry), a
+// selection finds the K-th entry above it, in expected O(V) whatever K is;
+// only with TopP and K up to sortedCutLimit are the kept entries sorted.
+func (s *Sampler) topK(row []float32) (int32, error) {
+	plain := GenerateOptions{Temperature: s.o.Temperature}
+	var mx float32
+	var found bool
+	if s.o.TopK <= heapLimit {
+		mx, found = s.heapTopK(row)
+	} else {
+		mx, found = s.gather(row)
 	}
-	mx := float64(cand[0].x)
-	if math.IsInf(mx, 0) {
-		return sample(row, plain, s.rng)
+	if !found || math.IsInf(float64(mx), 0) {
+		return sample(row, plain, s.rng) // all NaN (reported), or an infinite maximum
 	}
-	// Keep the most likely candidates, the first K cut to the nucleus,
-	// and draw among them in index order: as sample would from the row
-	// with every other entry NaN, without touching the other entries.
-	n := len(cand)
+	k := min(s.o.TopK, len(s.nc))
+	if s.o.TopK > heapLimit {
+		s.compared += selectNth(s.nc, k-1)
+	}
+	kept := s.nc[:k]
+	last := kept[0] // the heap's root: its least likely entry
+	if s.o.TopK > heapLimit {
+		last = kept[k-1]
+	}
 	if s.o.TopP > 0 && s.o.TopP < 1 {
-		var total, kept float64
-		for _, c := range cand {
-			total += math.Exp((float64(c.x) - mx) / s.o.Temperature)
+		var total float64
+		for j := range kept {
+			kept[j].w = math.Exp((float64(kept[j].x) - float64(mx)) / s.o.Temperature)
+			total += kept[j].w
 		}
-		for k, c := range cand {
-			kept += math.Exp((float64(c.x) - mx) / s.o.Temperature)
-			if kept >= s.o.TopP*total {
-				n = k + 1
-				break
+		last = kept[s.cut(kept, s.o.TopP*total)]
+	}
+	return s.drawThrough(row, last)
+}
+
+// cut returns the position in c, reordered, of the last entry of the
+// shortest prefix in decreasing order of logit whose weights reach target:
+// by sorting and summing in that order up to sortedCutLimit entries, else by
+// nucleusCut.
+func (s *Sampler) cut(c []nucleusCand, target float64) int {
+	if len(c) > sortedCutLimit {
+		return nucleusCut(c, target, &s.compared)
+	}
+	sort.Slice(c, func(a, b int) bool { s.compared++; return c[a].before(c[b]) })
+	var acc float64
+	for j := range c {
+		if acc += c[j].w; acc >= target {
+			return j
+		}
+	}
+	return len(c) - 1
+}
+
+// heapLimit is the largest TopK whose most likely entries topK keeps in a
+// heap rather than by a selection.
+const heapLimit = 64
+
+// heapTopK fills s.nc with a min-heap (by likelihood) of the TopK most
+// likely non-NaN entries of row (all of them when fewer), without weights,
+// and returns their maximum (found false when there is none).
+func (s *Sampler) heapTopK(row []float32) (mx float32, found bool) {
+	s.nc, s.compared = s.nc[:0], len(row) // one comparison per entry, and the sifts
+	k := s.o.TopK
+	worse := func(a, b nucleusCand) bool { s.compared++; return b.before(a) }
+	for i, x := range row {
+		if x != x {
+			continue
+		}
+		if !found || x > mx {
+			mx, found = x, true
+		}
+		// Once k are kept, an entry no larger than the worst kept one is
+		// worse than it (ties go to the lower index, seen earlier).
+		if len(s.nc) == k && x <= s.nc[0].x {
+			continue
+		}
+		c := nucleusCand{x: x, i: int32(i)}
+		if len(s.nc) < k {
+			s.nc = append(s.nc, c)
+			siftUp(s.nc, len(s.nc)-1, worse)
+		} else {
+			s.nc[0] = c
+			siftDown(s.nc, 0, worse)
+		}
+	}
+	return mx, found
+}
+
+// siftUp moves h[j] up the heap ordered by less (least at the root).
+func siftUp(h []nucleusCand, j int, less func(a, b nucleusCand) bool) {
+	for j > 0 {
+		p := (j - 1) / 2
+		if !less(h[j], h[p]) {
+			return
+		}
+		h[j], h[p] = h[p], h[j]
+		j = p
+	}
+}
+
+// siftDown moves h[j] down the heap ordered by less (least at the root).
+func siftDown(h []nucleusCand, j int, less func(a, b nucleusCand) bool) {
+	for {
+		l := 2*j + 1
+		if l >= len(h) {
+			return
+		}
+		if r := l + 1; r < len(h) && less(h[r], h[l]) {
+			l = r
+		}
+		if !less(h[l], h[j]) {
+			return
+		}
+		h[j], h[l] = h[l], h[j]
+		j = l
+	}
+}
+
+// gather fills s.nc with the non-NaN entries of row (weights unset),
+// starts s.compared at zero, and returns their maximum (found false when
+// there is none).
+func (s *Sampler) gather(row []float32) (mx float32, found bool) {
+	s.nc, s.compared = s.nc[:0], 0
+	for i, x := range row {
+		if x == x {
+			s.nc = append(s.nc, nucleusCand{x: x, i: int32(i)})
+			if !found || x > mx {
+				mx, found = x, true
 			}
 		}
 	}
-	kept := cand[:n]
-	sort.Slice(kept, func(a, b int) bool { return kept[a].i < kept[b].i })
-	s.mask = s.mask[:0]
-	for _, c := range kept {
-		s.mask = append(s.mask, c.x)
+	return mx, found
+}
+
+// drawThrough draws, in index order, among the non-NaN entries of row that
+// are last or before it.
+func (s *Sampler) drawThrough(row []float32, last nucleusCand) (int32, error) {
+	s.mask, s.idx = s.mask[:0], s.idx[:0]
+	for i, x := range row {
+		if x == x && !last.before(nucleusCand{x: x, i: int32(i)}) {
+			s.mask = append(s.mask, x)
+			s.idx = append(s.idx, i)
+		}
 	}
-	j, err := sample(s.mask, plain, s.rng)
+	j, err := sample(s.mask, GenerateOptions{Temperature: s.o.Temperature}, s.rng)
 	if err != nil {
 		return 0, err
 	}
-	return int32(kept[j].i), nil
+	return int32(s.idx[j]), nil
 }
 
 // nucleusCand is an entry of the row in Sampler.nucleus: its logit, index
@@ -124,48 +252,28 @@ func (a nucleusCand) before(b nucleusCand) bool { return a.x > b.x || a.x == b.x
 // entry apart; the draw among the kept entries is the same.
 func (s *Sampler) nucleus(row []float32) (int32, error) {
 	plain := GenerateOptions{Temperature: s.o.Temperature}
-	mx, found := float32(0), false
-	for _, x := range row {
-		if x == x && (!found || x > mx) {
-			mx, found = x, true
-		}
-	}
+	mx, found := s.gather(row)
 	if !found || math.IsInf(float64(mx), 0) {
 		return sample(row, plain, s.rng) // all NaN (reported), or an infinite maximum
 	}
-	s.nc = s.nc[:0]
 	var total float64
-	for i, x := range row {
-		if x == x {
-			w := math.Exp((float64(x) - float64(mx)) / s.o.Temperature)
-			s.nc = append(s.nc, nucleusCand{w, x, int32(i)})
-			total += w
-		}
+	for j := range s.nc {
+		s.nc[j].w = math.Exp((float64(s.nc[j].x) - float64(mx)) / s.o.Temperature)
+		total += s.nc[j].w
 	}
-	last := s.nc[nucleusCut(s.nc, s.o.TopP*total)]
-	s.mask, s.idx = s.mask[:0], s.idx[:0]
-	for i, x := range row {
-		if x == x && !last.before(nucleusCand{x: x, i: int32(i)}) { // kept: last or before it
-			s.mask = append(s.mask, x)
-			s.idx = append(s.idx, i)
-		}
-	}
-	j, err := sample(s.mask, plain, s.rng)
-	if err != nil {
-		return 0, err
-	}
-	return int32(s.idx[j]), nil
+	return s.drawThrough(row, s.nc[nucleusCut(s.nc, s.o.TopP*total, &s.compared)])
 }
 
 // nucleusCut reorders c and returns the position of the last entry, in
 // the order of before, of the shortest prefix whose weights sum to at least
 // target (the last entry of all when rounding leaves every prefix short).
-func nucleusCut(c []nucleusCand, target float64) int {
+// It adds the comparisons it makes to *compared.
+func nucleusCut(c []nucleusCand, target float64, compared *int) int {
 	lo, hi := 0, len(c)
 	var acc float64 // weight of the entries before lo, all in the prefix
 	for rounds := 0; hi-lo > 1; rounds++ {
 		if rounds > 64 { // pathological pivots: finish by sorting
-			sort.Slice(c[lo:hi], func(a, b int) bool { return c[lo+a].before(c[lo+b]) })
+			sort.Slice(c[lo:hi], func(a, b int) bool { *compared++; return c[lo+a].before(c[lo+b]) })
 			for k := lo; k < hi; k++ {
 				if acc += c[k].w; acc >= target {
 					return k
@@ -173,6 +281,7 @@ func nucleusCut(c []nucleusCand, target float64) int {
 			}
 			return hi - 1
 		}
+		*compared += hi - lo
 		m, better := partition(c, lo, hi)
 		switch {
 		case acc+better >= target:
@@ -219,82 +328,28 @@ func partition(c []nucleusCand, lo, hi int) (int, float64) {
 	return m, better
 }
 
-// candidates returns the non-NaN entries of row in decreasing order of
-// logit (lower index first on ties): the TopK most likely when TopK is
-// set, else all of them.
-func (s *Sampler) candidates(row []float32) []logitAt {
-	s.h = s.h[:0]
-	k := s.o.TopK
-	if k <= 0 || k >= len(row) {
-		for i, x := range row {
-			if x == x {
-				s.h = append(s.h, logitAt{x, i})
-			}
+// selectNth reorders c so that c[n] is the entry that would be there were
+// c sorted by before, with the entries before it ahead of it and the others
+// after it (a quickselect, expected O(len(c))). It returns the number of
+// comparisons it made: about 2-4 len(c) unless the pivots are
+// pathological, when it finishes by sorting the rest.
+func selectNth(c []nucleusCand, n int) (scanned int) {
+	lo, hi := 0, len(c)
+	for rounds := 0; hi-lo > 1; rounds++ {
+		if rounds > 64 {
+			sort.Slice(c[lo:hi], func(a, b int) bool { scanned++; return c[lo+a].before(c[lo+b]) })
+			return scanned
 		}
-		sort.Slice(s.h, func(a, b int) bool { return s.h.Less(a, b) })
-		return s.h
-	}
-	// A min-heap (by likelihood) of the k best so far: one comparison
-	// rejects most entries.
-	worse := func(a, b logitAt) bool { return a.x < b.x || a.x == b.x && a.i > b.i }
-	down := func(j int) {
-		for {
-			l := 2*j + 1
-			if l >= len(s.h) {
-				return
-			}
-			if r := l + 1; r < len(s.h) && worse(s.h[r], s.h[l]) {
-				l = r
-			}
-			if !worse(s.h[l], s.h[j]) {
-				return
-			}
-			s.h[j], s.h[l] = s.h[l], s.h[j]
-			j = l
-		}
-	}
-	for i, x := range row {
-		if x != x {
-			continue
-		}
-		// Once k are kept, an entry no larger than the worst kept one is
-		// worse than it (ties go to the lower index, seen earlier).
-		if len(s.h) == k && x <= s.h[0].x {
-			continue
-		}
-		c := logitAt{x, i}
+		scanned += hi - lo
+		m, _ := partition(c, lo, hi)
 		switch {
-		case len(s.h) < k:
-			s.h = append(s.h, c)
-			for j := len(s.h) - 1; j > 0; {
-				p := (j - 1) / 2
-				if !worse(s.h[j], s.h[p]) {
-					break
-				}
-				s.h[j], s.h[p] = s.h[p], s.h[j]
-				j = p
-			}
-		case worse(s.h[0], c):
-			s.h[0] = c
-			down(0)
+		case n < m:
+			hi = m
+		case n > m:
+			lo = m + 1
+		default:
+			return scanned
 		}
 	}
-	sort.Slice(s.h, func(a, b int) bool { return s.h.Less(a, b) })
-	return s.h
-}
-
-type logitAt struct {
-	x float32
-	i int
-}
-
-// logitHeap holds candidates; Less orders them by decreasing logit, lower
-// index first on ties.
-type logitHeap []logitAt
-
-func (h logitHeap) Less(a, b int) bool {
-	if h[a].x != h[b].x {
-		return h[a].x > h[b].x
-	}
-	return h[a].i < h[b].i
+	return scanned
 }
