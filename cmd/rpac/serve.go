@@ -31,7 +31,8 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "write-timeout", Value: serve.DefaultWriteTimeout, Usage: "time a client has to take an answer (on the model routes, from the moment it is ready; streams use --stream-idle-timeout)"},
 		&cli.DurationFlag{Name: "stream-idle-timeout", Value: serve.DefaultStreamIdleTimeout, Usage: "time a streaming client has to take each event before it is cut off"},
 		&cli.DurationFlag{Name: "idle-timeout", Value: serve.DefaultIdleTimeout, Usage: "time a keep-alive connection may wait for its next request"},
-		&cli.IntFlag{Name: "max-conns", Value: serve.DefaultMaxConns, Usage: "most connections open at once (more wait in the listen backlog)"},
+		&cli.IntFlag{Name: "max-conns", Value: serve.DefaultMaxConns, Usage: "most connections open at once (at the limit an idle keep-alive one, else one a second late with its headers, is closed for a new one; failing both, more wait in the listen backlog)"},
+		&cli.IntFlag{Name: "max-conns-per-client", Value: serve.DefaultMaxConnsPerClient, Usage: "most connections open at once from one remote IP (more are closed at once)"},
 	}, sessionFlags()...)
 }
 
@@ -78,15 +79,18 @@ func serveConfig(c *cli.Context) (serve.Config, error) {
 	if c.Int64("response-memory") < c.Int64("max-response") {
 		return serve.Config{}, fmt.Errorf("--response-memory (%d) must hold at least one answer of --max-response (%d)", c.Int64("response-memory"), c.Int64("max-response"))
 	}
-	if c.Int("max-conns") <= 0 {
-		return serve.Config{}, fmt.Errorf("--max-conns must be positive (got %d)", c.Int("max-conns"))
+	for _, n := range []string{"max-conns", "max-conns-per-client"} {
+		if c.Int(n) <= 0 {
+			return serve.Config{}, fmt.Errorf("--%s must be positive (got %d)", n, c.Int(n))
+		}
 	}
 	return serve.Config{MaxBatch: c.Int("max-batch"), MaxWait: c.Duration("max-wait"), Queue: c.Int("queue"),
 		MaxBodyBytes: c.Int64("max-body"), MaxTokens: c.Int("max-tokens"), Timeout: c.Duration("timeout"),
 		MaxResponseBytes: c.Int64("max-response"), ResponseMemory: c.Int64("response-memory"),
 		ReadHeaderTimeout: c.Duration("read-header-timeout"), ReadTimeout: c.Duration("read-timeout"),
 		WriteTimeout: c.Duration("write-timeout"), StreamIdleTimeout: c.Duration("stream-idle-timeout"),
-		IdleTimeout: c.Duration("idle-timeout"), MaxConns: c.Int("max-conns"), Log: logger(c)}, nil
+		IdleTimeout: c.Duration("idle-timeout"), MaxConns: c.Int("max-conns"),
+		MaxConnsPerClient: c.Int("max-conns-per-client"), Log: logger(c)}, nil
 }
 
 // openAIFlags reads the flags of the OpenAI routes.

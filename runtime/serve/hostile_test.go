@@ -3,11 +3,13 @@ package serve
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -397,8 +399,9 @@ func TestConnectionTimeouts(t *testing.T) {
 	}
 }
 
-// TestMaxConns: with MaxConns 2 and two connections open, a third waits
-// until one of them closes.
+// TestMaxConns: with MaxConns 2 and two connections open (for less than
+// the second they may go without headers), a third waits until one of them
+// closes.
 func TestMaxConns(t *testing.T) {
 	_, addr := serveTest(t, &countModel{}, Config{MaxConns: 2})
 	var open []net.Conn
@@ -421,6 +424,85 @@ func TestMaxConns(t *testing.T) {
 	resp, err := client.Get("http://" + addr + "/v2/health/live")
 	if err != nil {
 		t.Fatalf("after one closed: %v", err)
+	}
+	resp.Body.Close()
+}
+
+// TestMaxConnsClosesIdle: with MaxConns 3 held by idle keep-alive
+// connections, a new client is served at once: the longest idle one is
+// closed for it (not after the idle timeout).
+func TestMaxConnsClosesIdle(t *testing.T) {
+	_, addr := serveTest(t, &countModel{}, Config{MaxConns: 3, IdleTimeout: time.Minute})
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close() // the connection stays open, idle
+	}
+	checkServedWithin(t, addr, 3*time.Second)
+}
+
+// TestMaxConnsClosesHeaderless: with MaxConns 3 held by connections that
+// never finish their headers, a new client is served about a second later
+// (not after the read header timeout).
+func TestMaxConnsClosesHeaderless(t *testing.T) {
+	_, addr := serveTest(t, &countModel{}, Config{MaxConns: 3, ReadHeaderTimeout: time.Minute})
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+	}
+	checkServedWithin(t, addr, 5*time.Second)
+}
+
+// TestMaxConnsPerClient: a remote IP holding MaxConnsPerClient connections
+// has one more closed at once; once one of its connections closes, it is
+// served again.
+func TestMaxConnsPerClient(t *testing.T) {
+	_, addr := serveTest(t, &countModel{}, Config{MaxConnsPerClient: 2})
+	var open []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		open = append(open, c)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a third connection from one IP: read %d bytes, %v; want it closed at once", n, err)
+	}
+	open[0].Close()
+	checkServedWithin(t, addr, 5*time.Second)
+}
+
+// checkServedWithin fails t unless a new connection to addr gets an answer
+// within d.
+func checkServedWithin(t *testing.T, addr string, d time.Duration) {
+	t.Helper()
+	client := &http.Client{Timeout: d, Transport: &http.Transport{DisableKeepAlives: true}}
+	t0 := time.Now()
+	resp, err := client.Get("http://" + addr + "/v2/health/live")
+	if err != nil {
+		t.Fatalf("a new client, after %v: %v", time.Since(t0), err)
 	}
 	resp.Body.Close()
 }

@@ -81,6 +81,7 @@ const (
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultStreamIdleTimeout = 30 * time.Second
 	DefaultMaxConns          = 1024
+	DefaultMaxConnsPerClient = 256
 )
 
 // Config configures a Server; zero fields take the defaults above.
@@ -147,9 +148,15 @@ type Config struct {
 	// IdleTimeout bounds how long a keep-alive connection waits for its
 	// next request.
 	IdleTimeout time.Duration
-	// MaxConns bounds the connections Serve holds open at once; beyond it
-	// new connections wait in the listen backlog.
+	// MaxConns bounds the connections Serve holds open at once. At the
+	// bound, an idle keep-alive connection is closed to make room for a new
+	// one, else one that has gone a second (or ReadHeaderTimeout, if
+	// shorter) without finishing its headers; failing both, new connections
+	// wait in the listen backlog.
 	MaxConns int
+	// MaxConnsPerClient bounds the connections open at once from one remote
+	// IP; one more is closed as soon as it is accepted.
+	MaxConnsPerClient int
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends.
 	ShutdownTimeout time.Duration
@@ -186,9 +193,10 @@ func (c *Config) defaults() error {
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
 	c.ResponseMemory = cmp.Or(c.ResponseMemory, max(DefaultResponseMemory, c.MaxResponseBytes))
 	c.MaxConns = cmp.Or(c.MaxConns, DefaultMaxConns)
+	c.MaxConnsPerClient = cmp.Or(c.MaxConnsPerClient, DefaultMaxConnsPerClient)
 	switch {
-	case c.MaxBatch < 0 || c.Queue < 0 || c.MaxTokens < 0 || c.MaxInferValues < 0 || c.MaxConns < 0:
-		return errors.New("serve: max batch, queue, max tokens, max infer values and max connections must not be negative")
+	case c.MaxBatch < 0 || c.Queue < 0 || c.MaxTokens < 0 || c.MaxInferValues < 0 || c.MaxConns < 0 || c.MaxConnsPerClient < 0:
+		return errors.New("serve: max batch, queue, max tokens, max infer values and max connections (per client too) must not be negative")
 	case c.MaxWait < 0 || c.Timeout < 0 || c.ShutdownTimeout < 0 || c.MaxBodyBytes < 0:
 		return errors.New("serve: durations and the body limit must not be negative")
 	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.StreamIdleTimeout < 0:
@@ -361,15 +369,18 @@ func (e *errorRewriter) Write(p []byte) (int, error) {
 // Handler is the server's HTTP handler (all routes).
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Serve accepts connections on ln (at most MaxConns at once) until ctx
+// Serve accepts connections on ln (at most MaxConns at once, MaxConnsPerClient
+// from one IP) until ctx
 // ends, then shuts down gracefully: readiness turns false, the listener
 // closes, requests in flight finish (within ShutdownTimeout), and the
 // batchers stop. It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := s.httpServer(ctx)
-	ln = limitListener(ln, s.cfg.MaxConns)
+	ll := limitListener(ln, connLimits{max: s.cfg.MaxConns, perClient: s.cfg.MaxConnsPerClient,
+		header: min(crowdedHeaderTimeout, s.cfg.ReadHeaderTimeout)})
+	srv.ConnState = ll.track
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(ll) }()
 	select {
 	case err := <-errc:
 		s.Close()
