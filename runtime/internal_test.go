@@ -309,6 +309,58 @@ func TestReadIORefusesNonFiniteWeights(t *testing.T) {
 	}
 }
 
+// TestReadIORefusesNegInfOutsideMasks: −Inf is allowed in a one-element
+// tensor and in the strict upper triangle of a causal mask, refused in any
+// other tensor (a weight); a float attribute must be finite, but for −Inf in
+// a Constant's value_float.
+func TestReadIORefusesNegInfOutsideMasks(t *testing.T) {
+	const ninf, nan, one = 0xff800000, 0x7fc00000, 0x3f800000
+	msg := func(field int, b []byte) []byte { return append([]byte{byte(field<<3 | 2), byte(len(b))}, b...) }
+	f32 := func(bits ...uint32) (raw []byte) {
+		for _, u := range bits {
+			raw = append(raw, byte(u), byte(u>>8), byte(u>>16), byte(u>>24))
+		}
+		return raw
+	}
+	tensor := func(name string, dims []byte, bits ...uint32) []byte {
+		t := []byte{2<<3 | 0, 1} // data_type FLOAT
+		for _, d := range dims {
+			t = append(t, 1<<3|0, d)
+		}
+		t = append(t, msg(8, []byte(name))...)
+		return msg(5, append(t, msg(9, f32(bits...))...)) // an initializer
+	}
+	attr := func(name string, bits uint32) []byte {
+		a := append(msg(1, []byte(name)), append([]byte{2<<3 | 5}, f32(bits)...)...) // name, f
+		return msg(1, msg(5, a))                                                     // a node holding it
+	}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name  string
+		graph []byte
+		bad   bool
+	}{
+		{"scalar fill", tensor("fill", []byte{1}, ninf), false},
+		{"causal mask", tensor("attn.causal_mask.T2", []byte{2, 2}, one, ninf, one, one), false},
+		{"causal mask [1,1,2,3]", tensor("m", []byte{1, 1, 2, 3}, one, one, ninf, one, one, one), false},
+		{"lower triangle", tensor("m_low", []byte{2, 2}, one, one, ninf, one), true},
+		{"tok_emb", tensor("tok_emb", []byte{2, 3}, one, one, one, one, ninf, one), true},
+		{"vector", tensor("bias_vec", []byte{3}, one, ninf, one), true},
+		{"epsilon NaN", attr("epsilon", nan), true},
+		{"epsilon -Inf", attr("epsilon", ninf), true},
+		{"value_float NaN", attr("value_float", nan), true},
+		{"value_float -Inf", attr("value_float", ninf), false},
+		{"epsilon", attr("epsilon", one), false},
+	} {
+		path := filepath.Join(dir, "m.onnx")
+		os.WriteFile(path, msg(7, c.graph), 0o644)
+		_, _, err := readIO(path, true)
+		if got := errors.Is(err, errNonFinite); got != c.bad {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+}
+
 // TestManifestSizeCap: a manifest larger than MaxManifestBytes is refused
 // without being read whole.
 func TestManifestSizeCap(t *testing.T) {

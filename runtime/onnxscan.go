@@ -17,10 +17,14 @@ import (
 // initializers, sparse initializers, the tensors of node attributes
 // (Constant nodes), in subgraphs and functions too, whether the values sit
 // in raw_data, in the typed repeated fields (float_data, int32_data for
-// float16/bfloat16, double_data) or in an external data file. Each floating
-// tensor must be finite (NaN and +Inf refused; −Inf is allowed: masks use
-// it), its stored size must match its shape, and its dtype must be one an
-// export writes. Errors name the tensor.
+// float16/bfloat16, double_data) or in an external data file, and the
+// float attributes of nodes. Each floating tensor must be finite, but for
+// the −Inf of the masks an export writes: a one-element tensor (the fill of
+// a Where) and the strict upper triangle of a causal mask (the last two
+// dimensions [T,S], the others 1: −Inf exactly at j > i + S − T). A float
+// attribute must be finite, but for −Inf in a Constant's value_float(s).
+// Each tensor's stored size must match its shape, and its dtype must be one
+// an export writes. Errors name the tensor or attribute.
 
 // scanConfig says how to check an ONNX file's tensors; nil checks nothing.
 type scanConfig struct {
@@ -255,6 +259,9 @@ func (sc *scanConfig) scanNode(r io.ReaderAt, off, end int64, depth int) error {
 // scanAttribute checks an AttributeProto's tensors (t, tensors), sparse
 // tensors and graphs (g, graphs).
 func (sc *scanConfig) scanAttribute(r io.ReaderAt, off, end int64, depth int) error {
+	if err := scanFloatAttribute(r, off, end); err != nil {
+		return err
+	}
 	return eachMessage(r, off, end, fields(5, 11, 6, 10, 22, 23), func(field int, start, end int64) error {
 		switch field {
 		case 5, 11:
@@ -265,6 +272,66 @@ func (sc *scanConfig) scanAttribute(r io.ReaderAt, off, end int64, depth int) er
 			return sc.scanSparse(r, start, end, "node attribute sparse tensor")
 		}
 	})
+}
+
+// scanFloatAttribute checks the float values (f, floats) of the
+// AttributeProto at [off, end): finite, but for −Inf in a Constant's
+// value_float(s).
+func scanFloatAttribute(r io.ReaderAt, off, end int64) error {
+	var name string
+	first := finite // the first non-finite kind found, and where
+	var at int64
+	v := rawCheck(dtFloat, nil)
+	s := newSeq(r, off, end)
+	for elem := int64(0); !s.done(); {
+		field, wt, err := s.tag()
+		if err != nil {
+			return err
+		}
+		n := int64(4)
+		switch {
+		case field == 1 && wt == 2:
+			if n, err = s.length(); err != nil {
+				return err
+			}
+			b, err := s.read(min(n, 256))
+			if err != nil {
+				return err
+			}
+			name = string(b)
+			if err := s.discard(n - int64(len(b))); err != nil {
+				return err
+			}
+			continue
+		case (field == 2 || field == 7) && wt == 5:
+		case field == 7 && wt == 2:
+			if n, err = s.length(); err != nil {
+				return err
+			}
+		default:
+			if err := s.skip(wt); err != nil {
+				return err
+			}
+			continue
+		}
+		for ; n >= 4; n -= 4 {
+			b, err := s.read(4)
+			if err != nil {
+				return err
+			}
+			if c := v.class(b); c > first {
+				first, at = c, elem
+			}
+			elem++
+		}
+		if err := s.discard(n); err != nil {
+			return err
+		}
+	}
+	if first == finite || first == negInfinite && (name == "value_float" || name == "value_floats") {
+		return nil
+	}
+	return fmt.Errorf("%w: node attribute %q holds a non-finite value (element %d): the model was altered", errNonFinite, name, at)
 }
 
 // scanSparse checks a SparseTensorProto's values (field 1).
@@ -421,13 +488,13 @@ func (sc *scanConfig) scanTensor(r io.ReaderAt, off, end int64, what string) err
 		var vals valueCheck
 		switch {
 		case field == 9 && wt == 2:
-			vals = rawCheck(m.dtype)
+			vals = rawCheck(m.dtype, maskNegInf(m.dims))
 		case field == 4 && m.dtype == dtFloat && (wt == 2 || wt == 5):
-			vals = rawCheck(dtFloat)
+			vals = rawCheck(dtFloat, maskNegInf(m.dims))
 		case field == 10 && m.dtype == dtDouble && (wt == 2 || wt == 1):
-			vals = rawCheck(dtDouble)
+			vals = rawCheck(dtDouble, maskNegInf(m.dims))
 		case field == 5 && (m.dtype == dtFloat16 || m.dtype == dtBFloat16) && (wt == 0 || wt == 2):
-			if err := scanHalfVarints(s, wt, m.dtype, m.name, what); err != nil {
+			if err := scanHalfVarints(s, wt, rawCheck(m.dtype, maskNegInf(m.dims)), m.name, what); err != nil {
 				return err
 			}
 			continue
@@ -455,41 +522,89 @@ func (sc *scanConfig) scanTensor(r io.ReaderAt, off, end int64, what string) err
 	return nil
 }
 
-// valueCheck finds a NaN or +Inf among little-endian values of one size.
+// valueCheck finds a non-finite value among little-endian values of one
+// size; negInf says where −Inf is allowed (by element index).
 type valueCheck struct {
-	size  int64
-	dtype uint64
-	bad   func(b []byte) bool
+	size   int64
+	dtype  uint64
+	class  func(b []byte) finiteness
+	negInf func(elem int64) bool
 }
 
-func rawCheck(dtype uint64) valueCheck {
+// finiteness is what a floating value is, as the scan sees it.
+type finiteness int
+
+const (
+	finite finiteness = iota
+	negInfinite
+	nanOrPosInf
+)
+
+// classify sorts a value by its exponent bits (all set: not finite) and
+// whether it is exactly −Inf.
+func classify(u, expMask, negInfBits uint64) finiteness {
+	switch {
+	case u&expMask != expMask:
+		return finite
+	case u == negInfBits:
+		return negInfinite
+	}
+	return nanOrPosInf
+}
+
+func rawCheck(dtype uint64, negInf func(int64) bool) valueCheck {
 	switch dtype {
 	case dtFloat16:
-		return valueCheck{2, dtype, func(b []byte) bool {
-			u := uint16(b[0]) | uint16(b[1])<<8
-			return u&0x7c00 == 0x7c00 && u != 0xfc00
-		}}
+		return valueCheck{2, dtype, func(b []byte) finiteness {
+			return classify(uint64(b[0])|uint64(b[1])<<8, 0x7c00, 0xfc00)
+		}, negInf}
 	case dtBFloat16:
-		return valueCheck{2, dtype, func(b []byte) bool {
-			u := uint16(b[0]) | uint16(b[1])<<8
-			return u&0x7f80 == 0x7f80 && u != 0xff80
-		}}
+		return valueCheck{2, dtype, func(b []byte) finiteness {
+			return classify(uint64(b[0])|uint64(b[1])<<8, 0x7f80, 0xff80)
+		}, negInf}
 	case dtDouble:
-		return valueCheck{8, dtype, func(b []byte) bool {
+		return valueCheck{8, dtype, func(b []byte) finiteness {
 			u := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 | uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-			return u&0x7ff0000000000000 == 0x7ff0000000000000 && u != 0xfff0000000000000
-		}}
+			return classify(u, 0x7ff0000000000000, 0xfff0000000000000)
+		}, negInf}
 	case dtFloat:
-		return valueCheck{4, dtype, func(b []byte) bool {
-			u := uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
-			return u&0x7f800000 == 0x7f800000 && u != 0xff800000
-		}}
+		return valueCheck{4, dtype, func(b []byte) finiteness {
+			return classify(uint64(b[0])|uint64(b[1])<<8|uint64(b[2])<<16|uint64(b[3])<<24, 0x7f800000, 0xff800000)
+		}, negInf}
 	}
-	return valueCheck{1, dtype, func([]byte) bool { return false }}
+	return valueCheck{1, dtype, func([]byte) finiteness { return finite }, negInf}
 }
 
-func (v valueCheck) nonFinite(name, what string, elem int64) error {
-	return fmt.Errorf("%w: %s %q (%s) holds a NaN or +Inf value (element %d): the weights diverged or were altered", errNonFinite, what, name, dtypeName(v.dtype), elem)
+// check returns the error for the value b at element elem, if any.
+func (v valueCheck) check(b []byte, name, what string, elem int64) error {
+	switch v.class(b) {
+	case nanOrPosInf:
+		return fmt.Errorf("%w: %s %q (%s) holds a NaN or +Inf value (element %d): the weights diverged or were altered", errNonFinite, what, name, dtypeName(v.dtype), elem)
+	case negInfinite:
+		if v.negInf == nil || !v.negInf(elem) {
+			return fmt.Errorf("%w: %s %q (%s) holds −Inf at element %d, where no mask an export writes has it: the weights diverged or were altered", errNonFinite, what, name, dtypeName(v.dtype), elem)
+		}
+	}
+	return nil
+}
+
+// maskNegInf says where a tensor of shape dims may hold −Inf: anywhere in
+// a one-element tensor, at j > i + S − T of a causal mask [..., T, S]
+// whose other dimensions are 1, nowhere else.
+func maskNegInf(dims []int64) func(int64) bool {
+	numel := int64(1)
+	for _, d := range dims {
+		numel *= d
+	}
+	if numel == 1 {
+		return func(int64) bool { return true }
+	}
+	r := len(dims)
+	if r < 2 || numel != dims[r-2]*dims[r-1] {
+		return nil
+	}
+	T, S := dims[r-2], dims[r-1]
+	return func(e int64) bool { return e%S > e/S+S-T }
 }
 
 // stream checks n bytes read from s.
@@ -506,8 +621,8 @@ func (v valueCheck) stream(s *seq, n int64, name, what string) error {
 		}
 		s.off += k
 		for i := int64(0); i < k; i += v.size {
-			if v.bad(buf[i : i+v.size]) {
-				return v.nonFinite(name, what, (done+i)/v.size)
+			if err := v.check(buf[i:i+v.size], name, what, (done+i)/v.size); err != nil {
+				return err
 			}
 		}
 		done += k
@@ -516,13 +631,9 @@ func (v valueCheck) stream(s *seq, n int64, name, what string) error {
 }
 
 // scanHalfVarints checks float16/bfloat16 values held in int32_data.
-func scanHalfVarints(s *seq, wt int, dtype uint64, name, what string) error {
-	v := rawCheck(dtype)
+func scanHalfVarints(s *seq, wt int, v valueCheck, name, what string) error {
 	check := func(x uint64, i int64) error {
-		if v.bad([]byte{byte(x), byte(x >> 8)}) {
-			return v.nonFinite(name, what, i)
-		}
-		return nil
+		return v.check([]byte{byte(x), byte(x >> 8)}, name, what, i)
 	}
 	if wt == 0 {
 		x, err := s.varint()
@@ -608,7 +719,7 @@ func (sc *scanConfig) scanExternal(m *tensorMeta, want int64, what string) error
 	}
 	defer f.Close()
 	s := newSeq(f, off, off+n)
-	return rawCheck(m.dtype).stream(s, n, m.name, what)
+	return rawCheck(m.dtype, maskNegInf(m.dims)).stream(s, n, m.name, what)
 }
 
 // errBadTensor marks a tensor refused for its dtype, shape or storage.

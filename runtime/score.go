@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"math"
 	goruntime "runtime"
 	"sync"
@@ -98,6 +99,15 @@ type Evaluation struct {
 	MeanCE  float64       // NLL / Tokens
 	InModel time.Duration // in onnxruntime
 	Elapsed time.Duration // in all, scoring included
+}
+
+// Err reports a cross-entropy that is not a finite number: the model's
+// outputs were not finite, and the evaluation measured nothing.
+func (e Evaluation) Err() error {
+	if math.IsNaN(e.MeanCE) || math.IsInf(e.MeanCE, 0) {
+		return fmt.Errorf("runtime: the mean cross-entropy over %d tokens is %v: the model's outputs are not finite", e.Tokens, e.MeanCE)
+	}
+	return nil
 }
 
 // Evaluate scores the first chunks chunks of T+1 tokens of ids (chunk k

@@ -123,3 +123,17 @@ func BenchmarkScorer(b *testing.B) {
 		})
 	}
 }
+
+// TestEvaluationErr: an evaluation whose mean cross-entropy is NaN or
+// infinite is an error (rpac eval exits non-zero after printing it); a
+// finite one is not.
+func TestEvaluationErr(t *testing.T) {
+	for _, c := range []struct {
+		ce  float64
+		bad bool
+	}{{math.NaN(), true}, {math.Inf(1), true}, {math.Inf(-1), true}, {3.2, false}, {0, false}} {
+		if err := (Evaluation{Tokens: 10, MeanCE: c.ce}).Err(); (err != nil) != c.bad {
+			t.Errorf("CE %v: %v", c.ce, err)
+		}
+	}
+}

@@ -76,7 +76,7 @@ func evalAction(c *cli.Context) error {
 	}
 	report(c, evaluatedEvent{Data: name, T: T, Chunks: chunks, Tokens: r.Tokens, CE: r.MeanCE, ModelTokPerS: float64(r.Tokens) / r.InModel.Seconds(),
 		TokPerS: float64(r.Tokens) / r.Elapsed.Seconds(), Runtime: runtime.LoadedVersion(), Provider: c.String("provider")})
-	return nil
+	return r.Err() // a CE that is NaN is printed, and fails the command
 }
 
 func checkEvalFlags(c *cli.Context) error {
