@@ -404,15 +404,7 @@ func TestConnectionTimeouts(t *testing.T) {
 // closes.
 func TestMaxConns(t *testing.T) {
 	_, addr := serveTest(t, &countModel{}, Config{MaxConns: 2})
-	var open []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		open = append(open, c)
-	}
+	open := dialN(t, addr, 2)
 	time.Sleep(50 * time.Millisecond) // let the server accept both
 	client := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}}
 	if resp, err := client.Get("http://" + addr + "/v2/health/live"); err == nil {
@@ -433,12 +425,7 @@ func TestMaxConns(t *testing.T) {
 // closed for it (not after the idle timeout).
 func TestMaxConnsClosesIdle(t *testing.T) {
 	_, addr := serveTest(t, &countModel{}, Config{MaxConns: 3, IdleTimeout: time.Minute})
-	for range 3 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+	for _, c := range dialN(t, addr, 3) {
 		br := bufio.NewReader(c)
 		fmt.Fprintf(c, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
 		resp, err := http.ReadResponse(br, nil)
@@ -456,12 +443,7 @@ func TestMaxConnsClosesIdle(t *testing.T) {
 // (not after the read header timeout).
 func TestMaxConnsClosesHeaderless(t *testing.T) {
 	_, addr := serveTest(t, &countModel{}, Config{MaxConns: 3, ReadHeaderTimeout: time.Minute})
-	for range 3 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+	for _, c := range dialN(t, addr, 3) {
 		fmt.Fprintf(c, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
 	}
 	checkServedWithin(t, addr, 5*time.Second)
@@ -472,15 +454,7 @@ func TestMaxConnsClosesHeaderless(t *testing.T) {
 // served again.
 func TestMaxConnsPerClient(t *testing.T) {
 	_, addr := serveTest(t, &countModel{}, Config{MaxConnsPerClient: 2})
-	var open []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		open = append(open, c)
-	}
+	open := dialN(t, addr, 2)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -492,6 +466,21 @@ func TestMaxConnsPerClient(t *testing.T) {
 	}
 	open[0].Close()
 	checkServedWithin(t, addr, 5*time.Second)
+}
+
+// dialN opens n connections to addr, closed when t ends.
+func dialN(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	var open []net.Conn
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		open = append(open, c)
+	}
+	return open
 }
 
 // checkServedWithin fails t unless a new connection to addr gets an answer
