@@ -239,19 +239,20 @@ var plants = map[string]func(string) string{
 	"grid-stride": func(s string) string {
 		return strings.Replace(s, "i < (n); i += (i64)gridDim.x", "i <= (n); i += (i64)gridDim.x", 1)
 	},
-	// one of block_sum's three __syncthreads removed
-	"block_sum-sync1": func(s string) string { return removeSync(s, 0) },
-	"block_sum-sync2": func(s string) string { return removeSync(s, 1) },
-	"block_sum-sync3": func(s string) string { return removeSync(s, 2) },
+	// one of block_reduce's three __syncthreads removed (block_sum and
+	// block_max are both block_reduce)
+	"block_reduce-sync1": func(s string) string { return removeSync(s, 0) },
+	"block_reduce-sync2": func(s string) string { return removeSync(s, 1) },
+	"block_reduce-sync3": func(s string) string { return removeSync(s, 2) },
 }
 
 func removeSync(s string, k int) string {
-	i := strings.Index(s, "float block_sum(")
-	j := strings.Index(s[i:], "float block_max(")
+	i := strings.Index(s, "float block_reduce(")
+	j := strings.Index(s[i:], "float block_sum(")
 	body := s[i : i+j]
 	parts := strings.Split(body, "__syncthreads();")
 	if len(parts) != 4 {
-		return s + "\n#error block_sum does not have three __syncthreads\n"
+		return s + "\n#error block_reduce does not have three __syncthreads\n"
 	}
 	out := ""
 	for n, p := range parts {
