@@ -130,7 +130,7 @@ func BuildInto(dir string) error {
 		}
 	}
 	lib := filepath.Join(tmp, "libcudasim.so")
-	args := []string{"-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+	args := []string{"-std=c++17", "-O2", "-g", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
 		fmt.Sprintf("-DRPAC_SIM_REV=%d", rev), "-o", lib, filepath.Join(tmp, "cudasim.cpp"), "-ldl"}
 	out, err := exec.Command(cxx, args...).CombinedOutput()
 	if err != nil {

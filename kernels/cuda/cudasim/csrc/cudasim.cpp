@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -73,6 +74,7 @@ enum {
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
+    CUDA_ERROR_MISALIGNED_ADDRESS = 716,
     CUDA_ERROR_LAUNCH_FAILED = 719,
 };
 
@@ -91,6 +93,7 @@ const char* cuda_error_name(int r) {
     case CUDA_ERROR_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
     case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: return "too many resources requested for launch";
     case CUDA_ERROR_ILLEGAL_INSTRUCTION: return "an illegal instruction was encountered";
+    case CUDA_ERROR_MISALIGNED_ADDRESS: return "misaligned address";
     case CUDA_ERROR_LAUNCH_FAILED: return "unspecified launch failure";
     }
     return "unknown error";
@@ -137,6 +140,47 @@ std::map<std::string, long> stat_diff_by_kernel;
 std::atomic<long> stat_cubin_loads{0}, stat_ptx_loads{0};
 std::atomic<long> stat_lt_descs{0}, stat_lt_layouts{0}, stat_lt_heuristics{0}, stat_lt_live{0};
 
+// ---------------------------------------------------------------- fragment layouts
+
+// The WMMA fragment layouts (cudasim_kernel.h): for each fragment type, a
+// permutation of the tile's 256 positions over (lane, element), entry
+// lane·8 + e holding r·16 + c. They are drawn from a seed at cuInit
+// (RPAC_CUDASIM_MMA_SEED, else a random one) or by rpacsim_config
+// ("mma_seed"); the first kernel to use a fragment prints the seed.
+constexpr int kFragKinds = 5;
+unsigned char g_frag_map[kFragKinds][256];
+std::atomic<unsigned long> g_mma_seed{0};
+std::atomic<bool> g_mma_seed_told{false};
+
+uint64_t splitmix64(uint64_t* x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// draw_frag_layouts draws every fragment type's layout from seed (a
+// Fisher-Yates shuffle each). Called with no launch running.
+void draw_frag_layouts(unsigned long seed) {
+    uint64_t x = seed;
+    for (int k = 0; k < kFragKinds; k++) {
+        unsigned char* m = g_frag_map[k];
+        for (int i = 0; i < 256; i++) m[i] = (unsigned char)i;
+        for (int i = 255; i > 0; i--) std::swap(m[i], m[splitmix64(&x) % (uint64_t)(i + 1)]);
+    }
+    g_mma_seed = seed;
+    g_mma_seed_told = false;
+}
+
+// initial_mma_seed: RPAC_CUDASIM_MMA_SEED, else one from the clock and
+// the process (never 0 by chance alone, but 0 is a seed like any other).
+unsigned long initial_mma_seed() {
+    const char* s = getenv("RPAC_CUDASIM_MMA_SEED");
+    if (s && *s) return strtoul(s, nullptr, 10);
+    uint64_t x = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count() ^ ((uint64_t)getpid() << 32);
+    return (unsigned long)(splitmix64(&x) & 0xffffffffull);
+}
+
 size_t page_size() {
     static size_t p = (size_t)sysconf(_SC_PAGESIZE);
     return p;
@@ -174,11 +218,16 @@ size_t alloc_align(size_t n) {
     return a;
 }
 
-// guarded_map maps n bytes flush against a trailing guard page (and a guard
-// page in front); returns the data pointer or 0.
-uintptr_t guarded_map(size_t n, size_t* map_out, size_t* len_out) {
+// kAllocAlign: the alignment of an allocation's start (cuMemAlloc's on a GPU).
+constexpr size_t kAllocAlign = 256;
+
+// guarded_map maps n bytes that start at a multiple of align (a power of
+// two) and end as close to a trailing guard page as that allows: flush
+// against it when align divides n (there is a guard page in front too);
+// returns the data pointer or 0.
+uintptr_t guarded_map(size_t n, size_t align, size_t* map_out, size_t* len_out) {
     size_t ps = page_size();
-    size_t data_pages = (n + 15 + ps - 1) / ps;
+    size_t data_pages = (n + align - 1 + ps - 1) / ps;
     size_t len = (data_pages + 2) * ps;
     void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return 0;
@@ -188,10 +237,34 @@ uintptr_t guarded_map(size_t n, size_t* map_out, size_t* len_out) {
         return 0;
     }
     uintptr_t end = mb + ps + data_pages * ps;
-    uintptr_t base = (end - n) & ~(uintptr_t)(alloc_align(n) - 1);
+    uintptr_t base = (end - n) & ~(uintptr_t)(align - 1);
     *map_out = mb;
     *len_out = len;
     return base;
+}
+
+// An allocation's slack: the bytes from its end to its guard page (fewer
+// than kAllocAlign), filled at allocation with quiet NaNs whose payloads
+// hash their addresses, so a read there gives NaN and a write, even of a
+// value read from another slack, changes them.
+uintptr_t slack_end(const Alloc& a) { return a.map + a.map_len - page_size(); }
+
+unsigned char slack_byte(uintptr_t p) {
+    uint64_t x = p >> 2;
+    uint32_t w = 0xffc00000u | (uint32_t)(splitmix64(&x) & 0x3fffffu);
+    return (unsigned char)(w >> (8 * (p & 3)));
+}
+
+void fill_slack(const Alloc& a) {
+    for (uintptr_t p = a.base + a.size; p < slack_end(a); p++) *(unsigned char*)p = slack_byte(p);
+}
+
+// slack_written: how far past the allocation's end the first changed byte
+// of its slack lies, or -1.
+long slack_written(const Alloc& a) {
+    for (uintptr_t p = a.base + a.size; p < slack_end(a); p++)
+        if (*(const unsigned char*)p != slack_byte(p)) return (long)(p - a.base - a.size);
+    return -1;
 }
 
 // find_alloc returns the allocation holding [p, p+n) or nullptr.
@@ -303,7 +376,8 @@ rpac_sim_fiber_start:
 )");
 #endif
 
-enum FState { F_READY, F_BARRIER, F_WARP, F_EXITED };
+// F_FAILED: stopped by a diagnostic (the block ends with its error).
+enum FState { F_READY, F_BARRIER, F_WARP, F_EXITED, F_FAILED };
 
 struct Fiber {
     // What the kernel sees (rpac_sim_self): must stay first.
@@ -453,6 +527,8 @@ void fiber_init(Worker* w, Fiber* f) {
     (void)w;
 }
 
+constexpr int kOpMma = 8;  // RPAC_MMA_SYNC: rpac_mma's rendezvous
+
 const char* op_name(int op) {
     static const char* n[] = {"__shfl_sync", "__shfl_down_sync", "__shfl_up_sync", "__shfl_xor_sync",
                               "__any_sync",  "__all_sync",       "__ballot_sync",  "__syncwarp",
@@ -481,6 +557,51 @@ std::string gone_lane(Worker* w, Fiber* f, int base, int l, unsigned mask, const
                    op_name(f->op), f->file, f->line, where(f).c_str(), l, o->last_mask, mask);
     return fmt("%s at %s:%d in %s: lane %d of mask %#x %s", op_name(f->op), f->file, f->line, where(f).c_str(), l,
                mask, what);
+}
+
+// MmaArgs: one lane's operands of a product (cudasim_kernel.h's
+// rpac_sim_mma_args), passed as the lane's value at the rendezvous.
+struct MmaArgs {
+    const unsigned short* a;
+    const unsigned short* b;
+    int a_kind, b_kind;
+    const float* c;
+    float* d;
+};
+
+float bf16_value(unsigned short h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// mma_complete computes the warp's product once all 32 lanes wait at it:
+// the tiles a and b gathered from every lane's elements through their
+// layouts, and each lane's elements of a·b + c through the accumulator's
+// (each the 16 exact products of a row and a column summed in k order,
+// then c added). The lanes' fragments stay put while they wait.
+void mma_complete(Worker* w, int base) {
+    float A[256], B[256];
+    const unsigned char* acc = g_frag_map[4];
+    for (int l = 0; l < 32; l++) {
+        const MmaArgs* q = (const MmaArgs*)(uintptr_t)w->fibers[base + l].val;
+        const unsigned char* ma = g_frag_map[q->a_kind] + l * 8;
+        const unsigned char* mb = g_frag_map[q->b_kind] + l * 8;
+        for (int e = 0; e < 8; e++) {
+            A[ma[e]] = bf16_value(q->a[e]);
+            B[mb[e]] = bf16_value(q->b[e]);
+        }
+    }
+    for (int l = 0; l < 32; l++) {
+        const MmaArgs* q = (const MmaArgs*)(uintptr_t)w->fibers[base + l].val;
+        for (int e = 0; e < 8; e++) {
+            int i = acc[l * 8 + e] >> 4, j = acc[l * 8 + e] & 15;
+            float s = 0.0f;
+            for (int k = 0; k < 16; k++) s += A[i * 16 + k] * B[k * 16 + j];
+            q->d[e] = s + q->c[e];
+        }
+    }
 }
 
 // try_complete_warp checks whether the warp op lane f waits at can complete
@@ -516,6 +637,7 @@ void try_complete_warp(Worker* w, Fiber* f) {
         }
     }
     // Every lane arrived: compute each lane's result.
+    if (f->op == kOpMma) mma_complete(w, base);
     unsigned long long vals[32];
     for (int l = 0; l < 32; l++) vals[l] = (mask >> l & 1) ? w->fibers[base + l].val : 0;
     unsigned any = 0, all = 1, ballot = 0;
@@ -760,7 +882,7 @@ void worker_setup(Worker* w) {
     // dynamic shared memory: the opt-in's most, flush against a guard page
     size_t map, len;
     w->dyn_cap = kSharedOptin;
-    uintptr_t p = guarded_map(w->dyn_cap, &map, &len);
+    uintptr_t p = guarded_map(w->dyn_cap, alloc_align(w->dyn_cap), &map, &len);
     w->dyn_shared = (char*)p;
     // an alternate signal stack, so a fault on a fiber stack can be handled
     size_t alt = 64 << 10;
@@ -923,6 +1045,32 @@ EXPORT unsigned long long rpac_sim_warp(int op, unsigned mask, unsigned long lon
     return f->result;
 }
 
+EXPORT const unsigned char* rpac_sim_frag_map(int kind) {
+    if (!g_mma_seed_told.load(std::memory_order_relaxed) && !g_mma_seed_told.exchange(true))
+        fprintf(stderr, "cudasim: WMMA fragment layouts from seed %lu (RPAC_CUDASIM_MMA_SEED=%lu repeats them)\n",
+                g_mma_seed.load(), g_mma_seed.load());
+    return g_frag_map[kind >= 0 && kind < kFragKinds ? kind : 0];
+}
+
+// rpac_sim_wmma_fail reports a load or store that breaks WMMA's rules and
+// ends the block with the error.
+EXPORT void rpac_sim_wmma_fail(const char* op, const void* p, unsigned ldm, unsigned multiple, const char* file,
+                               int line) {
+    Worker* w = t_worker;
+    Fiber* f = w->cur;
+    std::string why;
+    if ((uintptr_t)p & 31u) why = fmt("pointer %p is not 32-byte aligned", p);
+    if (ldm % multiple)
+        why += fmt("%sldm %u is not a multiple of %u (%d-bit elements)", why.empty() ? "" : "; ", ldm, multiple,
+                   multiple == 8 ? 16 : 32);
+    block_error(w, CUDA_ERROR_MISALIGNED_ADDRESS,
+                fmt("%s at %s:%d in %s: %s (WMMA needs a 32-byte aligned pointer and ldm a multiple of 16 bytes)", op,
+                    file, line, where(f).c_str(), why.c_str()));
+    f->state = F_FAILED;
+    yield_to_sched(f);
+    abort();  // never resumed
+}
+
 EXPORT void* rpac_sim_dynamic_shared(void) { return t_worker ? t_worker->dyn_ptr : nullptr; }
 
 // ---------------------------------------------------------------- driver API
@@ -940,6 +1088,7 @@ EXPORT int cuInit(unsigned flags) {
     if (!g_init) {
         find_lib_dir();
         install_handlers();
+        draw_frag_layouts(initial_mma_seed());
         g_init = true;
     }
     return CUDA_SUCCESS;
@@ -1024,11 +1173,13 @@ EXPORT int cuMemAlloc_v2(uint64_t* ptr, size_t bytes) {
     NEED_CTX();
     if (!ptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     size_t map, len;
-    uintptr_t p = guarded_map(bytes, &map, &len);
+    uintptr_t p = guarded_map(bytes, kAllocAlign, &map, &len);
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     memset((void*)p, 0xff, bytes);  // NaN (float and double), -1 (integers)
+    Alloc a{p, bytes, map, len};
+    fill_slack(a);
     std::lock_guard<std::mutex> lk(g_mu);
-    g_allocs[p] = Alloc{p, bytes, map, len};
+    g_allocs[p] = a;
     g_alloc_bytes += (long)bytes;
     *ptr = p;
     return CUDA_SUCCESS;
@@ -1039,6 +1190,11 @@ EXPORT int cuMemFree_v2(uint64_t ptr) {
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_allocs.find(ptr);
     if (it == g_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    long past = slack_written(it->second);
+    if (past >= 0)
+        set_sticky(CUDA_ERROR_ILLEGAL_ADDRESS,
+                   fmt("the %zu-byte allocation at %#lx was written %ld bytes past its end (found when it was freed)",
+                       it->second.size, (unsigned long)ptr, past));
     munmap((void*)it->second.map, it->second.map_len);
     g_alloc_bytes -= (long)it->second.size;
     g_allocs.erase(it);
@@ -1289,6 +1445,27 @@ std::vector<Alloc> touched_allocs(Function* f, void** args) {
     return out;
 }
 
+// slack_check: a launch's pointer arguments' allocations with a written
+// slack (a write past the end the guard page does not catch, the start
+// being 256-byte aligned) fail it.
+int slack_check(Function* f, void** args, std::string* err) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    for (size_t i = 0; i < f->arg_sizes.size(); i++) {
+        if (f->arg_sizes[i] != 8) continue;
+        uint64_t v;
+        memcpy(&v, args[i], 8);
+        const Alloc* a = find_alloc(v, 1);
+        long past = a ? slack_written(*a) : -1;
+        if (past < 0) continue;
+        *err = fmt("kernel %s: invalid write %ld bytes past the end of the %zu-byte allocation at %#lx (argument %zu; "
+                   "found after the launch in the slack before its guard page)",
+                   f->name.c_str(), past, a->size, (unsigned long)a->base, i);
+        fill_slack(*a);
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    return 0;
+}
+
 int launch_once(Function* f, const unsigned grid[3], const unsigned block[3], unsigned shared, void** args,
                 bool reverse, unsigned char poison, std::string* err) {
     LaunchJob job;
@@ -1395,6 +1572,7 @@ EXPORT int cuLaunchKernel(void* fnp, unsigned gx, unsigned gy, unsigned gz, unsi
     } else {
         r = launch_once(f, grid, block, shared, args.data(), false, 0xff, &err);
     }
+    if (r == 0) r = slack_check(f, args.data(), &err);
     if (r != 0) {
         std::lock_guard<std::mutex> lk(g_mu);
         set_sticky(r, err);
@@ -1660,7 +1838,8 @@ EXPORT int rpacsim_version(void) { return RPAC_SIM_REV; }
 
 // rpacsim_config sets a simulator setting: "diff" (differential mode 0/1),
 // "verbose", "no_cubin" (1: NVRTC gives no cubin), "clear_sticky" (1:
-// forget the context's sticky error; returns it). Returns the previous
+// forget the context's sticky error; returns it), "mma_seed" (draws the
+// WMMA fragment layouts from this seed; between launches). Returns the previous
 // value, or -1 for an unknown key.
 EXPORT long rpacsim_config(const char* key, long v) {
     std::string k = key;
@@ -1678,6 +1857,11 @@ EXPORT long rpacsim_config(const char* key, long v) {
         return old;
     }
     if (k == "diff") return cfg_diff.exchange((int)v);
+    if (k == "mma_seed") {
+        long old = (long)g_mma_seed.load();
+        draw_frag_layouts((unsigned long)v);
+        return old;
+    }
     if (k == "verbose") return cfg_verbose.exchange((int)v);
     return -1;
 }
@@ -1689,7 +1873,8 @@ EXPORT long rpacsim_config(const char* key, long v) {
 // "ptx_loads" (modules loaded from each), "sticky" (the sticky error code),
 // "lt_descs", "lt_layouts" (cuBLASLt matmul descriptors and matrix layouts
 // created), "lt_live" (descriptors and layouts not yet destroyed) and
-// "lt_heuristics" (cublasLtMatmulAlgoGetHeuristic calls).
+// "lt_heuristics" (cublasLtMatmulAlgoGetHeuristic calls), "mma_seed" (the
+// seed of the WMMA fragment layouts).
 EXPORT long rpacsim_stat(const char* key) {
     std::string k = key;
     std::lock_guard<std::mutex> lk(g_mu);
@@ -1719,6 +1904,7 @@ EXPORT long rpacsim_stat(const char* key) {
     if (k == "lt_heuristics") return stat_lt_heuristics.load();
     if (k == "lt_live") return stat_lt_live.load();
     if (k == "sticky") return g_ctx.sticky;
+    if (k == "mma_seed") return (long)g_mma_seed.load();
     return -1;
 }
 

@@ -205,53 +205,95 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 static inline float __bfloat162float(__nv_bfloat16 h) { return rpac_bits<float>((unsigned)h.x << 16); }
 
-// rpac_mma (prelude.cuh's tensor-core tiles), simulated: a fragment holds
-// the whole 16×16 tile in every lane (element (r, c) at x[r·16 + c]), so
-// every lane loads the whole tile and computes the whole product. The
-// product is a rendezvous of the warp's 32 lanes (as wmma.mma.sync.aligned
-// is warp-collective: a lane that skips it is reported, the operation
-// named rpac_mma), and
-// rpac_store writes only the lane's share of the tile (the elements e with
-// e mod 32 = lane), so a lane that reads the stored tile before the warp
-// synchronises sees the poison of the others' elements.
+// rpac_mma (prelude.cuh's tensor-core tiles), simulated as WMMA is: a
+// fragment holds 8 of the tile's 256 elements in each of the warp's 32
+// lanes. Which lane's element e is which tile position is the simulator's
+// fragment layout, one per fragment type (rpac_sim_frag_map: entry
+// lane·8 + e is r·16 + c), drawn at random per run from a seed the
+// simulator prints (RPAC_CUDASIM_MMA_SEED repeats it), since the WMMA API
+// leaves the mapping opaque: a kernel that assumes one fails. Fragments of
+// one type share one layout, so a kernel may learn it through a product
+// (flash.cu's fa_row_ids). rpac_load reads, and rpac_store writes, only
+// the calling lane's elements, after checking WMMA's rules (a 32-byte
+// aligned pointer; ldm a multiple of 8 for bf16, of 4 for fp32); a lane
+// that reads a stored tile before the warp synchronises sees the poison
+// of the other lanes' elements. The product is a rendezvous of the warp's
+// 32 lanes (as wmma.mma.sync.aligned is warp-collective: a lane that
+// skips it is reported, the operation named rpac_mma) at which the
+// simulator gathers every lane's operands and gives each lane its
+// elements of a·b + c.
 #define RPAC_CUDASIM 1
-struct rpac_a_row { unsigned short x[256]; };
-struct rpac_a_col { unsigned short x[256]; };
-struct rpac_b_row { unsigned short x[256]; };
-struct rpac_b_col { unsigned short x[256]; };
-struct rpac_acc { float x[256]; };
-#define RPAC_ACC_N 256
+struct rpac_a_row { unsigned short x[8]; };
+struct rpac_a_col { unsigned short x[8]; };
+struct rpac_b_row { unsigned short x[8]; };
+struct rpac_b_col { unsigned short x[8]; };
+struct rpac_acc { float x[8]; };
+#define RPAC_ACC_N 8
+
+// The fragment types (the simulator's layouts are indexed by them).
+enum { RPAC_FRAG_A_ROW = 0, RPAC_FRAG_A_COL = 1, RPAC_FRAG_B_ROW = 2, RPAC_FRAG_B_COL = 3, RPAC_FRAG_ACC = 4 };
+static inline int rpac_sim_kind(const rpac_a_row&) { return RPAC_FRAG_A_ROW; }
+static inline int rpac_sim_kind(const rpac_a_col&) { return RPAC_FRAG_A_COL; }
+static inline int rpac_sim_kind(const rpac_b_row&) { return RPAC_FRAG_B_ROW; }
+static inline int rpac_sim_kind(const rpac_b_col&) { return RPAC_FRAG_B_COL; }
+static inline int rpac_sim_kind(const rpac_acc&) { return RPAC_FRAG_ACC; }
+
+// rpac_sim_mma_args: one lane's operands at the product's rendezvous (the
+// simulator reads every lane's and writes each lane's d).
+struct rpac_sim_mma_args {
+    const unsigned short* a;
+    const unsigned short* b;
+    int a_kind, b_kind;
+    const float* c;
+    float* d;
+};
+
+extern "C" {
+// the fragment layout of a kind: 256 tile positions r·16 + c, lane-major
+const unsigned char* rpac_sim_frag_map(int kind) __attribute__((const));
+// reports a broken WMMA rule at file:line and ends the block (never returns)
+void rpac_sim_wmma_fail(const char* op, const void* p, unsigned ldm, unsigned ldm_multiple, const char* file,
+                        int line) __attribute__((noreturn));
+}
 
 static inline unsigned rpac_sim_lane(void) {
     unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     return t & 31u;
 }
-// rpac_sim_tile: element (r, c) of a row-major (row = true) or column-major
-// tile at p with leading dimension ldm.
-static inline void rpac_sim_tile(unsigned short* x, const unsigned short* p, unsigned ldm, bool row) {
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) x[r * 16 + c] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+// rpac_sim_wmma_rules: WMMA's loads and stores need a 256-bit aligned
+// pointer and ldm a multiple of 16 bytes.
+static inline void rpac_sim_wmma_rules(const char* op, const void* p, unsigned ldm, unsigned multiple,
+                                       const char* file, int line) {
+    if (((uintptr_t)p & 31u) != 0 || ldm % multiple != 0) rpac_sim_wmma_fail(op, p, ldm, multiple, file, line);
 }
-static inline void rpac_load(rpac_a_row& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, true); }
-static inline void rpac_load(rpac_a_col& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, false); }
-static inline void rpac_load(rpac_b_row& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, true); }
-static inline void rpac_load(rpac_b_col& f, const unsigned short* p, unsigned ldm) { rpac_sim_tile(f.x, p, ldm, false); }
-static inline void rpac_store(float* p, const rpac_acc& f, unsigned ldm) {
-    for (unsigned e = rpac_sim_lane(); e < 256; e += 32) p[(size_t)(e / 16) * ldm + e % 16] = f.x[e];
+// rpac_sim_load: the lane's elements of the tile at p, element (r, c) at
+// p[r·ldm + c] in a row fragment, at p[c·ldm + r] in a col one.
+template <class F>
+static inline void rpac_sim_load(const char* file, int line, F& f, const unsigned short* p, unsigned ldm) {
+    rpac_sim_wmma_rules("rpac_load", p, ldm, 8, file, line);
+    int kind = rpac_sim_kind(f);
+    bool row = kind == RPAC_FRAG_A_ROW || kind == RPAC_FRAG_B_ROW;
+    const unsigned char* m = rpac_sim_frag_map(kind) + rpac_sim_lane() * 8;
+    for (int e = 0; e < 8; e++) {
+        unsigned r = m[e] >> 4, c = m[e] & 15u;
+        f.x[e] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+    }
 }
-static inline float rpac_sim_bf16(unsigned short h) { return rpac_bits<float>((unsigned)h << 16); }
-// d = a·b + c: the 16 products of a row and a column (exact in fp32: bf16
-// has 8 significant bits) summed in k order, then c added.
+#define rpac_load(f, p, ldm) rpac_sim_load(__FILE__, __LINE__, f, p, ldm)
+// rpac_sim_store: the lane's elements into the row-major fp32 tile at p.
+static inline void rpac_sim_store(const char* file, int line, float* p, const rpac_acc& f, unsigned ldm) {
+    rpac_sim_wmma_rules("rpac_store", p, ldm, 4, file, line);
+    const unsigned char* m = rpac_sim_frag_map(RPAC_FRAG_ACC) + rpac_sim_lane() * 8;
+    for (int e = 0; e < 8; e++) p[(size_t)(m[e] >> 4) * ldm + (m[e] & 15u)] = f.x[e];
+}
+#define rpac_store(p, f, ldm) rpac_sim_store(__FILE__, __LINE__, p, f, ldm)
+// d = a·b + c (the simulator computes it at the rendezvous: the 16 exact
+// bf16 products of a row and a column summed in k order, then c added).
 template <class A, class B>
 static inline void rpac_sim_mma(const char* file, int line, rpac_acc& d, const A& a, const B& b, const rpac_acc& c) {
-    rpac_sim_warp(RPAC_MMA_SYNC, 0xffffffffu, 0, 0, 32, file, line);
     rpac_acc r;
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++) {
-            float s = 0.0f;
-            for (int k = 0; k < 16; k++) s += rpac_sim_bf16(a.x[i * 16 + k]) * rpac_sim_bf16(b.x[k * 16 + j]);
-            r.x[i * 16 + j] = s + c.x[i * 16 + j];
-        }
+    rpac_sim_mma_args q = {a.x, b.x, rpac_sim_kind(a), rpac_sim_kind(b), c.x, r.x};
+    rpac_sim_warp(RPAC_MMA_SYNC, 0xffffffffu, (unsigned long long)(uintptr_t)&q, 0, 32, file, line);
     d = r;
 }
 #define rpac_mma(d, a, b, c) rpac_sim_mma(__FILE__, __LINE__, d, a, b, c)
