@@ -152,6 +152,10 @@ type Plan struct {
 	// A compiled program holds (Peak + ScratchElems) floats besides the
 	// stored tensors.
 	ScratchElems int
+	// FreedAfter lists, by node ID, the slots given back once that node has
+	// run: every value in them is dead, and the next value to take one
+	// finds whatever the last left there.
+	FreedAfter map[int][]int
 }
 
 // SlotClash reports whether output i of node n must not be computed in its

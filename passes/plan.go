@@ -28,7 +28,7 @@ func Plan(g *ir.Graph) *kernels.Plan {
 		last[v] = end
 	}
 	late := lazyInputs(g, last)
-	p := &kernels.Plan{Slot: map[int]int{}}
+	p := &kernels.Plan{Slot: map[int]int{}, FreedAfter: map[int][]int{}}
 	var free []int // slot indices, kept sorted by size
 	insertFree := func(s int) {
 		i := sort.Search(len(free), func(i int) bool { return p.SlotElems[free[i]] >= p.SlotElems[s] })
@@ -74,6 +74,7 @@ func Plan(g *ir.Graph) *kernels.Plan {
 			if s := p.Slot[v.ID]; last[v] == i {
 				if live[s]--; live[s] == 0 {
 					insertFree(s)
+					p.FreedAfter[n.ID] = append(p.FreedAfter[n.ID], s)
 				}
 			}
 		}

@@ -369,6 +369,9 @@ type program struct {
 	steps  []step
 	owned  []Buffer // freed by Close
 	arena  Buffer
+	// slots: the plan slots' own allocations (separateSlots), poisoned at
+	// the start of every Run and each once its values are dead.
+	slots []Buffer
 
 	feeds map[string][]int32 // this Run's i32 feeds (for host-side id work)
 	// reuse: the next Run skips uploading the stored tensors (ReuseStored)
@@ -389,6 +392,7 @@ type program struct {
 	// The two-pass reductions' partials (doubles): the most any node
 	// needs, one allocation shared by every node (reduce.go).
 	workNeed   int
+	workUsers  int // nodes that asked for it (needWork)
 	work       Buffer
 	staging    [2][stageSlots]stagedCopy // what each bf16 staging buffer holds
 	stageUse   [2][stageSlots]uint64     // when each was last read (stageClock)
@@ -534,7 +538,6 @@ func allValues(g *ir.Graph) []*ir.Value {
 // uploaded once; inputs and unplanned intermediates get their own buffers.
 func (p *program) layout(plan *kernels.Plan) error {
 	var slotOff []uint64
-	var slotBuf []Buffer // separate slots: one allocation per slot
 	separate := p.be.dev.separateSlots()
 	if plan != nil {
 		var total uint64
@@ -549,7 +552,7 @@ func (p *program) layout(plan *kernels.Plan) error {
 				if err != nil {
 					return fmt.Errorf("plan slot %d of %d elements: %w", s, n, err)
 				}
-				slotBuf = append(slotBuf, b)
+				p.slots = append(p.slots, b)
 			}
 		}
 		if total > 0 && !separate {
@@ -612,7 +615,7 @@ func (p *program) layout(plan *kernels.Plan) error {
 			}
 			d.slot = s
 			if separate {
-				d.buf = Buffer{Ptr: slotBuf[s].Ptr, Bytes: uint64(4 * d.n)}
+				d.buf = Buffer{Ptr: p.slots[s].Ptr, Bytes: uint64(4 * d.n)}
 			} else {
 				d.buf = Buffer{Ptr: p.arena.Ptr + slotOff[s], Bytes: uint64(4 * d.n)}
 			}
@@ -694,6 +697,7 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 		if err != nil {
 			return err
 		}
+		workUsers := p.workUsers
 		exec, err := p.build(n, in, out)
 		if errors.Is(err, errUnsupported) {
 			missing[n.Op] = true
@@ -711,7 +715,7 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 				return post()
 			}
 		}
-		p.steps = append(p.steps, step{node: n, exec: exec})
+		p.steps = append(p.steps, step{node: n, exec: p.poisoning(n, exec, p.workUsers > workUsers, plan)})
 	}
 	if len(missing) > 0 {
 		var ops []string
@@ -731,6 +735,40 @@ func (p *program) buildSteps(plan *kernels.Plan) error {
 		return err
 	}
 	return p.stageBF16()
+}
+
+// poisoning wraps a node's step on the simulator (separate slots): the
+// reductions' workspace is poisoned before it when the node uses it, and
+// the plan slots it gives back after it, so that whatever reuses them
+// next finds NaN, not the last value's data.
+func (p *program) poisoning(n *ir.Node, exec func() error, usesWork bool, plan *kernels.Plan) func() error {
+	var freed []Buffer
+	if plan != nil {
+		for _, s := range plan.FreedAfter[n.ID] {
+			if s >= 0 && s < len(p.slots) {
+				freed = append(freed, p.slots[s])
+			}
+		}
+	}
+	if !p.be.dev.separateSlots() || (len(freed) == 0 && !usesWork) {
+		return exec
+	}
+	return func() error {
+		if usesWork {
+			if err := p.be.dev.poison(p.work); err != nil {
+				return err
+			}
+		}
+		if err := exec(); err != nil {
+			return err
+		}
+		for _, b := range freed {
+			if err := p.be.dev.poison(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 func (p *program) resolveAliases(n *ir.Node, in, out []*dval, used map[int]bool) ([]*dval, func() error, error) {
@@ -776,6 +814,11 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 		return err
 	}
 	defer unbind()
+	for _, b := range p.slots { // the last Run's values are dead
+		if err := p.be.dev.poison(b); err != nil {
+			return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+		}
+	}
 	p.seed = seed
 	p.runs++
 	clear(p.fresh)

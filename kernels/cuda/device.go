@@ -21,6 +21,11 @@ type device interface {
 	upload(b Buffer, src unsafe.Pointer, bytes uint64) error
 	download(dst unsafe.Pointer, b Buffer, bytes uint64) error
 	zero(b Buffer, bytes uint64) error
+	// poison fills b with 0xff bytes (NaN as float) on the simulator, as its
+	// fresh memory is, so that memory reused for another value reads as
+	// unwritten (a plan slot given back, a staging buffer converted again);
+	// nothing elsewhere.
+	poison(b Buffer) error
 	launch(name string, grid, block [3]uint32, shared uint32, args ...any) error
 	// loadModule compiles and loads a generated source (name is for
 	// messages) defining kernels, unless they are all loaded already.
@@ -90,6 +95,12 @@ func (g *gpu) download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
 }
 func (g *gpu) zero(b Buffer, bytes uint64) error {
 	return g.ctx.Zero(Buffer{Ptr: b.Ptr, Bytes: bytes})
+}
+func (g *gpu) poison(b Buffer) error {
+	if !g.ctx.Simulated() {
+		return nil
+	}
+	return g.ctx.Fill(b, 0xff)
 }
 func (g *gpu) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	if err := g.ctx.Launch(name, grid, block, shared, args...); err != nil {

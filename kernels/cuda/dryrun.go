@@ -155,6 +155,7 @@ func (f *fakeDevice) download(dst unsafe.Pointer, b Buffer, bytes uint64) error 
 }
 
 func (f *fakeDevice) zero(b Buffer, bytes uint64) error { return f.within(b.Ptr, bytes) }
+func (f *fakeDevice) poison(b Buffer) error             { return f.within(b.Ptr, b.Bytes) }
 func (f *fakeDevice) sync() error                       { return nil }
 
 // loadModule takes the kernels of a generated source: their signatures

@@ -15,7 +15,9 @@ import (
 // [K,N] row-major fp32 staged into shared memory as bf16 in the layout the
 // kernel's fragment types name (K a multiple of 16, at most 64).
 // mma_gemm_nosync reads the stored tile without the __syncwarp;
-// mma_divergent runs a product on half a warp.
+// mma_divergent runs a product on half a warp; mma_load_at and
+// mma_store_at load and store a tile K elements into shared memory and C
+// with leading dimension N.
 const mmaSource = `
 template <class FA, class FB>
 __device__ void mma_gemm(float* C, const float* A, const float* B, int N, int K, float alpha, bool acol, bool bcol,
@@ -75,6 +77,18 @@ extern "C" __global__ void mma_divergent(float* C, const float* A, const float* 
     if (threadIdx.x < 16) rpac_mma(acc, a, b, acc);  // half the warp: not allowed
     rpac_store(C, acc, N);
 }
+extern "C" __global__ void mma_load_at(float* C, const float* A, const float* B, int N, int K, float alpha) {
+    __shared__ __align__(32) bf16_t s[16 * 40];
+    for (int e = threadIdx.x; e < 16 * 40; e += 32) s[e] = 0;
+    __syncwarp();
+    rpac_b_col b;
+    rpac_load(b, s + K, N);
+}
+extern "C" __global__ void mma_store_at(float* C, const float* A, const float* B, int N, int K, float alpha) {
+    rpac_acc acc;
+    rpac_fill(acc, alpha);
+    rpac_store(C + K, acc, N);
+}
 extern "C" __global__ void mma_gemm_nosync(float* C, const float* A, const float* B, int N, int K, float alpha) {
     mma_gemm<rpac_a_row, rpac_b_row>(C, A, B, N, K, alpha, false, false, false);
 }
@@ -126,6 +140,40 @@ func TestMMASourceCompiles(t *testing.T) {
 				t.Errorf("%s: kernel %s missing", arch, e)
 			}
 		}
+	}
+}
+
+// simWMMARules: loads and stores that break WMMA's rules (a pointer not
+// 32-byte aligned, ldm not a multiple of 16 bytes) fail naming the kernel,
+// the call site and the rule; those that keep them run.
+func simWMMARules(t *testing.T, d *driver.Driver, c *driver.Context, dC, dA, dB driver.Buffer) {
+	for _, r := range []struct {
+		kernel string
+		N, K   int32
+		want   string // "": no error
+	}{
+		{"mma_load_at", 16, 8, "is not 32-byte aligned"},
+		{"mma_load_at", 12, 0, "ldm 12 is not a multiple of 8 (16-bit elements)"},
+		{"mma_load_at", 24, 16, ""},
+		{"mma_store_at", 16, 4, "is not 32-byte aligned"},
+		{"mma_store_at", 18, 0, "ldm 18 is not a multiple of 4 (32-bit elements)"},
+		{"mma_store_at", 20, 8, ""},
+	} {
+		err := c.Launch(r.kernel, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, dC.Ptr, dA.Ptr, dB.Ptr, r.N, r.K, float32(1))
+		if err == nil {
+			err = c.Sync()
+		}
+		op := map[string]string{"mma_load_at": "rpac_load", "mma_store_at": "rpac_store"}[r.kernel]
+		switch {
+		case r.want == "" && err != nil:
+			t.Errorf("%s with N %d, K %d keeps WMMA's rules: %v", r.kernel, r.N, r.K, err)
+		case r.want == "":
+		case err == nil || !strings.Contains(err.Error(), "kernel "+r.kernel+": "+op+" at mma.cu:") || !strings.Contains(err.Error(), r.want):
+			t.Errorf("%s with N %d, K %d: want an error naming the kernel, %s's line and %q, got %v", r.kernel, r.N, r.K, op, r.want, err)
+		default:
+			t.Log(err)
+		}
+		d.SimConfig("clear_sticky", 1)
 	}
 }
 
@@ -201,6 +249,7 @@ func TestSimMMAGEMM(t *testing.T) {
 		t.Error("mma_gemm_nosync read the stored tile without __syncwarp and saw no poison")
 	}
 	defer d.SimConfig("clear_sticky", 1)
+	simWMMARules(t, d, c, dC, dA, dB)
 	err = c.Launch("mma_divergent", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, dC.Ptr, dA.Ptr, dB.Ptr, int32(N), int32(K), float32(alpha))
 	if err == nil {
 		err = c.Sync()

@@ -353,7 +353,10 @@ func (p *program) reduceProduct(x, y, o *dval, red []bool, mean bool) (func() er
 }
 
 // needWork records a node's need of the reductions' workspace (doubles).
-func (p *program) needWork(doubles int) { p.workNeed = max(p.workNeed, doubles) }
+func (p *program) needWork(doubles int) {
+	p.workNeed = max(p.workNeed, doubles)
+	p.workUsers++
+}
 
 // stageWork allocates the reductions' workspace once for the program: the
 // nodes run one after another, so they share it.
@@ -681,7 +684,10 @@ func (p *program) bf16Input(side int, o operand, rows, cols int) (Buffer, error)
 	}
 	k := p.lruStage(side)
 	p.staging[side][k] = stagedCopy{}
-	var err error
+	err := p.be.dev.poison(p.bf16[side][k]) // the copy it held is gone
+	if err != nil {
+		return Buffer{}, err
+	}
 	if o.cat != nil {
 		err = p.catToBF16(p.bf16[side][k], o.cat, rows, cols)
 	} else {

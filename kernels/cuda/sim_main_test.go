@@ -19,7 +19,7 @@ func TestMain(m *testing.M) {
 				fmt.Fprintf(os.Stderr, "RPAC_SIM_PLANT=%s: no such planted defect\n", name)
 				os.Exit(2)
 			}
-			plantHook = plant
+			plantHook = plant.rewrite
 			// every source must have changed, or the plant is void
 			fmt.Fprintf(os.Stderr, "planted defect %s\n", name)
 		}

@@ -292,8 +292,11 @@ func (c *Context) Download(dst unsafe.Pointer, b Buffer, bytes uint64) error {
 }
 
 // Zero clears b.
-func (c *Context) Zero(b Buffer) error {
-	return c.d.check(c.d.memsetD8(b.Ptr, 0, b.Bytes), "cuMemsetD8")
+func (c *Context) Zero(b Buffer) error { return c.Fill(b, 0) }
+
+// Fill sets every byte of b to v.
+func (c *Context) Fill(b Buffer, v byte) error {
+	return c.d.check(c.d.memsetD8(b.Ptr, v, b.Bytes), "cuMemsetD8")
 }
 
 // Launch runs kernel name on a grid of blocks of threads; args are the

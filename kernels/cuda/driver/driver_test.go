@@ -217,3 +217,63 @@ func TestSimCuBLASLtAlgoChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestSimAllocationsAligned: the simulator's allocations start 256-byte
+// aligned, as cuMemAlloc's on a GPU, whatever their size; a write into
+// the few bytes between an allocation's end and its guard page (252 bytes
+// leave 4) fails the launch as a write past the end, a write beyond them
+// faults at the guard page, and a read there gives NaN.
+func TestSimAllocationsAligned(t *testing.T) {
+	c := simContext(t)
+	for _, n := range []uint64{1, 6, 252, 256, 1000, 4096, 5000} {
+		b, err := c.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Ptr%256 != 0 {
+			t.Errorf("a %d-byte allocation at %#x: not 256-byte aligned", n, b.Ptr)
+		}
+		c.Free(b)
+	}
+	n, err := LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := `extern "C" __global__ void poke(float* p, long long i) { p[i] = 2.0f; }
+extern "C" __global__ void peek(float* out, const float* p, long long i) { out[0] = p[i]; }`
+	img, err := n.CompileCUBIN("poke.cu", src, c.Dev.SM)
+	if err == nil {
+		err = c.LoadImage(img, []string{"poke", "peek"})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.d.SimConfig("clear_sticky", 1)
+	p, out := devF32(t, c, make([]float32, 63)), devF32(t, c, []float32{0})
+	one := [3]uint32{1, 1, 1}
+	if err := c.Launch("peek", one, one, 0, out.Ptr, p.Ptr, int64(63)); err != nil {
+		t.Fatal(err)
+	}
+	var got [1]float32
+	if err := c.Download(unsafe.Pointer(&got[0]), out, 4); err != nil || got[0] == got[0] {
+		t.Errorf("a read just past the end gave %v (%v), want NaN", got[0], err)
+	}
+	for _, c2 := range []struct {
+		i    int64
+		want string
+	}{
+		{63, "kernel poke: invalid write 0 bytes past the end of the 252-byte allocation"},
+		{64, "invalid write of address"},
+	} {
+		err := c.Launch("poke", one, one, 0, p.Ptr, c2.i)
+		if err == nil {
+			err = c.Sync()
+		}
+		if err == nil || !strings.Contains(err.Error(), c2.want) {
+			t.Errorf("a write at element %d of 63: want %q, got %v", c2.i, c2.want, err)
+		} else {
+			t.Log(err)
+		}
+		c.d.SimConfig("clear_sticky", 1)
+	}
+}
