@@ -1,11 +1,13 @@
 package passes_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/passes"
 )
 
@@ -91,10 +93,48 @@ func TestPlanIsSafeAndReuses(t *testing.T) {
 		if aliased == 0 {
 			t.Fatalf("%s: no reshape shares its input's slot", kind)
 		}
+		checkFreedAfter(t, g, p, bySlot, def, last, root)
 		if p.Peak >= p.Naive {
 			t.Fatalf("%s: plan peak %d is not below the naive %d", kind, p.Peak, p.Naive)
 		}
 		t.Logf("%s: %d nodes, %d slots, peak %d elements vs %d without reuse", kind, len(g.Nodes), len(p.SlotElems), p.Peak, p.Naive)
+	}
+}
+
+// checkFreedAfter: Plan.FreedAfter gives a slot back only after a node
+// past which none of its values is live, and between any two values of a
+// slot that are not views of one another, the first dead before the
+// second is made, it gives the slot back (where a backend may poison it).
+func checkFreedAfter(t *testing.T, g *ir.Graph, p *kernels.Plan, bySlot map[int][]*ir.Value, def, last map[*ir.Value]int,
+	root func(*ir.Value) *ir.Value) {
+	t.Helper()
+	at := map[int]int{} // node ID -> index
+	for i, n := range g.Nodes {
+		at[n.ID] = i
+	}
+	freed := map[int][]int{} // slot -> the node indices after which it is given back
+	for id, slots := range p.FreedAfter {
+		for _, s := range slots {
+			i := at[id]
+			freed[s] = append(freed[s], i)
+			for _, v := range bySlot[s] {
+				if def[v] <= i && i < last[v] {
+					t.Fatalf("slot %d given back after node %d while %s [%d,%d] is live", s, i, v, def[v], last[v])
+				}
+			}
+		}
+	}
+	for s, vs := range bySlot {
+		for _, a := range vs {
+			for _, b := range vs {
+				if last[a] >= def[b] || root(a) == root(b) {
+					continue
+				}
+				if !slices.ContainsFunc(freed[s], func(i int) bool { return last[a] <= i && i < def[b] }) {
+					t.Fatalf("slot %d passes from %s [%d,%d] to %s [%d,%d] without being given back", s, a, def[a], last[a], b, def[b], last[b])
+				}
+			}
+		}
 	}
 }
 

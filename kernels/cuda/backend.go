@@ -754,7 +754,7 @@ func (p *program) poisoning(n *ir.Node, exec func() error, usesWork bool, plan *
 		return exec
 	}
 	return func() error {
-		if usesWork {
+		if usesWork && p.work.Bytes > 0 {
 			if err := p.be.dev.poison(p.work); err != nil {
 				return err
 			}

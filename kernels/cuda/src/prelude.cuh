@@ -202,9 +202,10 @@ __device__ __forceinline__ i64 view_offset_n(i64 i, i64 n, const i64* dims, cons
 // 32-byte aligned). A fragment is opaque: kernels use it only through
 // rpac_load, rpac_store, rpac_fill, rpac_mma and elementwise loops over
 // f.x[0..RPAC_ACC_N) that treat every element alike, never assuming which
-// element is which position of the tile (the simulator keeps the whole
-// tile in every lane). rpac_store writes a lane's share of the tile only:
-// other lanes read it after __syncwarp (or __syncthreads).
+// element is which position of the tile (the simulator draws that mapping
+// at random per run; a kernel that needs it learns it through a product,
+// as flash.cu's fa_row_ids does). rpac_store writes a lane's share of the
+// tile only: other lanes read it after __syncwarp (or __syncthreads).
 //
 // Types name the operand and the layout of the tile in memory: a is the
 // 16×16 M×K left operand, b the K×N right one; row: element (r, c) at
