@@ -29,6 +29,10 @@ var csrc embed.FS
 // version a real installation may have).
 var LibNames = []string{"libcuda.so.1", "libnvrtc.so.13", "libcublasLt.so.13"}
 
+// headers are installed beside the library: the simulation header the
+// simulator's NVRTC compiles every kernel with, and what it includes.
+var headers = []string{"cudasim_kernel.h", "cudasim_abi.h"}
+
 // Compiler is the C++ compiler: $RPAC_CUDASIM_CXX, else g++.
 func Compiler() string {
 	if c := os.Getenv("RPAC_CUDASIM_CXX"); c != "" {
@@ -96,7 +100,7 @@ func Build() (string, error) {
 
 // Built reports whether dir holds a complete simulator.
 func Built(dir string) bool {
-	for _, n := range append([]string{"libcudasim.so", "cudasim_kernel.h"}, LibNames...) {
+	for _, n := range append(headers, append([]string{"libcudasim.so"}, LibNames...)...) {
 		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
 			return false
 		}
@@ -140,8 +144,10 @@ func BuildInto(dir string) error {
 	if err := os.Rename(lib, filepath.Join(dir, "libcudasim.so")); err != nil {
 		return err
 	}
-	if err := os.Rename(filepath.Join(tmp, "cudasim_kernel.h"), filepath.Join(dir, "cudasim_kernel.h")); err != nil {
-		return err
+	for _, h := range headers {
+		if err := os.Rename(filepath.Join(tmp, h), filepath.Join(dir, h)); err != nil {
+			return err
+		}
 	}
 	for _, n := range LibNames {
 		p := filepath.Join(dir, n)

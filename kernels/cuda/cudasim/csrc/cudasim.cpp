@@ -50,6 +50,8 @@
 #include <thread>
 #include <vector>
 
+#include "cudasim_abi.h"
+
 #ifndef RPAC_SIM_REV
 #define RPAC_SIM_REV 1
 #endif
@@ -147,8 +149,7 @@ std::atomic<long> stat_lt_descs{0}, stat_lt_layouts{0}, stat_lt_heuristics{0}, s
 // lane·8 + e holding r·16 + c. They are drawn from a seed at cuInit
 // (RPAC_CUDASIM_MMA_SEED, else a random one) or by rpacsim_config
 // ("mma_seed"); the first kernel to use a fragment prints the seed.
-constexpr int kFragKinds = 5;
-unsigned char g_frag_map[kFragKinds][256];
+unsigned char g_frag_map[RPAC_FRAG_KINDS][256];
 std::atomic<unsigned long> g_mma_seed{0};
 std::atomic<bool> g_mma_seed_told{false};
 
@@ -163,7 +164,7 @@ uint64_t splitmix64(uint64_t* x) {
 // Fisher-Yates shuffle each). Called with no launch running.
 void draw_frag_layouts(unsigned long seed) {
     uint64_t x = seed;
-    for (int k = 0; k < kFragKinds; k++) {
+    for (int k = 0; k < RPAC_FRAG_KINDS; k++) {
         unsigned char* m = g_frag_map[k];
         for (int i = 0; i < 256; i++) m[i] = (unsigned char)i;
         for (int i = 255; i > 0; i--) std::swap(m[i], m[splitmix64(&x) % (uint64_t)(i + 1)]);
@@ -527,8 +528,6 @@ void fiber_init(Worker* w, Fiber* f) {
     (void)w;
 }
 
-constexpr int kOpMma = 8;  // RPAC_MMA_SYNC: rpac_mma's rendezvous
-
 const char* op_name(int op) {
     static const char* n[] = {"__shfl_sync", "__shfl_down_sync", "__shfl_up_sync", "__shfl_xor_sync",
                               "__any_sync",  "__all_sync",       "__ballot_sync",  "__syncwarp",
@@ -559,16 +558,6 @@ std::string gone_lane(Worker* w, Fiber* f, int base, int l, unsigned mask, const
                mask, what);
 }
 
-// MmaArgs: one lane's operands of a product (cudasim_kernel.h's
-// rpac_sim_mma_args), passed as the lane's value at the rendezvous.
-struct MmaArgs {
-    const unsigned short* a;
-    const unsigned short* b;
-    int a_kind, b_kind;
-    const float* c;
-    float* d;
-};
-
 float bf16_value(unsigned short h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -583,9 +572,9 @@ float bf16_value(unsigned short h) {
 // then c added). The lanes' fragments stay put while they wait.
 void mma_complete(Worker* w, int base) {
     float A[256], B[256];
-    const unsigned char* acc = g_frag_map[4];
+    const unsigned char* acc = g_frag_map[RPAC_FRAG_ACC];
     for (int l = 0; l < 32; l++) {
-        const MmaArgs* q = (const MmaArgs*)(uintptr_t)w->fibers[base + l].val;
+        const rpac_sim_mma_args* q = (const rpac_sim_mma_args*)(uintptr_t)w->fibers[base + l].val;
         const unsigned char* ma = g_frag_map[q->a_kind] + l * 8;
         const unsigned char* mb = g_frag_map[q->b_kind] + l * 8;
         for (int e = 0; e < 8; e++) {
@@ -594,7 +583,7 @@ void mma_complete(Worker* w, int base) {
         }
     }
     for (int l = 0; l < 32; l++) {
-        const MmaArgs* q = (const MmaArgs*)(uintptr_t)w->fibers[base + l].val;
+        const rpac_sim_mma_args* q = (const rpac_sim_mma_args*)(uintptr_t)w->fibers[base + l].val;
         for (int e = 0; e < 8; e++) {
             int i = acc[l * 8 + e] >> 4, j = acc[l * 8 + e] & 15;
             float s = 0.0f;
@@ -637,7 +626,7 @@ void try_complete_warp(Worker* w, Fiber* f) {
         }
     }
     // Every lane arrived: compute each lane's result.
-    if (f->op == kOpMma) mma_complete(w, base);
+    if (f->op == RPAC_MMA_SYNC) mma_complete(w, base);
     unsigned long long vals[32];
     for (int l = 0; l < 32; l++) vals[l] = (mask >> l & 1) ? w->fibers[base + l].val : 0;
     unsigned any = 0, all = 1, ballot = 0;
@@ -1049,7 +1038,7 @@ EXPORT const unsigned char* rpac_sim_frag_map(int kind) {
     if (!g_mma_seed_told.load(std::memory_order_relaxed) && !g_mma_seed_told.exchange(true))
         fprintf(stderr, "cudasim: WMMA fragment layouts from seed %lu (RPAC_CUDASIM_MMA_SEED=%lu repeats them)\n",
                 g_mma_seed.load(), g_mma_seed.load());
-    return g_frag_map[kind >= 0 && kind < kFragKinds ? kind : 0];
+    return g_frag_map[kind >= 0 && kind < RPAC_FRAG_KINDS ? kind : 0];
 }
 
 // rpac_sim_wmma_fail reports a load or store that breaks WMMA's rules and
@@ -1661,11 +1650,12 @@ std::string g_cxx_version;
 
 int compile_program(Program* pr, const std::vector<std::string>& opts) {
     std::string hdr = g_lib_dir + "/cudasim_kernel.h";
-    std::string hdr_text;
-    if (!read_file(hdr, &hdr_text)) {
-        pr->log = "cudasim: the simulation header " + hdr + " is missing";
+    std::string hdr_text, abi_text;
+    if (!read_file(hdr, &hdr_text) || !read_file(g_lib_dir + "/cudasim_abi.h", &abi_text)) {
+        pr->log = "cudasim: the simulation header " + hdr + " or the cudasim_abi.h it includes is missing";
         return NVRTC_ERROR_COMPILATION;
     }
+    hdr_text += abi_text;  // both key the module cache
     std::string src = rewrite_dynamic_shared(pr->src);
     src += "\n// simulator entry points\n";
     for (auto& e : entry_names(pr->src)) src += "RPAC_SIM_ENTRY(" + e + ")\n";

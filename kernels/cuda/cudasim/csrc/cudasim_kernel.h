@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "cudasim_abi.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -54,10 +56,8 @@ void* rpac_sim_dynamic_shared(void);
 
 #define __syncthreads() rpac_sim_barrier(__FILE__, __LINE__)
 
-// Warp operations: a rendezvous of exactly the lanes in the mask.
-enum { RPAC_SHFL_IDX = 0, RPAC_SHFL_DOWN = 1, RPAC_SHFL_UP = 2, RPAC_SHFL_XOR = 3, RPAC_ANY = 4, RPAC_ALL = 5,
-       RPAC_BALLOT = 6, RPAC_SYNCWARP = 7, RPAC_MMA_SYNC = 8 };
-
+// Warp operations (cudasim_abi.h's codes): a rendezvous of exactly the
+// lanes in the mask.
 template <class T>
 static inline T rpac_warp_t(int op, unsigned mask, T v, int arg, int width, const char* f, int l) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "warp operand");
@@ -230,23 +230,12 @@ struct rpac_b_col { unsigned short x[8]; };
 struct rpac_acc { float x[8]; };
 #define RPAC_ACC_N 8
 
-// The fragment types (the simulator's layouts are indexed by them).
-enum { RPAC_FRAG_A_ROW = 0, RPAC_FRAG_A_COL = 1, RPAC_FRAG_B_ROW = 2, RPAC_FRAG_B_COL = 3, RPAC_FRAG_ACC = 4 };
+// The fragment types (cudasim_abi.h), by which the layouts go.
 static inline int rpac_sim_kind(const rpac_a_row&) { return RPAC_FRAG_A_ROW; }
 static inline int rpac_sim_kind(const rpac_a_col&) { return RPAC_FRAG_A_COL; }
 static inline int rpac_sim_kind(const rpac_b_row&) { return RPAC_FRAG_B_ROW; }
 static inline int rpac_sim_kind(const rpac_b_col&) { return RPAC_FRAG_B_COL; }
 static inline int rpac_sim_kind(const rpac_acc&) { return RPAC_FRAG_ACC; }
-
-// rpac_sim_mma_args: one lane's operands at the product's rendezvous (the
-// simulator reads every lane's and writes each lane's d).
-struct rpac_sim_mma_args {
-    const unsigned short* a;
-    const unsigned short* b;
-    int a_kind, b_kind;
-    const float* c;
-    float* d;
-};
 
 extern "C" {
 // the fragment layout of a kind: 256 tile positions r·16 + c, lane-major
