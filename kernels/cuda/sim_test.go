@@ -12,10 +12,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda/driver"
+	"github.com/rpac-dev/rpac/passes"
 )
 
 // The TestSim* tests. Those about the simulator itself (its counters,
@@ -584,5 +586,66 @@ func TestSimDiagnostics(t *testing.T) {
 	// the context works again, with the real kernels
 	if err := launch(t, "broken_divergent_sync"); err == nil {
 		t.Fatal("the divergent barrier passed on a second launch")
+	}
+}
+
+// TestSimPlanSlotsPoisoned: on the simulator a plan slot is poisoned
+// (NaN) once its values are dead, and every slot at the start of a Run,
+// so a value that takes a slot over finds NaN, not its predecessor's
+// data. Four Softmaxes in a row take two slots in turn.
+func TestSimPlanSlotsPoisoned(t *testing.T) {
+	simOnly(t)
+	g := ir.New("slots")
+	x := g.Input("x", ir.Shape{3, 37}, ir.F32)
+	a := g.Op1("Softmax", nil, x)
+	b := g.Op1("Softmax", nil, a)
+	c := g.Op1("Softmax", nil, b)
+	g.SetOutput("d", g.Op1("Softmax", nil, c))
+	plan := passes.Plan(g)
+	if plan.Slot[a.ID] != plan.Slot[c.ID] || len(plan.SlotElems) != 2 {
+		t.Fatalf("the plan does not hand a's slot to c: %v, %d slots", plan.Slot, len(plan.SlotElems))
+	}
+	be := gpuBackend(t, ir.FP32)
+	prog, err := be.Compile(g, plan, kernels.NewStore(ir.FP32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	feeds := map[string]*kernels.Tensor{"x": kernels.NewTensor(ir.FP32, ir.Shape{3, 37})}
+	if err := prog.Run(feeds, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := prog.(*program)
+	nans := func(v *ir.Value) int {
+		unbind, err := be.bind()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unbind()
+		d := p.vals[v.ID]
+		host := make([]float32, d.n)
+		if err := be.dev.download(unsafe.Pointer(&host[0]), d.buf, uint64(4*d.n)); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range host {
+			if f != f {
+				n++
+			}
+		}
+		return n
+	}
+	out := g.Outputs["d"]
+	if n := nans(out); n != 0 {
+		t.Fatalf("the output has %d NaNs", n)
+	}
+	if n := nans(c); n != 111 {
+		t.Errorf("c's slot, given back after the last node: %d of 111 entries NaN, want all", n)
+	}
+	if err := prog.Run(map[string]*kernels.Tensor{}, 1); err == nil { // no feed: fails after the poisoning
+		t.Fatal("a Run without its feed succeeded")
+	}
+	if n := nans(out); n != 111 {
+		t.Errorf("the output's slot after the start of another Run: %d of 111 entries NaN, want all", n)
 	}
 }
