@@ -33,6 +33,12 @@ var LibNames = []string{"libcuda.so.1", "libnvrtc.so.13", "libcublasLt.so.13"}
 // simulator's NVRTC compiles every kernel with, and what it includes.
 var headers = []string{"cudasim_kernel.h", "cudasim_abi.h"}
 
+// NCCLName is the file name of the simulator's NCCL stand-in
+// (csrc/cudasim_nccl.cpp), a library of its own beside the simulator: the
+// collectives of a data-parallel job whose ranks are processes of one
+// machine, exchanged through shared memory.
+const NCCLName = "libnccl.so.2"
+
 // Compiler is the C++ compiler: $RPAC_CUDASIM_CXX, else g++.
 func Compiler() string {
 	if c := os.Getenv("RPAC_CUDASIM_CXX"); c != "" {
@@ -100,7 +106,7 @@ func Build() (string, error) {
 
 // Built reports whether dir holds a complete simulator.
 func Built(dir string) bool {
-	for _, n := range append(headers, append([]string{"libcudasim.so"}, LibNames...)...) {
+	for _, n := range append(headers, append([]string{"libcudasim.so", NCCLName}, LibNames...)...) {
 		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
 			return false
 		}
@@ -140,7 +146,16 @@ func BuildInto(dir string) error {
 	if err != nil {
 		return fmt.Errorf("building the CUDA simulator: %s %s: %v\n%s", cxx, strings.Join(args, " "), err, out)
 	}
-	// Install: the library, its links and the simulation header.
+	nccl := filepath.Join(tmp, NCCLName)
+	nargs := []string{"-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+		"-Wl,-soname," + NCCLName, "-o", nccl, filepath.Join(tmp, "cudasim_nccl.cpp"), "-lrt"}
+	if out, err := exec.Command(cxx, nargs...).CombinedOutput(); err != nil {
+		return fmt.Errorf("building the CUDA simulator's NCCL stand-in: %s %s: %v\n%s", cxx, strings.Join(nargs, " "), err, out)
+	}
+	// Install: the libraries, the simulator's links and the simulation header.
+	if err := os.Rename(nccl, filepath.Join(dir, NCCLName)); err != nil {
+		return err
+	}
 	if err := os.Rename(lib, filepath.Join(dir, "libcudasim.so")); err != nil {
 		return err
 	}
