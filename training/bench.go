@@ -114,6 +114,10 @@ func (b *Bench) HostOptimized() int {
 	return b.nparam
 }
 
+// GradBytes is the bytes of the fp32 gradients a data-parallel step
+// all-reduces.
+func (b *Bench) GradBytes() float64 { return 4 * float64(b.nparam) }
+
 // Params is the parameter count.
 func (b *Bench) Params() int { return b.nparam }
 

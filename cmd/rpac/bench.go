@@ -51,7 +51,7 @@ func benchCommand() *cli.Command {
 					&cli.IntFlag{Name: "tokens-per-step"},
 					&cli.IntFlag{Name: "steps", Value: 5, Usage: "timed steps (after one warm-up step)"},
 					&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the timed steps to this file"},
-					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200: trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
+					&cli.StringFlag{Name: "predict", Usage: "h100|h200|gh200 (or a data-parallel cluster of them: h100x8, h100x64): trace one step of --device cuda (on the dry-run device when no GPU is usable) and predict its time on that machine (docs/PERFMODEL.md)"},
 					&cli.BoolFlag{Name: "measure", Usage: "with --predict on a GPU (or cuda-sim): also time each kernel and GEMM of the traced step, the device synchronized around each, and print the measured times beside the predicted ones"},
 					&cli.IntFlag{Name: "kernels", Value: 10, Usage: "with --predict: how many of the costliest kernels to list (0: all)"},
 					&cli.IntFlag{Name: "gemm-shapes", Usage: "with --predict: also list the N costliest GEMM shapes (0: none)"},
@@ -154,9 +154,15 @@ func printBenchTrain(w io.Writer, b *training.Bench, steps int, dt float64) erro
 // predicts its time on the --predict machine. Its last line names the
 // prediction.
 func benchPredict(c *cli.Context, o training.Options) error {
-	hw, err := perf.LookupMachine(c.String("predict"))
+	cl, isCluster, err := perf.LookupCluster(c.String("predict"))
 	if err != nil {
 		return err
+	}
+	hw := cl.GPU
+	if !isCluster {
+		if hw, err = perf.LookupMachine(c.String("predict")); err != nil {
+			return err
+		}
 	}
 	w := c.App.Writer
 	o, dryRun, err := training.PredictOptions(o, hw)
@@ -177,7 +183,28 @@ func benchPredict(c *cli.Context, o training.Options) error {
 		return err
 	}
 	printPrediction(w, b, hw, p, c.Int("kernels"), c.Int("gemm-shapes"))
+	if isCluster {
+		printScaling(w, b, cl.Scale(p, b.GradBytes(), cuda.DefaultBucketBytes))
+	}
 	return nil
+}
+
+// printScaling prints the data-parallel prediction: every GPU runs the
+// traced step on its shard, the gradients all-reduced in buckets.
+func printScaling(w io.Writer, b *training.Bench, s perf.Scaling) {
+	cl, l := s.Cluster, b.Length()
+	fmt.Fprintf(w, "  all-reduce       %s of fp32 gradients in %d buckets of at most %s: %.2f ms (ring, bus bandwidth %.0f GB/s: %s), %.2f ms not hidden by the backward\n",
+		perf.FormatBusBytes(s.GradBytes), s.Buckets, perf.FormatBusBytes(cuda.DefaultBucketBytes), 1e3*s.Comm, cl.BusGBs(), clusterLinks(cl), 1e3*s.Exposed)
+	fmt.Fprintf(w, "predicted %s %s (data-parallel, %d GPUs on %d node(s), %d tokens/step per GPU, %d in all): %.1f ms/step, scaling efficiency %.1f%%\n",
+		cl.Name, b.Plan.Preset, cl.GPUs, cl.Nodes(), l.Batch*l.T, cl.GPUs*l.Batch*l.T, 1e3*s.Step, 100*s.Efficiency)
+}
+
+// clusterLinks names the links the all-reduce crosses.
+func clusterLinks(cl perf.Cluster) string {
+	if cl.Nodes() == 1 {
+		return fmt.Sprintf("NVLink %.0f GB/s per direction", cl.NVLinkGBs)
+	}
+	return fmt.Sprintf("NVLink %.0f GB/s within a node, %d InfiniBand NICs of %.0f GB/s per node between nodes", cl.NVLinkGBs, min(cl.GPUs, cl.GPUsPerNode), cl.NICGBs)
 }
 
 func printPrediction(w io.Writer, b *training.Bench, hw perf.Hardware, p *perf.Prediction, top, shapes int) {

@@ -159,3 +159,50 @@ func TestPredictGroupsGEMMShapes(t *testing.T) {
 		t.Errorf("shapes not ordered by time: %+v", p.GEMMShapes)
 	}
 }
+
+// TestClusterAllReduce: the ring all-reduce follows 2(n−1)/n·S over the
+// bus bandwidth (NVLink within a node, the NICs across nodes), the
+// all-reduce hides behind the backward but for its last bucket, and one
+// GPU scales perfectly.
+func TestClusterAllReduce(t *testing.T) {
+	c8, ok, err := LookupCluster("h100x8")
+	if !ok || err != nil || c8.GPUs != 8 || c8.Nodes() != 1 || c8.GPU.Name != "h100" {
+		t.Fatalf("h100x8: %+v %v %v", c8, ok, err)
+	}
+	c64, _, _ := LookupCluster("H100x64")
+	if c64.Nodes() != 8 {
+		t.Fatalf("h100x64: %d nodes", c64.Nodes())
+	}
+	if _, ok, _ := LookupCluster("h100"); ok {
+		t.Error("h100 is not a cluster")
+	}
+	for _, bad := range []string{"h100x0", "h100xx", "v100x8"} {
+		if _, _, err := LookupCluster(bad); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+	const gb = 1e9
+	want8 := 2*7.0/8*gb/(450*nvlinkAchieved*1e9) + 14*nvlinkHop
+	if got := c8.AllReduce(gb); math.Abs(got/want8-1) > 1e-12 {
+		t.Errorf("8 GPUs, 1 GB: %.6g s, want %.6g", got, want8)
+	}
+	if c64.BusGBs() != math.Min(450*nvlinkAchieved, 8*50*nicAchieved) {
+		t.Errorf("64 GPUs: bus %.1f GB/s", c64.BusGBs())
+	}
+	if c64.AllReduce(gb) <= c8.AllReduce(gb) {
+		t.Error("64 GPUs all-reduce faster than 8")
+	}
+	p := &Prediction{GPU: 0.3, Step: 0.31}
+	s := c8.Scale(p, gb, 25e6)
+	if s.Buckets != 40 || s.Exposed < s.Comm/40 || s.Exposed > s.Comm || s.Efficiency >= 1 || s.Step != p.Step+s.Exposed {
+		t.Errorf("scaling: %+v", s)
+	}
+	long := c8.Scale(&Prediction{GPU: 30, Step: 30}, gb, 25e6) // a backward far longer than the all-reduce
+	if math.Abs(long.Exposed-long.Comm/40) > 1e-12 {
+		t.Errorf("a long backward exposes %.6g s, want the last bucket's %.6g", long.Exposed, long.Comm/40)
+	}
+	one, _, _ := LookupCluster("h100x1")
+	if e := one.Scale(p, gb, 25e6).Efficiency; e != 1 {
+		t.Errorf("one GPU: efficiency %v", e)
+	}
+}
