@@ -59,6 +59,10 @@ func ParseDevice(s string) (Device, error) {
 type Target struct {
 	Device    Device       // cpu, cuda or cuda-sim: never auto
 	Precision ir.Precision // fp32 or bf16: never the default
+	// Ordinal is the GPU (cuda): a data-parallel rank's LOCAL_RANK, modulo
+	// the GPUs visible (a launcher that gives each rank one GPU through
+	// CUDA_VISIBLE_DEVICES leaves it one).
+	Ordinal int
 }
 
 // resolveDevice turns auto into cpu or cuda (cuda when a GPU is usable),
@@ -134,7 +138,14 @@ func OpenBackend(t Target, co *cuda.Options) (kernels.Backend, error) {
 	if t.Device == DeviceCPU {
 		return cpu.New(ir.FP32), nil
 	}
-	be, err := cuda.New(0, t.Precision, cudaOptions(co))
+	ordinal := 0
+	if t.Device == DeviceCUDA && t.Ordinal > 0 {
+		var err error
+		if ordinal, err = visibleOrdinal(t.Ordinal); err != nil {
+			return nil, err
+		}
+	}
+	be, err := cuda.New(ordinal, t.Precision, cudaOptions(co))
 	if err != nil {
 		return nil, fmt.Errorf("--device %s: %w", t.Device, err)
 	}
@@ -142,6 +153,19 @@ func OpenBackend(t Target, co *cuda.Options) (kernels.Backend, error) {
 		return nil, fmt.Errorf("--device cuda-sim: the CUDA backend did not open the simulator")
 	}
 	return be, nil
+}
+
+// visibleOrdinal is local modulo the number of GPUs the driver sees.
+func visibleOrdinal(local int) (int, error) {
+	d, err := driver.LoadDriver()
+	if err != nil {
+		return 0, err
+	}
+	devs, err := d.Devices()
+	if err != nil || len(devs) == 0 {
+		return 0, fmt.Errorf("no GPU for local rank %d: %v", local, err)
+	}
+	return local % len(devs), nil
 }
 
 // cudaOptions is co, or the CUDA backend's defaults when nil.
@@ -162,6 +186,7 @@ func (o *Options) openBackend() error {
 	if err != nil {
 		return err
 	}
+	t.Ordinal = o.Parallel.Env.LocalRank
 	o.Backend, err = OpenBackend(t, o.CUDA)
 	return err
 }

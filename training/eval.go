@@ -211,6 +211,9 @@ func (r *run) evaluateOnHost(lr float64) error {
 		return err
 	}
 	ce := res.CE
+	if err := r.job.fromRank0(&ce); err != nil {
+		return err
+	}
 	r.st.LastValCE, r.res.FinalValCE = control.F(ce), ce
 	rec.ValCE, rec.ValPPL, rec.ValTokens = metrics.N(ce), metrics.N(math.Exp(ce)), res.Tokens
 	if res.Recall != nil {
@@ -221,7 +224,7 @@ func (r *run) evaluateOnHost(lr float64) error {
 		rec.RecallBreakdown = res.Breakdown
 		r.res.FinalRecallByDist = res.Breakdown.ByDist
 	}
-	if len(res.Bias) > 0 {
+	if len(res.Bias) > 0 && r.o.Parallel.primary() {
 		if err := saveBias(filepath.Join(r.o.Out, "bias"), res.Bias, r.st.Step, r.plan.EvalT, cs.Epoch == 0); err != nil {
 			return err
 		}
@@ -263,8 +266,11 @@ func (r *run) evalWith(w [][]float32, nb int) (float64, error) {
 	var ce float64
 	err := r.w.with(w, func() error {
 		res, err := r.eval.run(r.ds, nb, false)
+		if err != nil {
+			return err
+		}
 		ce = res.CE
-		return err
+		return r.job.fromRank0(&ce)
 	})
 	return ce, err
 }

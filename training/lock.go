@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/rpac-dev/rpac/training/dist"
 )
 
 // LockFile is the file in a run directory that `rpac train` holds an
@@ -19,13 +21,20 @@ type lockHolder struct {
 	PID     int    `json:"pid"`
 	Host    string `json:"host"`
 	Started string `json:"started"` // RFC 3339
+	// Job names the data-parallel job whose rank 0 holds the lock (its
+	// launcher, job name and ranks); empty for a run of one process.
+	Job string `json:"job,omitempty"`
 }
 
 func (h lockHolder) String() string {
 	if h.PID == 0 {
 		return "another process (it has not recorded itself yet)"
 	}
-	return fmt.Sprintf("process %d on host %s, started %s", h.PID, h.Host, h.Started)
+	s := fmt.Sprintf("process %d on host %s, started %s", h.PID, h.Host, h.Started)
+	if h.Job != "" {
+		s = h.Job + " (its rank 0: " + s + ")"
+	}
+	return s
 }
 
 // ErrRunLocked is returned (wrapped) when another process holds the run
@@ -39,9 +48,10 @@ type runLock struct {
 
 // lockRunDir takes the exclusive lock of run directory dir (which must
 // exist) without waiting: when another process holds it, the error names
-// that process (pid, host, start time). The lock is released by unlock or
-// when the process ends, however it ends.
-func lockRunDir(dir string) (*runLock, error) {
+// that process (pid, host, start time) and its job. The lock is released
+// by unlock or when the process ends, however it ends. In a data-parallel
+// job rank 0 holds it for the job (env names the job).
+func lockRunDir(dir string, env dist.Env) (*runLock, error) {
 	path := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -61,6 +71,9 @@ func lockRunDir(dir string) (*runLock, error) {
 	}
 	host, _ := os.Hostname()
 	h := lockHolder{PID: os.Getpid(), Host: host, Started: time.Now().Format(time.RFC3339)}
+	if env.Multi() {
+		h.Job = fmt.Sprintf("%s job %s of %d ranks", env.Launcher, env.Job, env.World)
+	}
 	b, _ := json.Marshal(h)
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt(append(b, '\n'), 0)

@@ -156,19 +156,23 @@ func (p *Plan) planMemory(o Options, caps kernels.Capabilities, prev *Run) error
 		caps: caps}
 	p.Memory = MemoryPlan{Budget: budget, Static: static}
 	fixed := o.MicroBatch > 0
+	for i := range p.Lengths { // at most each rank's share
+		p.Lengths[i].Micro = p.Lengths[i].Batch / max(1, p.Ranks)
+	}
 	switch {
 	case fixed:
 		for i := range p.Lengths {
 			l := &p.Lengths[i]
-			l.Micro = min(o.MicroBatch, l.Batch)
-			if l.Batch%l.Micro != 0 {
-				return fmt.Errorf("--micro-batch %d does not divide the batch of %d sequences at context %d (batch = tokens per step ÷ context); choose a divisor of %d",
-					o.MicroBatch, l.Batch, l.T, l.Batch)
+			share := l.Batch / p.Ranks // each rank's sequences
+			l.Micro = min(o.MicroBatch, share)
+			if share%l.Micro != 0 {
+				return fmt.Errorf("--micro-batch %d does not divide the %d sequences of each of %d rank(s) at context %d (batch = tokens per step ÷ context); choose a divisor of %d",
+					o.MicroBatch, share, p.Ranks, l.T, share)
 			}
 		}
 	case prev != nil && len(prev.State.Lengths) == len(p.Lengths):
 		for i := range p.Lengths { // a resumed run keeps its micro-batches
-			if m := prev.State.Lengths[i]; m.T == p.Lengths[i].T && m.Micro > 0 && p.Lengths[i].Batch%m.Micro == 0 {
+			if m := prev.State.Lengths[i]; m.T == p.Lengths[i].T && m.Micro > 0 && p.Lengths[i].Batch/p.Ranks%m.Micro == 0 {
 				p.Lengths[i].Micro = m.Micro
 			}
 		}
@@ -222,7 +226,7 @@ func (p *Plan) microTokenCandidates(fixed bool) []int {
 func (p *Plan) setMicroTokens(tokens int) {
 	for i := range p.Lengths {
 		l := &p.Lengths[i]
-		l.Micro = largestDivisor(l.Batch, max(1, tokens/l.T))
+		l.Micro = largestDivisor(l.Batch/max(1, p.Ranks), max(1, tokens/l.T))
 	}
 }
 

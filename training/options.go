@@ -92,6 +92,10 @@ type Options struct {
 	// Loss chooses the tokens the training loss averages over ("" = all);
 	// evaluations score every token whatever it is.
 	Loss LossTargets
+	// Parallel places the run in a data-parallel job (the launch
+	// environment); not part of the run's record: a run resumes on any
+	// number of ranks.
+	Parallel Parallel `json:"-"`
 }
 
 // Controls switch and tune the paper's training-time machinery. The zero

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rpac-dev/rpac/training/dist"
 	"github.com/rpac-dev/rpac/training/metrics"
 )
 
@@ -19,14 +20,15 @@ import (
 func TestRunDirLock(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	held, err := lockRunDir(dir) // another writer of the directory
+	// another writer of the directory: rank 0 of a data-parallel job
+	held, err := lockRunDir(dir, dist.Env{Launcher: dist.Slurm, World: 4, Job: "77"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := microOptions(dir)
 	_, err = Train(ctx, o)
-	if !errors.Is(err, ErrRunLocked) || !strings.Contains(err.Error(), fmt.Sprintf("process %d on host", os.Getpid())) {
-		t.Fatalf("second writer: got %v, want ErrRunLocked naming pid %d", err, os.Getpid())
+	if !errors.Is(err, ErrRunLocked) || !strings.Contains(err.Error(), fmt.Sprintf("slurm job 77 of 4 ranks (its rank 0: process %d on host", os.Getpid())) {
+		t.Fatalf("second writer: got %v, want ErrRunLocked naming the job and pid %d", err, os.Getpid())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint")); !os.IsNotExist(err) {
 		t.Fatalf("the refused run wrote a checkpoint (%v)", err)
@@ -51,7 +53,7 @@ func TestRunDirLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.close()
-	if _, err := lockRunDir(fresh); !errors.Is(err, ErrRunLocked) {
+	if _, err := lockRunDir(fresh, dist.Env{}); !errors.Is(err, ErrRunLocked) {
 		t.Fatalf("a new run directory is not locked while the run is open: %v", err)
 	}
 }

@@ -32,6 +32,9 @@ type Plan struct {
 	GameEvery int // steps per context-game update
 	EvalStats string
 	Memory    MemoryPlan
+	// Ranks is the data-parallel job's number of ranks (1: one process):
+	// every batch is shared among them, micro-batch by micro-batch.
+	Ranks int
 }
 
 // LengthPlan is one training length's batch, run as Batch/Micro
@@ -40,6 +43,16 @@ type LengthPlan struct {
 	T     int `json:"T"`
 	Batch int `json:"batch"`
 	Micro int `json:"micro_batch"`
+}
+
+// checkRanks refuses a batch the ranks cannot share equally.
+func (p *Plan) checkRanks() error {
+	for _, l := range p.Lengths {
+		if l.Batch%p.Ranks != 0 {
+			return fmt.Errorf("the batch of %d sequences at context %d (tokens per step ÷ context) cannot be shared equally by %d ranks: choose --tokens-per-step so that the ranks divide the batch", l.Batch, l.T, p.Ranks)
+		}
+	}
+	return nil
 }
 
 // Game reports whether the run plays the context game.
@@ -85,6 +98,10 @@ func Setup(o Options, ds *Dataset, prev *Run) (*Plan, error) {
 		return nil, err
 	}
 	if err := p.resolveSchedule(o, preset, ds, prev); err != nil {
+		return nil, err
+	}
+	p.Ranks = o.Parallel.Ranks()
+	if err := p.checkRanks(); err != nil {
 		return nil, err
 	}
 	if err := p.planMemory(o, caps, prev); err != nil {

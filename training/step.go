@@ -46,6 +46,9 @@ type Step struct {
 	// micro-batch and layer) when the step runs there.
 	sat   *cuda.SatCounter
 	store *kernels.Store
+	// rank and ranks: this rank's share of the batch in a data-parallel
+	// job (Shard); ranks 1: all of it.
+	rank, ranks int
 }
 
 // StepResult is what one step computed. Its slices are valid until the
@@ -125,7 +128,7 @@ func CompileStepLoss(cfg *model.Config, store *kernels.Store, be kernels.Backend
 	if err != nil {
 		return nil, err
 	}
-	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, counted: loss.counted(), graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store}
+	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, counted: loss.counted(), graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store, ranks: 1}
 	if micro < batch {
 		s.acc = map[string][]float32{}
 		for _, n := range s.params {
@@ -141,6 +144,24 @@ func CompileStepLoss(cfg *model.Config, store *kernels.Store, be kernels.Backend
 		s.res.Buffers = append(s.res.Buffers, r.Buffer)
 	}
 	return s, nil
+}
+
+// Shard makes Run train on rank's share of each batch in a job of ranks:
+// its run of Batch/Micro/ranks consecutive micro-batches, each weighted
+// and seeded as in the whole batch's step, so that the sum of the ranks'
+// results (gradients, loss, statistics) is the whole batch's.
+func (s *Step) Shard(rank, ranks int) error {
+	if n := s.Batch / s.Micro; n%ranks != 0 {
+		return fmt.Errorf("the batch of %d sequences at context %d makes %d micro-batches of %d, which %d ranks cannot share equally: choose --tokens-per-step and --micro-batch so that the ranks divide the micro-batches", s.Batch, s.T, n, s.Micro, ranks)
+	}
+	s.rank, s.ranks = rank, ranks
+	return nil
+}
+
+// micros are the micro-batches this rank runs: [lo, hi) of Batch/Micro.
+func (s *Step) micros() (lo, hi int) {
+	n := s.Batch / s.Micro
+	return s.rank * n / s.ranks, (s.rank + 1) * n / s.ranks
 }
 
 // KeepGradsOnDevice makes Run leave the gradients on the CUDA device
@@ -189,9 +210,11 @@ func planBytes(p *kernels.Plan) int64 { return int64(p.Peak+p.ScratchElems) * 4 
 
 // Run executes the step on the batch x, y (Batch·T token ids each, row by
 // row). seed draws the step's randomness; micro-batch k uses a seed derived
-// from it (k = 0 uses seed itself).
+// from it (k = 0 uses seed itself). A shard (Shard) runs its own
+// micro-batches of the batch, with their seeds and weights.
 func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 	n := s.Batch / s.Micro
+	lo, hi := s.micros()
 	if len(x) != s.Batch*s.T || len(y) != s.Batch*s.T {
 		return nil, fmt.Errorf("step: %d inputs and %d targets, want %d×%d", len(x), len(y), s.Batch, s.T)
 	}
@@ -203,16 +226,16 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 	if s.counted {
 		counted = max(1, countTargets(y))
 	}
-	for k := 0; k < n; k++ {
-		lo, hi := k*s.Micro*s.T, (k+1)*s.Micro*s.T
+	for k := lo; k < hi; k++ {
+		a, b := k*s.Micro*s.T, (k+1)*s.Micro*s.T
 		feeds := map[string]*kernels.Tensor{
-			"input_ids": kernels.IntTensor(ir.Shape{s.Micro, s.T}, x[lo:hi]),
-			"targets":   kernels.IntTensor(ir.Shape{s.Micro * s.T}, y[lo:hi]),
+			"input_ids": kernels.IntTensor(ir.Shape{s.Micro, s.T}, x[a:b]),
+			"targets":   kernels.IntTensor(ir.Shape{s.Micro * s.T}, y[a:b]),
 		}
 		if s.counted { // the micro-batches' gradients are averaged (weight w): the loss carries n/counted
 			feeds[model.LossScale] = &kernels.Tensor{Shape: ir.Shape{}, F32: []float32{float32(float64(n) / float64(counted))}}
 		}
-		if r, ok := s.prog.(interface{ ReuseStored() }); ok && k > 0 {
+		if r, ok := s.prog.(interface{ ReuseStored() }); ok && k > lo {
 			r.ReuseStored() // the weights are those of micro-batch 0: no second upload
 		}
 		if err := s.prog.Run(feeds, seed+uint64(k)*0x9e3779b97f4a7c15); err != nil {
@@ -225,14 +248,14 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 			s.res.CE += w * s.prog.Output("ce_sum").At(0) / float64(s.Micro*s.T)
 		}
 		if s.onDevice {
-			if err := s.deviceGrads(k, float32(w)); err != nil {
+			if err := s.deviceGrads(k-lo, float32(w)); err != nil {
 				return nil, err
 			}
-			if err := s.countSaturated(k); err != nil {
+			if err := s.countSaturated(k - lo); err != nil {
 				return nil, err
 			}
 		} else {
-			s.gatherGrads(k, float32(w))
+			s.gatherGrads(k-lo, float32(w))
 		}
 		s.gatherStats(w)
 	}
@@ -274,7 +297,8 @@ func (s *Step) addSaturated(w float64) error {
 		return err
 	}
 	L := len(s.graph.Layers)
-	for k := 0; k < s.Batch/s.Micro; k++ {
+	lo, hi := s.micros()
+	for k := 0; k < hi-lo; k++ {
 		for i, l := range s.graph.Layers {
 			rows := l.Mu.Shape.Numel() / int(l.Mu.Shape[len(l.Mu.Shape)-1])
 			s.res.Layers[i].Sat += w * (float64(counts[k*L+i]) / float64(rows))

@@ -169,7 +169,8 @@ type run struct {
 	dumped   bool
 	badRun   int // consecutive skipped steps
 	lock     *runLock
-	step0    int // the step the run started (or resumed) at
+	step0    int  // the step the run started (or resumed) at
+	job      *job // the other ranks of a data-parallel job (nil: one rank)
 }
 
 // maxBadSteps is how many steps in a row may have a non-finite loss or
@@ -233,8 +234,9 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 			lock.unlock()
 		}
 	}()
-	if st, serr := os.Stat(o.Out); serr == nil && st.IsDir() {
-		if lock, err = lockRunDir(o.Out); err != nil {
+	primary := o.Parallel.primary() // only rank 0 locks and writes the run directory
+	if st, serr := os.Stat(o.Out); serr == nil && st.IsDir() && primary {
+		if lock, err = lockRunDir(o.Out, o.Parallel.Env); err != nil {
 			return nil, err
 		}
 	}
@@ -266,8 +268,8 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
-	if lock == nil {
-		if lock, err = lockRunDir(o.Out); err != nil {
+	if lock == nil && primary {
+		if lock, err = lockRunDir(o.Out, o.Parallel.Env); err != nil {
 			return nil, err
 		}
 		if _, _, cerr := locateCheckpoint(o.Out); cerr == nil {
@@ -279,7 +281,27 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 		r.close()
 		return nil, err
 	}
+	if err := r.joinJob(ctx); err != nil {
+		r.close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// joinJob meets the job's other ranks (none in a job of one rank) and
+// gives every rank rank 0's parameters, fresh or resumed.
+func (r *run) joinJob(ctx context.Context) error {
+	var err error
+	if r.job, err = joinJob(ctx, r.o.Parallel, r.backend); err != nil || r.job == nil {
+		return err
+	}
+	if err := r.state.toHost(); err != nil {
+		return err
+	}
+	if err := r.job.broadcast(r.store); err != nil {
+		return err
+	}
+	return r.state.toDevice()
 }
 
 // openPrevious opens the run to resume, or checks that --out holds none.
@@ -441,22 +463,7 @@ func (r *run) openOutputs() error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(r.o.Out, "metrics.jsonl")
-	// Records after the checkpoint are written again from it. A new run in
-	// a directory without a checkpoint starts the file afresh: what is
-	// there was written by an attempt killed before its first checkpoint,
-	// and appending to it would repeat its steps.
-	if r.o.Resume {
-		if err := metrics.TruncateAfter(path, r.st.Step); err != nil {
-			return fmt.Errorf("metrics.jsonl: %w", err)
-		}
-	} else if st, err := os.Stat(path); err == nil && st.Size() > 0 {
-		r.o.Log.Warn("metrics.jsonl: discarding the records of an earlier attempt that saved no checkpoint", "file", path, "bytes", st.Size())
-		if err := os.Truncate(path, 0); err != nil {
-			return fmt.Errorf("metrics.jsonl: %w", err)
-		}
-	}
-	if r.metrics, err = metrics.Open(path); err != nil {
+	if r.metrics, err = r.openMetrics(); err != nil {
 		return err
 	}
 	r.logStart()
@@ -464,6 +471,39 @@ func (r *run) openOutputs() error {
 	r.progress.Event = "train.progress"
 	r.progress.TokensPerStep = p.TokensPerStep
 	r.started, r.tokens0, r.step0 = time.Now(), r.st.Tokens, r.st.Step
+	return nil
+}
+
+// openMetrics opens metrics.jsonl (rank 0 of a data-parallel job writes
+// the records; the other ranks discard theirs).
+func (r *run) openMetrics() (*metrics.Writer, error) {
+	if !r.o.Parallel.primary() {
+		return metrics.Discard(), nil
+	}
+	path := filepath.Join(r.o.Out, "metrics.jsonl")
+	if err := r.prepareMetrics(path); err != nil {
+		return nil, err
+	}
+	return metrics.Open(path)
+}
+
+// prepareMetrics readies metrics.jsonl at path for this invocation's
+// records. Records after the checkpoint are written again from it. A new
+// run in a directory without a checkpoint starts the file afresh: what is
+// there was written by an attempt killed before its first checkpoint, and
+// appending to it would repeat its steps.
+func (r *run) prepareMetrics(path string) error {
+	switch st, err := os.Stat(path); {
+	case r.o.Resume:
+		if err := metrics.TruncateAfter(path, r.st.Step); err != nil {
+			return fmt.Errorf("metrics.jsonl: %w", err)
+		}
+	case err == nil && st.Size() > 0:
+		r.o.Log.Warn("metrics.jsonl: discarding the records of an earlier attempt that saved no checkpoint", "file", path, "bytes", st.Size())
+		if err := os.Truncate(path, 0); err != nil {
+			return fmt.Errorf("metrics.jsonl: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -519,6 +559,7 @@ func (r *run) close() {
 	if r.metrics != nil {
 		r.metrics.Close()
 	}
+	r.job.close()
 	r.lock.unlock()
 }
 
@@ -530,7 +571,11 @@ func (r *run) runStep(set stepSettings) (*StepResult, error) {
 		return nil, err
 	}
 	bt := r.batchers[set.Context].Next()
-	return s.Run(bt.X, bt.Y, r.o.Seed*1_000_003+uint64(r.st.Step))
+	out, err := s.Run(bt.X, bt.Y, r.o.Seed*1_000_003+uint64(r.st.Step))
+	if err != nil {
+		return nil, err
+	}
+	return out, r.job.reduce(s, out)
 }
 
 // step returns the compiled step of context index ci at dropout; a new
@@ -553,6 +598,10 @@ func (r *run) step(ci int, dropout float64) (*Step, error) {
 		return nil, err
 	}
 	if err := r.state.prepare(s); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.Shard(r.o.Parallel.Env.Rank, r.o.Parallel.Ranks()); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -639,7 +688,7 @@ func (r *run) save() error {
 		return fmt.Errorf("refusing to write a checkpoint at step %d: %s holds a non-finite value (the last good checkpoint in %s is kept); lower --lr", r.st.Step, name, r.ckDir)
 	}
 	mom, steps, err := r.state.moments()
-	if err != nil {
+	if err != nil || !r.o.Parallel.primary() {
 		return err
 	}
 	return saveCheckpoint(r.ckDir, r.store, mom, steps, r.st)

@@ -3,16 +3,19 @@ package main
 import (
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/rpac-dev/rpac/app/launch"
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/rpac-dev/rpac/training/data"
+	"github.com/rpac-dev/rpac/training/dist"
 	"github.com/urfave/cli/v2"
 )
 
@@ -150,10 +153,15 @@ func trainFlags() []cli.Flag {
 		&cli.Float64Flag{Name: "grad-clip", Value: 1.0, Usage: "global gradient-norm clip"},
 		lossFlag(),
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
+		&cli.IntFlag{Name: "nproc-per-node", Value: 1, Usage: "data-parallel: start N local ranks of this command, one per GPU, as torchrun does (ranks launched by torchrun or srun read RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS themselves; docs/TRAINING.md)"},
+		&cli.DurationFlag{Name: "collective-timeout", Value: training.DefaultCollectiveTimeout, Usage: "data-parallel: the rendezvous and every collective fail after this long (a rank died or hangs)"},
 	)
 }
 
 func trainAction(c *cli.Context) error {
+	if n := c.Int("nproc-per-node"); n > 1 && os.Getenv("WORLD_SIZE") == "" {
+		return launchRanks(c, n)
+	}
 	o, err := trainOptions(c)
 	if err != nil {
 		return err
@@ -174,6 +182,29 @@ func trainAction(c *cli.Context) error {
 		ValCE: res.FinalValCE, EMACE: res.FinalEMACE, SWACE: res.FinalSWACE, SWAMembers: len(res.SWAMembers),
 		Recall: res.FinalRecall, RecallN: res.FinalRecallN, TokensPerS: res.TokensPerS, Out: res.Out})
 	return nil
+}
+
+// launchRanks runs this command again as n local ranks (launch.Job).
+func launchRanks(c *cli.Context, n int) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	j := launch.Job{Exe: exe, Args: launch.WithoutFlag(os.Args[1:], "nproc-per-node"), Ranks: n, Stdout: c.App.Writer, Stderr: c.App.ErrWriter}
+	return j.Run(c.Context)
+}
+
+// parallelFlags places the run in its data-parallel job: the launch
+// variables (torchrun's or SLURM's) and --collective-timeout.
+func parallelFlags(c *cli.Context) (training.Parallel, error) {
+	env, err := dist.FromEnv(os.Getenv)
+	if err != nil {
+		return training.Parallel{}, err
+	}
+	if c.Duration("collective-timeout") <= 0 {
+		return training.Parallel{}, fmt.Errorf("--collective-timeout must be positive")
+	}
+	return training.Parallel{Env: env, Timeout: c.Duration("collective-timeout")}, nil
 }
 
 // checkTrainCounts checks the flags that must not be negative.
@@ -229,6 +260,9 @@ func trainOptions(c *cli.Context) (training.Options, error) {
 		LR: c.Float64("lr"), Dropout: c.Float64("dropout"), WarmIn: c.Int("warm-in"),
 		GradClip: c.Float64("grad-clip"), DumpIR: c.String("dump-ir"), NoAlign: !c.Bool("align"), Control: ctl, Loss: loss,
 		Log: logger(c), Progress: c.App.ErrWriter,
+	}
+	if o.Parallel, err = parallelFlags(c); err != nil {
+		return o, err
 	}
 	return o, applyRunFlags(c, &o)
 }

@@ -18,7 +18,7 @@ func TestFromEnv(t *testing.T) {
 	}
 	e, err = FromEnv(vars(map[string]string{"SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242",
 		"SLURM_JOB_NODELIST": "gpu[07-08,11],login"}))
-	if err != nil || e != (Env{Launcher: Slurm, Rank: 9, World: 16, LocalRank: 1, Addr: "gpu07:29742", Job: "slurm job 4242"}) {
+	if err != nil || e != (Env{Launcher: Slurm, Rank: 9, World: 16, LocalRank: 1, Addr: "gpu07:29742", Job: "4242"}) {
 		t.Errorf("slurm: %+v, %v", e, err)
 	}
 	if e, err := FromEnv(vars(nil)); err != nil || e.Multi() || e.World != 1 {

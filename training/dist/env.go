@@ -41,8 +41,8 @@ type Env struct {
 	// Addr is MASTER_ADDR:MASTER_PORT, where rank 0 listens for the
 	// rendezvous ("" for a single rank).
 	Addr string
-	// Job names the job (SLURM_JOB_ID, else the rendezvous address): the
-	// run directory's lock records it.
+	// Job names the job (SLURM_JOB_ID; torchrun: the rendezvous
+	// address): the run directory's lock records it.
 	Job string
 }
 
@@ -103,7 +103,7 @@ func slurmEnv(getenv func(string) string) (Env, error) {
 		return e, err
 	}
 	job := getenv("SLURM_JOB_ID")
-	e.Job = "slurm job " + job
+	e.Job = job
 	if e.World > 1 {
 		host := getenv("MASTER_ADDR")
 		if host == "" {

@@ -43,6 +43,10 @@ type Writer struct {
 	now        func() time.Time
 }
 
+// Discard is a Writer that writes nothing: the records of a data-parallel
+// job's ranks other than rank 0.
+func Discard() *Writer { return &Writer{path: "(discarded)"} }
+
 // Open opens path for appending, creating it if needed, with
 // DefaultFlushEvery. A truncated last line left by a killed process is
 // removed first.
@@ -133,6 +137,9 @@ func (w *Writer) WriteEval(rec *Record) error { return w.write(rec, true) }
 // write encodes rec as one line, stamped with the time when it has none.
 // durable flushes and syncs the file before returning.
 func (w *Writer) write(rec *Record, durable bool) error {
+	if w.f == nil { // Discard
+		return nil
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -160,6 +167,9 @@ func (w *Writer) write(rec *Record, durable bool) error {
 
 // Flush writes buffered records to the file (without fsync).
 func (w *Writer) Flush() error {
+	if w.f == nil {
+		return nil
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -170,6 +180,9 @@ func (w *Writer) Flush() error {
 
 // Close flushes, syncs and closes the file. It is safe to call twice.
 func (w *Writer) Close() error {
+	if w.f == nil {
+		return nil
+	}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()

@@ -1,0 +1,175 @@
+package training
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/kernels/cuda/driver"
+	"github.com/rpac-dev/rpac/training/dist"
+)
+
+// Parallel places a run in a data-parallel job (the zero value: a job of
+// one rank). Each rank is a process on its own GPU (its LOCAL_RANK's);
+// every rank reads the same global batches and trains on its shard of
+// each, the gradients and the scalars the controllers read are summed
+// over NCCL, and rank 0 alone writes the run directory.
+type Parallel struct {
+	Env dist.Env
+	// Timeout bounds the rendezvous and every collective
+	// (0: DefaultCollectiveTimeout): a rank that died or hangs ends the
+	// job with an error instead of a hang.
+	Timeout time.Duration
+}
+
+// DefaultCollectiveTimeout is Parallel.Timeout's default.
+const DefaultCollectiveTimeout = 10 * time.Minute
+
+// Ranks is the number of ranks (1 without a launcher).
+func (p Parallel) Ranks() int { return max(1, p.Env.World) }
+
+// primary reports whether this rank writes the run directory (rank 0).
+func (p Parallel) primary() bool { return p.Env.Rank == 0 }
+
+func (p Parallel) timeout() time.Duration {
+	if p.Timeout > 0 {
+		return p.Timeout
+	}
+	return DefaultCollectiveTimeout
+}
+
+// job is a run's link to the other ranks: nil in a job of one rank.
+type job struct {
+	coll *cuda.Collective
+}
+
+// joinJob meets the other ranks and joins the NCCL communicator on be's
+// device: rank 0 makes the unique id and hands it out at MASTER_ADDR:
+// MASTER_PORT.
+func joinJob(ctx context.Context, p Parallel, be kernels.Backend) (*job, error) {
+	if !p.Env.Multi() {
+		return nil, nil
+	}
+	gpu, ok := be.(*cuda.Backend)
+	if !ok {
+		return nil, fmt.Errorf("a data-parallel job (%d ranks) runs on CUDA devices (--device cuda or cuda-sim), not %s", p.Env.World, be.Name())
+	}
+	id, err := dist.Rendezvous(ctx, p.Env, func() ([dist.IDBytes]byte, error) {
+		id, err := cuda.NewCollectiveID()
+		return id.Internal, err
+	}, p.timeout())
+	if err != nil {
+		return nil, err
+	}
+	coll, err := gpu.JoinCollective(driver.UniqueID{Internal: id}, p.Env.World, p.Env.Rank, p.timeout())
+	if err != nil {
+		return nil, fmt.Errorf("rank %d of %d: %w", p.Env.Rank, p.Env.World, err)
+	}
+	return &job{coll: coll}, nil
+}
+
+func (j *job) close() {
+	if j != nil {
+		j.coll.Close()
+	}
+}
+
+// broadcast gives every rank rank 0's values of the store's tensors.
+func (j *job) broadcast(store *kernels.Store) error {
+	if j == nil {
+		return nil
+	}
+	for _, name := range store.Order {
+		if t := store.Tensors[name]; t != nil && len(t.F32) > 0 {
+			if err := j.coll.BroadcastHost(t.F32); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fromRank0 gives every rank rank 0's values of xs (the other ranks add
+// zeros to them), so that every rank's controllers decide alike.
+func (j *job) fromRank0(xs ...*float64) error {
+	if j == nil {
+		return nil
+	}
+	v := make([]float64, len(xs))
+	if j.coll.Rank() == 0 {
+		for i, x := range xs {
+			v[i] = *x
+		}
+	}
+	if err := j.coll.SumHost(v); err != nil {
+		return err
+	}
+	for i, x := range xs {
+		*x = v[i]
+	}
+	return nil
+}
+
+// reduce sums a step's gradients and statistics over the ranks: each rank
+// weighted its micro-batches by the job's count, so the sums are the
+// whole batch's.
+func (j *job) reduce(s *Step, out *StepResult) error {
+	if j == nil {
+		return nil
+	}
+	if out.DeviceGrads == nil {
+		return errors.New("a data-parallel step keeps its gradients on the device (the device optimizer: no --host-optimizer)")
+	}
+	var bufs []cuda.Buffer
+	var counts []int
+	for _, name := range s.params {
+		if b, ok := out.DeviceGrads[name]; ok {
+			bufs = append(bufs, b)
+			counts = append(counts, len(s.store.Get(name).F32))
+		}
+	}
+	if err := j.coll.SumGrads(bufs, counts); err != nil {
+		return err
+	}
+	v := packStats(out)
+	if err := j.coll.SumHost(v); err != nil {
+		return err
+	}
+	unpackStats(out, v)
+	return nil
+}
+
+// packStats lists a step's scalars and statistics in a fixed order.
+func packStats(out *StepResult) []float64 {
+	v := []float64{out.Loss, out.CE}
+	for _, l := range out.Layers {
+		v = append(append(v, l.H, l.Sat), l.Usage...)
+	}
+	for _, r := range out.Running {
+		for _, x := range r {
+			v = append(v, float64(x))
+		}
+	}
+	return v
+}
+
+// unpackStats is packStats's inverse.
+func unpackStats(out *StepResult, v []float64) {
+	out.Loss, out.CE = v[0], v[1]
+	v = v[2:]
+	for i := range out.Layers {
+		l := &out.Layers[i]
+		l.H, l.Sat = v[0], v[1]
+		v = v[2:]
+		v = v[copy(l.Usage, v):]
+	}
+	for _, r := range out.Running {
+		for i := range r {
+			r[i] = float32(v[i])
+		}
+		v = v[len(r):]
+	}
+}
