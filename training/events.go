@@ -45,6 +45,23 @@ func (e MemoryEvent) Text() string {
 		strings.Join(micro, ", "))
 }
 
+// ParallelEvent is a data-parallel rank's collectives when the run ends
+// ("train.parallel"): the time per step of the gradients' all-reduce and
+// the statistics' (the wait for the slowest rank included).
+type ParallelEvent struct {
+	_         logging.Name `log:"train.parallel"`
+	Rank      int
+	Ranks     int
+	Steps     int
+	PerStep   float64 `log:"allreduce_s_per_step"`
+	GradBytes int64   `log:"grad_bytes"`
+}
+
+func (e ParallelEvent) Text() string {
+	return fmt.Sprintf("data-parallel: rank %d of %d, %d steps, all-reduce %.2f ms per step (%s of gradients)", e.Rank, e.Ranks, e.Steps,
+		1e3*e.PerStep, FormatBytes(e.GradBytes))
+}
+
 // StartEvent describes the run as it starts or resumes ("train.start").
 // Controls that are off are left out.
 type StartEvent struct {

@@ -44,6 +44,12 @@ func (p Parallel) timeout() time.Duration {
 // job is a run's link to the other ranks: nil in a job of one rank.
 type job struct {
 	coll *cuda.Collective
+	// reduced counts the steps reduced, spent the time their
+	// collectives took (waiting for the slowest rank included) and bytes
+	// the gradients' size.
+	reduced int
+	spent   time.Duration
+	bytes   int64
 }
 
 // joinJob meets the other ranks and joins the NCCL communicator on be's
@@ -123,12 +129,16 @@ func (j *job) reduce(s *Step, out *StepResult) error {
 	if out.DeviceGrads == nil {
 		return errors.New("a data-parallel step keeps its gradients on the device (the device optimizer: no --host-optimizer)")
 	}
+	t0 := time.Now()
+	defer func() { j.reduced, j.spent = j.reduced+1, j.spent+time.Since(t0) }()
 	var bufs []cuda.Buffer
 	var counts []int
+	j.bytes = 0
 	for _, name := range s.params {
 		if b, ok := out.DeviceGrads[name]; ok {
 			bufs = append(bufs, b)
 			counts = append(counts, len(s.store.Get(name).F32))
+			j.bytes += 4 * int64(counts[len(counts)-1])
 		}
 	}
 	if err := j.coll.SumGrads(bufs, counts); err != nil {
@@ -140,6 +150,15 @@ func (j *job) reduce(s *Step, out *StepResult) error {
 	}
 	unpackStats(out, v)
 	return nil
+}
+
+// event reports the job's collectives of this invocation.
+func (j *job) event() ParallelEvent {
+	ev := ParallelEvent{Rank: j.coll.Rank(), Ranks: j.coll.World(), Steps: j.reduced, GradBytes: j.bytes}
+	if j.reduced > 0 {
+		ev.PerStep = j.spent.Seconds() / float64(j.reduced)
+	}
+	return ev
 }
 
 // packStats lists a step's scalars and statistics in a fixed order.

@@ -705,6 +705,9 @@ func (r *run) finish(err error) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.job != nil {
+		logging.Info(r.o.Log, r.job.event())
+	}
 	r.res.Steps, r.res.Tokens, r.res.Ran = r.st.Step, r.st.Tokens, r.st.Step-r.step0
 	return r.res, nil
 }
