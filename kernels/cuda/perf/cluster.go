@@ -109,6 +109,9 @@ type Scaling struct {
 	// Efficiency is Step1/Step: the throughput of the cluster over GPUs
 	// times one GPU's.
 	Efficiency float64
+	// StepAfter and EfficiencyAfter are the same with every bucket
+	// all-reduced after the backward (no overlap): rpac's step as built.
+	StepAfter, EfficiencyAfter float64
 }
 
 // Scale predicts the data-parallel step of p on c with gradBytes of
@@ -126,5 +129,7 @@ func (c Cluster) Scale(p *Prediction, gradBytes, bucketBytes float64) Scaling {
 	}
 	s.Step = p.Step + s.Exposed
 	s.Efficiency = s.Step1 / s.Step
+	s.StepAfter = p.Step + s.Comm
+	s.EfficiencyAfter = s.Step1 / s.StepAfter
 	return s
 }

@@ -194,7 +194,8 @@ func TestClusterAllReduce(t *testing.T) {
 	}
 	p := &Prediction{GPU: 0.3, Step: 0.31}
 	s := c8.Scale(p, gb, 25e6)
-	if s.Buckets != 40 || s.Exposed < s.Comm/40 || s.Exposed > s.Comm || s.Efficiency >= 1 || s.Step != p.Step+s.Exposed {
+	if s.Buckets != 40 || s.Exposed < s.Comm/40 || s.Exposed > s.Comm || s.Efficiency >= 1 || s.Step != p.Step+s.Exposed ||
+		s.StepAfter != p.Step+s.Comm || s.EfficiencyAfter > s.Efficiency {
 		t.Errorf("scaling: %+v", s)
 	}
 	long := c8.Scale(&Prediction{GPU: 30, Step: 30}, gb, 25e6) // a backward far longer than the all-reduce
