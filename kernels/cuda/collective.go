@@ -156,23 +156,8 @@ func (c *Collective) SumHost(x []float64) error {
 	if len(x) == 0 {
 		return nil
 	}
-	n := uint64(8 * len(x))
-	buf, err := c.stageBuffer(n)
-	if err != nil {
-		return err
-	}
-	return c.guard(fmt.Sprintf("the all-reduce of %d scalars", len(x)), func() error {
-		p := unsafe.Pointer(&x[0])
-		if err := c.be.dev.upload(buf, p, n); err != nil {
-			return err
-		}
-		if err := c.comm.AllReduce(buf.Ptr, buf.Ptr, len(x), driver.NCCLFloat64, driver.NCCLSum); err != nil {
-			return err
-		}
-		if err := c.be.dev.sync(); err != nil {
-			return err
-		}
-		return c.be.dev.download(p, buf, n)
+	return c.staged(fmt.Sprintf("the all-reduce of %d scalars", len(x)), unsafe.Pointer(&x[0]), uint64(8*len(x)), func(b Buffer) error {
+		return c.comm.AllReduce(b.Ptr, b.Ptr, len(x), driver.NCCLFloat64, driver.NCCLSum)
 	})
 }
 
@@ -181,17 +166,23 @@ func (c *Collective) BroadcastHost(x []float32) error {
 	if len(x) == 0 {
 		return nil
 	}
-	n := uint64(4 * len(x))
+	return c.staged(fmt.Sprintf("the broadcast of %d parameters", len(x)), unsafe.Pointer(&x[0]), uint64(4*len(x)), func(b Buffer) error {
+		return c.comm.Broadcast(b.Ptr, b.Ptr, len(x), driver.NCCLFloat32, 0)
+	})
+}
+
+// staged runs collective (what) in place on the staging buffer holding
+// the n host bytes at p, and copies the result back to p.
+func (c *Collective) staged(what string, p unsafe.Pointer, n uint64, collective func(Buffer) error) error {
 	buf, err := c.stageBuffer(n)
 	if err != nil {
 		return err
 	}
-	return c.guard(fmt.Sprintf("the broadcast of %d parameters", len(x)), func() error {
-		p := unsafe.Pointer(&x[0])
+	return c.guard(what, func() error {
 		if err := c.be.dev.upload(buf, p, n); err != nil {
 			return err
 		}
-		if err := c.comm.Broadcast(buf.Ptr, buf.Ptr, len(x), driver.NCCLFloat32, 0); err != nil {
+		if err := collective(buf); err != nil {
 			return err
 		}
 		if err := c.be.dev.sync(); err != nil {

@@ -69,14 +69,7 @@ func FromEnv(getenv func(string) string) (Env, error) {
 
 func torchrunEnv(getenv func(string) string) (Env, error) {
 	e := Env{Launcher: Torchrun}
-	var err error
-	if e.World, err = intVar(getenv, "WORLD_SIZE", 1); err != nil {
-		return e, err
-	}
-	if e.Rank, err = intVar(getenv, "RANK", 0); err != nil {
-		return e, err
-	}
-	if e.LocalRank, err = intVar(getenv, "LOCAL_RANK", 0); err != nil {
+	if err := e.readPlace(getenv, "WORLD_SIZE", "RANK", "LOCAL_RANK"); err != nil {
 		return e, err
 	}
 	if e.World > 1 {
@@ -92,14 +85,7 @@ func torchrunEnv(getenv func(string) string) (Env, error) {
 
 func slurmEnv(getenv func(string) string) (Env, error) {
 	e := Env{Launcher: Slurm}
-	var err error
-	if e.World, err = intVar(getenv, "SLURM_NTASKS", 1); err != nil {
-		return e, err
-	}
-	if e.Rank, err = intVar(getenv, "SLURM_PROCID", 0); err != nil {
-		return e, err
-	}
-	if e.LocalRank, err = intVar(getenv, "SLURM_LOCALID", 0); err != nil {
+	if err := e.readPlace(getenv, "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"); err != nil {
 		return e, err
 	}
 	job := getenv("SLURM_JOB_ID")
@@ -120,6 +106,20 @@ func slurmEnv(getenv func(string) string) (Env, error) {
 		e.Addr = net.JoinHostPort(host, port)
 	}
 	return e, e.check()
+}
+
+// readPlace reads the number of ranks, the rank and the local rank from
+// the variables of those names (1, 0 and 0 when unset).
+func (e *Env) readPlace(getenv func(string) string, world, rank, local string) error {
+	var err error
+	if e.World, err = intVar(getenv, world, 1); err != nil {
+		return err
+	}
+	if e.Rank, err = intVar(getenv, rank, 0); err != nil {
+		return err
+	}
+	e.LocalRank, err = intVar(getenv, local, 0)
+	return err
 }
 
 func intVar(getenv func(string) string, name string, def int) (int, error) {
