@@ -27,7 +27,7 @@ type Collective struct {
 	aborted     bool
 }
 
-// DefaultBucketBytes is the gradient bucket: 25 MB, PyTorch DDP's default.
+// DefaultBucketBytes is the gradient bucket: 25 MiB, PyTorch DDP's default.
 const DefaultBucketBytes = 25 << 20
 
 // NewCollectiveID makes the job's NCCL unique id (rank 0 makes it and

@@ -16,6 +16,11 @@ func TestFromEnv(t *testing.T) {
 	if err != nil || e != (Env{Launcher: Torchrun, Rank: 3, World: 4, LocalRank: 1, Addr: "10.0.0.1:29500", Job: "10.0.0.1:29500"}) {
 		t.Errorf("torchrun: %+v, %v", e, err)
 	}
+	// under torchrun's agent store, which holds MASTER_PORT, the next port
+	e, err = FromEnv(vars(map[string]string{"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"}))
+	if err != nil || e.Addr != "h:29501" {
+		t.Errorf("torchrun with its agent store: %+v, %v", e, err)
+	}
 	e, err = FromEnv(vars(map[string]string{"SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242",
 		"SLURM_JOB_NODELIST": "gpu[07-08,11],login"}))
 	if err != nil || e != (Env{Launcher: Slurm, Rank: 9, World: 16, LocalRank: 1, Addr: "gpu07:29742", Job: "4242"}) {

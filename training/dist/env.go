@@ -77,6 +77,15 @@ func torchrunEnv(getenv func(string) string) (Env, error) {
 		if host == "" || port == "" {
 			return e, fmt.Errorf("WORLD_SIZE=%d needs MASTER_ADDR and MASTER_PORT (where rank 0 listens for the other ranks)", e.World)
 		}
+		if getenv("TORCHELASTIC_USE_AGENT_STORE") == "True" {
+			// torchrun's agent serves its own store on MASTER_PORT: meet
+			// on the next port
+			p, err := strconv.Atoi(port)
+			if err != nil {
+				return e, fmt.Errorf("MASTER_PORT=%q: want a port number", port)
+			}
+			port = strconv.Itoa(p + 1)
+		}
 		e.Addr = net.JoinHostPort(host, port)
 	}
 	e.Job = e.Addr
