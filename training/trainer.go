@@ -291,6 +291,9 @@ func newRun(ctx context.Context, o Options) (_ *run, err error) {
 // joinJob meets the job's other ranks (none in a job of one rank) and
 // gives every rank rank 0's parameters, fresh or resumed.
 func (r *run) joinJob(ctx context.Context) error {
+	if r.o.Parallel.Env.Multi() && r.o.HostOptimizer {
+		return errors.New("a data-parallel job keeps its training state on the device: drop --host-optimizer")
+	}
 	var err error
 	if r.job, err = joinJob(ctx, r.o.Parallel, r.backend); err != nil || r.job == nil {
 		return err
