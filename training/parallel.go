@@ -83,6 +83,47 @@ func (j *job) close() {
 	}
 }
 
+// jobField is one figure every rank of a job must agree on.
+type jobField struct {
+	name  string
+	value float64
+}
+
+// checkSame fails, naming the first rank that differs and how, unless
+// every rank gives the same fields: ranks launched with other flags would
+// otherwise call collectives of other sizes.
+func (j *job) checkSame(fields []jobField) error {
+	if j == nil {
+		return nil
+	}
+	n, me := len(fields), j.coll.Rank()
+	all := make([]float64, j.coll.World()*n) // every rank fills its own row: the sum gathers them
+	for i, f := range fields {
+		all[me*n+i] = f.value
+	}
+	if err := j.coll.SumHost(all); err != nil {
+		return err
+	}
+	if r, i := firstDiffering(all, n); r > 0 {
+		return fmt.Errorf("rank %d runs another job than rank 0: its %s is %v, rank 0's %v; launch every rank with the same flags",
+			r, fields[i].name, all[r*n+i], all[i])
+	}
+	return nil
+}
+
+// firstDiffering finds the first row of rows (each n values) that differs
+// from row 0, and the first value where: 0, 0 when they are all equal.
+func firstDiffering(rows []float64, n int) (row, field int) {
+	for r := 1; r*n < len(rows); r++ {
+		for i := range n {
+			if rows[r*n+i] != rows[i] {
+				return r, i
+			}
+		}
+	}
+	return 0, 0
+}
+
 // broadcast gives every rank rank 0's values of the store's tensors.
 func (j *job) broadcast(store *kernels.Store) error {
 	if j == nil {

@@ -111,3 +111,21 @@ func TestPackStats(t *testing.T) {
 		t.Errorf("unpacked %+v", out)
 	}
 }
+
+// TestFirstDiffering: the job check names the first rank whose figures
+// differ from rank 0's, and which figure.
+func TestFirstDiffering(t *testing.T) {
+	for _, c := range []struct {
+		rows       []float64
+		row, field int
+	}{
+		{[]float64{1, 2, 1, 2, 1, 2}, 0, 0},
+		{[]float64{1, 2, 1, 2, 1, 3}, 2, 1},
+		{[]float64{1, 2, 0, 2, 1, 3}, 1, 0},
+		{[]float64{1, 2}, 0, 0},
+	} {
+		if r, f := firstDiffering(c.rows, 2); r != c.row || f != c.field {
+			t.Errorf("%v: rank %d, field %d; want %d, %d", c.rows, r, f, c.row, c.field)
+		}
+	}
+}

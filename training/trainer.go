@@ -298,6 +298,9 @@ func (r *run) joinJob(ctx context.Context) error {
 	if r.job, err = joinJob(ctx, r.o.Parallel, r.backend); err != nil || r.job == nil {
 		return err
 	}
+	if err := r.job.checkSame(r.jobFields()); err != nil {
+		return err
+	}
 	if err := r.state.toHost(); err != nil {
 		return err
 	}
@@ -742,6 +745,18 @@ func (r *run) dumpContext() *passes.Context {
 		r.dumped = true
 	}
 	return pc
+}
+
+// jobFields are the figures of the run every rank of a job must share.
+func (r *run) jobFields() []jobField {
+	var elems int
+	for _, t := range r.store.Tensors {
+		elems += len(t.F32)
+	}
+	p := r.plan
+	return []jobField{{"number of tensors", float64(len(r.store.Tensors))}, {"number of parameters and buffers", float64(elems)},
+		{"number of steps", float64(p.Steps)}, {"tokens per step", float64(p.TokensPerStep)}, {"first micro-batch", float64(p.Lengths[0].Micro)},
+		{"starting step", float64(r.st.Step)}, {"seed", float64(r.o.Seed % (1 << 52))}}
 }
 
 // nonFinite names a tensor of st holding NaN or ±Inf ("" when none).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -203,5 +204,38 @@ func TestSimDataParallelRankKilled(t *testing.T) {
 	simRun(t, append(parallelArgs(dir, 400, "--context", "32", "--tokens-per-step", "64"), "--resume", "--stop-after", "2")...)
 	if after := len(stepRecords(t, dir)); after < 2 || after > before+2 {
 		t.Errorf("%d step records before the resume, %d after it (two more steps)", before, after)
+	}
+}
+
+// TestSimDataParallelMismatchedFlags: ranks launched with other flags (here
+// other step counts) fail at the start, both naming the rank and the figure
+// that differ, instead of calling collectives of other sizes.
+func TestSimDataParallelMismatchedFlags(t *testing.T) {
+	needSim(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	dir := filepath.Join(t.TempDir(), "run")
+	var cmds [2]*exec.Cmd
+	var outs [2]strings.Builder
+	for r := range cmds {
+		cmd := exec.Command(bin, parallelArgs(dir, 4+r, "--context", "32", "--tokens-per-step", "64")...)
+		cmd.Env = append(os.Environ(), "RPAC_DATA=", "WORLD_SIZE=2", "RANK="+strconv.Itoa(r), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port)
+		cmd.Stdout, cmd.Stderr = &outs[r], &outs[r]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[r] = cmd
+	}
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err == nil {
+			t.Errorf("rank %d succeeded", r)
+		}
+		if want := "rank 1 runs another job than rank 0: its number of steps is 5, rank 0's 4"; !strings.Contains(outs[r].String(), want) {
+			t.Errorf("rank %d does not say %q:\n%s", r, want, outs[r].String())
+		}
 	}
 }
