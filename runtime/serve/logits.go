@@ -103,7 +103,7 @@ type tokenLogprob struct {
 // row[j] less it) and the n most likely tokens with their
 // log-probabilities (most likely first, lower id on ties).
 func topLogprobs(row []float32, n int) (float64, []tokenLogprob) {
-	lse := float64(row[0]) + runtime.NLL(row, 0)
+	lse := runtime.LogSumExp(row)
 	top := make([]tokenLogprob, 0, n)
 	for j, x := range row {
 		if n == 0 || math.IsNaN(float64(x)) || (len(top) == n && !(float64(x) > top[n-1].lp)) {
