@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 	"testing"
 )
@@ -80,17 +81,23 @@ func TestBatchSizeAndLengthFor(t *testing.T) {
 	}
 }
 
-// TestSamplerMatchesGenerate: without TopK and TopP, a decoding loop of
-// NextLogits and a Sampler draws what Generate draws for the same seed.
+// TestSamplerMatchesGenerate: with and without TopK, a decoding loop of
+// NextLogits and a Sampler draws what Generate draws for the same seed
+// (Generate's top_k is the Sampler's selection: a sort of the candidates
+// draws in another order, and other tokens).
 func TestSamplerMatchesGenerate(t *testing.T) {
 	m, _ := fakeModel(7, 6, 1, 16)
-	for _, temp := range []float64{0, 3, 40} {
-		o := GenerateOptions{MaxNewTokens: 10, Temperature: temp, Seed: 99}
+	for _, c := range []struct {
+		temp float64
+		topK int
+	}{{0, 0}, {3, 0}, {40, 0}, {3, 3}, {40, 3}, {40, 6}} {
+		temp := c.temp
+		o := GenerateOptions{MaxNewTokens: 10, Temperature: temp, TopK: c.topK, Seed: 99}
 		want, err := m.Generate(context.Background(), []int32{1, 0}, o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := NewSampler(SampleOptions{Temperature: temp}, 99)
+		s, err := NewSampler(SampleOptions{Temperature: temp, TopK: c.topK}, 99)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +114,31 @@ func TestSamplerMatchesGenerate(t *testing.T) {
 			seq = append(seq, id)
 		}
 		if fmt.Sprint(seq[2:]) != fmt.Sprint(want) {
-			t.Errorf("temperature %v: sampler %v, Generate %v", temp, seq[2:], want)
+			t.Errorf("temperature %v, top_k %d: sampler %v, Generate %v", temp, c.topK, seq[2:], want)
+		}
+	}
+}
+
+// TestGenerateTopKLinear: Generate's top_k draws over a GPT-2-sized
+// vocabulary compare O(V) pairs of logits (the bound of TestTopKLinear),
+// not the V log2 V of a sort.
+func TestGenerateTopKLinear(t *testing.T) {
+	const V = 50257
+	m, _ := fakeModel(V, 0, 1, 8)
+	for _, k := range []int{40, V / 2} {
+		s, err := NewSampler(SampleOptions{Temperature: 1e6, TopK: k}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.generate(context.Background(), []int32{1}, GenerateOptions{MaxNewTokens: 3, Temperature: 1e6, TopK: k}, s); err != nil {
+			t.Fatal(err)
+		}
+		perEntry := 6
+		if k <= heapLimit {
+			perEntry = 2 + 2*bits.Len(uint(k))
+		}
+		if s.compared == 0 || s.compared > perEntry*V {
+			t.Errorf("top_k %d: %d comparisons for %d logits (want 1 to %d per logit)", k, s.compared, V, perEntry)
 		}
 	}
 }

@@ -109,16 +109,17 @@ func TestValidateInputs(t *testing.T) {
 func TestSample(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	nan := float32(math.NaN())
-	if id, _ := sample([]float32{1, 3, 3, 2}, GenerateOptions{}, rng); id != 1 {
+	if id, _ := sample([]float32{1, 3, 3, 2}, 0, rng); id != 1 {
 		t.Fatalf("greedy tie: %d, want the lower id 1", id)
 	}
-	if id, _ := sample([]float32{nan, 1, nan, 2}, GenerateOptions{}, rng); id != 3 {
+	if id, _ := sample([]float32{nan, 1, nan, 2}, 0, rng); id != 3 {
 		t.Fatalf("greedy with NaN: %d", id)
 	}
-	if _, err := sample([]float32{nan, nan}, GenerateOptions{}, rng); err == nil {
+	if _, err := sample([]float32{nan, nan}, 0, rng); err == nil {
 		t.Fatal("all-NaN logits: no error")
 	}
-	if id, _ := sample([]float32{0, 5, 1}, GenerateOptions{Temperature: 1, TopK: 1}, rng); id != 1 {
+	k1, _ := NewSampler(SampleOptions{Temperature: 1, TopK: 1}, 5)
+	if id, _ := k1.Next([]float32{0, 5, 1}); id != 1 {
 		t.Fatalf("TopK 1: %d", id)
 	}
 	// Frequencies follow softmax(logits / T).
@@ -126,7 +127,7 @@ func TestSample(t *testing.T) {
 	counts := make([]int, 4)
 	const n = 40000
 	for i := 0; i < n; i++ {
-		id, _ := sample(row, GenerateOptions{Temperature: 1}, rng)
+		id, _ := sample(row, 1, rng)
 		counts[id]++
 	}
 	for i, c := range counts {
@@ -137,8 +138,9 @@ func TestSample(t *testing.T) {
 	}
 	// TopK 2 keeps ids 3 and 2 only, in ratio 4:3.
 	counts = make([]int, 4)
+	k2, _ := NewSampler(SampleOptions{Temperature: 1, TopK: 2}, 6)
 	for i := 0; i < n; i++ {
-		id, _ := sample(row, GenerateOptions{Temperature: 1, TopK: 2}, rng)
+		id, _ := k2.Next(row)
 		counts[id]++
 	}
 	if counts[0]+counts[1] != 0 || math.Abs(float64(counts[3])/n-4.0/7) > 0.01 {

@@ -558,6 +558,16 @@ func (m *Model) Generate(ctx context.Context, prompt []int32, o GenerateOptions)
 	if math.IsNaN(o.Temperature) || math.IsInf(o.Temperature, 0) {
 		return nil, fmt.Errorf("runtime: temperature %v is not a finite number", o.Temperature)
 	}
+	s, err := NewSampler(SampleOptions{Temperature: o.Temperature, TopK: o.TopK}, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	return m.generate(ctx, prompt, o, s)
+}
+
+// generate is Generate drawing each token with s (top_k by its O(V)
+// selection).
+func (m *Model) generate(ctx context.Context, prompt []int32, o GenerateOptions, s *Sampler) ([]int32, error) {
 	seq := append([]int32(nil), prompt...)
 	if len(seq) == 0 {
 		seq = []int32{m.EOS()}
@@ -568,8 +578,7 @@ func (m *Model) Generate(ctx context.Context, prompt []int32, o GenerateOptions)
 			return nil, fmt.Errorf("runtime: prompt position %d: token id %d is outside the vocabulary [0,%d)", t, id, m.man.VocabSize)
 		}
 	}
-	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
-	draw := func(row []float32) (int32, error) { return sample(row, o, rng) }
+	draw := s.Next
 	T, fitErr := m.LengthFor(len(seq) + min(o.MaxNewTokens, m.MaxLength()+1))
 	if fitErr == nil && o.MaxNewTokens > 0 && !o.Recompute && m.man.HasKVCache(T) {
 		return m.generateCached(ctx, seq, T, o, draw)
@@ -617,8 +626,9 @@ func (m *Model) GenerateText(ctx context.Context, prompt string, o GenerateOptio
 	return m.tok.Decode(ids), nil
 }
 
-// sample draws the next token from a logits row. NaN logits are ignored.
-func sample(row []float32, o GenerateOptions, rng *rand.Rand) (int32, error) {
+// sample draws the next token from a logits row at temperature (argmax,
+// lower id on ties, at 0 or less). NaN logits are ignored.
+func sample(row []float32, temperature float64, rng *rand.Rand) (int32, error) {
 	best, bestV := -1, float32(0)
 	for i, x := range row {
 		if x != x {
@@ -631,7 +641,7 @@ func sample(row []float32, o GenerateOptions, rng *rand.Rand) (int32, error) {
 	if best < 0 {
 		return 0, errors.New("runtime: the model returned only NaN logits")
 	}
-	if o.Temperature <= 0 {
+	if temperature <= 0 {
 		return int32(best), nil
 	}
 	cand := make([]int, 0, len(row))
@@ -640,10 +650,6 @@ func sample(row []float32, o GenerateOptions, rng *rand.Rand) (int32, error) {
 			cand = append(cand, i)
 		}
 	}
-	if o.TopK > 0 && o.TopK < len(cand) {
-		sort.SliceStable(cand, func(a, b int) bool { return row[cand[a]] > row[cand[b]] })
-		cand = cand[:o.TopK]
-	}
 	mx := float64(bestV)
 	if math.IsInf(mx, 0) {
 		return int32(best), nil
@@ -651,7 +657,7 @@ func sample(row []float32, o GenerateOptions, rng *rand.Rand) (int32, error) {
 	w := make([]float64, len(cand))
 	var sum float64
 	for j, i := range cand {
-		w[j] = math.Exp((float64(row[i]) - mx) / o.Temperature)
+		w[j] = math.Exp((float64(row[i]) - mx) / temperature)
 		sum += w[j]
 	}
 	u := rng.Float64() * sum

@@ -58,10 +58,9 @@ func NewSampler(o SampleOptions, seed uint64) (*Sampler, error) {
 
 // Next draws a token from row (NaN logits are never drawn).
 func (s *Sampler) Next(row []float32) (int32, error) {
-	plain := GenerateOptions{Temperature: s.o.Temperature}
 	filter := s.o.Temperature > 0 && ((s.o.TopK > 0 && s.o.TopK < len(row)) || (s.o.TopP > 0 && s.o.TopP < 1))
 	if !filter {
-		return sample(row, plain, s.rng)
+		return sample(row, s.o.Temperature, s.rng)
 	}
 	if s.o.TopK <= 0 || s.o.TopK >= len(row) {
 		return s.nucleus(row) // top_p alone: O(V), no sort
@@ -83,7 +82,6 @@ const sortedCutLimit = 1024
 // selection finds the K-th entry above it, in expected O(V) whatever K is;
 // only with TopP and K up to sortedCutLimit are the kept entries sorted.
 func (s *Sampler) topK(row []float32) (int32, error) {
-	plain := GenerateOptions{Temperature: s.o.Temperature}
 	var mx float32
 	var found bool
 	if s.o.TopK <= heapLimit {
@@ -92,7 +90,7 @@ func (s *Sampler) topK(row []float32) (int32, error) {
 		mx, found = s.gather(row)
 	}
 	if !found || math.IsInf(float64(mx), 0) {
-		return sample(row, plain, s.rng) // all NaN (reported), or an infinite maximum
+		return sample(row, s.o.Temperature, s.rng) // all NaN (reported), or an infinite maximum
 	}
 	k := min(s.o.TopK, len(s.nc))
 	if s.o.TopK > heapLimit {
@@ -223,7 +221,7 @@ func (s *Sampler) drawThrough(row []float32, last nucleusCand) (int32, error) {
 			s.idx = append(s.idx, i)
 		}
 	}
-	j, err := sample(s.mask, GenerateOptions{Temperature: s.o.Temperature}, s.rng)
+	j, err := sample(s.mask, s.o.Temperature, s.rng)
 	if err != nil {
 		return 0, err
 	}
@@ -251,10 +249,9 @@ func (a nucleusCand) before(b nucleusCand) bool { return a.x > b.x || a.x == b.x
 // within rounding (about 1e-16 relative) of the threshold may end one
 // entry apart; the draw among the kept entries is the same.
 func (s *Sampler) nucleus(row []float32) (int32, error) {
-	plain := GenerateOptions{Temperature: s.o.Temperature}
 	mx, found := s.gather(row)
 	if !found || math.IsInf(float64(mx), 0) {
-		return sample(row, plain, s.rng) // all NaN (reported), or an infinite maximum
+		return sample(row, s.o.Temperature, s.rng) // all NaN (reported), or an infinite maximum
 	}
 	var total float64
 	for j := range s.nc {

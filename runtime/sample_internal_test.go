@@ -47,7 +47,7 @@ func sortedNucleus(row []float32, o SampleOptions, rng *rand.Rand) (int32, []int
 		mask = append(mask, c.x)
 		idx = append(idx, int(c.i))
 	}
-	j, _ := sample(mask, GenerateOptions{Temperature: o.Temperature}, rng)
+	j, _ := sample(mask, o.Temperature, rng)
 	return int32(idx[j]), idx
 }
 
