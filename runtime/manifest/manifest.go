@@ -32,9 +32,10 @@ type Manifest struct {
 	// Lengths are the exported context lengths T, one graph each.
 	Lengths []int `json:"lengths"`
 	// Files lists every file of the export with its hash. The file whose
-	// Length is T and whose Path ends in ".onnx" is the graph for T; other
-	// files with that Length (external tensor data, "<model>.onnx.data")
-	// are verified but not opened directly.
+	// Length is T and whose Path ends in ".onnx" is the graph for T; the
+	// only other files are external tensor data, "<graph>.onnx.data" with
+	// its graph's Length and Graph (verified, read through the graph; any
+	// other file is refused before a byte is hashed).
 	Files []File `json:"files"`
 	// VocabSize is V: ids must lie in [0,V) and logits have V columns.
 	VocabSize int `json:"vocab_size"`
@@ -226,12 +227,53 @@ func (m *Manifest) Validate() error {
 			return fmt.Errorf("manifest has %d .onnx files for length %d, want exactly one", n, L)
 		}
 	}
+	if err := m.checkDataFiles(); err != nil {
+		return err
+	}
 	if m.Provenance != nil {
 		if err := m.Provenance.validate(); err != nil {
 			return err
 		}
 	}
 	return m.validateKV(kv)
+}
+
+// DataSuffix ends the name of a graph's external tensor data file: the
+// exporter (onnx.WriteExternal, onnx.DataFile) writes the initializers of
+// graph "<dir>/<name>.onnx" to "<dir>/<name>.onnx.data" and references
+// it by its base name, relative to the graph's folder.
+const DataSuffix = ".data"
+
+// checkDataFiles refuses a file that is neither a graph (.onnx) nor the
+// external data file of a listed graph of its length and kind: no graph
+// reads it, and it is refused here, before anything is hashed (an
+// unreferenced file of many GiB would cost a minute to hash).
+func (m *Manifest) checkDataFiles() error {
+	type graphKey struct {
+		path   string
+		length int
+		graph  GraphKind
+	}
+	graphs := map[graphKey]bool{}
+	for _, f := range m.Files {
+		if strings.HasSuffix(f.Path, ".onnx") {
+			graphs[graphKey{f.Path, f.Length, f.Graph}] = true
+		}
+	}
+	for _, f := range m.Files {
+		if strings.HasSuffix(f.Path, ".onnx") {
+			continue
+		}
+		g, ok := strings.CutSuffix(f.Path, DataSuffix)
+		if !ok || !graphs[graphKey{g, f.Length, f.Graph}] {
+			kind := "full"
+			if f.Graph != GraphFull {
+				kind = string(f.Graph)
+			}
+			return fmt.Errorf("manifest file %q is neither a graph (.onnx) nor the external data (<graph>.onnx%s) of a listed %s graph of length %d: no graph reads it", f.Path, DataSuffix, kind, f.Length)
+		}
+	}
+	return nil
 }
 
 // SortedLengths returns the lengths in increasing order.

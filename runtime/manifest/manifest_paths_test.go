@@ -1,10 +1,12 @@
 package manifest
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestVerifyFilesRefusesDirectoryLinks: a directory symlink on the way to a
@@ -114,5 +116,79 @@ func TestVerifyFilesSizeFirst(t *testing.T) {
 	}
 	if filesHashed.Load() != before {
 		t.Fatal("the oversized file was read")
+	}
+}
+
+// TestUnreadFileRefusedFirst: a listed file that is neither a graph nor
+// the external data file of a graph of its length and kind (what
+// onnx.WriteExternal writes: "<graph>.onnx.data" next to the graph) is
+// refused when the manifest is read, before any file is hashed: an 8 GiB
+// sparse file costs nothing. The data files an export writes, in the
+// folder or below it, for full and KV-cache graphs, are accepted.
+func TestUnreadFileRefusedFirst(t *testing.T) {
+	sum := strings.Repeat("0", 64)
+	graphs := []File{
+		{Length: 4, Path: "m4.onnx", SHA256: sum, Bytes: 1},
+		{Length: 8, Path: "sub/m8.onnx", SHA256: sum, Bytes: 1},
+		{Length: 8, Path: "m8.decode.onnx", SHA256: sum, Bytes: 1, Graph: GraphDecode},
+		{Length: 8, Path: "m8.prefill.onnx", SHA256: sum, Bytes: 1, Graph: GraphPrefill},
+	}
+	with := func(extra ...File) *Manifest {
+		return &Manifest{Format: FormatVersion, Lengths: []int{4, 8}, VocabSize: 8, Files: append(append([]File(nil), graphs...), extra...),
+			KVCache: NewKVCache(1, 1, 1, []int{8})}
+	}
+	data := func(path string, L int, g GraphKind) File {
+		return File{Length: L, Path: path, SHA256: sum, Bytes: 1, Graph: g}
+	}
+	good := with(data("m4.onnx.data", 4, GraphFull), data("sub/m8.onnx.data", 8, GraphFull), data("m8.decode.onnx.data", 8, GraphDecode))
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []File{
+		data("weights.bin", 4, GraphFull),
+		data("m4.onnx.data", 8, GraphFull),           // another length's graph
+		data("m8.onnx.data", 8, GraphFull),           // the graph is in sub/
+		data("sub/m4.onnx.data", 4, GraphFull),       // the graph is not in sub/
+		data("m8.decode.onnx.data", 8, GraphFull),    // another kind's graph
+		data("m8.prefill.onnx.data", 8, GraphDecode), // another kind's graph
+		data("m4.onnx.data.data", 4, GraphFull),      // the data of no graph
+		data("m4.onnx.bak", 4, GraphFull),
+	} {
+		if err := with(f).Validate(); err == nil || !strings.Contains(err.Error(), "no graph reads it") {
+			t.Errorf("%s (length %d, graph %q): %v", f.Path, f.Length, f.Graph, err)
+		}
+	}
+
+	// Opening an export (Read, then VerifyFiles) refuses it before hashing
+	// anything, however large.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "m4.onnx"), []byte("g"), 0o644)
+	g, err := NewFile(dir, "m4.onnx", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(dir, "stray.data")
+	if err := os.WriteFile(stray, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(stray, 8<<30); err != nil { // sparse: no disk used
+		t.Skip(err)
+	}
+	m := &Manifest{Format: FormatVersion, Lengths: []int{4}, VocabSize: 8, Files: []File{g, {Length: 4, Path: "stray.data", SHA256: sum, Bytes: 8 << 30}}}
+	buf, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, FileName), buf, 0o644)
+	before, t0 := filesHashed.Load(), time.Now()
+	m, err = Read(dir)
+	if err == nil {
+		err = m.VerifyFiles(dir)
+	}
+	if err == nil || !strings.Contains(err.Error(), "no graph reads it") {
+		t.Fatalf("an unread 8 GiB file: %v", err)
+	}
+	if n := filesHashed.Load() - before; n != 0 || time.Since(t0) > time.Second {
+		t.Fatalf("refused after %v and %d files hashed", time.Since(t0), n)
 	}
 }
