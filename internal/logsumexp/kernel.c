@@ -12,6 +12,7 @@
 
 typedef float vf __attribute__((vector_size(LANES * 4)));
 typedef int32_t vi __attribute__((vector_size(LANES * 4)));
+typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -46,10 +47,24 @@ static INLINE vf vexp(vf x) {
 	vi k = (vi)t - 0x4B400000;
 	vf r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
 	vf p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-	vf s = (vf)((k + 126) << 23);
+	vf s = (vf)((vu)(k + 126) << 23);
 	vf e = p * s * 2.0f;
 	e = sel(x < lo, splat(0), e);
 	return sel(x > hi, splat(INFINITY), e);
+}
+
+// vexpneg is vexp for arguments that are at most 0 or NaN (x - max in a
+// sum): no clamp, 2ⁿ by the exponent bits directly (n >= -125 above lo),
+// and one select for the arguments below lo (-Inf included), whose lanes
+// computed garbage.
+static INLINE vf vexpneg(vf x) {
+	vf t = x * 1.44269504088896341f + 12582912.0f;
+	vf n = t - 12582912.0f;
+	vi k = (vi)t - 0x4B400000;
+	vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+	vf p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+	vf s = (vf)((vu)(k + 127) << 23);
+	return sel(x < lo, splat(0), p * s);
 }
 
 // exp1 is vexp of one value (the tails).
@@ -72,31 +87,47 @@ CLONES void rpac_exp(float *dst, const float *src, long n) {
 // vmax is the lane-wise larger of a and b, skipping a NaN b.
 static INLINE vf vmax(vf a, vf b) { return sel(b > a, b, a); }
 
-// rpac_max is the largest of x[0..n) ignoring NaNs (x[0] when all are NaN).
+// rpac_max is the largest of x[0..n) ignoring NaNs (x[0] when all are NaN),
+// in four independent vectors of maxima.
 static INLINE float rpac_max(const float *x, long n) {
-	vf m = splat(x[0]);
+	vf m0 = splat(x[0]), m1 = m0, m2 = m0, m3 = m0;
 	long i = 0;
-	for (; i + LANES <= n; i += LANES) {
-		m = vmax(m, load(x + i));
+	for (; i + 4 * LANES <= n; i += 4 * LANES) {
+		m0 = vmax(m0, load(x + i));
+		m1 = vmax(m1, load(x + i + LANES));
+		m2 = vmax(m2, load(x + i + 2 * LANES));
+		m3 = vmax(m3, load(x + i + 3 * LANES));
 	}
+	for (; i + LANES <= n; i += LANES) {
+		m0 = vmax(m0, load(x + i));
+	}
+	m0 = vmax(vmax(m0, m1), vmax(m2, m3));
 	float r = x[0];
 	for (; i < n; i++) {
 		r = x[i] > r ? x[i] : r;
 	}
 	for (int l = 0; l < LANES; l++) {
-		r = m[l] > r ? m[l] : r;
+		r = m0[l] > r ? m0[l] : r;
 	}
 	return r;
 }
 
-// sum_block is Σ exp(x[i] - mx) over at most a block, in LANES float32
-// sums added in lane order, then the tail.
+// sum_block is Σ exp(x[i] - mx) over at most a block: four vectors of
+// LANES float32 sums (independent chains), added lane by lane, then the
+// tail.
 static INLINE float sum_block(const float *x, long n, float mx) {
-	vf s = {0};
+	vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
 	long i = 0;
-	for (; i + LANES <= n; i += LANES) {
-		s += vexp(load(x + i) - mx);
+	for (; i + 4 * LANES <= n; i += 4 * LANES) {
+		s0 += vexpneg(load(x + i) - mx);
+		s1 += vexpneg(load(x + i + LANES) - mx);
+		s2 += vexpneg(load(x + i + 2 * LANES) - mx);
+		s3 += vexpneg(load(x + i + 3 * LANES) - mx);
 	}
+	for (; i + LANES <= n; i += LANES) {
+		s0 += vexpneg(load(x + i) - mx);
+	}
+	vf s = (s0 + s1) + (s2 + s3);
 	float r = 0;
 	for (int l = 0; l < LANES; l++) {
 		r += s[l];

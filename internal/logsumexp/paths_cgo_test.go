@@ -13,7 +13,7 @@ import (
 // ulp of each other.
 const (
 	maxPathDiff = 1e-6
-	maxPathULP  = 2
+	maxPathULP  = 4 // measured: 3.0 (each is within maxExpULP of exp)
 )
 
 func TestPathsAgree(t *testing.T) {
