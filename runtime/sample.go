@@ -35,8 +35,9 @@ func (o SampleOptions) Validate() error {
 }
 
 // Sampler draws tokens one at a time from a seeded generator. Without
-// TopK and TopP it draws exactly as Generate does, so the same seed and
-// logits give the same tokens. A Sampler is not safe for concurrent use.
+// TopP it draws exactly as Generate does (Generate draws with one), so the
+// same seed, TopK and logits give the same tokens. A Sampler is not safe
+// for concurrent use.
 type Sampler struct {
 	o    SampleOptions
 	rng  *rand.Rand
