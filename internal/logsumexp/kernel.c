@@ -37,35 +37,33 @@ static INLINE vf load(const float *p) {
 	return v;
 }
 
-// vexp is exp lane by lane, branch-free (the scalar form is exp32 in
-// logsumexp.go).
-static INLINE vf vexp(vf x) {
-	vf c = sel(x < lo, splat(lo), x);
-	c = sel(c > hi, splat(hi), c);  // NaN stays NaN
-	vf t = c * 1.44269504088896341f + 12582912.0f;
+// exp2n is exp(c)·2^(bias-127) lane by lane, for c whose n = round(c/ln2)
+// keeps n + bias in 1..254: c = n·ln2 + r, |r| <= ln2/2, exp(r) by its
+// Taylor polynomial of degree 7, 2^(n+bias-127) by exponent bits.
+static INLINE vf exp2n(vf c, int32_t bias) {
+	vf t = c * 1.44269504088896341f + 12582912.0f;  // 1.5·2²³: rounds c/ln2
 	vf n = t - 12582912.0f;
 	vi k = (vi)t - 0x4B400000;
-	vf r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+	vf r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;  // ln2 in two parts
 	vf p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-	vf s = (vf)((vu)(k + 126) << 23);
-	vf e = p * s * 2.0f;
+	return p * (vf)((vu)(k + bias) << 23);
+}
+
+// vexp is exp lane by lane, branch-free: the argument clamped to [lo, hi],
+// 2^(n-1)·2 so that n = 128 stays finite, then 0 below lo and +Inf above
+// hi (NaN stays NaN through every step).
+static INLINE vf vexp(vf x) {
+	vf c = sel(x < lo, splat(lo), x);
+	c = sel(c > hi, splat(hi), c);
+	vf e = exp2n(c, 126) * 2.0f;
 	e = sel(x < lo, splat(0), e);
 	return sel(x > hi, splat(INFINITY), e);
 }
 
 // vexpneg is vexp for arguments that are at most 0 or NaN (x - max in a
-// sum): no clamp, 2ⁿ by the exponent bits directly (n >= -125 above lo),
-// and one select for the arguments below lo (-Inf included), whose lanes
-// computed garbage.
-static INLINE vf vexpneg(vf x) {
-	vf t = x * 1.44269504088896341f + 12582912.0f;
-	vf n = t - 12582912.0f;
-	vi k = (vi)t - 0x4B400000;
-	vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-	vf p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-	vf s = (vf)((vu)(k + 127) << 23);
-	return sel(x < lo, splat(0), p * s);
-}
+// sum): no clamp, 2ⁿ directly (n >= -125 above lo), and one select for the
+// arguments below lo (-Inf included), whose lanes computed garbage.
+static INLINE vf vexpneg(vf x) { return sel(x < lo, splat(0), exp2n(x, 127)); }
 
 // exp1 is vexp of one value (the tails).
 static INLINE float exp1(float x) {

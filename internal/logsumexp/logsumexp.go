@@ -51,7 +51,7 @@ func LogSumExp(row []float32) float64 {
 }
 
 // maxGo is the largest of row's values ignoring NaNs (row[0] when all are
-// NaN), over lanes partial maxima.
+// NaN), over four partial maxima.
 func maxGo(row []float32) float32 {
 	m0, m1, m2, m3 := row[0], row[0], row[0], row[0]
 	i := 0

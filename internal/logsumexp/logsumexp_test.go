@@ -35,7 +35,7 @@ func expCases() []float32 {
 // float32.
 const maxExpULP = 3
 
-// TestExp: Exp (and the Go path's exp32) within maxExpULP of float64
+// TestExp: Exp (and the Go path's exp, fastexp's) within maxExpULP of float64
 // math.Exp over the normal range, on slices of every length up to a few
 // vectors (the tails).
 func TestExp(t *testing.T) {
