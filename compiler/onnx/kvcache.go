@@ -56,6 +56,10 @@ type KVGraph int
 const (
 	KVPrefill KVGraph = iota + 1 // the prompt: no past, keys and values out
 	KVDecode                     // one token per sequence against the cache
+	// KVGrowing is the Hugging Face / Optimum decoder (kvgrowing.go): any
+	// number of new tokens per call against a cache that grows by them,
+	// under an attention_mask, logits at every new position.
+	KVGrowing
 )
 
 func (k KVGraph) String() string {
@@ -64,6 +68,8 @@ func (k KVGraph) String() string {
 		return "prefill"
 	case KVDecode:
 		return "decode"
+	case KVGrowing:
+		return "growing"
 	}
 	return fmt.Sprintf("KVGraph(%d)", int(k))
 }
@@ -100,6 +106,8 @@ type kvState struct {
 	layout KVLayout
 	// decode: shared by every layer, built at the first attention
 	slot, valid, zeroMask, pastLen string
+	// growing: shared by every layer, built at the first attention
+	allowed, keyCols string
 }
 
 // KVOptions select the KV-cache graph.
@@ -120,7 +128,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	if err != nil {
 		return nil, KVLayout{}, err
 	}
-	if which != KVPrefill && which != KVDecode {
+	if which != KVPrefill && which != KVDecode && which != KVGrowing {
 		return nil, KVLayout{}, fmt.Errorf("onnx: unknown KV-cache graph %v", which)
 	}
 	if opts.Quantize != QuantizeNone {
@@ -157,6 +165,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	b.reserve(InputName)
 	b.reserve(OutputName)
 	b.reserve(PositionIDsName)
+	b.reserve(AttentionMaskName)
 	nLayers := 0
 	for _, n := range g.Nodes {
 		if n.Op == ir.OpFusedAttention {
@@ -167,19 +176,12 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 		return nil, KVLayout{}, fmt.Errorf("onnx: graph %s has no FusedAttention node: run the export pipeline with attention %q before LowerKV", g.Name, "op")
 	}
 	for i := 0; i < nLayers; i++ {
-		for _, name := range []string{PastKeyName(i), PastValueName(i), PresentKeyName(i), PresentValueName(i)} {
+		for _, name := range which.cacheNames(i) {
 			b.reserve(name)
 		}
 	}
 	b.names[ids] = InputName
-	seq := any(DimSequence)
-	if which == KVDecode {
-		seq = 1
-	}
-	b.gp.Input = append(b.gp.Input, dynValueInfo(InputName, onnxpb.TensorProto_INT64, DimBatch, seq))
-	if which == KVDecode {
-		b.gp.Input = append(b.gp.Input, dynValueInfo(PositionIDsName, onnxpb.TensorProto_INT64, DimBatch, 1))
-	}
+	b.gp.Input = append(b.gp.Input, which.tokenInputs()...)
 	if out.Kind == ir.Intermediate && out.Def.Op != ir.OpStopGradient {
 		b.final = out
 	}
@@ -194,21 +196,7 @@ func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnx
 	if lay.Layers != nLayers {
 		return nil, KVLayout{}, fmt.Errorf("onnx: %d of %d attention layers were lowered", lay.Layers, nLayers)
 	}
-	b.gp.Output = append(b.gp.Output, dynValueInfo(OutputName, onnxpb.TensorProto_FLOAT, DimBatch, 1, V))
-	cacheSeq := any(DimSequence)
-	if which == KVDecode {
-		cacheSeq = DimPastSequence
-	}
-	for i := 0; i < nLayers; i++ {
-		if which == KVDecode {
-			b.gp.Input = append(b.gp.Input,
-				dynValueInfo(PastKeyName(i), onnxpb.TensorProto_FLOAT, DimBatch, lay.Heads, DimPastSequence, lay.HeadSize),
-				dynValueInfo(PastValueName(i), onnxpb.TensorProto_FLOAT, DimBatch, lay.Heads, DimPastSequence, lay.HeadSize))
-		}
-		b.gp.Output = append(b.gp.Output,
-			dynValueInfo(PresentKeyName(i), onnxpb.TensorProto_FLOAT, DimBatch, lay.Heads, cacheSeq, lay.HeadSize),
-			dynValueInfo(PresentValueName(i), onnxpb.TensorProto_FLOAT, DimBatch, lay.Heads, cacheSeq, lay.HeadSize))
-	}
+	which.declareCache(b, lay, V)
 	return b.model(), lay, nil
 }
 
@@ -514,6 +502,9 @@ func lowerKVAttention(b *builder, n *ir.Node, in []string, out string) (string, 
 	if len(in) == 4 {
 		bias = in[3]
 	}
+	if k.which == KVGrowing {
+		return b.kvGrowingAttention(i, in[0], in[1], in[2], bias, scale, out), nil
+	}
 	if k.which == KVPrefill {
 		b.emitTo(PresentKeyName(i), "Identity", []string{in[1]})
 		b.emitTo(PresentValueName(i), "Identity", []string{in[2]})
@@ -583,13 +574,19 @@ func (b *builder) kvDecodeAttention(i int, q, key, val, bias string, scale float
 		}
 		mask = k.zeroMask
 	}
+	return b.maskedAttention(q, pk, pv, mask, scale, out)
+}
+
+// maskedAttention is softmax(scale·q·kᵀ + mask)·v, the additive mask
+// broadcast over the heads.
+func (b *builder) maskedAttention(q, key, val, mask string, scale float32, out string) string {
 	if b.useAttentionOp() {
-		return b.emitTo(out, "Attention", []string{q, pk, pv, mask}, attrFloat("scale", scale), attrInt("is_causal", 0))
+		return b.emitTo(out, "Attention", []string{q, key, val, mask}, attrFloat("scale", scale), attrInt("is_causal", 0))
 	}
-	s := b.emit(out+".scores", "MatMul", []string{q, b.swapLast(pk, 4)})
+	s := b.emit(out+".scores", "MatMul", []string{q, b.swapLast(key, 4)})
 	s = b.emit(out+".scaled", "Mul", []string{s, b.scalar(scale)})
 	s = b.emit(out+".masked", "Add", []string{s, mask})
-	return b.emitTo(out, "MatMul", []string{b.softmax(s, b.fresh(out+".probs")), pv})
+	return b.emitTo(out, "MatMul", []string{b.softmax(s, b.fresh(out+".probs")), val})
 }
 
 // lowerLive lowers the nodes of g that out depends on, in graph order, and

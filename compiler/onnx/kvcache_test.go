@@ -64,6 +64,9 @@ func TestLowerKVInputsOutputs(t *testing.T) {
 			"logits[batch,1,7] cache_out.0.key[batch,2,sequence,2] cache_out.0.value[batch,2,sequence,2]"},
 		{KVDecode, "input_ids[batch,1] position_ids[batch,1] cache.0.key[batch,2,past_sequence,2] cache.0.value[batch,2,past_sequence,2]",
 			"logits[batch,1,7] cache_out.0.key[batch,2,past_sequence,2] cache_out.0.value[batch,2,past_sequence,2]"},
+		{KVGrowing, "input_ids[batch_size,sequence_length] attention_mask[batch_size,total_sequence_length] position_ids[batch_size,sequence_length] " +
+			"past_key_values.0.key[batch_size,2,past_sequence_length,2] past_key_values.0.value[batch_size,2,past_sequence_length,2]",
+			"logits[batch_size,sequence_length,7] present.0.key[batch_size,2,total_sequence_length,2] present.0.value[batch_size,2,total_sequence_length,2]"},
 	} {
 		m, lay, err := LowerKV(kvGraph(6, nil), seqWeights, KVOptions{Graph: c.graph}, Options{})
 		if err != nil {

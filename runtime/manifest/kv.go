@@ -37,11 +37,17 @@ const (
 	KVPresentValue = "cache_out.%d.value"
 )
 
-// Optimum's cache names, which exports before the fixed-slot names used
-// for the same fixed-slot graphs; such an export is refused (validateKV).
+// Hugging Face Optimum's names of a cache that grows by the new tokens
+// under an attention_mask: the decoder of `rpac export --format hf`
+// (onnx/model.onnx) reads and writes them. Exports before the fixed-slot
+// names used them for the fixed-slot graphs too; a manifest that does is
+// refused (validateKV).
 const (
-	optimumPastKey    = "past_key_values.%d.key"
-	optimumPresentKey = "present.%d.key"
+	HFAttentionMask = "attention_mask"
+	HFPastKey       = "past_key_values.%d.key"
+	HFPastValue     = "past_key_values.%d.value"
+	HFPresentKey    = "present.%d.key"
+	HFPresentValue  = "present.%d.value"
 )
 
 // KVCacheLayout names the cache layout of the decode graphs: every
@@ -119,7 +125,7 @@ func (m *Manifest) validateKV(kv map[kvKey]int) error {
 	if k.Layers < 1 || k.Layers > maxKVLayers || k.Heads < 1 || k.Heads > maxKVHeads || k.HeadSize < 1 || k.HeadSize > maxHeadSize {
 		return fmt.Errorf("manifest kv_cache has %d layers of %d heads of size %d; want 1..%d, 1..%d, 1..%d", k.Layers, k.Heads, k.HeadSize, maxKVLayers, maxKVHeads, maxHeadSize)
 	}
-	if k.PastKeyNames == optimumPastKey || k.PresentKeyNames == optimumPresentKey {
+	if k.PastKeyNames == HFPastKey || k.PresentKeyNames == HFPresentKey {
 		return fmt.Errorf("manifest kv_cache names its fixed-slot cache %s / %s (Optimum's names, written by older rpac versions); this runtime reads %s / %s: re-export with `rpac export --kv-cache`",
 			k.PastKeyNames, k.PresentKeyNames, KVPastKey, KVPresentKey)
 	}
