@@ -6,9 +6,12 @@ import (
 	"path/filepath"
 )
 
-// Config describes the model for config.json and generation_config.json,
-// GPT-2's fields: one frame length per export (the folded prior is exact
-// at that length only), so n_positions and max_position_embeddings are L.
+// Config describes the model for config.json, generation_config.json and
+// genai_config.json, GPT-2's fields: one frame length per export (the
+// folded prior is exact at that length only), so n_positions and
+// max_position_embeddings are L. transformers.js reads the layers and heads
+// (n_layer, n_head; a head's size is n_embd / n_head) and sizes the empty
+// past from the decoder's declared input shapes.
 type Config struct {
 	Vocab, DModel, Layers, Heads int
 	// Length is L, the frame length of the export.
@@ -56,11 +59,16 @@ func (c Config) generationConfig() map[string]any {
 	}
 }
 
-// WriteConfig writes config.json and generation_config.json into dir.
+// HeadSize is the size of one attention head.
+func (c Config) HeadSize() int { return c.DModel / c.Heads }
+
+// WriteConfig writes config.json, generation_config.json and
+// genai_config.json into dir.
 func WriteConfig(dir string, c Config) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
 	return errors.Join(writeJSON(filepath.Join(dir, ConfigFile), c.modelConfig()),
-		writeJSON(filepath.Join(dir, GenerationFile), c.generationConfig()))
+		writeJSON(filepath.Join(dir, GenerationFile), c.generationConfig()),
+		writeJSON(filepath.Join(dir, GenAIConfigFile), c.genaiConfig()))
 }

@@ -102,6 +102,27 @@ func TestWriteConfig(t *testing.T) {
 	if g["max_length"] != 384.0 || g["eos_token_id"] != 50256.0 || g["do_sample"] != false {
 		t.Errorf("generation_config.json %v", g)
 	}
+	var genai struct {
+		Model struct {
+			Type          string `json:"type"`
+			ContextLength int    `json:"context_length"`
+			Decoder       struct {
+				Filename        string
+				HeadSize        int `json:"head_size"`
+				Heads           int `json:"num_attention_heads"`
+				Layers          int `json:"num_hidden_layers"`
+				Inputs, Outputs map[string]string
+			}
+		}
+		Search map[string]any
+	}
+	readJSON(t, filepath.Join(dir, GenAIConfigFile), &genai)
+	d := genai.Model.Decoder
+	if genai.Model.Type != "gpt2" || genai.Model.ContextLength != 384 || d.Filename != ModelFile || d.HeadSize != 16 || d.Heads != 4 || d.Layers != 2 ||
+		d.Inputs["past_key_names"] != "past_key_values.%d.key" || d.Inputs["attention_mask"] != "attention_mask" ||
+		d.Outputs["present_value_names"] != "present.%d.value" || genai.Search["past_present_share_buffer"] != false {
+		t.Errorf("genai_config.json %+v", genai)
+	}
 	for _, bad := range []Config{{Vocab: 10, DModel: 6, Layers: 1, Heads: 4, Length: 8, EOS: 9}, {Vocab: 10, DModel: 8, Layers: 1, Heads: 4, Length: 8, EOS: 10}} {
 		if err := WriteConfig(t.TempDir(), bad); err == nil {
 			t.Errorf("%+v accepted", bad)

@@ -1,8 +1,10 @@
 // Package hf writes the files of the Hugging Face layout that describe a
 // model's tokenizer and configuration: tokenizer.json (the tokenizers
-// library's format), tokenizer_config.json, config.json and
-// generation_config.json, as transformers and transformers.js read them
-// from a local directory. The vocabulary comes from the caller (the
+// library's format), tokenizer_config.json, config.json,
+// generation_config.json and onnxruntime-genai's genai_config.json, as
+// transformers, transformers.js and onnxruntime-genai read them from a
+// local directory; the decoder itself (ModelFile) is compiler/export's. The
+// vocabulary comes from the caller (the
 // compiler does not know training's tokenizer): see Tokenizer.
 package hf
 
@@ -20,6 +22,11 @@ const (
 	TokenizerConfigFile = "tokenizer_config.json"
 	ConfigFile          = "config.json"
 	GenerationFile      = "generation_config.json"
+	GenAIConfigFile     = "genai_config.json"
+	// ModelFile is the decoder, where transformers.js looks for a model's
+	// fp32 graph (onnx/model.onnx; its weights beside it in
+	// onnx/model.onnx.data when they are large).
+	ModelFile = "onnx/model.onnx"
 )
 
 // Tokenizer is a GPT-2 byte-level BPE vocabulary in tiktoken's convention:

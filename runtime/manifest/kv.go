@@ -17,6 +17,10 @@ const (
 	GraphPrefill GraphKind = "prefill"
 	// GraphDecode runs one token per sequence against a KV cache.
 	GraphDecode GraphKind = "decode"
+	// GraphHF is the Hugging Face decoder of `rpac export --format hf`
+	// (onnx/model.onnx, Optimum's growing cache): its files' metadata says
+	// so; no manifest lists it.
+	GraphHF GraphKind = "hf"
 )
 
 func (g GraphKind) valid() bool { return g == GraphFull || g == GraphPrefill || g == GraphDecode }
