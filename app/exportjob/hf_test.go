@@ -6,13 +6,16 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/rpac-dev/rpac/compiler/export"
 	"github.com/rpac-dev/rpac/compiler/hf"
 	"github.com/rpac-dev/rpac/compiler/model"
+	"github.com/rpac-dev/rpac/compiler/onnx"
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
+	"github.com/rpac-dev/rpac/passes"
 )
 
 // TestHFTokenizerGPT2: GPT-2's vocabulary gives Hugging Face's gpt2 files:
@@ -87,6 +90,74 @@ func TestRunWritesHFTokenizer(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(out, f)); (err == nil) != (c.files != nil) {
 				t.Errorf("%s: %s: %v", c.tokenizer, f, err)
 			}
+		}
+	}
+}
+
+// TestRunHF: --format hf writes the decoder, the configuration files and
+// the tokenizer's, and refuses what the layout cannot hold: several
+// lengths, tokens without a tokenizer, --verify, and the options its
+// decoder is not written with.
+func TestRunHF(t *testing.T) {
+	p, err := model.LookupPreset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := p.Config
+	cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen = 16, 2, 1, 16
+	const T = 8
+	st := kernels.NewStore(ir.FP32)
+	for _, L := range []int{T, 2 * T} {
+		mg, err := model.Build(&cfg, model.Opts{T: L, B: 1, Mode: model.Eval})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := model.InitStore(mg.Specs, st, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := func(edit func(j *Job)) Job {
+		j := Job{Options: export.Options{Config: cfg, Store: st, Lengths: []int{T}, Out: t.TempDir(), Tokenizer: "gpt2-r50k", EOS: 50256,
+			Trained: func(string) bool { return true }}, Format: FormatHF, Calibrate: CalibrateAuto}
+		if edit != nil {
+			edit(&j)
+		}
+		return j
+	}
+	j := job(nil)
+	res, err := Run(context.Background(), j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{hf.ModelFile, hf.ConfigFile, hf.GenerationFile, hf.GenAIConfigFile}
+	if res.HF == nil || !reflect.DeepEqual(res.HF.Files, want) || res.HF.Length != T || !reflect.DeepEqual(res.HFFiles, []string{hf.TokenizerFile, hf.TokenizerConfigFile}) {
+		t.Fatalf("result %+v, tokenizer files %v; want files %v", res.HF, res.HFFiles, want)
+	}
+	for _, f := range append(want, res.HFFiles...) {
+		if _, err := os.Stat(filepath.Join(j.Out, filepath.FromSlash(f))); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(j.Out, "manifest.json")); err == nil {
+		t.Error("the Hugging Face layout has a manifest.json")
+	}
+	for _, c := range []struct {
+		name string
+		edit func(j *Job)
+		want string
+	}{
+		{"two lengths", func(j *Job) { j.Lengths = []int{T, 2 * T} }, "one frame length"},
+		{"synthetic tokens", func(j *Job) { j.Tokenizer = "synthetic" }, "--format hf writes GPT-2's tokenizer files"},
+		{"vocabulary", func(j *Job) { j.Config.Vocab = 61 }, "the model's vocabulary has 61 ids, the tokenizer 50257"},
+		{"verify", func(j *Job) { j.Verify = true }, "--verify checks a runtime export"},
+		{"kv-cache", func(j *Job) { j.KVCache = true }, "drop --kv-cache"},
+		{"int8", func(j *Job) { j.Quantize = onnx.QuantizeInt8 }, "drop --quantize and --dtype"},
+		{"fp16", func(j *Job) { j.DType = ir.FP16 }, "drop --quantize and --dtype"},
+		{"rank fold", func(j *Job) { j.Fold = passes.FoldRankMode }, "--fold rank is not supported"},
+		{"op8", func(j *Job) { j.Attention = passes.AttentionOpPadded }, "no op8 lowering"},
+	} {
+		if _, err := Run(context.Background(), job(c.edit)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one saying %q", c.name, err, c.want)
 		}
 	}
 }

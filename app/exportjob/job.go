@@ -24,14 +24,18 @@ type Format string
 const (
 	FormatONNX   Format = "onnx"   // model_L{T}.onnx and manifest.json for runtime.Open
 	FormatTriton Format = "triton" // a Triton Inference Server model repository
+	// FormatHF is the Hugging Face / Optimum layout at one length
+	// (export.HF and the tokenizer files), which transformers.js and
+	// onnxruntime-genai load; GPT-2's tokenizer only.
+	FormatHF Format = "hf"
 )
 
 // ParseFormat reads a Format.
 func ParseFormat(s string) (Format, error) {
-	if f := Format(s); f == FormatONNX || f == FormatTriton {
+	if f := Format(s); f == FormatONNX || f == FormatTriton || f == FormatHF {
 		return f, nil
 	}
-	return "", fmt.Errorf("--format %q: want onnx or triton", s)
+	return "", fmt.Errorf("--format %q: want onnx, triton or hf", s)
 }
 
 // Calibrate says which lengths' running statistics a Job computes on data.
@@ -104,6 +108,7 @@ type Result struct {
 	// FormatONNX export (tokenizer.json, tokenizer_config.json; none for
 	// a tokenizer without them).
 	HFFiles  []string
+	HF       *export.HFResult      // FormatHF (its HFFiles: the tokenizer's)
 	Triton   []export.TritonModel  // FormatTriton
 	Data     *Data                 // nil when none was needed
 	Elapsed  time.Duration         // the export, without loading data or verifying
@@ -113,8 +118,8 @@ type Result struct {
 
 // Run loads the data the job needs, exports and verifies.
 func Run(ctx context.Context, j Job) (*Result, error) {
-	if j.Format == FormatTriton && j.Verify {
-		return nil, errors.New("--verify checks a runtime export; use it with --format onnx")
+	if err := j.checkFormat(); err != nil {
+		return nil, err
 	}
 	if j.Calibrate == CalibrateAlways {
 		j.Trained = func(string) bool { return false }
@@ -128,8 +133,16 @@ func Run(ctx context.Context, j Job) (*Result, error) {
 		j.CalibIDs, j.CalibSource = res.Data.Train, res.Data.Source
 	}
 	t0 := time.Now()
-	if j.Format == FormatTriton {
+	switch j.Format {
+	case FormatTriton:
 		res.Triton, err = export.Triton(ctx, export.TritonOptions{Options: j.Options, Name: j.TritonName, MaxBatch: j.TritonMaxBatch})
+		res.Elapsed = time.Since(t0)
+		return res, err
+	case FormatHF:
+		if res.HF, err = export.HF(ctx, j.Options); err != nil {
+			return nil, err
+		}
+		res.HFFiles, err = writeHFTokenizer(j.Out, j.Tokenizer)
 		res.Elapsed = time.Since(t0)
 		return res, err
 	}
@@ -144,6 +157,27 @@ func Run(ctx context.Context, j Job) (*Result, error) {
 		return res, nil
 	}
 	return res, j.verify(ctx, res)
+}
+
+// checkFormat refuses what the job's format cannot do.
+func (j *Job) checkFormat() error {
+	if j.Format != FormatONNX && j.Verify {
+		return errors.New("--verify checks a runtime export; use it with --format onnx")
+	}
+	if j.Format != FormatHF {
+		return nil
+	}
+	tok, ok := HFTokenizer(j.Tokenizer)
+	if !ok {
+		return fmt.Errorf("--format hf writes GPT-2's tokenizer files; this run's tokens are %q, which have none (export it with --format onnx)", j.Tokenizer)
+	}
+	if len(tok.Pieces) != j.Config.Vocab {
+		return fmt.Errorf("--format hf: the model's vocabulary has %d ids, the tokenizer %d", j.Config.Vocab, len(tok.Pieces))
+	}
+	if len(j.Lengths) != 1 {
+		return fmt.Errorf("--format hf exports one frame length L (max_position_embeddings; the prior is exact at L); have --lengths %v, want one of them", j.Lengths)
+	}
+	return nil
 }
 
 // needsCalibration reports whether a length has a running-statistics

@@ -277,6 +277,24 @@ func (e tritonEvent) Text() string {
 	return fmt.Sprintf("wrote a Triton model repository to %s in %.1fs (fold %s, attention %s):", e.Out, e.Seconds, e.Fold, e.Attention)
 }
 
+// hfEvent is what --format hf wrote ("export.hf").
+type hfEvent struct {
+	_         logging.Name         `log:"export.hf"`
+	Out       string               `log:"dir"`
+	T         int                  `log:"T"`
+	Files     string               `log:"files"`
+	Bytes     int64                `log:"bytes"`
+	Nodes     int                  `log:"nodes"`
+	Seconds   float64              `log:"seconds"`
+	Fold      passes.FoldMode      `log:"fold,string"`
+	Attention passes.AttentionMode `log:"attention,string"`
+}
+
+func (e hfEvent) Text() string {
+	return fmt.Sprintf("wrote the Hugging Face layout to %s in %.1fs (L %d, fold %s, attention %s; decoder %d nodes, %d bytes): %s",
+		e.Out, e.Seconds, e.T, e.Fold, e.Attention, e.Nodes, e.Bytes, e.Files)
+}
+
 // tritonModelEvent is one model of the repository ("export.triton.model").
 type tritonModelEvent struct {
 	_ logging.Name `log:"export.triton.model"`

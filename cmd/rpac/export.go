@@ -30,7 +30,7 @@ func exportCommand() *cli.Command {
 			&cli.StringFlag{Name: "checkpoint", Usage: "checkpoint directory or its model.safetensors (instead of --run)"},
 			&cli.StringFlag{Name: "lengths", Usage: "context lengths to export, e.g. 384,768 (default: the trained contexts)"},
 			&cli.StringFlag{Name: "out", Usage: "export folder (--format triton: the model repository)", Required: true},
-			&cli.StringFlag{Name: "format", Value: "onnx", Usage: "onnx (model_L{T}.onnx and manifest.json for rpac/runtime) | triton (a Triton Inference Server model repository: NAME_L{T}/config.pbtxt and 1/model.onnx with a variable batch; --batch sets max_batch_size, default 8)"},
+			&cli.StringFlag{Name: "format", Value: "onnx", Usage: "onnx (model_L{T}.onnx and manifest.json for rpac/runtime) | triton (a Triton Inference Server model repository: NAME_L{T}/config.pbtxt and 1/model.onnx with a variable batch; --batch sets max_batch_size, default 8) | hf (the Hugging Face / Optimum layout at one length L for transformers.js and onnxruntime-genai: onnx/model.onnx with past_key_values, config.json, generation_config.json, genai_config.json, tokenizer.json; GPT-2 tokens only)"},
 			&cli.StringFlag{Name: "name", Value: export.DefaultTritonName, Usage: "--format triton: model name prefix (models NAME_L{T})"},
 			&cli.StringFlag{Name: "dtype", Value: "fp32", Usage: "fp32 | fp16 | bf16: type of weights and activations (LayerNorm, softmax, reductions stay fp32; logits fp32)"},
 			&cli.StringFlag{Name: "fold", Value: "rpa", Usage: "rpa (constant bias per length) | rank (the prior as extra query/key components, exact where the bias clip is inactive) | rank-approx (rank, clip dropped) | none (RPA computed in the graph)"},
@@ -79,8 +79,12 @@ func exportAction(c *cli.Context) error {
 	if res == nil {
 		return err
 	}
-	if j.Format == exportjob.FormatTriton {
+	switch j.Format {
+	case exportjob.FormatTriton:
 		reportTriton(c, j, res)
+		return err
+	case exportjob.FormatHF:
+		reportHF(c, j, res)
 		return err
 	}
 	reportExport(c, run, j, res)
@@ -109,7 +113,7 @@ func checkExportFlags(c *cli.Context) error {
 	if d := c.String("dump-ir"); d != "" && d != "all" && !slices.Contains(passes.Names(passes.ExportPipeline), d) {
 		return fmt.Errorf("--dump-ir %q: not a pass of the export pipeline (%s, or all)", d, strings.Join(passes.Names(passes.ExportPipeline), ", "))
 	}
-	if f, err := exportjob.ParseFormat(c.String("format")); err != nil || f == exportjob.FormatTriton && c.Bool("verify") {
+	if f, err := exportjob.ParseFormat(c.String("format")); err != nil || f != exportjob.FormatONNX && c.Bool("verify") {
 		return cmp.Or(err, errors.New("--verify checks a runtime export; use it with --format onnx"))
 	}
 	if c.Bool("verify") {
@@ -277,6 +281,13 @@ func openRun(run, ckpt string, weights training.WeightSet) (*training.Run, error
 		return nil, fmt.Errorf("--weights: %w", err)
 	}
 	return r, nil
+}
+
+// reportHF prints what a Hugging Face export wrote.
+func reportHF(c *cli.Context, j exportjob.Job, res *exportjob.Result) {
+	h := res.HF
+	report(c, hfEvent{Out: h.Dir, T: h.Length, Files: strings.Join(append(h.Files, res.HFFiles...), ", "), Bytes: h.Bytes, Nodes: h.Nodes,
+		Seconds: res.Elapsed.Seconds(), Fold: j.Fold, Attention: j.Attention})
 }
 
 // reportTriton prints what a Triton export wrote and how to serve it.

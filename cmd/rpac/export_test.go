@@ -193,6 +193,9 @@ func TestExportBadInput(t *testing.T) {
 		{"zero calibration batch", []string{"--run", run, "--calib-batch", "0"}, "--calib-batch must be positive"},
 		{"calibrate never", []string{"--run", run, "--lengths", "16,32", "--calibrate", "never"}, "--calibrate is never"},
 		{"bad calibrate", []string{"--run", run, "--calibrate", "sometimes"}, "--calibrate"},
+		{"bad format", []string{"--run", run, "--format", "tf"}, `--format "tf": want onnx, triton or hf`},
+		{"hf verify", []string{"--run", run, "--format", "hf", "--verify"}, "--verify checks a runtime export"},
+		{"hf without GPT-2 tokens", []string{"--run", run, "--format", "hf", "--lengths", "16"}, "--format hf writes GPT-2's tokenizer files"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
