@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -66,6 +67,13 @@ func TestHFTokenizerTransformersJS(t *testing.T) {
 	if _, err := writeHFTokenizer(dir, data.GPT2TokenizerName); err != nil {
 		t.Fatal(err)
 	}
+	checkTokenizerJS(t, node, dir, textPath)
+}
+
+// checkTokenizerJS runs clients/node/hf_tokenizer.mjs on the tokenizer
+// files in dir and the text at textPath.
+func checkTokenizerJS(t *testing.T, node, dir, textPath string) {
+	t.Helper()
 	text, err := os.ReadFile(textPath)
 	if err != nil {
 		t.Fatal(err)
@@ -78,11 +86,18 @@ func TestHFTokenizerTransformersJS(t *testing.T) {
 	if err := os.WriteFile(idsPath, ids, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("node", filepath.Join(node, "hf_tokenizer.mjs"), dir, textPath, idsPath)
+	runNode(t, node, "hf_tokenizer.mjs", dir, textPath, idsPath)
+}
+
+// runNode runs a script of clients/node and fails on a non-zero exit.
+func runNode(t *testing.T, node, script string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("node", append([]string{filepath.Join(node, script)}, args...)...)
 	cmd.Dir = node
+	t0 := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("transformers.js: %v\n%s", err, out)
+		t.Fatalf("transformers.js (%s): %v\n%s", script, err, out)
 	}
-	t.Logf("%s", out)
+	t.Logf("%s (%.1fs):\n%s", script, time.Since(t0).Seconds(), out)
 }
