@@ -79,6 +79,15 @@ type kvVariant struct {
 	attention passes.AttentionMode
 }
 
+// kvVariants are the models and lowerings the cache tests cover.
+var kvVariants = []kvVariant{
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp},
+	{model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain},
+	{model.Fuzzy, passes.FoldNoneMode, passes.AttentionOp},
+	{model.Baseline, passes.FoldRPAMode, passes.AttentionOp},
+	{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain},
+}
+
 // kvExport writes an export with KV-cache graphs at lengths ls.
 func kvExport(t *testing.T, v kvVariant, ls ...int) string {
 	t.Helper()
@@ -124,13 +133,7 @@ func maxDiff(t *testing.T, a, b []float32) float64 {
 func TestDecoderMatchesRecompute(t *testing.T) {
 	requireORT(t)
 	const T, tol = 24, 1e-4
-	for _, v := range []kvVariant{
-		{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp},
-		{model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain},
-		{model.Fuzzy, passes.FoldNoneMode, passes.AttentionOp},
-		{model.Baseline, passes.FoldRPAMode, passes.AttentionOp},
-		{model.Baseline, passes.FoldRPAMode, passes.AttentionPlain},
-	} {
+	for _, v := range kvVariants {
 		t.Run(fmt.Sprintf("%v/%v/%v", v.kind, v.fold, v.attention), func(t *testing.T) {
 			dir := kvExport(t, v, T)
 			m := openT(t, dir, runtime.Options{})

@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	cexport "github.com/rpac-dev/rpac/compiler/export"
-	"github.com/rpac-dev/rpac/compiler/model"
-	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/runtime"
 )
 
@@ -53,12 +51,7 @@ func hfExport(t *testing.T, v kvVariant, T int) (*runtime.Model, *runtime.HFMode
 func TestHFDecoderMatchesRPAC(t *testing.T) {
 	requireORT(t)
 	const T, tol = 24, 1e-4
-	for _, v := range []kvVariant{
-		{model.Fuzzy, passes.FoldRPAMode, passes.AttentionOp},
-		{model.Fuzzy, passes.FoldRPAMode, passes.AttentionPlain},
-		{model.Fuzzy, passes.FoldNoneMode, passes.AttentionOp},
-		{model.Baseline, passes.FoldRPAMode, passes.AttentionOp},
-	} {
+	for _, v := range kvVariants {
 		t.Run(fmt.Sprintf("%v/%v/%v", v.kind, v.fold, v.attention), func(t *testing.T) {
 			m, hm := hfExport(t, v, T)
 			ctx := context.Background()

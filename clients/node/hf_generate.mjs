@@ -100,6 +100,29 @@ for (const [n, c] of cases.entries()) {
   }
   console.log(`${label}: ${ids.length} prompt ids, ${gen.length} generated tokens as rpac's; max |Δlogit| ${dWhole.toExponential(2)} in one call, ${dSteps.toExponential(2)} stepped`);
 }
+// A batch of two prompts, the shorter left-padded (attention_mask 0 and an
+// EOS id there): each row's logits at its real tokens, and after one more
+// token a row fed with the past, are its own sequence's.
+if (cases.length >= 2) {
+  const [a, b] = cases;
+  const P = Math.max(a.ids.length, b.ids.length);
+  const pad = (ids) => new Array(P - ids.length).fill(model.config.eos_token_id).concat(ids);
+  const mask = (ids, extra) => new Array(P - ids.length).fill(0).concat(new Array(ids.length + extra).fill(1));
+  const batch = (rows) => new Tensor("int64", BigInt64Array.from(rows.flat(), BigInt), [rows.length, rows[0].length]);
+  let out = await model({ input_ids: batch([pad(a.ids), pad(b.ids)]), attention_mask: batch([mask(a.ids, 0), mask(b.ids, 0)]) });
+  let worst = 0;
+  for (const [r, c] of [a, b].entries()) {
+    const want = readF32(c.logits);
+    const row = out.logits.data.subarray((r * P + P - c.ids.length) * V, (r + 1) * P * V);
+    worst = Math.max(worst, compare(`padded batch row ${r}`, row, want, 0));
+  }
+  out = await model({ input_ids: batch([[a.generated[0]], [b.generated[0]]]), attention_mask: batch([mask(a.ids, 1), mask(b.ids, 1)]), past_key_values: pastOf(out) });
+  for (const [r, c] of [a, b].entries()) {
+    worst = Math.max(worst, compare(`padded batch row ${r} step`, out.logits.data.subarray(r * V, (r + 1) * V), readF32(c.logits), c.ids.length));
+  }
+  console.log(`a left-padded batch of two prompts and a step: each row's logits as its own sequence's, max |Δlogit| ${worst.toExponential(2)}`);
+}
+
 // A sequence longer than the export's length L is refused by the decoder.
 const L = model.config.max_position_embeddings;
 const quiet = console.error; // transformers.js prints the failed run's inputs
