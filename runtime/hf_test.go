@@ -10,14 +10,15 @@ import (
 	"testing"
 
 	cexport "github.com/rpac-dev/rpac/compiler/export"
+	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/runtime"
 )
 
-// hfExport writes, from one checkpoint of v at length T, rpac's export
-// with KV-cache graphs and the Hugging Face export, and opens both.
-func hfExport(t *testing.T, v kvVariant, T int) (*runtime.Model, *runtime.HFModel) {
+// hfExport writes, from one checkpoint of cfg at length T, rpac's export
+// with KV-cache graphs and the Hugging Face export, with v's fold and
+// attention, and opens both.
+func hfExport(t *testing.T, cfg model.Config, v kvVariant, T int) (*runtime.Model, *runtime.HFModel) {
 	t.Helper()
-	cfg := kvCfg(v.kind)
 	st := kvStore(t, &cfg, T)
 	own, hfDir := t.TempDir(), t.TempDir()
 	o := cexport.Options{Config: cfg, Store: st, Lengths: []int{T}, Fold: v.fold, Attention: v.attention, Out: own, Tokenizer: "test", EOS: 0}
@@ -46,14 +47,20 @@ func hfExport(t *testing.T, v kvVariant, T int) (*runtime.Model, *runtime.HFMode
 // Face way (a prompt, a chunk of several tokens against the past, then one
 // token a call, the cache and the attention mask growing), gives at every
 // position the logits of rpac's full graph and of rpac's own KV-cache
-// Decoder, within 1e-4, up to the export's length; a token past it is
-// refused.
+// Decoder, within 1e-4, up to the export's length (every cache variant,
+// and a model with rotary positions); a token past it is refused.
 func TestHFDecoderMatchesRPAC(t *testing.T) {
 	requireORT(t)
 	const T, tol = 24, 1e-4
-	for _, v := range kvVariants {
-		t.Run(fmt.Sprintf("%v/%v/%v", v.kind, v.fold, v.attention), func(t *testing.T) {
-			m, hm := hfExport(t, v, T)
+	rope := kvCfg(model.Fuzzy)
+	rope.RoPE, rope.PosInit = true, "none"
+	for i, v := range append(kvVariants, kvVariants[0]) {
+		cfg, name := kvCfg(v.kind), fmt.Sprintf("%v/%v/%v", v.kind, v.fold, v.attention)
+		if i == len(kvVariants) {
+			cfg, name = rope, name+"/rope"
+		}
+		t.Run(name, func(t *testing.T) {
+			m, hm := hfExport(t, cfg, v, T)
 			ctx := context.Background()
 			V := m.VocabSize()
 			if hm.Vocab != V || hm.Length != T || hm.Layers != 2 || hm.Heads != 3 || hm.HeadSize != 8 {
