@@ -5,7 +5,9 @@ package runtime_test
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rpac-dev/rpac/app/inferbench"
 	cexport "github.com/rpac-dev/rpac/compiler/export"
@@ -67,9 +69,9 @@ func benchTokens(n, V int) []int32 {
 // (HFSequence.Feed: the past in, the past and the new key and value out,
 // the attention mask one longer), against one step of rpac's own decoder
 // (Decoder.Step, fixed slots), at the tiny (L 128) and paper (L 768)
-// presets with random weights, one onnxruntime thread each. A step's
-// figure is the mean over the positions of a generation from an 8-token
-// prompt to L; the prefills between generations are not timed.
+// presets with random weights, one onnxruntime thread each. An op is a
+// generation from an 8-token prompt to L (its prefill not timed); ns/step
+// and cpu-ns/step are the mean over its steps.
 //
 //	go test -run '^$' -bench DecodeStep ./runtime
 func BenchmarkDecodeStep(b *testing.B) {
@@ -87,47 +89,67 @@ func BenchmarkDecodeStep(b *testing.B) {
 	}
 }
 
-// benchHFSteps times HFSequence.Feed of one token, a new sequence (an
-// untimed prefill) whenever one reaches the length of ids.
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchSteps times, b.N times, a generation of steps calls of step after
+// an untimed restart (a prefill), and reports the wall and the CPU time
+// per step (ns/step, cpu-ns/step: the process's CPU time, which a loaded
+// machine disturbs less than the wall time).
+func benchSteps(b *testing.B, restart, step func(), steps int) {
+	restart()
+	step() // onnxruntime's first run of a shape is not a step's cost
+	var cpu time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		restart()
+		at := cpuTime()
+		b.StartTimer()
+		for k := 0; k < steps; k++ {
+			step()
+		}
+		b.StopTimer()
+		cpu += cpuTime() - at
+		b.StartTimer()
+	}
+	b.StopTimer()
+	n := float64(b.N * steps)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/step")
+	b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/step")
+}
+
+// benchHFSteps times HFSequence.Feed of one token.
 func benchHFSteps(b *testing.B, hm *runtime.HFModel, ids []int32) {
 	ctx := context.Background()
-	L := len(ids)
 	var s *runtime.HFSequence
-	restart := func() {
+	benchSteps(b, func() {
 		s = hm.NewSequence()
 		if _, err := s.Feed(ctx, ids[:benchPrompt]); err != nil {
 			b.Fatal(err)
 		}
-	}
-	step := func() {
+	}, func() {
 		if _, err := s.Feed(ctx, ids[s.Len():s.Len()+1]); err != nil {
 			b.Fatal(err)
 		}
-	}
-	restart()
-	step() // onnxruntime's first run of a shape is not a step's cost
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if s.Len() == L {
-			b.StopTimer()
-			restart()
-			b.StartTimer()
-		}
-		step()
-	}
+	}, len(ids)-benchPrompt)
 }
 
-// benchOwnSteps times Decoder.Step of one token, a new sequence (an
-// untimed prefill) whenever one reaches the length of ids.
+// benchOwnSteps times Decoder.Step of one token.
 func benchOwnSteps(b *testing.B, m *runtime.Model, ids []int32) {
 	ctx := context.Background()
-	L := len(ids)
-	d, err := m.NewDecoder(L, 1)
+	d, err := m.NewDecoder(len(ids), 1)
 	if err != nil {
 		b.Fatal(err)
 	}
 	n := 0
-	restart := func() {
+	benchSteps(b, func() {
 		if n > 0 {
 			if err := d.Release(0); err != nil {
 				b.Fatal(err)
@@ -137,22 +159,10 @@ func benchOwnSteps(b *testing.B, m *runtime.Model, ids []int32) {
 			b.Fatal(err)
 		}
 		n = benchPrompt
-	}
-	step := func() {
+	}, func() {
 		if _, err := d.Step(ctx, []int{0}, ids[n:n+1]); err != nil {
 			b.Fatal(err)
 		}
 		n++
-	}
-	restart()
-	step()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if n == L {
-			b.StopTimer()
-			restart()
-			b.StartTimer()
-		}
-		step()
-	}
+	}, len(ids)-benchPrompt)
 }

@@ -13,7 +13,8 @@ import (
 // KV-cached decoding. LowerKV lowers the same export graph as Lower (built
 // for length T, attention fused into FusedAttention nodes) into one of two
 // graphs whose batch and sequence dimensions are dynamic and whose
-// attention reads and writes rpac's fixed-slot key/value cache. The cache
+// attention reads and writes rpac's fixed-slot key/value cache (or into the
+// Hugging Face / Optimum decoder, KVGrowing, kvgrowing.go). The cache
 // tensors are named cache.{i}.* and cache_out.{i}.*, not Optimum's
 // past_key_values.{i}.* / present.{i}.*: Optimum's cache grows by a
 // position a step under an attention_mask, this one does not, and a driver
@@ -120,8 +121,8 @@ type KVOptions struct {
 
 // LowerKV lowers g (the export graph of length T with fused attention,
 // input "input_ids" [B,T] and output "logits" [B,T,V]) to the prefill or
-// decode graph described above. The batch size of g does not matter: both
-// graphs take any batch. int8 quantization is not supported here.
+// decode graph described above, or the growing-cache decoder. The batch
+// size of g does not matter: every graph takes any batch. int8 quantization is not supported here.
 func LowerKV(g *ir.Graph, weights WeightFunc, ko KVOptions, opts Options) (*onnxpb.ModelProto, KVLayout, error) {
 	which := ko.Graph
 	opts, err := opts.withDefaults()
