@@ -57,9 +57,15 @@ func rpacEnv(t *testing.T, env []string, args ...string) (string, int) {
 // trained running statistics at context 16 only.
 func writeRun(t *testing.T) string {
 	t.Helper()
+	return writeRunOf(t, "synthetic", data.SyntheticVocab)
+}
+
+// writeRunOf is writeRun of a run on dataset with a vocabulary of vocab ids.
+func writeRunOf(t *testing.T, dataset string, vocab int) string {
+	t.Helper()
 	p, _ := model.LookupPreset("tiny")
 	cfg := p.Config
-	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = data.SyntheticVocab, 32, 2, 2, 64, 2, 1
+	cfg.Vocab, cfg.DModel, cfg.Heads, cfg.Layers, cfg.MaxLen, cfg.Experts, cfg.TopK = vocab, 32, 2, 2, 64, 2, 1
 	const T = 16
 	st := kernels.NewStore(ir.FP32)
 	mg, err := model.Build(&cfg, model.Opts{T: T, B: 1, Mode: model.Train})
@@ -82,7 +88,7 @@ func writeRun(t *testing.T) string {
 		}
 	}
 	state, _ := json.Marshal(map[string]any{"format": 1, "step": 3, "config": cfg, "preset": "tiny", "context": T, "batch": 2,
-		"dataset": "synthetic", "protocol": "synthetic", "running_initialised": running, "options": map[string]any{"Seed": 1}})
+		"dataset": dataset, "protocol": dataset, "running_initialised": running, "options": map[string]any{"Seed": 1}})
 	dir := filepath.Join(t.TempDir(), "run")
 	if err := checkpoint.Save(filepath.Join(dir, "checkpoint"), &checkpoint.Checkpoint{Weights: checkpoint.FromStore(st), State: state}); err != nil {
 		t.Fatal(err)
@@ -162,6 +168,29 @@ func TestExportVerifyLimits(t *testing.T) {
 		if strings.HasPrefix(tc.val, "1e-1") && !strings.Contains(got, "exceeds the limit "+tc.val) {
 			t.Errorf("the failure does not name the limit:\n%s", got)
 		}
+	}
+}
+
+// TestExportHF: --format hf of a run on GPT-2 tokens writes the Hugging
+// Face layout at its trained length and says so; two lengths are refused.
+func TestExportHF(t *testing.T) {
+	run := writeRunOf(t, "wikitext2", 50257)
+	out := filepath.Join(t.TempDir(), "hf")
+	got, code := rpac(t, "export", "--run", run, "--format", "hf", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, got)
+	}
+	if !strings.Contains(got, "wrote the Hugging Face layout to "+out) || !strings.Contains(got, "L 16") {
+		t.Errorf("output:\n%s", got)
+	}
+	for _, f := range []string{"onnx/model.onnx", "config.json", "generation_config.json", "genai_config.json", "tokenizer.json", "tokenizer_config.json"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	got, code = rpac(t, "export", "--run", run, "--format", "hf", "--lengths", "16,32", "--out", filepath.Join(t.TempDir(), "two"))
+	if code == 0 || !strings.Contains(got, "--format hf exports one frame length") {
+		t.Errorf("two lengths: exit %d:\n%s", code, got)
 	}
 }
 
