@@ -18,14 +18,8 @@ import (
 // outputs are Optimum's, plain attention spells attention out, a model with
 // rotary positions exports too; a model that smears keys is refused.
 func TestHF(t *testing.T) {
-	for _, c := range []struct {
-		att  passes.AttentionMode
-		rope bool
-	}{{passes.AttentionOp, false}, {passes.AttentionPlain, false}, {passes.AttentionOp, true}} {
-		cfg := smallCfg(model.Fuzzy)
-		if c.rope {
-			cfg.RoPE, cfg.PosInit = true, "none"
-		}
+	for _, c := range cacheCases {
+		cfg := c.config()
 		const L = 16
 		dir := t.TempDir()
 		res, err := export.HF(context.Background(), export.Options{Config: cfg, Store: smallStore(t, &cfg, L), Lengths: []int{L}, Attention: c.att,

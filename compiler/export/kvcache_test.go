@@ -21,15 +21,9 @@ import (
 // spells attention out in them too; a model with rotary positions and no
 // position embedding decodes with the rows of its tables at each position.
 func TestExportKVCache(t *testing.T) {
-	for _, c := range []struct {
-		att  passes.AttentionMode
-		rope bool
-	}{{passes.AttentionOp, false}, {passes.AttentionPlain, false}, {passes.AttentionOp, true}} {
+	for _, c := range cacheCases {
 		att := c.att
-		cfg := smallCfg(model.Fuzzy)
-		if c.rope {
-			cfg.RoPE, cfg.PosInit = true, "none"
-		}
+		cfg := c.config()
 		st := smallStore(t, &cfg, lengths...)
 		dir := t.TempDir()
 		res, err := export.Export(context.Background(), export.Options{Config: cfg, Store: st, Lengths: lengths, Attention: att,
@@ -96,6 +90,25 @@ func TestExportKVCache(t *testing.T) {
 	if _, err := export.Export(context.Background(), o); err == nil || !strings.Contains(err.Error(), "smear_keys") {
 		t.Errorf("KV cache with smeared keys: %v", err)
 	}
+}
+
+// cacheCase is a lowering of attention and whether the model has rotary
+// positions instead of a position embedding.
+type cacheCase struct {
+	att  passes.AttentionMode
+	rope bool
+}
+
+// cacheCases are the cases the cache graphs' export tests cover.
+var cacheCases = []cacheCase{{passes.AttentionOp, false}, {passes.AttentionPlain, false}, {passes.AttentionOp, true}}
+
+// config is the small fuzzy model of the case.
+func (c cacheCase) config() model.Config {
+	cfg := smallCfg(model.Fuzzy)
+	if c.rope {
+		cfg.RoPE, cfg.PosInit = true, "none"
+	}
+	return cfg
 }
 
 func indexOf(xs []int, x int) int {
