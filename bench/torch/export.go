@@ -156,3 +156,26 @@ func (b Batch) Check(vocab int) error {
 	}
 	return nil
 }
+
+// LoadCheckpoint reads a checkpoint rpac wrote (rpac train's, or Export's):
+// its config from state.json and its weights into a new fp32 store.
+func LoadCheckpoint(dir string) (*model.Config, *kernels.Store, error) {
+	ck, err := checkpoint.LoadParts(dir, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	var st struct {
+		Config *model.Config `json:"config"`
+	}
+	if err := json.Unmarshal(ck.State, &st); err != nil {
+		return nil, nil, fmt.Errorf("%s: state.json: %w", dir, err)
+	}
+	if st.Config == nil {
+		return nil, nil, fmt.Errorf("%s: state.json holds no config", dir)
+	}
+	store := kernels.NewStore(ir.FP32)
+	if _, err := checkpoint.IntoStore(store, ck.Weights); err != nil {
+		return nil, nil, err
+	}
+	return st.Config, store, nil
+}

@@ -18,9 +18,10 @@ import (
 func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this machine: gemm | gemm-algos | train | infer | generate | serve",
+		Usage: "measure this machine: gemm | gemm-algos | train | infer | generate | serve | torch-export",
 		Subcommands: []*cli.Command{
 			benchGemmAlgosCommand(),
+			benchTorchExportCommand(),
 			{
 				Name:  "gemm",
 				Usage: "GFLOP/s of the CPU GEMM (n×n×n)",
