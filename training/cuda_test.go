@@ -149,10 +149,29 @@ func relDiff(a, b []float32) float64 {
 
 // TestGPUStepMatchesCPU: the whole fuzzy and baseline training steps (with
 // dropout, micro-batches and the Gumbel top-k gate) give the CPU backend's
-// loss and gradients on the GPU in fp32, and stay close in bf16.
+// loss and gradients on the GPU in fp32, and stay close in bf16; with the
+// default paths and with the unmeasured ones on (cuda.CandidateOptions).
 func TestGPUStepMatchesCPU(t *testing.T) {
-	f32 := cudaOrSkip(t, ir.FP32, cuda.DefaultOptions())
-	bf16 := cudaOrSkip(t, ir.BF16, cuda.DefaultOptions())
+	for _, set := range optionSets() {
+		t.Run(set.name, func(t *testing.T) { gpuStepMatchesCPU(t, set.o) })
+	}
+}
+
+// optionSets are the CUDA paths the parity tests run with: the defaults
+// and the candidates (every unmeasured path on).
+func optionSets() []struct {
+	name string
+	o    cuda.Options
+} {
+	return []struct {
+		name string
+		o    cuda.Options
+	}{{"default", cuda.DefaultOptions()}, {"candidate", cuda.CandidateOptions()}}
+}
+
+func gpuStepMatchesCPU(t *testing.T, o cuda.Options) {
+	f32 := cudaOrSkip(t, ir.FP32, o)
+	bf16 := cudaOrSkip(t, ir.BF16, o)
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 24, 4)
 		f.cfg.Dropout = 0.1
@@ -205,7 +224,7 @@ func TestGPUStepMatchesCPU(t *testing.T) {
 // TestGPUStepRepeats: two runs of the same step on the GPU agree bit for
 // bit (no atomics in any reduction), which exact resume relies on.
 func TestGPUStepRepeats(t *testing.T) {
-	be := cudaOrSkip(t, ir.FP32, cuda.DefaultOptions())
+	be := cudaOrSkip(t, ir.FP32, cuda.CandidateOptions())
 	f := newStepFixture(t, model.Fuzzy, 24, 4)
 	f.cfg.Dropout = 0.1
 	l1, _, g1 := f.stepOn(t, be, 2, 5)
@@ -243,7 +262,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			be, err := cuda.NewDryRun(ir.BF16, cuda.DefaultOptions())
+			be, err := cuda.NewDryRun(ir.BF16, cuda.CandidateOptions())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -276,7 +295,7 @@ func TestTrainDryRunOnCUDABackend(t *testing.T) {
 // default budget follows the device's memory; and a plan for a GPU without
 // its opened backend is refused.
 func TestMemoryPlanOnFusedGraphs(t *testing.T) {
-	be, err := cuda.NewDryRun(ir.BF16, cuda.DefaultOptions())
+	be, err := cuda.NewDryRun(ir.BF16, cuda.CandidateOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,9 +122,16 @@ func same(t *testing.T, what string, got, want map[string][]float32) {
 // TestSimStepParity: one whole fuzzy and baseline training step (dropout,
 // micro-batches, the Gumbel top-k gate) on the simulator (or a GPU)
 // against the CPU, with the tiny preset's head size and an awkward one;
-// with rotary positions and smeared keys too.
+// with rotary positions and smeared keys too; with the default paths and
+// with the unmeasured ones on.
 func TestSimStepParity(t *testing.T) {
-	be := parityBackend(t, parityDevice(t), ir.FP32, cuda.DefaultOptions())
+	dev := parityDevice(t)
+	for _, set := range optionSets() {
+		t.Run(set.name, func(t *testing.T) { simStepParity(t, parityBackend(t, dev, ir.FP32, set.o)) })
+	}
+}
+
+func simStepParity(t *testing.T, be *cuda.Backend) {
 	for _, kind := range []string{"fuzzy", "baseline", "baseline+rope", "fuzzy+rope+smear", "baseline+smear"} {
 		opts := strings.Split(kind, "+")
 		mk, err := model.ParseKind(opts[0])
@@ -160,9 +167,16 @@ func wideFixture(t *testing.T, dropout float64) *stepFixture {
 // TestSimBF16GradientErrors measures the bf16 GEMM policy's gradient error
 // per parameter group on the simulator or a GPU (fuzzy model, d_model 32,
 // so the big GEMMs run in bf16 and the products over R = E = 4 in fp32) and
-// holds each group to its documented bound (docs/CUDASIM.md).
+// holds each group to its documented bound (docs/CUDASIM.md), with the
+// default paths and with the unmeasured ones on.
 func TestSimBF16GradientErrors(t *testing.T) {
-	be := parityBackend(t, parityDevice(t), ir.BF16, cuda.DefaultOptions())
+	dev := parityDevice(t)
+	for _, set := range optionSets() {
+		t.Run(set.name, func(t *testing.T) { simBF16GradientErrors(t, parityBackend(t, dev, ir.BF16, set.o)) })
+	}
+}
+
+func simBF16GradientErrors(t *testing.T, be *cuda.Backend) {
 	f := wideFixture(t, 0)
 	_, _, want := f.stepOn(t, cpu.New(ir.FP32), 2, 11)
 	_, _, got := f.stepOn(t, be, 2, 11)
@@ -232,7 +246,7 @@ func TestSimRematSameBits(t *testing.T) {
 	// rematerialised Dropout's input becomes one (its readers are chains),
 	// which rounds it, so the comparison keeps them fp32
 	run := func(remat bool) tracedStep {
-		o := cuda.DefaultOptions()
+		o := cuda.CandidateOptions()
 		o.BF16Act, o.Remat = false, remat
 		return runTracedStep(t, dev, f, o)
 	}
@@ -257,7 +271,7 @@ func TestSimPackedStepSameBits(t *testing.T) {
 	dev := parityDevice(t)
 	f := wideFixture(t, 0.1)
 	run := func(pack, sums bool) tracedStep {
-		o := cuda.DefaultOptions()
+		o := cuda.CandidateOptions()
 		o.Pack, o.Sums = pack, sums
 		return runTracedStep(t, dev, f, o)
 	}
@@ -321,7 +335,7 @@ func trainLogged(t *testing.T, name string, o Options) (*Result, string) {
 // micro-batches, then a short MQAR run through the whole trainer.
 func TestSimAnswerLoss(t *testing.T) {
 	cu := parityDevice(t)
-	be := parityBackend(t, cu, ir.FP32, cuda.DefaultOptions())
+	be := parityBackend(t, cu, ir.FP32, cuda.CandidateOptions())
 	for _, kind := range []model.Kind{model.Fuzzy, model.Baseline} {
 		f := newStepFixture(t, kind, 19, 4)
 		for i := range f.y {
@@ -378,7 +392,7 @@ func TestSimAlignedStep(t *testing.T) {
 		padBF16 int
 	}
 	run := func(pad bool) result {
-		o := cuda.DefaultOptions()
+		o := cuda.CandidateOptions()
 		o.PadModel = pad
 		be := parityBackend(t, dev, ir.BF16, o)
 		tr, err := be.StartTrace()

@@ -61,7 +61,7 @@ func benchGemmAlgos(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	co, err := cudaOptions()
+	co, err := cudaOptions(false, nil)
 	if err != nil {
 		return err
 	}

@@ -375,7 +375,18 @@ func memoryFlagDefs() []cli.Flag {
 		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
 		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process, cgroup limits included)"},
 		&cli.BoolFlag{Name: "host-optimizer", Usage: "on CUDA, clip, step AdamW and average the EMA on the host (weights up and gradients down every step) instead of on the device"},
+		&cli.BoolFlag{Name: "cuda-candidate", Usage: "on CUDA, turn on every path no GPU has measured yet (" + cudaUnmeasured() + "; off by default until a lease measures them)"},
+		&cli.StringSliceFlag{Name: "cuda-path", Usage: "on CUDA, NAME=on|off sets one of the backend's paths (after --cuda-candidate; repeatable); NAME: " + cuda.PathList()},
 	}
+}
+
+// cudaUnmeasured names the CUDA paths off by default until a GPU measures them.
+func cudaUnmeasured() string {
+	var names []string
+	for _, p := range cuda.Unmeasured() {
+		names = append(names, p.String())
+	}
+	return strings.Join(names, ", ")
 }
 
 // memoryFlags reads --micro-batch (0: auto) and --mem-budget (0: default).
@@ -407,7 +418,7 @@ func applyRunFlags(c *cli.Context, o *training.Options) error {
 	if err != nil {
 		return err
 	}
-	co, err := cudaOptions()
+	co, err := cudaOptions(c.Bool("cuda-candidate"), c.StringSlice("cuda-path"))
 	if err != nil {
 		return err
 	}
@@ -415,10 +426,22 @@ func applyRunFlags(c *cli.Context, o *training.Options) error {
 	return nil
 }
 
-// cudaOptions are the CUDA backend's paths: its defaults, overridden by
-// the RPAC_CUDA_* variables experiments set (cuda.OptionsFromEnv).
-func cudaOptions() (*cuda.Options, error) {
-	o, err := cuda.OptionsFromEnv(cuda.DefaultOptions())
+// cudaOptions are the CUDA backend's paths: its defaults (the candidates
+// with --cuda-candidate), then each --cuda-path NAME=on|off, then the
+// RPAC_CUDA_* variables experiments set (cuda.OptionsFromEnv).
+func cudaOptions(candidate bool, paths []string) (*cuda.Options, error) {
+	base := cuda.DefaultOptions()
+	if candidate {
+		base = cuda.CandidateOptions()
+	}
+	for _, s := range paths {
+		p, on, err := cuda.ParsePathSetting(s)
+		if err != nil {
+			return nil, err
+		}
+		base.Set(p, on)
+	}
+	o, err := cuda.OptionsFromEnv(base)
 	return &o, err
 }
 

@@ -85,7 +85,7 @@ var attnPathKernels = map[AttentionPath][]string{
 
 // gpuBackendPath is a bf16 backend that prefers the given attention path.
 func gpuBackendPath(t *testing.T, choice AttentionPath) *Backend {
-	o := DefaultOptions()
+	o := CandidateOptions()
 	o.Attention = choice
 	return gpuBackendWith(t, ir.BF16, o)
 }

@@ -165,7 +165,7 @@ func TestOpCasesCoverTable(t *testing.T) {
 // RPAC_REQUIRE_GPU=1) without a GPU.
 func gpuBackend(t *testing.T, gemm ir.Precision) *Backend {
 	t.Helper()
-	return gpuBackendWith(t, gemm, DefaultOptions())
+	return gpuBackendWith(t, gemm, CandidateOptions())
 }
 
 // gpuBackendWith is gpuBackend taking the paths o chooses.

@@ -33,7 +33,7 @@ func TestSimSatCounterMatchesHost(t *testing.T) {
 
 func checkSatCounter(t *testing.T) {
 	t.Helper()
-	be, err := New(0, ir.FP32, DefaultOptions())
+	be, err := New(0, ir.FP32, CandidateOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestSimDeviceEMAMatchesHost(t *testing.T) {
 		if d.Simulated() {
 			d.SimConfig("diff", diff)
 		}
-		be, err := New(0, ir.FP32, DefaultOptions())
+		be, err := New(0, ir.FP32, CandidateOptions())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -90,7 +90,7 @@ func TestFakeDeviceCatchesBadLaunches(t *testing.T) {
 func TestBackendLaunchesEveryOpOnFakeDevice(t *testing.T) {
 	for _, gemm := range []ir.Precision{ir.FP32, ir.BF16} {
 		f := mustFake(t)
-		be := newBackend(f, gemm, DefaultOptions())
+		be := newBackend(f, gemm, CandidateOptions())
 		r := rand.New(rand.NewPCG(31, 32))
 		for _, c := range opCases() {
 			g, feeds := caseGraph(c, r)
@@ -151,7 +151,7 @@ func TestBackendRunsTrainingStepsOnFakeDevice(t *testing.T) {
 				t.Fatal(err)
 			}
 			f := mustFake(t)
-			be := newBackend(f, ir.BF16, DefaultOptions())
+			be := newBackend(f, ir.BF16, CandidateOptions())
 			prog, err := be.Compile(mg.Graph, passes.Plan(mg.Graph), st)
 			if err != nil {
 				t.Fatalf("%s %v: %v", kind, mode, err)
@@ -190,7 +190,7 @@ func mustFake(t *testing.T) *fakeDevice {
 // only the feeds, and the Run after it the weights again.
 func TestReuseStoredSkipsOneUpload(t *testing.T) {
 	f := mustFake(t)
-	be := newBackend(f, ir.FP32, DefaultOptions())
+	be := newBackend(f, ir.FP32, CandidateOptions())
 	g := ir.New("linear")
 	x := g.Input("x", ir.Shape{2, 3}, ir.F32)
 	g.SetOutput("y", g.Op1("Linear", nil, x, g.Param("w", ir.Shape{4, 3}), g.Param("b", ir.Shape{4})))

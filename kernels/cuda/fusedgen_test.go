@@ -60,7 +60,7 @@ func TestFusedGenCompiles(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	cases := fusedCases()
 	f := mustFake(t)
-	be := newBackend(f, ir.FP32, DefaultOptions())
+	be := newBackend(f, ir.FP32, CandidateOptions())
 	launched := map[string]bool{}
 	for _, c := range cases {
 		runCase(t, be, c, r, nil)
@@ -129,7 +129,7 @@ func TestFusedGenDump(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("RPAC_CUDA_DUMP_GEN", dir)
 	f := mustFake(t)
-	runCase(t, newBackend(f, ir.FP32, DefaultOptions()), fusedCases()[0], rand.New(rand.NewPCG(1, 2)), nil)
+	runCase(t, newBackend(f, ir.FP32, CandidateOptions()), fusedCases()[0], rand.New(rand.NewPCG(1, 2)), nil)
 	files, _ := filepath.Glob(filepath.Join(dir, "fused_gen-*.cu"))
 	if len(files) != 1 {
 		t.Fatalf("%d files dumped, want 1", len(files))

@@ -476,7 +476,7 @@ func TestGPUMeasuredTrace(t *testing.T) {
 	if math.Abs(pr.Measured-sum) > 1e-12 || math.Abs(per-sum) > 1e-12 {
 		t.Errorf("measured: events %.6g s, prediction %.6g s, kernels %.6g s", sum, pr.Measured, per)
 	}
-	dry, err := NewDryRun(ir.BF16, DefaultOptions())
+	dry, err := NewDryRun(ir.BF16, CandidateOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func TestSimGemmAlgos(t *testing.T) {
 // TestGemmAlgosNeedsAGPU: on the dry-run device timing is refused with an
 // error that says why.
 func TestGemmAlgosNeedsAGPU(t *testing.T) {
-	be := newBackend(mustFake(t), ir.FP32, DefaultOptions())
+	be := newBackend(mustFake(t), ir.FP32, CandidateOptions())
 	if _, err := be.TimeGemmAlgos(GemmShape{M: 2, N: 2, K: 2}, F32, 1, 1); err == nil || !strings.Contains(err.Error(), "needs a GPU") {
 		t.Errorf("dry-run device: %v", err)
 	}

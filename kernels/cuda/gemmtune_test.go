@@ -62,7 +62,7 @@ func TestSimGemmChoices(t *testing.T) {
 	r := rand.New(rand.NewPCG(111, 112))
 	weights := map[string]*kernels.Tensor{"w": randTensor(r, ir.Shape{45, 130}), "b": randTensor(r, ir.Shape{45})}
 	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{67, 130}), "dy": randTensor(r, ir.Shape{67, 45})}
-	o := DefaultOptions()
+	o := CandidateOptions()
 	first, err := runTuned(t, o, weights, feeds)
 	if err != nil {
 		t.Fatal(err)

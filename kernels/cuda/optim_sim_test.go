@@ -30,7 +30,7 @@ func TestSimDeviceAdamWMatchesHost(t *testing.T) {
 }
 
 func deviceAdamWMatchesHost(t *testing.T) {
-	be, err := New(0, ir.FP32, DefaultOptions())
+	be, err := New(0, ir.FP32, CandidateOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

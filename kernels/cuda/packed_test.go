@@ -102,13 +102,13 @@ func must[T any](v T, err error) T {
 // widths unpadded.
 func TestSoftmaxCEAndAlign(t *testing.T) {
 	// a row of logits past the shared memory's opt-in: the kernel that reads it twice
-	if be, err := NewDryRun(ir.BF16, DefaultOptions()); err != nil {
+	if be, err := NewDryRun(ir.BF16, CandidateOptions()); err != nil {
 		t.Fatal(err)
 	} else if k, shared := be.softmaxCE(60000); k != "softmax_ce_fused_f32" || shared != 0 {
 		t.Errorf("60,000 logits a row: %s with %d bytes of shared memory; want softmax_ce_fused_f32 with none", k, shared)
 	}
 	// fp32 GEMMs gain nothing from the padded widths: their graphs keep the model's
-	be, err := NewDryRun(ir.FP32, DefaultOptions())
+	be, err := NewDryRun(ir.FP32, CandidateOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func twinCopies(t *testing.T) {
 // once the last node reading it has run, never while it is read, and the
 // pool stops at twinPoolBytes.
 func TestTwinPool(t *testing.T) {
-	be, err := NewDryRun(ir.BF16, DefaultOptions())
+	be, err := NewDryRun(ir.BF16, CandidateOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ type packRun struct {
 // weights, runs it once on feeds and reads the named outputs.
 func runPacked(t *testing.T, g *ir.Graph, prec ir.Precision, pack bool, weights, feeds map[string]*kernels.Tensor, names []string) packRun {
 	t.Helper()
-	o := DefaultOptions()
+	o := CandidateOptions()
 	o.Pack = pack
 	return runOn(t, gpuBackendWith(t, prec, o), g, weights, feeds, names)
 }
@@ -376,7 +376,7 @@ func attentionGradIntoConcat(t *testing.T) {
 	}
 	sameOutputs(t, "attention gradients into the Concat", on, off)
 	// fp32 GEMM results, which attn_unpack_bf16 rounds (AGLean off)
-	lean := DefaultOptions()
+	lean := CandidateOptions()
 	lean.AGLean = false
 	whole := runOn(t, gpuBackendWith(t, ir.BF16, lean), g, weights, feeds, names)
 	if whole.launches["attn_unpack_bf16"] != 3 {
@@ -457,7 +457,7 @@ func halfOutputs(t *testing.T) {
 	}
 	biasOK := true // the device's cuBLASLt has a bf16 result with the fp32 bias epilogue
 	run := func(act bool) (y, dx []float32, gemmBytes float64) {
-		o := DefaultOptions()
+		o := CandidateOptions()
 		o.BF16Act = act
 		be := gpuBackendWith(t, ir.BF16, o)
 		biasOK = be.halfBiasOK()
@@ -545,7 +545,7 @@ func halfAttentionOperands(t *testing.T) {
 	g.SetOutput("o", g.Apply("FusedAttention", attrs, qkv...)[0])
 	feeds := map[string]*kernels.Tensor{"x": randTensor(r, ir.Shape{B, T, K})}
 	run := func(act bool) ([]float32, float64) {
-		o := DefaultOptions()
+		o := CandidateOptions()
 		o.Attention, o.BF16Act = path, act
 		be := gpuBackendWith(t, ir.BF16, o)
 		tr, err := be.StartTrace()

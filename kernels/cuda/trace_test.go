@@ -46,7 +46,7 @@ func TestKernelCostCoversEveryKernel(t *testing.T) {
 // of the graph (all but the fused attention, whose products run in its own
 // kernels), and the weights going up.
 func TestTraceRecordsTrainingStep(t *testing.T) {
-	s := traceTinyStep(t, ir.FP32, false, DefaultOptions())
+	s := traceTinyStep(t, ir.FP32, false, CandidateOptions())
 	var launches, gemms int
 	var gemmFlops float64
 	for _, e := range s.events {
@@ -109,7 +109,7 @@ func TestTraceRecordsTrainingStep(t *testing.T) {
 // per step: a second micro-batch on the same weights (ReuseStored)
 // converts only activations.
 func TestTraceBF16GEMMsPadded(t *testing.T) {
-	s := traceTinyStep(t, ir.BF16, false, DefaultOptions())
+	s := traceTinyStep(t, ir.BF16, false, CandidateOptions())
 	var bf16 int
 	for _, e := range s.events {
 		if e.Kind == perf.EvGEMM && e.DType == BF16 {
@@ -222,7 +222,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 	}
 	// the weight gradients over their own dims (padded, the joined and the
 	// plain ones would round up differently: other FLOPs)
-	o := DefaultOptions()
+	o := CandidateOptions()
 	o.PadGradW = false
 	plain, joined := traceTinyStep(t, ir.BF16, false, o), traceTinyStep(t, ir.BF16, true, o)
 	uses := joined.g.Uses()
@@ -261,7 +261,7 @@ func TestTraceJoinedGradients(t *testing.T) {
 // on feeds and returns the launches of that run.
 func dryRunEvents(t *testing.T, g *ir.Graph, feeds map[string]*kernels.Tensor) []perf.Event {
 	t.Helper()
-	be := newBackend(mustFake(t), ir.FP32, DefaultOptions())
+	be := newBackend(mustFake(t), ir.FP32, CandidateOptions())
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func TestTraceBF16StagingKeepsSharedInput(t *testing.T) {
 	h2 := g.Op1("Linear", nil, x, w("up2", F, K))
 	y2 := g.Op1("Linear", nil, h2, w("down2", K, F))
 	g.SetOutput("y", g.Op1("Add", nil, y1, y2))
-	be := newBackend(mustFake(t), ir.BF16, DefaultOptions())
+	be := newBackend(mustFake(t), ir.BF16, CandidateOptions())
 	tr, err := be.StartTrace()
 	if err != nil {
 		t.Fatal(err)
