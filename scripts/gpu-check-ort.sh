@@ -8,17 +8,19 @@
 #    run
 #        bash scripts/gpu-check-ort.sh --build
 #    It builds bin/ort/bin/{rpac,export.test,runtime.test} (stripped) and
-#    copies the cached onnxruntime 1.29.0 with the CUDA provider into
-#    bin/ort/lib/, the 229 MB libonnxruntime_providers_cuda.so split with
-#    `split -b 60M` into parts .part-aa .. .part-ad (bin/ is git-ignored).
+#    copies the cached onnxruntime 1.29.0 with the CUDA provider (the
+#    229.8 MB libonnxruntime_providers_cuda.so among them) into bin/ort/lib/
+#    (bin/ is git-ignored).
 #
 # 2. Carry bin/ort to the GPU machine. A device call carries at most 64 MiB
-#    (the working tree included), so carry it in pieces, one call each,
-#    into the same warm machine (paths already there are kept between
-#    calls): bin/ort/bin (about 38 MB), then bin/ort/lib/libonnxruntime.so
-#    with bin/ort/lib/libonnxruntime_providers_shared.so and
-#    bin/ort/lib/SHA256SUMS (about 29 MB), then each
-#    bin/ort/lib/libonnxruntime_providers_cuda.so.part-a? on its own.
+#    (the working tree included), so `bash scripts/gpu-ort-parts.sh pack`
+#    compresses bin/ort (zstd -19 --long=27) into parts that fit, and each
+#    part goes in its own call into the same warm machine, appended there
+#    (`gpu-ort-parts.sh append`); the last call reassembles and checks it
+#    (`gpu-ort-parts.sh assemble`) and runs step 3. The calls are printed
+#    by pack and written out in docs/GPU.md; `gpu-ort-parts.sh dry` runs
+#    them here. (Parts of the provider library split raw,
+#    libonnxruntime_providers_cuda.so.part-*, are still joined by setup.)
 #
 # 3. On the GPU machine:
 #        bash scripts/gpu-check-ort.sh                # all of setup, check, bench, report (OUT: $OUT or gpu-report/ort)
@@ -82,10 +84,10 @@ build() {
 	go test -c -tags noopenblas -ldflags "-s -w" -o "$ORT/bin/runtime.test" ./runtime
 	cp "$cache/libonnxruntime.so" "$cache/libonnxruntime_providers_shared.so" "$ORT/lib/"
 	(cd "$cache" && sha256sum "${FILES[@]}") >"$ORT/lib/SHA256SUMS"
-	split -b 60M "$cache/$PARTS_OF" "$ORT/lib/$PARTS_OF.part-"
+	cp "$cache/$PARTS_OF" "$ORT/lib/"
 	log "built $ORT ($(go env GOOS)/$(go env GOARCH)):"
 	(cd "$ORT" && find . -type f -printf '  %p %s bytes\n' | sort) >&2
-	log "carry in pieces of at most 64 MiB: $ORT/bin; $ORT/lib/libonnxruntime.so + $ORT/lib/libonnxruntime_providers_shared.so + $ORT/lib/SHA256SUMS; then each $ORT/lib/$PARTS_OF.part-a? alone"
+	log "carry it in parts of at most 64 MiB: bash scripts/gpu-ort-parts.sh pack"
 }
 
 # cuda_dirs lists the folders holding the CUDA 13 and cuDNN 9 libraries
