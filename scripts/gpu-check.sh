@@ -4,7 +4,9 @@
 #
 # On a machine with Go (x86-64 or, with GOARCH=arm64, for a Grace host):
 #     bash scripts/gpu-check.sh --build        # writes bin/ (tests with CGO_ENABLED=0, rpac, data)
-# Carry the checkout (with bin/, about 40 MB) to the GPU machine, then:
+# Carry the checkout with bin/cuda.test, bin/training.test, bin/rpac and
+# bin/data (52.0 MB on x86-64 on 2026-11-29; the working tree 5.5 MB: 55 MiB
+# of a device call's 64) to the GPU machine, then:
 #     bash scripts/gpu-check.sh --all [OUT]     # this check, then scripts/gpu-check-ort.sh: the first run on a GPU
 #     bash scripts/gpu-check.sh [OUT]           # this check only
 # OUT defaults to $OUT (the device tool's folder) or gpu-report.
@@ -96,7 +98,8 @@ if [[ "${1:-}" == "--build" ]]; then
 	fi
 	data="${RPAC_DATA:-../shared/data/wikitext-2-raw-v1}"
 	cp "$data"/wiki.valid.raw "$data"/wiki.test.raw bin/data/
-	echo "built bin/ ($(go env GOOS)/$(go env GOARCH), tests CGO_ENABLED=0, rpac $rpac_cgo, $(du -sh bin | cut -f1)); carry bin/ to the GPU machine"
+	carry=(bin/cuda.test bin/training.test bin/rpac bin/data)
+	echo "built ${carry[*]} ($(go env GOOS)/$(go env GOARCH), tests CGO_ENABLED=0, rpac $rpac_cgo, $(du -cb "${carry[@]}" | tail -n1 | cut -f1) bytes); carry these to the GPU machine"
 	exit 0
 fi
 

@@ -2,10 +2,11 @@
 # gpu-lease.sh — one prepared command for a GPU lease: at most about 6
 # minutes of work, so that a session can run it, read it and run it again
 # within 15 minutes of device time (the machine's start included). From the
-# binaries `bash scripts/gpu-check.sh --build` writes (carry bin/):
+# binaries `bash scripts/gpu-check.sh --build` writes:
 #
 #     bash scripts/gpu-lease.sh [OUT]          # on the GPU machine; OUT: $OUT or gpu-lease
 #     bash scripts/gpu-lease.sh --dry [OUT]    # anywhere: the same control flow on fakes
+# Carry bin/cuda.test, bin/training.test, bin/rpac and bin/data (52.0 MB).
 #
 # Give the device call a timeout of 420 s. In this order, each stage started
 # only while the budget (RPAC_LEASE_SECONDS, default 330 s of work) lasts,
