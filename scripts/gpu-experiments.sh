@@ -55,10 +55,8 @@ if [[ ! -x bin/rpac || ! -d bin/data ]]; then
 	echo "gpu-experiments: bin/ is incomplete: run 'bash scripts/gpu-check.sh --build' where Go is installed and carry bin/" | tee "$out/NOT-RUN.md" >&2
 	exit 1
 fi
-roots=()
-for r in /usr /opt /lib /lib64 /root /home /usr/local/nvidia; do [[ -d $r ]] && roots+=("$r"); done
-libdirs="$(find "${roots[@]}" \( -name 'libnvrtc.so*' -o -name 'libcublasLt.so*' -o -name 'libcuda.so.1' \) -not -path "$PWD/*" 2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd: -)"
-export RPAC_CUDA_LIBS="${RPAC_CUDA_LIBS:+$RPAC_CUDA_LIBS:}$libdirs"
+# shellcheck source=scripts/cuda-libs.sh
+source scripts/cuda-libs.sh
 export RPAC_CUDA_CACHE="${RPAC_CUDA_CACHE:-$work/cuda-cache}"
 
 exps=(${RPAC_EXPERIMENTS:-mqar})
