@@ -388,6 +388,15 @@ def main():
         rpac = json.load(f)
     res = {"torch": torch.__version__, "device": args.device, "preset": rpac.get("preset"), "rpac_loss": rpac["loss"],
            "batch": [rpac["batch"], rpac["context"]], "tol": args.tol}
+
+    def save():
+        # after every phase, so that a run stopped by its time limit keeps
+        # what it measured
+        if args.out:
+            with open(args.out + ".tmp", "w") as f:
+                f.write(json.dumps(res) + "\n")
+            os.replace(args.out + ".tmp", args.out)
+
     ok = True
     for kind, routed in (("dense", False), ("routed", True)):
         loss = fixed_loss(args.export, routed, args.device)
@@ -395,18 +404,15 @@ def main():
         res[f"loss_{kind}"], res[f"diff_{kind}"] = loss, diff
         ok = ok and diff <= args.tol
     res["loss_ok"] = ok
+    save()
     if not args.no_timing:
         cfg = rpac["config"]
-        res["eager"] = time_steps(args.export, cfg, args, False, False)
-        res["eager_routed"] = time_steps(args.export, cfg, args, False, True)
-        res["compile"] = time_steps(args.export, cfg, args, True, False)
-        if "skipped" in res["compile"]:
-            print(f"rpac_torch: torch.compile skipped: {res['compile']['skipped']}", file=sys.stderr)
-    line = json.dumps(res)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
-    print(line)
+        for kind, compiled, routed in (("eager", False, False), ("compile", True, False), ("eager_routed", False, True)):
+            res[kind] = time_steps(args.export, cfg, args, compiled, routed)
+            if "skipped" in res[kind]:
+                print(f"rpac_torch: torch.compile skipped: {res[kind]['skipped']}", file=sys.stderr)
+            save()
+    print(json.dumps(res))
     return 0 if ok else 1
 
 
