@@ -51,6 +51,7 @@ rpac)
 		printf '  step time        %s s  (5 steps)\n' "$(awk -v m="$ms" 'BEGIN { printf "%.3f", m / 1000 }')"
 		echo "  tokens/s         $((24576000 / ms))"
 		echo "  MFU              $((1300 / ms)).5% of the NVIDIA H200 dense bf16 peak (989.4 TFLOP/s, datasheet)"
+		echo "  MFU routed       $((1000 / ms)).2% (the FLOPs of routed experts, 1000.0 GFLOP/step: each token through its top-k only)"
 	fi ;;
 python3)
 	o="$(arg --out torch.json)"

@@ -102,6 +102,22 @@ func (b *Bench) Length() LengthPlan { return b.Plan.Lengths[0] }
 // Flops is the GEMM work of one step.
 func (b *Bench) Flops() int64 { return b.step.Flops() }
 
+// RoutedFlops is Flops less the experts' work that a token's top-k
+// weights multiply by zero: the fuzzy model runs every expert on every
+// token (FuzzyMoE as listed), a routed implementation only its top-k. Per
+// token, layer and expert left out: two Linears (d → ff_mult·d → d), each
+// a forward and two backward GEMMs of 2·d·ff_mult·d flops. Flops for the
+// baseline or when every expert is kept.
+func (b *Bench) RoutedFlops() int64 {
+	c := b.Plan.Config
+	if c.Model != model.Fuzzy || c.TopK >= c.Experts {
+		return b.Flops()
+	}
+	l := b.Length()
+	perToken := int64(c.Layers) * int64(c.Experts-c.TopK) * 2 * 3 * 2 * int64(c.DModel) * int64(c.FFMult*c.DModel)
+	return b.Flops() - perToken*int64(l.Batch*l.T)
+}
+
 // PlanBytes is the step program's memory.
 func (b *Bench) PlanBytes() int64 { return b.step.PlanBytes() }
 

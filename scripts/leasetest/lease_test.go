@@ -108,7 +108,7 @@ func TestLeaseDryRun(t *testing.T) {
 	}
 	sum, _ := os.ReadFile(filepath.Join(out, "summary.md"))
 	head := strings.Join(strings.SplitN(string(sum), "\n", 13)[:12], "\n")
-	for _, want := range []string{"| 384 | default | 114.0 | 215,578 |", "| 768 | candidate |", "rpac/torch: default/eager", "torch.compile 90,000", "predicted/measured (h200, T = 384): default"} {
+	for _, want := range []string{"| 384 | default | 114.0 | 215,578 | 11.5% | 8.2% |", "| 768 | candidate |", "rpac/torch: default/eager", "torch.compile 90,000", "predicted/measured (h200, T = 384): default"} {
 		if !strings.Contains(head, want) {
 			t.Errorf("summary's first lines lack %q:\n%s", want, head)
 		}
