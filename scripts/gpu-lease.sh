@@ -53,7 +53,7 @@ t0=$SECONDS
 # The commands the stages run: the real binaries, or in the dry mode
 # scripts/gpu-lease-fake.sh, which answers in their output formats after
 # RPAC_LEASE_FAKE_SLEEP seconds (the dry run checks the order, the time
-# budget and the files; scripts/lease_test.go runs it).
+# budget and the files; scripts/leasetest runs it).
 if ((dry)); then
 	fake=(bash scripts/gpu-lease-fake.sh)
 	RPAC=("${fake[@]}" rpac) CUDA_TEST=("${fake[@]}" cuda.test) TRAINING_TEST=("${fake[@]}" training.test)
