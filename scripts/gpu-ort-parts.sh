@@ -120,9 +120,9 @@ assemble() {
 # must equal bin/ort's.
 dry() {
 	[[ -f "$PACK/MANIFEST" ]] || die "run pack first"
-	local dev f
+	local f
 	dev="$(mktemp -d)"
-	trap 'rm -rf "$dev"' RETURN
+	trap 'rm -rf "$dev"' EXIT
 	mkdir -p "$dev/pack"
 	for f in "$PACK"/part-*; do
 		cp "$PACK/MANIFEST" "$PACK/zstd" "$f" "$dev/pack/"
