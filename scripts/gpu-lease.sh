@@ -15,7 +15,8 @@
 #      run (cuda.Unmeasured: the cross-entropy's row of 201 KB in shared
 #      memory, bf16 GEMM results with an fp32 bias epilogue, the lean
 #      attention stores into a buffer zeroed once, the padded weight
-#      gradients and model widths, the redrawn dropouts): their parity
+#      gradients and model widths, the redrawn dropouts, LayerNorm's
+#      one-kernel backward, the attention's kept packs): their parity
 #      tests from bin/cuda.test and bin/training.test (`go test -c`), on the
 #      GPU (RPAC_REQUIRE_GPU=1);
 #   2. steps: rpac bench train --device cuda --preset paper at T = 384 and
@@ -112,7 +113,7 @@ settings=("default:" "candidate:--cuda-candidate")
 [[ -n "${RPAC_LEASE_ROUTED:-}" ]] && settings+=("routed:--cuda-candidate ${RPAC_LEASE_ROUTED}")
 
 # 1. smoke: the unmeasured paths' kernels and whole steps against the CPU.
-smoke_kernels='TestGPUSoftmaxCE|TestSimLinearBiasEpilogue|TestSimHalfOutputs|TestGPUAttnRowsUpperZero|TestSimHalfAttentionOperands|TestGPUPaddedGradW|TestGPUPaddedWeights|TestGPUAttentionGradIntoConcat'
+smoke_kernels='TestGPUSoftmaxCE|TestSimLinearBiasEpilogue|TestSimHalfOutputs|TestGPUAttnRowsUpperZero|TestSimHalfAttentionOperands|TestGPUPaddedGradW|TestGPUPaddedWeights|TestGPUAttentionGradIntoConcat|TestGPULayerNorm|TestSimAttentionSavedPacks'
 smoke_steps='TestGPUStepMatchesCPU|TestSimRematSameBits|TestSimAlignedStep|TestSimBF16GradientErrors'
 smoke="${RPAC_LEASE_SMOKE:-60}"
 if stage smoke "$smoke"; then

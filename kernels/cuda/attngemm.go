@@ -303,10 +303,10 @@ func agSaveKey(q, k, v *dval) [3]int { return [3]int{q.v.ID, k.v.ID, v.v.ID} }
 
 // saveAGPacks gives forward attention a buffers of its own for its packed
 // q, k and v where a FusedAttentionGrad of the program reads the same
-// values, within agSavedCap.
+// values, within agSavedCap (Options.AGSave).
 func (p *program) saveAGPacks(a *attention, q, k, v *dval) error {
 	key := agSaveKey(q, k, v)
-	if a.path != attnGEMM || p.agSaved[key] != nil || !p.attentionGradReads(key) {
+	if !p.be.agSave || a.path != attnGEMM || p.agSaved[key] != nil || !p.attentionGradReads(key) {
 		return nil
 	}
 	size := newAGLayout(a).Q.n

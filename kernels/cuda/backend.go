@@ -30,7 +30,7 @@ type Backend struct {
 	// resolved for the device where they depend on it (ceShared).
 	attention                                                  AttentionPath
 	joinGrads, pack, sums, headPad, padGradW, padModel, agLean bool
-	bf16Act, remat                                             bool
+	bf16Act, remat, lnFused, agSave                            bool
 	// biasBF16: the device's cuBLASLt has a GEMM with a bf16 result and
 	// the fp32 bias epilogue (halfBiasOK, probed once, for bf16Act)
 	biasBF16  bool
@@ -241,7 +241,7 @@ func newBackend(dev device, gemm ir.Precision, o Options) *Backend {
 	}
 	return &Backend{dev: dev, gemm: gemm, mirror: map[mirrorKey]*mirrorEntry{}, attention: o.Attention, joinGrads: o.JoinGrads,
 		pack: o.Pack, sums: o.Sums, headPad: o.HeadPad, padGradW: o.PadGradW, padModel: o.PadModel, remat: o.Remat, bf16Act: o.BF16Act,
-		agLean: o.AGLean, ceShared: ceShared}
+		agLean: o.AGLean, lnFused: o.LNFused, agSave: o.AGSave, ceShared: ceShared}
 }
 
 // lmHeadChunk is the rows the fused LM head computes at once on the GPU:

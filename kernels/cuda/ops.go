@@ -995,11 +995,12 @@ func (p *program) buildLayerNorm(n *ir.Node, in, out []*dval) (func() error, err
 
 // LayerNorm's backward: up to lnFusedWidth columns in one kernel,
 // layernorm_bwd_f32 (dy and x read once for dx and the parameters'
-// partial gradients), each warp over lnWarpRows rows, a block of 8 warps
+// partial gradients; Options.LNFused), each warp over lnWarpRows rows, a block of 8 warps
 // over a chunk of 8·lnWarpRows (24,576 rows: 768 blocks, about 3 waves of
 // 2 blocks an SM on 132 SMs; 6.3 MB of partials for 510 columns); wider
-// rows in two, layernorm_bwd_dx_f32 and layernorm_bwd_params_f32, whose
-// partial sums cover lnChunk rows each (768 blocks of 128 threads).
+// rows, and any without LNFused, in two, layernorm_bwd_dx_f32 and
+// layernorm_bwd_params_f32, whose partial sums cover lnChunk rows each
+// (768 blocks of 128 threads).
 const (
 	lnFusedWidth = 512
 	lnWarpRows   = 4
@@ -1012,7 +1013,7 @@ func (p *program) buildLayerNormGrad(n *ir.Node, in, out []*dval) (func() error,
 	D, W := lastDim(x.v.Shape), ir.LayerNormWidth(x.v.Shape, n.Attrs)
 	rows := x.n / max(1, D)
 	eps := float32(n.Attrs.Float("eps", 1e-5))
-	if W <= lnFusedWidth {
+	if W <= lnFusedWidth && p.be.lnFused {
 		chunks := max(1, ceilDiv(rows, 8*lnWarpRows))
 		p.needWork(2 * chunks * W)
 		return func() error {

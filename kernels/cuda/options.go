@@ -62,6 +62,16 @@ type Options struct {
 	// from DRAM once) instead of reading them twice (softmax_ce_fused_f32).
 	// Both give the same bits.
 	CESmem bool
+	// LNFused: LayerNorm's backward over rows up to 512 wide in one kernel
+	// (layernorm_bwd_f32: dy and x read once for dx and the parameters'
+	// partial sums) instead of two (layernorm_bwd_dx_f32 and
+	// layernorm_bwd_params_f32, the path of wider rows). Both give the same
+	// sums in the same order up to the partials' chunking.
+	LNFused bool
+	// AGSave: the GEMM attention's forward keeps its packed bf16 q, k, v
+	// for the backward (saveAGPacks, at most agSavedCap), which then packs
+	// nothing. The same bits.
+	AGSave bool
 	// GEMMAlgos names a GEMM algorithm choices file (gemmtune.go; "":
 	// every plan takes cuBLASLt's first algorithm); GEMMTune also times the
 	// candidates of the keys the file lacks and adds the fastest to it.
@@ -105,9 +115,12 @@ const (
 	PathBF16Act               // BF16Act
 	PathRemat                 // Remat
 	PathCESmem                // CESmem
+	PathLNFused               // LNFused
+	PathAGSave                // AGSave
 )
 
-var pathNames = enum.Names[Path]{"join", "pack", "sums", "head-pad", "pad-gradw", "pad-model", "ag-lean", "bf16-act", "remat", "ce-smem"}
+var pathNames = enum.Names[Path]{"join", "pack", "sums", "head-pad", "pad-gradw", "pad-model", "ag-lean", "bf16-act", "remat", "ce-smem",
+	"ln-fused", "ag-save"}
 
 func (p Path) String() string { return pathNames.String("cuda path", p) }
 
@@ -123,12 +136,13 @@ func ParsePath(s string) (Path, error) { return pathNames.Parse("--cuda-path", s
 // results with an fp32 bias epilogue, the lean attention stores into a
 // buffer zeroed once), then the paper step with them on and off.
 func Unmeasured() []Path {
-	return []Path{PathPadGradW, PathPadModel, PathAGLean, PathBF16Act, PathRemat, PathCESmem}
+	return []Path{PathPadGradW, PathPadModel, PathAGLean, PathBF16Act, PathRemat, PathCESmem, PathLNFused, PathAGSave}
 }
 
 // field is the switch p names.
 func (o *Options) field(p Path) *bool {
-	return [...]*bool{&o.JoinGrads, &o.Pack, &o.Sums, &o.HeadPad, &o.PadGradW, &o.PadModel, &o.AGLean, &o.BF16Act, &o.Remat, &o.CESmem}[p]
+	return [...]*bool{&o.JoinGrads, &o.Pack, &o.Sums, &o.HeadPad, &o.PadGradW, &o.PadModel, &o.AGLean, &o.BF16Act, &o.Remat, &o.CESmem,
+		&o.LNFused, &o.AGSave}[p]
 }
 
 // Set turns path p on or off.
