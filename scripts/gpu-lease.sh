@@ -18,7 +18,8 @@
 #      gradients and model widths, the redrawn dropouts, LayerNorm's
 #      one-kernel backward, the attention's kept packs): their parity
 #      tests from bin/cuda.test and bin/training.test (`go test -c`), on the
-#      GPU (RPAC_REQUIRE_GPU=1);
+#      GPU (RPAC_REQUIRE_GPU=1); and one rank of a communicator through the
+#      real NCCL (TestGPUCollectiveOneRank: nvidia-nccl-cu13's libnccl.so.2);
 #   2. steps: rpac bench train --device cuda --preset paper at T = 384 and
 #      768 (24,576 tokens a step), with the default paths and with every
 #      unmeasured one on (--cuda-candidate), 5 timed steps each;
@@ -113,7 +114,7 @@ settings=("default:" "candidate:--cuda-candidate")
 [[ -n "${RPAC_LEASE_ROUTED:-}" ]] && settings+=("routed:--cuda-candidate ${RPAC_LEASE_ROUTED}")
 
 # 1. smoke: the unmeasured paths' kernels and whole steps against the CPU.
-smoke_kernels='TestGPUSoftmaxCE|TestSimLinearBiasEpilogue|TestSimHalfOutputs|TestGPUAttnRowsUpperZero|TestSimHalfAttentionOperands|TestGPUPaddedGradW|TestGPUPaddedWeights|TestGPUAttentionGradIntoConcat|TestGPULayerNorm|TestSimAttentionSavedPacks'
+smoke_kernels='TestGPUCollectiveOneRank|TestGPUSoftmaxCE|TestSimLinearBiasEpilogue|TestSimHalfOutputs|TestGPUAttnRowsUpperZero|TestSimHalfAttentionOperands|TestGPUPaddedGradW|TestGPUPaddedWeights|TestGPUAttentionGradIntoConcat|TestGPULayerNorm|TestSimAttentionSavedPacks'
 smoke_steps='TestGPUStepMatchesCPU|TestSimRematSameBits|TestSimAlignedStep|TestSimBF16GradientErrors'
 smoke="${RPAC_LEASE_SMOKE:-60}"
 if stage smoke "$smoke"; then

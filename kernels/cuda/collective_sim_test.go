@@ -94,7 +94,7 @@ func TestSimCollectiveRank(t *testing.T) {
 	defer c.Close()
 	switch scenario {
 	case "values":
-		collectiveValues(t, be, c, rank)
+		collectiveValues(t, be, c, rank, 2)
 	case "mismatch":
 		x := make([]float64, 3+rank)
 		err := c.SumHost(x)
@@ -127,14 +127,17 @@ func TestSimCollectiveRank(t *testing.T) {
 	}
 }
 
-// collectiveValues checks the sums and the broadcast of one rank.
-func collectiveValues(t *testing.T, be *Backend, c *Collective, rank int) {
+// collectiveValues checks the sums and the broadcast of one rank of a
+// world-rank communicator.
+func collectiveValues(t *testing.T, be *Backend, c *Collective, rank, world int) {
+	W := float64(world)
+	ranks := W * (W + 1) / 2 // the sum of rank+1 over the ranks
 	x := []float64{float64(rank + 1), 0.5 * float64(rank), -1}
 	if err := c.SumHost(x); err != nil {
 		t.Fatal(err)
 	}
-	if x[0] != 3 || x[1] != 0.5 || x[2] != -2 {
-		t.Fatalf("sum of scalars: %v, want [3 0.5 -2]", x)
+	if want := []float64{ranks, 0.5 * (ranks - W), -W}; x[0] != want[0] || x[1] != want[1] || x[2] != want[2] {
+		t.Fatalf("sum of scalars: %v, want %v", x, want)
 	}
 	// two gradients, one larger than the stand-in's staging slot, in two
 	// buckets
@@ -174,7 +177,7 @@ func collectiveValues(t *testing.T, be *Backend, c *Collective, rank int) {
 			t.Fatal(err)
 		}
 		for j, v := range h {
-			if want := float32(3*(j%97)) + 2*float32(i); v != want {
+			if want := float32(ranks)*float32(j%97) + float32(world*i); v != want {
 				t.Fatalf("gradient %d element %d: %v, want %v", i, j, v, want)
 			}
 		}
