@@ -21,6 +21,8 @@ const (
 	OpDropout                OpName = "Dropout"
 	OpDropoutGrad            OpName = "DropoutGrad"
 	OpExp                    OpName = "Exp"
+	OpExpertFFN              OpName = "ExpertFFN"
+	OpExpertFFNGrad          OpName = "ExpertFFNGrad"
 	OpFusedAttention         OpName = "FusedAttention"
 	OpFusedAttentionGrad     OpName = "FusedAttentionGrad"
 	OpFusedElementwise       OpName = "FusedElementwise"

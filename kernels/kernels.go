@@ -247,4 +247,9 @@ type Capabilities struct {
 	// chain that reads a Dropout's result a copy of the Dropout instead
 	// (passes.FuseElementwiseRemat).
 	RematDropout bool
+	// RoutedExperts: the backend's training steps run each expert of a
+	// mixture of experts on its routed tokens only (ir.OpExpertFFN) unless
+	// a dispatch is asked for (passes.Dispatch): a backend whose routed
+	// kernels are measured faster than the dense form.
+	RoutedExperts bool
 }

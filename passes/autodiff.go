@@ -197,6 +197,15 @@ func init() {
 			o := g.Apply("LayerNormGrad", n.Attrs.Clone(), d[0], n.Inputs[0], n.Inputs[1])
 			return o
 		},
+		"ExpertFFN": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
+			if d[0] == nil { // only the output has a gradient; u, a, h are saved for this
+				return nil
+			}
+			a := n.Attrs.Clone()
+			a["stream"] = n.Stream()
+			in, out := n.Inputs, n.Outputs
+			return g.Apply("ExpertFFNGrad", a, d[0], in[0], in[1], in[2], in[4], out[1], out[2], out[3])
+		},
 		"Dropout": func(g *ir.Graph, n *ir.Node, d []*ir.Value) []*ir.Value {
 			if d[0] == nil {
 				return nil

@@ -46,6 +46,12 @@ type Context struct {
 	// (kernels.Capabilities.Align): the builder's, read here by the
 	// callers that build the graph this context then runs on.
 	Align int
+	// Experts is the dispatch of the mixture of experts asked for, and
+	// RoutedExperts the backend's choice for DispatchAuto (set by
+	// ForBackend); ExpertDispatch resolves the two. Like Align, they are
+	// read by the callers that build the graph.
+	Experts       Dispatch
+	RoutedExperts bool
 	// Model describes the graph's model (length, mode, running statistics);
 	// the builder provides it (compiler/model's Graph.Info).
 	Model *ModelInfo
@@ -57,11 +63,12 @@ type Context struct {
 
 // ForBackend sets what a backend asks of the train and eval pipelines
 // (FuseAttention, FuseElementwise, RematDropout, AttentionLayout,
-// LMHeadChunk, JoinGrads, Align) from its capabilities.
+// LMHeadChunk, JoinGrads, Align, RoutedExperts) from its capabilities.
 func (c *Context) ForBackend(caps kernels.Capabilities) *Context {
 	c.FuseAttention, c.FuseElementwise, c.AttentionLayout = caps.FusedAttention, caps.FusedElementwise, caps.AttentionBTHD
 	c.RematDropout = caps.RematDropout
 	c.LMHeadChunk, c.JoinGrads, c.Align = caps.LMHeadChunk, caps.JoinGrads, caps.Align
+	c.RoutedExperts = caps.RoutedExperts
 	return c
 }
 

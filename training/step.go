@@ -88,7 +88,8 @@ func stepGraph(cfg *model.Config, T, micro int, dropout float64, loss LossTarget
 	if pc == nil {
 		pc = &passes.Context{}
 	}
-	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train, LossScaleInput: loss.counted(), Align: pc.Align})
+	mg, err := model.Build(&c, model.Opts{T: T, B: micro, Mode: model.Train, LossScaleInput: loss.counted(), Align: pc.Align,
+		Experts: pc.ExpertDispatch()})
 	if err != nil {
 		return nil, nil, err
 	}

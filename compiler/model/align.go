@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/rpac-dev/rpac/ir"
+	"github.com/rpac-dev/rpac/passes"
 )
 
 // Aligned widths (Opts.Align): a backend whose GEMMs run fastest when every
@@ -101,13 +102,15 @@ func padTable(data []float64, s span) []float64 {
 	return out
 }
 
-// keepStreams gives the random nodes of the aligned graph the streams their
-// twins draw from in the unaligned one (the id of each there), so that the
-// padding's extra nodes change no draw: the Gumbel noise of the experts'
-// gates is the same. (Dropout over a padded tensor still draws other masks:
-// its elements are numbered in the padded layout.)
+// keepStreams gives the random nodes of the graph the streams their twins
+// draw from in the unaligned graph of the dense form (the id of each
+// there), so that the padding's extra nodes and the routed experts change
+// no draw: the Gumbel noise of the experts' gates is the same. A routed
+// expert (ExpertFFN) with dropout is the twin of its network's two
+// Dropouts: stream and stream2. (Dropout over a padded tensor still draws
+// other masks: its elements are numbered in the padded layout.)
 func (b *builder) keepStreams(cfg *Config, o Opts) error {
-	o.Align = 0
+	o.Align, o.Experts = 0, passes.DispatchDense
 	ref, err := Build(cfg, o)
 	if err != nil {
 		return err
@@ -123,17 +126,29 @@ func (b *builder) keepStreams(cfg *Config, o Opts) error {
 		if !ir.Ops[n.Op].Random {
 			continue
 		}
-		if k == len(want) || want[k].Op != n.Op {
-			return fmt.Errorf("aligned graph: random node %d (%s) has no twin in the unaligned graph", k, n.Op)
+		twin, ok := n.Op, 1
+		if n.Op == ir.OpExpertFFN {
+			twin, ok = ir.OpDropout, 0
+			if n.Attrs.Float("p", 0) > 0 {
+				ok = 2
+			}
+		}
+		if k+ok > len(want) || (ok > 0 && (want[k].Op != twin || want[k+ok-1].Op != twin)) {
+			return fmt.Errorf("graph: random node %d (%s) has no twin in the unaligned dense graph", k, n.Op)
 		}
 		if n.Attrs == nil {
 			n.Attrs = ir.Attrs{}
 		}
-		n.Attrs["stream"] = want[k].Stream()
-		k++
+		if ok > 0 {
+			n.Attrs["stream"] = want[k].Stream()
+		}
+		if ok == 2 {
+			n.Attrs["stream2"] = want[k+1].Stream()
+		}
+		k += ok
 	}
 	if k != len(want) {
-		return fmt.Errorf("aligned graph: %d random nodes, the unaligned one %d", k, len(want))
+		return fmt.Errorf("graph: %d random nodes' twins, the unaligned dense one has %d", k, len(want))
 	}
 	return nil
 }

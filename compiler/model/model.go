@@ -38,6 +38,11 @@ type Opts struct {
 	// Align (align.go): the same model and gradients, GEMM dimensions a
 	// backend's fastest kernels take. Parameters keep their shapes.
 	Align int
+	// Experts is the dispatch of the fuzzy blocks' experts in Train graphs
+	// (passes.DispatchRouted: ExpertFFN nodes; any other value, and every
+	// Eval graph: the listing's dense form). The random nodes keep the
+	// dense graph's streams (keepStreams), so both draw the same masks.
+	Experts passes.Dispatch
 }
 
 // LossScale is the scalar input of a graph built with Opts.LossScaleInput.
@@ -128,14 +133,24 @@ func (b *builder) buffer(name string, s ir.Shape, init Init, trainingOnly bool, 
 // linear is nn.Linear(in, out) with PyTorch's default initialisation, x
 // holding in's stored width and the result out's.
 func (b *builder) linear(x *ir.Value, name string, in, out span, bias bool) *ir.Value {
-	bound := 1 / math.Sqrt(float64(in.Logical()))
-	w := b.paramDecay(name+".weight", ir.Shape{out.Logical(), in.Logical()}, Init{"uniform", bound}, true)
-	w = b.padParam(w, &out, &in)
+	w, bv := b.linearParams(name, in, out, bias)
 	if bias {
-		bv := b.param(name+".bias", ir.Shape{out.Logical()}, Init{"uniform", bound})
-		return b.g.Op1("Linear", nil, x, w, b.padParam(bv, nil, &out))
+		return b.g.Op1("Linear", nil, x, w, bv)
 	}
 	return b.g.Op1("Linear", nil, x, w)
+}
+
+// linearParams are nn.Linear(in, out)'s weight and bias (nil without) at
+// the stored widths.
+func (b *builder) linearParams(name string, in, out span, bias bool) (w, bv *ir.Value) {
+	bound := 1 / math.Sqrt(float64(in.Logical()))
+	w = b.paramDecay(name+".weight", ir.Shape{out.Logical(), in.Logical()}, Init{"uniform", bound}, true)
+	w = b.padParam(w, &out, &in)
+	if bias {
+		bv = b.param(name+".bias", ir.Shape{out.Logical()}, Init{"uniform", bound})
+		bv = b.padParam(bv, nil, &out)
+	}
+	return w, bv
 }
 
 // resid is the residual stream's width; heads the attention's, H blocks of
@@ -311,6 +326,8 @@ func Build(cfg *Config, o Opts) (*Graph, error) {
 	}
 	if o.Align > 1 {
 		placePads(g)
+	}
+	if o.Align > 1 || (o.Mode == Train && o.Experts == passes.DispatchRouted) {
 		if err := b.keepStreams(cfg, o); err != nil {
 			return nil, err
 		}
@@ -636,7 +653,8 @@ func (b *builder) finishBias(bm *ir.Value, prefix string) *ir.Value {
 }
 
 // fuzzyMoE is FuzzyMoE.forward (all experts evaluated, weights zero outside
-// the top-k, as in the listing). Eval draws no Gumbel noise.
+// the top-k, as in the listing; with Opts.Experts routed, each expert on
+// its routed tokens only). Eval draws no Gumbel noise.
 func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value {
 	c, o := b.cfg, b.o
 	E := c.Experts
@@ -655,10 +673,15 @@ func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value 
 	var out *ir.Value
 	for e := 0; e < E; e++ {
 		en := fmt.Sprintf("%s.experts.%d.net", prefix, e)
-		h := b.op("GELU", nil, b.linear(x, en+".0", rs, ff, true))
-		h = b.dropout(b.linear(b.dropout(h), en+".3", ff, rs, true))
-		ye := b.op("Slice", ir.Attrs{"axis": 2, "start": e, "end": e + 1}, y)
-		t := b.op("Mul", nil, ye, h)
+		var t *ir.Value
+		if o.Mode == Train && o.Experts == passes.DispatchRouted {
+			t = b.routedExpert(x, y, en, e, rs, ff)
+		} else {
+			h := b.op("GELU", nil, b.linear(x, en+".0", rs, ff, true))
+			h = b.dropout(b.linear(b.dropout(h), en+".3", ff, rs, true))
+			ye := b.op("Slice", ir.Attrs{"axis": 2, "start": e, "end": e + 1}, y)
+			t = b.op("Mul", nil, ye, h)
+		}
 		if out == nil {
 			out = t
 		} else {
@@ -666,6 +689,20 @@ func (b *builder) fuzzyMoE(x, mu *ir.Value, prefix string, layer int) *ir.Value 
 		}
 	}
 	return out
+}
+
+// routedExpert is expert e's weighted output y[...,e]·net(x) as one
+// ExpertFFN: the network runs on the tokens with y[t,e] ≠ 0 only. Its
+// dropouts draw from two streams of their own (keepStreams gives them the
+// dense form's).
+func (b *builder) routedExpert(x, y *ir.Value, en string, e int, rs, ff span) *ir.Value {
+	w1, b1 := b.linearParams(en+".0", rs, ff, true)
+	w2, b2 := b.linearParams(en+".3", ff, rs, true)
+	a := ir.Attrs{"expert": e, "top_k": min(b.cfg.TopK, b.cfg.Experts)}
+	if b.cfg.Dropout > 0 {
+		a["p"], a["stream"], a["stream2"] = b.cfg.Dropout, b.g.NewID(), b.g.NewID()
+	}
+	return b.g.Apply(ir.OpExpertFFN, a, x, y, w1, b1, w2, b2)[0]
 }
 
 // SoftBlocks is FuzzyMHA._soft_blocks: raised-cosine blocks Φ(T) [T,K]

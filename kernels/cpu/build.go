@@ -40,6 +40,7 @@ func newKernelTable[T float]() kernelTable[T] {
 	nnKernels(k)
 	lmHeadKernels(k)
 	paperKernels(k)
+	expertKernels(k)
 	attentionKernels(k)
 	concatKernels(k)
 	padKernels(k)
