@@ -801,6 +801,7 @@ func allGradCases() []gradCase {
 	cs = append(cs, concatCases()...)
 	cs = append(cs, padCases()...)
 	cs = append(cs, attentionCases()...)
+	cs = append(cs, expertCases()...)
 	return cs
 }
 
