@@ -106,7 +106,10 @@ func init() {
 			return []Shape{in[1].Shape, in[2].Shape, in[3].Shape, {s.F}, in[4].Shape, {s.D}}, []DType{F32, F32, F32, F32, F32, F32}, nil
 		},
 		// the gathered rows of x, the output's gradient and the hidden gradient
-		Scratch: func(n *Node) int { x := n.Inputs[1].Shape; return 2*x.Numel() + x.Numel()/x[len(x)-1]*n.Inputs[3].Shape[0] }})
+		Scratch: func(n *Node) int {
+			x := n.Inputs[1].Shape
+			return 2*x.Numel() + x.Numel()/x[len(x)-1]*n.Inputs[3].Shape[0]
+		}})
 }
 
 func checkExpertAttrs(s ExpertShape, a Attrs) error {
