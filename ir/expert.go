@@ -55,7 +55,9 @@ func expertParams(s ExpertShape, in []*Value, w1, b1, w2, b2 int) error {
 }
 
 func init() {
-	reg(&OpDef{Name: OpExpertFFN, NumIn: 6, Random: true,
+	// Training-only: the builder emits it in training steps only (export
+	// and evaluation graphs hold the dense form, which it equals).
+	reg(&OpDef{Name: OpExpertFFN, NumIn: 6, Random: true, TrainingOnly: true,
 		Doc: "ExpertFFN(x[...,D], w[...,E], W1[F,D], b1[F], W2[D,F], b2[D]; expert e, p, stream, stream2, top_k) -> " +
 			"(out[...,D], u[N,F], a[N,F], h[N,D]), N the rows of x: expert e's network on the tokens t with w[t,e] ≠ 0 only " +
 			"(in ascending order, row r of the saved values the r-th of them): u = x[t]·W1ᵀ + b1, a = Dropout(GELU(u)), " +
@@ -78,7 +80,7 @@ func init() {
 			return []Shape{in[0].Shape, {s.N, s.F}, {s.N, s.F}, {s.N, s.D}}, []DType{F32, F32, F32, F32}, nil
 		},
 		Scratch: func(n *Node) int { return n.Inputs[0].Shape.Numel() }}) // the gathered rows of x
-	reg(&OpDef{Name: OpExpertFFNGrad, NumIn: 8, Random: true, Gradient: true,
+	reg(&OpDef{Name: OpExpertFFNGrad, NumIn: 8, Random: true, TrainingOnly: true, Gradient: true,
 		Doc: "ExpertFFNGrad(dout[...,D], x[...,D], w[...,E], W1[F,D], W2[D,F], u, a, h; expert e, p, stream, stream2, top_k) -> " +
 			"(dx[...,D], dw[...,E], dW1[F,D], db1[F], dW2[D,F], db2[D]): the gradient of Σ dout·out of the ExpertFFN node with " +
 			"the same attributes whose saved values u, a, h are given, over the routed tokens only (the same rows, the same " +

@@ -3,7 +3,7 @@ package passes
 import "github.com/rpac-dev/rpac/internal/enum"
 
 // Dispatch is how a mixture of experts sends the tokens to its experts
-// (rpac train --experts, rpac bench train --experts).
+// (rpac train --expert-dispatch, rpac bench train --expert-dispatch).
 type Dispatch uint8
 
 // Dispatches of the fuzzy block's experts.
@@ -23,8 +23,8 @@ var dispatchNames = enum.Names[Dispatch]{"auto", "dense", "routed"}
 
 func (d Dispatch) String() string { return dispatchNames.String("experts", d) }
 
-// ParseDispatch reads --experts: auto, dense or routed.
-func ParseDispatch(s string) (Dispatch, error) { return dispatchNames.Parse("--experts", s) }
+// ParseDispatch reads --expert-dispatch: auto, dense or routed.
+func ParseDispatch(s string) (Dispatch, error) { return dispatchNames.Parse("--expert-dispatch", s) }
 
 // ExpertDispatch is the dispatch the graphs of c are built with: Experts,
 // or, for DispatchAuto, the backend's choice that ForBackend recorded.

@@ -11,6 +11,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/kernels/cuda/driver"
 	"github.com/rpac-dev/rpac/kernels/cuda/perf"
+	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/optim"
 )
 
@@ -57,7 +58,7 @@ func NewBench(o Options) (*Bench, error) {
 	b.nparam = model.CountParams(mg.Specs)
 	be := o.Backend
 	b.backend = be
-	if b.step, err = CompileStep(&p.Config, b.store, be, l.T, l.Batch, l.Micro, p.Config.Dropout, nil); err != nil {
+	if b.step, err = CompileStep(&p.Config, b.store, be, l.T, l.Batch, l.Micro, p.Config.Dropout, &passes.Context{Experts: o.Experts}); err != nil {
 		return nil, err
 	}
 	if gpu, ok := be.(*cuda.Backend); ok && !o.HostOptimizer {
@@ -99,24 +100,21 @@ func (b *Bench) Backend() kernels.Backend { return b.backend }
 // Length is the benchmarked length's plan.
 func (b *Bench) Length() LengthPlan { return b.Plan.Lengths[0] }
 
-// Flops is the GEMM work of one step.
+// Flops is the GEMM work of one step (routed experts counted over the
+// tokens they need: passes.Flops).
 func (b *Bench) Flops() int64 { return b.step.Flops() }
 
-// RoutedFlops is Flops less the experts' work that a token's top-k
-// weights multiply by zero: the fuzzy model runs every expert on every
-// token (FuzzyMoE as listed), a routed implementation only its top-k. Per
-// token, layer and expert left out: two Linears (d → ff_mult·d → d), each
-// a forward and two backward GEMMs of 2·d·ff_mult·d flops. Flops for the
-// baseline or when every expert is kept.
-func (b *Bench) RoutedFlops() int64 {
-	c := b.Plan.Config
-	if c.Model != model.Fuzzy || c.TopK >= c.Experts {
-		return b.Flops()
-	}
-	l := b.Length()
-	perToken := int64(c.Layers) * int64(c.Experts-c.TopK) * 2 * 3 * 2 * int64(c.DModel) * int64(c.FFMult*c.DModel)
-	return b.Flops() - perToken*int64(l.Batch*l.T)
-}
+// RoutedFlops is the work of the experts routed: each token through its
+// top-k only (Flops, which counts the model's work so, whichever form the
+// step runs; DenseFlops is the dense form's).
+func (b *Bench) RoutedFlops() int64 { return b.step.Flops() }
+
+// DenseFlops is the GEMM work of the step with the experts counted over
+// every token, as the dense form computes them.
+func (b *Bench) DenseFlops() int64 { return b.step.DenseFlops() }
+
+// Experts is the dispatch of the step's experts.
+func (b *Bench) Experts() passes.Dispatch { return b.step.Experts() }
 
 // PlanBytes is the step program's memory.
 func (b *Bench) PlanBytes() int64 { return b.step.PlanBytes() }

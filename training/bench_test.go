@@ -19,7 +19,7 @@ func benchFlops(t *testing.T, kind model.Kind, experts, topK int) (dense, routed
 		t.Fatal(err)
 	}
 	defer b.Close()
-	return b.Flops(), b.RoutedFlops(), b.Length().Batch * b.Length().T
+	return b.DenseFlops(), b.RoutedFlops(), b.Length().Batch * b.Length().T
 }
 
 // TestRoutedFlops: the routed work of top-2 of 4 experts is the dense work

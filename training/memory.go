@@ -81,6 +81,8 @@ type memEstimator struct {
 	evals map[int]int64
 	batch bool
 	caps  kernels.Capabilities // plan the graphs this backend runs (fused ones)
+	// experts: the step graphs' dispatch of the experts
+	experts passes.Dispatch
 }
 
 func (e *memEstimator) step(T, micro int) (int64, error) {
@@ -88,7 +90,7 @@ func (e *memEstimator) step(T, micro int) (int64, error) {
 	if b, ok := e.steps[k]; ok {
 		return b, nil
 	}
-	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, LossAll, (&passes.Context{}).ForBackend(e.caps))
+	_, plan, err := stepGraph(e.cfg, T, micro, e.cfg.Dropout, LossAll, (&passes.Context{Experts: e.experts}).ForBackend(e.caps))
 	if err != nil {
 		return 0, err
 	}
@@ -153,7 +155,7 @@ func (p *Plan) planMemory(o Options, caps kernels.Capabilities, prev *Run) error
 		return err
 	}
 	est := &memEstimator{cfg: &p.Config, steps: map[[2]int]int64{}, evals: map[int]int64{}, batch: p.EvalStats == "batch",
-		caps: caps}
+		caps: caps, experts: o.Experts}
 	p.Memory = MemoryPlan{Budget: budget, Static: static}
 	fixed := o.MicroBatch > 0
 	for i := range p.Lengths { // at most each rank's share

@@ -9,6 +9,7 @@ import (
 	"github.com/rpac-dev/rpac/ir"
 	"github.com/rpac-dev/rpac/kernels"
 	"github.com/rpac-dev/rpac/kernels/cuda"
+	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training/control"
 	"github.com/rpac-dev/rpac/training/data"
 )
@@ -52,12 +53,16 @@ type Options struct {
 	// host on CUDA (--host-optimizer); by default a CUDA run keeps its
 	// training state on the device (optstate.go).
 	HostOptimizer bool
-	LR            float64 // 0 = preset
-	Dropout       float64 // <0 = preset
-	WarmIn        int     // <0 = preset
-	GradClip      float64
-	EvalStats     string // running | batch
-	DumpIR        string
+	// Experts is the dispatch of the fuzzy blocks' experts in the
+	// training steps (--expert-dispatch; passes.DispatchAuto: the backend's
+	// choice, kernels.Capabilities.RoutedExperts).
+	Experts   passes.Dispatch
+	LR        float64 // 0 = preset
+	Dropout   float64 // <0 = preset
+	WarmIn    int     // <0 = preset
+	GradClip  float64
+	EvalStats string // running | batch
+	DumpIR    string
 	// NoAlign trains the fuzzy model without the RPA alignment (the
 	// listing's legacy bias from fuzz_sim = mean_b μμᵀ): the ablation's
 	// baseline.

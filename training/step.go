@@ -30,6 +30,7 @@ type Step struct {
 	// counted: the loss is the mean over the targets that are not
 	// ir.IgnoreTarget (LossAnswers), fed to the graph as model.LossScale.
 	counted bool
+	experts passes.Dispatch // dense or routed, as built
 
 	graph   *model.Graph
 	plan    *kernels.Plan
@@ -129,7 +130,8 @@ func CompileStepLoss(cfg *model.Config, store *kernels.Store, be kernels.Backend
 	if err != nil {
 		return nil, err
 	}
-	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, counted: loss.counted(), graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store, ranks: 1}
+	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, counted: loss.counted(), graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store,
+		experts: pc.ExpertDispatch(), ranks: 1}
 	if micro < batch {
 		s.acc = map[string][]float32{}
 		for _, n := range s.params {
@@ -203,6 +205,13 @@ func (s *Step) Close() {
 
 // Flops is the GEMM work of one step (all micro-batches).
 func (s *Step) Flops() int64 { return passes.Flops(s.graph.Graph) * int64(s.Batch/s.Micro) }
+
+// DenseFlops is the GEMM work of the step in the dense form of the
+// experts (passes.DenseFlops): Flops when the step is dense.
+func (s *Step) DenseFlops() int64 { return passes.DenseFlops(s.graph.Graph) * int64(s.Batch/s.Micro) }
+
+// Experts is the dispatch of the step's experts (dense or routed).
+func (s *Step) Experts() passes.Dispatch { return s.experts }
 
 // PlanBytes is the memory of the step's intermediate values.
 func (s *Step) PlanBytes() int64 { return planBytes(s.plan) }

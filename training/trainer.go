@@ -739,7 +739,7 @@ func zeroNaN(x float64) float64 {
 // dumpContext asks the first compiled step to print its graph after the
 // pass named by --dump-ir.
 func (r *run) dumpContext() *passes.Context {
-	pc := &passes.Context{}
+	pc := &passes.Context{Experts: r.o.Experts}
 	if r.o.DumpIR != "" && !r.dumped {
 		pc.DumpAfter, pc.Dump = r.o.DumpIR, r.o.Progress
 		r.dumped = true

@@ -11,6 +11,7 @@ import (
 	"github.com/rpac-dev/rpac/kernels/cpu/blas"
 	"github.com/rpac-dev/rpac/kernels/cuda"
 	"github.com/rpac-dev/rpac/kernels/cuda/perf"
+	"github.com/rpac-dev/rpac/passes"
 	"github.com/rpac-dev/rpac/training"
 	"github.com/urfave/cli/v2"
 )
@@ -56,6 +57,7 @@ func benchCommand() *cli.Command {
 					&cli.BoolFlag{Name: "measure", Usage: "with --predict on a GPU (or cuda-sim): also time each kernel and GEMM of the traced step, the device synchronized around each, and print the measured times beside the predicted ones"},
 					&cli.IntFlag{Name: "kernels", Value: 10, Usage: "with --predict: how many of the costliest kernels to list (0: all)"},
 					&cli.IntFlag{Name: "gemm-shapes", Usage: "with --predict: also list the N costliest GEMM shapes (0: none)"},
+					&cli.BoolFlag{Name: "compare-dispatch", Usage: "bench (or --predict) the step with --expert-dispatch dense, then routed, in this run, and print the two side by side"},
 				}, append(memoryFlagDefs(), sizeFlags()...)...),
 				Action: benchTrain,
 			},
@@ -71,12 +73,55 @@ func benchTrain(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.IsSet("predict") {
-		return benchPredict(c, o)
+	runs := []passes.Dispatch{o.Experts}
+	if c.Bool("compare-dispatch") {
+		runs = []passes.Dispatch{passes.DispatchDense, passes.DispatchRouted}
 	}
+	var lines []benchLine
+	for _, d := range runs {
+		o.Experts = d
+		run := benchTrainOnce
+		if c.IsSet("predict") {
+			run = benchPredict
+		}
+		l, err := run(c, o)
+		if err != nil {
+			return err
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) > 1 {
+		printBenchLines(c.App.Writer, lines)
+	}
+	return nil
+}
+
+// benchLine is one benched or predicted step, for the side-by-side table.
+type benchLine struct {
+	experts           passes.Dispatch
+	step, tokens      float64 // seconds per step, tokens per step
+	flops, denseFlops int64
+	mfu               float64 // predicted MFU on flops (0: measured on the CPU)
+}
+
+// printBenchLines prints the steps side by side.
+func printBenchLines(w io.Writer, lines []benchLine) {
+	fmt.Fprintf(w, "experts side by side:\n  %-8s %12s %10s %18s %18s %8s\n", "experts", "step ms", "tok/s", "GEMM GFLOP (model)", "GEMM GFLOP (dense)", "MFU")
+	for _, l := range lines {
+		mfu := "-"
+		if l.mfu > 0 {
+			mfu = fmt.Sprintf("%.1f%%", 100*l.mfu)
+		}
+		fmt.Fprintf(w, "  %-8s %12.1f %10.0f %18.1f %18.1f %8s\n", l.experts, 1e3*l.step, l.tokens/l.step,
+			float64(l.flops)/1e9, float64(l.denseFlops)/1e9, mfu)
+	}
+}
+
+// benchTrainOnce times the training step of o.
+func benchTrainOnce(c *cli.Context, o training.Options) (benchLine, error) {
 	b, err := training.NewBench(o)
 	if err != nil {
-		return err
+		return benchLine{}, err
 	}
 	defer b.Close()
 	var profile func() (func(), error)
@@ -85,9 +130,11 @@ func benchTrain(c *cli.Context) error {
 	}
 	dt, err := b.Time(c.Int("steps"), profile)
 	if err != nil {
-		return err
+		return benchLine{}, err
 	}
-	return printBenchTrain(c.App.Writer, b, c.Int("steps"), dt)
+	l := b.Length()
+	return benchLine{experts: b.Experts(), step: dt, tokens: float64(l.Batch * l.T), flops: b.Flops(), denseFlops: b.DenseFlops()},
+		printBenchTrain(c.App.Writer, b, c.Int("steps"), dt)
 }
 
 // benchTrainOptions is the training step the flags describe.
@@ -129,7 +176,9 @@ func printBenchTrain(w io.Writer, b *training.Bench, steps int, dt float64) erro
 		b.Plan.Preset, b.Plan.Config.Model, b.Params(), l.T, l.Batch, l.Micro, l.Batch*l.T, b.Backend().Name())
 	fmt.Fprintf(w, "  step time        %.3f s  (%d steps)\n", dt, steps)
 	fmt.Fprintf(w, "  tokens/s         %.0f\n", float64(l.Batch*l.T)/dt)
-	fmt.Fprintf(w, "  GEMM work/step   %.1f GFLOP\n", float64(b.Flops())/1e9)
+	fmt.Fprintf(w, "  experts          %s\n", b.Experts())
+	fmt.Fprintf(w, "  GEMM work/step   %.1f GFLOP (the model's: routed experts over their tokens; dense form %.1f GFLOP)\n",
+		float64(b.Flops())/1e9, float64(b.DenseFlops())/1e9)
 	achieved := float64(b.Flops()) / dt / 1e9
 	fmt.Fprintf(w, "  achieved         %.1f GFLOP/s\n", achieved)
 	if gpu, ok := b.Backend().(*cuda.Backend); ok {
@@ -156,21 +205,21 @@ func printBenchTrain(w io.Writer, b *training.Bench, steps int, dt float64) erro
 // simulator, or the dry-run device when --device cuda finds no GPU) and
 // predicts its time on the --predict machine. Its last line names the
 // prediction.
-func benchPredict(c *cli.Context, o training.Options) error {
+func benchPredict(c *cli.Context, o training.Options) (benchLine, error) {
 	cl, isCluster, err := perf.LookupCluster(c.String("predict"))
 	if err != nil {
-		return err
+		return benchLine{}, err
 	}
 	hw := cl.GPU
 	if !isCluster {
 		if hw, err = perf.LookupMachine(c.String("predict")); err != nil {
-			return err
+			return benchLine{}, err
 		}
 	}
 	w := c.App.Writer
 	o, dryRun, err := training.PredictOptions(o, hw)
 	if err != nil {
-		return err
+		return benchLine{}, err
 	}
 	if dryRun {
 		fmt.Fprintf(w, "no GPU: tracing the step on the dry-run device (every launch checked, nothing computed); memory budget %s (90%% of the %s's %.0f GiB)\n",
@@ -178,18 +227,20 @@ func benchPredict(c *cli.Context, o training.Options) error {
 	}
 	b, err := training.NewBench(o)
 	if err != nil {
-		return err
+		return benchLine{}, err
 	}
 	defer b.Close()
 	p, err := b.Predict(hw, c.Bool("measure"))
 	if err != nil {
-		return err
+		return benchLine{}, err
 	}
 	printPrediction(w, b, hw, p, c.Int("kernels"), c.Int("gemm-shapes"))
 	if isCluster {
 		printScaling(w, b, cl.Scale(p, b.GradBytes(), cuda.DefaultBucketBytes))
 	}
-	return nil
+	l := b.Length()
+	return benchLine{experts: b.Experts(), step: p.Step, tokens: float64(l.Batch * l.T), flops: b.Flops(), denseFlops: b.DenseFlops(),
+		mfu: p.MFU(float64(b.Flops()))}, nil
 }
 
 // printScaling prints the data-parallel prediction: every GPU runs the
@@ -232,6 +283,8 @@ func printPrediction(w io.Writer, b *training.Bench, hw perf.Hardware, p *perf.P
 	if shapes > 0 {
 		printKernelTable(w, "GEMM shapes", p.GEMMShapes, p, shapes)
 	}
+	fmt.Fprintf(w, "  experts          %s: MFU on the model's %.2f TFLOP (routed experts over their tokens); on the dense form's %.2f TFLOP %.1f%%\n",
+		b.Experts(), float64(b.Flops())/1e12, float64(b.DenseFlops())/1e12, 100*p.MFU(float64(b.DenseFlops())))
 	fmt.Fprintf(w, "predicted %s %s: %.1f ms/step, %.0fk tok/s, MFU %.1f%%, host-device %s/step\n", hw.Name, b.Plan.Preset,
 		1e3*p.Step, tokens/p.Step/1e3, 100*p.MFU(float64(b.Flops())), perf.FormatBusBytes(p.H2D+p.D2H))
 }

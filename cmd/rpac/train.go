@@ -374,6 +374,7 @@ func memoryFlagDefs() []cli.Flag {
 		&cli.StringFlag{Name: "precision", Usage: "GEMM inputs on CUDA: bf16 (default there) | fp32 (exact parity with the CPU backend); the CPU computes in fp32"},
 		&cli.StringFlag{Name: "micro-batch", Value: "auto", Usage: "sequences per forward/backward pass; gradients of a step's micro-batches are accumulated (N dividing the batch, or auto: the largest that fits --mem-budget)"},
 		&cli.StringFlag{Name: "mem-budget", Usage: "memory the run may plan for, e.g. 12GiB (default: 80% of the memory available to the process, cgroup limits included)"},
+		&cli.StringFlag{Name: "expert-dispatch", Value: "auto", Usage: "the fuzzy blocks' experts in training steps: dense (every expert on every token, the listing) | routed (each token to its top-k experts only; same results) | auto (the backend's choice: routed on the CPU, dense on CUDA)"},
 		&cli.BoolFlag{Name: "host-optimizer", Usage: "on CUDA, clip, step AdamW and average the EMA on the host (weights up and gradients down every step) instead of on the device"},
 		&cli.BoolFlag{Name: "cuda-candidate", Usage: "on CUDA, turn on every path no GPU has measured yet (" + cudaUnmeasured() + "; off by default until a lease measures them)"},
 		&cli.StringSliceFlag{Name: "cuda-path", Usage: "on CUDA, NAME=on|off sets one of the backend's paths (after --cuda-candidate; repeatable); NAME: " + cuda.PathList()},
@@ -420,6 +421,9 @@ func applyRunFlags(c *cli.Context, o *training.Options) error {
 	}
 	co, err := cudaOptions(c.Bool("cuda-candidate"), c.StringSlice("cuda-path"))
 	if err != nil {
+		return err
+	}
+	if o.Experts, err = passes.ParseDispatch(c.String("expert-dispatch")); err != nil {
 		return err
 	}
 	o.MicroBatch, o.MemBudget, o.Device, o.Precision, o.HostOptimizer, o.CUDA = micro, budget, device, precision, c.Bool("host-optimizer"), co

@@ -185,7 +185,8 @@ var nullable = map[string]bool{"reduce_rows_f32.out": true, "reduce_rows_f32.par
 	"attn_unpack_f32.tw":         true, // no bf16 copy
 	"softmax_ce_fused_f32.gb":    true, // the gradient in fp32, over the logits
 	"softmax_ce_smem_f32.gb":     true,
-	"compact_rows_f32.s":         true} // no scale: a plain copy
+	"compact_rows_f32.s":         true, // no scale: a plain copy
+	"expert_scatter_f32.w":       true} // no weights: the input gradient's scatter
 
 func (f *fakeDevice) launch(name string, grid, block [3]uint32, shared uint32, args ...any) error {
 	sig, ok := f.sigs[name]

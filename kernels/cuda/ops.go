@@ -150,6 +150,8 @@ func init() {
 			return p.buildConcat(n, in, out)
 		},
 		"FusedElementwise": (*program).buildFused,
+		"ExpertFFN":        (*program).buildExpertFFN,
+		"ExpertFFNGrad":    (*program).buildExpertFFNGrad,
 	}
 }
 

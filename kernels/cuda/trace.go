@@ -110,8 +110,9 @@ type tracedDevice struct {
 	measure bool // time each launch and GEMM (StartMeasuredTrace)
 	floored bool // the launch floor is measured
 	// bytes: the DRAM traffic the next launch's caller stated (costHinter),
-	// where the kernel's arguments do not tell it; 0: none.
-	bytes float64
+	// where the kernel's arguments do not tell it; 0: none. flops: its
+	// FLOPs (workHinter), likewise.
+	bytes, flops float64
 }
 
 // costHinter is a device that records costs: the backend states the DRAM
@@ -120,6 +121,13 @@ type tracedDevice struct {
 type costHinter interface{ hintBytes(bytes float64) }
 
 func (d *tracedDevice) hintBytes(bytes float64) { d.bytes = bytes }
+
+// workHinter is a device that records the DRAM bytes and FLOPs of its
+// next launch as its caller expects them: a kernel whose work depends on
+// data on the device (the routed rows of an expert, src/expert.cu).
+type workHinter interface{ hintWork(bytes, flops float64) }
+
+func (d *tracedDevice) hintWork(bytes, flops float64) { d.bytes, d.flops = bytes, flops }
 
 // timed runs call and, when measuring, sets e.Measured to its wall time
 // between two synchronizations of the device, less the launch floor; then
@@ -205,6 +213,9 @@ func (d *tracedDevice) launch(name string, grid, block [3]uint32, shared uint32,
 	kernelCost(&e, kargs{d.sigs[name], args}, grid)
 	if d.bytes > 0 {
 		e.Bytes, d.bytes = d.bytes, 0
+	}
+	if d.flops > 0 {
+		e.Flops, d.flops = d.flops, 0
 	}
 	return d.timed(e, func() error { return d.device.launch(name, grid, block, shared, args...) })
 }
@@ -375,6 +386,9 @@ func kernelCost(e *perf.Event, a kargs, grid [3]uint32) {
 		flashCost(e, a, grid)
 	case "attn_pack_bf16", "attn_unpack_f32", "attn_unpack_bf16", "attn_pack_do_bf16", "attn_softmax_fwd_f32", "attn_softmax_bwd_f32":
 		attnGEMMCost(e, a)
+	case "expert_route_i32", "expert_gather_f32", "expert_act_f32", "expert_drop_f32", "expert_scatter_f32", "expert_out_grad_f32",
+		"expert_hidden_grad_f32", "expert_colsum_f32", "expert_gemm_f32":
+		expertCost(e, a)
 	case "attention_dbias_reduce_f32":
 		T := a.i("T")
 		e.Bytes = w * T * T * (a.i("G")/2 + 1) // the partial sums on and below the diagonal, the result
@@ -556,5 +570,35 @@ func attentionCost(e *perf.Event, a kargs, grid [3]uint32) {
 		e.Strided, e.Flops, e.Bytes = 4*P*Hd, 4*P*Hd, 6*rows+bias
 	case "attention_bwd_dbias_f32": // q·k, dO·v over every head
 		e.Strided, e.Bytes = 4*P*Hd, 4*rows+2*bias
+	}
+}
+
+// expertCost: src/expert.cu's kernels over every row of their capacity
+// (an upper bound: the backend states the routed rows it expects,
+// workHinter, and those figures replace these).
+func expertCost(e *perf.Event, a kargs) {
+	const w = 4.0
+	n := a.i("n")
+	switch e.Name {
+	case "expert_route_i32": // a column of w read (a sector a token), the rows written
+		e.Class, e.Bytes = perf.ClassSerial, (32+w)*n
+	case "expert_gather_f32", "expert_act_f32", "expert_drop_f32", "expert_scatter_f32":
+		e.Bytes = 2 * w * n
+	case "expert_hidden_grad_f32":
+		e.Bytes = 3 * w * n
+	case "expert_out_grad_f32": // dout and h read, dh written: a thread walks its row
+		e.Class, e.Bytes = perf.ClassSerial, 3*w*n*a.i("D")
+	case "expert_colsum_f32":
+		e.Bytes = w * a.i("cap") * a.i("W")
+	case "expert_gemm_f32":
+		m, k := a.i("m"), a.i("k")
+		switch a.i("dyn") {
+		case 1:
+			m = a.i("cap")
+		case 2:
+			k = a.i("cap")
+		}
+		N := a.i("N")
+		e.Class, e.Flops, e.Bytes = perf.ClassSIMT, 2*m*N*k, w*(m*k+k*N+m*N)
 	}
 }
