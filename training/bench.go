@@ -3,6 +3,7 @@ package training
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -223,4 +224,31 @@ func (b *Bench) Predict(hw perf.Hardware, measure bool) (*perf.Prediction, error
 	p := perf.Predict(tr.Events(), hw, b.HostOptimized())
 	p.MeasureFloor = tr.Floor()
 	return p, nil
+}
+
+// TimeInterleaved compares benches under the same load: one warm-up step
+// of each, then steps rounds of one timed step of each in turn; it
+// returns each bench's median seconds per step.
+func TimeInterleaved(benches []*Bench, steps int) ([]float64, error) {
+	times := make([][]float64, len(benches))
+	for _, b := range benches {
+		if err := b.Step(0); err != nil {
+			return nil, err
+		}
+	}
+	for i := range steps {
+		for j, b := range benches {
+			t0 := time.Now()
+			if err := b.Step(uint64(i + 1)); err != nil {
+				return nil, err
+			}
+			times[j] = append(times[j], time.Since(t0).Seconds())
+		}
+	}
+	med := make([]float64, len(benches))
+	for j, ts := range times {
+		slices.Sort(ts)
+		med[j] = ts[len(ts)/2]
+	}
+	return med, nil
 }

@@ -78,17 +78,20 @@ func benchTrain(c *cli.Context) error {
 		runs = []passes.Dispatch{passes.DispatchDense, passes.DispatchRouted}
 	}
 	var lines []benchLine
+	if !c.IsSet("predict") {
+		lines, err = benchTrainDispatches(c, o, runs)
+	}
 	for _, d := range runs {
+		if !c.IsSet("predict") || err != nil {
+			break
+		}
 		o.Experts = d
-		run := benchTrainOnce
-		if c.IsSet("predict") {
-			run = benchPredict
-		}
-		l, err := run(c, o)
-		if err != nil {
-			return err
-		}
+		var l benchLine
+		l, err = benchPredict(c, o)
 		lines = append(lines, l)
+	}
+	if err != nil {
+		return err
 	}
 	if len(lines) > 1 {
 		printBenchLines(c.App.Writer, lines)
@@ -117,24 +120,50 @@ func printBenchLines(w io.Writer, lines []benchLine) {
 	}
 }
 
-// benchTrainOnce times the training step of o.
-func benchTrainOnce(c *cli.Context, o training.Options) (benchLine, error) {
-	b, err := training.NewBench(o)
+// benchTrainDispatches times the training step of o with each dispatch
+// of the experts: alone (Bench.Time, profiled with --cpuprofile), or, to
+// compare them under the same load, their steps in turn
+// (training.TimeInterleaved, median step times).
+func benchTrainDispatches(c *cli.Context, o training.Options, dispatches []passes.Dispatch) ([]benchLine, error) {
+	var benches []*training.Bench
+	defer func() {
+		for _, b := range benches {
+			b.Close()
+		}
+	}()
+	for _, d := range dispatches {
+		o.Experts = d
+		b, err := training.NewBench(o)
+		if err != nil {
+			return nil, err
+		}
+		benches = append(benches, b)
+	}
+	var times []float64
+	var err error
+	if len(benches) == 1 {
+		var profile func() (func(), error)
+		if f := c.String("cpuprofile"); f != "" {
+			profile = func() (func(), error) { return startCPUProfile(f) }
+		}
+		var dt float64
+		dt, err = benches[0].Time(c.Int("steps"), profile)
+		times = []float64{dt}
+	} else {
+		times, err = training.TimeInterleaved(benches, c.Int("steps"))
+	}
 	if err != nil {
-		return benchLine{}, err
+		return nil, err
 	}
-	defer b.Close()
-	var profile func() (func(), error)
-	if f := c.String("cpuprofile"); f != "" {
-		profile = func() (func(), error) { return startCPUProfile(f) }
+	var lines []benchLine
+	for i, b := range benches {
+		l := b.Length()
+		lines = append(lines, benchLine{experts: b.Experts(), step: times[i], tokens: float64(l.Batch * l.T), flops: b.Flops(), denseFlops: b.DenseFlops()})
+		if err := printBenchTrain(c.App.Writer, b, c.Int("steps"), times[i]); err != nil {
+			return nil, err
+		}
 	}
-	dt, err := b.Time(c.Int("steps"), profile)
-	if err != nil {
-		return benchLine{}, err
-	}
-	l := b.Length()
-	return benchLine{experts: b.Experts(), step: dt, tokens: float64(l.Batch * l.T), flops: b.Flops(), denseFlops: b.DenseFlops()},
-		printBenchTrain(c.App.Writer, b, c.Int("steps"), dt)
+	return lines, nil
 }
 
 // benchTrainOptions is the training step the flags describe.

@@ -119,11 +119,37 @@ func opCases() []opCase {
 			{Op: "Dropout", Attrs: ir.Attrs{"p": 0.0, "stream": 13}, Args: []int{4}},
 			{Op: "Add", Args: []int{5, 0}},
 		}}, in: []ir.Shape{s357, {5, 1}}},
+		// 300 tokens (two chunks of the route's scan), 12 wide, hidden 20:
+		// tiles cut at the edges; the weights zero outside each token's
+		// top 2 of 4 (one expert forward, one backward with dropout, one
+		// without). The gradients sum products of the forward's values,
+		// which carry the two backends' GEMM orders: 1.3e-5 measured
+		{op: "ExpertFFN", in: expertIn, build: expertCase(1, 0.25, false)},
+		{op: "ExpertFFNGrad", in: expertIn, build: expertCase(2, 0.25, true), tol: 3e-5},
+		{op: "ExpertFFNGrad", in: expertIn, build: expertCase(0, 0, true), tol: 3e-5},
 		{op: "Concat", attrs: ir.Attrs{"axis": 1}, in: []ir.Shape{{3, 2, 7}, s357, {3, 1, 7}}},
 		{op: "Concat", attrs: ir.Attrs{"axis": -1}, in: []ir.Shape{{2, 3, 9, 5}, {2, 3, 9, 3}}},
 	}
 	cases = append(cases, opCase{op: "StopGradient", in: []ir.Shape{s357}})
 	return append(cases, elementwiseCases(s357)...)
+}
+
+// expertIn are the inputs of the expert cases: x, w, W1, b1, W2, b2 and
+// the output's gradient.
+var expertIn = []ir.Shape{{3, 100, 12}, {3, 100, 4}, {20, 12}, {20}, {12, 20}, {12}, {3, 100, 12}}
+
+// expertCase builds ExpertFFN of expert e (and its gradient) on weights
+// w·TopKMask(w, 2): the output, or the gradients.
+func expertCase(e int, p float64, grad bool) func(g *ir.Graph, in []*ir.Value) []*ir.Value {
+	return func(g *ir.Graph, in []*ir.Value) []*ir.Value {
+		w := g.Op1("Mul", nil, in[1], g.Op1("TopKMask", ir.Attrs{"k": 2}, in[1]))
+		a := ir.Attrs{"expert": e, "p": p, "stream": 5, "stream2": 6, "top_k": 2}
+		o := g.Apply(ir.OpExpertFFN, a, in[0], w, in[2], in[3], in[4], in[5])
+		if !grad {
+			return o[:1]
+		}
+		return g.Apply(ir.OpExpertFFNGrad, a, in[6], in[0], w, in[2], in[4], o[1], o[2], o[3])
+	}
 }
 
 // elementwiseCases are the test cases of every op of ir.Elementwise
@@ -248,7 +274,11 @@ func TestGPUBackendOpParity(t *testing.T) {
 				}
 				continue
 			}
-			closeTo(t, string(c.op)+" output "+name, got.F32, want.Float64s(), 1e-5)
+			tol := c.tol
+			if tol == 0 {
+				tol = 1e-5
+			}
+			closeTo(t, string(c.op)+" output "+name, got.F32, want.Float64s(), tol)
 		}
 	}
 }
