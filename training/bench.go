@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/rpac-dev/rpac/compiler/model"
@@ -226,11 +227,16 @@ func (b *Bench) Predict(hw perf.Hardware, measure bool) (*perf.Prediction, error
 	return p, nil
 }
 
+// StepTime is a bench's time per step: the median wall time, and the
+// mean CPU time of the process (every thread's user and system time; on
+// a machine shared with other work, the figure the load changes least).
+type StepTime struct{ Wall, CPU float64 }
+
 // TimeInterleaved compares benches under the same load: one warm-up step
-// of each, then steps rounds of one timed step of each in turn; it
-// returns each bench's median seconds per step.
-func TimeInterleaved(benches []*Bench, steps int) ([]float64, error) {
-	times := make([][]float64, len(benches))
+// of each, then steps rounds of one timed step of each in turn.
+func TimeInterleaved(benches []*Bench, steps int) ([]StepTime, error) {
+	walls := make([][]float64, len(benches))
+	out := make([]StepTime, len(benches))
 	for _, b := range benches {
 		if err := b.Step(0); err != nil {
 			return nil, err
@@ -238,17 +244,27 @@ func TimeInterleaved(benches []*Bench, steps int) ([]float64, error) {
 	}
 	for i := range steps {
 		for j, b := range benches {
-			t0 := time.Now()
+			t0, c0 := time.Now(), cpuSeconds()
 			if err := b.Step(uint64(i + 1)); err != nil {
 				return nil, err
 			}
-			times[j] = append(times[j], time.Since(t0).Seconds())
+			walls[j] = append(walls[j], time.Since(t0).Seconds())
+			out[j].CPU += (cpuSeconds() - c0) / float64(steps)
 		}
 	}
-	med := make([]float64, len(benches))
-	for j, ts := range times {
+	for j, ts := range walls {
 		slices.Sort(ts)
-		med[j] = ts[len(ts)/2]
+		out[j].Wall = ts[len(ts)/2]
 	}
-	return med, nil
+	return out, nil
+}
+
+// cpuSeconds is the user and system time of every thread of the process
+// so far (0 where the system does not say).
+func cpuSeconds() float64 {
+	var u syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &u) != nil {
+		return 0
+	}
+	return float64(u.Utime.Nano()+u.Stime.Nano()) / 1e9
 }

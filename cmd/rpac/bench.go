@@ -103,19 +103,24 @@ func benchTrain(c *cli.Context) error {
 type benchLine struct {
 	experts           passes.Dispatch
 	step, tokens      float64 // seconds per step, tokens per step
+	cpu               float64 // the process's CPU seconds per step (0: not measured)
 	flops, denseFlops int64
 	mfu               float64 // predicted MFU on flops (0: measured on the CPU)
 }
 
 // printBenchLines prints the steps side by side.
 func printBenchLines(w io.Writer, lines []benchLine) {
-	fmt.Fprintf(w, "experts side by side:\n  %-8s %12s %10s %18s %18s %8s\n", "experts", "step ms", "tok/s", "GEMM GFLOP (model)", "GEMM GFLOP (dense)", "MFU")
+	fmt.Fprintf(w, "experts side by side (CPU: median wall time of steps taken in turn, and the process's CPU time per step):\n")
+	fmt.Fprintf(w, "  %-8s %12s %12s %10s %18s %18s %8s\n", "experts", "step ms", "cpu ms", "tok/s", "GEMM GFLOP (model)", "GEMM GFLOP (dense)", "MFU")
 	for _, l := range lines {
-		mfu := "-"
+		mfu, cpu := "-", "-"
 		if l.mfu > 0 {
 			mfu = fmt.Sprintf("%.1f%%", 100*l.mfu)
 		}
-		fmt.Fprintf(w, "  %-8s %12.1f %10.0f %18.1f %18.1f %8s\n", l.experts, 1e3*l.step, l.tokens/l.step,
+		if l.cpu > 0 {
+			cpu = fmt.Sprintf("%.1f", 1e3*l.cpu)
+		}
+		fmt.Fprintf(w, "  %-8s %12.1f %12s %10.0f %18.1f %18.1f %8s\n", l.experts, 1e3*l.step, cpu, l.tokens/l.step,
 			float64(l.flops)/1e9, float64(l.denseFlops)/1e9, mfu)
 	}
 }
@@ -139,7 +144,7 @@ func benchTrainDispatches(c *cli.Context, o training.Options, dispatches []passe
 		}
 		benches = append(benches, b)
 	}
-	var times []float64
+	var times []training.StepTime
 	var err error
 	if len(benches) == 1 {
 		var profile func() (func(), error)
@@ -148,7 +153,7 @@ func benchTrainDispatches(c *cli.Context, o training.Options, dispatches []passe
 		}
 		var dt float64
 		dt, err = benches[0].Time(c.Int("steps"), profile)
-		times = []float64{dt}
+		times = []training.StepTime{{Wall: dt}}
 	} else {
 		times, err = training.TimeInterleaved(benches, c.Int("steps"))
 	}
@@ -158,8 +163,9 @@ func benchTrainDispatches(c *cli.Context, o training.Options, dispatches []passe
 	var lines []benchLine
 	for i, b := range benches {
 		l := b.Length()
-		lines = append(lines, benchLine{experts: b.Experts(), step: times[i], tokens: float64(l.Batch * l.T), flops: b.Flops(), denseFlops: b.DenseFlops()})
-		if err := printBenchTrain(c.App.Writer, b, c.Int("steps"), times[i]); err != nil {
+		lines = append(lines, benchLine{experts: b.Experts(), step: times[i].Wall, cpu: times[i].CPU, tokens: float64(l.Batch * l.T),
+			flops: b.Flops(), denseFlops: b.DenseFlops()})
+		if err := printBenchTrain(c.App.Writer, b, c.Int("steps"), times[i].Wall); err != nil {
 			return nil, err
 		}
 	}

@@ -258,29 +258,7 @@ func caseGraph(c opCase, r *rand.Rand) (*ir.Graph, map[string]*kernels.Tensor) {
 // against the CPU backend, both in float32, on the same inputs and seed
 // (Dropout and GumbelNoise draw the same numbers on both).
 func TestGPUBackendOpParity(t *testing.T) {
-	be := gpuBackend(t, ir.FP32)
-	r := rand.New(rand.NewPCG(31, 32))
-	for _, c := range opCases() {
-		g, feeds := caseGraph(c, r)
-		outs := runBoth(t, string(c.op), g, feeds, be)
-		for name, pair := range outs {
-			want, got := pair[0], pair[1]
-			if want.I32 != nil {
-				for i := range want.I32 {
-					if want.I32[i] != got.I32[i] {
-						t.Errorf("%s output %s[%d]: cuda %d, cpu %d", c.op, name, i, got.I32[i], want.I32[i])
-						break
-					}
-				}
-				continue
-			}
-			tol := c.tol
-			if tol == 0 {
-				tol = 1e-5
-			}
-			closeTo(t, string(c.op)+" output "+name, got.F32, want.Float64s(), tol)
-		}
-	}
+	checkParity(t, gpuBackend(t, ir.FP32), opCases(), 31)
 }
 
 // runBoth compiles g on the CPU and on be and returns each output as
