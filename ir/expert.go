@@ -67,14 +67,8 @@ func init() {
 			"and [...,D] tensors would draw them. Rows of u, a and h past the routed tokens are unspecified. " +
 			"top_k (the routing's k; default E) only states the expected share of tokens for the FLOP count.",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
-			s, err := ExpertShapeOf(in[0].Shape, in[1].Shape, in[2].Shape)
+			s, err := expertInputs(in, a, 0, 2, 3, 4, 5)
 			if err != nil {
-				return nil, nil, err
-			}
-			if err := checkExpertAttrs(s, a); err != nil {
-				return nil, nil, err
-			}
-			if err := expertParams(s, in, 2, 3, 4, 5); err != nil {
 				return nil, nil, err
 			}
 			return []Shape{in[0].Shape, {s.N, s.F}, {s.N, s.F}, {s.N, s.D}}, []DType{F32, F32, F32, F32}, nil
@@ -87,18 +81,12 @@ func init() {
 			"dropout draws). dx is zero on the other tokens and dw zero outside column e and on the other tokens (where w is " +
 			"0: the gradient through the mask that made it 0 is 0).",
 		Infer: func(in []*Value, a Attrs) ([]Shape, []DType, error) {
-			s, err := ExpertShapeOf(in[1].Shape, in[2].Shape, in[3].Shape)
+			s, err := expertInputs(in, a, 1, 3, -1, 4, -1)
 			if err != nil {
 				return nil, nil, err
 			}
 			if !in[0].Shape.Equal(in[1].Shape) {
 				return nil, nil, fmt.Errorf("dout %v, x %v", in[0].Shape, in[1].Shape)
-			}
-			if err := checkExpertAttrs(s, a); err != nil {
-				return nil, nil, err
-			}
-			if err := expertParams(s, in, 3, -1, 4, -1); err != nil {
-				return nil, nil, err
 			}
 			for i, want := range []Shape{{s.N, s.F}, {s.N, s.F}, {s.N, s.D}} {
 				if !in[5+i].Shape.Equal(want) {
@@ -112,6 +100,20 @@ func init() {
 			x := n.Inputs[1].Shape
 			return 2*x.Numel() + x.Numel()/x[len(x)-1]*n.Inputs[3].Shape[0]
 		}})
+}
+
+// expertInputs reads the geometry off inputs x and x+1 (x, w) and w1
+// (W1), and checks the attributes and the parameters at w1, b1, w2, b2
+// (-1: absent).
+func expertInputs(in []*Value, a Attrs, x, w1, b1, w2, b2 int) (ExpertShape, error) {
+	s, err := ExpertShapeOf(in[x].Shape, in[x+1].Shape, in[w1].Shape)
+	if err != nil {
+		return s, err
+	}
+	if err := checkExpertAttrs(s, a); err != nil {
+		return s, err
+	}
+	return s, expertParams(s, in, w1, b1, w2, b2)
 }
 
 func checkExpertAttrs(s ExpertShape, a Attrs) error {
