@@ -43,6 +43,7 @@ func TestRoutedStepMatchesDense(t *testing.T) {
 		})
 		routed, dense := dispatchingCPU{cpu.New(ir.FP32), true, tc.align}, dispatchingCPU{cpu.New(ir.FP32), false, tc.align}
 		checkRoutedGraph(t, tc.name, f, routed)
+		checkStepWork(t, tc.name, f, routed, dense)
 		lr, _, _ := f.stepOn(t, routed, 2, 5)
 		ld, _, _ := f.stepOn(t, dense, 2, 5)
 		if math.Abs(lr-ld) > 1e-6*math.Abs(ld) {
@@ -81,6 +82,36 @@ func checkRoutedGraph(t *testing.T, name string, f *stepFixture, be kernels.Back
 	}
 	defer s.Close()
 	checkRoutedStep(t, name, f, s)
+}
+
+// checkStepWork: the dense and the routed steps count the same work, the
+// model's (top_k/E of the experts' products) and the dense form's, and the
+// two differ by exactly the share of the experts' products not needed.
+func checkStepWork(t *testing.T, name string, f *stepFixture, routed, dense kernels.Backend) {
+	t.Helper()
+	var work [2][2]int64
+	for i, be := range []kernels.Backend{routed, dense} {
+		s, err := CompileStep(&f.cfg, f.store, be, f.T, f.B, 2, f.cfg.Dropout, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		work[i] = [2]int64{s.Flops(), s.DenseFlops()}
+		s.Close()
+	}
+	if work[0] != work[1] {
+		t.Errorf("%s: work (model, dense) %v routed, %v dense", name, work[0], work[1])
+	}
+	c := f.cfg
+	rows := int64(f.B * f.T)
+	F, D := int64(c.FFMult*c.DModel), int64(c.DModel)
+	if a := routed.Capabilities().Align; a > 1 {
+		F, D = (F+int64(a)-1)/int64(a)*int64(a), (D+int64(a)-1)/int64(a)*int64(a)
+	}
+	// 6 products of rows×F×D per expert and layer (2 forward, 4 backward)
+	experts := 6 * 2 * rows * F * D * int64(c.Experts*c.Layers)
+	if want := experts - experts*int64(min(c.TopK, c.Experts))/int64(c.Experts); work[0][1]-work[0][0] != want {
+		t.Errorf("%s: dense %d − model %d = %d, want %d", name, work[0][1], work[0][0], work[0][1]-work[0][0], want)
+	}
 }
 
 func checkRoutedStep(t *testing.T, name string, f *stepFixture, s *Step) {

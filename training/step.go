@@ -2,6 +2,7 @@ package training
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/rpac-dev/rpac/compiler/model"
 	"github.com/rpac-dev/rpac/ir"
@@ -31,6 +32,9 @@ type Step struct {
 	// ir.IgnoreTarget (LossAnswers), fed to the graph as model.LossScale.
 	counted bool
 	experts passes.Dispatch // dense or routed, as built
+	// work: the GEMM work per step, the model's and the dense form's
+	// (stepWork), counted once when asked for
+	work func() (int64, int64)
 
 	graph   *model.Graph
 	plan    *kernels.Plan
@@ -132,6 +136,7 @@ func CompileStepLoss(cfg *model.Config, store *kernels.Store, be kernels.Backend
 	}
 	s := &Step{T: T, Batch: batch, Micro: micro, Dropout: dropout, counted: loss.counted(), graph: mg, plan: plan, prog: prog, params: mg.Params(), store: store,
 		experts: pc.ExpertDispatch(), ranks: 1}
+	s.work = sync.OnceValues(func() (int64, int64) { return stepWork(s, cfg, loss, pc) })
 	if micro < batch {
 		s.acc = map[string][]float32{}
 		for _, n := range s.params {
@@ -203,12 +208,15 @@ func (s *Step) Close() {
 	s.prog.Close()
 }
 
-// Flops is the GEMM work of one step (all micro-batches).
-func (s *Step) Flops() int64 { return passes.Flops(s.graph.Graph) * int64(s.Batch/s.Micro) }
+// Flops is the GEMM work the model needs in one step (all micro-batches):
+// the routed experts over the tokens top_k/E of them route, the usual
+// convention of a mixture of experts, whichever form the step runs in
+// (passes.Flops of the routed form's step graph).
+func (s *Step) Flops() int64 { m, _ := s.work(); return m }
 
 // DenseFlops is the GEMM work of the step in the dense form of the
-// experts (passes.DenseFlops): Flops when the step is dense.
-func (s *Step) DenseFlops() int64 { return passes.DenseFlops(s.graph.Graph) * int64(s.Batch/s.Micro) }
+// experts (passes.DenseFlops), whichever form it runs in.
+func (s *Step) DenseFlops() int64 { _, d := s.work(); return d }
 
 // Experts is the dispatch of the step's experts (dense or routed).
 func (s *Step) Experts() passes.Dispatch { return s.experts }
@@ -422,4 +430,23 @@ func (s *Step) gatherStats(w float64) {
 			r[j] += float32(w) * v
 		}
 	}
+}
+
+// stepWork is the GEMM work of step s of cfg per step (all micro-batches):
+// the model's and the dense form's (passes.Flops and DenseFlops of the
+// routed form's step graph: s's own when it is routed, else built, through
+// the same passes, for the count only; 0, 0 if that fails).
+func stepWork(s *Step, cfg *model.Config, loss LossTargets, pc *passes.Context) (int64, int64) {
+	g := s.graph.Graph
+	if s.experts != passes.DispatchRouted {
+		c := *pc
+		c.DumpAfter, c.Dump, c.Experts = "", nil, passes.DispatchRouted
+		mg, _, err := stepGraph(cfg, s.T, s.Micro, s.Dropout, loss, &c)
+		if err != nil {
+			return 0, 0
+		}
+		g = mg.Graph
+	}
+	n := int64(s.Batch / s.Micro)
+	return passes.Flops(g) * n, passes.DenseFlops(g) * n
 }
