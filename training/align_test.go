@@ -12,14 +12,16 @@ import (
 
 // aligningCPU is the CPU backend asking for graphs with widths padded to
 // multiples of 8 (the CUDA backend's, model.Opts.Align), optionally with
-// fused attention as well.
+// fused attention as well (its other capabilities the CPU's).
 type aligningCPU struct {
 	kernels.Backend
 	fused bool
 }
 
 func (b aligningCPU) Capabilities() kernels.Capabilities {
-	return kernels.Capabilities{Align: 8, FusedAttention: b.fused}
+	c := b.Backend.Capabilities()
+	c.Align, c.FusedAttention = 8, b.fused
+	return c
 }
 
 // TestAlignedStepMatchesUnaligned: a model whose widths are no multiple of

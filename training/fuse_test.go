@@ -12,11 +12,13 @@ import (
 
 // fusingCPU is the CPU backend asking for fused attention, as the CUDA
 // backend does: the fused graphs then run on the CPU's FusedAttention and
-// FusedAttentionGrad kernels.
+// FusedAttentionGrad kernels (its other capabilities the CPU's).
 type fusingCPU struct{ kernels.Backend }
 
-func (fusingCPU) Capabilities() kernels.Capabilities {
-	return kernels.Capabilities{FusedAttention: true}
+func (b fusingCPU) Capabilities() kernels.Capabilities {
+	c := b.Backend.Capabilities()
+	c.FusedAttention = true
+	return c
 }
 
 // TestFusedAttentionStepMatchesUnfused: with attention fused (the CUDA

@@ -29,8 +29,10 @@ func (b *backend) Name() string            { return "cpu" }
 func (b *backend) Precision() ir.Precision { return b.prec }
 
 // Capabilities: the unfused attention core (its GEMMs are this backend's
-// fastest path), in the host's memory.
-func (b *backend) Capabilities() kernels.Capabilities { return kernels.Capabilities{} }
+// fastest path), in the host's memory; the training steps run the experts
+// of a mixture on their routed tokens only (ExpertFFN: the same results,
+// faster; the dense form on request, passes.DispatchDense).
+func (b *backend) Capabilities() kernels.Capabilities { return kernels.Capabilities{RoutedExperts: true} }
 
 // Compile checks g against the store and the op table, lays out its buffers
 // and prepares one kernel per node.
