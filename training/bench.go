@@ -102,8 +102,8 @@ func (b *Bench) Backend() kernels.Backend { return b.backend }
 // Length is the benchmarked length's plan.
 func (b *Bench) Length() LengthPlan { return b.Plan.Lengths[0] }
 
-// Flops is the GEMM work of one step (routed experts counted over the
-// tokens they need: passes.Flops).
+// Flops is the GEMM work the model needs in one step (the routed experts
+// over the tokens they need, whichever form the step runs: Step.Flops).
 func (b *Bench) Flops() int64 { return b.step.Flops() }
 
 // RoutedFlops is the work of the experts routed: each token through its
