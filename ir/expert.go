@@ -73,7 +73,7 @@ func init() {
 			}
 			return []Shape{in[0].Shape, {s.N, s.F}, {s.N, s.F}, {s.N, s.D}}, []DType{F32, F32, F32, F32}, nil
 		},
-		Scratch: func(n *Node) int { return n.Inputs[0].Shape.Numel() }}) // the gathered rows of x
+		Scratch: func(n *Node) int { return n.Inputs[0].Shape.Numel() }, SharedScratch: true}) // the gathered rows of x
 	reg(&OpDef{Name: OpExpertFFNGrad, NumIn: 8, Random: true, TrainingOnly: true, Gradient: true,
 		Doc: "ExpertFFNGrad(dout[...,D], x[...,D], w[...,E], W1[F,D], W2[D,F], u, a, h; expert e, p, stream, stream2, top_k) -> " +
 			"(dx[...,D], dw[...,E], dW1[F,D], db1[F], dW2[D,F], db2[D]): the gradient of Σ dout·out of the ExpertFFN node with " +
@@ -99,7 +99,7 @@ func init() {
 		Scratch: func(n *Node) int {
 			x := n.Inputs[1].Shape
 			return 2*x.Numel() + x.Numel()/x[len(x)-1]*n.Inputs[3].Shape[0]
-		}})
+		}, SharedScratch: true})
 }
 
 // expertInputs reads the geometry off inputs x and x+1 (x, w) and w1

@@ -24,6 +24,10 @@ type OpDef struct {
 	// accumulators), so that a compiled program needs the plan's slots plus
 	// the scratch of its nodes plus the stored tensors.
 	Scratch func(n *Node) int
+	// SharedScratch ops take their Scratch from one buffer of the program
+	// that every node of such ops shares (the nodes run one at a time):
+	// a program needs the largest of their scratch, not the sum.
+	SharedScratch bool
 	// InPlace ops compute each output element from the input elements at
 	// the same index only, so a backend may write an output over an input
 	// of the same shape (a plan slot shared between them). Elementwise ops

@@ -82,11 +82,17 @@ func Plan(g *ir.Graph) *kernels.Plan {
 	for _, e := range p.SlotElems {
 		p.Peak += e
 	}
+	shared := 0
 	for _, n := range g.Nodes {
-		if def := ir.Ops[n.Op]; def != nil && def.Scratch != nil {
+		switch def := ir.Ops[n.Op]; {
+		case def == nil || def.Scratch == nil:
+		case def.SharedScratch:
+			shared = max(shared, def.Scratch(n))
+		default:
 			p.ScratchElems += def.Scratch(n)
 		}
 	}
+	p.ScratchElems += shared
 	return p
 }
 

@@ -32,7 +32,9 @@ func (b *backend) Precision() ir.Precision { return b.prec }
 // fastest path), in the host's memory; the training steps run the experts
 // of a mixture on their routed tokens only (ExpertFFN: the same results,
 // faster; the dense form on request, passes.DispatchDense).
-func (b *backend) Capabilities() kernels.Capabilities { return kernels.Capabilities{RoutedExperts: true} }
+func (b *backend) Capabilities() kernels.Capabilities {
+	return kernels.Capabilities{RoutedExperts: true}
+}
 
 // Compile checks g against the store and the op table, lays out its buffers
 // and prepares one kernel per node.
@@ -82,8 +84,12 @@ type program[T float] struct {
 	ce map[int]*ceCache
 	// lmh holds, by node ID, the gradient accumulators of LMHeadCrossEntropy
 	// nodes whose gradient the program also computes.
-	lmh    map[int]*lmhState[T]
-	closed bool
+	lmh map[int]*lmhState[T]
+	// shared is the scratch of the nodes whose ops share theirs
+	// (ir.OpDef.SharedScratch), sharedNeed the most one of them takes.
+	shared     []T
+	sharedNeed int
+	closed     bool
 }
 
 type ceCache struct {
@@ -408,4 +414,16 @@ func (p *program[T]) Close() {
 	p.closed = true
 	p.vals, p.slots, p.steps, p.inputs, p.stored = nil, nil, nil, nil, nil
 	p.ce, p.lmh = nil, nil
+}
+
+// needShared records a node's need of n elements of the shared scratch.
+func (p *program[T]) needShared(n int) { p.sharedNeed = max(p.sharedNeed, n) }
+
+// sharedScratch is the shared scratch (allocated at its first use, after
+// every node has said its need).
+func (p *program[T]) sharedScratch() []T {
+	if len(p.shared) < p.sharedNeed {
+		p.shared = make([]T, p.sharedNeed)
+	}
+	return p.shared
 }

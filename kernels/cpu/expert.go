@@ -6,8 +6,9 @@ import (
 
 // ExpertFFN and ExpertFFNGrad: expert e's network on its routed tokens
 // only. The tokens are the rows t with w[t,e] ≠ 0, in ascending order;
-// their rows of x are gathered into a scratch matrix, the two products run
-// over those rows, and the results are scattered back weighted.
+// their rows of x are gathered into a scratch matrix (the program's shared
+// scratch: ir.OpDef.SharedScratch), the two products run over those rows,
+// and the results are scattered back weighted.
 
 func expertKernels[T float](k kernelTable[T]) {
 	k.add(ir.OpExpertFFN, (*program[T]).buildExpertFFN)
@@ -172,8 +173,9 @@ func (p *program[T]) buildExpertFFN(n *ir.Node, in, out []*tensor[T]) (func() er
 		return nil, err
 	}
 	s := r.s
-	xg := make([]T, s.N*s.D)
+	p.needShared(s.N * s.D)
 	return func() error {
+		xg := p.sharedScratch()[:s.N*s.D]
 		x, w, w1, b1, w2, b2 := in[0].f, in[1].f, in[2].f, in[3].f, in[4].f, in[5].f
 		o, u, a, h := out[0].f, out[1].f, out[2].f, out[3].f
 		R := r.route(w, x, xg)
@@ -211,8 +213,10 @@ func (p *program[T]) buildExpertFFNGrad(n *ir.Node, in, out []*tensor[T]) (func(
 		return nil, err
 	}
 	s := r.s
-	xg, dh, dz := make([]T, s.N*s.D), make([]T, s.N*s.D), make([]T, s.N*s.F)
+	p.needShared(2*s.N*s.D + s.N*s.F)
 	return func() error {
+		sc := p.sharedScratch()
+		xg, dh, dz := sc[:s.N*s.D], sc[s.N*s.D:2*s.N*s.D], sc[2*s.N*s.D:2*s.N*s.D+s.N*s.F]
 		dout, x, w, w1, w2, u, a, h := in[0].f, in[1].f, in[2].f, in[3].f, in[4].f, in[5].f, in[6].f, in[7].f
 		dx, dw, dw1, db1, dw2, db2 := out[0].f, out[1].f, out[2].f, out[3].f, out[4].f, out[5].f
 		R := r.route(w, x, xg)

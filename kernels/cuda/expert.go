@@ -47,7 +47,9 @@ const expertTile = 16
 
 // expertRoute is what an ExpertFFN node and its gradient share on the
 // device: the geometry, the expert, the dropout and the routed rows
-// (rows[0..N), the count at rows[N]) and the gathered x.
+// (rows[0..N), the count at rows[N]) and the gathered x, both in the
+// program's workspace (p.work, which the nodes share: they run one at a
+// time, and these run no reduction), set by scratch when the node runs.
 type expertRoute struct {
 	s         ir.ExpertShape
 	e, s1, s2 int
@@ -65,13 +67,27 @@ func (p *program) newExpertRoute(n *ir.Node, x, w, w1 ir.Shape) (*expertRoute, e
 	r := &expertRoute{s: s, e: ir.ExpertOf(n), expected: float64(s.N) * ir.ExpertShare(n, s.E)}
 	r.s1, r.s2 = ir.ExpertStreams(n)
 	r.thresh, r.scale = dropoutThreshold(n.Attrs.Float("p", 0))
-	if r.rows, err = p.alloc(s.N + 1); err != nil {
-		return nil, err
-	}
-	if r.xg, err = p.alloc(s.N * s.D); err != nil {
-		return nil, err
-	}
 	return r, nil
+}
+
+// scratch places the rows, the gathered x and then parts of sizes floats
+// each in the program's workspace (needScratch said how much): their
+// buffers for this run.
+func (p *program) scratch(r *expertRoute, sizes ...int) []Buffer {
+	off := uint64(4 * (r.s.N + 1 + r.s.N*r.s.D))
+	r.rows, r.xg = Buffer{Ptr: p.work.Ptr}, Buffer{Ptr: p.work.Ptr + uint64(4*(r.s.N+1))}
+	var out []Buffer
+	for _, n := range sizes {
+		out = append(out, Buffer{Ptr: p.work.Ptr + off})
+		off += uint64(4 * n)
+	}
+	return out
+}
+
+// needScratch records the workspace a node of r needs: the rows, the
+// gathered x and extra floats.
+func (p *program) needScratch(r *expertRoute, extra int) {
+	p.needWork((r.s.N + 1 + r.s.N*r.s.D + extra + 1) / 2)
 }
 
 // route lists the expert's tokens and gathers their rows of x.
@@ -93,7 +109,9 @@ func (p *program) buildExpertFFN(n *ir.Node, in, out []*dval) (func() error, err
 		return nil, err
 	}
 	s := r.s
+	p.needScratch(r, 0)
 	return func() error {
+		p.scratch(r)
 		x, w, w1, b1, w2, b2 := in[0].buf, in[1].buf, in[2].buf, in[3].buf, in[4].buf, in[5].buf
 		o, u, a, h := out[0].buf, out[1].buf, out[2].buf, out[3].buf
 		if err := p.expertRoute(r, w, x); err != nil {
@@ -128,15 +146,10 @@ func (p *program) buildExpertFFNGrad(n *ir.Node, in, out []*dval) (func() error,
 		return nil, err
 	}
 	s := r.s
-	dh, err := p.alloc(s.N * s.D)
-	if err != nil {
-		return nil, err
-	}
-	dz, err := p.alloc(s.N * s.F)
-	if err != nil {
-		return nil, err
-	}
+	p.needScratch(r, s.N*s.D+s.N*s.F)
 	return func() error {
+		sc := p.scratch(r, s.N*s.D, s.N*s.F)
+		dh, dz := sc[0], sc[1]
 		dout, x, w, w1, w2, u, a, h := in[0].buf, in[1].buf, in[2].buf, in[3].buf, in[4].buf, in[5].buf, in[6].buf, in[7].buf
 		dx, dw, dw1, db1, dw2, db2 := out[0].buf, out[1].buf, out[2].buf, out[3].buf, out[4].buf, out[5].buf
 		if err := p.expertRoute(r, w, x); err != nil {
