@@ -23,6 +23,10 @@ type Parallel struct {
 	// (0: DefaultCollectiveTimeout): a rank that died or hangs ends the
 	// job with an error instead of a hang.
 	Timeout time.Duration
+	// Overlap all-reduces the gradients bucket by bucket during the
+	// backward, on a second stream, as each bucket's gradients are final
+	// (off by default: no GPU has measured it).
+	Overlap bool
 }
 
 // DefaultCollectiveTimeout is Parallel.Timeout's default.
@@ -50,6 +54,9 @@ type job struct {
 	reduced int
 	spent   time.Duration
 	bytes   int64
+	// buckets: the step's gradient buckets in flight while the backward
+	// runs (Parallel.Overlap), nil otherwise.
+	buckets *gradBuckets
 }
 
 // joinJob meets the other ranks and joins the NCCL communicator on be's
@@ -74,7 +81,14 @@ func joinJob(ctx context.Context, p Parallel, be kernels.Backend) (*job, error) 
 	if err != nil {
 		return nil, fmt.Errorf("rank %d of %d: %w", p.Env.Rank, p.Env.World, err)
 	}
-	return &job{coll: coll}, nil
+	j := &job{coll: coll}
+	if p.Overlap {
+		if err := coll.Overlap(); err != nil {
+			coll.Close()
+			return nil, fmt.Errorf("rank %d of %d: the overlapped all-reduce: %w", p.Env.Rank, p.Env.World, err)
+		}
+	}
+	return j, nil
 }
 
 func (j *job) close() {
@@ -160,6 +174,18 @@ func (j *job) fromRank0(xs ...*float64) error {
 	return nil
 }
 
+// begin readies a step for the job before it runs: with the overlapped
+// all-reduce, the step hands each gradient to the buckets as the backward
+// finishes it.
+func (j *job) begin(s *Step) error {
+	if j == nil || !j.coll.Overlapped() {
+		return nil
+	}
+	names, bufs, counts := s.GradBuffers()
+	j.buckets = newGradBuckets(j.coll, names, bufs, counts)
+	return s.OnGradFinal(j.buckets.final)
+}
+
 // reduce sums a step's gradients and statistics over the ranks: each rank
 // weighted its micro-batches by the job's count, so the sums are the
 // whole batch's.
@@ -172,17 +198,7 @@ func (j *job) reduce(s *Step, out *StepResult) error {
 	}
 	t0 := time.Now()
 	defer func() { j.reduced, j.spent = j.reduced+1, j.spent+time.Since(t0) }()
-	var bufs []cuda.Buffer
-	var counts []int
-	j.bytes = 0
-	for _, name := range s.params {
-		if b, ok := out.DeviceGrads[name]; ok {
-			bufs = append(bufs, b)
-			counts = append(counts, len(s.store.Get(name).F32))
-			j.bytes += 4 * int64(counts[len(counts)-1])
-		}
-	}
-	if err := j.coll.SumGrads(bufs, counts); err != nil {
+	if err := j.sumGrads(s); err != nil {
 		return err
 	}
 	v := packStats(out)
@@ -191,6 +207,28 @@ func (j *job) reduce(s *Step, out *StepResult) error {
 	}
 	unpackStats(out, v)
 	return nil
+}
+
+// sumGrads sums the step's gradients over the ranks: after the backward
+// on the default stream, or (overlapped) by waiting for the buckets the
+// backward started.
+func (j *job) sumGrads(s *Step) error {
+	_, bufs, counts := s.GradBuffers()
+	j.bytes = 0
+	for _, n := range counts {
+		j.bytes += 4 * int64(n)
+	}
+	if b := j.buckets; b != nil {
+		j.buckets, j.spent = nil, j.spent+b.spent
+		if err := s.OnGradFinal(nil); err != nil {
+			return err
+		}
+		if err := b.finish(); err != nil {
+			return err
+		}
+		return j.coll.WaitGrads()
+	}
+	return j.coll.SumGrads(bufs, counts)
 }
 
 // event reports the job's collectives of this invocation.

@@ -54,6 +54,10 @@ type Step struct {
 	// rank and ranks: this rank's share of the batch in a data-parallel
 	// job (Shard); ranks 1: all of it.
 	rank, ranks int
+	// final, when set (OnGradFinal), is told of each parameter whose
+	// gradient is final on the device, during the backward of the rank's
+	// last micro-batch.
+	final func(param string) error
 }
 
 // StepResult is what one step computed. Its slices are valid until the
@@ -256,7 +260,8 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 		if r, ok := s.prog.(interface{ ReuseStored() }); ok && k > lo {
 			r.ReuseStored() // the weights are those of micro-batch 0: no second upload
 		}
-		if err := s.prog.Run(feeds, seed+uint64(k)*0x9e3779b97f4a7c15); err != nil {
+		last := s.final != nil && s.onDevice && k == hi-1
+		if err := s.runMicro(feeds, seed+uint64(k)*0x9e3779b97f4a7c15, last, k-lo, float32(w)); err != nil {
 			return nil, err
 		}
 		s.res.Loss += w * s.prog.Output("loss").At(0)
@@ -266,8 +271,10 @@ func (s *Step) Run(x, y []int32, seed uint64) (*StepResult, error) {
 			s.res.CE += w * s.prog.Output("ce_sum").At(0) / float64(s.Micro*s.T)
 		}
 		if s.onDevice {
-			if err := s.deviceGrads(k-lo, float32(w)); err != nil {
-				return nil, err
+			if !last {
+				if err := s.deviceGrads(k-lo, float32(w)); err != nil {
+					return nil, err
+				}
 			}
 			if err := s.countSaturated(k - lo); err != nil {
 				return nil, err
@@ -374,25 +381,98 @@ func (s *Step) gatherGrads(k int, w float32) {
 // micro-batch) or accumulates micro-batch k's into the device
 // accumulators.
 func (s *Step) deviceGrads(k int, w float32) error {
+	for _, name := range s.params {
+		if err := s.deviceGrad(k, w, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deviceGrad is deviceGrads for parameter name.
+func (s *Step) deviceGrad(k int, w float32, name string) error {
 	if s.res.DeviceGrads == nil {
 		s.res.DeviceGrads = map[string]cuda.Buffer{}
 	}
+	g, ok := s.prog.(cuda.DeviceOutput).DeviceOutput(passes.GradName(name))
+	if !ok {
+		return nil
+	}
+	if s.devAcc == nil {
+		s.res.DeviceGrads[name] = g
+		return nil
+	}
+	if err := s.devAcc.Add(name, k, w, g); err != nil {
+		return err
+	}
+	s.res.DeviceGrads[name] = s.devAcc.Buffers()[name]
+	return nil
+}
+
+// OnGradFinal makes Run tell final of each parameter whose gradient is
+// final on the device (DeviceGrads), as the backward of the rank's last
+// micro-batch writes it: the last writer of its gradient in the program
+// has been launched, and its accumulation after it (nil: no hook). It
+// needs KeepGradsOnDevice.
+func (s *Step) OnGradFinal(final func(param string) error) error {
+	if final != nil && !s.onDevice {
+		return fmt.Errorf("step: gradients are final on the device only with KeepGradsOnDevice")
+	}
+	s.final = final
+	return nil
+}
+
+// GradBuffers are the device buffers DeviceGrads holds after Run, in the
+// parameters' order: names, buffers and float32 counts.
+func (s *Step) GradBuffers() (names []string, bufs []cuda.Buffer, counts []int) {
 	do := s.prog.(cuda.DeviceOutput)
 	for _, name := range s.params {
 		g, ok := do.DeviceOutput(passes.GradName(name))
 		if !ok {
 			continue
 		}
-		if s.devAcc == nil {
-			s.res.DeviceGrads[name] = g
-			continue
+		if s.devAcc != nil {
+			g = s.devAcc.Buffers()[name]
 		}
-		if err := s.devAcc.Add(name, k, w, g); err != nil {
-			return err
-		}
-		s.res.DeviceGrads[name] = s.devAcc.Buffers()[name]
+		names, bufs, counts = append(names, name), append(bufs, g), append(counts, len(s.store.Get(name).F32))
 	}
-	return nil
+	return names, bufs, counts
+}
+
+// runMicro runs the program on one micro-batch (k of the rank's, weight
+// w); on the rank's last (last) it hands each gradient to deviceGrad and
+// final as the backward finishes it.
+func (s *Step) runMicro(feeds map[string]*kernels.Tensor, seed uint64, last bool, k int, w float32) error {
+	if !last {
+		return s.prog.Run(feeds, seed)
+	}
+	hook, ok := s.prog.(cuda.WrittenHook)
+	if !ok {
+		return fmt.Errorf("step: the program cannot report its gradients' last writers")
+	}
+	param := map[string]string{}
+	var outs []string
+	for _, name := range s.params {
+		if _, ok := s.prog.(cuda.DeviceOutput).DeviceOutput(passes.GradName(name)); ok {
+			param[passes.GradName(name)] = name
+			outs = append(outs, passes.GradName(name))
+		}
+	}
+	if err := hook.WhenWritten(outs, func(done []string) error {
+		for _, o := range done {
+			if err := s.deviceGrad(k, w, param[o]); err != nil {
+				return err
+			}
+			if err := s.final(param[o]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	defer hook.WhenWritten(nil, nil)
+	return s.prog.Run(feeds, seed)
 }
 
 // gatherStats adds one micro-batch's diagnostics and batch statistics with

@@ -577,6 +577,9 @@ func (r *run) runStep(set stepSettings) (*StepResult, error) {
 		return nil, err
 	}
 	bt := r.batchers[set.Context].Next()
+	if err := r.job.begin(s); err != nil {
+		return nil, err
+	}
 	out, err := s.Run(bt.X, bt.Y, r.o.Seed*1_000_003+uint64(r.st.Step))
 	if err != nil {
 		return nil, err

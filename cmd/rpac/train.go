@@ -155,6 +155,7 @@ func trainFlags() []cli.Flag {
 		&cli.StringFlag{Name: "dump-ir", Usage: "print the training graph after the named pass (" + strings.Join(passes.Names(passes.TrainPipeline), ", ") + ", or all)"},
 		&cli.IntFlag{Name: "nproc-per-node", Value: 1, Usage: "data-parallel: start N local ranks of this command, one per GPU, as torchrun does (ranks launched by torchrun or srun read RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS themselves; docs/TRAINING.md)"},
 		&cli.DurationFlag{Name: "collective-timeout", Value: training.DefaultCollectiveTimeout, Usage: "data-parallel: the rendezvous and every collective fail after this long (a rank died or hangs)"},
+		&cli.BoolFlag{Name: "overlap-allreduce", Usage: "data-parallel: all-reduce the gradients bucket by bucket during the backward, on a second stream (unmeasured on GPUs; docs/PARALLEL.md)"},
 	)
 }
 
@@ -195,7 +196,8 @@ func launchRanks(c *cli.Context, n int) error {
 }
 
 // parallelFlags places the run in its data-parallel job: the launch
-// variables (torchrun's or SLURM's) and --collective-timeout.
+// variables (torchrun's or SLURM's), --collective-timeout and
+// --overlap-allreduce.
 func parallelFlags(c *cli.Context) (training.Parallel, error) {
 	env, err := dist.FromEnv(os.Getenv)
 	if err != nil {
@@ -204,7 +206,7 @@ func parallelFlags(c *cli.Context) (training.Parallel, error) {
 	if c.Duration("collective-timeout") <= 0 {
 		return training.Parallel{}, fmt.Errorf("--collective-timeout must be positive")
 	}
-	return training.Parallel{Env: env, Timeout: c.Duration("collective-timeout")}, nil
+	return training.Parallel{Env: env, Timeout: c.Duration("collective-timeout"), Overlap: c.Bool("overlap-allreduce")}, nil
 }
 
 // checkTrainCounts checks the flags that must not be negative.

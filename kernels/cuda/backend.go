@@ -440,6 +440,8 @@ type program struct {
 	// sums: the reductions the chains making their inputs folded
 	// (reduction node ID → partials, chainsum.go)
 	sums map[int]chainSum
+	// written: the WhenWritten hook, nil without one
+	written *written
 }
 
 type step struct {
@@ -839,9 +841,15 @@ func (p *program) Run(feeds map[string]*kernels.Tensor, seed uint64) error {
 			return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
 		}
 	}
-	for _, s := range p.steps {
+	if err := p.written.report(-1); err != nil {
+		return fmt.Errorf("cuda: run %s: %w", p.g.Name, err)
+	}
+	for i, s := range p.steps {
 		if err := s.exec(); err != nil {
 			return fmt.Errorf("cuda: run %s: %s node %d: %w", p.g.Name, s.node.Op, s.node.ID, err)
+		}
+		if err := p.written.report(i); err != nil {
+			return fmt.Errorf("cuda: run %s: after %s node %d: %w", p.g.Name, s.node.Op, s.node.ID, err)
 		}
 	}
 	if err := p.be.dev.sync(); err != nil {

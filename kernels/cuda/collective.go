@@ -25,6 +25,19 @@ type Collective struct {
 	stage       Buffer // host values staged for a reduction or broadcast
 	broken      error
 	aborted     bool
+	ctx         *driver.Context
+	// overlap: the communication stream of the overlapped gradient
+	// all-reduce (Overlap), nil without it.
+	overlap *commStream
+}
+
+// commStream is the second stream the overlapped all-reduce runs on, and
+// its two events: ready (the gradients of a bucket are final on the
+// default stream) and done (the last bucket's all-reduce has finished).
+type commStream struct {
+	ctx         *driver.Context
+	stream      driver.Stream
+	ready, done driver.Event
 }
 
 // DefaultBucketBytes is the gradient bucket: 25 MiB, PyTorch DDP's default.
@@ -51,6 +64,7 @@ func (b *Backend) JoinCollective(id driver.UniqueID, world, rank int, timeout ti
 		return nil, err
 	}
 	c := &Collective{be: b, timeout: timeout, BucketBytes: DefaultBucketBytes}
+	c.ctx = b.dev.(*gpu).ctx
 	err = c.guard("joining the communicator", func() error {
 		var err error
 		c.comm, err = n.NewComm(id, world, rank)
@@ -70,6 +84,17 @@ func (c *Collective) World() int { return c.comm.World }
 // the timeout; past it the communicator is aborted and every later call
 // fails.
 func (c *Collective) guard(what string, f func() error) error {
+	return c.watch(what, func() error {
+		if err := f(); err != nil {
+			return err
+		}
+		return c.be.dev.sync()
+	})
+}
+
+// watch runs f with the device bound, within the timeout: past it the
+// communicator is aborted and every later call fails.
+func (c *Collective) watch(what string, f func() error) error {
 	if c.broken != nil {
 		return c.broken
 	}
@@ -81,11 +106,7 @@ func (c *Collective) guard(what string, f func() error) error {
 			return
 		}
 		defer unbind()
-		if err := f(); err != nil {
-			done <- err
-			return
-		}
-		done <- c.be.dev.sync()
+		done <- f()
 	}()
 	timer := time.NewTimer(c.timeout)
 	defer timer.Stop()
@@ -106,31 +127,132 @@ func (c *Collective) guard(what string, f func() error) error {
 	}
 }
 
-// SumGrads replaces each of bufs (counts[i] float32 values) with its sum
-// over the ranks, in place, bucket by bucket.
-func (c *Collective) SumGrads(bufs []Buffer, counts []int) error {
-	for lo := 0; lo < len(bufs); {
+// Buckets splits tensors of counts[i] float32 values, in their order,
+// into the all-reduce's buckets: runs [lo, hi) of at most BucketBytes
+// (a larger tensor is a bucket of its own).
+func (c *Collective) Buckets(counts []int) [][2]int {
+	var out [][2]int
+	for lo := 0; lo < len(counts); {
 		hi, bytes := lo, 0
-		for hi < len(bufs) && (hi == lo || bytes+4*counts[hi] <= c.BucketBytes) {
+		for hi < len(counts) && (hi == lo || bytes+4*counts[hi] <= c.BucketBytes) {
 			bytes += 4 * counts[hi]
 			hi++
 		}
-		err := c.guard(fmt.Sprintf("the gradients' all-reduce (bucket of %d tensors, %d bytes)", hi-lo, bytes), func() error {
-			return c.comm.Group(func() error {
-				for i := lo; i < hi; i++ {
-					if err := c.comm.AllReduce(bufs[i].Ptr, bufs[i].Ptr, counts[i], driver.NCCLFloat32, driver.NCCLSum); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-		})
-		if err != nil {
-			return err
-		}
+		out = append(out, [2]int{lo, hi})
 		lo = hi
 	}
+	return out
+}
+
+// SumGrads replaces each of bufs (counts[i] float32 values) with its sum
+// over the ranks, in place, bucket by bucket, on the default stream.
+func (c *Collective) SumGrads(bufs []Buffer, counts []int) error {
+	for _, b := range c.Buckets(counts) {
+		if err := c.guard(bucketName(counts[b[0]:b[1]]), func() error {
+			return c.sumBucket(driver.DefaultStream, bufs[b[0]:b[1]], counts[b[0]:b[1]])
+		}); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// bucketName names the all-reduce of a bucket in errors.
+func bucketName(counts []int) string {
+	bytes := 0
+	for _, n := range counts {
+		bytes += 4 * n
+	}
+	return fmt.Sprintf("the gradients' all-reduce (bucket of %d tensors, %d bytes)", len(counts), bytes)
+}
+
+// sumBucket enqueues one bucket's all-reduces, one NCCL group, on s.
+func (c *Collective) sumBucket(s driver.Stream, bufs []Buffer, counts []int) error {
+	return c.comm.Group(func() error {
+		for i, b := range bufs {
+			if err := c.comm.AllReduceOn(s, b.Ptr, b.Ptr, counts[i], driver.NCCLFloat32, driver.NCCLSum); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Overlap gives the collective its communication stream: SumBucketAsync
+// then runs a bucket's all-reduce there, beside the backward that goes on
+// on the default stream.
+func (c *Collective) Overlap() error {
+	if c.overlap != nil {
+		return nil
+	}
+	cs := &commStream{ctx: c.ctx}
+	err := c.watch("creating the communication stream", func() error {
+		var err error
+		if cs.stream, err = cs.ctx.NewStream(); err != nil {
+			return err
+		}
+		if cs.ready, err = cs.ctx.NewEvent(); err != nil {
+			return err
+		}
+		cs.done, err = cs.ctx.NewEvent()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.overlap = cs
+	return nil
+}
+
+// Overlapped reports whether the collective has its communication stream.
+func (c *Collective) Overlapped() bool { return c.overlap != nil }
+
+// SumBucketAsync starts one bucket's all-reduce (bufs of counts[i] float32
+// values, summed in place) on the communication stream, once the work the
+// default stream has so far (the backward up to the bucket's last
+// gradient) is done: an event recorded on the default stream that the
+// communication stream waits for. It does not wait for the sums:
+// WaitGrads does.
+func (c *Collective) SumBucketAsync(bufs []Buffer, counts []int) error {
+	cs := c.overlap
+	if cs == nil {
+		return errors.New("SumBucketAsync without a communication stream (Overlap)")
+	}
+	return c.watch(bucketName(counts), func() error {
+		if err := cs.ctx.Record(cs.ready, driver.DefaultStream); err != nil {
+			return err
+		}
+		if err := cs.ctx.Wait(cs.stream, cs.ready); err != nil {
+			return err
+		}
+		return c.sumBucket(cs.stream, bufs, counts)
+	})
+}
+
+// WaitGrads makes the default stream's later work (the optimizer) wait
+// for every bucket SumBucketAsync started, and waits for them on the host
+// within the timeout.
+func (c *Collective) WaitGrads() error {
+	cs := c.overlap
+	if cs == nil {
+		return nil
+	}
+	return c.watch("the gradients' all-reduce on the communication stream", func() error {
+		if err := cs.ctx.Record(cs.done, cs.stream); err != nil {
+			return err
+		}
+		if err := cs.ctx.Wait(driver.DefaultStream, cs.done); err != nil {
+			return err
+		}
+		return cs.ctx.SyncStream(cs.stream)
+	})
+}
+
+// close frees the stream and its events.
+func (cs *commStream) close() {
+	_ = cs.ctx.DestroyEvent(cs.ready)
+	_ = cs.ctx.DestroyEvent(cs.done)
+	_ = cs.ctx.DestroyStream(cs.stream)
 }
 
 // stageBuffer returns the staging buffer, grown to bytes.
@@ -200,6 +322,13 @@ func (c *Collective) Close() {
 			unbind()
 		}
 		c.stage = Buffer{}
+	}
+	if c.overlap != nil && !c.aborted {
+		if unbind, err := c.be.bind(); err == nil {
+			c.overlap.close()
+			unbind()
+		}
+		c.overlap = nil
 	}
 	if c.comm == nil {
 		return

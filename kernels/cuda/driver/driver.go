@@ -33,6 +33,16 @@ type Driver struct {
 	funcSetAttr    func(fn uintptr, attr int32, v int32) int32
 	getErrorString func(r int32, s **byte) int32
 
+	// Streams and events (streams.go), bound when the library has them.
+	streamCreate  func(s *uintptr, flags uint32) int32
+	streamDestroy func(s uintptr) int32
+	streamSync    func(s uintptr) int32
+	streamWait    func(s, e uintptr, flags uint32) int32
+	eventCreate   func(e *uintptr, flags uint32) int32
+	eventRecord   func(e, s uintptr) int32
+	eventDestroy  func(e uintptr) int32
+	streams       bool
+
 	// The CUDA simulator's own controls (kernels/cuda/cudasim), bound when
 	// the library loaded is the simulator; nil for a real driver.
 	simConfig func(key string, v int64) int64
@@ -73,6 +83,11 @@ var loadDriver = sync.OnceValues(func() (*Driver, error) {
 	}); err != nil {
 		return nil, err
 	}
+	d.streams = bindOptional(d.handle, []symbol{
+		{&d.streamCreate, "cuStreamCreate"}, {&d.streamDestroy, "cuStreamDestroy_v2"}, {&d.streamSync, "cuStreamSynchronize"},
+		{&d.streamWait, "cuStreamWaitEvent"}, {&d.eventCreate, "cuEventCreate"}, {&d.eventRecord, "cuEventRecord"},
+		{&d.eventDestroy, "cuEventDestroy_v2"},
+	})
 	bindOptional(d.handle, []symbol{{&d.simConfig, "rpacsim_config"}, {&d.simStat, "rpacsim_stat"}}) // the simulator's own
 	if err := d.check(d.init(0), "cuInit"); err != nil {
 		return nil, fmt.Errorf("%w (is an NVIDIA GPU visible to this process?)", err)

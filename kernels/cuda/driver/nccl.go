@@ -124,7 +124,12 @@ func (n *NCCL) NewComm(id UniqueID, world, rank int) (*Comm, error) {
 // AllReduce reduces count elements of send over the ranks into recv (in
 // place when they are the same) on the default stream.
 func (c *Comm) AllReduce(send, recv uint64, count int, dt NCCLType, op NCCLOp) error {
-	return c.n.check(c.n.allReduce(send, recv, uint64(count), dt, op, c.comm, 0),
+	return c.AllReduceOn(DefaultStream, send, recv, count, dt, op)
+}
+
+// AllReduceOn is AllReduce enqueued on stream s.
+func (c *Comm) AllReduceOn(s Stream, send, recv uint64, count int, dt NCCLType, op NCCLOp) error {
+	return c.n.check(c.n.allReduce(send, recv, uint64(count), dt, op, c.comm, uintptr(s)),
 		fmt.Sprintf("ncclAllReduce(%d %s, rank %d of %d)", count, dt, c.Rank, c.World))
 }
 

@@ -1158,6 +1158,68 @@ EXPORT int cuCtxSynchronize(void) {
     return CUDA_SUCCESS;
 }
 
+// --- streams and events: every launch and copy runs when it is called, so
+// a stream is only a handle and an event is complete once recorded; the
+// calls check their handles as the driver does.
+
+namespace {
+struct Stream {
+    uint32_t magic = 0x5354524d;  // "STRM"
+};
+struct Event {
+    uint32_t magic = 0x45564e54;  // "EVNT"
+};
+bool valid_stream(void* s) { return s == nullptr || ((Stream*)s)->magic == 0x5354524d; }
+bool valid_event(void* e) { return e != nullptr && ((Event*)e)->magic == 0x45564e54; }
+}  // namespace
+
+EXPORT int cuStreamCreate(void** s, unsigned flags) {
+    NEED_CTX();
+    if (!s || flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    *s = new Stream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT int cuStreamDestroy_v2(void* s) {
+    NEED_CTX();
+    if (s == nullptr || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    ((Stream*)s)->magic = 0;
+    delete (Stream*)s;
+    return CUDA_SUCCESS;
+}
+
+EXPORT int cuStreamSynchronize(void* s) {
+    NEED_CTX();
+    return valid_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT int cuStreamWaitEvent(void* s, void* e, unsigned flags) {
+    NEED_CTX();
+    if (!valid_stream(s) || !valid_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+    return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT int cuEventCreate(void** e, unsigned flags) {
+    NEED_CTX();
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    (void)flags;
+    *e = new Event;
+    return CUDA_SUCCESS;
+}
+
+EXPORT int cuEventRecord(void* e, void* s) {
+    NEED_CTX();
+    return valid_event(e) && valid_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT int cuEventDestroy_v2(void* e) {
+    NEED_CTX();
+    if (!valid_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+    ((Event*)e)->magic = 0;
+    delete (Event*)e;
+    return CUDA_SUCCESS;
+}
+
 EXPORT int cuMemAlloc_v2(uint64_t* ptr, size_t bytes) {
     NEED_CTX();
     if (!ptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
