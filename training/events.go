@@ -55,11 +55,18 @@ type ParallelEvent struct {
 	Steps     int
 	PerStep   float64 `log:"allreduce_s_per_step"`
 	GradBytes int64   `log:"grad_bytes"`
+	// Overlapped: the gradients' buckets were all-reduced on a second
+	// stream during the backward (Parallel.Overlap).
+	Overlapped bool
 }
 
 func (e ParallelEvent) Text() string {
-	return fmt.Sprintf("data-parallel: rank %d of %d, %d steps, all-reduce %.2f ms per step (%s of gradients)", e.Rank, e.Ranks, e.Steps,
-		1e3*e.PerStep, FormatBytes(e.GradBytes))
+	how := "after the backward"
+	if e.Overlapped {
+		how = "overlapped with the backward"
+	}
+	return fmt.Sprintf("data-parallel: rank %d of %d, %d steps, all-reduce %.2f ms per step (%s of gradients, %s)", e.Rank, e.Ranks, e.Steps,
+		1e3*e.PerStep, FormatBytes(e.GradBytes), how)
 }
 
 // StartEvent describes the run as it starts or resumes ("train.start").

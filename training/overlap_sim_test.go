@@ -31,12 +31,18 @@ func TestSimGradFinalDuringBackward(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d, err := driver.LoadDriver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var end int64 // the simulator's launches when the step's Run returned
 	norm := func() float64 {
 		t.Helper()
 		out, err := s.Run(f.x, f.y, 11)
 		if err != nil {
 			t.Fatal(err)
 		}
+		end = d.SimStat("launches")
 		n, err := adam.ClipGlobalNorm(out.DeviceGrads, 1e9)
 		if err != nil {
 			t.Fatal(err)
@@ -44,11 +50,6 @@ func TestSimGradFinalDuringBackward(t *testing.T) {
 		return n
 	}
 	want := norm()
-
-	d, err := driver.LoadDriver()
-	if err != nil {
-		t.Fatal(err)
-	}
 	seen := map[string]int{}
 	first := int64(-1)
 	if err := s.OnGradFinal(func(p string) error {
@@ -61,7 +62,6 @@ func TestSimGradFinalDuringBackward(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := norm()
-	end := d.SimStat("launches")
 	if got != want {
 		t.Errorf("global gradient norm %v with the hook, %v without", got, want)
 	}
@@ -75,7 +75,7 @@ func TestSimGradFinalDuringBackward(t *testing.T) {
 		}
 	}
 	if be.Simulated() {
-		t.Logf("first gradient final after launch %d of the micro-batch's last, the step ends at %d", first, end)
+		t.Logf("the first gradient final at the simulator's launch %d, the step's Run returned at %d", first, end)
 		if first < 0 || first >= end {
 			t.Errorf("the first gradient was final at launch %d, the step's launches end at %d: not during the backward", first, end)
 		}

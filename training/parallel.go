@@ -233,7 +233,7 @@ func (j *job) sumGrads(s *Step) error {
 
 // event reports the job's collectives of this invocation.
 func (j *job) event() ParallelEvent {
-	ev := ParallelEvent{Rank: j.coll.Rank(), Ranks: j.coll.World(), Steps: j.reduced, GradBytes: j.bytes}
+	ev := ParallelEvent{Rank: j.coll.Rank(), Ranks: j.coll.World(), Steps: j.reduced, GradBytes: j.bytes, Overlapped: j.coll.Overlapped()}
 	if j.reduced > 0 {
 		ev.PerStep = j.spent.Seconds() / float64(j.reduced)
 	}
