@@ -284,8 +284,8 @@ func printScaling(w io.Writer, b *training.Bench, s perf.Scaling) {
 	cl, l := s.Cluster, b.Length()
 	fmt.Fprintf(w, "  all-reduce       %s of fp32 gradients in %d buckets of at most %s: %.2f ms (ring, bus bandwidth %.0f GB/s: %s), %.2f ms not hidden by the backward\n",
 		perf.FormatBusBytes(s.GradBytes), s.Buckets, perf.FormatBusBytes(cuda.DefaultBucketBytes), 1e3*s.Comm, cl.BusGBs(), clusterLinks(cl), 1e3*s.Exposed)
-	fmt.Fprintf(w, "  as built         the all-reduce after the backward: %.1f ms/step, scaling efficiency %.1f%%\n", 1e3*s.StepAfter, 100*s.EfficiencyAfter)
-	fmt.Fprintf(w, "predicted %s %s (data-parallel, %d GPUs on %d node(s), %d tokens/step per GPU, %d in all; buckets overlapped with the backward): %.1f ms/step, scaling efficiency %.1f%%\n",
+	fmt.Fprintf(w, "  by default       the all-reduce after the backward: %.1f ms/step, scaling efficiency %.1f%%\n", 1e3*s.StepAfter, 100*s.EfficiencyAfter)
+	fmt.Fprintf(w, "predicted %s %s (data-parallel, %d GPUs on %d node(s), %d tokens/step per GPU, %d in all; buckets overlapped with the backward: rpac train --overlap-allreduce): %.1f ms/step, scaling efficiency %.1f%%\n",
 		cl.Name, b.Plan.Preset, cl.GPUs, cl.Nodes(), l.Batch*l.T, cl.GPUs*l.Batch*l.T, 1e3*s.Step, 100*s.Efficiency)
 }
 

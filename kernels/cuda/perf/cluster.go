@@ -97,7 +97,8 @@ func (c Cluster) AllReduce(bytes float64) float64 {
 // Scaling is a data-parallel step predicted from one GPU's: every GPU runs
 // the traced step on its shard (the global batch is GPUs times the
 // traced one), then the gradients are all-reduced in buckets, overlapped
-// with the backward.
+// with the backward (rpac train --overlap-allreduce, training.Parallel's
+// Overlap).
 type Scaling struct {
 	Cluster   Cluster
 	GradBytes float64 // the gradients all-reduced per step
@@ -110,7 +111,8 @@ type Scaling struct {
 	// times one GPU's.
 	Efficiency float64
 	// StepAfter and EfficiencyAfter are the same with every bucket
-	// all-reduced after the backward (no overlap): rpac's step as built.
+	// all-reduced after the backward (no overlap): rpac's step by default,
+	// without --overlap-allreduce.
 	StepAfter, EfficiencyAfter float64
 }
 
