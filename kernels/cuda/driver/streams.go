@@ -26,11 +26,18 @@ var errNoStreams = errors.New("the CUDA driver has no streams or events (cuStrea
 // NewStream creates a stream that runs beside the default stream
 // (non-blocking), ordered with it only by events.
 func (c *Context) NewStream() (Stream, error) {
+	s, err := c.create(c.d.streamCreate, streamNonBlocking, "cuStreamCreate")
+	return Stream(s), err
+}
+
+// create makes a stream or an event with create(&handle, flags).
+func (c *Context) create(create func(*uintptr, uint32) int32, flags uint32, what string) (uintptr, error) {
 	if !c.d.streams {
 		return 0, errNoStreams
 	}
-	var s uintptr
-	return Stream(s), c.d.check(c.d.streamCreate(&s, streamNonBlocking), "cuStreamCreate")
+	var h uintptr
+	err := c.d.check(create(&h, flags), what)
+	return h, err
 }
 
 // DestroyStream frees s once its work is done.
@@ -45,11 +52,8 @@ func (c *Context) SyncStream(s Stream) error {
 
 // NewEvent creates an event (without timing).
 func (c *Context) NewEvent() (Event, error) {
-	if !c.d.streams {
-		return 0, errNoStreams
-	}
-	var e uintptr
-	return Event(e), c.d.check(c.d.eventCreate(&e, eventDisableTiming), "cuEventCreate")
+	e, err := c.create(c.d.eventCreate, eventDisableTiming, "cuEventCreate")
+	return Event(e), err
 }
 
 // DestroyEvent frees e.
