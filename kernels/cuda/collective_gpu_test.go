@@ -12,7 +12,9 @@ import (
 // found on this machine (the real libnccl.so.2 on a GPU, the simulator's
 // stand-in under RPAC_CUDA_SIM=1) as the one rank of a communicator: the
 // unique id, joining, the scalar sums, the gradient buckets on the device
-// and the broadcast, each leaving its values as they were.
+// (after the backward, and overlapped: on the communication stream,
+// ordered by events) and the broadcast, each leaving its values as they
+// were.
 func TestGPUCollectiveOneRank(t *testing.T) {
 	be := gpuBackendWith(t, ir.FP32, DefaultOptions())
 	id, err := NewCollectiveID()
@@ -30,5 +32,9 @@ func TestGPUCollectiveOneRank(t *testing.T) {
 	if c.World() != 1 || c.Rank() != 0 {
 		t.Fatalf("communicator of %d ranks, this one %d; want 1 and 0", c.World(), c.Rank())
 	}
-	collectiveValues(t, be, c, 0, 1)
+	collectiveValues(t, be, c, 0, 1, c.SumGrads)
+	if err := c.Overlap(); err != nil { // the communication stream and its events
+		t.Fatal(err)
+	}
+	collectiveValues(t, be, c, 0, 1, func(bufs []Buffer, counts []int) error { return sumOverlapped(c, bufs, counts) })
 }

@@ -94,7 +94,12 @@ func TestSimCollectiveRank(t *testing.T) {
 	defer c.Close()
 	switch scenario {
 	case "values":
-		collectiveValues(t, be, c, rank, 2)
+		collectiveValues(t, be, c, rank, 2, c.SumGrads)
+	case "values-overlap":
+		if err := c.Overlap(); err != nil {
+			t.Fatal(err)
+		}
+		collectiveValues(t, be, c, rank, 2, func(bufs []Buffer, counts []int) error { return sumOverlapped(c, bufs, counts) })
 	case "mismatch":
 		x := make([]float64, 3+rank)
 		err := c.SumHost(x)
@@ -112,12 +117,17 @@ func TestSimCollectiveRank(t *testing.T) {
 			t.Fatal("the all-reduce succeeded with a dead rank")
 		}
 		t.Logf("rank 0 after %v: %v", time.Since(t0).Round(time.Millisecond), err)
-	case "hang":
+	case "hang", "hang-overlap":
 		if rank == 1 {
 			time.Sleep(8 * time.Second) // alive, never joining the collective
 			return
 		}
-		err := c.SumHost([]float64{1})
+		var err error
+		if scenario == "hang-overlap" {
+			err = hangOverlapped(t, be, c)
+		} else {
+			err = c.SumHost([]float64{1})
+		}
 		if err == nil || !strings.Contains(err.Error(), "did not finish within") {
 			t.Fatalf("the all-reduce with a hung rank: %v, want the timeout", err)
 		}
@@ -127,9 +137,46 @@ func TestSimCollectiveRank(t *testing.T) {
 	}
 }
 
-// collectiveValues checks the sums and the broadcast of one rank of a
-// world-rank communicator.
-func collectiveValues(t *testing.T, be *Backend, c *Collective, rank, world int) {
+// sumOverlapped sums the gradients as the overlapped all-reduce does:
+// each bucket started on the communication stream, the last first (as the
+// backward finishes them), then the wait for all.
+func sumOverlapped(c *Collective, bufs []Buffer, counts []int) error {
+	b := c.Buckets(counts)
+	if len(b) < 2 {
+		return fmt.Errorf("%d buckets, the test wants several", len(b))
+	}
+	for i := len(b) - 1; i >= 0; i-- {
+		if err := c.SumBucketAsync(bufs[b[i][0]:b[i][1]], counts[b[i][0]:b[i][1]]); err != nil {
+			return err
+		}
+	}
+	return c.WaitGrads()
+}
+
+// hangOverlapped starts a bucket's all-reduce on the communication stream
+// that the other rank never joins.
+func hangOverlapped(t *testing.T, be *Backend, c *Collective) error {
+	if err := c.Overlap(); err != nil {
+		t.Fatal(err)
+	}
+	unbind, err := be.bind()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := be.dev.alloc(16)
+	unbind()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SumBucketAsync([]Buffer{b}, []int{4}); err != nil {
+		return err
+	}
+	return c.WaitGrads()
+}
+
+// collectiveValues checks the sums (the gradients' by sum) and the
+// broadcast of one rank of a world-rank communicator.
+func collectiveValues(t *testing.T, be *Backend, c *Collective, rank, world int, sum func([]Buffer, []int) error) {
 	W := float64(world)
 	ranks := W * (W + 1) / 2 // the sum of rank+1 over the ranks
 	x := []float64{float64(rank + 1), 0.5 * float64(rank), -1}
@@ -163,7 +210,7 @@ func collectiveValues(t *testing.T, be *Backend, c *Collective, rank, world int)
 	}
 	unbind()
 	c.BucketBytes = 64
-	if err := c.SumGrads(bufs, counts); err != nil {
+	if err := sum(bufs, counts); err != nil {
 		t.Fatal(err)
 	}
 	unbind, err = be.bind()
@@ -194,13 +241,17 @@ func collectiveValues(t *testing.T, be *Backend, c *Collective, rank, world int)
 
 // TestSimCollective runs the collectives on two ranks: sums in rank order
 // (scalars in float64, gradients in float32 buckets larger than the
-// staging slot) and the broadcast of rank 0's values.
+// staging slot) and the broadcast of rank 0's values; the gradients both
+// after the backward and overlapped (each bucket on the communication
+// stream, the last first).
 func TestSimCollective(t *testing.T) {
 	simCollectiveBackend(t)
-	outs := runRanks(t, "values", [2]bool{true, true})
-	for r, out := range outs {
-		if !strings.Contains(out, fmt.Sprintf("rank %d: values agree", r)) {
-			t.Errorf("rank %d did not check its values:\n%s", r, out)
+	for _, scenario := range []string{"values", "values-overlap"} {
+		outs := runRanks(t, scenario, [2]bool{true, true})
+		for r, out := range outs {
+			if !strings.Contains(out, fmt.Sprintf("rank %d: values agree", r)) {
+				t.Errorf("%s: rank %d did not check its values:\n%s", scenario, r, out)
+			}
 		}
 	}
 }
@@ -217,7 +268,7 @@ func TestSimCollectiveMismatch(t *testing.T) {
 
 // TestSimCollectiveDeath: a rank that died makes the other's collective
 // fail promptly instead of hanging, and a rank that hangs makes it fail at
-// the timeout.
+// the timeout, the overlapped gradients' all-reduce too.
 func TestSimCollectiveDeath(t *testing.T) {
 	simCollectiveBackend(t)
 	t0 := time.Now()
@@ -229,4 +280,5 @@ func TestSimCollectiveDeath(t *testing.T) {
 		t.Errorf("the dead rank was noticed after %v", d)
 	}
 	runRanks(t, "hang", [2]bool{true, true})
+	runRanks(t, "hang-overlap", [2]bool{true, true})
 }
