@@ -155,7 +155,7 @@ fi
 
 # --- 4. Build -------------------------------------------------------------
 t0="$(now)"
-pkgs=(./ir ./passes ./kernels/cpu ./kernels/cpu/blas ./kernels/cuda ./compiler/model ./training ./training/data ./compiler/export ./runtime)
+pkgs=(./ir ./passes ./internal/logsumexp ./kernels/cpu ./kernels/cpu/blas ./kernels/cuda ./compiler/model ./training ./training/data ./compiler/export ./runtime)
 build_env=(CGO_ENABLED=1 GOARCH=arm64)
 if [[ "$native" == 0 ]]; then
 	build_env+=(CC=aarch64-linux-gnu-gcc CXX=aarch64-linux-gnu-g++ PKG_CONFIG_PATH= PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig)
@@ -209,6 +209,8 @@ t0="$(now)"
 # The IR and the passes: everything.
 run ir ./ir 120 . ""
 run passes ./passes 180 . ""
+# The scorer's log-sum-exp: the NEON C kernel and the Go path against float64.
+run logsumexp ./internal/logsumexp 60 . ""
 # Every CPU kernel, forward and backward, against float64 finite differences.
 run kernels-cpu ./kernels/cpu 240 . ""
 # OpenBLAS GEMM against a float64 reference (every shape, transposition, stride).
