@@ -22,7 +22,9 @@
 #      real NCCL (TestGPUCollectiveOneRank: nvidia-nccl-cu13's libnccl.so.2);
 #   2. steps: rpac bench train --device cuda --preset paper at T = 384 and
 #      768 (24,576 tokens a step), with the default paths and with every
-#      unmeasured one on (--cuda-candidate), 5 timed steps each;
+#      unmeasured one on (--cuda-candidate), 5 timed steps each, and at
+#      T = 384 the candidate with the experts routed (--expert-dispatch
+#      routed; RPAC_LEASE_ROUTED);
 #   3. torch: bench/torch/rpac_torch.py beside rpac on the same preset,
 #      tokens per step and weights (rpac bench torch-export): the loss on a
 #      fixed batch against rpac's (1e-3), eager and torch.compile under bf16
@@ -107,11 +109,14 @@ run() {
 	return "$r"
 }
 
-# The paths' settings each step runs with. ROUTED ON/OFF: when the
-# routed-expert option lands, put its flag in RPAC_LEASE_ROUTED (e.g.
-# "--FLAG-NAME"): the steps then also run the candidate with it on.
+# The paths' settings each step runs with: the defaults, every unmeasured
+# path on, and (at T = 384 only, to keep the budget) the candidate with the
+# experts routed (RPAC_LEASE_ROUTED, default `--expert-dispatch routed`: each
+# token through its top-k experts only; empty leaves it out).
+routed="${RPAC_LEASE_ROUTED---expert-dispatch routed}"
+export RPAC_LEASE_ROUTED="$routed"
 settings=("default:" "candidate:--cuda-candidate")
-[[ -n "${RPAC_LEASE_ROUTED:-}" ]] && settings+=("routed:--cuda-candidate ${RPAC_LEASE_ROUTED}")
+[[ -n "$routed" ]] && settings+=("routed:--cuda-candidate $routed")
 
 # 1. smoke: the unmeasured paths' kernels and whole steps against the CPU.
 smoke_kernels='TestGPUCollectiveOneRank|TestGPUSoftmaxCE|TestSimLinearBiasEpilogue|TestSimHalfOutputs|TestGPUAttnRowsUpperZero|TestSimHalfAttentionOperands|TestGPUPaddedGradW|TestGPUPaddedWeights|TestGPUAttentionGradIntoConcat|TestGPULayerNorm|TestSimAttentionSavedPacks'
@@ -127,6 +132,7 @@ fi
 if stage steps 0; then
 	for T in 384 768; do
 		for st in "${settings[@]}"; do
+			[[ "$T" != 384 && "${st%%:*}" == routed ]] && continue
 			# shellcheck disable=SC2086 # the setting's flags split on purpose
 			run steps 90 "${RPAC[@]}" bench train --device cuda --preset paper --context "$T" --steps 5 ${st#*:}
 		done

@@ -218,8 +218,8 @@ func printBenchTrain(w io.Writer, b *training.Bench, steps int, dt float64) erro
 	fmt.Fprintf(w, "  achieved         %.1f GFLOP/s\n", achieved)
 	if gpu, ok := b.Backend().(*cuda.Backend); ok {
 		if peak := cuda.DensePeakTFLOPS(gpu.Device().Name, gpu.GEMM()); peak > 0 {
-			fmt.Fprintf(w, "  MFU              %.1f%% of the %s dense %s peak (%.1f TFLOP/s, datasheet)\n",
-				100*achieved/(peak*1e3), gpu.Device().Name, gpu.GEMM(), peak)
+			fmt.Fprintf(w, "  MFU              %.1f%% of the %s dense %s peak (%.1f TFLOP/s, datasheet), on the dense form's %.1f GFLOP/step (every expert on every token)\n",
+				100*float64(b.DenseFlops())/dt/(peak*1e12), gpu.Device().Name, gpu.GEMM(), peak, float64(b.DenseFlops())/1e9)
 			fmt.Fprintf(w, "  MFU routed       %.1f%% (the FLOPs of routed experts, %.1f GFLOP/step: each token through its top-k only)\n",
 				100*float64(b.RoutedFlops())/dt/(peak*1e12), float64(b.RoutedFlops())/1e9)
 		}

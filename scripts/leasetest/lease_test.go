@@ -103,12 +103,12 @@ func TestLeaseDryRun(t *testing.T) {
 	if got := strings.Join(order, " "); got != "smoke steps torch measure" {
 		t.Errorf("stages ran as %q; want smoke steps torch measure", got)
 	}
-	if n := len(rep["steps"].([]any)); n != 4 {
-		t.Errorf("%d steps measured; want 4 (T 384 and 768, default and candidate)", n)
+	if n := len(rep["steps"].([]any)); n != 5 {
+		t.Errorf("%d steps measured; want 5 (T 384 and 768, default and candidate; routed at 384)", n)
 	}
 	sum, _ := os.ReadFile(filepath.Join(out, "summary.md"))
-	head := strings.Join(strings.SplitN(string(sum), "\n", 13)[:12], "\n")
-	for _, want := range []string{"| 384 | default | 114.0 | 215,578 | 11.5% | 8.2% |", "| 768 | candidate |", "rpac/torch: default/eager", "torch.compile 90,000", "predicted/measured (h200, T = 384): default"} {
+	head := strings.Join(strings.SplitN(string(sum), "\n", 14)[:13], "\n")
+	for _, want := range []string{"| 384 | default | 114.0 | 215,578 | 11.5% | 8.2% |", "| 768 | candidate |", "| 384 | routed |", "rpac/torch: default/eager", "torch.compile 90,000", "predicted/measured (h200, T = 384): default"} {
 		if !strings.Contains(head, want) {
 			t.Errorf("summary's first lines lack %q:\n%s", want, head)
 		}
