@@ -124,8 +124,14 @@ func runTorch(t *testing.T, py string, cfg model.Config, b Batch, timing bool) (
 // TestTorchMatchesRPAC: the PyTorch implementation (dense and routed
 // experts) computes rpac's loss on a fixed batch from rpac's checkpoint, at
 // the tiny preset with the paper's RPA prior, with the legacy bias, and for
-// the baseline, each to 1e-5 (float32 on both sides; the lease compares
-// to 1e-3).
+// the baseline, each to lossRel of the loss (float32 on both sides; the
+// lease compares to 1e-3).
+// lossRel bounds the two losses' difference relative to the loss: about 16
+// float32 ulps, room for the summation orders of other CPUs' kernels
+// (OpenBLAS's and PyTorch's pick per CPU), while a wrong part of the model
+// moves the loss by orders of magnitude more (TestTorchDetectsDifference).
+const lossRel = 1e-6
+
 func TestTorchMatchesRPAC(t *testing.T) {
 	py := torchPython(t)
 	tiny, err := model.LookupPreset("tiny")
@@ -148,9 +154,10 @@ func TestTorchMatchesRPAC(t *testing.T) {
 			}
 			t.Logf("torch %s: rpac %.7f, dense %.7f (|Δ| %.2g), routed %.7f (|Δ| %.2g)",
 				tr.Torch, res.Loss, tr.LossDense, tr.DiffDense, tr.LossRouted, tr.DiffRouted)
+			limit := lossRel * math.Abs(res.Loss)
 			for _, d := range []float64{tr.DiffDense, tr.DiffRouted} {
-				if !(d <= 1e-5) {
-					t.Errorf("loss differs from rpac's by %g (limit 1e-5)", d)
+				if !(d <= limit) {
+					t.Errorf("loss differs from rpac's by %g (limit %.2g: %g of the loss)", d, limit, lossRel)
 				}
 			}
 			if !tr.LossOK {
